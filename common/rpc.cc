@@ -1,0 +1,62 @@
+#include "common/rpc.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/version.h"
+
+namespace tandem {
+
+grpc::Status ToGrpcStatus(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+absl::Status CheckProtocolVersion(uint32_t version, const char* server_name) {
+  if (version == kProtocolVersion) return absl::OkStatus();
+  if (version == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("request carries no protocol_version; this ", server_name,
+                     " speaks tandem.v1 protocol ", kProtocolVersion));
+  }
+  return absl::FailedPreconditionError(absl::StrCat("protocol version ", version,
+                                                    " is not supported; this ", server_name,
+                                                    " speaks tandem.v1 protocol ",
+                                                    kProtocolVersion));
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  // Fail fast on a dead peer instead of backing off for seconds.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+int64_t UnixMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+absl::Status WritePortFile(const std::string& path, int port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) return absl::InternalError(absl::StrCat("cannot write port file ", tmp));
+    out << port << "\n";
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot rename port file to ", path));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem

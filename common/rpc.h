@@ -1,0 +1,40 @@
+// Helpers shared by the gRPC adapters: status translation, deadlines, protocol-version checks.
+// Only adapter code (services, clients) includes this header.
+#ifndef TANDEM_COMMON_RPC_H_
+#define TANDEM_COMMON_RPC_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace tandem {
+
+grpc::Status ToGrpcStatus(const absl::Status& s);
+absl::Status FromGrpcStatus(const grpc::Status& s);
+
+// Refuses a request whose protocol_version is not the one this build speaks.
+absl::Status CheckProtocolVersion(uint32_t version, const char* server_name);
+
+// Every client call carries a deadline.
+inline void SetDeadline(grpc::ClientContext& ctx, std::chrono::milliseconds timeout) {
+  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+}
+
+// An insecure channel to HOST:PORT (TLS arrives with the security issue).
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+
+// Microseconds since the Unix epoch.
+int64_t UnixMicros();
+
+// Writes `port` to `path` atomically (tmp + rename), for tests and scripts that start a daemon
+// on port 0.
+absl::Status WritePortFile(const std::string& path, int port);
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_RPC_H_
