@@ -21,14 +21,13 @@ absl::Status FromGrpcStatus(const grpc::Status& s) {
 absl::Status CheckProtocolVersion(uint32_t version, const char* server_name) {
   if (version == kProtocolVersion) return absl::OkStatus();
   if (version == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("request carries no protocol_version; this ", server_name,
-                     " speaks tandem.v1 protocol ", kProtocolVersion));
+    return absl::FailedPreconditionError(absl::StrCat("request carries no protocol_version; this ",
+                                                      server_name, " speaks tandem.v1 protocol ",
+                                                      kProtocolVersion));
   }
-  return absl::FailedPreconditionError(absl::StrCat("protocol version ", version,
-                                                    " is not supported; this ", server_name,
-                                                    " speaks tandem.v1 protocol ",
-                                                    kProtocolVersion));
+  return absl::FailedPreconditionError(
+      absl::StrCat("protocol version ", version, " is not supported; this ", server_name,
+                   " speaks tandem.v1 protocol ", kProtocolVersion));
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
@@ -38,12 +37,6 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-}
-
-int64_t UnixMicros() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 absl::Status WritePortFile(const std::string& path, int port) {

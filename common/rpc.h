@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/clock.h"
 
 namespace tandem {
 
@@ -27,9 +28,6 @@ inline void SetDeadline(grpc::ClientContext& ctx, std::chrono::milliseconds time
 
 // An insecure channel to HOST:PORT (TLS arrives with the security issue).
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
-
-// Microseconds since the Unix epoch.
-int64_t UnixMicros();
 
 // Writes `port` to `path` atomically (tmp + rename), for tests and scripts that start a daemon
 // on port 0.

@@ -1,0 +1,108 @@
+// gRPC implementation of StageWorkerClient (the only coordinator file that dials workers).
+#include <grpcpp/grpcpp.h>
+
+#include <list>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "common/rpc.h"
+#include "common/version.h"
+#include "coordinator/worker_client.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem::coordinator {
+namespace {
+
+std::chrono::milliseconds ToChrono(absl::Duration d) {
+  return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
+}
+
+class GrpcStageWorkerClient final : public StageWorkerClient {
+ public:
+  explicit GrpcStageWorkerClient(const std::string& address)
+      : stub_(v1::StageWorker::NewStub(MakeChannel(address))) {}
+
+  ~GrpcStageWorkerClient() override {
+    CancelPending();
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::list<grpc::ClientContext>* l) { return l->empty(); }, &pending_));
+  }
+
+  void Configure(const v1::ConfigureRequest& request, v1::ConfigureResponse* response,
+                 absl::Duration timeout, Done done) override {
+    auto req = std::make_shared<v1::ConfigureRequest>(request);
+    req->set_protocol_version(kProtocolVersion);
+    auto it = NewContext(timeout);
+    stub_->async()->Configure(&*it, req.get(), response,
+                              [this, it, req, done](grpc::Status s) { Finish(it, s, done); });
+  }
+
+  void RunStep(const v1::RunStepRequest& request, v1::RunStepResponse* response,
+               absl::Duration timeout, Done done) override {
+    auto req = std::make_shared<v1::RunStepRequest>(request);
+    req->set_protocol_version(kProtocolVersion);
+    auto it = NewContext(timeout);
+    stub_->async()->RunStep(&*it, req.get(), response,
+                            [this, it, req, done](grpc::Status s) { Finish(it, s, done); });
+  }
+
+  absl::Status Abort(const v1::AbortRequest& request, absl::Duration timeout) override {
+    v1::AbortRequest req = request;
+    req.set_protocol_version(kProtocolVersion);
+    v1::AbortResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, ToChrono(timeout));
+    return FromGrpcStatus(stub_->Abort(&ctx, req, &resp));
+  }
+
+  absl::Status Probe(absl::Duration timeout) override {
+    v1::GetStatusRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    v1::WorkerStatus resp;
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, ToChrono(timeout));
+    return FromGrpcStatus(stub_->GetStatus(&ctx, req, &resp));
+  }
+
+  void CancelPending() override {
+    absl::MutexLock lock(&mu_);
+    for (auto& ctx : pending_) ctx.TryCancel();
+  }
+
+ private:
+  using ContextIt = std::list<grpc::ClientContext>::iterator;
+
+  ContextIt NewContext(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    pending_.emplace_back();
+    auto it = std::prev(pending_.end());
+    SetDeadline(*it, ToChrono(timeout));
+    return it;
+  }
+
+  void Finish(ContextIt it, const grpc::Status& s, const Done& done) {
+    done(FromGrpcStatus(s));
+    absl::MutexLock lock(&mu_);
+    pending_.erase(it);
+  }
+
+  std::unique_ptr<v1::StageWorker::Stub> stub_;
+  absl::Mutex mu_;
+  std::list<grpc::ClientContext> pending_ ABSL_GUARDED_BY(mu_);
+};
+
+class GrpcFactory final : public StageWorkerClientFactory {
+ public:
+  std::unique_ptr<StageWorkerClient> Connect(const std::string& address) override {
+    return std::make_unique<GrpcStageWorkerClient>(address);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<StageWorkerClientFactory> MakeGrpcStageWorkerClientFactory() {
+  return std::make_unique<GrpcFactory>();
+}
+
+}  // namespace tandem::coordinator

@@ -1,0 +1,300 @@
+#include "coordinator/job_runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <future>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/clock.h"
+#include "common/model_desc.h"
+#include "common/spec.h"
+#include "spdlog/spdlog.h"
+
+namespace tandem::coordinator {
+
+float LearningRateAt(const v1::OptimizerSpec& opt, int64_t step) {
+  if (opt.warmup_steps() > 0 && step < opt.warmup_steps()) {
+    return opt.lr() * static_cast<float>(step + 1) / static_cast<float>(opt.warmup_steps());
+  }
+  return opt.lr();
+}
+
+JobRunner::JobRunner(RunnerEnv env, v1::Job job, std::vector<WorkerRecord> workers)
+    : env_(env), job_(std::move(job)), workers_(std::move(workers)) {
+  for (const auto& w : workers_) clients_.push_back(env_.clients->Connect(w.address));
+}
+
+JobRunner::~JobRunner() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void JobRunner::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
+
+void JobRunner::Cancel(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  if (interrupt_ != Interrupt::kNone) return;
+  interrupt_ = Interrupt::kCancel;
+  interrupt_reason_ = reason;
+}
+
+void JobRunner::OnWorkerLost(const WorkerRecord& worker) {
+  const double age = std::chrono::duration<double>(Clock::now() - worker.last_heartbeat).count();
+  absl::MutexLock lock(&mu_);
+  if (interrupt_ != Interrupt::kNone) return;
+  interrupt_ = Interrupt::kWorkerLost;
+  interrupt_reason_ =
+      absl::StrCat("worker ", worker.id, " (", worker.address, ", stage ", worker.stage,
+                   ") was lost: no heartbeat for ", absl::StrFormat("%.1f", age), " s");
+}
+
+std::string JobRunner::WorkerName(int stage) const {
+  return absl::StrCat("stage ", stage, " (worker ", workers_[stage].id, " at ",
+                      workers_[stage].address, ")");
+}
+
+absl::Status JobRunner::InterruptStatus() {
+  absl::MutexLock lock(&mu_);
+  switch (interrupt_) {
+    case Interrupt::kNone:
+      return absl::OkStatus();
+    case Interrupt::kCancel:
+      return absl::CancelledError(interrupt_reason_);
+    case Interrupt::kWorkerLost:
+      return absl::UnavailableError(interrupt_reason_);
+  }
+  return absl::OkStatus();
+}
+
+void JobRunner::Run() {
+  const std::string& id = job_.id();
+  absl::Status status = Plan();
+  if (status.ok()) status = env_.store->Transition(id, v1::RUNNING, "");
+  if (status.ok()) status = ConfigureAll();
+  for (int64_t step = 0; status.ok() && step < job_.spec().steps(); ++step) {
+    status = InterruptStatus();
+    if (status.ok()) status = RunOneStep(step);
+  }
+  // Every ending releases the workers' stages; on failure this also unblocks any transfer.
+  AbortAll(status.ok() ? "job finished" : std::string(status.message()));
+  env_.registry->Release(id);
+  if (env_.rendezvous != nullptr) env_.rendezvous->ErasePrefix(absl::StrCat(id, "/"));
+  if (status.ok()) {
+    (void)env_.store->Transition(id, v1::SUCCEEDED, "");
+    spdlog::info("{}: SUCCEEDED after {} steps", id, job_.spec().steps());
+  } else if (status.code() == absl::StatusCode::kCancelled) {
+    (void)env_.store->Transition(id, v1::CANCELLED, std::string(status.message()));
+    spdlog::info("{}: CANCELLED: {}", id, std::string(status.message()));
+  } else {
+    (void)env_.store->Transition(id, v1::FAILED, std::string(status.message()));
+    spdlog::warn("{}: FAILED: {}", id, std::string(status.message()));
+  }
+  finished_.store(true);
+}
+
+absl::Status JobRunner::Plan() {
+  const v1::JobSpec& spec = job_.spec();
+  const int p = spec.pipeline().stages();
+  auto ranges = UniformPartition(spec.model(), p);
+  if (!ranges.ok()) return ranges.status();
+  ranges_ = *std::move(ranges);
+  auto compute = GenerateSchedule(spec.pipeline().schedule(), p, spec.pipeline().micro_batches());
+  if (!compute.ok()) return compute.status();
+  program_ = LowerWithTransfers(*compute, p);
+
+  std::vector<v1::StageAssignment> stages;
+  for (int s = 0; s < p; ++s) {
+    v1::StageAssignment a;
+    a.set_stage(s);
+    a.set_worker_id(workers_[s].id);
+    a.set_address(workers_[s].address);
+    a.set_layer_begin(ranges_[s].begin);
+    a.set_layer_end(ranges_[s].end);
+    a.set_actions(ActionsToString((*compute)[s]));
+    stages.push_back(std::move(a));
+  }
+  env_.store->SetStages(job_.id(), stages);
+  return absl::OkStatus();
+}
+
+StageWorkerClient::Done JobRunner::Completion(Batch* batch, int rank) {
+  return [this, batch, rank](absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    if (!s.ok()) ++batch->failed;
+    batch->results[rank] = std::move(s);
+    --batch->pending;
+  };
+}
+
+absl::Status JobRunner::AwaitBatch(Batch* batch, absl::Duration timeout, const std::string& what) {
+  std::string abort_reason;
+  {
+    absl::MutexLock lock(&mu_);
+    auto settled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return batch->pending == 0 || batch->failed > 0 || interrupt_ != Interrupt::kNone;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&settled), timeout);
+    if (batch->pending == 0) return absl::OkStatus();
+    if (interrupt_ != Interrupt::kNone) {
+      abort_reason = interrupt_reason_;
+    } else if (batch->failed > 0) {
+      for (size_t r = 0; r < batch->results.size(); ++r) {
+        if (!batch->results[r].ok()) {
+          abort_reason = absl::StrCat(what, ": ", WorkerName(static_cast<int>(r)),
+                                      " failed: ", batch->results[r].message());
+          break;
+        }
+      }
+    } else {
+      abort_reason = absl::StrCat(what, " timed out after ", absl::FormatDuration(timeout));
+    }
+  }
+  // Abort makes the workers return promptly; cancel the calls if they still do not.
+  AbortAll(abort_reason);
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return batch->pending == 0; };
+  bool all_done;
+  {
+    absl::MutexLock lock(&mu_);
+    all_done = mu_.AwaitWithTimeout(absl::Condition(&done), env_.options.abort_timeout);
+  }
+  if (!all_done) {
+    for (auto& c : clients_) c->CancelPending();
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done));
+  }
+  return InterruptStatus();
+}
+
+absl::Status JobRunner::ConfigureAll() {
+  const v1::JobSpec& spec = job_.spec();
+  const int p = static_cast<int>(workers_.size());
+  std::vector<v1::ConfigureResponse> responses(p);
+  Batch batch(p);
+  for (int r = 0; r < p; ++r) {
+    v1::ConfigureRequest req;
+    v1::StageProgram* prog = req.mutable_program();
+    prog->set_job_id(job_.id());
+    prog->set_rank(r);
+    prog->set_num_ranks(p);
+    prog->set_stage(r);
+    prog->set_num_stages(p);
+    prog->set_layer_begin(ranges_[r].begin);
+    prog->set_layer_end(ranges_[r].end);
+    for (const Action& a : program_[r]) *prog->add_actions() = ToProto(a);
+    *prog->mutable_spec() = spec;
+    prog->set_rendezvous_prefix(absl::StrCat(job_.id(), "/attempt-0/"));
+    prog->set_micro_batches(spec.pipeline().micro_batches());
+    clients_[r]->Configure(req, &responses[r], env_.options.configure_timeout,
+                           Completion(&batch, r));
+  }
+  absl::Status s =
+      AwaitBatch(&batch, env_.options.configure_timeout + absl::Seconds(5), "configure");
+  if (!s.ok()) return s;
+  for (int r = 0; r < p; ++r) {
+    if (!batch.results[r].ok()) return Diagnose("configure", batch.results);
+  }
+  int64_t params = 0;
+  for (const auto& resp : responses) params += resp.parameter_count();
+  spdlog::info("{}: configured {} stage(s), {} parameters", job_.id(), p, params);
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::RunOneStep(int64_t step) {
+  const v1::JobSpec& spec = job_.spec();
+  const int p = static_cast<int>(workers_.size());
+  std::vector<v1::RunStepResponse> responses(p);
+  Batch batch(p);
+  v1::RunStepRequest req;
+  req.set_job_id(job_.id());
+  req.set_step(step);
+  req.set_learning_rate(LearningRateAt(spec.optimizer(), step));
+
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < p; ++r) {
+    clients_[r]->RunStep(req, &responses[r], env_.options.step_timeout, Completion(&batch, r));
+  }
+  const std::string what = absl::StrCat("step ", step);
+  absl::Status s = AwaitBatch(&batch, env_.options.step_timeout + absl::Seconds(5), what);
+  const double step_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!s.ok()) return s;
+  for (int r = 0; r < p; ++r) {
+    if (!batch.results[r].ok()) return Diagnose(what, batch.results);
+  }
+
+  v1::StepSummary summary;
+  summary.set_step(step);
+  int64_t max_exec_us = 0;
+  bool has_loss = false;
+  for (const auto& resp : responses) {
+    const v1::StepReport& rep = resp.report();
+    if (rep.has_loss()) {
+      summary.set_loss(rep.loss());
+      has_loss = true;
+    }
+    max_exec_us = std::max(max_exec_us, rep.exec_us());
+    summary.set_bytes_sent(summary.bytes_sent() + rep.bytes_sent());
+    summary.set_peak_activation_bytes(
+        std::max(summary.peak_activation_bytes(), rep.peak_activation_bytes()));
+  }
+  if (!has_loss) {
+    return absl::InternalError(
+        absl::StrCat("step ", step, ": ", WorkerName(p - 1), " reported no loss"));
+  }
+  summary.set_step_seconds(step_seconds);
+  summary.set_max_worker_exec_seconds(static_cast<double>(max_exec_us) * 1e-6);
+  summary.set_coordinator_overhead_seconds(
+      std::max(0.0, step_seconds - summary.max_worker_exec_seconds()));
+  summary.set_tokens_per_second(step_seconds > 0 ? EffectiveBatch(spec) / step_seconds : 0);
+  env_.store->RecordStep(job_.id(), summary);
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::Diagnose(const std::string& what,
+                                 const std::vector<absl::Status>& results) {
+  if (absl::Status interrupted = InterruptStatus(); !interrupted.ok()) return interrupted;
+  const int p = static_cast<int>(workers_.size());
+  std::vector<std::future<absl::Status>> probes;
+  for (int r = 0; r < p; ++r) {
+    probes.push_back(
+        std::async(std::launch::async, [this, r] { return clients_[r]->Probe(absl::Seconds(2)); }));
+  }
+  std::string first_error;
+  for (int r = 0; r < p; ++r) {
+    if (!results[r].ok() && first_error.empty()) {
+      first_error = absl::StrCat(WorkerName(r), ": ", results[r].ToString());
+    }
+  }
+  for (int r = 0; r < p; ++r) {
+    absl::Status probe = probes[r].get();
+    if (!probe.ok()) {
+      return absl::UnavailableError(absl::StrCat(what, ": ", WorkerName(r), " is unreachable (",
+                                                 probe.ToString(),
+                                                 "); first error: ", first_error));
+    }
+  }
+  return absl::InternalError(absl::StrCat(what, ": ", first_error));
+}
+
+void JobRunner::AbortAll(const std::string& reason) {
+  v1::AbortRequest req;
+  req.set_job_id(job_.id());
+  req.set_reason(reason);
+  std::vector<std::future<absl::Status>> calls;
+  for (auto& c : clients_) {
+    calls.push_back(std::async(std::launch::async, [&c, &req, this] {
+      return c->Abort(req, env_.options.abort_timeout);
+    }));
+  }
+  for (size_t r = 0; r < calls.size(); ++r) {
+    absl::Status s = calls[r].get();
+    if (!s.ok()) {
+      spdlog::warn("{}: abort of {} failed: {}", job_.id(), WorkerName(static_cast<int>(r)),
+                   s.ToString());
+    }
+  }
+}
+
+}  // namespace tandem::coordinator

@@ -1,0 +1,108 @@
+// Drives one running job: plan (uniform partition + schedule), configure every worker of its
+// gang, then the step loop. Each step sends one RunStep to every worker at once and waits for
+// all reports (the coordinator is off the micro-batch path). On cancel, a lost worker or a
+// step error it aborts every worker of the job so that nothing hangs, and ends the job with a
+// reason that names the stage and worker at fault.
+//
+// Thread-safe: Cancel() and OnWorkerLost() may be called from any thread while Run() executes
+// on the runner's own thread.
+#ifndef TANDEM_COORDINATOR_JOB_RUNNER_H_
+#define TANDEM_COORDINATOR_JOB_RUNNER_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/model_desc.h"
+#include "common/schedule.h"
+#include "coordinator/job_store.h"
+#include "coordinator/rendezvous_store.h"
+#include "coordinator/worker_client.h"
+#include "coordinator/worker_registry.h"
+
+namespace tandem::coordinator {
+
+struct RunnerOptions {
+  absl::Duration configure_timeout = absl::Seconds(120);
+  absl::Duration step_timeout = absl::Seconds(600);
+  absl::Duration abort_timeout = absl::Seconds(5);
+};
+
+// What a runner needs from the coordinator, passed explicitly.
+struct RunnerEnv {
+  JobStore* store = nullptr;
+  WorkerRegistry* registry = nullptr;
+  StageWorkerClientFactory* clients = nullptr;
+  RendezvousStore* rendezvous = nullptr;  // optional: the job's keys are dropped at its end
+  RunnerOptions options;
+};
+
+// The learning rate for `step` (0-based): linear warm-up to lr, then constant.
+float LearningRateAt(const v1::OptimizerSpec& opt, int64_t step);
+
+class JobRunner {
+ public:
+  // `workers` are the gang allocated to the job, in stage order.
+  JobRunner(RunnerEnv env, v1::Job job, std::vector<WorkerRecord> workers);
+  ~JobRunner();  // joins the thread
+
+  void Start();
+  // Asks the job to stop; it ends CANCELLED (unless it already ended).
+  void Cancel(const std::string& reason);
+  // Tells the runner that one of its workers missed its heartbeats.
+  void OnWorkerLost(const WorkerRecord& worker);
+  bool finished() const { return finished_.load(); }
+  const std::string& job_id() const { return job_.id(); }
+
+ private:
+  // How a running job was interrupted from outside.
+  enum class Interrupt { kNone, kCancel, kWorkerLost };
+
+  void Run();
+  absl::Status Plan();
+  absl::Status ConfigureAll();
+  absl::Status RunOneStep(int64_t step);
+  // Explains a failed call batch: probes every worker so that an unreachable worker is named
+  // as the cause rather than the neighbour that noticed it.
+  absl::Status Diagnose(const std::string& what, const std::vector<absl::Status>& results);
+  void AbortAll(const std::string& reason);
+  // One asynchronous call to every worker; guarded by mu_.
+  struct Batch {
+    explicit Batch(int n) : results(n), pending(n) {}
+    std::vector<absl::Status> results;
+    int pending;
+    int failed = 0;
+  };
+  StageWorkerClient::Done Completion(Batch* batch, int rank);
+  // Waits for every call of the batch. If one fails, the job is interrupted or `timeout`
+  // passes first, aborts every worker (so that blocked transfers return) and then waits for
+  // the rest. Returns the interruption, or OK (the batch's results say the rest).
+  absl::Status AwaitBatch(Batch* batch, absl::Duration timeout, const std::string& what);
+  std::string WorkerName(int stage) const;
+  absl::Status InterruptStatus();
+
+  RunnerEnv env_;
+  const v1::Job job_;
+  const std::vector<WorkerRecord> workers_;
+  std::vector<std::unique_ptr<StageWorkerClient>> clients_;
+  Program program_;  // lowered, one list per rank
+  std::vector<LayerRange> ranges_;
+
+  absl::Mutex mu_;
+  Interrupt interrupt_ ABSL_GUARDED_BY(mu_) = Interrupt::kNone;
+  std::string interrupt_reason_ ABSL_GUARDED_BY(mu_);
+
+  std::atomic<bool> finished_{false};
+  std::thread thread_;
+};
+
+}  // namespace tandem::coordinator
+
+#endif  // TANDEM_COORDINATOR_JOB_RUNNER_H_

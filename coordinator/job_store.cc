@@ -1,0 +1,256 @@
+#include "coordinator/job_store.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "common/schedule.h"
+#include "common/spec.h"
+#include "google/protobuf/util/json_util.h"
+#include "spdlog/spdlog.h"
+
+namespace tandem::coordinator {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kPersistEverySteps = 25;
+constexpr size_t kMaxEvents = 20000;
+
+int64_t NowMs() { return UnixMicros() / 1000; }
+
+bool ParseJobId(const std::string& id, int64_t* n) {
+  return id.size() > 4 && id.rfind("job-", 0) == 0 && absl::SimpleAtoi(id.substr(4), n);
+}
+
+}  // namespace
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& data_root) {
+  std::unique_ptr<JobStore> store(new JobStore(data_root));
+  if (!data_root.empty()) {
+    std::error_code ec;
+    fs::create_directories(fs::path(data_root) / "jobs", ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create ", data_root, "/jobs: ", ec.message()));
+    }
+    absl::MutexLock lock(&store->mu_);
+    if (absl::Status s = store->Load(); !s.ok()) return s;
+  }
+  return store;
+}
+
+absl::Status JobStore::Load() {
+  for (const auto& file : fs::directory_iterator(fs::path(data_root_) / "jobs")) {
+    if (file.path().extension() != ".json") continue;
+    std::ifstream in(file.path());
+    std::stringstream text;
+    text << in.rdbuf();
+    v1::Job job;
+    if (auto s = google::protobuf::util::JsonStringToMessage(text.str(), &job); !s.ok()) {
+      spdlog::warn("job store: skipping unreadable {}: {}", file.path().string(), s.ToString());
+      continue;
+    }
+    int64_t n = 0;
+    if (!ParseJobId(job.id(), &n)) {
+      spdlog::warn("job store: skipping {}: bad job id '{}'", file.path().string(), job.id());
+      continue;
+    }
+    Entry& e = jobs_[n];
+    e.job = std::move(job);
+    if (e.job.state() == v1::RUNNING) {
+      e.job.set_state(v1::FAILED);
+      e.job.set_reason("interrupted: the coordinator restarted while the job was running");
+      e.job.set_finished_unix_ms(NowMs());
+      Persist(e);
+    }
+    next_id_ = std::max(next_id_, n + 1);
+  }
+  spdlog::info("job store: {} job(s) loaded from {}", jobs_.size(), data_root_);
+  return absl::OkStatus();
+}
+
+void JobStore::Persist(const Entry& e) {
+  if (data_root_.empty()) return;
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  if (!google::protobuf::util::MessageToJsonString(e.job, &json, options).ok()) return;
+  const fs::path path = fs::path(data_root_) / "jobs" / (e.job.id() + ".json");
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << json;
+    if (!out) {
+      spdlog::error("job store: cannot write {}", tmp.string());
+      return;
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) spdlog::error("job store: cannot rename {}: {}", tmp.string(), ec.message());
+}
+
+void JobStore::Append(Entry& e, v1::JobEvent event) {
+  event.set_job_id(e.job.id());
+  event.set_total_steps(e.job.total_steps());
+  e.events.push_back(std::move(event));
+  while (e.events.size() > kMaxEvents) {
+    e.events.pop_front();
+    ++e.first_event;
+  }
+}
+
+absl::StatusOr<std::string> JobStore::Add(const v1::JobSpec& spec) {
+  absl::MutexLock lock(&mu_);
+  const int64_t n = next_id_++;
+  Entry& e = jobs_[n];
+  v1::Job& job = e.job;
+  job.set_id(absl::StrCat("job-", n));
+  job.set_name(spec.name());
+  *job.mutable_spec() = spec;
+  job.set_state(v1::QUEUED);
+  job.set_reason("waiting to be scheduled");
+  job.set_created_unix_ms(NowMs());
+  job.set_total_steps(spec.steps());
+  job.set_effective_batch(EffectiveBatch(spec));
+  job.set_tokens_per_step(EffectiveBatch(spec));
+  job.set_bubble_fraction_ideal(
+      IdealBubbleFraction(spec.pipeline().stages(), spec.pipeline().micro_batches()));
+  v1::JobEvent event;
+  event.set_kind(v1::JobEvent::STATE);
+  event.set_state(v1::QUEUED);
+  event.set_reason(job.reason());
+  Append(e, std::move(event));
+  Persist(e);
+  return job.id();
+}
+
+absl::StatusOr<v1::Job> JobStore::Get(const std::string& job_id, bool with_history) const {
+  int64_t n = 0;
+  absl::MutexLock lock(&mu_);
+  auto it = ParseJobId(job_id, &n) ? jobs_.find(n) : jobs_.end();
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  v1::Job job = it->second.job;
+  if (!with_history) job.clear_history();
+  return job;
+}
+
+std::vector<v1::Job> JobStore::List() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::Job> out;
+  for (const auto& [n, e] : jobs_) {
+    out.push_back(e.job);
+    out.back().clear_history();
+  }
+  return out;
+}
+
+std::vector<std::string> JobStore::Queued() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const auto& [n, e] : jobs_) {
+    if (e.job.state() == v1::QUEUED) out.push_back(e.job.id());
+  }
+  return out;
+}
+
+absl::Status JobStore::Transition(const std::string& job_id, v1::JobState state,
+                                  const std::string& reason) {
+  int64_t n = 0;
+  absl::MutexLock lock(&mu_);
+  auto it = ParseJobId(job_id, &n) ? jobs_.find(n) : jobs_.end();
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  Entry& e = it->second;
+  if (IsTerminal(e.job.state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " already ended (", v1::JobState_Name(e.job.state()), ")"));
+  }
+  e.job.set_state(state);
+  e.job.set_reason(reason);
+  if (state == v1::RUNNING) e.job.set_started_unix_ms(NowMs());
+  if (IsTerminal(state)) e.job.set_finished_unix_ms(NowMs());
+  v1::JobEvent event;
+  event.set_kind(v1::JobEvent::STATE);
+  event.set_state(state);
+  event.set_reason(reason);
+  Append(e, std::move(event));
+  Persist(e);
+  return absl::OkStatus();
+}
+
+void JobStore::SetReason(const std::string& job_id, const std::string& reason) {
+  int64_t n = 0;
+  absl::MutexLock lock(&mu_);
+  auto it = ParseJobId(job_id, &n) ? jobs_.find(n) : jobs_.end();
+  if (it != jobs_.end() && !IsTerminal(it->second.job.state())) {
+    it->second.job.set_reason(reason);
+  }
+}
+
+void JobStore::SetStages(const std::string& job_id,
+                         const std::vector<v1::StageAssignment>& stages) {
+  int64_t n = 0;
+  absl::MutexLock lock(&mu_);
+  auto it = ParseJobId(job_id, &n) ? jobs_.find(n) : jobs_.end();
+  if (it == jobs_.end()) return;
+  auto* field = it->second.job.mutable_stages();
+  field->Clear();
+  for (const auto& s : stages) *field->Add() = s;
+  Persist(it->second);
+}
+
+void JobStore::RecordStep(const std::string& job_id, const v1::StepSummary& step) {
+  int64_t n = 0;
+  absl::MutexLock lock(&mu_);
+  auto it = ParseJobId(job_id, &n) ? jobs_.find(n) : jobs_.end();
+  if (it == jobs_.end()) return;
+  Entry& e = it->second;
+  e.job.set_steps_done(step.step() + 1);
+  e.job.set_last_loss(step.loss());
+  auto* history = e.job.mutable_history();
+  *history->Add() = step;
+  if (static_cast<size_t>(history->size()) > kMaxHistory) {
+    history->DeleteSubrange(0, history->size() - static_cast<int>(kMaxHistory));
+  }
+  v1::JobEvent event;
+  event.set_kind(v1::JobEvent::STEP);
+  event.set_state(e.job.state());
+  *event.mutable_step() = step;
+  Append(e, std::move(event));
+  if (++e.steps_since_persist >= kPersistEverySteps) {
+    e.steps_since_persist = 0;
+    Persist(e);
+  }
+}
+
+absl::StatusOr<JobStore::Events> JobStore::WaitEvents(const std::string& job_id, int64_t cursor,
+                                                      absl::Duration timeout) const {
+  int64_t n = 0;
+  if (!ParseJobId(job_id, &n)) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(n);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  const Entry& e = it->second;
+  auto has_new = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return e.first_event + static_cast<int64_t>(e.events.size()) > cursor;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&has_new), timeout);
+  Events out;
+  int64_t from = std::max(cursor, e.first_event);
+  const int64_t end = e.first_event + static_cast<int64_t>(e.events.size());
+  for (int64_t i = from; i < end; ++i) out.events.push_back(e.events[i - e.first_event]);
+  out.cursor = end;
+  out.ended = IsTerminal(e.job.state());
+  return out;
+}
+
+}  // namespace tandem::coordinator

@@ -1,0 +1,113 @@
+// tandem-coordinator: holds jobs, the worker registry and the step driver; serves the client
+// API, worker registration and transport rendezvous over gRPC, plus grpc.health.v1.
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+
+#include <chrono>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/rpc.h"
+#include "common/version.h"
+#include "coordinator/job_store.h"
+#include "coordinator/rendezvous_store.h"
+#include "coordinator/scheduler.h"
+#include "coordinator/services.h"
+#include "coordinator/worker_client.h"
+#include "coordinator/worker_registry.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "HOST:PORT to serve on (port 0: ephemeral)");
+ABSL_FLAG(std::string, data_root, "",
+          "directory for the job store; empty keeps jobs in memory only");
+ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once serving");
+ABSL_FLAG(int, heartbeat_ms, 1000, "heartbeat interval the workers are told to use");
+ABSL_FLAG(int, worker_timeout_ms, 5000, "a worker silent this long is marked LOST");
+ABSL_FLAG(int, step_timeout_s, 600, "a step that takes longer fails the job");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
+
+namespace {
+
+int Fail(const std::string& message) {
+  std::cerr << "tandem-coordinator: " << message << "\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "tandem-coordinator --listen HOST:PORT [--data-root DIR]: the Tandem coordinator");
+  absl::ParseCommandLine(argc, argv);
+  spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+  using tandem::coordinator::JobStore;
+  namespace tc = tandem::coordinator;
+
+  if (absl::GetFlag(FLAGS_heartbeat_ms) < 10 ||
+      absl::GetFlag(FLAGS_worker_timeout_ms) <= absl::GetFlag(FLAGS_heartbeat_ms)) {
+    return Fail("--worker-timeout-ms must exceed --heartbeat-ms, which must be >= 10");
+  }
+  if (absl::GetFlag(FLAGS_step_timeout_s) < 1) return Fail("--step-timeout-s must be >= 1");
+
+  // Block the shutdown signals before any thread starts; main waits for them below.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto store = JobStore::Open(absl::GetFlag(FLAGS_data_root));
+  if (!store.ok()) return Fail(store.status().ToString());
+  tc::WorkerRegistry registry(std::chrono::milliseconds(absl::GetFlag(FLAGS_worker_timeout_ms)));
+  tc::RendezvousStore rendezvous;
+  auto clients = tc::MakeGrpcStageWorkerClientFactory();
+  tc::RunnerEnv runner_env;
+  runner_env.store = store->get();
+  runner_env.registry = &registry;
+  runner_env.clients = clients.get();
+  runner_env.rendezvous = &rendezvous;
+  runner_env.options.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
+  tc::Scheduler scheduler(runner_env);
+
+  tc::ServiceEnv env;
+  env.store = store->get();
+  env.registry = &registry;
+  env.scheduler = &scheduler;
+  env.rendezvous = &rendezvous;
+  env.heartbeat_interval_ms = absl::GetFlag(FLAGS_heartbeat_ms);
+  auto coordinator_service = tc::MakeCoordinatorService(env);
+  auto registry_service = tc::MakeWorkerRegistryService(env);
+  auto rendezvous_service = tc::MakeRendezvousService(env);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(8 << 20);
+  builder.RegisterService(coordinator_service.get());
+  builder.RegisterService(registry_service.get());
+  builder.RegisterService(rendezvous_service.get());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    return Fail(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen)));
+  }
+  scheduler.Start();
+  spdlog::info("tandem-coordinator {} serving on port {} (protocol {})", tandem::kVersion, port,
+               tandem::kProtocolVersion);
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    if (auto s = tandem::WritePortFile(absl::GetFlag(FLAGS_port_file), port); !s.ok()) {
+      return Fail(s.ToString());
+    }
+  }
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("signal {}: shutting down", sig);
+  scheduler.Stop();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return 0;
+}

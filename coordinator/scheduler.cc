@@ -1,0 +1,98 @@
+#include "coordinator/scheduler.h"
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/worker_registry.h"
+#include "spdlog/spdlog.h"
+
+namespace tandem::coordinator {
+
+Scheduler::Scheduler(RunnerEnv env, absl::Duration tick) : env_(env), tick_(tick) {}
+
+Scheduler::~Scheduler() { Stop(); }
+
+void Scheduler::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Scheduler::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return;
+    stop_ = true;
+    for (auto& [id, runner] : runners_) runner->Cancel("the coordinator is shutting down");
+  }
+  if (thread_.joinable()) thread_.join();
+  absl::MutexLock lock(&mu_);
+  runners_.clear();  // joins each runner
+}
+
+void Scheduler::Notify() {
+  absl::MutexLock lock(&mu_);
+  notified_ = true;
+}
+
+void Scheduler::Loop() {
+  absl::MutexLock lock(&mu_);
+  while (!stop_) {
+    Tick();
+    auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || notified_; };
+    mu_.AwaitWithTimeout(absl::Condition(&wake), tick_);
+    notified_ = false;
+  }
+}
+
+void Scheduler::Tick() {
+  // Liveness: a lost worker fails the job it serves.
+  for (const WorkerRecord& w : env_.registry->SweepLost()) {
+    spdlog::warn("worker {} ({}) lost: no heartbeat", w.id, w.address);
+    auto it = runners_.find(w.job_id);
+    if (it != runners_.end()) it->second->OnWorkerLost(w);
+  }
+  // Reap finished runners.
+  for (auto it = runners_.begin(); it != runners_.end();) {
+    if (it->second->finished()) {
+      it = runners_.erase(it);  // joins its thread
+    } else {
+      ++it;
+    }
+  }
+  // Gang-allocate queued jobs in submission order.
+  for (const std::string& id : env_.store->Queued()) {
+    auto job = env_.store->Get(id, /*with_history=*/false);
+    if (!job.ok()) continue;
+    const std::string kind = job->spec().device();
+    const int p = job->spec().pipeline().stages();
+    auto workers = env_.registry->Allocate(kind, p, id);
+    if (!workers.ok()) {
+      env_.store->SetReason(id, env_.registry->AvailabilityText(kind, p));
+      continue;
+    }
+    spdlog::info("{}: allocated {} {} worker(s)", id, p, kind);
+    auto runner = std::make_unique<JobRunner>(env_, *std::move(job), *std::move(workers));
+    runner->Start();
+    runners_[id] = std::move(runner);
+  }
+}
+
+absl::StatusOr<v1::Job> Scheduler::Cancel(const std::string& job_id) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto job = env_.store->Get(job_id, /*with_history=*/false);
+    if (!job.ok()) return job.status();
+    if (IsTerminal(job->state())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job_id, " already ended (", v1::JobState_Name(job->state()), ")"));
+    }
+    auto it = runners_.find(job_id);
+    if (it != runners_.end()) {
+      it->second->Cancel("cancelled by the user");
+    } else if (absl::Status s =
+                   env_.store->Transition(job_id, v1::CANCELLED, "cancelled by the user");
+               !s.ok()) {
+      return s;
+    }
+  }
+  return env_.store->Get(job_id, /*with_history=*/false);
+}
+
+}  // namespace tandem::coordinator

@@ -1,0 +1,50 @@
+// Turns queued jobs into running ones: watches worker liveness, gang-allocates the P workers
+// a job needs (first come first served, with backfill: a later job that fits may start while
+// an earlier one waits), owns the running jobs' runners, and cancels.
+//
+// Thread-safe. Its loop runs on its own thread; Notify() wakes it early.
+#ifndef TANDEM_COORDINATOR_SCHEDULER_H_
+#define TANDEM_COORDINATOR_SCHEDULER_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "coordinator/job_runner.h"
+
+namespace tandem::coordinator {
+
+class Scheduler {
+ public:
+  explicit Scheduler(RunnerEnv env, absl::Duration tick = absl::Milliseconds(100));
+  ~Scheduler();  // Stop()
+
+  void Start();
+  // Cancels every running job (reason: coordinator shutting down) and joins the loop.
+  void Stop();
+  void Notify();
+
+  // A queued job is cancelled at once; a running one is asked to stop (its workers are
+  // aborted and released within seconds). FAILED_PRECONDITION if the job already ended.
+  absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
+
+ private:
+  void Loop();
+  void Tick() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  RunnerEnv env_;
+  const absl::Duration tick_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool notified_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, std::unique_ptr<JobRunner>> runners_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace tandem::coordinator
+
+#endif  // TANDEM_COORDINATOR_SCHEDULER_H_

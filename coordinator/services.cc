@@ -1,0 +1,222 @@
+#include "coordinator/services.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc.h"
+#include "common/spec.h"
+#include "spdlog/spdlog.h"
+#include "tandem/v1/coordinator.grpc.pb.h"
+
+namespace tandem::coordinator {
+namespace {
+
+constexpr const char* kServer = "coordinator";
+constexpr size_t kMaxSpecBytes = 1 << 20;
+
+#define TANDEM_RETURN_IF_BAD_VERSION(req)                                                     \
+  do {                                                                                        \
+    if (absl::Status _s = CheckProtocolVersion((req)->protocol_version(), kServer); !_s.ok()) \
+      return ToGrpcStatus(_s);                                                                \
+  } while (0)
+
+class CoordinatorServiceImpl final : public v1::Coordinator::Service {
+ public:
+  explicit CoordinatorServiceImpl(const ServiceEnv& env) : env_(env) {}
+
+  grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+                         v1::SubmitJobResponse* resp) override {
+    TANDEM_RETURN_IF_BAD_VERSION(req);
+    absl::StatusOr<v1::JobSpec> spec;
+    switch (req->spec_source_case()) {
+      case v1::SubmitJobRequest::kSpecYaml:
+        if (req->spec_yaml().size() > kMaxSpecBytes) {
+          return ToGrpcStatus(absl::InvalidArgumentError(
+              absl::StrCat("spec_yaml is ", req->spec_yaml().size(), " bytes; at most ",
+                           kMaxSpecBytes, " allowed")));
+        }
+        spec = LoadJobSpecYaml(req->spec_yaml());
+        break;
+      case v1::SubmitJobRequest::kSpec: {
+        v1::JobSpec full = WithDefaults(req->spec());
+        if (absl::Status s = ValidateJobSpec(full); !s.ok()) {
+          spec = s;
+        } else {
+          spec = std::move(full);
+        }
+        break;
+      }
+      default:
+        spec = absl::InvalidArgumentError("spec_source: give spec_yaml or spec");
+    }
+    if (!spec.ok()) return ToGrpcStatus(spec.status());
+    auto id = env_.store->Add(*spec);
+    if (!id.ok()) return ToGrpcStatus(id.status());
+    spdlog::info("{}: submitted '{}' ({} stages, {} micro-batches of {}, {} steps)", *id,
+                 spec->name(), spec->pipeline().stages(), spec->pipeline().micro_batches(),
+                 spec->pipeline().micro_batch_size(), spec->steps());
+    env_.scheduler->Notify();
+    resp->set_job_id(*id);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* req, v1::Job* resp) override {
+    TANDEM_RETURN_IF_BAD_VERSION(req);
+    auto job = env_.store->Get(req->job_id());
+    if (!job.ok()) return ToGrpcStatus(job.status());
+    *resp = *std::move(job);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* req,
+                        v1::ListJobsResponse* resp) override {
+    TANDEM_RETURN_IF_BAD_VERSION(req);
+    for (auto& job : env_.store->List()) *resp->add_jobs() = std::move(job);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* req,
+                         v1::Job* resp) override {
+    TANDEM_RETURN_IF_BAD_VERSION(req);
+    auto job = env_.scheduler->Cancel(req->job_id());
+    if (!job.ok()) return ToGrpcStatus(job.status());
+    *resp = *std::move(job);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
+                        grpc::ServerWriter<v1::JobEvent>* writer) override {
+    TANDEM_RETURN_IF_BAD_VERSION(req);
+    // Take the event cursor before the snapshot: an event in between is sent twice at most,
+    // never lost.
+    auto head = env_.store->WaitEvents(req->job_id(), std::numeric_limits<int64_t>::max(),
+                                       absl::ZeroDuration());
+    if (!head.ok()) return ToGrpcStatus(head.status());
+    auto job = env_.store->Get(req->job_id(), /*with_history=*/false);
+    if (!job.ok()) return ToGrpcStatus(job.status());
+    v1::JobEvent snapshot;
+    snapshot.set_kind(v1::JobEvent::SNAPSHOT);
+    snapshot.set_job_id(job->id());
+    snapshot.set_state(job->state());
+    snapshot.set_reason(job->reason());
+    snapshot.set_total_steps(job->total_steps());
+    *snapshot.mutable_job() = *job;
+    if (!writer->Write(snapshot)) return grpc::Status::OK;
+    if (IsTerminal(job->state())) return grpc::Status::OK;
+    int64_t cursor = head->cursor;
+    while (!ctx->IsCancelled()) {
+      auto batch = env_.store->WaitEvents(req->job_id(), cursor, absl::Milliseconds(500));
+      if (!batch.ok()) return ToGrpcStatus(batch.status());
+      for (const auto& event : batch->events) {
+        if (!writer->Write(event)) return grpc::Status::OK;
+      }
+      cursor = batch->cursor;
+      if (batch->ended) return grpc::Status::OK;
+    }
+    return grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled");
+  }
+
+  grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest* req,
+                           v1::ListWorkersResponse* resp) override {
+    TANDEM_RETURN_IF_BAD_VERSION(req);
+    const auto now = Clock::now();
+    for (const WorkerRecord& w : env_.registry->List()) {
+      v1::WorkerInfo* info = resp->add_workers();
+      info->set_worker_id(w.id);
+      info->set_address(w.address);
+      info->set_device(w.device);
+      info->set_threads(w.threads);
+      info->set_state(w.state);
+      info->set_job_id(w.job_id);
+      info->set_stage(w.stage);
+      info->set_heartbeat_age_seconds(
+          std::chrono::duration<double>(now - w.last_heartbeat).count());
+      info->set_version(w.version);
+      info->set_hostname(w.hostname);
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  ServiceEnv env_;
+};
+
+class WorkerRegistryServiceImpl final : public v1::WorkerRegistry::Service {
+ public:
+  explicit WorkerRegistryServiceImpl(const ServiceEnv& env) : env_(env) {}
+
+  grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest* req,
+                        v1::RegisterResponse* resp) override {
+    TANDEM_RETURN_IF_BAD_VERSION(req);
+    auto id = env_.registry->Register(*req);
+    if (!id.ok()) return ToGrpcStatus(id.status());
+    spdlog::info("worker {} registered: {} device {} threads {} version {}", *id, req->address(),
+                 req->device(), req->threads(), req->version());
+    resp->set_worker_id(*id);
+    resp->set_heartbeat_interval_ms(env_.heartbeat_interval_ms);
+    env_.scheduler->Notify();
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
+                         v1::HeartbeatResponse* resp) override {
+    TANDEM_RETURN_IF_BAD_VERSION(req);
+    if (absl::Status s = env_.registry->Heartbeat(req->worker_id(), req->worker_unix_us());
+        !s.ok()) {
+      return ToGrpcStatus(s);
+    }
+    resp->set_coordinator_unix_us(UnixMicros());
+    return grpc::Status::OK;
+  }
+
+ private:
+  ServiceEnv env_;
+};
+
+class RendezvousServiceImpl final : public v1::Rendezvous::Service {
+ public:
+  explicit RendezvousServiceImpl(const ServiceEnv& env) : env_(env) {}
+
+  grpc::Status Set(grpc::ServerContext*, const v1::RendezvousSetRequest* req,
+                   v1::RendezvousSetResponse*) override {
+    TANDEM_RETURN_IF_BAD_VERSION(req);
+    return ToGrpcStatus(env_.rendezvous->Set(req->key(), req->value()));
+  }
+
+  grpc::Status Get(grpc::ServerContext* ctx, const v1::RendezvousGetRequest* req,
+                   v1::RendezvousGetResponse* resp) override {
+    TANDEM_RETURN_IF_BAD_VERSION(req);
+    if (req->keys().empty()) {
+      return ToGrpcStatus(absl::InvalidArgumentError("rendezvous get: keys is empty"));
+    }
+    // Never wait past the caller's own deadline, nor more than 10 minutes.
+    absl::Duration wait = absl::Milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 600000));
+    const auto left = ctx->deadline() - std::chrono::system_clock::now();
+    wait = std::min(wait, absl::FromChrono(left));
+    std::vector<std::string> keys(req->keys().begin(), req->keys().end());
+    auto values = env_.rendezvous->Get(keys, wait);
+    if (!values.ok()) return ToGrpcStatus(values.status());
+    for (auto& v : *values) resp->add_values(std::move(v));
+    return grpc::Status::OK;
+  }
+
+ private:
+  ServiceEnv env_;
+};
+
+}  // namespace
+
+std::unique_ptr<grpc::Service> MakeCoordinatorService(const ServiceEnv& env) {
+  return std::make_unique<CoordinatorServiceImpl>(env);
+}
+std::unique_ptr<grpc::Service> MakeWorkerRegistryService(const ServiceEnv& env) {
+  return std::make_unique<WorkerRegistryServiceImpl>(env);
+}
+std::unique_ptr<grpc::Service> MakeRendezvousService(const ServiceEnv& env) {
+  return std::make_unique<RendezvousServiceImpl>(env);
+}
+
+}  // namespace tandem::coordinator

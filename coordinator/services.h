@@ -1,0 +1,32 @@
+// gRPC adapters of the coordinator: they check the protocol version, validate, hand the call
+// to the component that owns the state (JobStore, WorkerRegistry, Scheduler, RendezvousStore)
+// and translate the result. No business logic lives here.
+#ifndef TANDEM_COORDINATOR_SERVICES_H_
+#define TANDEM_COORDINATOR_SERVICES_H_
+
+#include <grpcpp/impl/codegen/service_type.h>
+
+#include <memory>
+
+#include "coordinator/job_store.h"
+#include "coordinator/rendezvous_store.h"
+#include "coordinator/scheduler.h"
+#include "coordinator/worker_registry.h"
+
+namespace tandem::coordinator {
+
+struct ServiceEnv {
+  JobStore* store = nullptr;
+  WorkerRegistry* registry = nullptr;
+  Scheduler* scheduler = nullptr;
+  RendezvousStore* rendezvous = nullptr;
+  int heartbeat_interval_ms = 1000;
+};
+
+std::unique_ptr<grpc::Service> MakeCoordinatorService(const ServiceEnv& env);
+std::unique_ptr<grpc::Service> MakeWorkerRegistryService(const ServiceEnv& env);
+std::unique_ptr<grpc::Service> MakeRendezvousService(const ServiceEnv& env);
+
+}  // namespace tandem::coordinator
+
+#endif  // TANDEM_COORDINATOR_SERVICES_H_

@@ -1,0 +1,45 @@
+// How the coordinator talks to one stage worker. An interface first (job runners and tests
+// use it without gRPC); GrpcStageWorkerClient is the implementation over the network.
+#ifndef TANDEM_COORDINATOR_WORKER_CLIENT_H_
+#define TANDEM_COORDINATOR_WORKER_CLIENT_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "tandem/v1/worker.pb.h"
+
+namespace tandem::coordinator {
+
+// Thread-safe. Asynchronous calls invoke `done` exactly once, on an arbitrary thread; the
+// request is copied, the response must stay valid until `done` runs.
+class StageWorkerClient {
+ public:
+  using Done = std::function<void(absl::Status)>;
+  virtual ~StageWorkerClient() = default;
+
+  virtual void Configure(const v1::ConfigureRequest& request, v1::ConfigureResponse* response,
+                         absl::Duration timeout, Done done) = 0;
+  virtual void RunStep(const v1::RunStepRequest& request, v1::RunStepResponse* response,
+                       absl::Duration timeout, Done done) = 0;
+  virtual absl::Status Abort(const v1::AbortRequest& request, absl::Duration timeout) = 0;
+  // A cheap liveness probe (GetStatus).
+  virtual absl::Status Probe(absl::Duration timeout) = 0;
+  // Cancels every outstanding asynchronous call; their `done` runs with CANCELLED.
+  virtual void CancelPending() = 0;
+};
+
+class StageWorkerClientFactory {
+ public:
+  virtual ~StageWorkerClientFactory() = default;
+  virtual std::unique_ptr<StageWorkerClient> Connect(const std::string& address) = 0;
+};
+
+// The factory that dials workers over gRPC.
+std::unique_ptr<StageWorkerClientFactory> MakeGrpcStageWorkerClientFactory();
+
+}  // namespace tandem::coordinator
+
+#endif  // TANDEM_COORDINATOR_WORKER_CLIENT_H_

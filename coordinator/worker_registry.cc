@@ -1,0 +1,138 @@
+#include "coordinator/worker_registry.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+
+namespace tandem::coordinator {
+namespace {
+
+bool ParseWorkerId(const std::string& id, int64_t* n) {
+  return id.size() > 2 && id.rfind("w-", 0) == 0 && absl::SimpleAtoi(id.substr(2), n);
+}
+
+}  // namespace
+
+std::string DeviceKind(const std::string& device) { return device.substr(0, device.find(':')); }
+
+WorkerRegistry::WorkerRegistry(std::chrono::milliseconds heartbeat_timeout)
+    : heartbeat_timeout_(heartbeat_timeout) {}
+
+absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterRequest& request) {
+  if (request.address().empty()) {
+    return absl::InvalidArgumentError("register: address is empty; expected HOST:PORT");
+  }
+  const std::string kind = DeviceKind(request.device());
+  if (kind != "cpu" && kind != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("register: device '", request.device(), "' is not one of cpu, cuda:N"));
+  }
+  if (request.threads() < 0) {
+    return absl::InvalidArgumentError("register: threads must be >= 0");
+  }
+  absl::MutexLock lock(&mu_);
+  // A worker restarted at the same address replaces its old record.
+  for (auto& [n, w] : workers_) {
+    if (w.address == request.address() && w.state != v1::LOST) w.state = v1::LOST;
+  }
+  const int64_t n = next_id_++;
+  WorkerRecord& w = workers_[n];
+  w.id = absl::StrCat("w-", n);
+  w.address = request.address();
+  w.device = request.device();
+  w.threads = request.threads();
+  w.hostname = request.hostname();
+  w.version = request.version();
+  w.state = v1::IDLE;
+  w.last_heartbeat = Clock::now();
+  return w.id;
+}
+
+absl::Status WorkerRegistry::Heartbeat(const std::string& worker_id, int64_t worker_unix_us) {
+  int64_t n = 0;
+  absl::MutexLock lock(&mu_);
+  auto it = ParseWorkerId(worker_id, &n) ? workers_.find(n) : workers_.end();
+  if (it == workers_.end()) {
+    return absl::NotFoundError(absl::StrCat("worker '", worker_id, "' is not registered"));
+  }
+  WorkerRecord& w = it->second;
+  w.last_heartbeat = Clock::now();
+  if (worker_unix_us > 0) w.clock_offset_us = worker_unix_us - UnixMicros();
+  if (w.state == v1::LOST && w.job_id.empty()) w.state = v1::IDLE;
+  return absl::OkStatus();
+}
+
+std::vector<WorkerRecord> WorkerRegistry::SweepLost() {
+  std::vector<WorkerRecord> lost_busy;
+  const auto now = Clock::now();
+  absl::MutexLock lock(&mu_);
+  for (auto& [n, w] : workers_) {
+    if (w.state == v1::LOST || now - w.last_heartbeat <= heartbeat_timeout_) continue;
+    if (w.state == v1::BUSY) lost_busy.push_back(w);
+    w.state = v1::LOST;
+  }
+  return lost_busy;
+}
+
+absl::StatusOr<std::vector<WorkerRecord>> WorkerRegistry::Allocate(const std::string& device_kind,
+                                                                   int count,
+                                                                   const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  std::vector<WorkerRecord*> picked;
+  for (auto& [n, w] : workers_) {
+    if (static_cast<int>(picked.size()) == count) break;
+    if (w.state == v1::IDLE && DeviceKind(w.device) == device_kind) picked.push_back(&w);
+  }
+  if (static_cast<int>(picked.size()) < count) {
+    return absl::UnavailableError("not enough idle workers");
+  }
+  std::vector<WorkerRecord> out;
+  for (int s = 0; s < count; ++s) {
+    picked[s]->state = v1::BUSY;
+    picked[s]->job_id = job_id;
+    picked[s]->stage = s;
+    out.push_back(*picked[s]);
+  }
+  return out;
+}
+
+void WorkerRegistry::Release(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [n, w] : workers_) {
+    if (w.job_id != job_id) continue;
+    w.job_id.clear();
+    w.stage = -1;
+    if (w.state == v1::BUSY) w.state = v1::IDLE;
+  }
+}
+
+std::string WorkerRegistry::AvailabilityText(const std::string& device_kind, int count) const {
+  int registered = 0;
+  int idle = 0;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [n, w] : workers_) {
+    if (DeviceKind(w.device) != device_kind || w.state == v1::LOST) continue;
+    ++registered;
+    if (w.state == v1::IDLE) ++idle;
+  }
+  return absl::StrCat("waiting for ", count, " idle ", device_kind, " worker",
+                      count == 1 ? "" : "s", ": ", registered, " registered and alive, ", idle,
+                      " idle");
+}
+
+std::vector<WorkerRecord> WorkerRegistry::List() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<WorkerRecord> out;
+  for (const auto& [n, w] : workers_) out.push_back(w);
+  return out;
+}
+
+absl::StatusOr<WorkerRecord> WorkerRegistry::Get(const std::string& worker_id) const {
+  int64_t n = 0;
+  absl::MutexLock lock(&mu_);
+  auto it = ParseWorkerId(worker_id, &n) ? workers_.find(n) : workers_.end();
+  if (it == workers_.end()) return absl::NotFoundError(absl::StrCat("no worker ", worker_id));
+  return it->second;
+}
+
+}  // namespace tandem::coordinator

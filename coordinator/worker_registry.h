@@ -1,0 +1,84 @@
+// The coordinator's registry of stage workers: who is registered, alive, idle or allocated.
+//
+// Owns every worker record. Thread-safe: all methods may be called concurrently (gRPC
+// handlers register and heartbeat, the scheduler sweeps and allocates, job runners release).
+#ifndef TANDEM_COORDINATOR_WORKER_REGISTRY_H_
+#define TANDEM_COORDINATOR_WORKER_REGISTRY_H_
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "tandem/v1/coordinator.pb.h"
+
+namespace tandem::coordinator {
+
+using Clock = std::chrono::steady_clock;
+
+struct WorkerRecord {
+  std::string id;
+  std::string address;
+  std::string device;  // "cpu" or "cuda:N"
+  int threads = 1;
+  std::string hostname;
+  std::string version;
+  v1::WorkerState state = v1::IDLE;
+  std::string job_id;  // set while allocated
+  int stage = -1;
+  Clock::time_point last_heartbeat;
+  // Worker clock minus coordinator clock, estimated from the last heartbeat (microseconds).
+  int64_t clock_offset_us = 0;
+};
+
+// The device kind a worker offers: "cuda:3" -> "cuda", "cpu" -> "cpu".
+std::string DeviceKind(const std::string& device);
+
+class WorkerRegistry {
+ public:
+  explicit WorkerRegistry(std::chrono::milliseconds heartbeat_timeout);
+
+  // Adds a worker and returns its new id ("w-1", "w-2", ...). A worker that registers again
+  // (after a restart) gets a new id; its old record, if still present, is marked LOST.
+  absl::StatusOr<std::string> Register(const v1::RegisterRequest& request);
+
+  // Records a heartbeat. NOT_FOUND for an unknown id (the worker re-registers). A LOST worker
+  // that heartbeats again and holds no job becomes IDLE.
+  absl::Status Heartbeat(const std::string& worker_id, int64_t worker_unix_us);
+
+  // Marks workers whose last heartbeat is older than the timeout as LOST and returns the
+  // records of those that were allocated to a job at that moment.
+  std::vector<WorkerRecord> SweepLost();
+
+  // Gang allocation: atomically takes `count` IDLE workers of `device_kind` for `job_id`, in
+  // registration order, and marks them BUSY with stages 0..count-1. UNAVAILABLE (with how
+  // many are registered and idle) if not enough are idle; nothing is taken then.
+  absl::StatusOr<std::vector<WorkerRecord>> Allocate(const std::string& device_kind, int count,
+                                                     const std::string& job_id);
+
+  // Returns the job's workers to IDLE (LOST ones stay LOST).
+  void Release(const std::string& job_id);
+
+  // "2 cpu workers registered, 1 idle": why a job that needs `count` must wait.
+  std::string AvailabilityText(const std::string& device_kind, int count) const;
+
+  std::vector<WorkerRecord> List() const;
+  absl::StatusOr<WorkerRecord> Get(const std::string& worker_id) const;
+  std::chrono::milliseconds heartbeat_timeout() const { return heartbeat_timeout_; }
+
+ private:
+  const std::chrono::milliseconds heartbeat_timeout_;
+  mutable absl::Mutex mu_;
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // Keyed by numeric id so iteration is registration order.
+  std::map<int64_t, WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem::coordinator
+
+#endif  // TANDEM_COORDINATOR_WORKER_REGISTRY_H_
