@@ -62,9 +62,10 @@ absl::StatusOr<Action> ParseAction(absl::string_view text) {
     absl::string_view name(k.name);
     if (rest.substr(0, name.size()) == name) {
       absl::string_view mb = rest.substr(name.size());
-      if (mb.empty() || !std::all_of(mb.begin(), mb.end(), [](char c) {
-            return std::isdigit(static_cast<unsigned char>(c));
-          }) || !absl::SimpleAtoi(mb, &a.micro_batch)) {
+      if (mb.empty() ||
+          !std::all_of(mb.begin(), mb.end(),
+                       [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }) ||
+          !absl::SimpleAtoi(mb, &a.micro_batch)) {
         return absl::InvalidArgumentError(
             absl::StrCat("action '", s, "': expected a micro-batch number after ", name));
       }
@@ -77,9 +78,8 @@ absl::StatusOr<Action> ParseAction(absl::string_view text) {
 }
 
 std::string ActionsToString(const std::vector<Action>& actions) {
-  return absl::StrJoin(actions, " ", [](std::string* out, const Action& a) {
-    out->append(ActionToString(a));
-  });
+  return absl::StrJoin(actions, " ",
+                       [](std::string* out, const Action& a) { out->append(ActionToString(a)); });
 }
 
 absl::StatusOr<Program> GenerateGPipe(int num_stages, int num_micro_batches) {

@@ -9,10 +9,10 @@
 #define TANDEM_COMMON_SCHEDULE_H_
 
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "tandem/v1/common.pb.h"
 
 namespace tandem {

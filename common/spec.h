@@ -8,10 +8,10 @@
 #define TANDEM_COMMON_SPEC_H_
 
 #include <cstdint>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "tandem/v1/spec.pb.h"
 
 namespace tandem {
