@@ -122,7 +122,7 @@ absl::Status JobRunner::Plan() {
 StageWorkerClient::Done JobRunner::Completion(Batch* batch, int rank) {
   return [this, batch, rank](absl::Status s) {
     absl::MutexLock lock(&mu_);
-    if (!s.ok()) ++batch->failed;
+    if (!s.ok() && batch->failed++ == 0) batch->first_failure = rank;
     batch->results[rank] = std::move(s);
     --batch->pending;
   };
@@ -140,13 +140,9 @@ absl::Status JobRunner::AwaitBatch(Batch* batch, absl::Duration timeout, const s
     if (interrupt_ != Interrupt::kNone) {
       abort_reason = interrupt_reason_;
     } else if (batch->failed > 0) {
-      for (size_t r = 0; r < batch->results.size(); ++r) {
-        if (!batch->results[r].ok()) {
-          abort_reason = absl::StrCat(what, ": ", WorkerName(static_cast<int>(r)),
-                                      " failed: ", batch->results[r].message());
-          break;
-        }
-      }
+      const int r = batch->first_failure;
+      abort_reason =
+          absl::StrCat(what, ": ", WorkerName(r), " failed: ", batch->results[r].message());
     } else {
       abort_reason = absl::StrCat(what, " timed out after ", absl::FormatDuration(timeout));
     }
@@ -193,7 +189,7 @@ absl::Status JobRunner::ConfigureAll() {
       AwaitBatch(&batch, env_.options.configure_timeout + absl::Seconds(5), "configure");
   if (!s.ok()) return s;
   for (int r = 0; r < p; ++r) {
-    if (!batch.results[r].ok()) return Diagnose("configure", batch.results);
+    if (!batch.results[r].ok()) return Diagnose("configure", batch);
   }
   int64_t params = 0;
   for (const auto& resp : responses) params += resp.parameter_count();
@@ -221,7 +217,7 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!s.ok()) return s;
   for (int r = 0; r < p; ++r) {
-    if (!batch.results[r].ok()) return Diagnose(what, batch.results);
+    if (!batch.results[r].ok()) return Diagnose(what, batch);
   }
 
   v1::StepSummary summary;
@@ -252,8 +248,7 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
   return absl::OkStatus();
 }
 
-absl::Status JobRunner::Diagnose(const std::string& what,
-                                 const std::vector<absl::Status>& results) {
+absl::Status JobRunner::Diagnose(const std::string& what, const Batch& batch) {
   if (absl::Status interrupted = InterruptStatus(); !interrupted.ok()) return interrupted;
   const int p = static_cast<int>(workers_.size());
   std::vector<std::future<absl::Status>> probes;
@@ -262,10 +257,9 @@ absl::Status JobRunner::Diagnose(const std::string& what,
         std::async(std::launch::async, [this, r] { return clients_[r]->Probe(absl::Seconds(2)); }));
   }
   std::string first_error;
-  for (int r = 0; r < p; ++r) {
-    if (!results[r].ok() && first_error.empty()) {
-      first_error = absl::StrCat(WorkerName(r), ": ", results[r].ToString());
-    }
+  if (batch.first_failure >= 0) {
+    const int r = batch.first_failure;
+    first_error = absl::StrCat(WorkerName(r), ": ", batch.results[r].ToString());
   }
   for (int r = 0; r < p; ++r) {
     absl::Status probe = probes[r].get();

@@ -69,9 +69,6 @@ class JobRunner {
   absl::Status Plan();
   absl::Status ConfigureAll();
   absl::Status RunOneStep(int64_t step);
-  // Explains a failed call batch: probes every worker so that an unreachable worker is named
-  // as the cause rather than the neighbour that noticed it.
-  absl::Status Diagnose(const std::string& what, const std::vector<absl::Status>& results);
   void AbortAll(const std::string& reason);
   // One asynchronous call to every worker; guarded by mu_.
   struct Batch {
@@ -79,12 +76,17 @@ class JobRunner {
     std::vector<absl::Status> results;
     int pending;
     int failed = 0;
+    int first_failure = -1;  // the rank whose call failed first (later ones may be our aborts)
   };
   StageWorkerClient::Done Completion(Batch* batch, int rank);
   // Waits for every call of the batch. If one fails, the job is interrupted or `timeout`
   // passes first, aborts every worker (so that blocked transfers return) and then waits for
   // the rest. Returns the interruption, or OK (the batch's results say the rest).
   absl::Status AwaitBatch(Batch* batch, absl::Duration timeout, const std::string& what);
+  // Explains a failed call batch: probes every worker so that an unreachable worker is named
+  // as the cause rather than the neighbour that noticed it.
+  absl::Status Diagnose(const std::string& what, const Batch& batch);
+
   std::string WorkerName(int stage) const;
   absl::Status InterruptStatus();
 

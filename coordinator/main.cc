@@ -11,6 +11,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/flags.h"
 #include "common/rpc.h"
 #include "common/version.h"
 #include "coordinator/job_store.h"
@@ -42,6 +43,7 @@ int Fail(const std::string& message) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "tandem-coordinator --listen HOST:PORT [--data-root DIR]: the Tandem coordinator");
+  tandem::NormalizeFlagDashes(argc, argv);
   absl::ParseCommandLine(argc, argv);
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
   using tandem::coordinator::JobStore;

@@ -1,0 +1,247 @@
+#include "coordinator/cli/args.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace tandem::cli {
+namespace {
+
+struct CommandInfo {
+  Command command;
+  const char* name;
+  const char* synopsis;  // arguments after the name
+  const char* summary;
+  int min_args;
+  int max_args;
+};
+
+constexpr CommandInfo kCommands[] = {
+    {Command::kSubmit, "submit", "JOB.yaml [--watch]",
+     "Submit a job; print its id (then follow it with --watch)", 1, 1},
+    {Command::kStatus, "status", "[JOB]", "Show all jobs and workers, or one job in detail", 0, 1},
+    {Command::kWatch, "watch", "JOB",
+     "Follow a job step by step until it ends (exit 0 only if it succeeds)", 1, 1},
+    {Command::kList, "list", "", "List jobs", 0, 0},
+    {Command::kCancel, "cancel", "JOB", "Cancel a queued or running job", 1, 1},
+    {Command::kWorkers, "workers", "", "List registered workers", 0, 0},
+    {Command::kValidate, "validate", "JOB.yaml",
+     "Check a job file locally and print it with every default filled in", 1, 1},
+    {Command::kVersion, "version", "", "Print the client version", 0, 0},
+    {Command::kHelp, "help", "[COMMAND]", "Show this help, or a command's usage", 0, 1},
+};
+
+const CommandInfo* FindCommand(absl::string_view name) {
+  for (const CommandInfo& c : kCommands) {
+    if (name == c.name) return &c;
+  }
+  return nullptr;
+}
+
+const CommandInfo& Info(Command command) {
+  for (const CommandInfo& c : kCommands) {
+    if (c.command == command) return c;
+  }
+  return kCommands[std::size(kCommands) - 1];  // help
+}
+
+absl::Status UsageError(absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(what, " (see 'tandem help')"));
+}
+
+absl::Status ParseOutput(absl::string_view v, OutputFormat* out) {
+  const std::string lower = absl::AsciiStrToLower(v);
+  if (lower == "table") {
+    *out = OutputFormat::kTable;
+  } else if (lower == "json") {
+    *out = OutputFormat::kJson;
+  } else {
+    return UsageError(absl::StrCat("-o/--output: expected json or table, got '", v, "'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseTimeout(absl::string_view v, absl::Duration* out) {
+  double seconds;
+  if (!absl::SimpleAtod(v, &seconds) || !std::isfinite(seconds) || seconds <= 0 ||
+      seconds > 86400) {
+    return UsageError(
+        absl::StrCat("--timeout: expected a number of seconds in (0, 86400], got '", v, "'"));
+  }
+  *out = absl::Seconds(seconds);
+  return absl::OkStatus();
+}
+
+absl::Status CheckAddress(absl::string_view v) {
+  if (v.empty() || std::any_of(v.begin(), v.end(), absl::ascii_isspace)) {
+    return UsageError(absl::StrCat("--coordinator: expected HOST:PORT, got '", v, "'"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<CliOptions> ParseArgs(const std::vector<std::string>& args,
+                                     const char* env_coordinator) {
+  CliOptions opts;
+  if (env_coordinator != nullptr && *env_coordinator != '\0') {
+    opts.coordinator = env_coordinator;
+    if (absl::Status s = CheckAddress(opts.coordinator); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("$TANDEM_COORDINATOR: ", s.message()));
+    }
+  }
+  bool help = false;
+  bool version = false;
+  std::optional<Command> command;
+  std::vector<std::string> positional;
+  bool flags_done = false;
+
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    const bool is_flag = !flags_done && arg.size() > 1 && arg[0] == '-';
+    if (!is_flag) {
+      if (!command.has_value()) {
+        const CommandInfo* info = FindCommand(arg);
+        if (info == nullptr) return UsageError(absl::StrCat("unknown command '", arg, "'"));
+        command = info->command;
+      } else {
+        positional.push_back(arg);
+      }
+      continue;
+    }
+    if (arg == "--") {
+      flags_done = true;
+      continue;
+    }
+    // Split "--name=value" and "-ovalue".
+    std::string name = arg;
+    std::optional<std::string> inline_value;
+    if (absl::StartsWith(arg, "--")) {
+      if (size_t eq = arg.find('='); eq != std::string::npos) {
+        name = arg.substr(0, eq);
+        inline_value = arg.substr(eq + 1);
+      }
+    } else if (arg.size() > 2) {
+      name = arg.substr(0, 2);
+      inline_value = arg.substr(arg[2] == '=' ? 3 : 2);
+    }
+    auto value = [&]() -> absl::StatusOr<std::string> {
+      if (inline_value.has_value()) return *inline_value;
+      if (i + 1 >= args.size()) return UsageError(absl::StrCat(name, ": missing value"));
+      return args[++i];
+    };
+    auto no_value = [&]() -> absl::Status {
+      if (inline_value.has_value()) {
+        return UsageError(absl::StrCat(name, ": takes no value"));
+      }
+      return absl::OkStatus();
+    };
+
+    if (name == "--coordinator") {
+      absl::StatusOr<std::string> v = value();
+      if (!v.ok()) return v.status();
+      if (absl::Status s = CheckAddress(*v); !s.ok()) return s;
+      opts.coordinator = *v;
+    } else if (name == "-o" || name == "--output") {
+      absl::StatusOr<std::string> v = value();
+      if (!v.ok()) return v.status();
+      if (absl::Status s = ParseOutput(*v, &opts.output); !s.ok()) return s;
+    } else if (name == "--timeout") {
+      absl::StatusOr<std::string> v = value();
+      if (!v.ok()) return v.status();
+      if (absl::Status s = ParseTimeout(*v, &opts.timeout); !s.ok()) return s;
+    } else if (name == "-w" || name == "--watch") {
+      if (absl::Status s = no_value(); !s.ok()) return s;
+      opts.watch = true;
+    } else if (name == "-h" || name == "--help") {
+      if (absl::Status s = no_value(); !s.ok()) return s;
+      help = true;
+    } else if (name == "--version") {
+      if (absl::Status s = no_value(); !s.ok()) return s;
+      version = true;
+    } else {
+      return UsageError(absl::StrCat("unknown flag '", arg, "'"));
+    }
+  }
+
+  if (help) {
+    // `tandem submit --help` is `tandem help submit`.
+    opts.command = Command::kHelp;
+    if (command.has_value() && *command != Command::kHelp) {
+      opts.args = {Info(*command).name};
+    } else if (command.has_value()) {
+      opts.args = positional;
+    }
+    return opts;
+  }
+  if (version && !command.has_value()) command = Command::kVersion;
+  if (!command.has_value()) return UsageError("missing command");
+  opts.command = *command;
+  opts.args = std::move(positional);
+
+  const CommandInfo& info = Info(opts.command);
+  const int n = static_cast<int>(opts.args.size());
+  if (n < info.min_args || n > info.max_args) {
+    return UsageError(absl::StrCat(n < info.min_args ? "missing argument" : "too many arguments",
+                                   "; usage: tandem ", info.name,
+                                   info.synopsis[0] != '\0' ? " " : "", info.synopsis));
+  }
+  if (opts.command == Command::kHelp && n == 1 && FindCommand(opts.args[0]) == nullptr) {
+    return UsageError(absl::StrCat("help: unknown command '", opts.args[0], "'"));
+  }
+  if (opts.watch && opts.command != Command::kSubmit) {
+    return UsageError("--watch applies to submit only; to follow a job use 'tandem watch JOB'");
+  }
+  return opts;
+}
+
+absl::string_view CommandName(Command command) { return Info(command).name; }
+
+std::string Usage() {
+  std::string out =
+      "Usage: tandem [flags] COMMAND [args]\n"
+      "\n"
+      "Tandem client: submit and follow pipeline-parallel training jobs.\n"
+      "\n"
+      "Commands:\n";
+  for (const CommandInfo& c : kCommands) {
+    std::string left = absl::StrCat(c.name, c.synopsis[0] != '\0' ? " " : "", c.synopsis);
+    if (left.size() < 26) left.resize(26, ' ');
+    absl::StrAppend(&out, "  ", left, " ", c.summary, "\n");
+  }
+  absl::StrAppend(
+      &out,
+      "\n"
+      "Flags (anywhere on the line):\n"
+      "  --coordinator HOST:PORT    Coordinator address (default $TANDEM_COORDINATOR, else ",
+      kDefaultCoordinator,
+      ")\n"
+      "  -o, --output json|table    Output format of status, list, workers, watch (default "
+      "table)\n"
+      "  --timeout SECONDS          Deadline of each request (default 10)\n"
+      "  -w, --watch                With submit: follow the job after submitting it\n"
+      "  -h, --help                 Show help\n"
+      "  --version                  Print the client version\n"
+      "\n"
+      "Examples:\n"
+      "  JOB=$(tandem submit examples/quickstart.yaml)\n"
+      "  tandem watch $JOB\n"
+      "  tandem status $JOB -o json\n"
+      "\n"
+      "Exit status: 0 on success, 1 on an error (or a watched job that failed or was\n"
+      "cancelled), 2 on a usage error.\n");
+  return out;
+}
+
+std::string CommandUsage(Command command) {
+  const CommandInfo& c = Info(command);
+  return absl::StrCat("Usage: tandem ", c.name, c.synopsis[0] != '\0' ? " " : "", c.synopsis,
+                      " [flags]\n\n", c.summary, ".\nRun 'tandem help' for the flags.\n");
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,58 @@
+// Command-line parsing for the `tandem` CLI: argv -> a validated CliOptions, without side
+// effects, so that it is tested without a process.
+#ifndef TANDEM_COORDINATOR_CLI_ARGS_H_
+#define TANDEM_COORDINATOR_CLI_ARGS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace tandem::cli {
+
+inline constexpr char kDefaultCoordinator[] = "127.0.0.1:7070";
+
+enum class OutputFormat { kTable, kJson };
+
+enum class Command {
+  kHelp,
+  kVersion,
+  kSubmit,    // submit JOB.yaml [--watch]
+  kStatus,    // status [JOB]
+  kWatch,     // watch JOB
+  kList,      // list
+  kCancel,    // cancel JOB
+  kWorkers,   // workers
+  kValidate,  // validate JOB.yaml (local: parse, fill defaults, validate)
+};
+
+struct CliOptions {
+  Command command = Command::kHelp;
+  // Positional arguments after the command (JOB.yaml, JOB id, or the command `help` is about).
+  std::vector<std::string> args;
+  std::string coordinator = kDefaultCoordinator;
+  OutputFormat output = OutputFormat::kTable;
+  // Deadline of each unary call; the watch stream has its own long deadline.
+  absl::Duration timeout = absl::Seconds(10);
+  bool watch = false;  // submit --watch
+};
+
+// Parses argv[1..] (without the program name). Flags may come before or after the command;
+// `--flag value` and `--flag=value` are both accepted, and `--` ends the flags.
+// `env_coordinator` is $TANDEM_COORDINATOR (nullptr or empty when unset); --coordinator wins.
+// INVALID_ARGUMENT (a usage error: exit 2) names the bad flag, command or argument.
+absl::StatusOr<CliOptions> ParseArgs(const std::vector<std::string>& args,
+                                     const char* env_coordinator);
+
+// The command's name as typed ("submit"), for error messages.
+absl::string_view CommandName(Command command);
+
+// Usage text: the overview, or one command's usage when `command` names one.
+std::string Usage();
+std::string CommandUsage(Command command);
+
+}  // namespace tandem::cli
+
+#endif  // TANDEM_COORDINATOR_CLI_ARGS_H_

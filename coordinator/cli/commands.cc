@@ -1,0 +1,282 @@
+#include "coordinator/cli/commands.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "common/schedule.h"
+#include "common/spec.h"
+#include "common/version.h"
+#include "coordinator/cli/format.h"
+
+namespace tandem::cli {
+namespace {
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+// Turns a failed call into the one line the user sees.
+absl::Status RpcError(Command command, const CliOptions& opts, const absl::Status& s) {
+  if (s.code() == absl::StatusCode::kUnavailable) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach coordinator at ", opts.coordinator, ": ", s.message()));
+  }
+  std::string hint;
+  if (s.code() == absl::StatusCode::kDeadlineExceeded && command != Command::kWatch) {
+    hint = absl::StrCat(" (no answer from ", opts.coordinator, " within ",
+                        absl::FormatDuration(opts.timeout), "; raise --timeout)");
+  }
+  return absl::Status(s.code(), absl::StrCat(CommandName(command), ": ",
+                                             absl::StatusCodeToString(s.code()), ": ",
+                                             s.message(), hint));
+}
+
+absl::Status PrintJson(const google::protobuf::Message& message, std::ostream& out) {
+  absl::StatusOr<std::string> json = ToJson(message, /*pretty=*/true);
+  if (!json.ok()) return json.status();
+  out << *json << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status Watch(const CliOptions& opts, CoordinatorClient& client, const std::string& job_id,
+                   CommandIo io) {
+  WatchPrinter printer(io.out, opts.output, io.live);
+  absl::Status print_error;
+  int events = 0;
+  absl::Status s = client.WatchJob(job_id, [&](const v1::JobEvent& event) {
+    ++events;
+    print_error = printer.OnEvent(event);
+    return print_error.ok() && !IsTerminal(printer.state());
+  });
+  printer.Finish();
+  if (!print_error.ok()) return print_error;
+  if (!s.ok()) {
+    if (events > 0 && (s.code() == absl::StatusCode::kUnavailable ||
+                       s.code() == absl::StatusCode::kCancelled)) {
+      return absl::UnavailableError(absl::StrCat("watch: lost the coordinator at ",
+                                                 opts.coordinator, " while following job ",
+                                                 job_id, ": ", s.message()));
+    }
+    return RpcError(Command::kWatch, opts, s);
+  }
+  const std::string reason = printer.reason().empty() ? "no reason given" : printer.reason();
+  switch (printer.state()) {
+    case v1::SUCCEEDED:
+      return absl::OkStatus();
+    case v1::FAILED:
+      return absl::AbortedError(absl::StrCat("job ", job_id, " FAILED: ", reason));
+    case v1::CANCELLED:
+      return absl::AbortedError(absl::StrCat("job ", job_id, " was CANCELLED: ", reason));
+    default:
+      return absl::UnavailableError(
+          absl::StrCat("watch: the coordinator at ", opts.coordinator,
+                       " ended the stream while job ", job_id, " was ",
+                       v1::JobState_Name(printer.state()), "; run 'tandem watch ", job_id,
+                       "' again to resume"));
+  }
+}
+
+absl::Status Submit(const CliOptions& opts, CoordinatorClient& client, CommandIo io) {
+  const std::string& path = opts.args[0];
+  std::string yaml;
+  if (path == "-") {
+    std::stringstream text;
+    text << io.in.rdbuf();
+    yaml = text.str();
+  } else {
+    absl::StatusOr<std::string> file = ReadJobFile(path);
+    if (!file.ok()) return absl::Status(file.status().code(), absl::StrCat("submit: ", file.status().message()));
+    yaml = *std::move(file);
+  }
+  absl::StatusOr<std::string> job_id = client.SubmitJob(yaml);
+  if (!job_id.ok()) return RpcError(Command::kSubmit, opts, job_id.status());
+  if (opts.output == OutputFormat::kJson) {
+    v1::SubmitJobResponse resp;
+    resp.set_job_id(*job_id);
+    absl::StatusOr<std::string> json = ToJson(resp, /*pretty=*/false);
+    if (!json.ok()) return json.status();
+    io.out << *json << "\n";
+  } else {
+    io.out << *job_id << "\n";
+  }
+  io.out.flush();
+  if (!opts.watch) return absl::OkStatus();
+  return Watch(opts, client, *job_id, io);
+}
+
+absl::Status StatusAll(const CliOptions& opts, CoordinatorClient& client, CommandIo io) {
+  absl::StatusOr<v1::ListJobsResponse> jobs = client.ListJobs();
+  if (!jobs.ok()) return RpcError(Command::kStatus, opts, jobs.status());
+  absl::StatusOr<v1::ListWorkersResponse> workers = client.ListWorkers();
+  if (!workers.ok()) return RpcError(Command::kStatus, opts, workers.status());
+  if (opts.output == OutputFormat::kJson) {
+    absl::StatusOr<std::string> a = ToJson(*jobs, /*pretty=*/true);
+    if (!a.ok()) return a.status();
+    absl::StatusOr<std::string> b = ToJson(*workers, /*pretty=*/true);
+    if (!b.ok()) return b.status();
+    absl::StatusOr<std::string> merged = MergeJsonObjects(*a, *b);
+    if (!merged.ok()) return merged.status();
+    io.out << *merged << "\n";
+    return absl::OkStatus();
+  }
+  if (jobs->jobs_size() == 0) {
+    io.out << "No jobs. Submit one with 'tandem submit JOB.yaml'.\n";
+  } else {
+    io.out << FormatJobsTable(*jobs);
+  }
+  io.out << "\n" << FormatWorkersSummary(*workers) << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status StatusOne(const CliOptions& opts, CoordinatorClient& client, CommandIo io) {
+  absl::StatusOr<v1::Job> job = client.GetJob(opts.args[0]);
+  if (!job.ok()) return RpcError(Command::kStatus, opts, job.status());
+  if (opts.output == OutputFormat::kJson) return PrintJson(*job, io.out);
+  io.out << FormatJobDetails(*job);
+  return absl::OkStatus();
+}
+
+absl::Status List(const CliOptions& opts, CoordinatorClient& client, CommandIo io) {
+  absl::StatusOr<v1::ListJobsResponse> jobs = client.ListJobs();
+  if (!jobs.ok()) return RpcError(Command::kList, opts, jobs.status());
+  if (opts.output == OutputFormat::kJson) return PrintJson(*jobs, io.out);
+  if (jobs->jobs_size() == 0) {
+    io.out << "No jobs.\n";
+  } else {
+    io.out << FormatJobsTable(*jobs);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Cancel(const CliOptions& opts, CoordinatorClient& client, CommandIo io) {
+  absl::StatusOr<v1::Job> job = client.CancelJob(opts.args[0]);
+  if (!job.ok()) return RpcError(Command::kCancel, opts, job.status());
+  if (opts.output == OutputFormat::kJson) return PrintJson(*job, io.out);
+  v1::JobEvent event;
+  event.set_job_id(job->id().empty() ? opts.args[0] : job->id());
+  event.set_state(job->state());
+  event.set_reason(job->reason());
+  io.out << FormatStateLine(event, job->name()) << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status Workers(const CliOptions& opts, CoordinatorClient& client, CommandIo io) {
+  absl::StatusOr<v1::ListWorkersResponse> workers = client.ListWorkers();
+  if (!workers.ok()) return RpcError(Command::kWorkers, opts, workers.status());
+  if (opts.output == OutputFormat::kJson) return PrintJson(*workers, io.out);
+  if (workers->workers_size() == 0) {
+    io.out << "No workers registered. Start one with 'tandem-worker --coordinator "
+           << opts.coordinator << "'.\n";
+  } else {
+    io.out << FormatWorkersTable(*workers);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Validate(const CliOptions& opts, CommandIo io) {
+  const std::string& path = opts.args[0];
+  absl::StatusOr<std::string> yaml = ReadJobFile(path);
+  if (!yaml.ok()) {
+    return absl::Status(yaml.status().code(), absl::StrCat("validate: ", yaml.status().message()));
+  }
+  absl::StatusOr<v1::JobSpec> spec = LoadJobSpecYaml(*yaml);
+  if (!spec.ok()) {
+    return absl::Status(spec.status().code(),
+                        absl::StrCat("validate: ", path, ": ", spec.status().message()));
+  }
+  // JSON is YAML: the output can be submitted as it is.
+  if (opts.output == OutputFormat::kJson) return PrintJson(*spec, io.out);
+  const v1::PipelineSpec& p = spec->pipeline();
+  io.out << absl::StrFormat(
+      "%s: valid. Job %s: %d steps on %d %s stage%s (%s), effective batch %d x %d = %d "
+      "sequences, ideal bubble %.1f%%.\n",
+      path, spec->name(), spec->steps(), p.stages(), spec->device(), p.stages() == 1 ? "" : "s",
+      p.schedule(), p.micro_batch_size(), p.micro_batches(), EffectiveBatch(*spec),
+      100 * IdealBubbleFraction(p.stages(), p.micro_batches()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadJobFile(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    return absl::NotFoundError(
+        absl::StrCat("cannot read job file '", path, "': ", std::strerror(err)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read job file '", path, "': not a regular file"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int err = errno;
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot read job file '", path, "': ", std::strerror(err)));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+absl::StatusOr<std::string> MergeJsonObjects(const std::string& a, const std::string& b) {
+  absl::string_view left = absl::StripAsciiWhitespace(a);
+  absl::string_view right = absl::StripAsciiWhitespace(b);
+  if (left.size() < 2 || left.front() != '{' || left.back() != '}' || right.size() < 2 ||
+      right.front() != '{' || right.back() != '}') {
+    return absl::InternalError("cannot merge JSON values that are not objects");
+  }
+  left.remove_suffix(1);
+  right.remove_prefix(1);
+  const bool left_empty = absl::StripAsciiWhitespace(left.substr(1)).empty();
+  const bool right_empty = absl::StripAsciiWhitespace(right.substr(0, right.size() - 1)).empty();
+  if (left_empty) return std::string(absl::StripAsciiWhitespace(b));
+  if (right_empty) return std::string(absl::StripAsciiWhitespace(a));
+  return absl::StrCat(absl::StripTrailingAsciiWhitespace(left), ",", right);
+}
+
+absl::Status RunCommand(const CliOptions& opts, CoordinatorClient& client, CommandIo io) {
+  switch (opts.command) {
+    case Command::kHelp: {
+      Command about = Command::kHelp;
+      if (!opts.args.empty()) {
+        for (Command c : {Command::kSubmit, Command::kStatus, Command::kWatch, Command::kList,
+                          Command::kCancel, Command::kWorkers, Command::kValidate,
+                          Command::kVersion}) {
+          if (CommandName(c) == opts.args[0]) about = c;
+        }
+      }
+      io.out << (about == Command::kHelp ? Usage() : CommandUsage(about));
+      return absl::OkStatus();
+    }
+    case Command::kVersion:
+      io.out << "tandem " << kVersion << " (protocol tandem.v1/" << kProtocolVersion << ")\n";
+      return absl::OkStatus();
+    case Command::kSubmit:
+      return Submit(opts, client, io);
+    case Command::kStatus:
+      return opts.args.empty() ? StatusAll(opts, client, io) : StatusOne(opts, client, io);
+    case Command::kWatch:
+      return Watch(opts, client, opts.args[0], io);
+    case Command::kList:
+      return List(opts, client, io);
+    case Command::kCancel:
+      return Cancel(opts, client, io);
+    case Command::kWorkers:
+      return Workers(opts, client, io);
+    case Command::kValidate:
+      return Validate(opts, io);
+  }
+  return absl::InternalError("unhandled command");
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,46 @@
+// The coordinator's client API as the CLI sees it: an interface, so that the commands are
+// tested against a fake, with one gRPC implementation (NewGrpcCoordinatorClient).
+#ifndef TANDEM_COORDINATOR_CLI_COORDINATOR_CLIENT_H_
+#define TANDEM_COORDINATOR_CLI_COORDINATOR_CLIENT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "tandem/v1/coordinator.pb.h"
+
+namespace tandem::cli {
+
+// Not thread-safe: one command at a time. Every call carries a deadline and the protocol
+// version. Errors are the server's status; UNAVAILABLE means the coordinator could not be
+// reached.
+class CoordinatorClient {
+ public:
+  virtual ~CoordinatorClient() = default;
+
+  // Returns the new job's id; INVALID_ARGUMENT names the bad field of the spec.
+  virtual absl::StatusOr<std::string> SubmitJob(const std::string& spec_yaml) = 0;
+  virtual absl::StatusOr<v1::Job> GetJob(const std::string& job_id) = 0;
+  virtual absl::StatusOr<v1::ListJobsResponse> ListJobs() = 0;
+  virtual absl::StatusOr<v1::Job> CancelJob(const std::string& job_id) = 0;
+  virtual absl::StatusOr<v1::ListWorkersResponse> ListWorkers() = 0;
+
+  // Streams the job's events to `on_event` until the server ends the stream (OK: the job
+  // ended) or `on_event` returns false (OK: the stream is cancelled). A broken stream
+  // returns its error.
+  virtual absl::Status WatchJob(const std::string& job_id,
+                                absl::FunctionRef<bool(const v1::JobEvent&)> on_event) = 0;
+};
+
+// A client of the coordinator at `address` (HOST:PORT). Unary calls time out after
+// `timeout`; the watch stream after `watch_timeout`.
+std::unique_ptr<CoordinatorClient> NewGrpcCoordinatorClient(const std::string& address,
+                                                            absl::Duration timeout,
+                                                            absl::Duration watch_timeout);
+
+}  // namespace tandem::cli
+
+#endif  // TANDEM_COORDINATOR_CLI_COORDINATOR_CLIENT_H_

@@ -1,0 +1,310 @@
+#include "coordinator/cli/format.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "absl/time/time.h"
+#include "common/model_desc.h"
+#include "common/schedule.h"
+#include "common/spec.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace tandem::cli {
+namespace {
+
+constexpr int kBarWidth = 20;
+constexpr int kRecentSteps = 10;
+
+std::string StateName(v1::JobState state) {
+  if (state == v1::JOB_STATE_UNSPECIFIED) return "UNKNOWN";
+  return v1::JobState_Name(state);
+}
+
+std::string WorkerStateName(v1::WorkerState state) {
+  if (state == v1::WORKER_STATE_UNSPECIFIED) return "UNKNOWN";
+  return v1::WorkerState_Name(state);
+}
+
+std::string FormatTimestamp(int64_t unix_ms) {
+  if (unix_ms <= 0) return "-";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(unix_ms),
+                          absl::LocalTimeZone());
+}
+
+std::string FormatLoss(double loss) { return absl::StrFormat("%.4f", loss); }
+
+std::string FormatAge(double seconds) {
+  if (seconds < 0 || !std::isfinite(seconds)) return "-";
+  if (seconds < 60) return absl::StrFormat("%.1fs", seconds);
+  return absl::StrCat(FormatEta(seconds), " ago");
+}
+
+}  // namespace
+
+Table::Table(std::vector<std::string> header) { rows_.push_back(std::move(header)); }
+
+void Table::AddRow(std::vector<std::string> cells) {
+  cells.resize(rows_[0].size());
+  rows_.push_back(std::move(cells));
+}
+
+std::string Table::Render() const {
+  const size_t columns = rows_[0].size();
+  std::vector<size_t> width(columns, 0);
+  for (const auto& row : rows_) {
+    for (size_t c = 0; c < columns; ++c) width[c] = std::max(width[c], row[c].size());
+  }
+  std::string out;
+  for (const auto& row : rows_) {
+    std::string line;
+    for (size_t c = 0; c < columns; ++c) {
+      line += row[c];
+      if (c + 1 < columns) line.append(width[c] - row[c].size() + 2, ' ');
+    }
+    absl::StrAppend(&out, absl::StripTrailingAsciiWhitespace(line), "\n");
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message, bool pretty) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = pretty;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  auto status = google::protobuf::util::MessageToJsonString(message, &out, options);
+  if (!status.ok()) {
+    return absl::InternalError(absl::StrCat("cannot print ", message.GetTypeName(),
+                                            " as JSON: ", status.ToString()));
+  }
+  // The pretty printer ends with a newline and the compact one does not; callers add one.
+  absl::StripTrailingAsciiWhitespace(&out);
+  return out;
+}
+
+std::string FormatEta(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "--:--";
+  const int64_t total = static_cast<int64_t>(std::llround(seconds));
+  const int64_t h = total / 3600, m = (total % 3600) / 60, s = total % 60;
+  if (h > 0) return absl::StrFormat("%d:%02d:%02d", h, m, s);
+  return absl::StrFormat("%d:%02d", m, s);
+}
+
+int Percent(int64_t done, int64_t total) {
+  if (total <= 0) return 0;
+  return static_cast<int>(std::clamp<int64_t>(done * 100 / total, 0, 100));
+}
+
+std::string ProgressBar(int64_t done, int64_t total, int width) {
+  int filled = 0;
+  if (total > 0) {
+    filled = static_cast<int>(std::clamp<int64_t>(done * width / total, 0, width));
+  }
+  return absl::StrCat("[", std::string(filled, '#'), std::string(width - filled, '-'), "]");
+}
+
+std::string LayerRangeName(const v1::ModelSpec& model, int begin, int end) {
+  if (end <= begin) return "-";
+  if (end - begin == 1) return LayerName(model, begin);
+  return absl::StrCat(LayerName(model, begin), "..", LayerName(model, end - 1));
+}
+
+std::string FormatStepLine(const v1::StepSummary& step, int64_t total_steps,
+                           double seconds_per_step) {
+  const double eta = seconds_per_step > 0
+                         ? seconds_per_step * static_cast<double>(
+                                                  std::max<int64_t>(0, total_steps - step.step()))
+                         : -1;
+  return absl::StrFormat("step %d/%d  loss %.4f  %.1f ms/step  %.0f tok/s  %s  %d%%  ETA %s",
+                         step.step(), total_steps, step.loss(), step.step_seconds() * 1000,
+                         step.tokens_per_second(),
+                         ProgressBar(step.step(), total_steps, kBarWidth),
+                         Percent(step.step(), total_steps), FormatEta(eta));
+}
+
+std::string FormatStateLine(const v1::JobEvent& event, const std::string& job_name) {
+  std::string line = absl::StrCat("job ", event.job_id());
+  if (!job_name.empty()) absl::StrAppend(&line, " (", job_name, ")");
+  absl::StrAppend(&line, ": ", StateName(event.state()));
+  if (!event.reason().empty()) absl::StrAppend(&line, ": ", event.reason());
+  return line;
+}
+
+std::string FormatJobsTable(const v1::ListJobsResponse& jobs) {
+  Table table({"ID", "NAME", "STATE", "STEP", "LOSS", "REASON"});
+  for (const v1::Job& job : jobs.jobs()) {
+    table.AddRow({job.id(), job.name(), StateName(job.state()),
+                  absl::StrCat(job.steps_done(), "/", job.total_steps()),
+                  job.steps_done() > 0 ? FormatLoss(job.last_loss()) : "-", job.reason()});
+  }
+  return table.Render();
+}
+
+std::string FormatWorkersTable(const v1::ListWorkersResponse& workers) {
+  Table table({"ID", "ADDRESS", "DEVICE", "THREADS", "STATE", "JOB", "STAGE", "HEARTBEAT",
+               "VERSION"});
+  for (const v1::WorkerInfo& w : workers.workers()) {
+    const bool has_job = !w.job_id().empty();
+    table.AddRow({w.worker_id(), w.address(), w.device(), absl::StrCat(w.threads()),
+                  WorkerStateName(w.state()), has_job ? w.job_id() : "-",
+                  has_job ? absl::StrCat(w.stage()) : "-", FormatAge(w.heartbeat_age_seconds()),
+                  w.version().empty() ? "-" : w.version()});
+  }
+  return table.Render();
+}
+
+std::string FormatWorkersSummary(const v1::ListWorkersResponse& workers) {
+  int idle = 0, busy = 0, lost = 0;
+  for (const v1::WorkerInfo& w : workers.workers()) {
+    idle += w.state() == v1::IDLE;
+    busy += w.state() == v1::BUSY;
+    lost += w.state() == v1::LOST;
+  }
+  const int n = workers.workers_size();
+  return absl::StrCat(n, n == 1 ? " worker" : " workers", ": ", idle, " idle, ", busy, " busy, ",
+                      lost, " lost");
+}
+
+std::string FormatJobDetails(const v1::Job& job) {
+  const v1::JobSpec& spec = job.spec();
+  const v1::PipelineSpec& p = spec.pipeline();
+  const v1::ModelSpec& m = spec.model();
+  Table info({"Job", absl::StrCat(job.id(), "  ", job.name())});
+  info.AddRow({"State", StateName(job.state())});
+  if (!job.reason().empty()) info.AddRow({"Reason", job.reason()});
+  info.AddRow({"Progress", absl::StrCat(job.steps_done(), "/", job.total_steps(), " steps  ",
+                                        ProgressBar(job.steps_done(), job.total_steps(), kBarWidth),
+                                        "  ", Percent(job.steps_done(), job.total_steps()), "%")});
+  info.AddRow({"Last loss", job.steps_done() > 0 ? FormatLoss(job.last_loss()) : "-"});
+  const int64_t batch = job.effective_batch() > 0 ? job.effective_batch() : EffectiveBatch(spec);
+  info.AddRow({"Batch", absl::StrCat(p.micro_batch_size(), " x ", p.micro_batches(), " = ", batch,
+                                     " sequences per step (micro_batch_size x micro_batches)")});
+  const double bubble = job.bubble_fraction_ideal() > 0 || p.stages() <= 1
+                            ? job.bubble_fraction_ideal()
+                            : IdealBubbleFraction(p.stages(), p.micro_batches());
+  info.AddRow({"Pipeline", absl::StrFormat("%d stages, %s, %s partition; ideal bubble %.1f%%",
+                                           p.stages(), p.schedule(), p.partition(),
+                                           100 * bubble)});
+  info.AddRow({"Model", absl::StrFormat("%s  n_layer %d  d_model %d  context %d  vocab %d",
+                                        m.arch(), m.n_layer(), m.d_model(), m.context(),
+                                        m.vocab_size())});
+  info.AddRow({"Optimizer", absl::StrFormat("%s  lr %g  warmup %d steps", spec.optimizer().name(),
+                                            spec.optimizer().lr(),
+                                            spec.optimizer().warmup_steps())});
+  info.AddRow({"Created", FormatTimestamp(job.created_unix_ms())});
+  if (job.started_unix_ms() > 0) info.AddRow({"Started", FormatTimestamp(job.started_unix_ms())});
+  if (job.finished_unix_ms() > 0) {
+    info.AddRow({"Finished", FormatTimestamp(job.finished_unix_ms())});
+  }
+  // The first "row" is the header of a two-column table; render without a separate header.
+  std::string out = info.Render();
+
+  if (job.stages_size() > 0) {
+    Table stages({"STAGE", "WORKER", "ADDRESS", "LAYERS", "ACTIONS"});
+    for (const v1::StageAssignment& s : job.stages()) {
+      stages.AddRow({absl::StrCat(s.stage()), s.worker_id(), s.address(),
+                     LayerRangeName(m, s.layer_begin(), s.layer_end()), s.actions()});
+    }
+    absl::StrAppend(&out, "\n", stages.Render());
+  }
+
+  if (job.history_size() > 0) {
+    Table steps({"STEP", "LOSS", "MS/STEP", "TOK/S", "OVERHEAD MS"});
+    const int first = std::max(0, job.history_size() - kRecentSteps);
+    for (int i = first; i < job.history_size(); ++i) {
+      const v1::StepSummary& s = job.history(i);
+      steps.AddRow({absl::StrCat(s.step()), FormatLoss(s.loss()),
+                    absl::StrFormat("%.1f", s.step_seconds() * 1000),
+                    absl::StrFormat("%.0f", s.tokens_per_second()),
+                    absl::StrFormat("%.1f", s.coordinator_overhead_seconds() * 1000)});
+    }
+    absl::StrAppend(&out, "\n", steps.Render());
+  }
+  return out;
+}
+
+WatchPrinter::WatchPrinter(std::ostream& out, OutputFormat format, bool live)
+    : out_(out), format_(format), live_(live && format == OutputFormat::kTable) {}
+
+absl::Status WatchPrinter::OnEvent(const v1::JobEvent& event) {
+  if (event.kind() == v1::JobEvent::SNAPSHOT) {
+    job_name_ = event.job().name();
+    state_ = event.job().state();
+    reason_ = event.job().reason();
+    total_steps_ = event.job().total_steps();
+  }
+  if (event.total_steps() > 0) total_steps_ = event.total_steps();
+  if (event.kind() == v1::JobEvent::STATE || event.state() != v1::JOB_STATE_UNSPECIFIED) {
+    if (event.kind() != v1::JobEvent::SNAPSHOT) {
+      state_ = event.state();
+      reason_ = event.reason();
+    }
+  }
+
+  if (format_ == OutputFormat::kJson) {
+    absl::StatusOr<std::string> json = ToJson(event, /*pretty=*/false);
+    if (!json.ok()) return json.status();
+    out_ << *json << "\n";
+    out_.flush();
+    return absl::OkStatus();
+  }
+
+  switch (event.kind()) {
+    case v1::JobEvent::SNAPSHOT: {
+      v1::JobEvent as_state;
+      as_state.set_job_id(event.job().id().empty() ? event.job_id() : event.job().id());
+      as_state.set_state(state_);
+      as_state.set_reason(reason_);
+      std::string line = FormatStateLine(as_state, job_name_);
+      if (event.job().steps_done() > 0) {
+        absl::StrAppend(&line, " (step ", event.job().steps_done(), "/", total_steps_, ")");
+      }
+      PrintLine(line);
+      break;
+    }
+    case v1::JobEvent::STEP: {
+      recent_step_seconds_.push_back(event.step().step_seconds());
+      if (recent_step_seconds_.size() > kRateWindow) recent_step_seconds_.pop_front();
+      double sum = 0;
+      for (double s : recent_step_seconds_) sum += s;
+      const std::string line = FormatStepLine(event.step(), total_steps_,
+                                              sum / static_cast<double>(recent_step_seconds_.size()));
+      if (live_) {
+        out_ << "\r\033[K" << line;
+        line_open_ = true;
+      } else {
+        out_ << line << "\n";
+      }
+      break;
+    }
+    case v1::JobEvent::STATE:
+      PrintLine(FormatStateLine(event, job_name_));
+      break;
+    default:
+      break;  // a newer server's event kind: nothing to show
+  }
+  out_.flush();
+  return absl::OkStatus();
+}
+
+void WatchPrinter::Finish() {
+  EndLiveLine();
+  out_.flush();
+}
+
+void WatchPrinter::EndLiveLine() {
+  if (line_open_) out_ << "\n";
+  line_open_ = false;
+}
+
+void WatchPrinter::PrintLine(const std::string& line) {
+  EndLiveLine();
+  out_ << line << "\n";
+}
+
+}  // namespace tandem::cli

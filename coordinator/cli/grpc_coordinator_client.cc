@@ -1,0 +1,111 @@
+// The gRPC implementation of CoordinatorClient: the one file of the CLI that sees the stub.
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc.h"
+#include "common/version.h"
+#include "coordinator/cli/coordinator_client.h"
+#include "tandem/v1/coordinator.grpc.pb.h"
+
+namespace tandem::cli {
+namespace {
+
+class GrpcCoordinatorClient final : public CoordinatorClient {
+ public:
+  GrpcCoordinatorClient(const std::string& address, absl::Duration timeout,
+                        absl::Duration watch_timeout)
+      : stub_(v1::Coordinator::NewStub(MakeChannel(address))),
+        timeout_(absl::ToChronoMilliseconds(timeout)),
+        watch_timeout_(absl::ToChronoMilliseconds(watch_timeout)) {}
+
+  absl::StatusOr<std::string> SubmitJob(const std::string& spec_yaml) override {
+    v1::SubmitJobRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    req.set_spec_yaml(spec_yaml);
+    v1::SubmitJobResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, timeout_);
+    if (absl::Status s = FromGrpcStatus(stub_->SubmitJob(&ctx, req, &resp)); !s.ok()) return s;
+    return resp.job_id();
+  }
+
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id) override {
+    v1::GetJobRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    req.set_job_id(job_id);
+    return Unary(&v1::Coordinator::Stub::GetJob, req);
+  }
+
+  absl::StatusOr<v1::ListJobsResponse> ListJobs() override {
+    v1::ListJobsRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    return Unary(&v1::Coordinator::Stub::ListJobs, req);
+  }
+
+  absl::StatusOr<v1::Job> CancelJob(const std::string& job_id) override {
+    v1::CancelJobRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    req.set_job_id(job_id);
+    return Unary(&v1::Coordinator::Stub::CancelJob, req);
+  }
+
+  absl::StatusOr<v1::ListWorkersResponse> ListWorkers() override {
+    v1::ListWorkersRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    return Unary(&v1::Coordinator::Stub::ListWorkers, req);
+  }
+
+  absl::Status WatchJob(const std::string& job_id,
+                        absl::FunctionRef<bool(const v1::JobEvent&)> on_event) override {
+    v1::WatchJobRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    req.set_job_id(job_id);
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, watch_timeout_);
+    std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub_->WatchJob(&ctx, req);
+    v1::JobEvent event;
+    bool cancelled = false;
+    while (reader->Read(&event)) {
+      if (!on_event(event)) {
+        ctx.TryCancel();
+        cancelled = true;
+        break;
+      }
+    }
+    const grpc::Status status = reader->Finish();
+    if (cancelled) return absl::OkStatus();
+    return FromGrpcStatus(status);
+  }
+
+ private:
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Unary(grpc::Status (v1::Coordinator::Stub::*method)(
+                                     grpc::ClientContext*, const Request&, Response*),
+                                 const Request& req) {
+    Response resp;
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, timeout_);
+    if (absl::Status s = FromGrpcStatus((stub_.get()->*method)(&ctx, req, &resp)); !s.ok()) {
+      return s;
+    }
+    return resp;
+  }
+
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  const std::chrono::milliseconds timeout_;
+  const std::chrono::milliseconds watch_timeout_;
+};
+
+}  // namespace
+
+std::unique_ptr<CoordinatorClient> NewGrpcCoordinatorClient(const std::string& address,
+                                                            absl::Duration timeout,
+                                                            absl::Duration watch_timeout) {
+  return std::make_unique<GrpcCoordinatorClient>(address, timeout, watch_timeout);
+}
+
+}  // namespace tandem::cli

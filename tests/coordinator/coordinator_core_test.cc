@@ -1,0 +1,327 @@
+// Unit tests of the coordinator's domain components, with a fake worker client in place of
+// the network.
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/spec.h"
+#include "coordinator/job_runner.h"
+#include "coordinator/job_store.h"
+#include "coordinator/rendezvous_store.h"
+#include "coordinator/scheduler.h"
+#include "coordinator/worker_registry.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+v1::RegisterRequest Worker(const std::string& address, const std::string& device = "cpu") {
+  v1::RegisterRequest r;
+  r.set_address(address);
+  r.set_device(device);
+  r.set_threads(1);
+  return r;
+}
+
+TEST(WorkerRegistryTest, GangAllocationIsAllOrNothing) {
+  WorkerRegistry registry(1000ms);
+  ASSERT_TRUE(registry.Register(Worker("a:1")).ok());
+  ASSERT_TRUE(registry.Register(Worker("b:1")).ok());
+  ASSERT_TRUE(registry.Register(Worker("c:1", "cuda:0")).ok());
+  EXPECT_FALSE(registry.Allocate("cpu", 3, "job-1").ok());
+  for (const auto& w : registry.List()) EXPECT_EQ(w.state, v1::IDLE);
+  EXPECT_EQ(registry.AvailabilityText("cpu", 3),
+            "waiting for 3 idle cpu workers: 2 registered and alive, 2 idle");
+  auto gang = registry.Allocate("cpu", 2, "job-1");
+  ASSERT_TRUE(gang.ok());
+  EXPECT_EQ((*gang)[0].address, "a:1");
+  EXPECT_EQ((*gang)[1].stage, 1);
+  EXPECT_FALSE(registry.Allocate("cpu", 1, "job-2").ok());
+  registry.Release("job-1");
+  EXPECT_TRUE(registry.Allocate("cpu", 1, "job-2").ok());
+}
+
+TEST(WorkerRegistryTest, BadRegistrationIsRefused) {
+  WorkerRegistry registry(1000ms);
+  EXPECT_EQ(registry.Register(Worker("")).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.Register(Worker("a:1", "tpu")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.Heartbeat("w-99", 0).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.Heartbeat("garbage", 0).code(), absl::StatusCode::kNotFound);
+}
+
+TEST(WorkerRegistryTest, SilentWorkersAreLostAndBusyOnesReported) {
+  WorkerRegistry registry(50ms);
+  auto a = registry.Register(Worker("a:1"));
+  auto b = registry.Register(Worker("b:1"));
+  ASSERT_TRUE(registry.Allocate("cpu", 1, "job-1").ok());
+  std::this_thread::sleep_for(80ms);
+  ASSERT_TRUE(registry.Heartbeat(*b, 0).ok());
+  auto lost = registry.SweepLost();
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].id, *a);
+  EXPECT_EQ(lost[0].job_id, "job-1");
+  EXPECT_EQ(registry.Get(*a)->state, v1::LOST);
+  EXPECT_EQ(registry.Get(*b)->state, v1::IDLE);
+}
+
+v1::JobSpec Spec(int stages, int steps) {
+  auto spec = LoadJobSpecYaml(absl::StrCat("steps: ", steps, "\npipeline:\n  stages: ", stages,
+                                           "\n  micro_batches: 4\n"));
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+TEST(JobStoreTest, StatesAreFinalAndPersisted) {
+  char dir_template[] = "/tmp/tandem-store-XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  std::string running_id, done_id, queued_id;
+  {
+    auto store = JobStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    running_id = *(*store)->Add(Spec(2, 5));
+    done_id = *(*store)->Add(Spec(2, 5));
+    queued_id = *(*store)->Add(Spec(2, 5));
+    ASSERT_TRUE((*store)->Transition(running_id, v1::RUNNING, "").ok());
+    ASSERT_TRUE((*store)->Transition(done_id, v1::RUNNING, "").ok());
+    ASSERT_TRUE((*store)->Transition(done_id, v1::SUCCEEDED, "").ok());
+    EXPECT_EQ((*store)->Transition(done_id, v1::FAILED, "x").code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ((*store)->Queued(), std::vector<std::string>{queued_id});
+  }
+  // Reopen: finished history kept, queued stays queued, running was interrupted.
+  auto store = JobStore::Open(dir);
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ((*store)->Get(done_id)->state(), v1::SUCCEEDED);
+  EXPECT_EQ((*store)->Get(queued_id)->state(), v1::QUEUED);
+  EXPECT_EQ((*store)->Get(running_id)->state(), v1::FAILED);
+  EXPECT_THAT((*store)->Get(running_id)->reason(), HasSubstr("restarted"));
+  auto next = (*store)->Add(Spec(1, 1));
+  EXPECT_EQ(*next, "job-4");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(JobStoreTest, WatchersSeeEveryEventInOrder) {
+  auto store = *JobStore::Open("");
+  const std::string id = *store->Add(Spec(1, 3));
+  std::vector<v1::JobEvent> seen;
+  std::thread watcher([&] {
+    int64_t cursor = 0;
+    while (true) {
+      auto batch = store->WaitEvents(id, cursor, absl::Seconds(5));
+      ASSERT_TRUE(batch.ok());
+      seen.insert(seen.end(), batch->events.begin(), batch->events.end());
+      cursor = batch->cursor;
+      if (batch->ended) return;
+    }
+  });
+  ASSERT_TRUE(store->Transition(id, v1::RUNNING, "").ok());
+  for (int s = 0; s < 3; ++s) {
+    v1::StepSummary step;
+    step.set_step(s);
+    step.set_loss(5.0 - s);
+    store->RecordStep(id, step);
+  }
+  ASSERT_TRUE(store->Transition(id, v1::SUCCEEDED, "").ok());
+  watcher.join();
+  ASSERT_EQ(seen.size(), 6u);  // QUEUED, RUNNING, 3 steps, SUCCEEDED
+  EXPECT_EQ(seen[0].state(), v1::QUEUED);
+  EXPECT_EQ(seen[2].step().step(), 0);
+  EXPECT_EQ(seen[4].step().loss(), 3.0);
+  EXPECT_EQ(seen[5].state(), v1::SUCCEEDED);
+  EXPECT_EQ(store->Get(id)->steps_done(), 3);
+  EXPECT_EQ(store->Get("job-77").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store->Get("nonsense").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(RendezvousStoreTest, GetWaitsForKeysAndNamesTheMissing) {
+  RendezvousStore kv;
+  std::thread setter([&] {
+    std::this_thread::sleep_for(30ms);
+    ASSERT_TRUE(kv.Set("job-1/a", "1").ok());
+  });
+  auto got = kv.Get({"job-1/a"}, absl::Seconds(5));
+  setter.join();
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ((*got)[0], "1");
+  auto missing = kv.Get({"job-1/a", "job-1/b"}, absl::Milliseconds(20));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("job-1/b"));
+  EXPECT_EQ(kv.Set("", "x").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(kv.Set("k", std::string(RendezvousStore::kMaxValueBytes + 1, 'x')).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(kv.Set("job-2/a", "2").ok());
+  kv.ErasePrefix("job-1/");
+  EXPECT_EQ(kv.size(), 1u);
+}
+
+TEST(LearningRateTest, LinearWarmupThenConstant) {
+  v1::OptimizerSpec opt;
+  opt.set_lr(1.0f);
+  opt.set_warmup_steps(4);
+  EXPECT_FLOAT_EQ(LearningRateAt(opt, 0), 0.25f);
+  EXPECT_FLOAT_EQ(LearningRateAt(opt, 3), 1.0f);
+  EXPECT_FLOAT_EQ(LearningRateAt(opt, 100), 1.0f);
+}
+
+// A worker that answers from memory; counts RunStep calls and can be told to fail or hang.
+class FakeWorker final : public StageWorkerClient {
+ public:
+  explicit FakeWorker(int rank) : rank_(rank) {}
+  void Configure(const v1::ConfigureRequest& request, v1::ConfigureResponse*, absl::Duration,
+                 Done done) override {
+    program_ = request.program();
+    done(absl::OkStatus());
+  }
+  void RunStep(const v1::RunStepRequest& request, v1::RunStepResponse* response, absl::Duration,
+               Done done) override {
+    ++run_steps;
+    if (request.step() == fail_at_step) {
+      done(absl::InternalError("boom"));
+      return;
+    }
+    if (request.step() == hang_at_step) {
+      std::thread([this, done] {
+        while (!aborted.load()) std::this_thread::sleep_for(1ms);
+        done(absl::AbortedError("aborted"));
+      }).detach();
+      return;
+    }
+    v1::StepReport* rep = response->mutable_report();
+    rep->set_step(request.step());
+    rep->set_exec_us(100);
+    if (program_.rank() == program_.num_ranks() - 1) {
+      rep->set_has_loss(true);
+      rep->set_loss(5.0 / (1 + request.step()));
+    }
+    done(absl::OkStatus());
+  }
+  absl::Status Abort(const v1::AbortRequest&, absl::Duration) override {
+    aborted.store(true);
+    ++aborts;
+    return absl::OkStatus();
+  }
+  absl::Status Probe(absl::Duration) override { return absl::OkStatus(); }
+  void CancelPending() override {}
+
+  int rank_;
+  v1::StageProgram program_;
+  std::atomic<int> run_steps{0};
+  std::atomic<int> aborts{0};
+  std::atomic<bool> aborted{false};
+  int64_t fail_at_step = -1;
+  int64_t hang_at_step = -1;
+};
+
+class FakeFactory final : public StageWorkerClientFactory {
+ public:
+  std::unique_ptr<StageWorkerClient> Connect(const std::string& address) override {
+    auto w = std::make_unique<FakeWorker>(static_cast<int>(made.size()));
+    FakeWorker* raw = w.get();
+    if (configure) configure(raw);
+    made.push_back(raw);
+    return w;
+  }
+  std::function<void(FakeWorker*)> configure;
+  std::vector<FakeWorker*> made;
+};
+
+struct RunnerFixture {
+  RunnerFixture() : registry(10s) {
+    store = *JobStore::Open("");
+    env.store = store.get();
+    env.registry = &registry;
+    env.clients = &factory;
+    env.options.abort_timeout = absl::Seconds(1);
+  }
+  std::unique_ptr<JobRunner> Start(const v1::JobSpec& spec) {
+    const std::string id = *store->Add(spec);
+    for (int i = 0; i < spec.pipeline().stages(); ++i) {
+      (void)registry.Register(Worker(absl::StrCat("127.0.0.1:", 1000 + i)));
+    }
+    auto gang = registry.Allocate("cpu", spec.pipeline().stages(), id);
+    EXPECT_TRUE(gang.ok());
+    auto runner = std::make_unique<JobRunner>(env, *store->Get(id), *gang);
+    runner->Start();
+    return runner;
+  }
+  void WaitFinished(JobRunner& r) {
+    for (int i = 0; i < 500 && !r.finished(); ++i) std::this_thread::sleep_for(10ms);
+    ASSERT_TRUE(r.finished());
+  }
+  std::unique_ptr<JobStore> store;
+  WorkerRegistry registry;
+  FakeFactory factory;
+  RunnerEnv env;
+};
+
+TEST(JobRunnerTest, OneRunStepPerWorkerPerStepAndProgramsAreLowered) {
+  RunnerFixture f;
+  auto runner = f.Start(Spec(2, 5));
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  ASSERT_EQ(f.factory.made.size(), 2u);
+  for (FakeWorker* w : f.factory.made) {
+    EXPECT_EQ(w->run_steps.load(), 5);  // O(1) RPCs per worker per step, not O(M)
+    EXPECT_EQ(w->aborts.load(), 1);     // the stage is dropped at the end
+  }
+  // Rank 0 of a 2-stage 1F1B with M=4, lowered: sends after forwards, receives before B.
+  const v1::StageProgram& p0 = f.factory.made[0]->program_;
+  EXPECT_EQ(p0.actions(0).kind(), v1::ACTION_F);
+  EXPECT_EQ(p0.actions(1).kind(), v1::ACTION_SEND_F);
+  EXPECT_EQ(job.history_size(), 5);
+  EXPECT_DOUBLE_EQ(job.history(4).loss(), 1.0);
+  EXPECT_EQ(job.stages(0).actions(), "0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3");
+  EXPECT_EQ(f.registry.List()[0].state, v1::IDLE);
+}
+
+TEST(JobRunnerTest, AStepErrorFailsTheJobNamingStageAndWorker) {
+  RunnerFixture f;
+  f.factory.configure = [](FakeWorker* w) {
+    if (w->rank_ == 1) w->fail_at_step = 2;
+    if (w->rank_ == 0) w->hang_at_step = 2;  // blocked until aborted, as a real peer would be
+  };
+  auto runner = f.Start(Spec(2, 10));
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("step 2"));
+  EXPECT_THAT(job.reason(), HasSubstr("stage 1 (worker w-2 at 127.0.0.1:1001)"));
+  EXPECT_THAT(job.reason(), HasSubstr("boom"));
+  EXPECT_EQ(job.steps_done(), 2);
+}
+
+TEST(JobRunnerTest, CancelAbortsAHangingStep) {
+  RunnerFixture f;
+  f.factory.configure = [](FakeWorker* w) { w->hang_at_step = 1; };
+  auto runner = f.Start(Spec(2, 10));
+  std::this_thread::sleep_for(50ms);
+  runner->Cancel("cancelled by the user");
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  EXPECT_EQ(job.state(), v1::CANCELLED);
+  EXPECT_EQ(job.reason(), "cancelled by the user");
+}
+
+TEST(JobRunnerTest, ALostWorkerFailsTheJob) {
+  RunnerFixture f;
+  f.factory.configure = [](FakeWorker* w) { w->hang_at_step = 0; };
+  auto runner = f.Start(Spec(2, 10));
+  std::this_thread::sleep_for(50ms);
+  WorkerRecord lost = *f.registry.Get("w-2");
+  runner->OnWorkerLost(lost);
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("worker w-2 (127.0.0.1:1001, stage 1) was lost"));
+}
+
+}  // namespace
+}  // namespace tandem::coordinator

@@ -1,0 +1,341 @@
+// End-to-end tests: a real coordinator and real workers on 127.0.0.1, driven through gRPC and
+// the `tandem` CLI.
+#include <signal.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <fstream>
+#include <mutex>
+#include <cmath>
+#include <sstream>
+#include <thread>
+
+#include <grpcpp/generic/generic_stub.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "common/rpc.h"
+#include "common/version.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/integration/harness.h"
+
+namespace tandem::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+std::vector<double> Losses(const v1::Job& job) {
+  std::vector<double> out;
+  for (const auto& s : job.history()) out.push_back(s.loss());
+  return out;
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  void StartCluster(int workers) {
+    Cluster::Options options;
+    options.workers = workers;
+    cluster_ = std::make_unique<Cluster>(options);
+    absl::Status s = cluster_->Start();
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  void TearDown() override {
+    if (HasFailure() && cluster_) {
+      std::cerr << "coordinator log:\n" << ReadFile(cluster_->dir() + "/coordinator.log");
+      for (int i = 0; i < 3; ++i) {
+        std::cerr << "worker" << i << " log:\n"
+                  << ReadFile(cluster_->dir() + "/worker" + std::to_string(i) + ".log");
+      }
+    }
+  }
+  std::unique_ptr<Cluster> cluster_;
+};
+
+// The main path: a 2-stage job trains to SUCCEEDED, its loss falls, and the same job on one
+// stage gives the same loss sequence (partition invariance).
+TEST_F(ClusterTest, TwoStageJobTrainsAndMatchesOneStage) {
+  StartCluster(2);
+  auto two = cluster_->Submit(TinyJobYaml(2, 4, 30));
+  ASSERT_TRUE(two.ok()) << two.status();
+  auto job2 = cluster_->WaitForEnd(*two, 120s);
+  ASSERT_TRUE(job2.ok()) << job2.status();
+  ASSERT_EQ(job2->state(), v1::SUCCEEDED) << job2->reason();
+  ASSERT_EQ(job2->history_size(), 30);
+  ASSERT_EQ(job2->stages_size(), 2);
+  EXPECT_EQ(job2->stages(0).layer_begin(), 0);
+  EXPECT_EQ(job2->stages(1).layer_end(), 5);
+  const std::vector<double> l2 = Losses(*job2);
+  EXPECT_NEAR(l2.front(), std::log(256.0), 0.5);  // starts near uniform over bytes
+  EXPECT_LT(l2.back(), l2.front() - 1.0) << "loss did not fall";
+  EXPECT_GT(job2->history(0).bytes_sent(), 0);
+
+  auto one = cluster_->Submit(TinyJobYaml(1, 4, 30));
+  ASSERT_TRUE(one.ok()) << one.status();
+  auto job1 = cluster_->WaitForEnd(*one, 120s);
+  ASSERT_TRUE(job1.ok()) << job1.status();
+  ASSERT_EQ(job1->state(), v1::SUCCEEDED) << job1->reason();
+  const std::vector<double> l1 = Losses(*job1);
+  ASSERT_EQ(l1.size(), l2.size());
+  // Same initial weights and data; only the process boundary differs. fp32 reassociation is
+  // the only source of difference: relative tolerance 1e-4.
+  for (size_t i = 0; i < l1.size(); ++i) {
+    EXPECT_NEAR(l1[i], l2[i], 1e-4 * std::abs(l1[i])) << "step " << i;
+  }
+  EXPECT_EQ(job1->history(0).bytes_sent(), 0);
+}
+
+TEST_F(ClusterTest, CliSubmitWatchStatusAndJson) {
+  StartCluster(2);
+  const std::string spec_path = cluster_->dir() + "/job.yaml";
+  {
+    std::ofstream out(spec_path);
+    out << TinyJobYaml(2, 4, 8);
+  }
+  CommandResult submit = cluster_->Cli({"submit", spec_path});
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  std::string id = std::string(absl::StripAsciiWhitespace(submit.out));
+  ASSERT_TRUE(absl::StartsWith(id, "job-")) << submit.out;
+
+  // `tandem watch` prints a line per step and exits 0 when the job succeeds.
+  CommandResult watch = cluster_->Cli({"watch", id});
+  ASSERT_EQ(watch.exit_code, 0) << watch.out << watch.err;
+  int step_lines = 0;
+  for (absl::string_view line : absl::StrSplit(watch.out, '\n')) {
+    if (absl::StartsWith(line, "step ")) {
+      ++step_lines;
+      EXPECT_THAT(std::string(line), HasSubstr("loss"));
+      EXPECT_THAT(std::string(line), HasSubstr("tok/s"));
+    }
+  }
+  EXPECT_GE(step_lines, 1) << watch.out;
+
+  // Watching a finished job with -o json: one JSON object per line, all parse.
+  CommandResult watch_json = cluster_->Cli({"watch", id, "-o", "json"});
+  ASSERT_EQ(watch_json.exit_code, 0) << watch_json.err;
+  for (absl::string_view line : absl::StrSplit(watch_json.out, '\n', absl::SkipEmpty())) {
+    EXPECT_NO_THROW((void)nlohmann::json::parse(line)) << line;
+  }
+
+  CommandResult status = cluster_->Cli({"status", id, "-o", "json"});
+  ASSERT_EQ(status.exit_code, 0) << status.err;
+  nlohmann::json job = nlohmann::json::parse(status.out);
+  EXPECT_EQ(job["state"], "SUCCEEDED");
+  EXPECT_EQ(job["history"].size(), 8u);
+
+  CommandResult list = cluster_->Cli({"list", "-o", "json"});
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  EXPECT_EQ(nlohmann::json::parse(list.out)["jobs"].size(), 1u);
+
+  CommandResult workers = cluster_->Cli({"workers", "-o", "json"});
+  ASSERT_EQ(workers.exit_code, 0) << workers.err;
+  EXPECT_EQ(nlohmann::json::parse(workers.out)["workers"].size(), 2u);
+
+  CommandResult table = cluster_->Cli({"status", id});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("SUCCEEDED"));
+}
+
+TEST_F(ClusterTest, BadSpecIsRejectedNamingTheFieldAndNothingIsStored) {
+  StartCluster(0);
+  auto bad = cluster_->Submit("pipeline:\n  micro_batches: four\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("pipeline.micro_batches"));
+
+  auto unknown = cluster_->Submit("model:\n  n_layers: 4\n");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("model.n_layers"));
+
+  auto range = cluster_->Submit("steps: 0\n");
+  ASSERT_FALSE(range.ok());
+  EXPECT_THAT(std::string(range.status().message()), HasSubstr("steps"));
+
+  // Through the CLI: non-zero exit and a one-line reason naming the field.
+  const std::string spec_path = cluster_->dir() + "/bad.yaml";
+  {
+    std::ofstream out(spec_path);
+    out << "optimizer:\n  lr: -1\n";
+  }
+  CommandResult cli = cluster_->Cli({"submit", spec_path});
+  EXPECT_NE(cli.exit_code, 0);
+  EXPECT_THAT(cli.err, HasSubstr("optimizer.lr"));
+  EXPECT_EQ(std::count(cli.err.begin(), cli.err.end(), '\n'), 1) << cli.err;
+
+  CommandResult list = cluster_->Cli({"list", "-o", "json"});
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  nlohmann::json jobs = nlohmann::json::parse(list.out);
+  EXPECT_TRUE(!jobs.contains("jobs") || jobs["jobs"].empty()) << list.out;
+}
+
+TEST_F(ClusterTest, JobNeedingMoreWorkersStaysQueuedWithAReason) {
+  StartCluster(2);
+  auto id = cluster_->Submit(TinyJobYaml(3, 4, 5));
+  ASSERT_TRUE(id.ok()) << id.status();
+  std::this_thread::sleep_for(1s);
+  auto job = cluster_->GetJob(*id);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->state(), v1::QUEUED);
+  EXPECT_THAT(job->reason(), HasSubstr("waiting for 3 idle cpu workers"));
+  CommandResult status = cluster_->Cli({"status", *id});
+  ASSERT_EQ(status.exit_code, 0) << status.err;
+  EXPECT_THAT(status.out, HasSubstr("waiting for 3 idle cpu workers"));
+
+  // A third worker arrives: the job is scheduled and completes.
+  ASSERT_TRUE(cluster_->AddWorker().ok());
+  auto done = cluster_->WaitForEnd(*id, 120s);
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+}
+
+TEST_F(ClusterTest, CancelStopsARunningJobWithinFiveSecondsAndFreesItsWorkers) {
+  StartCluster(2);
+  auto id = cluster_->Submit(TinyJobYaml(2, 4, 100000));
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto j = cluster_->GetJob(*id);
+        return j.ok() && j->steps_done() >= 3;
+      },
+      60s));
+  const auto t0 = std::chrono::steady_clock::now();
+  CommandResult cancel = cluster_->Cli({"cancel", *id});
+  ASSERT_EQ(cancel.exit_code, 0) << cancel.err;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto j = cluster_->GetJob(*id);
+        auto w = cluster_->Workers();
+        if (!j.ok() || !w.ok() || j->state() != v1::CANCELLED) return false;
+        for (const auto& info : *w) {
+          if (info.state() != v1::IDLE) return false;
+        }
+        return true;
+      },
+      5s, 20ms))
+      << "job not cancelled and workers not idle within 5 s";
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::cerr << "cancel took " << seconds << " s\n";
+
+  // The freed workers take the next job.
+  auto next = cluster_->Submit(TinyJobYaml(2, 4, 3));
+  ASSERT_TRUE(next.ok());
+  auto done = cluster_->WaitForEnd(*next, 60s);
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+}
+
+TEST_F(ClusterTest, CancelQueuedJob) {
+  StartCluster(0);
+  auto id = cluster_->Submit(TinyJobYaml(2, 4, 3));
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(cluster_->Cancel(*id).ok());
+  auto job = cluster_->GetJob(*id);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->state(), v1::CANCELLED);
+  // Cancelling again is refused with a reason.
+  CommandResult again = cluster_->Cli({"cancel", *id});
+  EXPECT_NE(again.exit_code, 0);
+  EXPECT_THAT(again.err, HasSubstr("already ended"));
+}
+
+TEST_F(ClusterTest, WorkerThatDiesMidJobFailsTheJobNamingIt) {
+  StartCluster(2);
+  auto id = cluster_->Submit(TinyJobYaml(2, 4, 100000));
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto j = cluster_->GetJob(*id);
+        return j.ok() && j->steps_done() >= 3;
+      },
+      60s));
+  auto job = cluster_->GetJob(*id);
+  ASSERT_TRUE(job.ok());
+  const std::string victim_id = job->stages(1).worker_id();
+  const std::string victim_address = job->stages(1).address();
+  // Workers register in start order; find the process serving stage 1 by its port file.
+  const std::string port = victim_address.substr(victim_address.rfind(':') + 1);
+  int victim = -1;
+  for (int i = 0; i < 2; ++i) {
+    std::string p = ReadFile(cluster_->dir() + "/worker" + std::to_string(i) + ".port");
+    if (std::string(absl::StripAsciiWhitespace(p)) == port) victim = i;
+  }
+  ASSERT_GE(victim, 0);
+  cluster_->worker(victim).Kill(SIGKILL);
+  auto end = cluster_->WaitForEnd(*id, 30s);
+  ASSERT_TRUE(end.ok());
+  EXPECT_EQ(end->state(), v1::FAILED);
+  EXPECT_TRUE(absl::StrContains(end->reason(), victim_id) ||
+              absl::StrContains(end->reason(), victim_address))
+      << end->reason();
+  // The surviving worker is released.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto w = cluster_->Workers();
+        if (!w.ok()) return false;
+        for (const auto& info : *w) {
+          if (info.worker_id() != victim_id && info.state() != v1::IDLE) return false;
+        }
+        return true;
+      },
+      5s));
+}
+
+TEST_F(ClusterTest, ProtocolVersionMismatchIsRefused) {
+  StartCluster(0);
+  v1::ListJobsRequest req;
+  req.set_protocol_version(kProtocolVersion + 1);
+  v1::ListJobsResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, 5s);
+  grpc::Status s = cluster_->stub().ListJobs(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("protocol version 2 is not supported"));
+}
+
+// grpc.health.v1.Health/Check with an empty request (service ""), through the generic stub
+// so that the test needs no copy of health.proto: SERVING is field 1 = 1 (bytes 08 01).
+int HealthCheck(const std::string& address) {
+  auto channel = MakeChannel(address);
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, 5s);
+  grpc::ByteBuffer request;  // empty message
+  grpc::Slice empty("");
+  request = grpc::ByteBuffer(&empty, 1);
+  grpc::ByteBuffer response;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  grpc::Status status;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
+                   std::lock_guard<std::mutex> lock(mu);
+                   status = s;
+                   done = true;
+                   cv.notify_one();
+                 });
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done; });
+  if (!status.ok()) return -1;
+  std::vector<grpc::Slice> slices;
+  (void)response.Dump(&slices);
+  std::string bytes;
+  for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  return bytes == std::string("\x08\x01", 2) ? 1 : 0;
+}
+
+TEST_F(ClusterTest, BothDaemonsServeGrpcHealth) {
+  StartCluster(1);
+  EXPECT_EQ(HealthCheck(cluster_->address()), 1);
+  const std::string port = std::string(
+      absl::StripAsciiWhitespace(ReadFile(cluster_->dir() + "/worker0.port")));
+  EXPECT_EQ(HealthCheck("127.0.0.1:" + port), 1);
+}
+
+}  // namespace
+}  // namespace tandem::testing

@@ -1,0 +1,288 @@
+#include "tests/integration/harness.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc.h"
+#include "common/version.h"
+
+namespace tandem::testing {
+namespace {
+
+pid_t Spawn(const std::vector<std::string>& argv, const std::string& out_path,
+            const std::string& err_path) {
+  std::vector<char*> cargv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid == 0) {
+    // Die with the test process, whatever happens to it.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int err = err_path == out_path ? out : open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int in = open("/dev/null", O_RDONLY);
+    dup2(in, 0);
+    dup2(out, 1);
+    dup2(err, 2);
+    execv(cargv[0], cargv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+}  // namespace
+
+Process::Process(const std::string& binary, const std::vector<std::string>& args,
+                 const std::string& log_path)
+    : log_path_(log_path) {
+  std::vector<std::string> argv{binary};
+  argv.insert(argv.end(), args.begin(), args.end());
+  pid_ = Spawn(argv, log_path, log_path);
+}
+
+Process::~Process() {
+  if (pid_ > 0 && !reaped_) {
+    kill(pid_, SIGKILL);
+    Wait();
+  }
+}
+
+void Process::Kill(int signal) {
+  if (pid_ > 0 && !reaped_) kill(pid_, signal);
+}
+
+int Process::Wait() {
+  if (!reaped_) {
+    waitpid(pid_, &status_, 0);
+    reaped_ = true;
+  }
+  if (WIFEXITED(status_)) return WEXITSTATUS(status_);
+  if (WIFSIGNALED(status_)) return 128 + WTERMSIG(status_);
+  return -1;
+}
+
+bool Process::Running() {
+  if (reaped_) return false;
+  pid_t r = waitpid(pid_, &status_, WNOHANG);
+  if (r == pid_) reaped_ = true;
+  return !reaped_;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+CommandResult RunCommand(const std::vector<std::string>& argv, std::chrono::seconds timeout) {
+  char dir_template[] = "/tmp/tandem-cmd-XXXXXX";
+  std::string dir = mkdtemp(dir_template);
+  const std::string out = dir + "/out", err = dir + "/err";
+  pid_t pid = Spawn(argv, out, err);
+  CommandResult result;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  while (true) {
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      result.err = "timed out\n";
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  result.out = ReadFile(out);
+  result.err += ReadFile(err);
+  std::remove(out.c_str());
+  std::remove(err.c_str());
+  rmdir(dir.c_str());
+  return result;
+}
+
+bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout,
+             std::chrono::milliseconds every) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(every);
+  }
+  return pred();
+}
+
+Cluster::Cluster(Options options) : options_(options) {
+  char dir_template[] = "/tmp/tandem-it-XXXXXX";
+  dir_ = mkdtemp(dir_template);
+}
+
+Cluster::~Cluster() {
+  workers_.clear();
+  coordinator_.reset();
+  if (std::getenv("TANDEM_KEEP_TEST_DIRS") == nullptr) {
+    std::string cmd = "rm -rf '" + dir_ + "'";
+    if (std::system(cmd.c_str()) != 0) {
+      // Best effort.
+    }
+  }
+}
+
+absl::Status Cluster::Start() {
+  const std::string port_file = dir_ + "/coordinator.port";
+  coordinator_ = std::make_unique<Process>(
+      std::string(TANDEM_BIN_DIR) + "/tandem-coordinator",
+      std::vector<std::string>{"--listen=127.0.0.1:0", "--port-file=" + port_file,
+                               "--data-root=" + dir_ + "/store",
+                               absl::StrCat("--heartbeat-ms=", options_.heartbeat_ms),
+                               absl::StrCat("--worker-timeout-ms=", options_.worker_timeout_ms)},
+      dir_ + "/coordinator.log");
+  if (!WaitFor([&] { return !ReadFile(port_file).empty(); }, std::chrono::seconds(20))) {
+    return absl::DeadlineExceededError("coordinator did not start: " +
+                                       ReadFile(dir_ + "/coordinator.log"));
+  }
+  port_ = std::stoi(ReadFile(port_file));
+  stub_ = v1::Coordinator::NewStub(MakeChannel(address()));
+  for (int i = 0; i < options_.workers; ++i) {
+    if (absl::Status s = StartWorker(); !s.ok()) return s;
+  }
+  const size_t want = workers_.size();
+  if (!WaitFor(
+          [&] {
+            auto w = Workers();
+            return w.ok() && w->size() >= want;
+          },
+          std::chrono::seconds(20))) {
+    return absl::DeadlineExceededError("workers did not register");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::StartWorker() {
+  const int i = static_cast<int>(workers_.size());
+  workers_.push_back(std::make_unique<Process>(
+      std::string(TANDEM_BIN_DIR) + "/tandem-worker",
+      std::vector<std::string>{"--coordinator=" + address(), "--listen=127.0.0.1:0",
+                               "--device=cpu", "--threads=1", "--data-root=" + dir_,
+                               absl::StrCat("--port-file=", dir_, "/worker", i, ".port")},
+      absl::StrCat(dir_, "/worker", i, ".log")));
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::AddWorker() {
+  const size_t want = workers_.size() + 1;
+  if (absl::Status s = StartWorker(); !s.ok()) return s;
+  if (!WaitFor(
+          [&] {
+            auto w = Workers();
+            if (!w.ok()) return false;
+            size_t alive = 0;
+            for (const auto& info : *w) alive += info.state() != v1::LOST;
+            return alive >= want;
+          },
+          std::chrono::seconds(20))) {
+    return absl::DeadlineExceededError("worker did not register");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Cluster::Submit(const std::string& yaml) {
+  v1::SubmitJobRequest req;
+  req.set_protocol_version(kProtocolVersion);
+  req.set_spec_yaml(yaml);
+  v1::SubmitJobResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, std::chrono::seconds(10));
+  grpc::Status s = stub_->SubmitJob(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp.job_id();
+}
+
+absl::StatusOr<v1::Job> Cluster::GetJob(const std::string& id) {
+  v1::GetJobRequest req;
+  req.set_protocol_version(kProtocolVersion);
+  req.set_job_id(id);
+  v1::Job job;
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, std::chrono::seconds(10));
+  grpc::Status s = stub_->GetJob(&ctx, req, &job);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return job;
+}
+
+absl::StatusOr<std::vector<v1::WorkerInfo>> Cluster::Workers() {
+  v1::ListWorkersRequest req;
+  req.set_protocol_version(kProtocolVersion);
+  v1::ListWorkersResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, std::chrono::seconds(5));
+  grpc::Status s = stub_->ListWorkers(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return std::vector<v1::WorkerInfo>(resp.workers().begin(), resp.workers().end());
+}
+
+absl::Status Cluster::Cancel(const std::string& id) {
+  v1::CancelJobRequest req;
+  req.set_protocol_version(kProtocolVersion);
+  req.set_job_id(id);
+  v1::Job job;
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, std::chrono::seconds(10));
+  return FromGrpcStatus(stub_->CancelJob(&ctx, req, &job));
+}
+
+absl::StatusOr<v1::Job> Cluster::WaitForEnd(const std::string& id, std::chrono::seconds timeout) {
+  absl::StatusOr<v1::Job> job;
+  WaitFor(
+      [&] {
+        job = GetJob(id);
+        return !job.ok() || job->state() == v1::SUCCEEDED || job->state() == v1::FAILED ||
+               job->state() == v1::CANCELLED;
+      },
+      timeout, std::chrono::milliseconds(100));
+  return job;
+}
+
+CommandResult Cluster::Cli(const std::vector<std::string>& args) {
+  std::vector<std::string> argv{std::string(TANDEM_BIN_DIR) + "/tandem",
+                                "--coordinator=" + address()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunCommand(argv);
+}
+
+std::string TinyJobYaml(int stages, int micro_batches, int steps, const std::string& schedule) {
+  return absl::StrCat(R"(name: tiny
+steps: )",
+                      steps, R"(
+seed: 7
+model:
+  n_layer: 3
+  d_model: 32
+  d_embed: 8
+  context: 4
+optimizer:
+  lr: 0.01
+pipeline:
+  stages: )",
+                      stages, R"(
+  micro_batch_size: 8
+  micro_batches: )",
+                      micro_batches, R"(
+  schedule: )",
+                      schedule, "\n");
+}
+
+}  // namespace tandem::testing
