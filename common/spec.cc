@@ -1,1 +1,637 @@
 #include "common/spec.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <set>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+#include "google/protobuf/reflection.h"
+
+namespace tandem {
+namespace {
+
+using google::protobuf::Descriptor;
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+
+// A job spec is a few hundred bytes; anything near this is a mistake (or an attack on the
+// coordinator's memory), not a spec.
+constexpr size_t kMaxSpecBytes = 1 << 20;
+
+// ---------------------------------------------------------------------------------------------
+// YAML -> JobSpec, generically through the descriptor.
+
+std::string Where(const YAML::Node& node) {
+  const YAML::Mark mark = node.Mark();
+  if (mark.is_null()) return "";
+  return absl::StrCat(" (line ", mark.line + 1, ", column ", mark.column + 1, ")");
+}
+
+absl::Status ErrorAt(absl::string_view path, const YAML::Node& node, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what, Where(node)));
+}
+
+// How a node reads in an error: its text for a scalar, its kind otherwise.
+std::string Describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Scalar:
+      return absl::StrCat("'", node.Scalar(), "'");
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a map";
+    default:
+      return "nothing";
+  }
+}
+
+// A quoted scalar ("50") is a string in YAML: it is not silently accepted as a number.
+bool IsQuoted(const YAML::Node& node) { return node.Tag() == "!"; }
+
+std::string FieldNames(const Descriptor* d) {
+  std::vector<std::string> names;
+  names.reserve(d->field_count());
+  for (int i = 0; i < d->field_count(); ++i) names.push_back(d->field(i)->name());
+  return absl::StrJoin(names, ", ");
+}
+
+size_t EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The field name closest to a misspelt key, or "" if none is close.
+std::string ClosestField(const Descriptor* d, absl::string_view key) {
+  std::string best;
+  size_t best_distance = std::max<size_t>(2, key.size() / 3) + 1;
+  for (int i = 0; i < d->field_count(); ++i) {
+    const std::string& name = d->field(i)->name();
+    const size_t distance = EditDistance(absl::AsciiStrToLower(key), name);
+    if (distance < best_distance) {
+      best_distance = distance;
+      best = name;
+    }
+  }
+  return best;
+}
+
+template <typename T>
+absl::StatusOr<T> ParseInteger(absl::string_view path, const YAML::Node& node) {
+  constexpr T kMin = std::numeric_limits<T>::min();
+  constexpr T kMax = std::numeric_limits<T>::max();
+  const std::string range = absl::StrCat("an integer in [", kMin, ", ", kMax, "]");
+  if (!node.IsScalar())
+    return ErrorAt(path, node, absl::StrCat("expected ", range, ", got ", Describe(node)));
+  if (IsQuoted(node)) {
+    return ErrorAt(path, node,
+                   absl::StrCat("expected an integer, got the string ", Describe(node),
+                                "; write the number without quotes"));
+  }
+  const std::string& text = node.Scalar();
+  // Parse through the widest type of the same signedness, then check the range, so that
+  // "3000000000" for an int32 says "out of range" rather than "not an integer".
+  if constexpr (std::is_signed_v<T>) {
+    int64_t wide;
+    if (absl::SimpleAtoi(text, &wide)) {
+      if (wide < kMin || wide > kMax) {
+        return ErrorAt(path, node, absl::StrCat("expected ", range, ", got ", Describe(node)));
+      }
+      return static_cast<T>(wide);
+    }
+  } else {
+    uint64_t wide;
+    if (absl::SimpleAtoi(text, &wide)) {
+      if (wide > kMax) {
+        return ErrorAt(path, node, absl::StrCat("expected ", range, ", got ", Describe(node)));
+      }
+      return static_cast<T>(wide);
+    }
+  }
+  // Integral values in float notation (1e6, 64.0) are accepted where they are exact.
+  double d;
+  if (absl::SimpleAtod(text, &d) && std::isfinite(d)) {
+    if (d != std::floor(d)) {
+      return ErrorAt(
+          path, node,
+          absl::StrCat("expected an integer, got ", Describe(node), " (not a whole number)"));
+    }
+    constexpr double kExact = 9007199254740992.0;  // 2^53: beyond it doubles skip integers.
+    if (d < static_cast<double>(kMin) || d > static_cast<double>(kMax) || std::fabs(d) > kExact) {
+      return ErrorAt(path, node, absl::StrCat("expected ", range, ", got ", Describe(node)));
+    }
+    return static_cast<T>(d);
+  }
+  if (!text.empty() && text[0] == '-' && !std::is_signed_v<T>) {
+    return ErrorAt(path, node, absl::StrCat("expected ", range, ", got ", Describe(node)));
+  }
+  return ErrorAt(path, node, absl::StrCat("expected an integer, got ", Describe(node)));
+}
+
+absl::StatusOr<double> ParseDouble(absl::string_view path, const YAML::Node& node) {
+  if (!node.IsScalar() || IsQuoted(node)) {
+    return ErrorAt(path, node,
+                   absl::StrCat("expected a number, got ", IsQuoted(node) ? "the string " : "",
+                                Describe(node)));
+  }
+  const std::string text = node.Scalar();
+  // YAML spells the special values .inf, -.inf and .nan; validation decides whether a
+  // field may hold them.
+  const std::string lower = absl::AsciiStrToLower(text);
+  if (lower == ".inf" || lower == "+.inf") return std::numeric_limits<double>::infinity();
+  if (lower == "-.inf") return -std::numeric_limits<double>::infinity();
+  if (lower == ".nan") return std::numeric_limits<double>::quiet_NaN();
+  double d;
+  if (!absl::SimpleAtod(text, &d)) {
+    return ErrorAt(path, node, absl::StrCat("expected a number, got ", Describe(node)));
+  }
+  return d;
+}
+
+absl::StatusOr<bool> ParseBool(absl::string_view path, const YAML::Node& node) {
+  if (node.IsScalar() && !IsQuoted(node)) {
+    const std::string& t = node.Scalar();
+    if (t == "true" || t == "True" || t == "TRUE") return true;
+    if (t == "false" || t == "False" || t == "FALSE") return false;
+  }
+  return ErrorAt(path, node, absl::StrCat("expected true or false, got ", Describe(node)));
+}
+
+absl::Status ParseMessage(const YAML::Node& node, const std::string& path, Message* msg);
+
+// Sets (singular) or appends (repeated) one non-null value of `field`.
+absl::Status StoreValue(const YAML::Node& node, const std::string& path, const FieldDescriptor* f,
+                        Message* msg) {
+  const Reflection* r = msg->GetReflection();
+  const bool rep = f->is_repeated();
+  switch (f->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32: {
+      absl::StatusOr<int32_t> v = ParseInteger<int32_t>(path, node);
+      if (!v.ok()) return v.status();
+      rep ? r->AddInt32(msg, f, *v) : r->SetInt32(msg, f, *v);
+      return absl::OkStatus();
+    }
+    case FieldDescriptor::CPPTYPE_INT64: {
+      absl::StatusOr<int64_t> v = ParseInteger<int64_t>(path, node);
+      if (!v.ok()) return v.status();
+      rep ? r->AddInt64(msg, f, *v) : r->SetInt64(msg, f, *v);
+      return absl::OkStatus();
+    }
+    case FieldDescriptor::CPPTYPE_UINT32: {
+      absl::StatusOr<uint32_t> v = ParseInteger<uint32_t>(path, node);
+      if (!v.ok()) return v.status();
+      rep ? r->AddUInt32(msg, f, *v) : r->SetUInt32(msg, f, *v);
+      return absl::OkStatus();
+    }
+    case FieldDescriptor::CPPTYPE_UINT64: {
+      absl::StatusOr<uint64_t> v = ParseInteger<uint64_t>(path, node);
+      if (!v.ok()) return v.status();
+      rep ? r->AddUInt64(msg, f, *v) : r->SetUInt64(msg, f, *v);
+      return absl::OkStatus();
+    }
+    case FieldDescriptor::CPPTYPE_DOUBLE: {
+      absl::StatusOr<double> v = ParseDouble(path, node);
+      if (!v.ok()) return v.status();
+      rep ? r->AddDouble(msg, f, *v) : r->SetDouble(msg, f, *v);
+      return absl::OkStatus();
+    }
+    case FieldDescriptor::CPPTYPE_FLOAT: {
+      absl::StatusOr<double> v = ParseDouble(path, node);
+      if (!v.ok()) return v.status();
+      if (std::isfinite(*v) && std::fabs(*v) > FLT_MAX) {
+        return ErrorAt(path, node,
+                       absl::StrCat("expected a number within single-precision range (about "
+                                    "3.4e38), got ",
+                                    Describe(node)));
+      }
+      const float fv = static_cast<float>(*v);
+      rep ? r->AddFloat(msg, f, fv) : r->SetFloat(msg, f, fv);
+      return absl::OkStatus();
+    }
+    case FieldDescriptor::CPPTYPE_BOOL: {
+      absl::StatusOr<bool> v = ParseBool(path, node);
+      if (!v.ok()) return v.status();
+      rep ? r->AddBool(msg, f, *v) : r->SetBool(msg, f, *v);
+      return absl::OkStatus();
+    }
+    case FieldDescriptor::CPPTYPE_STRING: {
+      if (!node.IsScalar()) {
+        return ErrorAt(path, node, absl::StrCat("expected a string, got ", Describe(node)));
+      }
+      rep ? r->AddString(msg, f, node.Scalar()) : r->SetString(msg, f, node.Scalar());
+      return absl::OkStatus();
+    }
+    case FieldDescriptor::CPPTYPE_ENUM: {
+      const auto* value =
+          node.IsScalar() ? f->enum_type()->FindValueByName(node.Scalar()) : nullptr;
+      if (value == nullptr) {
+        std::vector<std::string> names;
+        for (int i = 0; i < f->enum_type()->value_count(); ++i) {
+          names.push_back(f->enum_type()->value(i)->name());
+        }
+        return ErrorAt(
+            path, node,
+            absl::StrCat("expected one of ", absl::StrJoin(names, ", "), ", got ", Describe(node)));
+      }
+      rep ? r->AddEnum(msg, f, value) : r->SetEnum(msg, f, value);
+      return absl::OkStatus();
+    }
+    case FieldDescriptor::CPPTYPE_MESSAGE: {
+      Message* child = rep ? r->AddMessage(msg, f) : r->MutableMessage(msg, f);
+      return ParseMessage(node, path, child);
+    }
+  }
+  return ErrorAt(path, node, "field type not supported in job specs");
+}
+
+// A proto map field written as a YAML map: each key and value converted by the entry's
+// key and value field types.
+absl::Status StoreMap(const YAML::Node& node, const std::string& path, const FieldDescriptor* f,
+                      Message* msg) {
+  if (!node.IsMap()) {
+    return ErrorAt(path, node, absl::StrCat("expected a map, got ", Describe(node)));
+  }
+  const Descriptor* entry_type = f->message_type();
+  const FieldDescriptor* key_field = entry_type->map_key();
+  const FieldDescriptor* value_field = entry_type->map_value();
+  std::set<std::string> seen;
+  for (const auto& kv : node) {
+    const std::string key_path =
+        absl::StrCat(path, "[", kv.first.IsScalar() ? kv.first.Scalar() : "?", "]");
+    if (kv.first.IsScalar() && !seen.insert(kv.first.Scalar()).second) {
+      return ErrorAt(key_path, kv.first, "duplicate key");
+    }
+    Message* entry = msg->GetReflection()->AddMessage(msg, f);
+    if (absl::Status s = StoreValue(kv.first, key_path, key_field, entry); !s.ok()) return s;
+    if (kv.second.IsNull()) return ErrorAt(key_path, kv.second, "expected a value, got nothing");
+    if (absl::Status s = StoreValue(kv.second, key_path, value_field, entry); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseField(const YAML::Node& node, const std::string& path, const FieldDescriptor* f,
+                        Message* msg) {
+  if (node.IsNull()) return absl::OkStatus();  // `key:` or `key: ~` leaves the field unset
+  if (f->is_map()) return StoreMap(node, path, f, msg);
+  if (!f->is_repeated()) return StoreValue(node, path, f, msg);
+  if (!node.IsSequence()) {
+    return ErrorAt(path, node, absl::StrCat("expected a list, got ", Describe(node)));
+  }
+  for (size_t i = 0; i < node.size(); ++i) {
+    const std::string item_path = absl::StrCat(path, "[", i, "]");
+    if (node[i].IsNull()) return ErrorAt(item_path, node[i], "expected a value, got nothing");
+    if (absl::Status s = StoreValue(node[i], item_path, f, msg); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// `path` is the path of `node` itself ("" for the document root).
+absl::Status ParseMessage(const YAML::Node& node, const std::string& path, Message* msg) {
+  const Descriptor* d = msg->GetDescriptor();
+  if (!node.IsMap()) {
+    return ErrorAt(
+        path.empty() ? "job spec" : path, node,
+        absl::StrCat("expected a map with fields ", FieldNames(d), "; got ", Describe(node)));
+  }
+  std::set<std::string> seen;
+  for (const auto& kv : node) {
+    const YAML::Node& key = kv.first;
+    if (!key.IsScalar()) {
+      return ErrorAt(path.empty() ? "job spec" : path, key,
+                     absl::StrCat("keys must be field names, got ", Describe(key)));
+    }
+    const std::string& name = key.Scalar();
+    const std::string field_path = path.empty() ? name : absl::StrCat(path, ".", name);
+    // yaml-cpp keeps both pairs of a repeated key, so duplicates are visible here.
+    if (!seen.insert(name).second) {
+      return ErrorAt(field_path, key, "duplicate key; each field may appear once");
+    }
+    const FieldDescriptor* f = d->FindFieldByName(name);
+    if (f == nullptr) {
+      std::string hint;
+      if (std::string closest = ClosestField(d, name); !closest.empty()) {
+        hint = absl::StrCat(" (did you mean ", closest, "?)");
+      }
+      return ErrorAt(field_path, key,
+                     absl::StrCat("unknown field", hint, "; expected one of: ", FieldNames(d)));
+    }
+    if (const auto* oneof = f->real_containing_oneof(); oneof != nullptr && !kv.second.IsNull()) {
+      const FieldDescriptor* set = msg->GetReflection()->GetOneofFieldDescriptor(*msg, oneof);
+      if (set != nullptr) {
+        return ErrorAt(field_path, key,
+                       absl::StrCat("conflicts with ", set->name(), ": set only one of the ",
+                                    oneof->name(), " fields"));
+      }
+    }
+    if (absl::Status s = ParseField(kv.second, field_path, f, msg); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Defaults.
+
+void FillDefaults(Message* msg) {
+  const Descriptor* d = msg->GetDescriptor();
+  const Reflection* r = msg->GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    if (f->is_repeated()) {
+      if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE && !f->is_map()) {
+        for (int j = 0; j < r->FieldSize(*msg, f); ++j)
+          FillDefaults(r->MutableRepeatedMessage(msg, f, j));
+      }
+      continue;
+    }
+    // Setting a member of a oneof would choose it; leave the choice to the user.
+    if (f->real_containing_oneof() != nullptr) continue;
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      FillDefaults(r->MutableMessage(msg, f));
+      continue;
+    }
+    if (r->HasField(*msg, f) || !f->has_presence()) continue;
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_INT32:
+        r->SetInt32(msg, f, f->default_value_int32());
+        break;
+      case FieldDescriptor::CPPTYPE_INT64:
+        r->SetInt64(msg, f, f->default_value_int64());
+        break;
+      case FieldDescriptor::CPPTYPE_UINT32:
+        r->SetUInt32(msg, f, f->default_value_uint32());
+        break;
+      case FieldDescriptor::CPPTYPE_UINT64:
+        r->SetUInt64(msg, f, f->default_value_uint64());
+        break;
+      case FieldDescriptor::CPPTYPE_DOUBLE:
+        r->SetDouble(msg, f, f->default_value_double());
+        break;
+      case FieldDescriptor::CPPTYPE_FLOAT:
+        r->SetFloat(msg, f, f->default_value_float());
+        break;
+      case FieldDescriptor::CPPTYPE_BOOL:
+        r->SetBool(msg, f, f->default_value_bool());
+        break;
+      case FieldDescriptor::CPPTYPE_STRING:
+        r->SetString(msg, f, f->default_value_string());
+        break;
+      case FieldDescriptor::CPPTYPE_ENUM:
+        r->SetEnum(msg, f, f->default_value_enum());
+        break;
+      case FieldDescriptor::CPPTYPE_MESSAGE:
+        break;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Semantic validation. Each check names the field path first.
+
+absl::Status Invalid(absl::string_view path, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+}
+
+absl::Status CheckRange(absl::string_view path, int64_t v, int64_t lo, int64_t hi) {
+  if (v >= lo && v <= hi) return absl::OkStatus();
+  return Invalid(path, absl::StrCat("must be in [", lo, ", ", hi, "], got ", v));
+}
+
+absl::Status CheckOneOf(absl::string_view path, const std::string& v,
+                        const std::vector<absl::string_view>& allowed) {
+  if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return absl::OkStatus();
+  std::vector<std::string> quoted;
+  for (absl::string_view a : allowed) quoted.push_back(absl::StrCat("\"", a, "\""));
+  return Invalid(path,
+                 absl::StrCat("expected ", absl::StrJoin(quoted, " or "), ", got \"", v, "\""));
+}
+
+bool IsNameChar(char c) { return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-'; }
+
+absl::Status ValidateTop(const v1::JobSpec& spec) {
+  const std::string& name = spec.name();
+  if (name.empty() || name.size() > 63 || !std::all_of(name.begin(), name.end(), IsNameChar)) {
+    return Invalid("name", absl::StrCat("must be 1 to 63 characters of A-Z a-z 0-9 . _ -, got \"",
+                                        name, "\""));
+  }
+  if (absl::Status s = CheckRange("steps", spec.steps(), 1, 10'000'000); !s.ok()) return s;
+  return CheckOneOf("device", spec.device(), {"cpu", "cuda"});
+}
+
+absl::Status ValidateModel(const v1::JobSpec& spec) {
+  const v1::ModelSpec& m = spec.model();
+  if (m.arch() != "mlp_lm") {
+    return Invalid("model.arch",
+                   absl::StrCat("unknown architecture \"", m.arch(), "\"; expected \"mlp_lm\""));
+  }
+  if (absl::Status s = CheckRange("model.n_layer", m.n_layer(), 1, 1024); !s.ok()) return s;
+  if (absl::Status s = CheckRange("model.d_model", m.d_model(), 1, 65536); !s.ok()) return s;
+  if (m.d_hidden() < 0) {
+    return Invalid("model.d_hidden",
+                   absl::StrCat("must be >= 0 (0 means 4 x d_model), got ", m.d_hidden()));
+  }
+  if (absl::Status s = CheckRange("model.d_hidden", m.d_hidden(), 0, 4 * 65536); !s.ok()) return s;
+  if (absl::Status s = CheckRange("model.d_embed", m.d_embed(), 1, 65536); !s.ok()) return s;
+  if (absl::Status s = CheckRange("model.context", m.context(), 1, 4096); !s.ok()) return s;
+  if (absl::Status s = CheckRange("model.vocab_size", m.vocab_size(), 2, 1 << 20); !s.ok()) {
+    return s;
+  }
+  // Both data sources are read as raw bytes: one token per byte.
+  if (m.vocab_size() != 256) {
+    return Invalid(
+        "model.vocab_size",
+        absl::StrCat("must be 256 for mlp_lm on byte data (data.source \"", spec.data().source(),
+                     "\" yields one token per byte), got ", m.vocab_size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateDataPath(const std::string& path) {
+  if (path.empty()) {
+    return Invalid("data.path",
+                   "required with data.source \"file\": a file relative to the worker's "
+                   "--data-root");
+  }
+  if (path[0] == '/') {
+    return Invalid("data.path", absl::StrCat("must be relative to the worker's --data-root, got \"",
+                                             path, "\""));
+  }
+  if (path.find('\0') != std::string::npos) {
+    return Invalid("data.path", "must not contain NUL characters");
+  }
+  for (absl::string_view part : absl::StrSplit(path, absl::ByAnyChar("/\\"))) {
+    if (part == "..") {
+      return Invalid("data.path",
+                     absl::StrCat("must stay inside the worker's --data-root; '..' is not "
+                                  "allowed, got \"",
+                                  path, "\""));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateData(const v1::JobSpec& spec) {
+  const v1::DataSpec& d = spec.data();
+  if (absl::Status s = CheckOneOf("data.source", d.source(), {"synthetic", "file"}); !s.ok()) {
+    return s;
+  }
+  if (d.source() == "file") return ValidateDataPath(d.path());
+  if (!d.path().empty()) {
+    return Invalid("data.path", absl::StrCat("is set but data.source is \"", d.source(),
+                                             "\"; set data.source: file to read it"));
+  }
+  const int64_t min_bytes = int64_t{spec.model().context()} + 1;
+  if (d.synthetic_bytes() < min_bytes || d.synthetic_bytes() > (int64_t{1} << 30)) {
+    return Invalid("data.synthetic_bytes",
+                   absl::StrCat("must be in [", min_bytes, ", ", int64_t{1} << 30,
+                                "] (at least model.context + 1 bytes for one training window), "
+                                "got ",
+                                d.synthetic_bytes()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptimizer(const v1::JobSpec& spec) {
+  const v1::OptimizerSpec& o = spec.optimizer();
+  if (absl::Status s = CheckOneOf("optimizer.name", o.name(), {"adamw", "sgd"}); !s.ok()) return s;
+  if (!std::isfinite(o.lr()) || o.lr() <= 0 || o.lr() > 10) {
+    return Invalid("optimizer.lr",
+                   absl::StrCat("must be a finite number in (0, 10], got ", o.lr()));
+  }
+  if (!(o.beta1() >= 0 && o.beta1() < 1)) {
+    return Invalid("optimizer.beta1", absl::StrCat("must be in [0, 1), got ", o.beta1()));
+  }
+  if (!(o.beta2() >= 0 && o.beta2() < 1)) {
+    return Invalid("optimizer.beta2", absl::StrCat("must be in [0, 1), got ", o.beta2()));
+  }
+  if (!std::isfinite(o.eps()) || o.eps() <= 0) {
+    return Invalid("optimizer.eps", absl::StrCat("must be a finite number > 0, got ", o.eps()));
+  }
+  if (!std::isfinite(o.weight_decay()) || o.weight_decay() < 0) {
+    return Invalid("optimizer.weight_decay",
+                   absl::StrCat("must be a finite number >= 0, got ", o.weight_decay()));
+  }
+  if (o.warmup_steps() < 0) {
+    return Invalid("optimizer.warmup_steps", absl::StrCat("must be >= 0, got ", o.warmup_steps()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidatePipeline(const v1::JobSpec& spec) {
+  const v1::PipelineSpec& p = spec.pipeline();
+  if (absl::Status s = CheckRange("pipeline.stages", p.stages(), 1, 4096); !s.ok()) return s;
+  const int64_t num_layers = int64_t{spec.model().n_layer()} + 2;
+  if (p.stages() > num_layers) {
+    return Invalid("pipeline.stages",
+                   absl::StrCat(p.stages(), " stages but the model has only ", num_layers,
+                                " layers (embedding, ", spec.model().n_layer(),
+                                " blocks, head); every stage needs at least one layer, so "
+                                "stages must be <= model.n_layer + 2 = ",
+                                num_layers));
+  }
+  if (absl::Status s = CheckRange("pipeline.micro_batch_size", p.micro_batch_size(), 1, 1 << 20);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckRange("pipeline.micro_batches", p.micro_batches(), 1, 1 << 16);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckOneOf("pipeline.schedule", p.schedule(), {"1f1b", "gpipe"}); !s.ok()) {
+    return s;
+  }
+  if (p.schedule() == "1f1b" && p.micro_batches() < p.stages()) {
+    return Invalid(
+        "pipeline.micro_batches",
+        absl::StrCat("schedule 1f1b needs micro_batches >= stages, got ", p.micro_batches(),
+                     " micro-batches for ", p.stages(), " stages; raise micro_batches to at least ",
+                     p.stages(), " or use schedule: gpipe"));
+  }
+  return CheckOneOf("pipeline.partition", p.partition(), {"uniform"});
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml) {
+  if (yaml.size() > kMaxSpecBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job spec: ", yaml.size(), " bytes is over the limit of ", kMaxSpecBytes));
+  }
+  std::vector<YAML::Node> docs;
+  try {
+    docs = YAML::LoadAll(std::string(yaml));
+  } catch (const YAML::Exception& e) {
+    std::string where;
+    if (!e.mark.is_null()) {
+      where = absl::StrCat(" at line ", e.mark.line + 1, ", column ", e.mark.column + 1);
+    }
+    return absl::InvalidArgumentError(absl::StrCat("job spec: invalid YAML", where, ": ", e.msg));
+  }
+  if (docs.empty() || docs[0].IsNull()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job spec: the document is empty; expected a map with fields ",
+                     FieldNames(v1::JobSpec::descriptor())));
+  }
+  if (docs.size() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: expected one YAML document, got ",
+                                                   docs.size(), " (remove the '---' lines)"));
+  }
+  v1::JobSpec spec;
+  try {
+    if (absl::Status s = ParseMessage(docs[0], "", &spec); !s.ok()) return s;
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: ", e.msg));
+  }
+  return spec;
+}
+
+v1::JobSpec WithDefaults(const v1::JobSpec& spec) {
+  v1::JobSpec out = spec;
+  FillDefaults(&out);
+  return out;
+}
+
+absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
+  for (auto check :
+       {ValidateTop, ValidateModel, ValidateData, ValidateOptimizer, ValidatePipeline}) {
+    if (absl::Status s = check(spec); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::JobSpec> LoadJobSpecYaml(absl::string_view yaml) {
+  absl::StatusOr<v1::JobSpec> parsed = ParseJobSpecYaml(yaml);
+  if (!parsed.ok()) return parsed.status();
+  v1::JobSpec spec = WithDefaults(*parsed);
+  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
+  return spec;
+}
+
+int64_t EffectiveBatch(const v1::JobSpec& spec) {
+  return int64_t{spec.pipeline().micro_batch_size()} * spec.pipeline().micro_batches();
+}
+
+}  // namespace tandem

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <optional>
+#include <string>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -211,22 +214,22 @@ std::string Usage() {
       "Commands:\n";
   for (const CommandInfo& c : kCommands) {
     std::string left = absl::StrCat(c.name, c.synopsis[0] != '\0' ? " " : "", c.synopsis);
-    if (left.size() < 26) left.resize(26, ' ');
+    if (left.size() < 28) left.resize(28, ' ');
     absl::StrAppend(&out, "  ", left, " ", c.summary, "\n");
   }
   absl::StrAppend(
       &out,
       "\n"
       "Flags (anywhere on the line):\n"
-      "  --coordinator HOST:PORT    Coordinator address (default $TANDEM_COORDINATOR, else ",
+      "  --coordinator HOST:PORT      Coordinator address (default $TANDEM_COORDINATOR,\n"
+      "                               else ",
       kDefaultCoordinator,
       ")\n"
-      "  -o, --output json|table    Output format of status, list, workers, watch (default "
-      "table)\n"
-      "  --timeout SECONDS          Deadline of each request (default 10)\n"
-      "  -w, --watch                With submit: follow the job after submitting it\n"
-      "  -h, --help                 Show help\n"
-      "  --version                  Print the client version\n"
+      "  -o, --output json|table      Output of status, list, workers, watch (default table)\n"
+      "  --timeout SECONDS            Deadline of each request (default 10)\n"
+      "  -w, --watch                  With submit: follow the job after submitting it\n"
+      "  -h, --help                   Show help\n"
+      "  --version                    Print the client version\n"
       "\n"
       "Examples:\n"
       "  JOB=$(tandem submit examples/quickstart.yaml)\n"

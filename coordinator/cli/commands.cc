@@ -34,9 +34,9 @@ absl::Status RpcError(Command command, const CliOptions& opts, const absl::Statu
     hint = absl::StrCat(" (no answer from ", opts.coordinator, " within ",
                         absl::FormatDuration(opts.timeout), "; raise --timeout)");
   }
-  return absl::Status(s.code(), absl::StrCat(CommandName(command), ": ",
-                                             absl::StatusCodeToString(s.code()), ": ",
-                                             s.message(), hint));
+  return absl::Status(
+      s.code(), absl::StrCat(CommandName(command), ": ", absl::StatusCodeToString(s.code()), ": ",
+                             s.message(), hint));
 }
 
 absl::Status PrintJson(const google::protobuf::Message& message, std::ostream& out) {
@@ -59,11 +59,11 @@ absl::Status Watch(const CliOptions& opts, CoordinatorClient& client, const std:
   printer.Finish();
   if (!print_error.ok()) return print_error;
   if (!s.ok()) {
-    if (events > 0 && (s.code() == absl::StatusCode::kUnavailable ||
-                       s.code() == absl::StatusCode::kCancelled)) {
+    if (events > 0 &&
+        (s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kCancelled)) {
       return absl::UnavailableError(absl::StrCat("watch: lost the coordinator at ",
-                                                 opts.coordinator, " while following job ",
-                                                 job_id, ": ", s.message()));
+                                                 opts.coordinator, " while following job ", job_id,
+                                                 ": ", s.message()));
     }
     return RpcError(Command::kWatch, opts, s);
   }
@@ -76,11 +76,10 @@ absl::Status Watch(const CliOptions& opts, CoordinatorClient& client, const std:
     case v1::CANCELLED:
       return absl::AbortedError(absl::StrCat("job ", job_id, " was CANCELLED: ", reason));
     default:
-      return absl::UnavailableError(
-          absl::StrCat("watch: the coordinator at ", opts.coordinator,
-                       " ended the stream while job ", job_id, " was ",
-                       v1::JobState_Name(printer.state()), "; run 'tandem watch ", job_id,
-                       "' again to resume"));
+      return absl::UnavailableError(absl::StrCat(
+          "watch: the coordinator at ", opts.coordinator, " ended the stream while job ", job_id,
+          " was ", v1::JobState_Name(printer.state()), "; run 'tandem watch ", job_id,
+          "' again to resume"));
   }
 }
 
@@ -93,7 +92,8 @@ absl::Status Submit(const CliOptions& opts, CoordinatorClient& client, CommandIo
     yaml = text.str();
   } else {
     absl::StatusOr<std::string> file = ReadJobFile(path);
-    if (!file.ok()) return absl::Status(file.status().code(), absl::StrCat("submit: ", file.status().message()));
+    if (!file.ok())
+      return absl::Status(file.status().code(), absl::StrCat("submit: ", file.status().message()));
     yaml = *std::move(file);
   }
   absl::StatusOr<std::string> job_id = client.SubmitJob(yaml);
@@ -249,9 +249,9 @@ absl::Status RunCommand(const CliOptions& opts, CoordinatorClient& client, Comma
     case Command::kHelp: {
       Command about = Command::kHelp;
       if (!opts.args.empty()) {
-        for (Command c : {Command::kSubmit, Command::kStatus, Command::kWatch, Command::kList,
-                          Command::kCancel, Command::kWorkers, Command::kValidate,
-                          Command::kVersion}) {
+        for (Command c :
+             {Command::kSubmit, Command::kStatus, Command::kWatch, Command::kList, Command::kCancel,
+              Command::kWorkers, Command::kValidate, Command::kVersion}) {
           if (CommandName(c) == opts.args[0]) about = c;
         }
       }

@@ -79,8 +79,8 @@ absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message, boo
   std::string out;
   auto status = google::protobuf::util::MessageToJsonString(message, &out, options);
   if (!status.ok()) {
-    return absl::InternalError(absl::StrCat("cannot print ", message.GetTypeName(),
-                                            " as JSON: ", status.ToString()));
+    return absl::InternalError(
+        absl::StrCat("cannot print ", message.GetTypeName(), " as JSON: ", status.ToString()));
   }
   // The pretty printer ends with a newline and the compact one does not; callers add one.
   absl::StripTrailingAsciiWhitespace(&out);
@@ -116,15 +116,15 @@ std::string LayerRangeName(const v1::ModelSpec& model, int begin, int end) {
 
 std::string FormatStepLine(const v1::StepSummary& step, int64_t total_steps,
                            double seconds_per_step) {
-  const double eta = seconds_per_step > 0
-                         ? seconds_per_step * static_cast<double>(
-                                                  std::max<int64_t>(0, total_steps - step.step()))
-                         : -1;
-  return absl::StrFormat("step %d/%d  loss %.4f  %.1f ms/step  %.0f tok/s  %s  %d%%  ETA %s",
-                         step.step(), total_steps, step.loss(), step.step_seconds() * 1000,
-                         step.tokens_per_second(),
-                         ProgressBar(step.step(), total_steps, kBarWidth),
-                         Percent(step.step(), total_steps), FormatEta(eta));
+  const int64_t done = StepsDone(step);
+  const double eta =
+      seconds_per_step > 0
+          ? seconds_per_step * static_cast<double>(std::max<int64_t>(0, total_steps - done))
+          : -1;
+  return absl::StrFormat("step %d/%d  loss %.4f  %.1f ms/step  %.0f tok/s  %s  %d%%  ETA %s", done,
+                         total_steps, step.loss(), step.step_seconds() * 1000,
+                         step.tokens_per_second(), ProgressBar(done, total_steps, kBarWidth),
+                         Percent(done, total_steps), FormatEta(eta));
 }
 
 std::string FormatStateLine(const v1::JobEvent& event, const std::string& job_name) {
@@ -146,8 +146,8 @@ std::string FormatJobsTable(const v1::ListJobsResponse& jobs) {
 }
 
 std::string FormatWorkersTable(const v1::ListWorkersResponse& workers) {
-  Table table({"ID", "ADDRESS", "DEVICE", "THREADS", "STATE", "JOB", "STAGE", "HEARTBEAT",
-               "VERSION"});
+  Table table(
+      {"ID", "ADDRESS", "DEVICE", "THREADS", "STATE", "JOB", "STAGE", "HEARTBEAT", "VERSION"});
   for (const v1::WorkerInfo& w : workers.workers()) {
     const bool has_job = !w.job_id().empty();
     table.AddRow({w.worker_id(), w.address(), w.device(), absl::StrCat(w.threads()),
@@ -188,14 +188,13 @@ std::string FormatJobDetails(const v1::Job& job) {
                             ? job.bubble_fraction_ideal()
                             : IdealBubbleFraction(p.stages(), p.micro_batches());
   info.AddRow({"Pipeline", absl::StrFormat("%d stages, %s, %s partition; ideal bubble %.1f%%",
-                                           p.stages(), p.schedule(), p.partition(),
-                                           100 * bubble)});
-  info.AddRow({"Model", absl::StrFormat("%s  n_layer %d  d_model %d  context %d  vocab %d",
-                                        m.arch(), m.n_layer(), m.d_model(), m.context(),
-                                        m.vocab_size())});
-  info.AddRow({"Optimizer", absl::StrFormat("%s  lr %g  warmup %d steps", spec.optimizer().name(),
-                                            spec.optimizer().lr(),
-                                            spec.optimizer().warmup_steps())});
+                                           p.stages(), p.schedule(), p.partition(), 100 * bubble)});
+  info.AddRow(
+      {"Model", absl::StrFormat("%s  n_layer %d  d_model %d  context %d  vocab %d", m.arch(),
+                                m.n_layer(), m.d_model(), m.context(), m.vocab_size())});
+  info.AddRow(
+      {"Optimizer", absl::StrFormat("%s  lr %g  warmup %d steps", spec.optimizer().name(),
+                                    spec.optimizer().lr(), spec.optimizer().warmup_steps())});
   info.AddRow({"Created", FormatTimestamp(job.created_unix_ms())});
   if (job.started_unix_ms() > 0) info.AddRow({"Started", FormatTimestamp(job.started_unix_ms())});
   if (job.finished_unix_ms() > 0) {
@@ -218,7 +217,7 @@ std::string FormatJobDetails(const v1::Job& job) {
     const int first = std::max(0, job.history_size() - kRecentSteps);
     for (int i = first; i < job.history_size(); ++i) {
       const v1::StepSummary& s = job.history(i);
-      steps.AddRow({absl::StrCat(s.step()), FormatLoss(s.loss()),
+      steps.AddRow({absl::StrCat(StepsDone(s)), FormatLoss(s.loss()),
                     absl::StrFormat("%.1f", s.step_seconds() * 1000),
                     absl::StrFormat("%.0f", s.tokens_per_second()),
                     absl::StrFormat("%.1f", s.coordinator_overhead_seconds() * 1000)});
@@ -239,11 +238,11 @@ absl::Status WatchPrinter::OnEvent(const v1::JobEvent& event) {
     total_steps_ = event.job().total_steps();
   }
   if (event.total_steps() > 0) total_steps_ = event.total_steps();
-  if (event.kind() == v1::JobEvent::STATE || event.state() != v1::JOB_STATE_UNSPECIFIED) {
-    if (event.kind() != v1::JobEvent::SNAPSHOT) {
-      state_ = event.state();
-      reason_ = event.reason();
-    }
+  if (event.kind() == v1::JobEvent::STATE) {
+    state_ = event.state();
+    reason_ = event.reason();
+  } else if (event.kind() == v1::JobEvent::STEP && event.state() != v1::JOB_STATE_UNSPECIFIED) {
+    state_ = event.state();
   }
 
   if (format_ == OutputFormat::kJson) {
@@ -272,8 +271,8 @@ absl::Status WatchPrinter::OnEvent(const v1::JobEvent& event) {
       if (recent_step_seconds_.size() > kRateWindow) recent_step_seconds_.pop_front();
       double sum = 0;
       for (double s : recent_step_seconds_) sum += s;
-      const std::string line = FormatStepLine(event.step(), total_steps_,
-                                              sum / static_cast<double>(recent_step_seconds_.size()));
+      const std::string line = FormatStepLine(
+          event.step(), total_steps_, sum / static_cast<double>(recent_step_seconds_.size()));
       if (live_) {
         out_ << "\r\033[K" << line;
         line_open_ = true;

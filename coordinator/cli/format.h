@@ -45,6 +45,10 @@ int Percent(int64_t done, int64_t total);
 // "embedding", "block_0..block_2", "block_3..head" for the global layers [begin, end).
 std::string LayerRangeName(const v1::ModelSpec& model, int begin, int end);
 
+// StepSummary.step is the step's 0-based index (the one sent to the workers); the CLI shows
+// the number of steps done, step + 1.
+inline int64_t StepsDone(const v1::StepSummary& step) { return step.step() + 1; }
+
 // The line printed per step by `tandem watch`, e.g.
 // "step 12/50  loss 3.4512  142.1 ms/step  1802 tok/s  [####----------------]  24%  ETA 0:06".
 // `seconds_per_step` (a recent average) sets the ETA; <= 0 means unknown.

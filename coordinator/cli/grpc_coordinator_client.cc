@@ -83,8 +83,9 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
 
  private:
   template <typename Request, typename Response>
-  absl::StatusOr<Response> Unary(grpc::Status (v1::Coordinator::Stub::*method)(
-                                     grpc::ClientContext*, const Request&, Response*),
+  absl::StatusOr<Response> Unary(grpc::Status (v1::Coordinator::Stub::*method)(grpc::ClientContext*,
+                                                                               const Request&,
+                                                                               Response*),
                                  const Request& req) {
     Response resp;
     grpc::ClientContext ctx;

@@ -1,0 +1,136 @@
+#include <string>
+#include <vector>
+
+#include "coordinator/cli/args.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem::cli {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+CliOptions Parse(const std::vector<std::string>& args, const char* env = nullptr) {
+  absl::StatusOr<CliOptions> opts = ParseArgs(args, env);
+  EXPECT_TRUE(opts.ok()) << opts.status();
+  return opts.ok() ? *opts : CliOptions{};
+}
+
+std::string UsageError(const std::vector<std::string>& args, const char* env = nullptr) {
+  absl::StatusOr<CliOptions> opts = ParseArgs(args, env);
+  EXPECT_FALSE(opts.ok());
+  if (opts.ok()) return "";
+  EXPECT_EQ(opts.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(opts.status().message());
+}
+
+TEST(ParseArgs, Defaults) {
+  const CliOptions opts = Parse({"list"});
+  EXPECT_EQ(opts.command, Command::kList);
+  EXPECT_THAT(opts.args, IsEmpty());
+  EXPECT_EQ(opts.coordinator, "127.0.0.1:7070");
+  EXPECT_EQ(opts.output, OutputFormat::kTable);
+  EXPECT_EQ(opts.timeout, absl::Seconds(10));
+  EXPECT_FALSE(opts.watch);
+}
+
+TEST(ParseArgs, CoordinatorFromEnvironmentThenFlag) {
+  EXPECT_EQ(Parse({"list"}, "coord:9000").coordinator, "coord:9000");
+  EXPECT_EQ(Parse({"list"}, "").coordinator, "127.0.0.1:7070");
+  EXPECT_EQ(Parse({"--coordinator", "a:1", "list"}, "coord:9000").coordinator, "a:1");
+  EXPECT_EQ(Parse({"list", "--coordinator=b:2"}, "coord:9000").coordinator, "b:2");
+  EXPECT_THAT(UsageError({"list"}, "has space:1"), HasSubstr("$TANDEM_COORDINATOR"));
+}
+
+TEST(ParseArgs, CommandsAndArguments) {
+  CliOptions opts = Parse({"submit", "job.yaml"});
+  EXPECT_EQ(opts.command, Command::kSubmit);
+  EXPECT_THAT(opts.args, ElementsAre("job.yaml"));
+  EXPECT_FALSE(opts.watch);
+
+  opts = Parse({"submit", "--watch", "job.yaml"});
+  EXPECT_TRUE(opts.watch);
+  EXPECT_THAT(opts.args, ElementsAre("job.yaml"));
+  EXPECT_TRUE(Parse({"-w", "submit", "-"}).watch);
+
+  EXPECT_THAT(Parse({"status"}).args, IsEmpty());
+  EXPECT_THAT(Parse({"status", "job-1"}).args, ElementsAre("job-1"));
+  EXPECT_EQ(Parse({"watch", "job-1"}).command, Command::kWatch);
+  EXPECT_EQ(Parse({"cancel", "job-1"}).command, Command::kCancel);
+  EXPECT_EQ(Parse({"workers"}).command, Command::kWorkers);
+  EXPECT_EQ(Parse({"validate", "x.yaml"}).command, Command::kValidate);
+  EXPECT_EQ(Parse({"version"}).command, Command::kVersion);
+  EXPECT_EQ(Parse({"--version"}).command, Command::kVersion);
+}
+
+TEST(ParseArgs, OutputFormatSpellings) {
+  EXPECT_EQ(Parse({"list", "-o", "json"}).output, OutputFormat::kJson);
+  EXPECT_EQ(Parse({"-ojson", "list"}).output, OutputFormat::kJson);
+  EXPECT_EQ(Parse({"-o=json", "list"}).output, OutputFormat::kJson);
+  EXPECT_EQ(Parse({"list", "--output", "JSON"}).output, OutputFormat::kJson);
+  EXPECT_EQ(Parse({"list", "--output=table"}).output, OutputFormat::kTable);
+  EXPECT_EQ(Parse({"status", "job-1", "-o", "json"}).output, OutputFormat::kJson);
+  EXPECT_THAT(UsageError({"list", "-o", "yaml"}),
+              HasSubstr("-o/--output: expected json or table, got 'yaml'"));
+}
+
+TEST(ParseArgs, Timeout) {
+  EXPECT_EQ(Parse({"list", "--timeout", "2.5"}).timeout, absl::Milliseconds(2500));
+  EXPECT_EQ(Parse({"--timeout=30", "list"}).timeout, absl::Seconds(30));
+  for (const char* bad : {"0", "-1", "abc", "inf", "100000"}) {
+    EXPECT_THAT(UsageError({"list", "--timeout", bad}), HasSubstr("--timeout")) << bad;
+  }
+}
+
+TEST(ParseArgs, Help) {
+  CliOptions opts = Parse({"--help"});
+  EXPECT_EQ(opts.command, Command::kHelp);
+  EXPECT_THAT(opts.args, IsEmpty());
+  EXPECT_EQ(Parse({"-h"}).command, Command::kHelp);
+  EXPECT_EQ(Parse({"help"}).command, Command::kHelp);
+  EXPECT_THAT(Parse({"help", "watch"}).args, ElementsAre("watch"));
+  // `tandem submit --help` asks about submit, even without its arguments.
+  opts = Parse({"submit", "--help"});
+  EXPECT_EQ(opts.command, Command::kHelp);
+  EXPECT_THAT(opts.args, ElementsAre("submit"));
+  EXPECT_THAT(UsageError({"help", "frob"}), HasSubstr("help: unknown command 'frob'"));
+}
+
+TEST(ParseArgs, DoubleDashEndsFlags) {
+  EXPECT_THAT(Parse({"cancel", "--", "-odd-id"}).args, ElementsAre("-odd-id"));
+}
+
+TEST(ParseArgs, UsageErrors) {
+  EXPECT_THAT(UsageError({}), HasSubstr("missing command"));
+  EXPECT_THAT(UsageError({"frob"}), HasSubstr("unknown command 'frob'"));
+  EXPECT_THAT(UsageError({"list", "--frob"}), HasSubstr("unknown flag '--frob'"));
+  EXPECT_THAT(UsageError({"list", "-x"}), HasSubstr("unknown flag '-x'"));
+  EXPECT_THAT(UsageError({"list", "-o"}), HasSubstr("-o: missing value"));
+  EXPECT_THAT(UsageError({"list", "--coordinator"}), HasSubstr("--coordinator: missing value"));
+  EXPECT_THAT(UsageError({"list", "--coordinator="}), HasSubstr("expected HOST:PORT"));
+  EXPECT_THAT(UsageError({"submit"}),
+              HasSubstr("missing argument; usage: tandem submit JOB.yaml [--watch]"));
+  EXPECT_THAT(UsageError({"submit", "a.yaml", "b.yaml"}), HasSubstr("too many arguments"));
+  EXPECT_THAT(UsageError({"watch"}), HasSubstr("usage: tandem watch JOB"));
+  EXPECT_THAT(UsageError({"cancel"}), HasSubstr("usage: tandem cancel JOB"));
+  EXPECT_THAT(UsageError({"list", "extra"}), HasSubstr("too many arguments; usage: tandem list"));
+  EXPECT_THAT(UsageError({"status", "a", "b"}), HasSubstr("too many arguments"));
+  EXPECT_THAT(UsageError({"status", "--watch"}), HasSubstr("--watch applies to submit only"));
+  EXPECT_THAT(UsageError({"list", "--help=yes"}), HasSubstr("--help: takes no value"));
+  EXPECT_THAT(UsageError({"frob"}), HasSubstr("see 'tandem help'"));
+}
+
+TEST(Usage, ListsEveryCommandAndFlag) {
+  const std::string usage = Usage();
+  for (const char* word :
+       {"submit", "status", "watch", "list", "cancel", "workers", "validate", "--coordinator",
+        "--output", "--timeout", "TANDEM_COORDINATOR", "127.0.0.1:7070"}) {
+    EXPECT_THAT(usage, HasSubstr(word));
+  }
+  EXPECT_THAT(CommandUsage(Command::kWatch), HasSubstr("Usage: tandem watch JOB"));
+}
+
+}  // namespace
+}  // namespace tandem::cli

@@ -1,0 +1,320 @@
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "coordinator/cli/commands.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+
+namespace tandem::cli {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+// Answers from canned values and records what it was asked.
+class FakeClient : public CoordinatorClient {
+ public:
+  absl::StatusOr<std::string> SubmitJob(const std::string& spec_yaml) override {
+    submitted.push_back(spec_yaml);
+    return submit_result;
+  }
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id) override {
+    asked_job = job_id;
+    return job;
+  }
+  absl::StatusOr<v1::ListJobsResponse> ListJobs() override { return jobs; }
+  absl::StatusOr<v1::Job> CancelJob(const std::string& job_id) override {
+    cancelled = job_id;
+    return job;
+  }
+  absl::StatusOr<v1::ListWorkersResponse> ListWorkers() override { return workers; }
+  absl::Status WatchJob(const std::string& job_id,
+                        absl::FunctionRef<bool(const v1::JobEvent&)> on_event) override {
+    watched = job_id;
+    for (const v1::JobEvent& e : events) {
+      ++delivered;
+      if (!on_event(e)) return absl::OkStatus();
+    }
+    return watch_end;
+  }
+
+  absl::StatusOr<std::string> submit_result = std::string("job-1");
+  absl::StatusOr<v1::Job> job = v1::Job();
+  absl::StatusOr<v1::ListJobsResponse> jobs = v1::ListJobsResponse();
+  absl::StatusOr<v1::ListWorkersResponse> workers = v1::ListWorkersResponse();
+  std::vector<v1::JobEvent> events;
+  absl::Status watch_end;
+  std::vector<std::string> submitted;
+  std::string asked_job, cancelled, watched;
+  int delivered = 0;
+};
+
+CliOptions Opts(Command command, std::vector<std::string> args = {}) {
+  CliOptions o;
+  o.command = command;
+  o.args = std::move(args);
+  o.coordinator = "coord:7070";
+  return o;
+}
+
+v1::JobEvent Event(v1::JobEvent::Kind kind, v1::JobState state, const std::string& reason = "",
+                   int step = 0) {
+  v1::JobEvent e;
+  e.set_kind(kind);
+  e.set_job_id("job-1");
+  e.set_state(state);
+  e.set_reason(reason);
+  e.set_total_steps(2);
+  if (kind == v1::JobEvent::SNAPSHOT) {
+    e.mutable_job()->set_id("job-1");
+    e.mutable_job()->set_state(state);
+    e.mutable_job()->set_reason(reason);
+    e.mutable_job()->set_total_steps(2);
+  }
+  if (kind == v1::JobEvent::STEP) {
+    e.mutable_step()->set_step(step - 1);  // the index; `step` counts from 1
+    e.mutable_step()->set_loss(1.5);
+    e.mutable_step()->set_step_seconds(0.1);
+  }
+  return e;
+}
+
+class CommandsTest : public ::testing::Test {
+ protected:
+  absl::Status Run(const CliOptions& opts) {
+    return RunCommand(opts, client_, {out_, in_, /*live=*/false});
+  }
+  std::string WriteFile(const std::string& name, const std::string& text) {
+    const std::string path = ::testing::TempDir() + "/" + name;
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  FakeClient client_;
+  std::ostringstream out_;
+  std::istringstream in_{"steps: 3\n"};
+};
+
+TEST_F(CommandsTest, SubmitPrintsTheJobIdAlone) {
+  const std::string path = WriteFile("job.yaml", "name: x\n");
+  ASSERT_TRUE(Run(Opts(Command::kSubmit, {path})).ok());
+  EXPECT_EQ(out_.str(), "job-1\n");
+  ASSERT_EQ(client_.submitted.size(), 1u);
+  EXPECT_EQ(client_.submitted[0], "name: x\n");
+}
+
+TEST_F(CommandsTest, SubmitFromStdin) {
+  ASSERT_TRUE(Run(Opts(Command::kSubmit, {"-"})).ok());
+  ASSERT_EQ(client_.submitted.size(), 1u);
+  EXPECT_EQ(client_.submitted[0], "steps: 3\n");
+}
+
+TEST_F(CommandsTest, SubmitMissingFile) {
+  absl::Status s = Run(Opts(Command::kSubmit, {"/nonexistent/job.yaml"}));
+  EXPECT_EQ(s.message(),
+            "submit: cannot read job file '/nonexistent/job.yaml': No such file or directory");
+  EXPECT_TRUE(client_.submitted.empty());
+  s = Run(Opts(Command::kSubmit, {::testing::TempDir()}));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("not a regular file"));
+}
+
+TEST_F(CommandsTest, SubmitRejectedNamesCodeAndField) {
+  client_.submit_result =
+      absl::InvalidArgumentError("pipeline.micro_batches: expected an integer, got 'four'");
+  const std::string path = WriteFile("bad.yaml", "pipeline:\n  micro_batches: four\n");
+  absl::Status s = Run(Opts(Command::kSubmit, {path}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "submit: INVALID_ARGUMENT: pipeline.micro_batches: expected an integer, got 'four'");
+  EXPECT_EQ(out_.str(), "");
+}
+
+TEST_F(CommandsTest, UnreachableCoordinator) {
+  client_.jobs = absl::UnavailableError("failed to connect to all addresses");
+  absl::Status s = Run(Opts(Command::kList));
+  EXPECT_EQ(s.message(),
+            "cannot reach coordinator at coord:7070: failed to connect to all addresses");
+}
+
+TEST_F(CommandsTest, DeadlineSuggestsTimeout) {
+  client_.workers = absl::DeadlineExceededError("Deadline Exceeded");
+  absl::Status s = Run(Opts(Command::kWorkers));
+  EXPECT_THAT(std::string(s.message()),
+              StartsWith("workers: DEADLINE_EXCEEDED: Deadline Exceeded"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("raise --timeout"));
+}
+
+TEST_F(CommandsTest, SubmitWatchFollowsTheJob) {
+  client_.events = {
+      Event(v1::JobEvent::SNAPSHOT, v1::QUEUED), Event(v1::JobEvent::STATE, v1::RUNNING),
+      Event(v1::JobEvent::STEP, v1::RUNNING, "", 1), Event(v1::JobEvent::STEP, v1::RUNNING, "", 2),
+      Event(v1::JobEvent::STATE, v1::SUCCEEDED)};
+  CliOptions opts = Opts(Command::kSubmit, {"-"});
+  opts.watch = true;
+  ASSERT_TRUE(Run(opts).ok());
+  EXPECT_EQ(client_.watched, "job-1");
+  const std::string out = out_.str();
+  EXPECT_THAT(out,
+              StartsWith("job-1\njob job-1: QUEUED\njob job-1: RUNNING\nstep 1/2  loss 1.5000"));
+  EXPECT_THAT(out, HasSubstr("\nstep 2/2  loss 1.5000"));
+  EXPECT_THAT(out, HasSubstr("\njob job-1: SUCCEEDED\n"));
+}
+
+TEST_F(CommandsTest, WatchFailedJobIsAnErrorWithTheReason) {
+  client_.events = {Event(v1::JobEvent::SNAPSHOT, v1::RUNNING),
+                    Event(v1::JobEvent::STATE, v1::FAILED, "stage 1 (w-2): worker lost")};
+  absl::Status s = Run(Opts(Command::kWatch, {"job-1"}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(s.message(), "job job-1 FAILED: stage 1 (w-2): worker lost");
+}
+
+TEST_F(CommandsTest, WatchCancelledJob) {
+  client_.events = {Event(v1::JobEvent::SNAPSHOT, v1::CANCELLED, "cancelled by user")};
+  absl::Status s = Run(Opts(Command::kWatch, {"job-1"}));
+  EXPECT_EQ(s.message(), "job job-1 was CANCELLED: cancelled by user");
+}
+
+TEST_F(CommandsTest, WatchOfAFinishedJobSucceeds) {
+  client_.events = {Event(v1::JobEvent::SNAPSHOT, v1::SUCCEEDED)};
+  EXPECT_TRUE(Run(Opts(Command::kWatch, {"job-1"})).ok());
+}
+
+TEST_F(CommandsTest, WatchStopsAtTheTerminalState) {
+  client_.events = {Event(v1::JobEvent::STATE, v1::SUCCEEDED),
+                    Event(v1::JobEvent::STATE, v1::FAILED, "must not be read")};
+  EXPECT_TRUE(Run(Opts(Command::kWatch, {"job-1"})).ok());
+  EXPECT_EQ(client_.delivered, 1);
+}
+
+TEST_F(CommandsTest, WatchStreamThatEndsEarly) {
+  client_.events = {Event(v1::JobEvent::SNAPSHOT, v1::RUNNING)};
+  absl::Status s = Run(Opts(Command::kWatch, {"job-1"}));
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("ended the stream while job job-1 was RUNNING"));
+}
+
+TEST_F(CommandsTest, WatchStreamThatBreaks) {
+  client_.events = {Event(v1::JobEvent::SNAPSHOT, v1::RUNNING)};
+  client_.watch_end = absl::UnavailableError("Socket closed");
+  absl::Status s = Run(Opts(Command::kWatch, {"job-1"}));
+  EXPECT_EQ(s.message(),
+            "watch: lost the coordinator at coord:7070 while following job job-1: Socket closed");
+}
+
+TEST_F(CommandsTest, WatchUnknownJob) {
+  client_.watch_end = absl::NotFoundError("no job 'job-9'");
+  absl::Status s = Run(Opts(Command::kWatch, {"job-9"}));
+  EXPECT_EQ(s.message(), "watch: NOT_FOUND: no job 'job-9'");
+}
+
+TEST_F(CommandsTest, WatchJsonPrintsOneObjectPerEvent) {
+  client_.events = {Event(v1::JobEvent::SNAPSHOT, v1::RUNNING),
+                    Event(v1::JobEvent::STEP, v1::RUNNING, "", 1),
+                    Event(v1::JobEvent::STATE, v1::SUCCEEDED)};
+  CliOptions opts = Opts(Command::kWatch, {"job-1"});
+  opts.output = OutputFormat::kJson;
+  ASSERT_TRUE(Run(opts).ok());
+  const std::string out = out_.str();
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 3);
+}
+
+TEST_F(CommandsTest, StatusWithoutJobShowsJobsAndWorkers) {
+  v1::Job* j = client_.jobs->add_jobs();
+  j->set_id("job-1");
+  j->set_name("tiny");
+  j->set_state(v1::SUCCEEDED);
+  client_.workers->add_workers()->set_state(v1::IDLE);
+  ASSERT_TRUE(Run(Opts(Command::kStatus)).ok());
+  EXPECT_THAT(out_.str(), HasSubstr("job-1  tiny  SUCCEEDED"));
+  EXPECT_THAT(out_.str(), HasSubstr("\n\n1 worker: 1 idle, 0 busy, 0 lost\n"));
+}
+
+TEST_F(CommandsTest, StatusJsonMergesJobsAndWorkers) {
+  client_.jobs->add_jobs()->set_id("job-1");
+  client_.workers->add_workers()->set_worker_id("w-1");
+  CliOptions opts = Opts(Command::kStatus);
+  opts.output = OutputFormat::kJson;
+  ASSERT_TRUE(Run(opts).ok());
+  google::protobuf::Struct parsed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(out_.str(), &parsed).ok()) << out_.str();
+  EXPECT_EQ(parsed.fields().at("jobs").list_value().values_size(), 1);
+  EXPECT_EQ(parsed.fields().at("workers").list_value().values_size(), 1);
+}
+
+TEST_F(CommandsTest, StatusOfOneJob) {
+  client_.job->set_id("job-3");
+  client_.job->set_state(v1::QUEUED);
+  client_.job->set_reason("waiting for 3 idle cpu workers");
+  ASSERT_TRUE(Run(Opts(Command::kStatus, {"job-3"})).ok());
+  EXPECT_EQ(client_.asked_job, "job-3");
+  EXPECT_THAT(out_.str(), HasSubstr("waiting for 3 idle cpu workers"));
+
+  client_.job = absl::NotFoundError("no job 'job-4'");
+  EXPECT_EQ(Run(Opts(Command::kStatus, {"job-4"})).message(), "status: NOT_FOUND: no job 'job-4'");
+}
+
+TEST_F(CommandsTest, ListJsonIsTheResponse) {
+  client_.jobs->add_jobs()->set_id("job-1");
+  CliOptions opts = Opts(Command::kList);
+  opts.output = OutputFormat::kJson;
+  ASSERT_TRUE(Run(opts).ok());
+  v1::ListJobsResponse parsed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(out_.str(), &parsed).ok());
+  EXPECT_EQ(parsed.jobs(0).id(), "job-1");
+}
+
+TEST_F(CommandsTest, ListAndWorkersWhenEmpty) {
+  ASSERT_TRUE(Run(Opts(Command::kList)).ok());
+  EXPECT_EQ(out_.str(), "No jobs.\n");
+  out_.str("");
+  ASSERT_TRUE(Run(Opts(Command::kWorkers)).ok());
+  EXPECT_THAT(out_.str(), StartsWith("No workers registered."));
+}
+
+TEST_F(CommandsTest, Cancel) {
+  client_.job->set_id("job-2");
+  client_.job->set_state(v1::CANCELLED);
+  client_.job->set_reason("cancelled by user");
+  ASSERT_TRUE(Run(Opts(Command::kCancel, {"job-2"})).ok());
+  EXPECT_EQ(client_.cancelled, "job-2");
+  EXPECT_EQ(out_.str(), "job job-2: CANCELLED: cancelled by user\n");
+
+  client_.job = absl::FailedPreconditionError("job job-2 already ended (CANCELLED)");
+  EXPECT_EQ(Run(Opts(Command::kCancel, {"job-2"})).message(),
+            "cancel: FAILED_PRECONDITION: job job-2 already ended (CANCELLED)");
+}
+
+TEST_F(CommandsTest, ValidateLocally) {
+  const std::string good = WriteFile("good.yaml", "name: ok\npipeline:\n  stages: 2\n");
+  ASSERT_TRUE(Run(Opts(Command::kValidate, {good})).ok());
+  EXPECT_THAT(out_.str(), HasSubstr("valid. Job ok: 50 steps on 2 cpu stages (1f1b), effective "
+                                    "batch 32 x 4 = 128 sequences, ideal bubble 20.0%"));
+  const std::string bad = WriteFile("bad.yaml", "optimizer:\n  lr: -1\n");
+  absl::Status s = Run(Opts(Command::kValidate, {bad}));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("bad.yaml: optimizer.lr: must be"));
+}
+
+TEST_F(CommandsTest, HelpAndVersion) {
+  ASSERT_TRUE(Run(Opts(Command::kHelp)).ok());
+  EXPECT_THAT(out_.str(), StartsWith("Usage: tandem [flags] COMMAND"));
+  out_.str("");
+  ASSERT_TRUE(Run(Opts(Command::kHelp, {"cancel"})).ok());
+  EXPECT_THAT(out_.str(), StartsWith("Usage: tandem cancel JOB"));
+  out_.str("");
+  ASSERT_TRUE(Run(Opts(Command::kVersion)).ok());
+  EXPECT_THAT(out_.str(), StartsWith("tandem 0.1.0"));
+}
+
+TEST(MergeJsonObjects, Cases) {
+  EXPECT_EQ(*MergeJsonObjects("{\"a\":1}", "{\"b\":2}"), "{\"a\":1,\"b\":2}");
+  EXPECT_EQ(*MergeJsonObjects("{}", "{\"b\":2}"), "{\"b\":2}");
+  EXPECT_EQ(*MergeJsonObjects("{\"a\":1}\n", " {}"), "{\"a\":1}");
+  EXPECT_FALSE(MergeJsonObjects("[1]", "{}").ok());
+}
+
+}  // namespace
+}  // namespace tandem::cli

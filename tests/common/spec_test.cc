@@ -1,0 +1,311 @@
+#include "common/spec.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr char kMinimal[] = R"(
+name: tiny
+steps: 10
+model:
+  n_layer: 2
+pipeline:
+  stages: 2
+)";
+
+// The message of a spec that must be rejected as INVALID_ARGUMENT.
+std::string LoadError(const std::string& yaml) {
+  absl::StatusOr<v1::JobSpec> spec = LoadJobSpecYaml(yaml);
+  EXPECT_FALSE(spec.ok()) << "accepted:\n" << yaml;
+  if (spec.ok()) return "";
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+  return std::string(spec.status().message());
+}
+
+TEST(ParseJobSpecYaml, MinimalSpecGetsEveryDefault) {
+  absl::StatusOr<v1::JobSpec> spec = LoadJobSpecYaml(kMinimal);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name(), "tiny");
+  EXPECT_EQ(spec->steps(), 10);
+  EXPECT_EQ(spec->model().n_layer(), 2);
+  // Defaults are present, not just readable.
+  EXPECT_TRUE(spec->has_seed());
+  EXPECT_EQ(spec->seed(), 1234u);
+  EXPECT_TRUE(spec->has_device());
+  EXPECT_EQ(spec->device(), "cpu");
+  EXPECT_TRUE(spec->model().has_d_model());
+  EXPECT_EQ(spec->model().d_model(), 128);
+  EXPECT_EQ(spec->model().arch(), "mlp_lm");
+  EXPECT_EQ(spec->model().vocab_size(), 256);
+  EXPECT_TRUE(spec->has_data());
+  EXPECT_EQ(spec->data().source(), "synthetic");
+  EXPECT_EQ(spec->data().synthetic_bytes(), 1048576);
+  EXPECT_TRUE(spec->has_optimizer());
+  EXPECT_TRUE(spec->optimizer().has_lr());
+  EXPECT_FLOAT_EQ(spec->optimizer().lr(), 0.003f);
+  EXPECT_FLOAT_EQ(spec->optimizer().beta2(), 0.95f);
+  EXPECT_EQ(spec->pipeline().micro_batch_size(), 32);
+  EXPECT_EQ(spec->pipeline().micro_batches(), 4);
+  EXPECT_EQ(spec->pipeline().schedule(), "1f1b");
+  EXPECT_EQ(spec->pipeline().partition(), "uniform");
+  EXPECT_EQ(EffectiveBatch(*spec), 128);
+}
+
+TEST(ParseJobSpecYaml, ParseLeavesUnwrittenFieldsUnset) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml("steps: 3\nmodel:\n  context: ~\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->has_steps());
+  EXPECT_FALSE(spec->has_name());
+  EXPECT_FALSE(spec->has_pipeline());
+  EXPECT_TRUE(spec->has_model());
+  EXPECT_FALSE(spec->model().has_context());
+}
+
+TEST(ParseJobSpecYaml, NullValueLeavesDefault) {
+  absl::StatusOr<v1::JobSpec> spec = LoadJobSpecYaml("name: a\nsteps:\noptimizer: ~\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->steps(), 50);
+  EXPECT_EQ(spec->optimizer().name(), "adamw");
+}
+
+TEST(ParseJobSpecYaml, AcceptsNumericSpellings) {
+  absl::StatusOr<v1::JobSpec> spec = LoadJobSpecYaml(R"(
+name: n
+data:
+  synthetic_bytes: 1e6
+optimizer:
+  lr: 1
+  eps: 1.0e-6
+pipeline:
+  micro_batches: +8
+  micro_batch_size: 16.0
+seed: 18446744073709551615
+)");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data().synthetic_bytes(), 1000000);
+  EXPECT_FLOAT_EQ(spec->optimizer().lr(), 1.0f);
+  EXPECT_FLOAT_EQ(spec->optimizer().eps(), 1e-6f);
+  EXPECT_EQ(spec->pipeline().micro_batches(), 8);
+  EXPECT_EQ(spec->pipeline().micro_batch_size(), 16);
+  EXPECT_EQ(spec->seed(), 18446744073709551615u);
+}
+
+TEST(ParseJobSpecYaml, UnknownTopLevelField) {
+  EXPECT_THAT(LoadError("name: a\nstpes: 3\n"),
+              AllOf(StartsWith("stpes: unknown field"), HasSubstr("did you mean steps?"),
+                    HasSubstr("expected one of: name, model, data, optimizer, pipeline, steps, "
+                              "seed, device"),
+                    HasSubstr("line 2")));
+}
+
+TEST(ParseJobSpecYaml, UnknownNestedField) {
+  EXPECT_THAT(LoadError("pipeline:\n  microbatches: 4\n"),
+              AllOf(StartsWith("pipeline.microbatches: unknown field"),
+                    HasSubstr("did you mean micro_batches?"),
+                    HasSubstr("expected one of: stages, micro_batch_size, micro_batches, "
+                              "schedule, partition")));
+}
+
+TEST(ParseJobSpecYaml, UnknownFieldWithoutCloseMatchHasNoHint) {
+  EXPECT_THAT(LoadError("model:\n  xyzzy_plugh: 1\n"),
+              AllOf(StartsWith("model.xyzzy_plugh: unknown field; expected one of: arch,"),
+                    ::testing::Not(HasSubstr("did you mean"))));
+}
+
+TEST(ParseJobSpecYaml, WrongTypes) {
+  EXPECT_THAT(LoadError("pipeline:\n  micro_batches: four\n"),
+              StartsWith("pipeline.micro_batches: expected an integer, got 'four'"));
+  EXPECT_THAT(LoadError("pipeline:\n  micro_batches: 2.5\n"),
+              StartsWith("pipeline.micro_batches: expected an integer, got '2.5'"));
+  EXPECT_THAT(LoadError("steps: \"50\"\n"),
+              StartsWith("steps: expected an integer, got the string '50'"));
+  EXPECT_THAT(LoadError("steps: [1, 2]\n"), StartsWith("steps: expected an integer"));
+  EXPECT_THAT(LoadError("optimizer:\n  lr: fast\n"),
+              StartsWith("optimizer.lr: expected a number, got 'fast'"));
+  EXPECT_THAT(LoadError("optimizer:\n  lr: 1e39\n"),
+              StartsWith("optimizer.lr: expected a number within single-precision range"));
+  EXPECT_THAT(LoadError("name: {a: 1}\n"), StartsWith("name: expected a string, got a map"));
+  EXPECT_THAT(LoadError("model: 4\n"),
+              StartsWith("model: expected a map with fields arch, n_layer"));
+  EXPECT_THAT(LoadError("pipeline: [stages, 2]\n"),
+              AllOf(StartsWith("pipeline: expected a map"), HasSubstr("got a list")));
+}
+
+TEST(ParseJobSpecYaml, IntegersOutOfTheFieldRange) {
+  EXPECT_THAT(LoadError("steps: 3000000000\n"),
+              StartsWith("steps: expected an integer in [-2147483648, 2147483647], got "
+                         "'3000000000'"));
+  EXPECT_THAT(LoadError("seed: -1\n"),
+              StartsWith("seed: expected an integer in [0, 18446744073709551615], got '-1'"));
+  EXPECT_THAT(LoadError("seed: 18446744073709551616\n"), StartsWith("seed: expected an integer"));
+}
+
+TEST(ParseJobSpecYaml, TopLevelMustBeAMap) {
+  EXPECT_THAT(LoadError("- a\n- b\n"),
+              AllOf(StartsWith("job spec: expected a map with fields name, model"),
+                    HasSubstr("got a list")));
+  EXPECT_THAT(LoadError("just a string\n"), StartsWith("job spec: expected a map"));
+  EXPECT_THAT(LoadError(""), StartsWith("job spec: the document is empty"));
+  EXPECT_THAT(LoadError("# only a comment\n"), StartsWith("job spec: the document is empty"));
+}
+
+TEST(ParseJobSpecYaml, MalformedYamlNamesLineAndColumn) {
+  EXPECT_THAT(LoadError("name: a\nmodel:\n  n_layer: [1, 2\n"),
+              StartsWith("job spec: invalid YAML at line"));
+  EXPECT_THAT(LoadError("name: a\n  steps: 3\n bad\n"), StartsWith("job spec: invalid YAML"));
+}
+
+TEST(ParseJobSpecYaml, MultipleDocumentsRefused) {
+  EXPECT_THAT(LoadError("name: a\n---\nname: b\n"),
+              StartsWith("job spec: expected one YAML document, got 2"));
+}
+
+TEST(ParseJobSpecYaml, DuplicateKeysRefused) {
+  EXPECT_THAT(LoadError("steps: 3\nsteps: 4\n"), StartsWith("steps: duplicate key"));
+  EXPECT_THAT(LoadError("pipeline:\n  stages: 2\n  stages: 3\n"),
+              StartsWith("pipeline.stages: duplicate key"));
+}
+
+TEST(ParseJobSpecYaml, BooleansAndNonScalarKeys) {
+  EXPECT_THAT(LoadError("? [a, b]\n: 1\n"), StartsWith("job spec: keys must be field names"));
+}
+
+TEST(WithDefaults, KeepsExplicitValues) {
+  v1::JobSpec spec;
+  spec.mutable_pipeline()->set_stages(3);
+  spec.mutable_optimizer()->set_lr(0.5f);
+  v1::JobSpec full = WithDefaults(spec);
+  EXPECT_EQ(full.pipeline().stages(), 3);
+  EXPECT_FLOAT_EQ(full.optimizer().lr(), 0.5f);
+  EXPECT_TRUE(full.pipeline().has_micro_batches());
+  EXPECT_TRUE(full.model().has_n_layer());
+  EXPECT_TRUE(full.data().has_seed());
+  EXPECT_EQ(full.data().seed(), 0u);
+  // Idempotent.
+  EXPECT_EQ(WithDefaults(full).SerializeAsString(), full.SerializeAsString());
+}
+
+struct BadCase {
+  const char* yaml;
+  const char* prefix;  // the message must begin with this (the field path and the rule)
+  const char* also;    // and contain this
+};
+
+class ValidateJobSpecTest : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(ValidateJobSpecTest, RejectsNamingThePath) {
+  const BadCase& c = GetParam();
+  EXPECT_THAT(LoadError(c.yaml), AllOf(StartsWith(c.prefix), HasSubstr(c.also)));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    BadSpecs, ValidateJobSpecTest,
+    ::testing::Values(
+        BadCase{"name: \"\"\n", "name: must be 1 to 63 characters", "got \"\""},
+        BadCase{"name: my job\n", "name: must be 1 to 63 characters", "\"my job\""},
+        BadCase{"name: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n",
+                "name: must be 1 to 63", "A-Z"},
+        BadCase{"steps: 0\n", "steps: must be in [1, 10000000]", "got 0"},
+        BadCase{"steps: 10000001\n", "steps: must be in [1, 10000000]", "got 10000001"},
+        BadCase{"device: gpu\n", "device: expected \"cpu\" or \"cuda\"", "got \"gpu\""},
+        BadCase{"model:\n  arch: gpt2\n", "model.arch: unknown architecture \"gpt2\"",
+                "\"mlp_lm\""},
+        BadCase{"model:\n  n_layer: 0\n", "model.n_layer: must be in [1, 1024]", "got 0"},
+        BadCase{"model:\n  d_model: 65537\n", "model.d_model: must be in [1, 65536]", "65537"},
+        BadCase{"model:\n  d_hidden: -1\n", "model.d_hidden: must be >= 0", "4 x d_model"},
+        BadCase{"model:\n  d_embed: 0\n", "model.d_embed: must be in [1, 65536]", "got 0"},
+        BadCase{"model:\n  context: 4097\n", "model.context: must be in [1, 4096]", "4097"},
+        BadCase{"model:\n  vocab_size: 1\n", "model.vocab_size: must be in [2, 1048576]", "got 1"},
+        BadCase{"model:\n  vocab_size: 512\n", "model.vocab_size: must be 256 for mlp_lm",
+                "one token per byte"},
+        BadCase{"data:\n  source: hdfs\n", "data.source: expected \"synthetic\" or \"file\"",
+                "\"hdfs\""},
+        BadCase{"data:\n  source: file\n", "data.path: required with data.source \"file\"",
+                "--data-root"},
+        BadCase{"data:\n  source: file\n  path: /etc/passwd\n",
+                "data.path: must be relative to the worker's --data-root", "/etc/passwd"},
+        BadCase{"data:\n  source: file\n  path: a/../../b.txt\n",
+                "data.path: must stay inside the worker's --data-root", "'..'"},
+        BadCase{"data:\n  path: corpus.txt\n", "data.path: is set but data.source is",
+                "source: file"},
+        BadCase{"data:\n  synthetic_bytes: 8\n", "data.synthetic_bytes: must be in [9, ",
+                "model.context + 1"},
+        BadCase{"data:\n  synthetic_bytes: 2000000000\n", "data.synthetic_bytes: must be in",
+                "1073741824"},
+        BadCase{"optimizer:\n  name: adam\n", "optimizer.name: expected \"adamw\" or \"sgd\"",
+                "\"adam\""},
+        BadCase{"optimizer:\n  lr: 0\n", "optimizer.lr: must be a finite number in (0, 10]",
+                "got 0"},
+        BadCase{"optimizer:\n  lr: 11\n", "optimizer.lr: must be", "got 11"},
+        BadCase{"optimizer:\n  lr: .nan\n", "optimizer.lr: must be a finite", "nan"},
+        BadCase{"optimizer:\n  lr: .inf\n", "optimizer.lr: must be a finite", "inf"},
+        BadCase{"optimizer:\n  beta1: 1\n", "optimizer.beta1: must be in [0, 1)", "got 1"},
+        BadCase{"optimizer:\n  beta2: -0.1\n", "optimizer.beta2: must be in [0, 1)", "-0.1"},
+        BadCase{"optimizer:\n  eps: 0\n", "optimizer.eps: must be a finite number > 0", "0"},
+        BadCase{"optimizer:\n  weight_decay: -1\n", "optimizer.weight_decay: must be", ">= 0"},
+        BadCase{"optimizer:\n  warmup_steps: -1\n", "optimizer.warmup_steps: must be >= 0", "-1"},
+        BadCase{"pipeline:\n  stages: 0\n", "pipeline.stages: must be in [1, 4096]", "got 0"},
+        BadCase{"model:\n  n_layer: 4\npipeline:\n  stages: 7\n  micro_batches: 8\n",
+                "pipeline.stages: 7 stages but the model has only 6 layers",
+                "every stage needs at least one layer"},
+        BadCase{"pipeline:\n  micro_batch_size: 0\n", "pipeline.micro_batch_size: must be in [1,",
+                "got 0"},
+        BadCase{"pipeline:\n  micro_batches: 0\n", "pipeline.micro_batches: must be in [1,",
+                "got 0"},
+        BadCase{"pipeline:\n  schedule: zb\n", "pipeline.schedule: expected \"1f1b\" or \"gpipe\"",
+                "\"zb\""},
+        BadCase{"pipeline:\n  stages: 4\n  micro_batches: 2\n",
+                "pipeline.micro_batches: schedule 1f1b needs micro_batches >= stages",
+                "use schedule: gpipe"},
+        BadCase{"pipeline:\n  partition: balanced\n", "pipeline.partition: expected \"uniform\"",
+                "\"balanced\""}));
+
+TEST(ValidateJobSpec, GPipeAllowsFewerMicroBatchesThanStages) {
+  absl::StatusOr<v1::JobSpec> spec =
+      LoadJobSpecYaml("pipeline:\n  stages: 4\n  micro_batches: 2\n  schedule: gpipe\n");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+}
+
+TEST(ValidateJobSpec, StagesUpToLayerCount) {
+  absl::StatusOr<v1::JobSpec> spec =
+      LoadJobSpecYaml("model:\n  n_layer: 4\npipeline:\n  stages: 6\n  micro_batches: 6\n");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+}
+
+TEST(ValidateJobSpec, FileSourceWithRelativePath) {
+  absl::StatusOr<v1::JobSpec> spec =
+      LoadJobSpecYaml("data:\n  source: file\n  path: books/corpus.txt\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data().path(), "books/corpus.txt");
+}
+
+// Every shipped example must load, so the docs never show a spec the service refuses.
+TEST(Examples, EveryExampleLoadsAndValidates) {
+  const std::filesystem::path dir = std::filesystem::path(TANDEM_SOURCE_DIR) / "examples";
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".yaml") continue;
+    ++count;
+    std::ifstream in(entry.path());
+    std::stringstream text;
+    text << in.rdbuf();
+    absl::StatusOr<v1::JobSpec> spec = LoadJobSpecYaml(text.str());
+    EXPECT_TRUE(spec.ok()) << entry.path() << ": " << spec.status();
+  }
+  EXPECT_GE(count, 4) << "expected the examples in " << dir;
+}
+
+}  // namespace
+}  // namespace tandem
