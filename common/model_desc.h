@@ -23,8 +23,9 @@ struct LayerRange {
   bool operator==(const LayerRange&) const = default;
 };
 
-// Uniform partition: the blocks split as evenly as possible (earlier stages take the
-// remainder), the embedding on stage 0 and the head on the last stage. Every stage holds at
+// Uniform partition: all n_layer + 2 layers (the embedding and the head count as one layer
+// each) split into contiguous ranges as evenly as possible, earlier stages taking the
+// remainder; so the embedding is on stage 0 and the head on the last. Every stage holds at
 // least one layer; fails if num_stages exceeds the number of layers.
 absl::StatusOr<std::vector<LayerRange>> UniformPartition(const v1::ModelSpec& model,
                                                          int num_stages);
