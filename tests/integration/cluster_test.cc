@@ -117,7 +117,7 @@ TEST_F(ClusterTest, CliSubmitWatchStatusAndJson) {
   CommandResult watch_json = cluster_->Cli({"watch", id, "-o", "json"});
   ASSERT_EQ(watch_json.exit_code, 0) << watch_json.err;
   for (absl::string_view line : absl::StrSplit(watch_json.out, '\n', absl::SkipEmpty())) {
-    EXPECT_NO_THROW((void)nlohmann::json::parse(line)) << line;
+    EXPECT_TRUE(nlohmann::json::accept(line)) << line;
   }
 
   CommandResult status = cluster_->Cli({"status", id, "-o", "json"});

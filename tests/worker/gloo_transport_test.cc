@@ -1,0 +1,141 @@
+#include "worker/transport/gloo_transport.h"
+
+#include <gloo/rendezvous/hash_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <thread>
+#include <vector>
+
+namespace tandem::worker {
+namespace {
+
+using std::chrono::milliseconds;
+
+// Two transports in one process, connected over an in-process HashStore on 127.0.0.1.
+std::pair<std::unique_ptr<GlooTransport>, std::unique_ptr<GlooTransport>> ConnectPair(
+    gloo::rendezvous::Store& store, milliseconds op_timeout = milliseconds(10000)) {
+  auto connect = [&](int rank) {
+    GlooTransportOptions o;
+    o.rank = rank;
+    o.size = 2;
+    o.hostname = "127.0.0.1";
+    o.connect_timeout = milliseconds(10000);
+    o.op_timeout = op_timeout;
+    return GlooTransport::Connect(o, store);
+  };
+  auto f1 = std::async(std::launch::async, connect, 1);
+  auto t0 = connect(0);
+  auto t1 = f1.get();
+  EXPECT_TRUE(t0.ok()) << t0.status();
+  EXPECT_TRUE(t1.ok()) << t1.status();
+  if (!t0.ok() || !t1.ok()) return {};
+  return {*std::move(t0), *std::move(t1)};
+}
+
+TEST(GlooTransportTest, SendRecvBothWays) {
+  gloo::rendezvous::HashStore store;
+  auto [a, b] = ConnectPair(store);
+  ASSERT_TRUE(a && b);
+  std::vector<float> x(1000), y(1000, 0.0f), g(10, 2.5f), h(10, 0.0f);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i);
+  // Two messages with different tags, received in the other order.
+  const uint64_t act = MakeTransferTag(Payload::kActivation, 3);
+  const uint64_t grad = MakeTransferTag(Payload::kGradient, 3);
+  ASSERT_TRUE(a->PostSend(1, act, x.data(), x.size() * sizeof(float)).ok());
+  ASSERT_TRUE(a->PostSend(1, grad, g.data(), g.size() * sizeof(float)).ok());
+  ASSERT_TRUE(b->Recv(0, grad, h.data(), h.size() * sizeof(float)).ok());
+  ASSERT_TRUE(b->Recv(0, act, y.data(), y.size() * sizeof(float)).ok());
+  ASSERT_TRUE(a->WaitSends().ok());
+  EXPECT_EQ(x, y);
+  EXPECT_EQ(g, h);
+  // And back.
+  ASSERT_TRUE(b->PostSend(0, act, y.data(), 400).ok());
+  std::vector<float> z(100);
+  ASSERT_TRUE(a->Recv(1, act, z.data(), 400).ok());
+  ASSERT_TRUE(b->WaitSends().ok());
+  EXPECT_EQ(z[99], 99.0f);
+  EXPECT_EQ(a->bytes_sent(), 4040);
+  EXPECT_EQ(a->bytes_received(), 400);
+  EXPECT_EQ(b->bytes_received(), 4040);
+}
+
+TEST(GlooTransportTest, AbortUnblocksPendingRecv) {
+  gloo::rendezvous::HashStore store;
+  auto [a, b] = ConnectPair(store);
+  ASSERT_TRUE(a && b);
+  std::vector<float> buf(16);
+  auto start = std::chrono::steady_clock::now();
+  auto pending = std::async(std::launch::async, [&, t = b.get()] {
+    return t->Recv(0, MakeTransferTag(Payload::kActivation, 0), buf.data(), 64);
+  });
+  std::this_thread::sleep_for(milliseconds(100));
+  b->Abort();
+  ASSERT_EQ(pending.wait_for(std::chrono::seconds(1)), std::future_status::ready);
+  const absl::Status s = pending.get();
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  // Later calls fail fast too.
+  EXPECT_EQ(b->Recv(0, 1, buf.data(), 64).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(b->PostSend(0, 1, buf.data(), 64).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(b->WaitSends().code(), absl::StatusCode::kAborted);
+}
+
+TEST(GlooTransportTest, RecvTimesOut) {
+  gloo::rendezvous::HashStore store;
+  auto [a, b] = ConnectPair(store, milliseconds(200));
+  ASSERT_TRUE(a && b);
+  std::vector<float> buf(4);
+  const absl::Status s = b->Recv(0, 1, buf.data(), 16);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("peer rank 0"), std::string::npos) << s;
+}
+
+TEST(GlooTransportTest, PeerFailureNamesThePeer) {
+  gloo::rendezvous::HashStore store;
+  auto [a, b] = ConnectPair(store);
+  ASSERT_TRUE(a && b);
+  std::vector<float> buf(4);
+  auto pending =
+      std::async(std::launch::async, [&, t = b.get()] { return t->Recv(0, 1, buf.data(), 16); });
+  std::this_thread::sleep_for(milliseconds(100));
+  a.reset();  // rank 0 goes away: its sockets close
+  ASSERT_EQ(pending.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  const absl::Status s = pending.get();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("peer rank 0"), std::string::npos) << s;
+}
+
+TEST(GlooTransportTest, RejectsBadPeersAndOptions) {
+  gloo::rendezvous::HashStore store;
+  auto [a, b] = ConnectPair(store);
+  ASSERT_TRUE(a && b);
+  float x = 0;
+  EXPECT_EQ(a->PostSend(0, 1, &x, 4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(a->Recv(2, 1, &x, 4).code(), absl::StatusCode::kInvalidArgument);
+  GlooTransportOptions o;
+  o.rank = 2;
+  o.size = 2;
+  EXPECT_EQ(GlooTransport::Connect(o, store).status().code(), absl::StatusCode::kInvalidArgument);
+  o.rank = 0;
+  o.hostname = "";
+  EXPECT_EQ(GlooTransport::Connect(o, store).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GlooTransportTest, ConnectTimesOutWithoutPeer) {
+  gloo::rendezvous::HashStore store;
+  GlooTransportOptions o;
+  o.rank = 0;
+  o.size = 2;
+  o.connect_timeout = milliseconds(300);
+  auto t = GlooTransport::Connect(o, store);
+  EXPECT_FALSE(t.ok());
+  EXPECT_TRUE(t.status().code() == absl::StatusCode::kDeadlineExceeded ||
+              t.status().code() == absl::StatusCode::kUnavailable)
+      << t.status();
+}
+
+}  // namespace
+}  // namespace tandem::worker

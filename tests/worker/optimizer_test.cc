@@ -1,0 +1,70 @@
+#include "worker/model/optimizer.h"
+
+#include <gtest/gtest.h>
+
+namespace tandem::worker {
+namespace {
+
+TEST(AdamWTest, TwoStepsMatchHandComputation) {
+  Parameter w("w", {1, 2}, /*weight_decay=*/true);
+  Parameter b("b", {1}, /*weight_decay=*/false);
+  AdamWOptions opt;
+  opt.beta1 = 0.9f;
+  opt.beta2 = 0.95f;
+  opt.eps = 1e-8f;
+  opt.weight_decay = 0.1f;
+  AdamW adam({&w, &b}, opt);
+  w.value.vec() = {1.0f, -2.0f};
+  b.value.vec() = {1.0f};
+
+  w.grad.vec() = {0.5f, 0.0f};
+  b.grad.vec() = {0.5f};
+  adam.Step(0.1f);
+  // Step 1: m = 0.05, v = 0.0125, mhat = 0.5, vhat = 0.25, update 1 (+ decay on w).
+  EXPECT_NEAR(w.value[0], 1.0 - 0.1 * (1.0 + 0.1 * 1.0), 1e-6);    // 0.89
+  EXPECT_NEAR(w.value[1], -2.0 - 0.1 * (0.0 + 0.1 * -2.0), 1e-6);  // zero grad: decay only
+  EXPECT_NEAR(b.value[0], 1.0 - 0.1, 1e-6);                        // no decay on biases
+  EXPECT_EQ(w.grad[0], 0.0f);
+  EXPECT_EQ(b.grad[0], 0.0f);
+
+  w.grad.vec() = {0.5f, 0.0f};
+  b.grad.vec() = {-1.0f};
+  adam.Step(0.1f);
+  // Step 2 for w[0]: m = 0.095, v = 0.024375, c1 = 0.19, c2 = 0.0975 -> mhat 0.5, vhat 0.25.
+  EXPECT_NEAR(w.value[0], 0.89 - 0.1 * (1.0 + 0.1 * 0.89), 1e-6);
+  // b: m = 0.9*0.05 - 0.1 = -0.055, v = 0.95*0.0125 + 0.05 = 0.061875.
+  const double mhat = -0.055 / 0.19, vhat = 0.061875 / 0.0975;
+  EXPECT_NEAR(b.value[0], 0.9 - 0.1 * mhat / (std::sqrt(vhat) + 1e-8), 1e-6);
+  EXPECT_EQ(adam.StateBytes(), 2 * 3 * sizeof(float));
+}
+
+TEST(SgdTest, StepWithDecoupledDecay) {
+  Parameter w("w", {1, 1}, true);
+  Parameter b("b", {1}, false);
+  Sgd sgd({&w, &b}, 0.1f);
+  w.value[0] = 1.0f;
+  b.value[0] = 1.0f;
+  w.grad[0] = 0.5f;
+  b.grad[0] = 0.5f;
+  sgd.Step(0.1f);
+  EXPECT_NEAR(w.value[0], 1.0 - 0.1 * (0.5 + 0.1), 1e-7);
+  EXPECT_NEAR(b.value[0], 1.0 - 0.1 * 0.5, 1e-7);
+  EXPECT_EQ(w.grad[0], 0.0f);
+}
+
+TEST(MakeOptimizerTest, ValidatesNamesAndHyperParameters) {
+  v1::OptimizerSpec spec;
+  EXPECT_TRUE(MakeOptimizer(spec, {}).ok());  // adamw by default
+  spec.set_name("SGD");
+  EXPECT_TRUE(MakeOptimizer(spec, {}).ok());
+  spec.set_name("lion");
+  auto r = MakeOptimizer(spec, {});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("optimizer.name"), std::string::npos);
+  spec.set_name("adamw");
+  spec.set_beta2(1.0f);
+  EXPECT_NE(MakeOptimizer(spec, {}).status().message().find("optimizer.beta2"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem::worker

@@ -1,0 +1,134 @@
+// StageManager in-process: two managers (two "workers") configured with the programs of one
+// job, Gloo over a shared HashStore standing in for the coordinator's rendezvous.
+#include "worker/stage_manager.h"
+
+#include <cblas.h>
+#include <gloo/rendezvous/hash_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "tests/worker/pipeline_test_util.h"
+#include "worker/transport/gloo_transport.h"
+
+namespace tandem::worker {
+namespace {
+
+using testing::MakePrograms;
+using testing::TinyJob;
+
+class StageManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { openblas_set_num_threads(1); }
+
+  TransportFactory Factory(std::chrono::milliseconds connect_timeout = std::chrono::seconds(5)) {
+    return [this, connect_timeout](
+               const v1::StageProgram& p,
+               const std::atomic<bool>& cancelled) -> absl::StatusOr<std::unique_ptr<Transport>> {
+      gloo::rendezvous::PrefixStore prefixed(p.rendezvous_prefix(), store_);
+      GlooTransportOptions o;
+      o.rank = p.rank();
+      o.size = p.num_ranks();
+      o.connect_timeout = connect_timeout;
+      auto t = GlooTransport::Connect(o, prefixed);
+      if (!t.ok()) return t.status();
+      return std::unique_ptr<Transport>(*std::move(t));
+    };
+  }
+
+  gloo::rendezvous::HashStore store_;
+};
+
+TEST_F(StageManagerTest, ConfigureRunAbortLifecycle) {
+  const v1::JobSpec spec = TinyJob();
+  const auto programs = MakePrograms(spec, 2, "1f1b");
+  StageManager w0({}, Factory()), w1({}, Factory());
+  EXPECT_EQ(w0.GetStatus().state(), v1::IDLE);
+
+  auto c1 = std::async(std::launch::async, [&] { return w1.Configure(programs[1]); });
+  auto r0 = w0.Configure(programs[0]);
+  auto r1 = c1.get();
+  ASSERT_TRUE(r0.ok()) << r0.status();
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  EXPECT_GT(r0->parameter_count(), 0);
+  EXPECT_EQ(r0->parameter_bytes(), 4 * r0->parameter_count());
+  EXPECT_EQ(w1.GetStatus().state(), v1::BUSY);
+  EXPECT_EQ(w1.GetStatus().job_id(), "job-1");
+  EXPECT_EQ(w1.GetStatus().stage(), 1);
+  EXPECT_EQ(w1.GetSnapshot().state, v1::BUSY);
+
+  for (int step = 0; step < 2; ++step) {
+    auto s1 = std::async(std::launch::async, [&] { return w1.RunStep("job-1", step, 0.01f); });
+    auto s0 = w0.RunStep("job-1", step, 0.01f);
+    auto rep1 = s1.get();
+    ASSERT_TRUE(s0.ok()) << s0.status();
+    ASSERT_TRUE(rep1.ok()) << rep1.status();
+    EXPECT_TRUE(rep1->has_loss());
+    EXPECT_GT(rep1->loss(), 0.0);
+  }
+  EXPECT_EQ(w0.GetStatus().last_step(), 1);
+
+  // Wrong job: refused, nothing changes.
+  EXPECT_EQ(w0.RunStep("job-2", 2, 0.01f).status().code(), absl::StatusCode::kFailedPrecondition);
+
+  // Abort while stage 1 waits for a forward that never comes.
+  auto blocked = std::async(std::launch::async, [&] { return w1.RunStep("job-1", 2, 0.01f); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(w1.RunStep("job-1", 2, 0.01f).status().code(), absl::StatusCode::kFailedPrecondition);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(w1.Abort("job-1", "test").ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+  EXPECT_EQ(blocked.get().status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(w1.GetStatus().state(), v1::IDLE);
+  EXPECT_TRUE(w1.Abort("job-1", "again").ok());  // idempotent
+  EXPECT_TRUE(w1.Abort("unknown", "").ok());     // unknown job
+  EXPECT_EQ(w1.Abort("", "").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(w1.RunStep("job-1", 3, 0.01f).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(w0.Abort("job-1", "test").ok());
+}
+
+TEST_F(StageManagerTest, AbortCancelsConfigureInProgress) {
+  const auto programs = MakePrograms(TinyJob(), 2, "1f1b", "job-9");
+  StageManager w0({}, Factory(std::chrono::milliseconds(1000)));
+  // Rank 1 never shows up: the configure waits for it until aborted.
+  auto c = std::async(std::launch::async, [&] { return w0.Configure(programs[0]); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(w0.GetStatus().state(), v1::BUSY);
+  EXPECT_TRUE(w0.Abort("job-9", "cancelled").ok());
+  EXPECT_EQ(w0.GetStatus().state(), v1::IDLE);
+  // The HashStore wait cannot be interrupted; the configure ends at its connect timeout and
+  // must not install the stage.
+  auto r = c.get();
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+  EXPECT_EQ(w0.GetStatus().state(), v1::IDLE);
+}
+
+TEST_F(StageManagerTest, ConfigureRejectsBadPrograms) {
+  StageManager w({}, Factory());
+  v1::StageProgram p = MakePrograms(TinyJob(), 1, "gpipe")[0];
+  p.set_layer_end(1000);
+  auto r = w.Configure(p);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  p = MakePrograms(TinyJob(), 1, "gpipe")[0];
+  p.mutable_spec()->mutable_data()->set_source("file");
+  p.mutable_spec()->mutable_data()->set_path("../etc/passwd");
+  r = w.Configure(p);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("data.path"), std::string::npos) << r.status();
+  EXPECT_EQ(w.GetStatus().state(), v1::IDLE);
+  // A good single-stage program then works, and a second configure replaces it.
+  ASSERT_TRUE(w.Configure(MakePrograms(TinyJob(), 1, "gpipe")[0]).ok());
+  ASSERT_TRUE(w.RunStep("job-1", 0, 0.01f).ok());
+  ASSERT_TRUE(w.Configure(MakePrograms(TinyJob(), 1, "gpipe", "job-2")[0]).ok());
+  EXPECT_EQ(w.GetStatus().job_id(), "job-2");
+  EXPECT_EQ(w.RunStep("job-1", 1, 0.01f).status().code(), absl::StatusCode::kFailedPrecondition);
+  w.Shutdown();
+  EXPECT_EQ(w.RunStep("job-2", 0, 0.01f).status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace tandem::worker

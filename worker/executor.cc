@@ -1,0 +1,446 @@
+#include "worker/executor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/model_desc.h"
+#include "common/schedule.h"
+#include "worker/model/mlp_lm.h"
+
+namespace tandem::worker {
+namespace {
+
+constexpr int kMaxMicroBatches = 1 << 16;
+constexpr int64_t kMaxMicroBatchSize = 1 << 20;
+// Byte-level data: tokens are bytes, so the vocabulary must cover 0..255.
+constexpr int kByteVocab = 256;
+
+int64_t NowMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+absl::Status Annotate(const absl::Status& s, absl::string_view prefix) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(prefix, ": ", s.message()));
+}
+
+const char* KindName(v1::ActionKind kind) {
+  switch (kind) {
+    case v1::ACTION_F:
+      return "F";
+    case v1::ACTION_B:
+      return "B";
+    case v1::ACTION_I:
+      return "I";
+    case v1::ACTION_W:
+      return "W";
+    case v1::ACTION_SEND_F:
+      return "SEND_F";
+    case v1::ACTION_RECV_F:
+      return "RECV_F";
+    case v1::ACTION_SEND_B:
+      return "SEND_B";
+    case v1::ACTION_RECV_B:
+      return "RECV_B";
+    default:
+      return "?";
+  }
+}
+
+}  // namespace
+
+int MicroBatchesOf(const v1::StageProgram& program) {
+  return program.micro_batches() != 0 ? program.micro_batches()
+                                      : program.spec().pipeline().micro_batches();
+}
+
+bool StageNeedsCorpus(const v1::StageProgram& program) {
+  return program.layer_begin() == 0 || program.layer_end() == NumLayers(program.spec().model());
+}
+
+absl::Status ValidateStageProgram(const v1::StageProgram& p) {
+  if (p.job_id().empty()) return absl::InvalidArgumentError("program.job_id is empty");
+  if (p.num_ranks() < 1 || p.rank() < 0 || p.rank() >= p.num_ranks()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("program.rank ", p.rank(), " is outside [0, num_ranks=", p.num_ranks(), ")"));
+  }
+  if (p.num_stages() != p.num_ranks() || p.stage() != p.rank()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("program: this release runs one stage per rank; got stage ", p.stage(), " of ",
+                     p.num_stages(), " on rank ", p.rank(), " of ", p.num_ranks()));
+  }
+  absl::StatusOr<MlpLmConfig> cfg = MlpLmConfigFromSpec(p.spec().model());
+  if (!cfg.ok()) return cfg.status();
+  if (cfg->vocab < kByteVocab) {
+    return absl::InvalidArgumentError(absl::StrCat("model.vocab_size must be at least ", kByteVocab,
+                                                   " for byte-level data, got ", cfg->vocab));
+  }
+  const int num_layers = NumLayers(p.spec().model());
+  if (p.layer_begin() < 0 || p.layer_begin() >= p.layer_end() || p.layer_end() > num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("program layers [", p.layer_begin(), ", ", p.layer_end(),
+                     ") are not a non-empty range within the model's ", num_layers, " layers"));
+  }
+  const bool first = p.stage() == 0;
+  const bool last = p.stage() == p.num_stages() - 1;
+  if (first != (p.layer_begin() == 0) || last != (p.layer_end() == num_layers)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "program layers [", p.layer_begin(), ", ", p.layer_end(), ") of stage ", p.stage(), "/",
+        p.num_stages(),
+        ": the first stage must hold the embedding (layer 0) and only the last the head (layer ",
+        num_layers - 1, ")"));
+  }
+  const int m = MicroBatchesOf(p);
+  if (m < 1 || m > kMaxMicroBatches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("program.micro_batches must be in [1, ", kMaxMicroBatches, "], got ", m));
+  }
+  const int64_t b = p.spec().pipeline().micro_batch_size();
+  if (b < 1 || b > kMaxMicroBatchSize) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline.micro_batch_size must be in [1, ",
+                                                   kMaxMicroBatchSize, "], got ", b));
+  }
+  // Replay the action list: each micro-batch must go RECV_F -> F -> SEND_F and RECV_B -> B ->
+  // SEND_B, with only the transfers a stage at this position has, each exactly once.
+  enum Bit { kRecvF = 1, kF = 2, kSendF = 4, kRecvB = 8, kB = 16, kSendB = 32 };
+  std::vector<int> done(m, 0);
+  for (int i = 0; i < p.actions_size(); ++i) {
+    const v1::Action& a = p.actions(i);
+    const std::string where = absl::StrCat("program.actions[", i, "] (", a.stage(),
+                                           KindName(a.kind()), a.micro_batch(), ")");
+    if (a.stage() != p.stage()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": belongs to stage ", a.stage(), ", not ", p.stage()));
+    }
+    if (a.micro_batch() < 0 || a.micro_batch() >= m) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": micro-batch outside [0, ", m, ")"));
+    }
+    int& d = done[a.micro_batch()];
+    int bit = 0;
+    int needs = 0;
+    bool allowed = true;
+    switch (a.kind()) {
+      case v1::ACTION_RECV_F:
+        bit = kRecvF;
+        allowed = !first;
+        break;
+      case v1::ACTION_F:
+        bit = kF;
+        needs = first ? 0 : kRecvF;
+        break;
+      case v1::ACTION_SEND_F:
+        bit = kSendF;
+        needs = kF;
+        allowed = !last;
+        break;
+      case v1::ACTION_RECV_B:
+        bit = kRecvB;
+        needs = kF;
+        allowed = !last;
+        break;
+      case v1::ACTION_B:
+        bit = kB;
+        needs = kF | (last ? 0 : kRecvB);
+        break;
+      case v1::ACTION_SEND_B:
+        bit = kSendB;
+        needs = kB;
+        allowed = !first;
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(where, ": action kind ",
+                                                       v1::ActionKind_Name(a.kind()),
+                                                       " is not supported by this worker"));
+    }
+    if (!allowed) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": stage ", p.stage(), " of ",
+                                                     p.num_stages(), " has no such transfer"));
+    }
+    if (d & bit) return absl::InvalidArgumentError(absl::StrCat(where, ": repeated"));
+    if ((d & needs) != needs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": comes before the action it depends on"));
+    }
+    d |= bit;
+  }
+  const int want = kF | kB | (first ? 0 : kRecvF | kSendB) | (last ? 0 : kSendF | kRecvB);
+  for (int mb = 0; mb < m; ++mb) {
+    if (done[mb] != want) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("program.actions: micro-batch ", mb,
+                       " is missing some of its actions (each needs F and B",
+                       first ? "" : ", RECV_F, SEND_B", last ? "" : ", SEND_F, RECV_B", ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Everything one micro-batch holds during a step.
+struct StageExecutor::MicroBatch {
+  IntTensor tokens;                 // (B, K) first stage only
+  IntTensor targets;                // (B,) last stage only
+  Tensor input;                     // (B, D) received activation; non-first stages
+  std::vector<SavedContext> saved;  // one per layer, between F and B
+  Tensor output;                    // (B, D) forward output, kept until the sends complete
+  Tensor grad_output;               // (B, D) received gradient; non-last stages
+  Tensor grad_input;                // (B, D) input gradient, kept until the sends complete
+
+  size_t Bytes() const {
+    size_t n = tokens.bytes() + targets.bytes() + input.bytes() + output.bytes() +
+               grad_output.bytes() + grad_input.bytes();
+    for (const SavedContext& c : saved) n += c.Bytes();
+    return n;
+  }
+};
+
+absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
+    const v1::StageProgram& program, std::shared_ptr<const Corpus> corpus,
+    std::unique_ptr<Transport> transport) {
+  if (absl::Status s = ValidateStageProgram(program); !s.ok()) return s;
+  const std::string prefix = absl::StrCat("stage ", program.stage());
+  if (program.num_ranks() > 1) {
+    if (transport == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, ": a transport is required with ", program.num_ranks(), " ranks"));
+    }
+    if (transport->rank() != program.rank() || transport->size() != program.num_ranks()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, ": transport is rank ", transport->rank(), " of ", transport->size(),
+                       ", program is rank ", program.rank(), " of ", program.num_ranks()));
+    }
+  }
+  const bool needs_corpus = StageNeedsCorpus(program);
+  const int64_t context = program.spec().model().context();
+  if (needs_corpus && (corpus == nullptr || static_cast<int64_t>(corpus->size()) <= context)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, ": a corpus of at least context + 1 = ", context + 1, " bytes is required"));
+  }
+  std::unique_ptr<StageExecutor> ex(
+      new StageExecutor(program, needs_corpus ? std::move(corpus) : nullptr, std::move(transport)));
+  absl::StatusOr<std::vector<std::unique_ptr<Layer>>> layers = BuildMlpLmLayers(
+      program.spec().model(), program.spec().seed(), program.layer_begin(), program.layer_end());
+  if (!layers.ok()) return Annotate(layers.status(), prefix);
+  ex->layers_ = std::move(*layers);
+  std::vector<Parameter*> params = ex->Parameters();
+  for (const Parameter* p : params) ex->parameter_count_ += static_cast<int64_t>(p->value.size());
+  absl::StatusOr<std::unique_ptr<Optimizer>> opt =
+      MakeOptimizer(program.spec().optimizer(), std::move(params));
+  if (!opt.ok()) return Annotate(opt.status(), prefix);
+  ex->optimizer_ = std::move(*opt);
+  return ex;
+}
+
+StageExecutor::StageExecutor(const v1::StageProgram& program, std::shared_ptr<const Corpus> corpus,
+                             std::unique_ptr<Transport> transport)
+    : program_(program),
+      stage_(program.stage()),
+      num_stages_(program.num_stages()),
+      micro_batches_(MicroBatchesOf(program)),
+      micro_batch_size_(program.spec().pipeline().micro_batch_size()),
+      d_model_(program.spec().model().d_model()),
+      first_(program.stage() == 0),
+      last_(program.stage() == program.num_stages() - 1),
+      mbs_(static_cast<size_t>(micro_batches_)),
+      mb_bytes_(static_cast<size_t>(micro_batches_), 0),
+      transport_(std::move(transport)) {
+  if (corpus != nullptr) {
+    sampler_ = std::make_unique<WindowSampler>(std::move(corpus), DataSeed(program.spec()),
+                                               program.spec().model().context());
+  }
+}
+
+StageExecutor::~StageExecutor() {
+  if (transport_ != nullptr) transport_->Abort();
+}
+
+std::vector<Parameter*> StageExecutor::Parameters() {
+  std::vector<Parameter*> out;
+  for (const auto& layer : layers_) {
+    for (Parameter* p : layer->Parameters()) out.push_back(p);
+  }
+  return out;
+}
+
+void StageExecutor::Abort() {
+  aborted_.store(true);
+  if (transport_ != nullptr) transport_->Abort();
+}
+
+void StageExecutor::Account(int mb) {
+  const size_t now = mbs_[mb].Bytes();
+  live_bytes_ = live_bytes_ - mb_bytes_[mb] + now;
+  mb_bytes_[mb] = now;
+  peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+}
+
+absl::Status StageExecutor::Forward(int mb, int64_t step) {
+  MicroBatch& m = mbs_[mb];
+  const int64_t global_batch = micro_batch_size_ * micro_batches_;
+  const int64_t first_sample = step * global_batch + mb * micro_batch_size_;
+  if (first_ || last_) {
+    sampler_->Sample(first_sample, micro_batch_size_, first_ ? &m.tokens : nullptr,
+                     last_ ? &m.targets : nullptr);
+  }
+  MicroBatchData data;
+  data.tokens = &m.tokens;
+  data.targets = &m.targets;
+  data.loss_normalizer = global_batch;
+  m.saved.assign(layers_.size(), SavedContext{});
+  Tensor x = std::move(m.input);
+  Tensor y;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    if (absl::Status s = layers_[l]->Forward(x, data, m.saved[l], y); !s.ok()) return s;
+    std::swap(x, y);
+  }
+  // The layers saved what their backward needs.
+  m.input.Clear();
+  m.tokens.Clear();
+  m.targets.Clear();
+  if (last_) {
+    loss_ += static_cast<double>(x[0]);
+  } else {
+    m.output = std::move(x);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::Backward(int mb) {
+  MicroBatch& m = mbs_[mb];
+  Tensor g = std::move(m.grad_output);  // empty on the last stage: the loss's gradient is 1
+  Tensor gin;
+  for (size_t l = layers_.size(); l-- > 0;) {
+    if (absl::Status s = layers_[l]->Backward(g, m.saved[l], gin); !s.ok()) return s;
+    m.saved[l].Clear();
+    std::swap(g, gin);
+  }
+  m.saved.clear();
+  m.grad_output.Clear();
+  if (!first_) m.grad_input = std::move(g);
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::RunAction(const v1::Action& a, int64_t step) {
+  const int mb = a.micro_batch();
+  MicroBatch& m = mbs_[mb];
+  const size_t act_bytes = static_cast<size_t>(micro_batch_size_ * d_model_) * sizeof(float);
+  switch (a.kind()) {
+    case v1::ACTION_RECV_F:
+      m.input.Reset({micro_batch_size_, d_model_});
+      return transport_->Recv(stage_ - 1, MakeTransferTag(Payload::kActivation, mb), m.input.data(),
+                              act_bytes);
+    case v1::ACTION_F:
+      return Forward(mb, step);
+    case v1::ACTION_SEND_F:
+      return transport_->PostSend(stage_ + 1, MakeTransferTag(Payload::kActivation, mb),
+                                  m.output.data(), m.output.bytes());
+    case v1::ACTION_RECV_B:
+      m.grad_output.Reset({micro_batch_size_, d_model_});
+      return transport_->Recv(stage_ + 1, MakeTransferTag(Payload::kGradient, mb),
+                              m.grad_output.data(), act_bytes);
+    case v1::ACTION_B:
+      return Backward(mb);
+    case v1::ACTION_SEND_B:
+      return transport_->PostSend(stage_ - 1, MakeTransferTag(Payload::kGradient, mb),
+                                  m.grad_input.data(), m.grad_input.bytes());
+    default:
+      return absl::InvalidArgumentError("unsupported action kind");
+  }
+}
+
+absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, float learning_rate) {
+  const std::string prefix = absl::StrCat("stage ", stage_);
+  if (step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, ": step must be >= 0, got ", step));
+  }
+  if (!std::isfinite(learning_rate) || learning_rate < 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, ": learning_rate must be a finite number >= 0, got ", learning_rate));
+  }
+  if (running_.exchange(true)) {
+    return absl::FailedPreconditionError(absl::StrCat(prefix, ": a step is already running"));
+  }
+  struct Done {
+    std::atomic<bool>& flag;
+    ~Done() { flag.store(false); }
+  } done{running_};
+  if (aborted_.load()) return absl::AbortedError(absl::StrCat(prefix, ": the stage was aborted"));
+  if (broken_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(prefix, ": an earlier step failed; configure the stage again"));
+  }
+
+  v1::StepReport report;
+  report.set_step(step);
+  report.set_rank(program_.rank());
+  report.set_start_us(NowMicros());
+  const int64_t sent0 = transport_ ? transport_->bytes_sent() : 0;
+  const int64_t recv0 = transport_ ? transport_->bytes_received() : 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  loss_ = 0.0;
+  live_bytes_ = 0;
+  peak_bytes_ = 0;
+  std::fill(mb_bytes_.begin(), mb_bytes_.end(), 0);
+
+  auto fail = [&](absl::Status s, absl::string_view what) {
+    broken_.store(true);
+    if (aborted_.load() && s.code() != absl::StatusCode::kAborted) {
+      s = absl::AbortedError(s.message());
+    }
+    return Annotate(s, absl::StrCat(prefix, ": ", what));
+  };
+
+  for (int i = 0; i < program_.actions_size(); ++i) {
+    const v1::Action& a = program_.actions(i);
+    if (aborted_.load()) return fail(absl::AbortedError("the stage was aborted"), "step");
+    v1::ActionTiming* timing = report.add_timings();
+    timing->set_index(i);
+    timing->set_start_us(NowMicros());
+    absl::Status s = RunAction(a, step);
+    timing->set_end_us(NowMicros());
+    if (!s.ok()) {
+      std::string what = absl::StrCat(KindName(a.kind()), " mb ", a.micro_batch());
+      switch (a.kind()) {
+        case v1::ACTION_RECV_F:
+          absl::StrAppend(&what, " from stage ", stage_ - 1);
+          break;
+        case v1::ACTION_SEND_B:
+          absl::StrAppend(&what, " to stage ", stage_ - 1);
+          break;
+        case v1::ACTION_SEND_F:
+          absl::StrAppend(&what, " to stage ", stage_ + 1);
+          break;
+        case v1::ACTION_RECV_B:
+          absl::StrAppend(&what, " from stage ", stage_ + 1);
+          break;
+        default:
+          break;
+      }
+      return fail(s, what);
+    }
+    Account(a.micro_batch());
+  }
+  if (transport_ != nullptr) {
+    if (absl::Status s = transport_->WaitSends(); !s.ok()) return fail(s, "waiting for sends");
+  }
+  if (aborted_.load()) return fail(absl::AbortedError("the stage was aborted"), "step");
+  for (MicroBatch& m : mbs_) m = MicroBatch{};
+  optimizer_->Step(learning_rate);
+
+  report.set_has_loss(last_);
+  if (last_) report.set_loss(loss_);
+  report.set_bytes_sent(transport_ ? transport_->bytes_sent() - sent0 : 0);
+  report.set_bytes_received(transport_ ? transport_->bytes_received() - recv0 : 0);
+  report.set_peak_activation_bytes(static_cast<int64_t>(peak_bytes_));
+  report.set_exec_us(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
+  report.set_end_us(NowMicros());
+  return report;
+}
+
+}  // namespace tandem::worker

@@ -1,0 +1,106 @@
+// The stage executor: runs one stage's lowered action list (RECV_F/F/SEND_F/RECV_B/B/SEND_B
+// over the step's micro-batches), then applies the optimizer. No gRPC here: the gRPC adapter
+// and the in-process tests drive it through the same interface.
+//
+// Per step and micro-batch mb, the sample indices are step*G + mb*B + i (G = B * M, the
+// global batch), so the data does not depend on the partition or on M. The last stage reports
+// the step loss: the sum over micro-batches of each one's cross-entropy divided by G.
+//
+// Thread-safety: RunStep is called by one thread at a time (a second concurrent call gets
+// FAILED_PRECONDITION); Abort() may be called from any thread, and makes a running or later
+// RunStep return ABORTED. After a failed or aborted step the executor refuses further steps
+// (its gradients and transport are in an unknown state): drop it and configure again.
+#ifndef TANDEM_WORKER_EXECUTOR_H_
+#define TANDEM_WORKER_EXECUTOR_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tandem/v1/common.pb.h"
+#include "worker/data/corpus.h"
+#include "worker/model/layer.h"
+#include "worker/model/optimizer.h"
+#include "worker/transport/transport.h"
+
+namespace tandem::worker {
+
+// Static checks of a stage program (INVALID_ARGUMENT with a message naming the field):
+// ranks and stages, the layer range against the model, batch sizes, and the action list
+// (every action on this stage, micro-batches in range, each micro-batch's F, B and transfers
+// exactly once and in an order that can run). Cheap; call it before building anything.
+absl::Status ValidateStageProgram(const v1::StageProgram& program);
+
+// Micro-batches per step: program.micro_batches, or the spec's when the program leaves it 0.
+int MicroBatchesOf(const v1::StageProgram& program);
+
+// Whether the stage reads the corpus (it holds the embedding or the head).
+bool StageNeedsCorpus(const v1::StageProgram& program);
+
+class StageExecutor {
+ public:
+  // Builds the stage's layers (initialised from spec.seed by global layer index) and its
+  // optimizer. `corpus` is required when StageNeedsCorpus(program); `transport` is required
+  // when num_ranks > 1 (rank == stage; peers are stage - 1 and stage + 1).
+  static absl::StatusOr<std::unique_ptr<StageExecutor>> Create(
+      const v1::StageProgram& program, std::shared_ptr<const Corpus> corpus,
+      std::unique_ptr<Transport> transport);
+  ~StageExecutor();
+
+  // Runs the action list for `step` with `learning_rate`, then the optimizer step.
+  // Errors name the stage and the action, e.g. "stage 1: RECV_F mb 3 from stage 0: ...".
+  absl::StatusOr<v1::StepReport> RunStep(int64_t step, float learning_rate);
+
+  // Unblocks a running RunStep (it returns ABORTED). Thread-safe, idempotent.
+  void Abort();
+
+  const v1::StageProgram& program() const { return program_; }
+  int64_t parameter_count() const { return parameter_count_; }
+  int64_t parameter_bytes() const { return parameter_count_ * static_cast<int64_t>(sizeof(float)); }
+  // The stage's parameters in layer order (for tests and checkpoints); not thread-safe with
+  // RunStep.
+  std::vector<Parameter*> Parameters();
+
+ private:
+  struct MicroBatch;
+
+  StageExecutor(const v1::StageProgram& program, std::shared_ptr<const Corpus> corpus,
+                std::unique_ptr<Transport> transport);
+  absl::Status RunAction(const v1::Action& action, int64_t step);
+  absl::Status Forward(int mb, int64_t step);
+  absl::Status Backward(int mb);
+  void Account(int mb);
+
+  const v1::StageProgram program_;
+  const int stage_;
+  const int num_stages_;
+  const int micro_batches_;
+  const int64_t micro_batch_size_;  // B
+  const int64_t d_model_;           // D: width of the activations between stages
+  const bool first_;
+  const bool last_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<WindowSampler> sampler_;  // null on middle stages
+  int64_t parameter_count_ = 0;
+
+  // Step state, used by the RunStep thread only.
+  std::vector<MicroBatch> mbs_;   // one per micro-batch
+  std::vector<size_t> mb_bytes_;  // bytes held by each micro-batch, as last accounted
+  size_t live_bytes_ = 0;
+  size_t peak_bytes_ = 0;
+  double loss_ = 0.0;
+
+  std::atomic<bool> running_{false};
+  std::atomic<bool> aborted_{false};
+  std::atomic<bool> broken_{false};
+  // Declared last so it is destroyed first, while the send buffers in mbs_ still exist.
+  std::unique_ptr<Transport> transport_;
+};
+
+}  // namespace tandem::worker
+
+#endif  // TANDEM_WORKER_EXECUTOR_H_

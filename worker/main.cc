@@ -1,0 +1,266 @@
+// tandem-worker: the stage-worker daemon. Serves the StageWorker API (and grpc.health.v1),
+// registers with the coordinator and heartbeats. Flags live here only; they become a
+// validated WorkerConfig / RegistrationOptions passed down by value.
+#include <cblas.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/rpc.h"
+#include "common/version.h"
+#include "worker/registration.h"
+#include "worker/stage_manager.h"
+#include "worker/stage_service.h"
+#include "worker/transport/gloo_transport.h"
+#include "worker/transport/grpc_rendezvous_store.h"
+
+ABSL_FLAG(std::string, coordinator, "", "coordinator address HOST:PORT (required)");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0", "address to serve on, HOST:PORT (port 0 = any)");
+ABSL_FLAG(std::string, advertise, "",
+          "address the coordinator and peers should use, HOST:PORT (default: the listen host "
+          "with the bound port)");
+ABSL_FLAG(std::string, device, "cpu", "compute device: cpu (cuda:N is not supported yet)");
+ABSL_FLAG(int, threads, 1, "OpenBLAS threads");
+ABSL_FLAG(std::string, data_root, ".", "directory that job data paths resolve under");
+ABSL_FLAG(std::string, port_file, "", "write the bound port to this file");
+ABSL_FLAG(int, heartbeat_ms, 1000, "heartbeat interval until the coordinator sets one");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
+// Flags may be written with dashes (--data-root) or underscores (--data_root).
+
+namespace tandem::worker {
+namespace {
+
+struct HostPort {
+  std::string host;  // without IPv6 brackets
+  int port = 0;
+};
+
+absl::StatusOr<HostPort> ParseHostPort(const std::string& flag, const std::string& value) {
+  const size_t colon = value.rfind(':');
+  HostPort hp;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(value.substr(colon + 1), &hp.port) || hp.port < 0 || hp.port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", value, ": expected HOST:PORT"));
+  }
+  absl::string_view host(value.data(), colon);
+  if (absl::ConsumePrefix(&host, "[")) {
+    if (!absl::ConsumeSuffix(&host, "]")) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", value, ": bad IPv6 host"));
+    }
+  }
+  hp.host = std::string(host);
+  return hp;
+}
+
+std::string JoinHostPort(const std::string& host, int port) {
+  return absl::StrContains(host, ':') ? absl::StrCat("[", host, "]:", port)
+                                      : absl::StrCat(host, ":", port);
+}
+
+std::string Hostname() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
+
+// Write end of the self-pipe that OnSignal writes to. The one piece of process-global state:
+// a signal handler cannot reach anything else.
+volatile sig_atomic_t g_signal_fd = -1;
+
+void OnSignal(int sig) {
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  if (g_signal_fd >= 0) (void)!write(g_signal_fd, &byte, 1);
+}
+
+bool IsWildcard(const std::string& host) {
+  return host.empty() || host == "0.0.0.0" || host == "::" || host == "*";
+}
+
+int Run() {
+  const std::string level_name = absl::GetFlag(FLAGS_log_level);
+  const spdlog::level::level_enum level = spdlog::level::from_str(level_name);
+  if (level == spdlog::level::off && level_name != "off") {
+    std::fprintf(stderr, "tandem-worker: --log_level=%s is not a log level\n", level_name.c_str());
+    return 2;
+  }
+  spdlog::set_level(level);
+
+  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (coordinator.empty()) {
+    spdlog::error("--coordinator HOST:PORT is required");
+    return 2;
+  }
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (device != "cpu") {
+    spdlog::error("--device={}: {}", device,
+                  absl::StartsWith(device, "cuda")
+                      ? "CUDA devices are not supported yet by this build (use --device=cpu)"
+                      : "unknown device; expected cpu");
+    return 2;
+  }
+  const int threads = absl::GetFlag(FLAGS_threads);
+  if (threads < 1 || threads > 1024) {
+    spdlog::error("--threads={}: expected 1..1024", threads);
+    return 2;
+  }
+  const int heartbeat_ms = absl::GetFlag(FLAGS_heartbeat_ms);
+  if (heartbeat_ms < 10) {
+    spdlog::error("--heartbeat_ms={}: expected at least 10", heartbeat_ms);
+    return 2;
+  }
+  absl::StatusOr<HostPort> listen = ParseHostPort("listen", absl::GetFlag(FLAGS_listen));
+  if (!listen.ok()) {
+    spdlog::error("{}", std::string(listen.status().message()));
+    return 2;
+  }
+  std::optional<HostPort> advertise_flag;
+  if (!absl::GetFlag(FLAGS_advertise).empty()) {
+    absl::StatusOr<HostPort> a = ParseHostPort("advertise", absl::GetFlag(FLAGS_advertise));
+    if (!a.ok()) {
+      spdlog::error("{}", std::string(a.status().message()));
+      return 2;
+    }
+    advertise_flag = *a;
+  }
+  openblas_set_num_threads(threads);
+
+  // Shutdown signals go through a self-pipe: the handler (which may run on any thread,
+  // OpenBLAS's included) only writes a byte; a normal thread reads it and stops the server.
+  int signal_pipe[2];
+  if (pipe(signal_pipe) != 0) {
+    spdlog::error("pipe: {}", std::strerror(errno));
+    return 1;
+  }
+  g_signal_fd = signal_pipe[1];
+  struct sigaction action = {};
+  action.sa_handler = OnSignal;
+  action.sa_flags = SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+
+  std::shared_ptr<grpc::Channel> coordinator_channel = MakeChannel(coordinator);
+
+  // The data-plane host: the advertised host, else the listen host, else this machine's name.
+  std::string data_host = advertise_flag ? advertise_flag->host : listen->host;
+  if (IsWildcard(data_host)) data_host = Hostname();
+
+  WorkerConfig config;
+  config.device = device;
+  config.data_root = absl::GetFlag(FLAGS_data_root);
+  TransportFactory factory =
+      [coordinator_channel, data_host](
+          const v1::StageProgram& program,
+          const std::atomic<bool>& cancelled) -> absl::StatusOr<std::unique_ptr<Transport>> {
+    GrpcRendezvousStoreOptions store_options;
+    store_options.prefix = program.rendezvous_prefix();
+    store_options.cancelled = &cancelled;
+    GrpcRendezvousStore store(coordinator_channel, store_options);
+    GlooTransportOptions options;
+    options.rank = program.rank();
+    options.size = program.num_ranks();
+    options.hostname = data_host;
+    absl::StatusOr<std::unique_ptr<GlooTransport>> t = GlooTransport::Connect(options, store);
+    if (!t.ok()) return t.status();
+    return std::unique_ptr<Transport>(*std::move(t));
+  };
+  StageManager manager(config, std::move(factory));
+  StageWorkerService service(&manager);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(JoinHostPort(listen->host, listen->port),
+                           grpc::InsecureServerCredentials(), &bound_port);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || bound_port == 0) {
+    spdlog::error("cannot listen on {}", absl::GetFlag(FLAGS_listen));
+    return 1;
+  }
+  const std::string advertise =
+      JoinHostPort(advertise_flag             ? advertise_flag->host
+                   : IsWildcard(listen->host) ? Hostname()
+                                              : listen->host,
+                   advertise_flag && advertise_flag->port != 0 ? advertise_flag->port : bound_port);
+  if (const std::string port_file = absl::GetFlag(FLAGS_port_file); !port_file.empty()) {
+    if (absl::Status s = WritePortFile(port_file, bound_port); !s.ok()) {
+      spdlog::error("{}", s.ToString());
+      server->Shutdown();
+      return 1;
+    }
+  }
+  spdlog::info("tandem-worker {} serving on port {} (advertised as {}), device {}, {} thread(s)",
+               kVersion, bound_port, advertise, device, threads);
+
+  RegistrationOptions reg;
+  reg.address = advertise;
+  reg.device = device;
+  reg.threads = threads;
+  reg.hostname = Hostname();
+  reg.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
+  RegistrationClient registration(coordinator_channel, reg, &manager);
+  registration.Start();
+
+  std::thread signal_thread([&] {
+    unsigned char sig = 0;
+    while (read(signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+    }
+    if (sig == 0) return;  // the pipe closed: Run() is ending without a signal
+    spdlog::info("received {}, shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    // Unblock a running step first so that the server's handlers can finish.
+    manager.Shutdown();
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  });
+  server->Wait();
+  signal_thread.join();
+  close(signal_pipe[0]);
+  registration.Stop();
+  spdlog::info("tandem-worker stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem::worker
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("tandem-worker --coordinator HOST:PORT [flags]");
+  // Accept --data-root as well as --data_root: Abseil flag names are identifiers, while the
+  // documented spelling uses dashes. Only the name part (before '=') is rewritten.
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
+    std::string& a = args[i];
+    if (a.size() < 3 || a[0] != '-') continue;
+    const size_t start = a[1] == '-' ? 2 : 1;
+    const size_t end = std::min(a.find('='), a.size());
+    for (size_t j = start; j < end; ++j) {
+      if (a[j] == '-') a[j] = '_';
+    }
+  }
+  std::vector<char*> normalized;
+  for (std::string& a : args) normalized.push_back(a.data());
+  absl::ParseCommandLine(static_cast<int>(normalized.size()), normalized.data());
+  return tandem::worker::Run();
+}

@@ -1,0 +1,73 @@
+// CPU reference kernels for the layers, in forward/backward pairs (llm.c style).
+//
+// Layout: row-major; N rows (sequences or tokens), C input features, OC output features.
+// Linear weights are (OC, C) as in PyTorch, so out = in * W^T + b. Backward kernels ADD into
+// their gradient outputs (d*), which the caller zeroes: parameter gradients accumulate over
+// micro-batches, and a residual branch can add its input gradient onto the skip path's.
+// Counts are int64_t. All kernels are pure functions of their arguments and thread-compatible.
+#ifndef TANDEM_WORKER_MODEL_KERNELS_H_
+#define TANDEM_WORKER_MODEL_KERNELS_H_
+
+#include <cstdint>
+
+namespace tandem::worker::kernels {
+
+inline constexpr float kLayerNormEps = 1e-5f;
+
+// out = in * w^T + b (b may be null).
+void LinearForward(const float* in,  // (N, C)
+                   const float* w,   // (OC, C)
+                   const float* b,   // (OC) or null
+                   float* out,       // (N, OC)
+                   int64_t n, int64_t c, int64_t oc);
+
+// din += dout * w; dw += dout^T * in; db += sum_rows(dout). din and db may be null.
+void LinearBackward(const float* dout,  // (N, OC)
+                    const float* in,    // (N, C)
+                    const float* w,     // (OC, C)
+                    float* din,         // (N, C) or null
+                    float* dw,          // (OC, C)
+                    float* db,          // (OC) or null
+                    int64_t n, int64_t c, int64_t oc);
+
+// Per row: out = (in - mean) * rstd * gain + bias, with rstd = 1/sqrt(var + eps) (biased var).
+void LayerNormForward(const float* in,    // (N, C)
+                      const float* gain,  // (C)
+                      const float* bias,  // (C)
+                      float* out,         // (N, C)
+                      float* mean,        // (N) saved for backward
+                      float* rstd,        // (N) saved for backward
+                      int64_t n, int64_t c);
+
+void LayerNormBackward(const float* dout,  // (N, C)
+                       const float* in,    // (N, C)
+                       const float* gain,  // (C)
+                       const float* mean,  // (N)
+                       const float* rstd,  // (N)
+                       float* din,         // (N, C) +=
+                       float* dgain,       // (C) +=
+                       float* dbias,       // (C) +=
+                       int64_t n, int64_t c);
+
+// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+void GeluForward(const float* in, float* out, int64_t count);
+// din += gelu'(in) * dout.
+void GeluBackward(const float* in, const float* dout, float* din, int64_t count);
+
+// Row-wise softmax of logits into probs and per-row cross-entropy -log p[target] into
+// losses. Returns the sum of the losses (in double). A target outside [0, V) is the
+// caller's bug (callers validate targets first).
+double SoftmaxCrossEntropyForward(const float* logits,     // (N, V)
+                                  const int32_t* targets,  // (N)
+                                  float* probs,            // (N, V)
+                                  float* losses,           // (N)
+                                  int64_t n, int64_t v);
+
+// dlogits += (probs - onehot(target)) * scale.
+void SoftmaxCrossEntropyBackward(const float* probs,      // (N, V)
+                                 const int32_t* targets,  // (N)
+                                 float scale, float* dlogits, int64_t n, int64_t v);
+
+}  // namespace tandem::worker::kernels
+
+#endif  // TANDEM_WORKER_MODEL_KERNELS_H_

@@ -1,0 +1,93 @@
+// The unit of pipeline partitioning: one layer of the global sequence
+// [embedding (0), block_0 .. block_{L-1}, head (L+1)].
+//
+// A stage runs its layers in order: Forward once per micro-batch, saving what Backward needs
+// in that micro-batch's SavedContext; later Backward consumes the context, returns the input
+// gradient and ADDS the parameter gradients into Parameter::grad (accumulating over the
+// micro-batches of a step; the optimizer zeroes them). Several micro-batches may be in flight
+// at once (1F1B, GPipe), so a layer keeps no per-micro-batch state of its own.
+//
+// Thread-safety: a layer is used by one thread at a time (its stage's executor).
+#ifndef TANDEM_WORKER_MODEL_LAYER_H_
+#define TANDEM_WORKER_MODEL_LAYER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "worker/model/tensor.h"
+
+namespace tandem::worker {
+
+// A trainable tensor and its gradient.
+struct Parameter {
+  std::string name;  // e.g. "block_0.fc1.weight"
+  Tensor value;
+  Tensor grad;  // same shape as value
+  // Decoupled weight decay applies (2-D weight matrices); not for biases and norm gains.
+  bool decay = false;
+
+  Parameter(std::string n, std::vector<int64_t> shape, bool weight_decay)
+      : name(std::move(n)), value(shape), grad(shape), decay(weight_decay) {}
+};
+
+// What a layer's Forward leaves for its Backward, for one micro-batch. The layer decides
+// what goes in (by position); the executor only measures and frees it.
+struct SavedContext {
+  std::vector<Tensor> tensors;
+  std::vector<IntTensor> ints;
+
+  size_t Bytes() const {
+    size_t n = 0;
+    for (const auto& t : tensors) n += t.bytes();
+    for (const auto& t : ints) n += t.bytes();
+    return n;
+  }
+  void Clear() {
+    tensors.clear();
+    ints.clear();
+  }
+};
+
+// The data a micro-batch brings besides the activation flowing between layers.
+struct MicroBatchData {
+  const IntTensor* tokens = nullptr;   // (B, K) input tokens; read by the embedding only
+  const IntTensor* targets = nullptr;  // (B,) next-token targets; read by the head only
+  // Number of predictions in the GLOBAL batch (micro_batch_size x micro_batches x predictions
+  // per sequence). The loss of a micro-batch is its summed cross-entropy divided by this, so
+  // that the step loss (sum over micro-batches) is the mean over the global batch.
+  int64_t loss_normalizer = 1;
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+
+  // "embedding", "block_3", "head".
+  virtual const std::string& name() const = 0;
+  virtual int global_index() const = 0;
+  // True for the head: Forward outputs the micro-batch's loss as a (1,) tensor, and Backward
+  // starts from d loss = grad_output[0] (1 when grad_output is empty).
+  virtual bool is_loss() const { return false; }
+  // True for the embedding: Forward ignores `input` and reads data.tokens; Backward returns
+  // an empty grad_input.
+  virtual bool reads_tokens() const { return false; }
+
+  // Computes output from input (and data), filling ctx (which arrives empty).
+  // INVALID_ARGUMENT on a shape mismatch or an out-of-range token.
+  virtual absl::Status Forward(const Tensor& input, const MicroBatchData& data, SavedContext& ctx,
+                               Tensor& output) = 0;
+  // Given d loss / d output, writes d loss / d input into grad_input (reallocated) and adds
+  // the parameter gradients. ctx must be the one Forward filled for the same micro-batch.
+  virtual absl::Status Backward(const Tensor& grad_output, const SavedContext& ctx,
+                                Tensor& grad_input) = 0;
+
+  // Stable order: the same layer always lists its parameters in the same order.
+  virtual std::vector<Parameter*> Parameters() = 0;
+};
+
+}  // namespace tandem::worker
+
+#endif  // TANDEM_WORKER_MODEL_LAYER_H_

@@ -1,0 +1,75 @@
+// Optimizers over a stage's parameters: AdamW (decoupled weight decay, bias correction) and
+// SGD. The learning rate comes with every step (the coordinator owns the schedule).
+//
+// Step() reads each Parameter::grad, updates Parameter::value, then zeroes the grad. State
+// (moments, step counts) is kept per parameter, keyed by position in the list given to the
+// constructor, which must stay the same for the optimizer's lifetime.
+// Thread-safety: not thread-safe; one owner (the executor).
+#ifndef TANDEM_WORKER_MODEL_OPTIMIZER_H_
+#define TANDEM_WORKER_MODEL_OPTIMIZER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tandem/v1/spec.pb.h"
+#include "worker/model/layer.h"
+
+namespace tandem::worker {
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // Applies one update with learning rate `lr` and zeroes the gradients.
+  virtual void Step(float lr) = 0;
+  // Bytes of optimizer state (moments).
+  virtual size_t StateBytes() const = 0;
+};
+
+struct AdamWOptions {
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+};
+
+// p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p)   [wd only where Parameter::decay]
+// with m, v the biased moments and mhat = m / (1 - beta1^t), vhat = v / (1 - beta2^t).
+class AdamW final : public Optimizer {
+ public:
+  AdamW(std::vector<Parameter*> params, const AdamWOptions& options);
+  void Step(float lr) override;
+  size_t StateBytes() const override;
+
+ private:
+  struct State {
+    std::vector<float> m;  // same size as the parameter
+    std::vector<float> v;  // same size as the parameter
+    int64_t step = 0;
+  };
+  std::vector<Parameter*> params_;
+  std::vector<State> state_;  // parallel to params_
+  AdamWOptions options_;
+};
+
+// p -= lr * (g + wd * p)   [wd only where Parameter::decay]
+class Sgd final : public Optimizer {
+ public:
+  Sgd(std::vector<Parameter*> params, float weight_decay);
+  void Step(float lr) override;
+  size_t StateBytes() const override { return 0; }
+
+ private:
+  std::vector<Parameter*> params_;
+  float weight_decay_;
+};
+
+// From OptimizerSpec.name ("adamw" or "sgd"); INVALID_ARGUMENT names optimizer.name or the
+// bad hyper-parameter.
+absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const v1::OptimizerSpec& spec,
+                                                         std::vector<Parameter*> params);
+
+}  // namespace tandem::worker
+
+#endif  // TANDEM_WORKER_MODEL_OPTIMIZER_H_

@@ -1,0 +1,70 @@
+// Registration and heartbeats with the coordinator's WorkerRegistry.
+//
+// A background thread registers this worker (retrying with exponential backoff until the
+// coordinator answers), stores the worker id in the StageManager, then heartbeats at the
+// interval the coordinator asked for with the manager's state (IDLE / BUSY + job id). A
+// NOT_FOUND heartbeat (the coordinator forgot the worker, e.g. after a restart) triggers a
+// fresh registration. Every RPC carries a deadline.
+// Thread-safety: Start/Stop from one owner thread; worker_id() from any thread.
+#ifndef TANDEM_WORKER_REGISTRATION_H_
+#define TANDEM_WORKER_REGISTRATION_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "tandem/v1/coordinator.grpc.pb.h"
+#include "worker/stage_manager.h"
+
+namespace tandem::worker {
+
+struct RegistrationOptions {
+  std::string address;  // where this worker serves StageWorker (HOST:PORT)
+  std::string device;   // "cpu"
+  int threads = 1;
+  std::string hostname;
+  // Used until the coordinator's RegisterResponse names its own interval.
+  std::chrono::milliseconds heartbeat_interval{1000};
+  std::chrono::milliseconds rpc_timeout{5000};
+  std::chrono::milliseconds initial_backoff{100};
+  std::chrono::milliseconds max_backoff{5000};
+};
+
+class RegistrationClient {
+ public:
+  // `manager` must outlive this client.
+  RegistrationClient(std::shared_ptr<grpc::Channel> coordinator, RegistrationOptions options,
+                     StageManager* manager);
+  ~RegistrationClient();  // Stop()
+
+  void Start();
+  // Wakes the thread and joins it; idempotent.
+  void Stop();
+
+  // Empty until registered.
+  std::string worker_id() const;
+
+ private:
+  void Run();
+  grpc::Status Register();
+  // Sleeps up to `d`; false when stopping.
+  bool SleepFor(std::chrono::milliseconds d);
+
+  std::unique_ptr<v1::WorkerRegistry::Stub> stub_;
+  const RegistrationOptions options_;
+  StageManager* const manager_;
+  std::thread thread_;
+
+  mutable absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  std::chrono::milliseconds interval_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem::worker
+
+#endif  // TANDEM_WORKER_REGISTRATION_H_

@@ -1,0 +1,214 @@
+#include "worker/stage_manager.h"
+
+#include <spdlog/spdlog.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/version.h"
+
+namespace tandem::worker {
+
+StageManager::StageManager(WorkerConfig config, TransportFactory transport_factory)
+    : config_(std::move(config)), transport_factory_(std::move(transport_factory)) {}
+
+StageManager::~StageManager() { Shutdown(); }
+
+std::unique_ptr<StageManager::Stage> StageManager::TakeStageLocked() {
+  if (stage_ == nullptr) return nullptr;
+  stage_->executor->Abort();
+  mu_.Await(absl::Condition(
+      +[](bool* running) { return !*running; }, &step_running_));
+  return std::move(stage_);
+}
+
+void StageManager::CancelConfigureLocked() {
+  if (configure_cancelled_ != nullptr) configure_cancelled_->store(true);
+  configure_cancelled_.reset();
+  configuring_job_.clear();
+  ++generation_;
+}
+
+absl::StatusOr<std::shared_ptr<const Corpus>> StageManager::CorpusFor(
+    const v1::StageProgram& program) {
+  const v1::DataSpec& data = program.spec().data();
+  const std::string key =
+      absl::StrCat(data.source(), "\n", data.path(), "\n", DataSeed(program.spec()), "\n",
+                   data.synthetic_bytes(), "\n", config_.data_root);
+  absl::MutexLock lock(&corpus_mu_);
+  if (corpus_ != nullptr && corpus_key_ == key &&
+      static_cast<int64_t>(corpus_->size()) > program.spec().model().context()) {
+    return corpus_;
+  }
+  absl::StatusOr<std::shared_ptr<const Corpus>> corpus =
+      LoadCorpus(program.spec(), config_.data_root, program.spec().model().context() + 1);
+  if (!corpus.ok()) return corpus.status();
+  corpus_ = *corpus;
+  corpus_key_ = key;
+  return corpus_;
+}
+
+absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StageProgram& program) {
+  if (absl::Status s = ValidateStageProgram(program); !s.ok()) return s;
+  const std::string& job = program.job_id();
+  std::unique_ptr<Stage> old;
+  uint64_t generation = 0;
+  std::shared_ptr<std::atomic<bool>> cancelled;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return absl::UnavailableError("worker is shutting down");
+    if (!configuring_job_.empty()) CancelConfigureLocked();  // the newest program wins
+    old = TakeStageLocked();
+    generation = ++generation_;
+    configuring_job_ = job;
+    cancelled = std::make_shared<std::atomic<bool>>(false);
+    configure_cancelled_ = cancelled;
+  }
+  if (old != nullptr) {
+    spdlog::info("replacing the stage of job {} with a new program for job {}", old->job_id, job);
+    old.reset();
+  }
+
+  auto build = [&]() -> absl::StatusOr<std::unique_ptr<StageExecutor>> {
+    std::shared_ptr<const Corpus> corpus;
+    if (StageNeedsCorpus(program)) {
+      absl::StatusOr<std::shared_ptr<const Corpus>> c = CorpusFor(program);
+      if (!c.ok()) return c.status();
+      corpus = *std::move(c);
+    }
+    std::unique_ptr<Transport> transport;
+    if (program.num_ranks() > 1) {
+      if (!transport_factory_) {
+        return absl::FailedPreconditionError("this worker has no transport for multi-rank jobs");
+      }
+      absl::StatusOr<std::unique_ptr<Transport>> t = transport_factory_(program, *cancelled);
+      if (!t.ok()) return t.status();
+      transport = *std::move(t);
+    }
+    if (cancelled->load()) return absl::AbortedError("aborted while connecting");
+    return StageExecutor::Create(program, std::move(corpus), std::move(transport));
+  };
+  absl::StatusOr<std::unique_ptr<StageExecutor>> executor = build();
+
+  absl::MutexLock lock(&mu_);
+  const bool current = generation_ == generation;
+  if (current) {
+    configuring_job_.clear();
+    configure_cancelled_.reset();
+  }
+  if (!current || shut_down_) {
+    return absl::AbortedError(
+        absl::StrCat("configure of job ", job, " was aborted or replaced by a newer program"));
+  }
+  if (!executor.ok()) {
+    spdlog::warn("configure of job {} stage {} failed: {}", job, program.stage(),
+                 executor.status().ToString());
+    return absl::Status(executor.status().code(),
+                        absl::StrCat("configure of job ", job, " stage ", program.stage(), ": ",
+                                     executor.status().message()));
+  }
+  v1::ConfigureResponse resp;
+  resp.set_parameter_count((*executor)->parameter_count());
+  resp.set_parameter_bytes((*executor)->parameter_bytes());
+  spdlog::info("configured job {} stage {}/{}: layers [{}, {}), {} actions, {} parameters", job,
+               program.stage(), program.num_stages(), program.layer_begin(), program.layer_end(),
+               program.actions_size(), resp.parameter_count());
+  stage_ = std::make_unique<Stage>(Stage{job, *std::move(executor)});
+  last_step_ = -1;
+  return resp;
+}
+
+absl::StatusOr<v1::StepReport> StageManager::RunStep(const std::string& job_id, int64_t step,
+                                                     float learning_rate) {
+  StageExecutor* executor = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return absl::UnavailableError("worker is shutting down");
+    if (stage_ == nullptr || stage_->job_id != job_id) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job_id, " is not configured on this worker",
+                       stage_ == nullptr ? std::string(" (it holds no job)")
+                                         : absl::StrCat(" (it holds job ", stage_->job_id, ")")));
+    }
+    if (step_running_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job_id, ": a step is already running on this worker"));
+    }
+    step_running_ = true;
+    executor = stage_->executor.get();  // kept alive until step_running_ is false
+  }
+  absl::StatusOr<v1::StepReport> report = executor->RunStep(step, learning_rate);
+  absl::MutexLock lock(&mu_);
+  step_running_ = false;
+  if (report.ok()) last_step_ = step;
+  return report;
+}
+
+absl::Status StageManager::Abort(const std::string& job_id, const std::string& reason) {
+  if (job_id.empty()) return absl::InvalidArgumentError("abort: job_id is empty");
+  std::unique_ptr<Stage> old;
+  bool cancelled_configure = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (configuring_job_ == job_id) {
+      CancelConfigureLocked();
+      cancelled_configure = true;
+    }
+    if (stage_ != nullptr && stage_->job_id == job_id) old = TakeStageLocked();
+  }
+  if (old != nullptr || cancelled_configure) {
+    spdlog::info("aborted job {}{}{}", job_id, reason.empty() ? "" : ": ", reason);
+  }
+  old.reset();
+  return absl::OkStatus();
+}
+
+void StageManager::Shutdown() {
+  std::unique_ptr<Stage> old;
+  {
+    absl::MutexLock lock(&mu_);
+    shut_down_ = true;
+    if (!configuring_job_.empty()) CancelConfigureLocked();
+    old = TakeStageLocked();
+  }
+}
+
+v1::WorkerStatus StageManager::GetStatus() const {
+  absl::MutexLock lock(&mu_);
+  v1::WorkerStatus s;
+  s.set_worker_id(worker_id_);
+  s.set_version(kVersion);
+  s.set_device(config_.device);
+  s.set_last_step(last_step_);
+  if (stage_ != nullptr) {
+    s.set_state(v1::BUSY);
+    s.set_job_id(stage_->job_id);
+    s.set_stage(stage_->executor->program().stage());
+  } else if (!configuring_job_.empty()) {
+    s.set_state(v1::BUSY);
+    s.set_job_id(configuring_job_);
+  } else {
+    s.set_state(v1::IDLE);
+  }
+  return s;
+}
+
+void StageManager::set_worker_id(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  worker_id_ = id;
+}
+
+StageManager::Snapshot StageManager::GetSnapshot() const {
+  absl::MutexLock lock(&mu_);
+  Snapshot s;
+  if (stage_ != nullptr) {
+    s.state = v1::BUSY;
+    s.job_id = stage_->job_id;
+  } else if (!configuring_job_.empty()) {
+    s.state = v1::BUSY;
+    s.job_id = configuring_job_;
+  }
+  return s;
+}
+
+}  // namespace tandem::worker

@@ -1,0 +1,113 @@
+// StageManager: owns the one stage this worker runs for a job, and the rules for replacing,
+// stepping and aborting it. It is the worker's business logic behind the StageWorker gRPC
+// adapter (stage_service.h), and has no gRPC dependency: tests drive it in-process.
+//
+// Lifecycle: Configure(program) builds the corpus (cached across configures of the same data),
+// the layers and the transport (through the injected TransportFactory), replacing any stage
+// held before; RunStep runs one step of the configured job; Abort(job) unblocks a running step
+// or a configure in progress, drops the stage and returns the worker to idle.
+//
+// Thread-safety: every method is thread-safe. Configure and RunStep block (for the connect and
+// the step); Abort and GetStatus never wait for more than the abort of a running step.
+#ifndef TANDEM_WORKER_STAGE_MANAGER_H_
+#define TANDEM_WORKER_STAGE_MANAGER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "tandem/v1/worker.pb.h"
+#include "worker/data/corpus.h"
+#include "worker/executor.h"
+#include "worker/transport/transport.h"
+
+namespace tandem::worker {
+
+// Connects the data plane for `program` (num_ranks > 1). Must give up promptly (with any
+// error) once `cancelled` becomes true.
+using TransportFactory = std::function<absl::StatusOr<std::unique_ptr<Transport>>(
+    const v1::StageProgram& program, const std::atomic<bool>& cancelled)>;
+
+// The worker's typed, validated configuration (from flags in main.cc).
+struct WorkerConfig {
+  std::string device = "cpu";   // reported in status; only "cpu" is supported now
+  std::string data_root = ".";  // data.path of a "file" source resolves under it
+};
+
+class StageManager {
+ public:
+  StageManager(WorkerConfig config, TransportFactory transport_factory);
+  // Aborts and drops any stage.
+  ~StageManager();
+
+  StageManager(const StageManager&) = delete;
+  StageManager& operator=(const StageManager&) = delete;
+
+  // INVALID_ARGUMENT for a bad program, NOT_FOUND for missing data, UNAVAILABLE /
+  // DEADLINE_EXCEEDED when the transport cannot connect, ABORTED when an Abort (or a newer
+  // Configure) overtook it, UNAVAILABLE after Shutdown().
+  absl::StatusOr<v1::ConfigureResponse> Configure(const v1::StageProgram& program);
+
+  // FAILED_PRECONDITION when `job_id` is not the configured job or a step is running;
+  // otherwise what the executor returns (ABORTED when aborted meanwhile).
+  absl::StatusOr<v1::StepReport> RunStep(const std::string& job_id, int64_t step,
+                                         float learning_rate);
+
+  // Idempotent; OK for a job this worker does not hold. INVALID_ARGUMENT for an empty id.
+  absl::Status Abort(const std::string& job_id, const std::string& reason);
+
+  // Aborts everything and refuses new work (for process shutdown).
+  void Shutdown();
+
+  // worker_id is filled in from set_worker_id (the registration).
+  v1::WorkerStatus GetStatus() const;
+  void set_worker_id(const std::string& id);
+
+  // For heartbeats: BUSY with the job id while a job is configured (or configuring).
+  struct Snapshot {
+    v1::WorkerState state = v1::IDLE;
+    std::string job_id;
+  };
+  Snapshot GetSnapshot() const;
+
+ private:
+  struct Stage {
+    std::string job_id;
+    std::unique_ptr<StageExecutor> executor;
+  };
+
+  // Aborts the stage, waits for its step to end, and hands it to the caller (to destroy
+  // outside the lock).
+  std::unique_ptr<Stage> TakeStageLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CancelConfigureLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::shared_ptr<const Corpus>> CorpusFor(const v1::StageProgram& program);
+
+  const WorkerConfig config_;
+  const TransportFactory transport_factory_;
+
+  mutable absl::Mutex mu_;
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Stage> stage_ ABSL_GUARDED_BY(mu_);
+  bool step_running_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t last_step_ ABSL_GUARDED_BY(mu_) = -1;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  // A Configure in progress: its job, generation and cancel flag. Abort or a newer Configure
+  // bumps the generation so that the older one does not install its stage.
+  std::string configuring_job_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<std::atomic<bool>> configure_cancelled_ ABSL_GUARDED_BY(mu_);
+
+  // The last corpus built, reused when a configure asks for the same data.
+  absl::Mutex corpus_mu_;
+  std::string corpus_key_ ABSL_GUARDED_BY(corpus_mu_);
+  std::shared_ptr<const Corpus> corpus_ ABSL_GUARDED_BY(corpus_mu_);
+};
+
+}  // namespace tandem::worker
+
+#endif  // TANDEM_WORKER_STAGE_MANAGER_H_

@@ -1,0 +1,36 @@
+// The StageWorker gRPC service: a thin adapter over StageManager. Each handler checks the
+// protocol version, hands the request to the manager and translates its Status.
+//
+// It uses the synchronous gRPC API on purpose: RunStep blocks for a whole step and Configure
+// for the transport's connect, and the sync server gives each call its own thread, so an Abort
+// or GetStatus is always served while a step runs.
+// Thread-safety: thread-safe (the manager is).
+#ifndef TANDEM_WORKER_STAGE_SERVICE_H_
+#define TANDEM_WORKER_STAGE_SERVICE_H_
+
+#include "tandem/v1/worker.grpc.pb.h"
+#include "worker/stage_manager.h"
+
+namespace tandem::worker {
+
+class StageWorkerService final : public v1::StageWorker::Service {
+ public:
+  // `manager` must outlive the service.
+  explicit StageWorkerService(StageManager* manager) : manager_(manager) {}
+
+  grpc::Status Configure(grpc::ServerContext* ctx, const v1::ConfigureRequest* req,
+                         v1::ConfigureResponse* resp) override;
+  grpc::Status RunStep(grpc::ServerContext* ctx, const v1::RunStepRequest* req,
+                       v1::RunStepResponse* resp) override;
+  grpc::Status Abort(grpc::ServerContext* ctx, const v1::AbortRequest* req,
+                     v1::AbortResponse* resp) override;
+  grpc::Status GetStatus(grpc::ServerContext* ctx, const v1::GetStatusRequest* req,
+                         v1::WorkerStatus* resp) override;
+
+ private:
+  StageManager* const manager_;
+};
+
+}  // namespace tandem::worker
+
+#endif  // TANDEM_WORKER_STAGE_SERVICE_H_

@@ -1,0 +1,66 @@
+// Point-to-point data plane between the workers of a job (activations and gradients).
+//
+// Ordering: messages between two ranks with the same tag are delivered in the order they were
+// posted; both ends derive their order from the same stage programs (see common/schedule.h),
+// so a tag only needs to separate the kinds of payload (MakeTransferTag).
+//
+// Deadlock rule: PostSend never blocks, so a stage that must both send and receive posts its
+// sends first and then blocks in Recv; two blocking calls never wait on each other.
+//
+// Thread-safety: PostSend, Recv and WaitSends are called by one thread (the executor's);
+// Abort() and the byte counters may be called from any thread at any time.
+#ifndef TANDEM_WORKER_TRANSPORT_TRANSPORT_H_
+#define TANDEM_WORKER_TRANSPORT_TRANSPORT_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace tandem::worker {
+
+enum class Payload : uint32_t {
+  kActivation = 1,  // forward output of stage s, input of stage s + 1
+  kGradient = 2,    // input gradient of stage s + 1, output gradient of stage s
+};
+
+// The tag both ends of a transfer use: (payload, micro-batch).
+inline uint64_t MakeTransferTag(Payload payload, int micro_batch) {
+  return (static_cast<uint64_t>(payload) << 32) | static_cast<uint32_t>(micro_batch);
+}
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Starts sending `bytes` bytes at `data` to `peer`. Does not block; `data` must stay valid and
+  // unchanged until WaitSends() returns. ABORTED after Abort(); INVALID_ARGUMENT for a bad peer.
+  virtual absl::Status PostSend(int peer, uint64_t tag, const void* data, size_t bytes) = 0;
+
+  // Receives exactly `bytes` bytes from `peer` into `data`, blocking until they arrive.
+  // ABORTED after Abort(); UNAVAILABLE (naming the peer rank) when the peer fails or closes;
+  // DEADLINE_EXCEEDED after the transport's operation timeout. Any failure other than
+  // INVALID_ARGUMENT leaves the transport unusable.
+  virtual absl::Status Recv(int peer, uint64_t tag, void* data, size_t bytes) = 0;
+
+  // Blocks until every posted send has completed (then their buffers may be reused).
+  // Same errors as Recv. After a failure the transport may still reference the buffers of
+  // posted sends: keep them until the transport is destroyed.
+  virtual absl::Status WaitSends() = 0;
+
+  // Makes every pending and future PostSend/Recv/WaitSends return ABORTED promptly.
+  // Thread-safe and idempotent; the transport cannot be used again afterwards.
+  virtual void Abort() = 0;
+  virtual bool aborted() const = 0;
+
+  // Totals since construction.
+  virtual int64_t bytes_sent() const = 0;
+  virtual int64_t bytes_received() const = 0;
+};
+
+}  // namespace tandem::worker
+
+#endif  // TANDEM_WORKER_TRANSPORT_TRANSPORT_H_
