@@ -27,8 +27,7 @@ std::string Spec(int stages, int steps) {
   return absl::StrCat("name: overhead\nsteps: ", steps,
                       "\nmodel:\n  n_layer: 2\n  d_model: 16\n  d_embed: 4\n  context: 4\n"
                       "pipeline:\n  stages: ",
-                      stages, "\n  micro_batch_size: 2\n  micro_batches: ", stages * 2,
-                      "\n");
+                      stages, "\n  micro_batch_size: 2\n  micro_batches: ", stages * 2, "\n");
 }
 
 }  // namespace
@@ -46,11 +45,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cannot start cluster: %s\n", s.ToString().c_str());
     return 1;
   }
-  std::printf("coordinator overhead per step (%d steps; RunStep fan-out to all reports, minus "
-              "the slowest worker's execution)\n",
-              steps);
-  std::printf("%-7s %12s %12s %12s %14s\n", "stages", "p50 us", "p99 us", "max us",
-              "step p50 us");
+  std::printf(
+      "coordinator overhead per step (%d steps; RunStep fan-out to all reports, minus "
+      "the slowest worker's execution)\n",
+      steps);
+  std::printf("%-7s %12s %12s %12s %14s\n", "stages", "p50 us", "p99 us", "max us", "step p50 us");
   for (int p : {1, 2, 4}) {
     auto id = cluster.Submit(Spec(p, steps));
     if (!id.ok()) {

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/model_desc.h"
 #include "common/schedule.h"
 #include "worker/model/mlp_lm.h"
@@ -17,12 +18,6 @@ constexpr int kMaxMicroBatches = 1 << 16;
 constexpr int64_t kMaxMicroBatchSize = 1 << 20;
 // Byte-level data: tokens are bytes, so the vocabulary must cover 0..255.
 constexpr int kByteVocab = 256;
-
-int64_t NowMicros() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 absl::Status Annotate(const absl::Status& s, absl::string_view prefix) {
   if (s.ok()) return s;
@@ -377,7 +372,7 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, float learni
   v1::StepReport report;
   report.set_step(step);
   report.set_rank(program_.rank());
-  report.set_start_us(NowMicros());
+  report.set_start_us(UnixMicros());
   const int64_t sent0 = transport_ ? transport_->bytes_sent() : 0;
   const int64_t recv0 = transport_ ? transport_->bytes_received() : 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -399,9 +394,9 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, float learni
     if (aborted_.load()) return fail(absl::AbortedError("the stage was aborted"), "step");
     v1::ActionTiming* timing = report.add_timings();
     timing->set_index(i);
-    timing->set_start_us(NowMicros());
+    timing->set_start_us(UnixMicros());
     absl::Status s = RunAction(a, step);
-    timing->set_end_us(NowMicros());
+    timing->set_end_us(UnixMicros());
     if (!s.ok()) {
       std::string what = absl::StrCat(KindName(a.kind()), " mb ", a.micro_batch());
       switch (a.kind()) {
@@ -439,7 +434,7 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, float learni
   report.set_exec_us(
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
           .count());
-  report.set_end_us(NowMicros());
+  report.set_end_us(UnixMicros());
   return report;
 }
 

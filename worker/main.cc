@@ -27,6 +27,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/flags.h"
 #include "common/rpc.h"
 #include "common/version.h"
 #include "worker/registration.h"
@@ -247,20 +248,8 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("tandem-worker --coordinator HOST:PORT [flags]");
-  // Accept --data-root as well as --data_root: Abseil flag names are identifiers, while the
-  // documented spelling uses dashes. Only the name part (before '=') is rewritten.
-  std::vector<std::string> args(argv, argv + argc);
-  for (size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
-    std::string& a = args[i];
-    if (a.size() < 3 || a[0] != '-') continue;
-    const size_t start = a[1] == '-' ? 2 : 1;
-    const size_t end = std::min(a.find('='), a.size());
-    for (size_t j = start; j < end; ++j) {
-      if (a[j] == '-') a[j] = '_';
-    }
-  }
-  std::vector<char*> normalized;
-  for (std::string& a : args) normalized.push_back(a.data());
-  absl::ParseCommandLine(static_cast<int>(normalized.size()), normalized.data());
+  // Accept --data-root as well as --data_root (Abseil flag names are identifiers).
+  tandem::NormalizeFlagDashes(argc, argv);
+  absl::ParseCommandLine(argc, argv);
   return tandem::worker::Run();
 }

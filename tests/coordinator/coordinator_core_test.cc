@@ -72,8 +72,8 @@ TEST(WorkerRegistryTest, SilentWorkersAreLostAndBusyOnesReported) {
 }
 
 v1::JobSpec Spec(int stages, int steps) {
-  auto spec = LoadJobSpecYaml(absl::StrCat("steps: ", steps, "\npipeline:\n  stages: ", stages,
-                                           "\n  micro_batches: 4\n"));
+  auto spec = LoadJobSpecYaml(
+      absl::StrCat("steps: ", steps, "\npipeline:\n  stages: ", stages, "\n  micro_batches: 4\n"));
   EXPECT_TRUE(spec.ok()) << spec.status();
   return *spec;
 }

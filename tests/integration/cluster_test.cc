@@ -1,16 +1,17 @@
 // End-to-end tests: a real coordinator and real workers on 127.0.0.1, driven through gRPC and
 // the `tandem` CLI.
+#include <grpcpp/generic/generic_stub.h>
 #include <signal.h>
 
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <cmath>
+#include <regex>
 #include <sstream>
 #include <thread>
-
-#include <grpcpp/generic/generic_stub.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -332,9 +333,35 @@ int HealthCheck(const std::string& address) {
 TEST_F(ClusterTest, BothDaemonsServeGrpcHealth) {
   StartCluster(1);
   EXPECT_EQ(HealthCheck(cluster_->address()), 1);
-  const std::string port = std::string(
-      absl::StripAsciiWhitespace(ReadFile(cluster_->dir() + "/worker0.port")));
+  const std::string port =
+      std::string(absl::StripAsciiWhitespace(ReadFile(cluster_->dir() + "/worker0.port")));
   EXPECT_EQ(HealthCheck("127.0.0.1:" + port), 1);
+}
+
+// Every example spec in examples/ runs to SUCCEEDED (shortened to a few steps). The
+// text-file example trains on a file the test writes under the workers' data root.
+TEST_F(ClusterTest, EveryExampleSpecRuns) {
+  StartCluster(4);
+  int ran = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::string(TANDEM_SOURCE_DIR) + "/examples")) {
+    if (entry.path().extension() != ".yaml") continue;
+    std::string yaml = ReadFile(entry.path().string());
+    yaml = std::regex_replace(yaml, std::regex("(^|\n)steps: *[0-9]+"), "$1steps: 3");
+    std::smatch path;
+    if (std::regex_search(yaml, path, std::regex("\n +path: *([A-Za-z0-9_./-]+)"))) {
+      std::ofstream out(cluster_->dir() + "/" + path[1].str());
+      for (int i = 0; i < 200; ++i) out << "the quick brown fox jumps over the lazy dog. ";
+    }
+    auto id = cluster_->Submit(yaml);
+    ASSERT_TRUE(id.ok()) << entry.path() << ": " << id.status();
+    auto job = cluster_->WaitForEnd(*id, 120s);
+    ASSERT_TRUE(job.ok()) << job.status();
+    EXPECT_EQ(job->state(), v1::SUCCEEDED) << entry.path() << ": " << job->reason();
+    EXPECT_EQ(job->steps_done(), 3) << entry.path();
+    ++ran;
+  }
+  EXPECT_GE(ran, 4);
 }
 
 }  // namespace

@@ -31,7 +31,8 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::string& out_path,
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
     int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    int err = err_path == out_path ? out : open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int err =
+        err_path == out_path ? out : open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     int in = open("/dev/null", O_RDONLY);
     dup2(in, 0);
     dup2(out, 1);
@@ -175,8 +176,8 @@ absl::Status Cluster::StartWorker() {
   const int i = static_cast<int>(workers_.size());
   workers_.push_back(std::make_unique<Process>(
       std::string(TANDEM_BIN_DIR) + "/tandem-worker",
-      std::vector<std::string>{"--coordinator=" + address(), "--listen=127.0.0.1:0",
-                               "--device=cpu", "--threads=1", "--data-root=" + dir_,
+      std::vector<std::string>{"--coordinator=" + address(), "--listen=127.0.0.1:0", "--device=cpu",
+                               "--threads=1", "--data-root=" + dir_,
                                absl::StrCat("--port-file=", dir_, "/worker", i, ".port")},
       absl::StrCat(dir_, "/worker", i, ".log")));
   return absl::OkStatus();
