@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tandem/v1/coordinator.grpc.pb.h"
 #include "tests/integration/harness.h"
 
 namespace tandem::testing {
@@ -52,6 +53,20 @@ class ClusterTest : public ::testing::Test {
                   << ReadFile(cluster_->dir() + "/worker" + std::to_string(i) + ".log");
       }
     }
+  }
+  // Submits a 2-stage job too long to finish and waits until it has run `steps` steps.
+  absl::StatusOr<std::string> SubmitLongJobAndWaitForSteps(int steps) {
+    auto id = cluster_->Submit(TinyJobYaml(2, 4, 100000));
+    if (!id.ok()) return id;
+    if (!WaitFor(
+            [&] {
+              auto j = cluster_->GetJob(*id);
+              return j.ok() && j->steps_done() >= steps;
+            },
+            60s)) {
+      return absl::DeadlineExceededError("the job did not start stepping");
+    }
+    return id;
   }
   std::unique_ptr<Cluster> cluster_;
 };
@@ -195,14 +210,8 @@ TEST_F(ClusterTest, JobNeedingMoreWorkersStaysQueuedWithAReason) {
 
 TEST_F(ClusterTest, CancelStopsARunningJobWithinFiveSecondsAndFreesItsWorkers) {
   StartCluster(2);
-  auto id = cluster_->Submit(TinyJobYaml(2, 4, 100000));
+  auto id = SubmitLongJobAndWaitForSteps(3);
   ASSERT_TRUE(id.ok()) << id.status();
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        auto j = cluster_->GetJob(*id);
-        return j.ok() && j->steps_done() >= 3;
-      },
-      60s));
   const auto t0 = std::chrono::steady_clock::now();
   CommandResult cancel = cluster_->Cli({"cancel", *id});
   ASSERT_EQ(cancel.exit_code, 0) << cancel.err;
@@ -246,14 +255,8 @@ TEST_F(ClusterTest, CancelQueuedJob) {
 
 TEST_F(ClusterTest, WorkerThatDiesMidJobFailsTheJobNamingIt) {
   StartCluster(2);
-  auto id = cluster_->Submit(TinyJobYaml(2, 4, 100000));
+  auto id = SubmitLongJobAndWaitForSteps(3);
   ASSERT_TRUE(id.ok()) << id.status();
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        auto j = cluster_->GetJob(*id);
-        return j.ok() && j->steps_done() >= 3;
-      },
-      60s));
   auto job = cluster_->GetJob(*id);
   ASSERT_TRUE(job.ok());
   const std::string victim_id = job->stages(1).worker_id();
@@ -293,7 +296,8 @@ TEST_F(ClusterTest, ProtocolVersionMismatchIsRefused) {
   v1::ListJobsResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(ctx, 5s);
-  grpc::Status s = cluster_->stub().ListJobs(&ctx, req, &resp);
+  auto stub = v1::Coordinator::NewStub(MakeChannel(cluster_->address()));
+  grpc::Status s = stub->ListJobs(&ctx, req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(s.error_message(), HasSubstr("protocol version 2 is not supported"));
 }

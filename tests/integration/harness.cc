@@ -13,8 +13,6 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/rpc.h"
-#include "common/version.h"
 
 namespace tandem::testing {
 namespace {
@@ -156,7 +154,7 @@ absl::Status Cluster::Start() {
                                        ReadFile(dir_ + "/coordinator.log"));
   }
   port_ = std::stoi(ReadFile(port_file));
-  stub_ = v1::Coordinator::NewStub(MakeChannel(address()));
+  client_ = cli::NewGrpcCoordinatorClient(address(), absl::Seconds(10), absl::Hours(1));
   for (int i = 0; i < options_.workers; ++i) {
     if (absl::Status s = StartWorker(); !s.ok()) return s;
   }
@@ -201,49 +199,18 @@ absl::Status Cluster::AddWorker() {
 }
 
 absl::StatusOr<std::string> Cluster::Submit(const std::string& yaml) {
-  v1::SubmitJobRequest req;
-  req.set_protocol_version(kProtocolVersion);
-  req.set_spec_yaml(yaml);
-  v1::SubmitJobResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(ctx, std::chrono::seconds(10));
-  grpc::Status s = stub_->SubmitJob(&ctx, req, &resp);
-  if (!s.ok()) return FromGrpcStatus(s);
-  return resp.job_id();
+  return client_->SubmitJob(yaml);
 }
 
-absl::StatusOr<v1::Job> Cluster::GetJob(const std::string& id) {
-  v1::GetJobRequest req;
-  req.set_protocol_version(kProtocolVersion);
-  req.set_job_id(id);
-  v1::Job job;
-  grpc::ClientContext ctx;
-  SetDeadline(ctx, std::chrono::seconds(10));
-  grpc::Status s = stub_->GetJob(&ctx, req, &job);
-  if (!s.ok()) return FromGrpcStatus(s);
-  return job;
-}
+absl::StatusOr<v1::Job> Cluster::GetJob(const std::string& id) { return client_->GetJob(id); }
 
 absl::StatusOr<std::vector<v1::WorkerInfo>> Cluster::Workers() {
-  v1::ListWorkersRequest req;
-  req.set_protocol_version(kProtocolVersion);
-  v1::ListWorkersResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(ctx, std::chrono::seconds(5));
-  grpc::Status s = stub_->ListWorkers(&ctx, req, &resp);
-  if (!s.ok()) return FromGrpcStatus(s);
-  return std::vector<v1::WorkerInfo>(resp.workers().begin(), resp.workers().end());
+  auto resp = client_->ListWorkers();
+  if (!resp.ok()) return resp.status();
+  return std::vector<v1::WorkerInfo>(resp->workers().begin(), resp->workers().end());
 }
 
-absl::Status Cluster::Cancel(const std::string& id) {
-  v1::CancelJobRequest req;
-  req.set_protocol_version(kProtocolVersion);
-  req.set_job_id(id);
-  v1::Job job;
-  grpc::ClientContext ctx;
-  SetDeadline(ctx, std::chrono::seconds(10));
-  return FromGrpcStatus(stub_->CancelJob(&ctx, req, &job));
-}
+absl::Status Cluster::Cancel(const std::string& id) { return client_->CancelJob(id).status(); }
 
 absl::StatusOr<v1::Job> Cluster::WaitForEnd(const std::string& id, std::chrono::seconds timeout) {
   absl::StatusOr<v1::Job> job;

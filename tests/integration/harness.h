@@ -12,7 +12,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "tandem/v1/coordinator.grpc.pb.h"
+#include "coordinator/cli/coordinator_client.h"
+#include "tandem/v1/coordinator.pb.h"
 
 namespace tandem::testing {
 
@@ -71,9 +72,9 @@ class Cluster {
   const std::string& dir() const { return dir_; }
   Process& worker(int i) { return *workers_[i]; }
   Process& coordinator() { return *coordinator_; }
-  v1::Coordinator::Stub& stub() { return *stub_; }
+  cli::CoordinatorClient& client() { return *client_; }
 
-  // Client API helpers (each call with a deadline and the protocol version).
+  // Client API helpers over the CLI's CoordinatorClient (deadline and protocol version set).
   absl::StatusOr<std::string> Submit(const std::string& yaml);
   absl::StatusOr<v1::Job> GetJob(const std::string& id);
   absl::StatusOr<std::vector<v1::WorkerInfo>> Workers();
@@ -91,7 +92,7 @@ class Cluster {
   int port_ = 0;
   std::unique_ptr<Process> coordinator_;
   std::vector<std::unique_ptr<Process>> workers_;
-  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::unique_ptr<cli::CoordinatorClient> client_;
 };
 
 // A small mlp_lm job spec for tests: `stages` stages, M micro-batches, `steps` steps.
