@@ -117,6 +117,15 @@ absl::StatusOr<Program> Generate1F1B(int num_stages, int num_micro_batches) {
   return program;
 }
 
+absl::StatusOr<Program> GenerateForwardOnly(int num_stages, int num_micro_batches) {
+  if (absl::Status s = CheckSizes(num_stages, num_micro_batches); !s.ok()) return s;
+  Program program(num_stages);
+  for (int r = 0; r < num_stages; ++r) {
+    for (int m = 0; m < num_micro_batches; ++m) program[r].push_back({r, v1::ACTION_F, m});
+  }
+  return program;
+}
+
 absl::StatusOr<Program> GenerateSchedule(absl::string_view schedule, int num_stages,
                                          int num_micro_batches) {
   const std::string name = absl::AsciiStrToLower(schedule);

@@ -43,6 +43,9 @@ absl::StatusOr<Program> GenerateGPipe(int num_stages, int num_micro_batches);
 // forward and one backward, then drains the remaining backwards. Requires M >= P.
 absl::StatusOr<Program> Generate1F1B(int num_stages, int num_micro_batches);
 
+// Forward only (validation): every stage runs F for micro-batches 0..M-1 in order.
+absl::StatusOr<Program> GenerateForwardOnly(int num_stages, int num_micro_batches);
+
 // Generates the compute-only program named by `schedule` ("1f1b" or "gpipe").
 absl::StatusOr<Program> GenerateSchedule(absl::string_view schedule, int num_stages,
                                          int num_micro_batches);

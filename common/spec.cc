@@ -411,6 +411,28 @@ void FillDefaults(Message* msg) {
 // ---------------------------------------------------------------------------------------------
 // Semantic validation. Each check names the field path first.
 
+// Sets the model fields that a named preset defines and the spec leaves unset. An unknown
+// preset is left for ValidateModel to reject.
+void ApplyModelPreset(v1::ModelSpec* m) {
+  struct Shape {
+    const char* name;
+    int n_layer, n_head, d_model, seq_len, vocab_size;
+  };
+  static constexpr Shape kPresets[] = {
+      {"gpt2", 12, 12, 768, 1024, 50304},  // GPT-2 124M; vocab 50257 padded to 50304
+      {"gpt2-tiny", 2, 2, 64, 32, 256},    // for tests and demos on bytes
+  };
+  for (const Shape& p : kPresets) {
+    if (m->preset() != p.name) continue;
+    if (!m->has_arch()) m->set_arch("gpt");
+    if (!m->has_n_layer()) m->set_n_layer(p.n_layer);
+    if (!m->has_n_head()) m->set_n_head(p.n_head);
+    if (!m->has_d_model()) m->set_d_model(p.d_model);
+    if (!m->has_seq_len()) m->set_seq_len(p.seq_len);
+    if (!m->has_vocab_size()) m->set_vocab_size(p.vocab_size);
+  }
+}
+
 absl::Status Invalid(absl::string_view path, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
 }
@@ -441,53 +463,69 @@ absl::Status ValidateTop(const v1::JobSpec& spec) {
   return CheckOneOf("device", spec.device(), {"cpu", "cuda"});
 }
 
+// Tokens per training window: the model's context plus the next token to predict.
+int64_t WindowOf(const v1::ModelSpec& m) {
+  return (m.arch() == "gpt" ? int64_t{m.seq_len()} : int64_t{m.context()}) + 1;
+}
+
 absl::Status ValidateModel(const v1::JobSpec& spec) {
   const v1::ModelSpec& m = spec.model();
-  if (m.arch() != "mlp_lm") {
-    return Invalid("model.arch",
-                   absl::StrCat("unknown architecture \"", m.arch(), "\"; expected \"mlp_lm\""));
+  if (absl::Status s = CheckOneOf("model.preset", m.preset(), {"", "gpt2", "gpt2-tiny"}); !s.ok()) {
+    return s;
   }
+  if (absl::Status s = CheckOneOf("model.arch", m.arch(), {"gpt", "mlp_lm"}); !s.ok()) return s;
   if (absl::Status s = CheckRange("model.n_layer", m.n_layer(), 1, 1024); !s.ok()) return s;
   if (absl::Status s = CheckRange("model.d_model", m.d_model(), 1, 65536); !s.ok()) return s;
-  if (m.d_hidden() < 0) {
-    return Invalid("model.d_hidden",
-                   absl::StrCat("must be >= 0 (0 means 4 x d_model), got ", m.d_hidden()));
-  }
-  if (absl::Status s = CheckRange("model.d_hidden", m.d_hidden(), 0, 4 * 65536); !s.ok()) return s;
-  if (absl::Status s = CheckRange("model.d_embed", m.d_embed(), 1, 65536); !s.ok()) return s;
-  if (absl::Status s = CheckRange("model.context", m.context(), 1, 4096); !s.ok()) return s;
   if (absl::Status s = CheckRange("model.vocab_size", m.vocab_size(), 2, 1 << 20); !s.ok()) {
     return s;
   }
-  // Both data sources are read as raw bytes: one token per byte.
-  if (m.vocab_size() != 256) {
-    return Invalid(
-        "model.vocab_size",
-        absl::StrCat("must be 256 for mlp_lm on byte data (data.source \"", spec.data().source(),
-                     "\" yields one token per byte), got ", m.vocab_size()));
+  if (m.arch() == "gpt") {
+    if (absl::Status s = CheckRange("model.n_head", m.n_head(), 1, 1024); !s.ok()) return s;
+    if (m.d_model() % m.n_head() != 0) {
+      return Invalid("model.n_head", absl::StrCat("must divide model.d_model = ", m.d_model(),
+                                                  ", got ", m.n_head()));
+    }
+    if (absl::Status s = CheckRange("model.seq_len", m.seq_len(), 1, 1 << 16); !s.ok()) return s;
+  } else {
+    if (m.d_hidden() < 0) {
+      return Invalid("model.d_hidden",
+                     absl::StrCat("must be >= 0 (0 means 4 x d_model), got ", m.d_hidden()));
+    }
+    if (absl::Status s = CheckRange("model.d_hidden", m.d_hidden(), 0, 4 * 65536); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CheckRange("model.d_embed", m.d_embed(), 1, 65536); !s.ok()) return s;
+    if (absl::Status s = CheckRange("model.context", m.context(), 1, 4096); !s.ok()) return s;
+  }
+  // Byte data yields tokens 0..255; token files are checked against vocab_size when loaded.
+  const bool bytes = spec.data().source() == "synthetic" || spec.data().format() == "bytes";
+  if (bytes && m.vocab_size() < 256) {
+    return Invalid("model.vocab_size",
+                   absl::StrCat("must be at least 256 for byte data (data.format \"bytes\" or "
+                                "data.source \"synthetic\" yields one token per byte), got ",
+                                m.vocab_size()));
   }
   return absl::OkStatus();
 }
 
-absl::Status ValidateDataPath(const std::string& path) {
+absl::Status ValidateDataPath(const std::string& field, const std::string& path) {
   if (path.empty()) {
-    return Invalid("data.path",
+    return Invalid(field,
                    "required with data.source \"file\": a file relative to the worker's "
                    "--data-root");
   }
   if (path[0] == '/') {
-    return Invalid("data.path", absl::StrCat("must be relative to the worker's --data-root, got \"",
-                                             path, "\""));
+    return Invalid(
+        field, absl::StrCat("must be relative to the worker's --data-root, got \"", path, "\""));
   }
   if (path.find('\0') != std::string::npos) {
-    return Invalid("data.path", "must not contain NUL characters");
+    return Invalid(field, "must not contain NUL characters");
   }
   for (absl::string_view part : absl::StrSplit(path, absl::ByAnyChar("/\\"))) {
     if (part == "..") {
-      return Invalid("data.path",
-                     absl::StrCat("must stay inside the worker's --data-root; '..' is not "
-                                  "allowed, got \"",
-                                  path, "\""));
+      return Invalid(field, absl::StrCat("must stay inside the worker's --data-root; '..' is not "
+                                         "allowed, got \"",
+                                         path, "\""));
     }
   }
   return absl::OkStatus();
@@ -498,17 +536,35 @@ absl::Status ValidateData(const v1::JobSpec& spec) {
   if (absl::Status s = CheckOneOf("data.source", d.source(), {"synthetic", "file"}); !s.ok()) {
     return s;
   }
-  if (d.source() == "file") return ValidateDataPath(d.path());
-  if (!d.path().empty()) {
-    return Invalid("data.path", absl::StrCat("is set but data.source is \"", d.source(),
-                                             "\"; set data.source: file to read it"));
+  if (absl::Status s = CheckOneOf("data.format", d.format(), {"bytes", "tokens"}); !s.ok()) {
+    return s;
   }
-  const int64_t min_bytes = int64_t{spec.model().context()} + 1;
+  if (!std::isfinite(d.val_fraction()) || d.val_fraction() < 0 || d.val_fraction() > 0.5) {
+    return Invalid("data.val_fraction",
+                   absl::StrCat("must be in [0, 0.5], got ", d.val_fraction()));
+  }
+  if (d.source() == "file") {
+    if (absl::Status s = ValidateDataPath("data.path", d.path()); !s.ok()) return s;
+    if (!d.val_path().empty()) return ValidateDataPath("data.val_path", d.val_path());
+    return absl::OkStatus();
+  }
+  for (const auto& [field, value] :
+       {std::pair<const char*, const std::string&>{"data.path", d.path()},
+        {"data.val_path", d.val_path()}}) {
+    if (!value.empty()) {
+      return Invalid(field, absl::StrCat("is set but data.source is \"", d.source(),
+                                         "\"; set data.source: file to read it"));
+    }
+  }
+  if (d.format() != "bytes") {
+    return Invalid("data.format", "the synthetic source generates bytes; use format: bytes");
+  }
+  const int64_t min_bytes = WindowOf(spec.model());
   if (d.synthetic_bytes() < min_bytes || d.synthetic_bytes() > (int64_t{1} << 30)) {
     return Invalid("data.synthetic_bytes",
                    absl::StrCat("must be in [", min_bytes, ", ", int64_t{1} << 30,
-                                "] (at least model.context + 1 bytes for one training window), "
-                                "got ",
+                                "] (at least one training window of the model's context + 1 "
+                                "tokens), got ",
                                 d.synthetic_bytes()));
   }
   return absl::OkStatus();
@@ -536,6 +592,41 @@ absl::Status ValidateOptimizer(const v1::JobSpec& spec) {
   }
   if (o.warmup_steps() < 0) {
     return Invalid("optimizer.warmup_steps", absl::StrCat("must be >= 0, got ", o.warmup_steps()));
+  }
+  if (absl::Status s = CheckOneOf("optimizer.lr_schedule", o.lr_schedule(), {"constant", "cosine"});
+      !s.ok()) {
+    return s;
+  }
+  if (!(o.min_lr_ratio() >= 0 && o.min_lr_ratio() <= 1)) {
+    return Invalid("optimizer.min_lr_ratio",
+                   absl::StrCat("must be in [0, 1], got ", o.min_lr_ratio()));
+  }
+  if (!std::isfinite(o.grad_clip()) || o.grad_clip() < 0) {
+    return Invalid(
+        "optimizer.grad_clip",
+        absl::StrCat("must be a finite number >= 0 (0 disables clipping), got ", o.grad_clip()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateEval(const v1::JobSpec& spec) {
+  const v1::EvalSpec& e = spec.eval();
+  if (e.every() < 0) {
+    return Invalid("eval.every", absl::StrCat("must be >= 0 (0 never evaluates), got ", e.every()));
+  }
+  if (absl::Status s = CheckRange("eval.micro_batches", e.micro_batches(), 1, 1 << 16); !s.ok()) {
+    return s;
+  }
+  if (e.every() > 0 && spec.data().source() == "synthetic" && spec.data().val_fraction() == 0) {
+    return Invalid("eval.every",
+                   "evaluation needs a validation split: set data.val_fraction > 0 or "
+                   "data.val_path");
+  }
+  if (e.every() > 0 && spec.data().source() == "file" && spec.data().val_path().empty() &&
+      spec.data().val_fraction() == 0) {
+    return Invalid("eval.every",
+                   "evaluation needs a validation split: set data.val_path or "
+                   "data.val_fraction > 0");
   }
   return absl::OkStatus();
 }
@@ -610,13 +701,14 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml) {
 
 v1::JobSpec WithDefaults(const v1::JobSpec& spec) {
   v1::JobSpec out = spec;
+  ApplyModelPreset(out.mutable_model());
   FillDefaults(&out);
   return out;
 }
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
-  for (auto check :
-       {ValidateTop, ValidateModel, ValidateData, ValidateOptimizer, ValidatePipeline}) {
+  for (auto check : {ValidateTop, ValidateModel, ValidateData, ValidateOptimizer, ValidateEval,
+                     ValidatePipeline}) {
     if (absl::Status s = check(spec); !s.ok()) return s;
   }
   return absl::OkStatus();
@@ -633,5 +725,11 @@ absl::StatusOr<v1::JobSpec> LoadJobSpecYaml(absl::string_view yaml) {
 int64_t EffectiveBatch(const v1::JobSpec& spec) {
   return int64_t{spec.pipeline().micro_batch_size()} * spec.pipeline().micro_batches();
 }
+
+int64_t TokensPerStep(const v1::JobSpec& spec) {
+  return EffectiveBatch(spec) * (spec.model().arch() == "gpt" ? spec.model().seq_len() : 1);
+}
+
+int64_t TrainingWindow(const v1::ModelSpec& model) { return WindowOf(model); }
 
 }  // namespace tandem

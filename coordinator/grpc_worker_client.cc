@@ -47,6 +47,15 @@ class GrpcStageWorkerClient final : public StageWorkerClient {
                             [this, it, req, done](grpc::Status s) { Finish(it, s, done); });
   }
 
+  void ApplyStep(const v1::ApplyStepRequest& request, v1::ApplyStepResponse* response,
+                 absl::Duration timeout, Done done) override {
+    auto req = std::make_shared<v1::ApplyStepRequest>(request);
+    req->set_protocol_version(kProtocolVersion);
+    auto it = NewContext(timeout);
+    stub_->async()->ApplyStep(&*it, req.get(), response,
+                              [this, it, req, done](grpc::Status s) { Finish(it, s, done); });
+  }
+
   absl::Status Abort(const v1::AbortRequest& request, absl::Duration timeout) override {
     v1::AbortRequest req = request;
     req.set_protocol_version(kProtocolVersion);

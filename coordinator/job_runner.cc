@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <future>
 
 #include "absl/strings/str_cat.h"
@@ -13,11 +14,23 @@
 
 namespace tandem::coordinator {
 
-float LearningRateAt(const v1::OptimizerSpec& opt, int64_t step) {
-  if (opt.warmup_steps() > 0 && step < opt.warmup_steps()) {
-    return opt.lr() * static_cast<float>(step + 1) / static_cast<float>(opt.warmup_steps());
+float LearningRateAt(const v1::OptimizerSpec& opt, int64_t step, int64_t total_steps) {
+  const int64_t warmup = opt.warmup_steps();
+  if (warmup > 0 && step < warmup) {
+    return opt.lr() * static_cast<float>(step + 1) / static_cast<float>(warmup);
   }
-  return opt.lr();
+  if (opt.lr_schedule() != "cosine") return opt.lr();
+  // Cosine from lr (first step after warm-up) to lr * min_lr_ratio (last step).
+  const int64_t span = total_steps - 1 - warmup;
+  const double t =
+      span <= 0 ? 1.0 : std::clamp(static_cast<double>(step - warmup) / span, 0.0, 1.0);
+  const double lo = opt.lr() * static_cast<double>(opt.min_lr_ratio());
+  return static_cast<float>(lo + 0.5 * (1.0 + std::cos(M_PI * t)) * (opt.lr() - lo));
+}
+
+bool EvalDue(const v1::JobSpec& spec, int64_t step) {
+  const int every = spec.eval().every();
+  return every > 0 && ((step + 1) % every == 0 || step + 1 == spec.steps());
 }
 
 JobRunner::JobRunner(RunnerEnv env, v1::Job job, std::vector<WorkerRecord> workers)
@@ -163,34 +176,50 @@ absl::Status JobRunner::AwaitBatch(Batch* batch, absl::Duration timeout, const s
   return InterruptStatus();
 }
 
+absl::Status JobRunner::CallAll(const std::string& what, absl::Duration timeout,
+                                const std::function<void(int, StageWorkerClient::Done)>& issue) {
+  const int p = static_cast<int>(workers_.size());
+  Batch batch(p);
+  for (int r = 0; r < p; ++r) issue(r, Completion(&batch, r));
+  if (absl::Status s = AwaitBatch(&batch, timeout + absl::Seconds(5), what); !s.ok()) return s;
+  for (int r = 0; r < p; ++r) {
+    if (!batch.results[r].ok()) return Diagnose(what, batch);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status JobRunner::ConfigureAll() {
   const v1::JobSpec& spec = job_.spec();
   const int p = static_cast<int>(workers_.size());
+  Program eval_program;
+  if (spec.eval().every() > 0) {
+    auto forward = GenerateForwardOnly(p, spec.eval().micro_batches());
+    if (!forward.ok()) return forward.status();
+    eval_program = LowerWithTransfers(*forward, p);
+  }
   std::vector<v1::ConfigureResponse> responses(p);
-  Batch batch(p);
-  for (int r = 0; r < p; ++r) {
-    v1::ConfigureRequest req;
-    v1::StageProgram* prog = req.mutable_program();
-    prog->set_job_id(job_.id());
-    prog->set_rank(r);
-    prog->set_num_ranks(p);
-    prog->set_stage(r);
-    prog->set_num_stages(p);
-    prog->set_layer_begin(ranges_[r].begin);
-    prog->set_layer_end(ranges_[r].end);
-    for (const Action& a : program_[r]) *prog->add_actions() = ToProto(a);
-    *prog->mutable_spec() = spec;
-    prog->set_rendezvous_prefix(absl::StrCat(job_.id(), "/attempt-0/"));
-    prog->set_micro_batches(spec.pipeline().micro_batches());
-    clients_[r]->Configure(req, &responses[r], env_.options.configure_timeout,
-                           Completion(&batch, r));
-  }
-  absl::Status s =
-      AwaitBatch(&batch, env_.options.configure_timeout + absl::Seconds(5), "configure");
+  absl::Status s = CallAll(
+      "configure", env_.options.configure_timeout, [&](int r, StageWorkerClient::Done done) {
+        v1::ConfigureRequest req;
+        v1::StageProgram* prog = req.mutable_program();
+        prog->set_job_id(job_.id());
+        prog->set_rank(r);
+        prog->set_num_ranks(p);
+        prog->set_stage(r);
+        prog->set_num_stages(p);
+        prog->set_layer_begin(ranges_[r].begin);
+        prog->set_layer_end(ranges_[r].end);
+        for (const Action& a : program_[r]) *prog->add_actions() = ToProto(a);
+        *prog->mutable_spec() = spec;
+        prog->set_rendezvous_prefix(absl::StrCat(job_.id(), "/attempt-0/"));
+        prog->set_micro_batches(spec.pipeline().micro_batches());
+        if (!eval_program.empty()) {
+          for (const Action& a : eval_program[r]) *prog->add_eval_actions() = ToProto(a);
+          prog->set_eval_micro_batches(spec.eval().micro_batches());
+        }
+        clients_[r]->Configure(req, &responses[r], env_.options.configure_timeout, std::move(done));
+      });
   if (!s.ok()) return s;
-  for (int r = 0; r < p; ++r) {
-    if (!batch.results[r].ok()) return Diagnose("configure", batch);
-  }
   int64_t params = 0;
   for (const auto& resp : responses) params += resp.parameter_count();
   spdlog::info("{}: configured {} stage(s), {} parameters", job_.id(), p, params);
@@ -200,52 +229,105 @@ absl::Status JobRunner::ConfigureAll() {
 absl::Status JobRunner::RunOneStep(int64_t step) {
   const v1::JobSpec& spec = job_.spec();
   const int p = static_cast<int>(workers_.size());
+  const std::string what = absl::StrCat("step ", step);
+  const auto t0 = std::chrono::steady_clock::now();
+
+  // Phase 1: forward and backward on every stage; gradients stay on the workers.
   std::vector<v1::RunStepResponse> responses(p);
-  Batch batch(p);
   v1::RunStepRequest req;
   req.set_job_id(job_.id());
   req.set_step(step);
-  req.set_learning_rate(LearningRateAt(spec.optimizer(), step));
-
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int r = 0; r < p; ++r) {
-    clients_[r]->RunStep(req, &responses[r], env_.options.step_timeout, Completion(&batch, r));
-  }
-  const std::string what = absl::StrCat("step ", step);
-  absl::Status s = AwaitBatch(&batch, env_.options.step_timeout + absl::Seconds(5), what);
-  const double step_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  req.set_mode(v1::STEP_MODE_TRAIN);
+  absl::Status s = CallAll(what, env_.options.step_timeout, [&](int r, auto done) {
+    clients_[r]->RunStep(req, &responses[r], env_.options.step_timeout, std::move(done));
+  });
   if (!s.ok()) return s;
-  for (int r = 0; r < p; ++r) {
-    if (!batch.results[r].ok()) return Diagnose(what, batch);
-  }
+  const double run_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   v1::StepSummary summary;
   summary.set_step(step);
   int64_t max_exec_us = 0;
   bool has_loss = false;
+  bool finite = true;
+  double norm_sq = 0.0;
   for (const auto& resp : responses) {
     const v1::StepReport& rep = resp.report();
     if (rep.has_loss()) {
       summary.set_loss(rep.loss());
       has_loss = true;
     }
+    finite = finite && rep.grads_finite();
+    norm_sq += rep.grad_norm_sq();
     max_exec_us = std::max(max_exec_us, rep.exec_us());
     summary.set_bytes_sent(summary.bytes_sent() + rep.bytes_sent());
     summary.set_peak_activation_bytes(
         std::max(summary.peak_activation_bytes(), rep.peak_activation_bytes()));
   }
   if (!has_loss) {
-    return absl::InternalError(
-        absl::StrCat("step ", step, ": ", WorkerName(p - 1), " reported no loss"));
+    return absl::InternalError(absl::StrCat(what, ": ", WorkerName(p - 1), " reported no loss"));
   }
+
+  // Phase 2: the global gradient norm decides clipping and skipping, the same on every stage.
+  const double norm = std::sqrt(norm_sq);
+  finite = finite && std::isfinite(norm) && std::isfinite(summary.loss());
+  const float clip = spec.optimizer().grad_clip();
+  v1::ApplyStepRequest apply;
+  apply.set_job_id(job_.id());
+  apply.set_step(step);
+  apply.set_learning_rate(LearningRateAt(spec.optimizer(), step, spec.steps()));
+  apply.set_grad_scale(finite && clip > 0 && norm > clip ? static_cast<float>(clip / norm) : 1.0f);
+  apply.set_skip(!finite);
+  std::vector<v1::ApplyStepResponse> applied(p);
+  s = CallAll(absl::StrCat(what, " apply"), env_.options.step_timeout, [&](int r, auto done) {
+    clients_[r]->ApplyStep(apply, &applied[r], env_.options.step_timeout, std::move(done));
+  });
+  if (!s.ok()) return s;
+  if (!finite) {
+    spdlog::warn("{}: {}: non-finite gradient (norm {}, loss {}); update skipped", job_.id(), what,
+                 norm, summary.loss());
+  }
+
+  const double step_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  summary.set_grad_norm(norm);
+  summary.set_learning_rate(apply.learning_rate());
+  summary.set_skipped(!finite);
   summary.set_step_seconds(step_seconds);
   summary.set_max_worker_exec_seconds(static_cast<double>(max_exec_us) * 1e-6);
+  // The RunStep phase's wall time minus the slowest worker's execution: what the coordinator
+  // adds to the critical path of the pipeline itself.
   summary.set_coordinator_overhead_seconds(
-      std::max(0.0, step_seconds - summary.max_worker_exec_seconds()));
-  summary.set_tokens_per_second(step_seconds > 0 ? EffectiveBatch(spec) / step_seconds : 0);
+      std::max(0.0, run_seconds - summary.max_worker_exec_seconds()));
+  summary.set_tokens_per_second(step_seconds > 0 ? job_.tokens_per_step() / step_seconds : 0);
+  if (EvalDue(spec, step)) {
+    absl::StatusOr<double> val = RunEval(step);
+    if (!val.ok()) return val.status();
+    summary.set_has_val_loss(true);
+    summary.set_val_loss(*val);
+  }
   env_.store->RecordStep(job_.id(), summary);
   return absl::OkStatus();
+}
+
+absl::StatusOr<double> JobRunner::RunEval(int64_t step) {
+  const int p = static_cast<int>(workers_.size());
+  std::vector<v1::RunStepResponse> responses(p);
+  v1::RunStepRequest req;
+  req.set_job_id(job_.id());
+  req.set_step(step);
+  req.set_mode(v1::STEP_MODE_EVAL);
+  absl::Status s = CallAll(absl::StrCat("validation after step ", step), env_.options.step_timeout,
+                           [&](int r, auto done) {
+                             clients_[r]->RunStep(req, &responses[r], env_.options.step_timeout,
+                                                  std::move(done));
+                           });
+  if (!s.ok()) return s;
+  for (const auto& resp : responses) {
+    if (resp.report().has_loss()) return resp.report().loss();
+  }
+  return absl::InternalError(
+      absl::StrCat("validation after step ", step, ": ", WorkerName(p - 1), " reported no loss"));
 }
 
 absl::Status JobRunner::Diagnose(const std::string& what, const Batch& batch) {

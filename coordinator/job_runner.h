@@ -44,8 +44,12 @@ struct RunnerEnv {
   RunnerOptions options;
 };
 
-// The learning rate for `step` (0-based): linear warm-up to lr, then constant.
-float LearningRateAt(const v1::OptimizerSpec& opt, int64_t step);
+// The learning rate for `step` (0-based) of a `total_steps` job: linear warm-up to lr over
+// warmup_steps, then constant or cosine decay to lr * min_lr_ratio at the last step.
+float LearningRateAt(const v1::OptimizerSpec& opt, int64_t step, int64_t total_steps);
+
+// Whether a validation pass follows training step `step`.
+bool EvalDue(const v1::JobSpec& spec, int64_t step);
 
 class JobRunner {
  public:
@@ -69,6 +73,8 @@ class JobRunner {
   absl::Status Plan();
   absl::Status ConfigureAll();
   absl::Status RunOneStep(int64_t step);
+  // The validation pass after `step`: RunStep(EVAL) on every worker; returns the loss.
+  absl::StatusOr<double> RunEval(int64_t step);
   void AbortAll(const std::string& reason);
   // One asynchronous call to every worker; guarded by mu_.
   struct Batch {
@@ -79,6 +85,10 @@ class JobRunner {
     int first_failure = -1;  // the rank whose call failed first (later ones may be our aborts)
   };
   StageWorkerClient::Done Completion(Batch* batch, int rank);
+  // Issues one call per worker (issue(rank, done)) and waits for all (AwaitBatch); a failed
+  // call is explained by Diagnose. `what` names the batch in errors ("step 7").
+  absl::Status CallAll(const std::string& what, absl::Duration timeout,
+                       const std::function<void(int, StageWorkerClient::Done)>& issue);
   // Waits for every call of the batch. If one fails, the job is interrupted or `timeout`
   // passes first, aborts every worker (so that blocked transfers return) and then waits for
   // the rest. Returns the interruption, or OK (the batch's results say the rest).

@@ -122,7 +122,7 @@ absl::StatusOr<std::string> JobStore::Add(const v1::JobSpec& spec) {
   job.set_created_unix_ms(NowMs());
   job.set_total_steps(spec.steps());
   job.set_effective_batch(EffectiveBatch(spec));
-  job.set_tokens_per_step(EffectiveBatch(spec));
+  job.set_tokens_per_step(TokensPerStep(spec));
   job.set_bubble_fraction_ideal(
       IdealBubbleFraction(spec.pipeline().stages(), spec.pipeline().micro_batches()));
   v1::JobEvent event;
@@ -216,6 +216,11 @@ void JobStore::RecordStep(const std::string& job_id, const v1::StepSummary& step
   Entry& e = it->second;
   e.job.set_steps_done(step.step() + 1);
   e.job.set_last_loss(step.loss());
+  if (step.skipped()) e.job.set_skipped_steps(e.job.skipped_steps() + 1);
+  if (step.has_val_loss()) {
+    e.job.set_has_val_loss(true);
+    e.job.set_last_val_loss(step.val_loss());
+  }
   auto* history = e.job.mutable_history();
   *history->Add() = step;
   if (static_cast<size_t>(history->size()) > kMaxHistory) {

@@ -24,6 +24,8 @@ class StageWorkerClient {
                          absl::Duration timeout, Done done) = 0;
   virtual void RunStep(const v1::RunStepRequest& request, v1::RunStepResponse* response,
                        absl::Duration timeout, Done done) = 0;
+  virtual void ApplyStep(const v1::ApplyStepRequest& request, v1::ApplyStepResponse* response,
+                         absl::Duration timeout, Done done) = 0;
   virtual absl::Status Abort(const v1::AbortRequest& request, absl::Duration timeout) = 0;
   // A cheap liveness probe (GetStatus).
   virtual absl::Status Probe(absl::Duration timeout) = 0;

@@ -47,6 +47,89 @@ const char* KindName(v1::ActionKind kind) {
   }
 }
 
+// Replays an action list: each micro-batch must go RECV_F -> F -> SEND_F and (unless
+// forward_only) RECV_B -> B -> SEND_B, with only the transfers a stage at this position has,
+// each exactly once.
+absl::Status ReplayActions(const google::protobuf::RepeatedPtrField<v1::Action>& actions,
+                           absl::string_view field, int m, bool first, bool last, bool forward_only,
+                           int stage, int num_stages) {
+  enum Bit { kRecvF = 1, kF = 2, kSendF = 4, kRecvB = 8, kB = 16, kSendB = 32 };
+  std::vector<int> done(m, 0);
+  for (int i = 0; i < actions.size(); ++i) {
+    const v1::Action& a = actions[i];
+    const std::string where =
+        absl::StrCat(field, "[", i, "] (", a.stage(), KindName(a.kind()), a.micro_batch(), ")");
+    if (a.stage() != stage) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": belongs to stage ", a.stage(), ", not ", stage));
+    }
+    if (a.micro_batch() < 0 || a.micro_batch() >= m) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": micro-batch outside [0, ", m, ")"));
+    }
+    int& d = done[a.micro_batch()];
+    int bit = 0;
+    int needs = 0;
+    bool allowed = true;
+    switch (a.kind()) {
+      case v1::ACTION_RECV_F:
+        bit = kRecvF;
+        allowed = !first;
+        break;
+      case v1::ACTION_F:
+        bit = kF;
+        needs = first ? 0 : kRecvF;
+        break;
+      case v1::ACTION_SEND_F:
+        bit = kSendF;
+        needs = kF;
+        allowed = !last;
+        break;
+      case v1::ACTION_RECV_B:
+        bit = kRecvB;
+        needs = kF;
+        allowed = !last;
+        break;
+      case v1::ACTION_B:
+        bit = kB;
+        needs = kF | (last ? 0 : kRecvB);
+        break;
+      case v1::ACTION_SEND_B:
+        bit = kSendB;
+        needs = kB;
+        allowed = !first;
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(where, ": action kind ",
+                                                       v1::ActionKind_Name(a.kind()),
+                                                       " is not supported by this worker"));
+    }
+    if (forward_only && (bit & (kRecvB | kB | kSendB)) != 0) allowed = false;
+    if (!allowed) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": stage ", stage, " of ", num_stages, " has no such transfer"));
+    }
+    if (d & bit) return absl::InvalidArgumentError(absl::StrCat(where, ": repeated"));
+    if ((d & needs) != needs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": comes before the action it depends on"));
+    }
+    d |= bit;
+  }
+  const int want = forward_only
+                       ? kF | (first ? 0 : kRecvF) | (last ? 0 : kSendF)
+                       : kF | kB | (first ? 0 : kRecvF | kSendB) | (last ? 0 : kSendF | kRecvB);
+  for (int mb = 0; mb < m; ++mb) {
+    if (done[mb] != want) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": micro-batch ", mb, " is missing some of its actions (each needs F",
+                       forward_only ? "" : " and B", first ? "" : ", RECV_F",
+                       first || forward_only ? "" : ", SEND_B", last ? "" : ", SEND_F",
+                       last || forward_only ? "" : ", RECV_B", ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int MicroBatchesOf(const v1::StageProgram& program) {
@@ -100,76 +183,21 @@ absl::Status ValidateStageProgram(const v1::StageProgram& p) {
     return absl::InvalidArgumentError(absl::StrCat("pipeline.micro_batch_size must be in [1, ",
                                                    kMaxMicroBatchSize, "], got ", b));
   }
-  // Replay the action list: each micro-batch must go RECV_F -> F -> SEND_F and RECV_B -> B ->
-  // SEND_B, with only the transfers a stage at this position has, each exactly once.
-  enum Bit { kRecvF = 1, kF = 2, kSendF = 4, kRecvB = 8, kB = 16, kSendB = 32 };
-  std::vector<int> done(m, 0);
-  for (int i = 0; i < p.actions_size(); ++i) {
-    const v1::Action& a = p.actions(i);
-    const std::string where = absl::StrCat("program.actions[", i, "] (", a.stage(),
-                                           KindName(a.kind()), a.micro_batch(), ")");
-    if (a.stage() != p.stage()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": belongs to stage ", a.stage(), ", not ", p.stage()));
-    }
-    if (a.micro_batch() < 0 || a.micro_batch() >= m) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": micro-batch outside [0, ", m, ")"));
-    }
-    int& d = done[a.micro_batch()];
-    int bit = 0;
-    int needs = 0;
-    bool allowed = true;
-    switch (a.kind()) {
-      case v1::ACTION_RECV_F:
-        bit = kRecvF;
-        allowed = !first;
-        break;
-      case v1::ACTION_F:
-        bit = kF;
-        needs = first ? 0 : kRecvF;
-        break;
-      case v1::ACTION_SEND_F:
-        bit = kSendF;
-        needs = kF;
-        allowed = !last;
-        break;
-      case v1::ACTION_RECV_B:
-        bit = kRecvB;
-        needs = kF;
-        allowed = !last;
-        break;
-      case v1::ACTION_B:
-        bit = kB;
-        needs = kF | (last ? 0 : kRecvB);
-        break;
-      case v1::ACTION_SEND_B:
-        bit = kSendB;
-        needs = kB;
-        allowed = !first;
-        break;
-      default:
-        return absl::InvalidArgumentError(absl::StrCat(where, ": action kind ",
-                                                       v1::ActionKind_Name(a.kind()),
-                                                       " is not supported by this worker"));
-    }
-    if (!allowed) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": stage ", p.stage(), " of ",
-                                                     p.num_stages(), " has no such transfer"));
-    }
-    if (d & bit) return absl::InvalidArgumentError(absl::StrCat(where, ": repeated"));
-    if ((d & needs) != needs) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": comes before the action it depends on"));
-    }
-    d |= bit;
+  if (absl::Status s = ReplayActions(p.actions(), "program.actions", m, first, last,
+                                     /*forward_only=*/false, p.stage(), p.num_stages());
+      !s.ok()) {
+    return s;
   }
-  const int want = kF | kB | (first ? 0 : kRecvF | kSendB) | (last ? 0 : kSendF | kRecvB);
-  for (int mb = 0; mb < m; ++mb) {
-    if (done[mb] != want) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("program.actions: micro-batch ", mb,
-                       " is missing some of its actions (each needs F and B",
-                       first ? "" : ", RECV_F, SEND_B", last ? "" : ", SEND_F, RECV_B", ")"));
+  if (p.eval_actions_size() > 0) {
+    const int e = p.eval_micro_batches();
+    if (e < 1 || e > kMaxMicroBatches) {
+      return absl::InvalidArgumentError(absl::StrCat("program.eval_micro_batches must be in [1, ",
+                                                     kMaxMicroBatches, "], got ", e));
+    }
+    if (absl::Status s = ReplayActions(p.eval_actions(), "program.eval_actions", e, first, last,
+                                       /*forward_only=*/true, p.stage(), p.num_stages());
+        !s.ok()) {
+      return s;
     }
   }
   return absl::OkStatus();
@@ -236,12 +264,13 @@ StageExecutor::StageExecutor(const v1::StageProgram& program, std::shared_ptr<co
       stage_(program.stage()),
       num_stages_(program.num_stages()),
       micro_batches_(MicroBatchesOf(program)),
+      eval_micro_batches_(program.eval_actions_size() > 0 ? program.eval_micro_batches() : 0),
       micro_batch_size_(program.spec().pipeline().micro_batch_size()),
       d_model_(program.spec().model().d_model()),
       first_(program.stage() == 0),
       last_(program.stage() == program.num_stages() - 1),
-      mbs_(static_cast<size_t>(micro_batches_)),
-      mb_bytes_(static_cast<size_t>(micro_batches_), 0),
+      mbs_(static_cast<size_t>(std::max(micro_batches_, eval_micro_batches_))),
+      mb_bytes_(mbs_.size(), 0),
       transport_(std::move(transport)) {
   if (corpus != nullptr) {
     sampler_ = std::make_unique<WindowSampler>(std::move(corpus), DataSeed(program.spec()),
@@ -273,10 +302,12 @@ void StageExecutor::Account(int mb) {
   peak_bytes_ = std::max(peak_bytes_, live_bytes_);
 }
 
-absl::Status StageExecutor::Forward(int mb, int64_t step) {
+absl::Status StageExecutor::Forward(int mb, int64_t step, bool eval) {
   MicroBatch& m = mbs_[mb];
-  const int64_t global_batch = micro_batch_size_ * micro_batches_;
-  const int64_t first_sample = step * global_batch + mb * micro_batch_size_;
+  // Training samples step*G + mb*B + i; evaluation always the same windows mb*B + i, so that
+  // validation losses are comparable across the run.
+  const int64_t global_batch = micro_batch_size_ * (eval ? eval_micro_batches_ : micro_batches_);
+  const int64_t first_sample = (eval ? 0 : step * global_batch) + mb * micro_batch_size_;
   if (first_ || last_) {
     sampler_->Sample(first_sample, micro_batch_size_, first_ ? &m.tokens : nullptr,
                      last_ ? &m.targets : nullptr);
@@ -319,7 +350,7 @@ absl::Status StageExecutor::Backward(int mb) {
   return absl::OkStatus();
 }
 
-absl::Status StageExecutor::RunAction(const v1::Action& a, int64_t step) {
+absl::Status StageExecutor::RunAction(const v1::Action& a, int64_t step, bool eval) {
   const int mb = a.micro_batch();
   MicroBatch& m = mbs_[mb];
   const size_t act_bytes = static_cast<size_t>(micro_batch_size_ * d_model_) * sizeof(float);
@@ -329,7 +360,7 @@ absl::Status StageExecutor::RunAction(const v1::Action& a, int64_t step) {
       return transport_->Recv(stage_ - 1, MakeTransferTag(Payload::kActivation, mb), m.input.data(),
                               act_bytes);
     case v1::ACTION_F:
-      return Forward(mb, step);
+      return Forward(mb, step, eval);
     case v1::ACTION_SEND_F:
       return transport_->PostSend(stage_ + 1, MakeTransferTag(Payload::kActivation, mb),
                                   m.output.data(), m.output.bytes());
@@ -347,14 +378,22 @@ absl::Status StageExecutor::RunAction(const v1::Action& a, int64_t step) {
   }
 }
 
-absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, float learning_rate) {
+absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode mode) {
   const std::string prefix = absl::StrCat("stage ", stage_);
   if (step < 0) {
     return absl::InvalidArgumentError(absl::StrCat(prefix, ": step must be >= 0, got ", step));
   }
-  if (!std::isfinite(learning_rate) || learning_rate < 0.0f) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(prefix, ": learning_rate must be a finite number >= 0, got ", learning_rate));
+  const bool eval = mode == v1::STEP_MODE_EVAL;
+  if (mode != v1::STEP_MODE_TRAIN && !eval) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, ": unknown step mode ", mode));
+  }
+  if (eval && eval_micro_batches_ == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(prefix, ": the stage program has no eval actions (eval.every is 0)"));
+  }
+  if (!eval && pending_step_ >= 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        prefix, ": the gradients of step ", pending_step_, " await ApplyStep before step ", step));
   }
   if (running_.exchange(true)) {
     return absl::FailedPreconditionError(absl::StrCat(prefix, ": a step is already running"));
@@ -389,13 +428,14 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, float learni
     return Annotate(s, absl::StrCat(prefix, ": ", what));
   };
 
-  for (int i = 0; i < program_.actions_size(); ++i) {
-    const v1::Action& a = program_.actions(i);
+  const auto& actions = eval ? program_.eval_actions() : program_.actions();
+  for (int i = 0; i < actions.size(); ++i) {
+    const v1::Action& a = actions[i];
     if (aborted_.load()) return fail(absl::AbortedError("the stage was aborted"), "step");
     v1::ActionTiming* timing = report.add_timings();
     timing->set_index(i);
     timing->set_start_us(UnixMicros());
-    absl::Status s = RunAction(a, step);
+    absl::Status s = RunAction(a, step, eval);
     timing->set_end_us(UnixMicros());
     if (!s.ok()) {
       std::string what = absl::StrCat(KindName(a.kind()), " mb ", a.micro_batch());
@@ -424,7 +464,19 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, float learni
   }
   if (aborted_.load()) return fail(absl::AbortedError("the stage was aborted"), "step");
   for (MicroBatch& m : mbs_) m = MicroBatch{};
-  optimizer_->Step(learning_rate);
+  if (!eval) {
+    double sum_sq = 0.0;
+    bool finite = true;
+    for (const Parameter* p : Parameters()) {
+      for (float g : p->grad.vec()) {
+        finite = finite && std::isfinite(g);
+        sum_sq += static_cast<double>(g) * g;
+      }
+    }
+    report.set_grad_norm_sq(sum_sq);
+    report.set_grads_finite(finite && std::isfinite(sum_sq));
+    pending_step_ = step;
+  }
 
   report.set_has_loss(last_);
   if (last_) report.set_loss(loss_);
@@ -436,6 +488,41 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, float learni
           .count());
   report.set_end_us(UnixMicros());
   return report;
+}
+
+absl::Status StageExecutor::ApplyStep(int64_t step, float learning_rate, float grad_scale,
+                                      bool skip) {
+  const std::string prefix = absl::StrCat("stage ", stage_);
+  if (pending_step_ != step) {
+    return absl::FailedPreconditionError(
+        pending_step_ < 0
+            ? absl::StrCat(prefix, ": no gradients are pending (apply of step ", step, ")")
+            : absl::StrCat(prefix, ": the pending gradients are step ", pending_step_,
+                           "'s, not step ", step, "'s"));
+  }
+  if (!skip) {
+    if (!std::isfinite(learning_rate) || learning_rate < 0.0f) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, ": learning_rate must be a finite number >= 0, got ", learning_rate));
+    }
+    if (!(grad_scale > 0.0f && grad_scale <= 1.0f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, ": grad_scale must be in (0, 1], got ", grad_scale));
+    }
+  }
+  std::vector<Parameter*> params = Parameters();
+  if (skip) {
+    for (Parameter* p : params) p->grad.Fill(0.0f);
+  } else {
+    if (grad_scale != 1.0f) {
+      for (Parameter* p : params) {
+        for (float& g : p->grad.vec()) g *= grad_scale;
+      }
+    }
+    optimizer_->Step(learning_rate);
+  }
+  pending_step_ = -1;
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::worker

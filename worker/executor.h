@@ -1,6 +1,9 @@
 // The stage executor: runs one stage's lowered action list (RECV_F/F/SEND_F/RECV_B/B/SEND_B
-// over the step's micro-batches), then applies the optimizer. No gRPC here: the gRPC adapter
-// and the in-process tests drive it through the same interface.
+// over the step's micro-batches). A training step has two phases: RunStep(TRAIN) accumulates
+// the gradients and reports their squared norm; the coordinator combines the norms of all
+// stages and calls ApplyStep with the clipping scale (or skip, when the global norm is not
+// finite). RunStep(EVAL) runs the forward-only program over fixed validation windows. No gRPC
+// here: the gRPC adapter and the in-process tests drive it through the same interface.
 //
 // Per step and micro-batch mb, the sample indices are step*G + mb*B + i (G = B * M, the
 // global batch), so the data does not depend on the partition or on M. The last stage reports
@@ -50,9 +53,18 @@ class StageExecutor {
       std::unique_ptr<Transport> transport);
   ~StageExecutor();
 
-  // Runs the action list for `step` with `learning_rate`, then the optimizer step.
-  // Errors name the stage and the action, e.g. "stage 1: RECV_F mb 3 from stage 0: ...".
-  absl::StatusOr<v1::StepReport> RunStep(int64_t step, float learning_rate);
+  // TRAIN: runs the action list for `step`; the gradients stay pending for ApplyStep(step)
+  // (FAILED_PRECONDITION if an earlier step's are still pending). EVAL: runs the eval program
+  // (FAILED_PRECONDITION if the program has none); gradients are untouched. Errors name the
+  // stage and the action, e.g. "stage 1: RECV_F mb 3 from stage 0: ...".
+  absl::StatusOr<v1::StepReport> RunStep(int64_t step, v1::StepMode mode = v1::STEP_MODE_TRAIN);
+
+  // Applies the pending gradients of `step`, multiplied by grad_scale, with learning_rate, and
+  // zeroes them; with `skip` drops them and changes nothing else. FAILED_PRECONDITION when
+  // `step`'s gradients are not pending; INVALID_ARGUMENT for a non-finite or negative rate or
+  // a scale outside (0, 1]. Not thread-safe with RunStep (the caller serialises them).
+  absl::Status ApplyStep(int64_t step, float learning_rate, float grad_scale = 1.0f,
+                         bool skip = false);
 
   // Unblocks a running RunStep (it returns ABORTED). Thread-safe, idempotent.
   void Abort();
@@ -69,8 +81,8 @@ class StageExecutor {
 
   StageExecutor(const v1::StageProgram& program, std::shared_ptr<const Corpus> corpus,
                 std::unique_ptr<Transport> transport);
-  absl::Status RunAction(const v1::Action& action, int64_t step);
-  absl::Status Forward(int mb, int64_t step);
+  absl::Status RunAction(const v1::Action& action, int64_t step, bool eval);
+  absl::Status Forward(int mb, int64_t step, bool eval);
   absl::Status Backward(int mb);
   void Account(int mb);
 
@@ -78,6 +90,7 @@ class StageExecutor {
   const int stage_;
   const int num_stages_;
   const int micro_batches_;
+  const int eval_micro_batches_;    // 0 when the program has no eval actions
   const int64_t micro_batch_size_;  // B
   const int64_t d_model_;           // D: width of the activations between stages
   const bool first_;
@@ -93,6 +106,7 @@ class StageExecutor {
   size_t live_bytes_ = 0;
   size_t peak_bytes_ = 0;
   double loss_ = 0.0;
+  int64_t pending_step_ = -1;  // the step whose gradients await ApplyStep
 
   std::atomic<bool> running_{false};
   std::atomic<bool> aborted_{false};

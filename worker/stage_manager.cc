@@ -118,29 +118,48 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
   return resp;
 }
 
-absl::StatusOr<v1::StepReport> StageManager::RunStep(const std::string& job_id, int64_t step,
-                                                     float learning_rate) {
-  StageExecutor* executor = nullptr;
+absl::StatusOr<StageExecutor*> StageManager::BeginStepLocked(const std::string& job_id) {
+  if (shut_down_) return absl::UnavailableError("worker is shutting down");
+  if (stage_ == nullptr || stage_->job_id != job_id) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " is not configured on this worker",
+                     stage_ == nullptr ? std::string(" (it holds no job)")
+                                       : absl::StrCat(" (it holds job ", stage_->job_id, ")")));
+  }
+  if (step_running_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, ": a step is already running on this worker"));
+  }
+  step_running_ = true;
+  return stage_->executor.get();  // kept alive until step_running_ is false
+}
+
+absl::Status StageManager::ApplyStep(const v1::ApplyStepRequest& request) {
+  absl::StatusOr<StageExecutor*> executor;
   {
     absl::MutexLock lock(&mu_);
-    if (shut_down_) return absl::UnavailableError("worker is shutting down");
-    if (stage_ == nullptr || stage_->job_id != job_id) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", job_id, " is not configured on this worker",
-                       stage_ == nullptr ? std::string(" (it holds no job)")
-                                         : absl::StrCat(" (it holds job ", stage_->job_id, ")")));
-    }
-    if (step_running_) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", job_id, ": a step is already running on this worker"));
-    }
-    step_running_ = true;
-    executor = stage_->executor.get();  // kept alive until step_running_ is false
+    executor = BeginStepLocked(request.job_id());
   }
-  absl::StatusOr<v1::StepReport> report = executor->RunStep(step, learning_rate);
+  if (!executor.ok()) return executor.status();
+  absl::Status s = (*executor)->ApplyStep(request.step(), request.learning_rate(),
+                                          request.grad_scale(), request.skip());
   absl::MutexLock lock(&mu_);
   step_running_ = false;
-  if (report.ok()) last_step_ = step;
+  return s;
+}
+
+absl::StatusOr<v1::StepReport> StageManager::RunStep(const std::string& job_id, int64_t step,
+                                                     v1::StepMode mode) {
+  absl::StatusOr<StageExecutor*> executor;
+  {
+    absl::MutexLock lock(&mu_);
+    executor = BeginStepLocked(job_id);
+  }
+  if (!executor.ok()) return executor.status();
+  absl::StatusOr<v1::StepReport> report = (*executor)->RunStep(step, mode);
+  absl::MutexLock lock(&mu_);
+  step_running_ = false;
+  if (report.ok() && mode == v1::STEP_MODE_TRAIN) last_step_ = step;
   return report;
 }
 

@@ -56,7 +56,11 @@ class StageManager {
   // FAILED_PRECONDITION when `job_id` is not the configured job or a step is running;
   // otherwise what the executor returns (ABORTED when aborted meanwhile).
   absl::StatusOr<v1::StepReport> RunStep(const std::string& job_id, int64_t step,
-                                         float learning_rate);
+                                         v1::StepMode mode = v1::STEP_MODE_TRAIN);
+
+  // Applies (or skips) the pending update of `step`; same preconditions as RunStep, then
+  // what StageExecutor::ApplyStep returns.
+  absl::Status ApplyStep(const v1::ApplyStepRequest& request);
 
   // Idempotent; OK for a job this worker does not hold. INVALID_ARGUMENT for an empty id.
   absl::Status Abort(const std::string& job_id, const std::string& reason);
@@ -85,6 +89,10 @@ class StageManager {
   // outside the lock).
   std::unique_ptr<Stage> TakeStageLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CancelConfigureLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks that `job_id` is configured and idle and marks a step running; the returned
+  // executor stays alive until step_running_ is cleared.
+  absl::StatusOr<StageExecutor*> BeginStepLocked(const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<const Corpus>> CorpusFor(const v1::StageProgram& program);
 
   const WorkerConfig config_;

@@ -26,11 +26,19 @@ grpc::Status StageWorkerService::RunStep(grpc::ServerContext* ctx, const v1::Run
   if (absl::Status s = CheckProtocolVersion(req->protocol_version(), kServerName); !s.ok()) {
     return ToGrpcStatus(s);
   }
-  absl::StatusOr<v1::StepReport> r =
-      manager_->RunStep(req->job_id(), req->step(), req->learning_rate());
+  absl::StatusOr<v1::StepReport> r = manager_->RunStep(req->job_id(), req->step(), req->mode());
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp->mutable_report() = *std::move(r);
   return grpc::Status::OK;
+}
+
+grpc::Status StageWorkerService::ApplyStep(grpc::ServerContext* ctx,
+                                           const v1::ApplyStepRequest* req,
+                                           v1::ApplyStepResponse* resp) {
+  if (absl::Status s = CheckProtocolVersion(req->protocol_version(), kServerName); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  return ToGrpcStatus(manager_->ApplyStep(*req));
 }
 
 grpc::Status StageWorkerService::Abort(grpc::ServerContext* ctx, const v1::AbortRequest* req,

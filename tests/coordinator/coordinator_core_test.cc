@@ -2,6 +2,7 @@
 // the network.
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <thread>
 
@@ -165,9 +166,35 @@ TEST(LearningRateTest, LinearWarmupThenConstant) {
   v1::OptimizerSpec opt;
   opt.set_lr(1.0f);
   opt.set_warmup_steps(4);
-  EXPECT_FLOAT_EQ(LearningRateAt(opt, 0), 0.25f);
-  EXPECT_FLOAT_EQ(LearningRateAt(opt, 3), 1.0f);
-  EXPECT_FLOAT_EQ(LearningRateAt(opt, 100), 1.0f);
+  opt.set_lr_schedule("constant");
+  EXPECT_FLOAT_EQ(LearningRateAt(opt, 0, 100), 0.25f);
+  EXPECT_FLOAT_EQ(LearningRateAt(opt, 3, 100), 1.0f);
+  EXPECT_FLOAT_EQ(LearningRateAt(opt, 99, 100), 1.0f);
+}
+
+TEST(LearningRateTest, WarmupThenCosineToMinRatioAtTheLastStep) {
+  v1::OptimizerSpec opt;
+  opt.set_lr(1.0f);
+  opt.set_warmup_steps(10);
+  opt.set_lr_schedule("cosine");
+  opt.set_min_lr_ratio(0.1f);
+  EXPECT_FLOAT_EQ(LearningRateAt(opt, 4, 111), 0.5f);
+  EXPECT_FLOAT_EQ(LearningRateAt(opt, 10, 111), 1.0f);   // first step after warm-up
+  EXPECT_FLOAT_EQ(LearningRateAt(opt, 60, 111), 0.55f);  // half way: (1 + 0.1) / 2
+  EXPECT_FLOAT_EQ(LearningRateAt(opt, 110, 111), 0.1f);  // last step
+  EXPECT_FLOAT_EQ(LearningRateAt(opt, 500, 111), 0.1f);
+}
+
+TEST(EvalDueTest, EveryKStepsAndAfterTheLast) {
+  v1::JobSpec spec = Spec(1, 10);
+  spec.mutable_eval()->set_every(4);
+  std::vector<int64_t> due;
+  for (int64_t s = 0; s < 10; ++s) {
+    if (EvalDue(spec, s)) due.push_back(s);
+  }
+  EXPECT_EQ(due, (std::vector<int64_t>{3, 7, 9}));
+  spec.mutable_eval()->set_every(0);
+  EXPECT_FALSE(EvalDue(spec, 9));
 }
 
 // A worker that answers from memory; counts RunStep calls and can be told to fail or hang.
@@ -196,10 +223,17 @@ class FakeWorker final : public StageWorkerClient {
     v1::StepReport* rep = response->mutable_report();
     rep->set_step(request.step());
     rep->set_exec_us(100);
+    rep->set_grad_norm_sq(request.step() == nan_at_step ? NAN : 4.0);  // norm 2 per stage
+    rep->set_grads_finite(request.step() != nan_at_step);
     if (program_.rank() == program_.num_ranks() - 1) {
       rep->set_has_loss(true);
       rep->set_loss(5.0 / (1 + request.step()));
     }
+    done(absl::OkStatus());
+  }
+  void ApplyStep(const v1::ApplyStepRequest& request, v1::ApplyStepResponse*, absl::Duration,
+                 Done done) override {
+    applies.push_back(request);
     done(absl::OkStatus());
   }
   absl::Status Abort(const v1::AbortRequest&, absl::Duration) override {
@@ -217,6 +251,8 @@ class FakeWorker final : public StageWorkerClient {
   std::atomic<bool> aborted{false};
   int64_t fail_at_step = -1;
   int64_t hang_at_step = -1;
+  int64_t nan_at_step = -1;
+  std::vector<v1::ApplyStepRequest> applies;
 };
 
 class FakeFactory final : public StageWorkerClientFactory {
@@ -280,6 +316,46 @@ TEST(JobRunnerTest, OneRunStepPerWorkerPerStepAndProgramsAreLowered) {
   EXPECT_DOUBLE_EQ(job.history(4).loss(), 1.0);
   EXPECT_EQ(job.stages(0).actions(), "0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3");
   EXPECT_EQ(f.registry.List()[0].state, v1::IDLE);
+}
+
+TEST(JobRunnerTest, ClipsByTheGlobalNormAndSkipsNonFiniteSteps) {
+  RunnerFixture f;
+  f.factory.configure = [](FakeWorker* w) {
+    if (w->rank_ == 1) w->nan_at_step = 2;
+  };
+  auto runner = f.Start(Spec(2, 4));  // grad_clip defaults to 1.0
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  for (FakeWorker* w : f.factory.made) {
+    ASSERT_EQ(w->applies.size(), 4u);
+    // Two stages of norm 2 each: global norm sqrt(8); clipped to 1.
+    EXPECT_FLOAT_EQ(w->applies[0].grad_scale(), static_cast<float>(1.0 / std::sqrt(8.0)));
+    EXPECT_FALSE(w->applies[0].skip());
+    EXPECT_TRUE(w->applies[2].skip());  // one stage's gradient was not finite: all skip
+  }
+  EXPECT_NEAR(job.history(0).grad_norm(), std::sqrt(8.0), 1e-12);
+  EXPECT_TRUE(job.history(2).skipped());
+  EXPECT_EQ(job.skipped_steps(), 1);
+}
+
+TEST(JobRunnerTest, EvaluatesEveryKSteps) {
+  RunnerFixture f;
+  v1::JobSpec spec = Spec(2, 5);
+  spec.mutable_eval()->set_every(2);
+  auto runner = f.Start(spec);
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  // Steps 1, 3 and the last (4) are followed by a validation pass: 5 + 3 RunStep calls.
+  for (FakeWorker* w : f.factory.made) EXPECT_EQ(w->run_steps.load(), 8);
+  EXPECT_FALSE(job.history(0).has_val_loss());
+  EXPECT_TRUE(job.history(1).has_val_loss());
+  EXPECT_TRUE(job.history(4).has_val_loss());
+  EXPECT_TRUE(job.has_val_loss());
+  const v1::StageProgram& p1 = f.factory.made[1]->program_;
+  EXPECT_EQ(p1.eval_micro_batches(), spec.eval().micro_batches());
+  EXPECT_EQ(p1.eval_actions(0).kind(), v1::ACTION_RECV_F);
 }
 
 TEST(JobRunnerTest, AStepErrorFailsTheJobNamingStageAndWorker) {

@@ -63,15 +63,25 @@ std::vector<double> Train(const v1::JobSpec& spec, int stages, const std::string
   for (int step = 0; step < kSteps; ++step) {
     std::vector<absl::StatusOr<v1::StepReport>> reports(stages, absl::UnknownError("not run"));
     for (int s = 0; s < stages; ++s) {
-      threads.emplace_back(
-          [&, s] { reports[s] = executors[s]->RunStep(step, spec.optimizer().lr()); });
+      threads.emplace_back([&, s] { reports[s] = executors[s]->RunStep(step); });
     }
     for (auto& t : threads) t.join();
     threads.clear();
+    double norm_sq = 0.0;
     for (int s = 0; s < stages; ++s) {
       EXPECT_TRUE(reports[s].ok()) << reports[s].status();
       if (!reports[s].ok()) return {};
       EXPECT_EQ(reports[s]->has_loss(), s == stages - 1);
+      EXPECT_TRUE(reports[s]->grads_finite());
+      norm_sq += reports[s]->grad_norm_sq();
+    }
+    // As the coordinator does: clip by the global norm over all stages.
+    const float clip = spec.optimizer().grad_clip();
+    const double norm = std::sqrt(norm_sq);
+    const float scale = clip > 0 && norm > clip ? static_cast<float>(clip / norm) : 1.0f;
+    for (int s = 0; s < stages; ++s) {
+      absl::Status applied = executors[s]->ApplyStep(step, spec.optimizer().lr(), scale);
+      EXPECT_TRUE(applied.ok()) << applied;
     }
     losses.push_back(reports.back()->loss());
     if (stage0_reports != nullptr) stage0_reports->push_back(*reports[0]);
@@ -161,25 +171,37 @@ TEST_F(ExecutorTest, AbortUnblocksRunningStep) {
   auto ex = StageExecutor::Create(programs[1], CorpusOf(spec), *std::move(t1));
   ASSERT_TRUE(ex.ok()) << ex.status();
   // Stage 0 never runs: stage 1 blocks in its first RECV_F.
-  auto step = std::async(std::launch::async, [&] { return (*ex)->RunStep(0, 0.01f); });
+  auto step = std::async(std::launch::async, [&] { return (*ex)->RunStep(0); });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_EQ((*ex)->RunStep(0, 0.01f).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*ex)->RunStep(0).status().code(), absl::StatusCode::kFailedPrecondition);
   (*ex)->Abort();
   ASSERT_EQ(step.wait_for(std::chrono::seconds(1)), std::future_status::ready);
   const auto r = step.get();
   EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
   EXPECT_NE(r.status().message().find("stage 1: RECV_F mb 0 from stage 0"), std::string::npos)
       << r.status();
-  EXPECT_EQ((*ex)->RunStep(1, 0.01f).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ((*ex)->RunStep(1).status().code(), absl::StatusCode::kAborted);
 }
 
 TEST_F(ExecutorTest, RejectsBadStepArguments) {
   const v1::JobSpec spec = TinyJob();
   auto ex = StageExecutor::Create(MakePrograms(spec, 1, "1f1b")[0], CorpusOf(spec), nullptr);
   ASSERT_TRUE(ex.ok());
-  EXPECT_EQ((*ex)->RunStep(-1, 0.1f).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*ex)->RunStep(0, NAN).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE((*ex)->RunStep(0, 0.1f).ok());
+  EXPECT_EQ((*ex)->RunStep(-1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*ex)->RunStep(0, static_cast<v1::StepMode>(7)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*ex)->RunStep(0, v1::STEP_MODE_EVAL).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // the program has no eval actions
+  EXPECT_EQ((*ex)->ApplyStep(0, 0.1f).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE((*ex)->RunStep(0).ok());
+  // The gradients of step 0 are pending: step 1 must wait for ApplyStep(0).
+  EXPECT_EQ((*ex)->RunStep(1).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*ex)->ApplyStep(1, 0.1f).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*ex)->ApplyStep(0, NAN).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*ex)->ApplyStep(0, 0.1f, 0.0f).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*ex)->ApplyStep(0, 0.1f, 1.5f).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*ex)->ApplyStep(0, 0.1f).ok());
+  EXPECT_TRUE((*ex)->RunStep(1).ok());
   // A multi-rank program needs a transport; a first stage needs its corpus.
   EXPECT_FALSE(
       StageExecutor::Create(MakePrograms(spec, 2, "1f1b")[0], CorpusOf(spec), nullptr).ok());

@@ -61,23 +61,30 @@ TEST_F(StageManagerTest, ConfigureRunAbortLifecycle) {
   EXPECT_EQ(w1.GetSnapshot().state, v1::BUSY);
 
   for (int step = 0; step < 2; ++step) {
-    auto s1 = std::async(std::launch::async, [&] { return w1.RunStep("job-1", step, 0.01f); });
-    auto s0 = w0.RunStep("job-1", step, 0.01f);
+    auto s1 = std::async(std::launch::async, [&] { return w1.RunStep("job-1", step); });
+    auto s0 = w0.RunStep("job-1", step);
     auto rep1 = s1.get();
     ASSERT_TRUE(s0.ok()) << s0.status();
     ASSERT_TRUE(rep1.ok()) << rep1.status();
+    v1::ApplyStepRequest apply;
+    apply.set_job_id("job-1");
+    apply.set_step(step);
+    apply.set_learning_rate(0.01f);
+    apply.set_grad_scale(1.0f);
+    ASSERT_TRUE(w0.ApplyStep(apply).ok());
+    ASSERT_TRUE(w1.ApplyStep(apply).ok());
     EXPECT_TRUE(rep1->has_loss());
     EXPECT_GT(rep1->loss(), 0.0);
   }
   EXPECT_EQ(w0.GetStatus().last_step(), 1);
 
   // Wrong job: refused, nothing changes.
-  EXPECT_EQ(w0.RunStep("job-2", 2, 0.01f).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(w0.RunStep("job-2", 2).status().code(), absl::StatusCode::kFailedPrecondition);
 
   // Abort while stage 1 waits for a forward that never comes.
-  auto blocked = std::async(std::launch::async, [&] { return w1.RunStep("job-1", 2, 0.01f); });
+  auto blocked = std::async(std::launch::async, [&] { return w1.RunStep("job-1", 2); });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_EQ(w1.RunStep("job-1", 2, 0.01f).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(w1.RunStep("job-1", 2).status().code(), absl::StatusCode::kFailedPrecondition);
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_TRUE(w1.Abort("job-1", "test").ok());
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
@@ -86,7 +93,7 @@ TEST_F(StageManagerTest, ConfigureRunAbortLifecycle) {
   EXPECT_TRUE(w1.Abort("job-1", "again").ok());  // idempotent
   EXPECT_TRUE(w1.Abort("unknown", "").ok());     // unknown job
   EXPECT_EQ(w1.Abort("", "").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(w1.RunStep("job-1", 3, 0.01f).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(w1.RunStep("job-1", 3).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(w0.Abort("job-1", "test").ok());
 }
 
@@ -122,12 +129,16 @@ TEST_F(StageManagerTest, ConfigureRejectsBadPrograms) {
   EXPECT_EQ(w.GetStatus().state(), v1::IDLE);
   // A good single-stage program then works, and a second configure replaces it.
   ASSERT_TRUE(w.Configure(MakePrograms(TinyJob(), 1, "gpipe")[0]).ok());
-  ASSERT_TRUE(w.RunStep("job-1", 0, 0.01f).ok());
+  ASSERT_TRUE(w.RunStep("job-1", 0).ok());
+  v1::ApplyStepRequest wrong_job;
+  wrong_job.set_job_id("job-9");
+  wrong_job.set_step(0);
+  EXPECT_EQ(w.ApplyStep(wrong_job).code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(w.Configure(MakePrograms(TinyJob(), 1, "gpipe", "job-2")[0]).ok());
   EXPECT_EQ(w.GetStatus().job_id(), "job-2");
-  EXPECT_EQ(w.RunStep("job-1", 1, 0.01f).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(w.RunStep("job-1", 1).status().code(), absl::StatusCode::kFailedPrecondition);
   w.Shutdown();
-  EXPECT_EQ(w.RunStep("job-2", 0, 0.01f).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(w.RunStep("job-2", 0).status().code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace

@@ -187,7 +187,6 @@ TEST_F(StageServiceTest, TwoStageJobOverGrpc) {
     req.set_protocol_version(kProtocolVersion);
     req.set_job_id("job-1");
     req.set_step(step);
-    req.set_learning_rate(0.01f);
     return stub->RunStep(&ctx, req, resp);
   };
   v1::RunStepResponse r0, r1;
@@ -197,6 +196,20 @@ TEST_F(StageServiceTest, TwoStageJobOverGrpc) {
   EXPECT_TRUE(r1.report().has_loss());
   EXPECT_NEAR(r1.report().loss(), std::log(256.0), 0.1);
   EXPECT_FALSE(r0.report().has_loss());
+  EXPECT_TRUE(r0.report().grads_finite());
+  EXPECT_GT(r0.report().grad_norm_sq(), 0.0);
+  for (v1::StageWorker::Stub* stub : {stub0.get(), stub1.get()}) {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, milliseconds(5000));
+    v1::ApplyStepRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    req.set_job_id("job-1");
+    req.set_step(0);
+    req.set_learning_rate(0.01f);
+    req.set_grad_scale(1.0f);
+    v1::ApplyStepResponse resp;
+    ASSERT_TRUE(stub->ApplyStep(&ctx, req, &resp).ok());
+  }
 
   // Status, then Abort while stage 1 blocks, over RPC.
   {
