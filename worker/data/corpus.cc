@@ -1,14 +1,15 @@
 #include "worker/data/corpus.h"
 
+#include <algorithm>
 #include <array>
-#include <cerrno>
-#include <cstring>
+#include <cmath>
 #include <filesystem>
-#include <fstream>
+#include <limits>
+#include <system_error>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "worker/model/random.h"
 
 namespace tandem::worker {
@@ -72,101 +73,204 @@ std::vector<uint8_t> GenerateSyntheticCorpus(uint64_t seed, int64_t length) {
   return out;
 }
 
-absl::StatusOr<std::string> ResolveDataPath(const std::string& data_root, absl::string_view path) {
-  if (path.empty()) {
-    return absl::InvalidArgumentError("data.path is required when data.source is 'file'");
-  }
-  if (path.front() == '/') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data.path '", path, "' must be relative to the worker's data root, not absolute"));
-  }
-  for (absl::string_view part : absl::StrSplit(path, '/')) {
-    if (part == "..") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data.path '", path, "' must stay inside the worker's data root ('..' is not allowed)"));
-    }
-  }
-  return (std::filesystem::path(data_root.empty() ? "." : data_root) / std::string(path)).string();
+namespace {
+
+// Prefixes a file error with the spec field and path it came from, keeping its code.
+absl::Status InField(const absl::Status& s, absl::string_view field, absl::string_view path) {
+  return absl::Status(s.code(), absl::StrCat(field, " '", path, "': ", s.message()));
 }
 
-absl::StatusOr<std::shared_ptr<const Corpus>> LoadCorpus(const v1::JobSpec& spec,
-                                                         const std::string& data_root,
-                                                         int64_t min_bytes) {
-  const v1::DataSpec& data = spec.data();
-  std::vector<uint8_t> bytes;
-  if (data.source() == "synthetic") {
-    if (data.synthetic_bytes() < min_bytes || data.synthetic_bytes() > kMaxCorpusBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data.synthetic_bytes must be in [", min_bytes, ", ", kMaxCorpusBytes,
-                       "] (at least context + 1), got ", data.synthetic_bytes()));
-    }
-    bytes = GenerateSyntheticCorpus(DataSeed(spec), data.synthetic_bytes());
-  } else if (data.source() == "file") {
-    absl::StatusOr<std::string> full = ResolveDataPath(data_root, data.path());
-    if (!full.ok()) return full.status();
-    std::error_code ec;
-    const bool regular = std::filesystem::is_regular_file(*full, ec);
-    if (!regular) {
-      if (!std::filesystem::exists(*full, ec)) {
-        return absl::NotFoundError(absl::StrCat("data.path '", data.path(), "': ", *full,
-                                                " does not exist under the worker's data root"));
+absl::Status CheckVocab(const v1::JobSpec& spec, const TokenStream& stream,
+                        absl::string_view where) {
+  const int32_t vocab = spec.model().vocab_size();
+  if (stream.max_token() >= vocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.vocab_size ", vocab, " is too small for the data: ", where,
+                     " holds token ", stream.max_token(), " (token ids must be < vocab_size)"));
+  }
+  return absl::OkStatus();
+}
+
+// The files `path` (spec field `field`) names, read as `format` and concatenated. Each
+// file's tokens must be < model.vocab_size; `memory_budget` is what in-memory (bytes) files
+// may still use, and is reduced by what they take.
+absl::StatusOr<std::shared_ptr<const TokenStream>> LoadFiles(
+    const v1::JobSpec& spec, const std::string& data_root, absl::string_view path,
+    absl::string_view field, int64_t* memory_budget, std::vector<std::string>* files) {
+  absl::StatusOr<std::vector<std::string>> resolved = ResolveDataFiles(data_root, path, field);
+  if (!resolved.ok()) return resolved.status();
+  *files = *std::move(resolved);
+  const bool bytes = spec.data().format() == "bytes";
+  std::vector<std::shared_ptr<const TokenStream>> parts;
+  int64_t total = 0;
+  for (const std::string& file : *files) {
+    absl::StatusOr<std::shared_ptr<const TokenStream>> part =
+        bytes ? ReadByteFile(file, *memory_budget) : MapTokenFile(file);
+    if (!part.ok()) {
+      if (bytes && part.status().code() == absl::StatusCode::kInvalidArgument) {
+        return InField(absl::InvalidArgumentError(absl::StrCat(
+                           part.status().message(), " (", kMaxCorpusBytes,
+                           " bytes in all; use data.format 'tokens' for larger data)")),
+                       field, path);
       }
+      return InField(part.status(), field, path);
+    }
+    if (bytes) *memory_budget -= (*part)->size();
+    if ((*part)->size() > std::numeric_limits<int64_t>::max() - total) {
       return absl::InvalidArgumentError(
-          absl::StrCat("data.path '", data.path(), "': ", *full, " is not a regular file"));
+          absl::StrCat(field, " '", path, "': more tokens than an int64 can count"));
     }
-    const auto size = std::filesystem::file_size(*full, ec);
-    if (ec || static_cast<int64_t>(size) > kMaxCorpusBytes) {
+    total += (*part)->size();
+    if (absl::Status s = CheckVocab(spec, **part, absl::StrCat(field, " file ", file)); !s.ok()) {
+      return s;
+    }
+    parts.push_back(*std::move(part));
+  }
+  return ConcatTokenStreams(std::move(parts));
+}
+
+absl::Status CheckLength(const TokenStream& stream, int64_t window, absl::string_view what) {
+  if (stream.size() < window) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", stream.size(),
+                                                   " tokens is too short; need at least ", window,
+                                                   " (one training window)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Dataset> LoadDataset(const v1::JobSpec& spec, const std::string& data_root,
+                                    int64_t window) {
+  const v1::DataSpec& data = spec.data();
+  if (window < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("window must be positive, got ", window));
+  }
+  const float fraction = data.val_fraction();
+  if (!(fraction >= 0.0f && fraction < 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.val_fraction must be in [0, 1), got ", fraction));
+  }
+  Dataset out;
+  std::shared_ptr<const TokenStream> stream;
+  int64_t memory_budget = kMaxCorpusBytes;
+  std::string train_what;  // names the training data in errors
+  if (data.source() == "synthetic") {
+    if (!data.val_path().empty()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("data.path '", data.path(), "': cannot use ", *full,
-                       ec ? absl::StrCat(": ", ec.message())
-                          : absl::StrCat(" (larger than ", kMaxCorpusBytes, " bytes)")));
+          "data.val_path applies to data.source 'file' only; the synthetic source holds out "
+          "data.val_fraction");
     }
-    std::ifstream in(*full, std::ios::binary);
-    if (!in) {
-      return absl::PermissionDeniedError(absl::StrCat("data.path '", data.path(), "': cannot open ",
-                                                      *full, ": ", std::strerror(errno)));
-    }
-    bytes.resize(size);
-    in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size));
-    if (in.gcount() != static_cast<std::streamsize>(size)) {
-      return absl::DataLossError(
-          absl::StrCat("data.path '", data.path(), "': short read from ", *full));
-    }
-    if (static_cast<int64_t>(bytes.size()) < min_bytes) {
+    if (data.synthetic_bytes() < window || data.synthetic_bytes() > kMaxCorpusBytes) {
       return absl::InvalidArgumentError(
-          absl::StrCat("data.path '", data.path(), "': ", bytes.size(),
-                       " bytes is too short; need at least ", min_bytes, " (context + 1)"));
+          absl::StrCat("data.synthetic_bytes must be in [", window, ", ", kMaxCorpusBytes,
+                       "] (at least one training window), got ", data.synthetic_bytes()));
+    }
+    stream = MakeByteTokenStream(GenerateSyntheticCorpus(DataSeed(spec), data.synthetic_bytes()));
+    if (absl::Status s = CheckVocab(spec, *stream, "the synthetic corpus"); !s.ok()) return s;
+    train_what = absl::StrCat("data.synthetic_bytes ", data.synthetic_bytes());
+  } else if (data.source() == "file") {
+    if (data.format() != "bytes" && data.format() != "tokens") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data.format '", data.format(), "' is not supported; expected bytes or tokens"));
+    }
+    std::vector<std::string> train_files;
+    absl::StatusOr<std::shared_ptr<const TokenStream>> train =
+        LoadFiles(spec, data_root, data.path(), "data.path", &memory_budget, &train_files);
+    if (!train.ok()) return train.status();
+    stream = *std::move(train);
+    train_what = absl::StrCat("data.path '", data.path(), "'");
+    if (!data.val_path().empty()) {
+      std::vector<std::string> val_files;
+      absl::StatusOr<std::shared_ptr<const TokenStream>> val =
+          LoadFiles(spec, data_root, data.val_path(), "data.val_path", &memory_budget, &val_files);
+      if (!val.ok()) return val.status();
+      // Validation must never be trained on.
+      for (const std::string& v : val_files) {
+        for (const std::string& t : train_files) {
+          std::error_code ec;
+          if (std::filesystem::equivalent(v, t, ec)) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("data.val_path '", data.val_path(), "': ", v,
+                             " is also a training file of data.path '", data.path(), "'"));
+          }
+        }
+      }
+      if (absl::Status s = CheckLength(*stream, window, train_what); !s.ok()) return s;
+      if (absl::Status s =
+              CheckLength(**val, window, absl::StrCat("data.val_path '", data.val_path(), "'"));
+          !s.ok()) {
+        return s;
+      }
+      out.train = std::move(stream);
+      out.val = *std::move(val);
+      return out;
     }
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "data.source '", data.source(), "' is not supported; expected synthetic or file"));
   }
-  return std::make_shared<const Corpus>(std::move(bytes));
+
+  if (absl::Status s = CheckLength(*stream, window, train_what); !s.ok()) return s;
+  const int64_t n = stream->size();
+  if (fraction == 0.0f) {
+    out.train = std::move(stream);
+    return out;
+  }
+  const int64_t held_out = std::max(
+      window,
+      static_cast<int64_t>(std::floor(static_cast<double>(fraction) * static_cast<double>(n))));
+  if (n - held_out < window) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.val_fraction ", fraction, " of ", train_what, " (", n, " tokens) holds out ",
+        held_out, " tokens and leaves ", n - held_out, " for training; each split needs at least ",
+        window, " tokens (one window), so the data needs at least ", 2 * window,
+        " tokens (or set data.val_fraction 0 or data.val_path)"));
+  }
+  out.train = SliceTokenStream(stream, 0, n - held_out);
+  out.val = SliceTokenStream(std::move(stream), n - held_out, held_out);
+  return out;
 }
+
+absl::StatusOr<std::shared_ptr<const Corpus>> LoadCorpus(const v1::JobSpec& spec,
+                                                         const std::string& data_root,
+                                                         int64_t min_bytes) {
+  absl::StatusOr<Dataset> dataset = LoadDataset(spec, data_root, min_bytes);
+  if (!dataset.ok()) return dataset.status();
+  return std::make_shared<const Corpus>(std::move(dataset->train));
+}
+
+WindowSampler::WindowSampler(std::shared_ptr<const TokenStream> stream, uint64_t data_seed,
+                             int64_t window)
+    : stream_(std::move(stream)),
+      stream_seed_(MixSeed(data_seed, kSampleStream)),
+      window_(window) {}
 
 WindowSampler::WindowSampler(std::shared_ptr<const Corpus> corpus, uint64_t data_seed,
                              int64_t context)
-    : corpus_(std::move(corpus)),
-      stream_seed_(MixSeed(data_seed, kSampleStream)),
-      context_(context) {}
+    : WindowSampler(corpus->stream(), data_seed, context + 1) {}
 
 int64_t WindowSampler::WindowStart(int64_t index) const {
-  const uint64_t range = corpus_->size() - static_cast<uint64_t>(context_);
-  return static_cast<int64_t>(MixSeed(stream_seed_, static_cast<uint64_t>(index)) % range);
+  const uint64_t starts = static_cast<uint64_t>(stream_->size() - window_ + 1);
+  return static_cast<int64_t>(MixSeed(stream_seed_, static_cast<uint64_t>(index)) % starts);
+}
+
+void WindowSampler::Sample(int64_t first, int64_t count, int32_t* out) const {
+  for (int64_t i = 0; i < count; ++i) {
+    stream_->Read(WindowStart(first + i), window_, out + i * window_);
+  }
 }
 
 void WindowSampler::Sample(int64_t first, int64_t count, IntTensor* tokens,
                            IntTensor* targets) const {
-  if (tokens != nullptr) tokens->Reset({count, context_});
+  const int64_t context = window_ - 1;
+  if (tokens != nullptr) tokens->Reset({count, context});
   if (targets != nullptr) targets->Reset({count});
-  const uint8_t* bytes = corpus_->bytes().data();
+  std::vector<int32_t> w(static_cast<size_t>(window_));
   for (int64_t i = 0; i < count; ++i) {
-    const int64_t start = WindowStart(first + i);
-    if (tokens != nullptr) {
-      int32_t* row = tokens->data() + i * context_;
-      for (int64_t k = 0; k < context_; ++k) row[k] = bytes[start + k];
-    }
-    if (targets != nullptr) (*targets)[i] = bytes[start + context_];
+    Sample(first + i, 1, w.data());
+    if (tokens != nullptr) std::copy(w.begin(), w.end() - 1, tokens->data() + i * context);
+    if (targets != nullptr) (*targets)[i] = w.back();
   }
 }
 

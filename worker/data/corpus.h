@@ -1,10 +1,12 @@
-// Training data: a byte corpus (synthetic or from a file under the worker's data root) and the
-// deterministic sampling of training windows from it.
+// Training data: the dataset a job trains and validates on (synthetic, or files under the
+// worker's data root as bytes or uint16 tokens, one file or shards) and the deterministic
+// sampling of windows from it.
 //
 // Sampling depends only on (data seed, global sample index), so the first stage (which reads
-// the tokens) and the last stage (which reads the targets) agree, whatever the partition and
+// the inputs) and the last stage (which reads the targets) agree, whatever the partition and
 // however the global batch splits into micro-batches.
-// Thread-safety: Corpus and WindowSampler are immutable after construction and safe to share.
+// Thread-safety: Dataset streams and WindowSampler are immutable after construction and safe
+// to share across threads.
 #ifndef TANDEM_WORKER_DATA_CORPUS_H_
 #define TANDEM_WORKER_DATA_CORPUS_H_
 
@@ -14,24 +16,16 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "tandem/v1/spec.pb.h"
+#include "worker/data/data_path.h"
+#include "worker/data/token_stream.h"
 #include "worker/model/tensor.h"
 
 namespace tandem::worker {
 
-// Refused above this size (synthetic or file), to keep a spec from exhausting memory.
+// In-memory corpora (synthetic, format "bytes") are refused above this many bytes in total,
+// to keep a spec from exhausting memory. Token files are memory-mapped and not limited.
 inline constexpr int64_t kMaxCorpusBytes = int64_t{4} << 30;
-
-class Corpus {
- public:
-  explicit Corpus(std::vector<uint8_t> bytes) : bytes_(std::move(bytes)) {}
-  const std::vector<uint8_t>& bytes() const { return bytes_; }
-  size_t size() const { return bytes_.size(); }
-
- private:
-  std::vector<uint8_t> bytes_;
-};
 
 // data.seed, or the job seed when data.seed is 0.
 uint64_t DataSeed(const v1::JobSpec& spec);
@@ -41,32 +35,76 @@ uint64_t DataSeed(const v1::JobSpec& spec);
 // rate (about 1 nat) is far below ln 256, so a falling loss shows the model learning.
 std::vector<uint8_t> GenerateSyntheticCorpus(uint64_t seed, int64_t length);
 
-// Joins `path` (from a job spec) under `data_root`. INVALID_ARGUMENT naming data.path when it
-// is empty, absolute or has a '..' component.
-absl::StatusOr<std::string> ResolveDataPath(const std::string& data_root, absl::string_view path);
+// A job's data, split into a training and a validation stream that never overlap.
+struct Dataset {
+  std::shared_ptr<const TokenStream> train;  // never null after LoadDataset
+  // Null when the spec holds nothing out (val_fraction 0 and no val_path): a validation
+  // request must then be refused.
+  std::shared_ptr<const TokenStream> val;
 
-// The corpus a job trains on (spec.data), checked to hold at least `min_bytes` bytes:
-// INVALID_ARGUMENT for a bad source/path/size, NOT_FOUND for a missing file.
+  bool has_val() const { return val != nullptr; }
+};
+
+// Loads spec.data. `window` = tokens per sample (context + 1 for mlp_lm, seq_len + 1 for
+// gpt). Sources:
+//   synthetic: GenerateSyntheticCorpus(DataSeed(spec), data.synthetic_bytes) (data.format is
+//     not consulted; data.val_path is refused).
+//   file: data.path (a file or a shard pattern, see data_path.h) read as data.format:
+//     "bytes" (in memory, kMaxCorpusBytes in total) or "tokens" (memory-mapped uint16 files,
+//     see MapTokenFile); shards concatenate in name order.
+// Split: with data.val_path, val is those files (as data.format; they may not be training
+// files too). Otherwise val is the last max(window, floor(val_fraction * n)) tokens of the n
+// training tokens and train the rest (views, no copy); val_fraction 0 leaves val null.
+// Errors (INVALID_ARGUMENT unless said otherwise): a bad source, format or val_fraction
+// (outside [0, 1)); a split shorter than `window` (naming data.path, data.val_path,
+// data.val_fraction or data.synthetic_bytes, with the sizes); a token >= model.vocab_size
+// (naming the token and the file); path errors of ResolveDataFiles (NOT_FOUND for no file);
+// file errors of ReadByteFile / MapTokenFile (DATA_LOSS for a corrupt token file).
+absl::StatusOr<Dataset> LoadDataset(const v1::JobSpec& spec, const std::string& data_root,
+                                    int64_t window);
+
+// deprecated: executor migrates to LoadDataset. The training split of a Dataset.
+class Corpus {
+ public:
+  explicit Corpus(std::shared_ptr<const TokenStream> stream) : stream_(std::move(stream)) {}
+  const std::shared_ptr<const TokenStream>& stream() const { return stream_; }
+  size_t size() const { return static_cast<size_t>(stream_->size()); }
+
+ private:
+  std::shared_ptr<const TokenStream> stream_;
+};
+
+// deprecated: executor migrates to LoadDataset. LoadDataset(spec, data_root, min_bytes).train
+// (so the held-out validation tokens are never trained on).
 absl::StatusOr<std::shared_ptr<const Corpus>> LoadCorpus(const v1::JobSpec& spec,
                                                          const std::string& data_root,
                                                          int64_t min_bytes);
 
-// Training windows: sample g starts at MixSeed(stream(seed), g) % (corpus size - context);
-// its tokens are the `context` bytes from there and its target the byte after them.
+// Windows of `window` consecutive tokens: sample g starts at
+// MixSeed(stream(data_seed), g) % (stream size - window + 1), the same on every worker.
 class WindowSampler {
  public:
-  // corpus->size() must be > context (LoadCorpus checks it).
-  WindowSampler(std::shared_ptr<const Corpus> corpus, uint64_t data_seed, int64_t context);
+  // Requires stream->size() >= window >= 1 (LoadDataset checks it for both splits).
+  WindowSampler(std::shared_ptr<const TokenStream> stream, uint64_t data_seed, int64_t window);
 
-  // Samples [first, first + count): tokens (count, context) and/or targets (count,); either
-  // may be null.
-  void Sample(int64_t first, int64_t count, IntTensor* tokens, IntTensor* targets) const;
+  // Fills out (count, window) with the windows of samples first .. first + count - 1.
+  void Sample(int64_t first, int64_t count, int32_t* out) const;
+  // Where sample `index` starts in the stream.
   int64_t WindowStart(int64_t index) const;
+  int64_t window() const { return window_; }
+  const TokenStream& stream() const { return *stream_; }
+
+  // deprecated: executor migrates to LoadDataset. Windows of context + 1 tokens.
+  WindowSampler(std::shared_ptr<const Corpus> corpus, uint64_t data_seed, int64_t context);
+  // deprecated: executor migrates to LoadDataset. Splits each window of samples
+  // [first, first + count) into tokens (count, window - 1) and the target after them
+  // (count,); either may be null.
+  void Sample(int64_t first, int64_t count, IntTensor* tokens, IntTensor* targets) const;
 
  private:
-  std::shared_ptr<const Corpus> corpus_;
+  std::shared_ptr<const TokenStream> stream_;
   uint64_t stream_seed_;
-  int64_t context_;
+  int64_t window_;
 };
 
 }  // namespace tandem::worker
