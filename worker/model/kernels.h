@@ -68,6 +68,55 @@ void SoftmaxCrossEntropyBackward(const float* probs,      // (N, V)
                                  const int32_t* targets,  // (N)
                                  float scale, float* dlogits, int64_t n, int64_t v);
 
+// ---------------------------------------------------------------------------------------
+// GPT kernels.
+
+// Linear backward with the output gradient scaled and no bias: din += scale * dout * w;
+// dw += scale * dout^T * in. din may be null. Lets a caller apply a late scalar (the loss
+// gradient) inside the GEMMs instead of materialising a scaled copy of a large dout.
+void ScaledLinearBackward(const float* dout,  // (N, OC)
+                          const float* in,    // (N, C)
+                          const float* w,     // (OC, C)
+                          float scale,
+                          float* din,  // (N, C) or null
+                          float* dw,   // (OC, C)
+                          int64_t n, int64_t c, int64_t oc);
+
+// Causal multi-head self-attention on a fused q | k | v projection (GPT-2 / llm.c layout):
+// head h of q is columns [h*hd, (h+1)*hd) of the first C columns of qkv, k and v follow at
+// offsets C and 2C (hd = C / NH). For each (b, h): att = softmax(q k^T / sqrt(hd)) with
+// att[t][t'] = 0 for t' > t, and out[b, :, h*hd:(h+1)*hd] = att v. Two sgemm calls per
+// (b, h), reading q, k, v in place (leading dimension 3C).
+void CausalAttentionForward(const float* qkv,  // (B, T, 3C)
+                            float* att,        // (B, NH, T, T) softmax probabilities, saved
+                            float* out,        // (B, T, C) heads merged
+                            int64_t b, int64_t t, int64_t c, int64_t nh);
+
+// dqkv += d(out)/d(qkv)^T dout, from the saved probabilities. Four sgemm calls per (b, h).
+void CausalAttentionBackward(const float* dout,  // (B, T, C)
+                             const float* qkv,   // (B, T, 3C)
+                             const float* att,   // (B, NH, T, T)
+                             float* dqkv,        // (B, T, 3C) +=
+                             int64_t b, int64_t t, int64_t c, int64_t nh);
+
+// Fused softmax cross-entropy for a large vocabulary: overwrites each row of logits with
+// softmax(row) - onehot(target), so that the caller's dlogits is that buffer times
+// (d loss / normalizer), and returns the summed -log p[target] (in double). Targets must be
+// in [0, V) (callers validate them).
+double SoftmaxCrossEntropyInPlace(float* logits,           // (N, V) in: logits; out: p - onehot
+                                  const int32_t* targets,  // (N)
+                                  int64_t n, int64_t v);
+
+// GeluForward / GeluBackward computed eight lanes at a time with a polynomial exp (tanh(u) =
+// 1 - 2 / (exp(2u) + 1)); they agree with the reference kernels to 1e-6 absolute on the
+// output and 1e-5 relative on the gradient (tests/worker/gpt_layers_test.cc). in-place
+// (out == in) is allowed for the forward.
+void GeluForwardFast(const float* in, float* out, int64_t count);
+void GeluBackwardFast(const float* in, const float* dout, float* din, int64_t count);
+
+// out[i] = a[i] + b[i]; out may alias a or b.
+void Add(const float* a, const float* b, float* out, int64_t count);
+
 }  // namespace tandem::worker::kernels
 
 #endif  // TANDEM_WORKER_MODEL_KERNELS_H_

@@ -1,0 +1,457 @@
+#include "worker/model/gpt.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "worker/model/kernels.h"
+#include "worker/model/random.h"
+
+namespace tandem::worker {
+namespace {
+
+constexpr float kInitStd = 0.02f;
+// Limits on an untrusted spec; they keep every GEMM dimension and every weight matrix within
+// BLAS's int range (as mlp_lm does).
+constexpr int64_t kMaxDim = 1 << 20;
+constexpr int64_t kMaxTensorElements = std::numeric_limits<int32_t>::max();
+constexpr int64_t kMaxLayers = 4096;
+constexpr double kMaxModelParameters = 4294967296.0;  // 2^32 (16 GiB of fp32 weights)
+// Rows of one GEMM (B*T) stay within BLAS's int range.
+constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();
+
+void InitNormal(Rng& rng, Parameter& p, float stddev) {
+  for (size_t i = 0; i < p.value.size(); ++i) {
+    p.value[i] = static_cast<float>(rng.Normal() * stddev);
+  }
+}
+
+absl::Status CheckDim(const char* field, int64_t value) {
+  if (value < 1 || value > kMaxDim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.", field, " must be in [1, ", kMaxDim, "], got ", value));
+  }
+  return absl::OkStatus();
+}
+
+// Checks that t is (B, T, C) with 1 <= T <= max_t and cols == C; returns B*T in rows.
+absl::Status CheckActivation(const std::string& layer, const char* what, const Tensor& t,
+                             int64_t max_t, int64_t cols) {
+  if (t.rank() != 3 || t.dim(0) < 1 || t.dim(1) < 1 || t.dim(1) > max_t || t.dim(2) != cols) {
+    return absl::InvalidArgumentError(absl::StrCat(layer, ": ", what, " has shape ",
+                                                   t.ShapeString(), ", expected (B, T, ", cols,
+                                                   ") with 1 <= T <= ", max_t));
+  }
+  if (t.dim(0) * t.dim(1) > kMaxRows) {
+    return absl::InvalidArgumentError(absl::StrCat(layer, ": ", what, " has ", t.dim(0) * t.dim(1),
+                                                   " rows (limit ", kMaxRows, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSameShape(const std::string& layer, const char* what, const Tensor& t,
+                            const std::vector<int64_t>& shape) {
+  if (t.shape() != shape) {
+    return absl::InvalidArgumentError(absl::StrCat(layer, ": ", what, " has shape ",
+                                                   t.ShapeString(), ", expected (",
+                                                   absl::StrJoin(shape, ", "), ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<GptConfig> GptConfigFromSpec(const v1::ModelSpec& model) {
+  if (model.arch() != "gpt") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.arch '", model.arch(), "' is not supported here; expected gpt"));
+  }
+  if (model.n_layer() < 0 || model.n_layer() > kMaxLayers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.n_layer must be in [0, ", kMaxLayers, "], got ", model.n_layer()));
+  }
+  if (model.d_hidden() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.d_hidden must be >= 0 (0 means 4 * d_model), got ", model.d_hidden()));
+  }
+  GptConfig cfg;
+  cfg.n_layer = model.n_layer();
+  cfg.n_head = model.n_head();
+  cfg.d_model = model.d_model();
+  cfg.d_hidden = model.d_hidden() == 0 ? 4 * static_cast<int64_t>(cfg.d_model) : model.d_hidden();
+  cfg.seq_len = model.seq_len();
+  cfg.vocab = model.vocab_size();
+  cfg.tie_embeddings = model.tie_embeddings();
+  for (auto [field, value] : {std::pair{"n_head", cfg.n_head},
+                              {"d_model", cfg.d_model},
+                              {"d_hidden", cfg.d_hidden},
+                              {"seq_len", cfg.seq_len},
+                              {"vocab_size", cfg.vocab}}) {
+    if (absl::Status s = CheckDim(field, value); !s.ok()) return s;
+  }
+  if (cfg.d_model % cfg.n_head != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.d_model (", cfg.d_model, ") must be a multiple of model.n_head (", cfg.n_head, ")"));
+  }
+  for (auto [what, rows, cols] : {std::tuple{"the token embedding wte", cfg.vocab, cfg.d_model},
+                                  {"the position embedding wpe", cfg.seq_len, cfg.d_model},
+                                  {"a block's c_attn", 3 * cfg.d_model, cfg.d_model},
+                                  {"a block's c_fc", cfg.d_hidden, cfg.d_model}}) {
+    if (rows * cols > kMaxTensorElements) {
+      return absl::InvalidArgumentError(absl::StrCat("model too large: ", what, " would have ",
+                                                     rows, " x ", cols, " elements (limit ",
+                                                     kMaxTensorElements, ")"));
+    }
+  }
+  // Whole-model parameter count (both copies of a tied wte), in double so that a hostile
+  // spec cannot overflow it.
+  const double c = static_cast<double>(cfg.d_model), h = static_cast<double>(cfg.d_hidden);
+  const double per_block =
+      4.0 * c + (3.0 * c * c + 3.0 * c) + (c * c + c) + (h * c + h) + (c * h + c);
+  const double total = 2.0 * static_cast<double>(cfg.vocab) * c +
+                       static_cast<double>(cfg.seq_len) * c +
+                       static_cast<double>(cfg.n_layer) * per_block + 2.0 * c;
+  if (total > kMaxModelParameters) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model too large: ", total, " parameters (limit ", kMaxModelParameters, ")"));
+  }
+  return cfg;
+}
+
+namespace {
+void DrawTokenEmbedding(const GptConfig& cfg, Rng& rng, Tensor& wte) {
+  wte.Reset({cfg.vocab, cfg.d_model});
+  for (size_t i = 0; i < wte.size(); ++i) wte[i] = static_cast<float>(rng.Normal() * kInitStd);
+}
+}  // namespace
+
+void InitGptTokenEmbedding(const GptConfig& cfg, uint64_t seed, Tensor& wte) {
+  Rng rng(MixSeed(seed, 0));
+  DrawTokenEmbedding(cfg, rng, wte);
+}
+
+// ---------------------------------------------------------------------------------------
+// Embedding. Saved context: ints[0] = tokens (B, T).
+
+GptEmbedding::GptEmbedding(const GptConfig& cfg, uint64_t seed)
+    : cfg_(cfg),
+      wte_("transformer.wte.weight", {cfg.vocab, cfg.d_model}, true),
+      wpe_("transformer.wpe.weight", {cfg.seq_len, cfg.d_model}, true) {
+  wte_.tied = cfg.tie_embeddings;
+  // Draw order on Rng(MixSeed(seed, 0)): wte (V*C draws, see InitGptTokenEmbedding), wpe.
+  Rng rng(MixSeed(seed, 0));
+  DrawTokenEmbedding(cfg, rng, wte_.value);
+  InitNormal(rng, wpe_, kInitStd);
+}
+
+absl::Status GptEmbedding::Forward(const Tensor& input, const MicroBatchData& data,
+                                   SavedContext& ctx, Tensor& output) {
+  const int64_t c = cfg_.d_model;
+  const IntTensor* tokens = data.tokens;
+  if (tokens == nullptr || tokens->rank() != 2 || tokens->dim(0) < 1 || tokens->dim(1) < 1 ||
+      tokens->dim(1) > cfg_.seq_len || tokens->dim(0) * tokens->dim(1) > kMaxRows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("embedding: expected tokens of shape (B, T) with 1 <= T <= ", cfg_.seq_len,
+                     ", got ", tokens == nullptr ? "none" : tokens->ShapeString()));
+  }
+  const int64_t b = tokens->dim(0), t = tokens->dim(1);
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    if ((*tokens)[i] < 0 || (*tokens)[i] >= cfg_.vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "embedding: token ", (*tokens)[i], " is outside the vocabulary [0, ", cfg_.vocab, ")"));
+    }
+  }
+  output.Reset({b, t, c});
+  for (int64_t bi = 0; bi < b; ++bi) {
+    for (int64_t ti = 0; ti < t; ++ti) {
+      const size_t row = static_cast<size_t>(bi * t + ti);
+      kernels::Add(wte_.value.data() + static_cast<size_t>((*tokens)[row]) * c,
+                   wpe_.value.data() + static_cast<size_t>(ti) * c, output.data() + row * c, c);
+    }
+  }
+  ctx.ints.push_back(*tokens);
+  return absl::OkStatus();
+}
+
+absl::Status GptEmbedding::Backward(const Tensor& grad_output, const SavedContext& ctx,
+                                    Tensor& grad_input) {
+  const int64_t c = cfg_.d_model;
+  if (ctx.ints.size() != 1 || !ctx.tensors.empty()) {
+    return absl::InternalError("embedding: backward without a matching forward");
+  }
+  const IntTensor& tokens = ctx.ints[0];
+  const int64_t b = tokens.dim(0), t = tokens.dim(1);
+  if (absl::Status s = CheckSameShape(name_, "grad_output", grad_output, {b, t, c}); !s.ok()) {
+    return s;
+  }
+  for (int64_t bi = 0; bi < b; ++bi) {
+    for (int64_t ti = 0; ti < t; ++ti) {
+      const size_t row = static_cast<size_t>(bi * t + ti);
+      const float* g = grad_output.data() + row * c;
+      float* dte = wte_.grad.data() + static_cast<size_t>(tokens[row]) * c;
+      float* dpe = wpe_.grad.data() + static_cast<size_t>(ti) * c;
+      kernels::Add(dte, g, dte, c);
+      kernels::Add(dpe, g, dpe, c);
+    }
+  }
+  grad_input.Clear();
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------
+// Block. Saved context, tensors (N = B*T):
+//   0 x (B, T, C)      1 ln1 (N, C)   2 mean1 (N)   3 rstd1 (N)   4 qkv (N, 3C)
+//   5 att (B, NH, T, T) 6 y (N, C)    7 x1 (N, C) = x + attn       8 ln2 (N, C)
+//   9 mean2 (N)        10 rstd2 (N)  11 pre (N, H)                12 act (N, H) = gelu(pre)
+
+namespace {
+enum BlockSaved {
+  kX,
+  kLn1,
+  kMean1,
+  kRstd1,
+  kQkv,
+  kAtt,
+  kY,
+  kX1,
+  kLn2,
+  kMean2,
+  kRstd2,
+  kPre,
+  kAct,
+  kNumBlockSaved
+};
+}  // namespace
+
+GptBlock::GptBlock(const GptConfig& cfg, int block_index, uint64_t seed)
+    : cfg_(cfg),
+      block_index_(block_index),
+      name_(absl::StrCat("block_", block_index)),
+      ln1_g_(absl::StrCat("transformer.h.", block_index, ".ln_1.weight"), {cfg.d_model}, false),
+      ln1_b_(absl::StrCat("transformer.h.", block_index, ".ln_1.bias"), {cfg.d_model}, false),
+      attn_w_(absl::StrCat("transformer.h.", block_index, ".attn.c_attn.weight"),
+              {3 * cfg.d_model, cfg.d_model}, true),
+      attn_b_(absl::StrCat("transformer.h.", block_index, ".attn.c_attn.bias"), {3 * cfg.d_model},
+              false),
+      attn_proj_w_(absl::StrCat("transformer.h.", block_index, ".attn.c_proj.weight"),
+                   {cfg.d_model, cfg.d_model}, true),
+      attn_proj_b_(absl::StrCat("transformer.h.", block_index, ".attn.c_proj.bias"), {cfg.d_model},
+                   false),
+      ln2_g_(absl::StrCat("transformer.h.", block_index, ".ln_2.weight"), {cfg.d_model}, false),
+      ln2_b_(absl::StrCat("transformer.h.", block_index, ".ln_2.bias"), {cfg.d_model}, false),
+      fc_w_(absl::StrCat("transformer.h.", block_index, ".mlp.c_fc.weight"),
+            {cfg.d_hidden, cfg.d_model}, true),
+      fc_b_(absl::StrCat("transformer.h.", block_index, ".mlp.c_fc.bias"), {cfg.d_hidden}, false),
+      mlp_proj_w_(absl::StrCat("transformer.h.", block_index, ".mlp.c_proj.weight"),
+                  {cfg.d_model, cfg.d_hidden}, true),
+      mlp_proj_b_(absl::StrCat("transformer.h.", block_index, ".mlp.c_proj.bias"), {cfg.d_model},
+                  false) {
+  ln1_g_.value.Fill(1.0f);
+  ln2_g_.value.Fill(1.0f);
+  // GPT-2: residual projections scaled by 1/sqrt(2 n_layer) to keep the stream's variance flat.
+  const float proj_std =
+      kInitStd / std::sqrt(2.0f * static_cast<float>(std::max<int64_t>(cfg.n_layer, 1)));
+  // Draw order on Rng(MixSeed(seed, i + 1)): c_attn, attn.c_proj, c_fc, mlp.c_proj.
+  Rng rng(MixSeed(seed, static_cast<uint64_t>(block_index) + 1));
+  InitNormal(rng, attn_w_, kInitStd);
+  InitNormal(rng, attn_proj_w_, proj_std);
+  InitNormal(rng, fc_w_, kInitStd);
+  InitNormal(rng, mlp_proj_w_, proj_std);
+}
+
+absl::Status GptBlock::Forward(const Tensor& input, const MicroBatchData& data, SavedContext& ctx,
+                               Tensor& output) {
+  const int64_t c = cfg_.d_model, h = cfg_.d_hidden, nh = cfg_.n_head;
+  if (absl::Status s =
+          CheckActivation(name_, "input", input, std::numeric_limits<int32_t>::max(), c);
+      !s.ok()) {
+    return s;
+  }
+  const int64_t b = input.dim(0), t = input.dim(1), n = b * t;
+  Tensor ln1({n, c}), mean1({n}), rstd1({n}), qkv({n, 3 * c}), att({b, nh, t, t}), y({n, c});
+  Tensor x1({n, c}), ln2({n, c}), mean2({n}), rstd2({n}), pre({n, h}), act({n, h});
+  // x1 = x + c_proj(attn(c_attn(ln_1(x)))).
+  kernels::LayerNormForward(input.data(), ln1_g_.value.data(), ln1_b_.value.data(), ln1.data(),
+                            mean1.data(), rstd1.data(), n, c);
+  kernels::LinearForward(ln1.data(), attn_w_.value.data(), attn_b_.value.data(), qkv.data(), n, c,
+                         3 * c);
+  kernels::CausalAttentionForward(qkv.data(), att.data(), y.data(), b, t, c, nh);
+  kernels::LinearForward(y.data(), attn_proj_w_.value.data(), attn_proj_b_.value.data(), x1.data(),
+                         n, c, c);
+  kernels::Add(x1.data(), input.data(), x1.data(), n * c);
+  // out = x1 + c_proj(gelu(c_fc(ln_2(x1)))).
+  kernels::LayerNormForward(x1.data(), ln2_g_.value.data(), ln2_b_.value.data(), ln2.data(),
+                            mean2.data(), rstd2.data(), n, c);
+  kernels::LinearForward(ln2.data(), fc_w_.value.data(), fc_b_.value.data(), pre.data(), n, c, h);
+  kernels::GeluForwardFast(pre.data(), act.data(), n * h);
+  output.Reset({b, t, c});
+  kernels::LinearForward(act.data(), mlp_proj_w_.value.data(), mlp_proj_b_.value.data(),
+                         output.data(), n, h, c);
+  kernels::Add(output.data(), x1.data(), output.data(), n * c);
+
+  ctx.tensors.reserve(kNumBlockSaved);
+  ctx.tensors.push_back(input);
+  for (Tensor* saved :
+       {&ln1, &mean1, &rstd1, &qkv, &att, &y, &x1, &ln2, &mean2, &rstd2, &pre, &act}) {
+    ctx.tensors.push_back(std::move(*saved));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GptBlock::Backward(const Tensor& grad_output, const SavedContext& ctx,
+                                Tensor& grad_input) {
+  const int64_t c = cfg_.d_model, h = cfg_.d_hidden, nh = cfg_.n_head;
+  if (ctx.tensors.size() != kNumBlockSaved || !ctx.ints.empty()) {
+    return absl::InternalError(absl::StrCat(name_, ": backward without a matching forward"));
+  }
+  const std::vector<Tensor>& sv = ctx.tensors;
+  const Tensor& x = sv[kX];
+  const int64_t b = x.dim(0), t = x.dim(1), n = b * t;
+  if (absl::Status s = CheckSameShape(name_, "grad_output", grad_output, x.shape()); !s.ok()) {
+    return s;
+  }
+  // MLP branch: dx1 = dout + ln_2'(c_fc'(gelu'(c_proj'(dout)))).
+  Tensor dact({n, h}), dpre({n, h}), dln2({n, c});
+  kernels::LinearBackward(grad_output.data(), sv[kAct].data(), mlp_proj_w_.value.data(),
+                          dact.data(), mlp_proj_w_.grad.data(), mlp_proj_b_.grad.data(), n, h, c);
+  kernels::GeluBackwardFast(sv[kPre].data(), dact.data(), dpre.data(), n * h);
+  dact.Clear();
+  kernels::LinearBackward(dpre.data(), sv[kLn2].data(), fc_w_.value.data(), dln2.data(),
+                          fc_w_.grad.data(), fc_b_.grad.data(), n, c, h);
+  dpre.Clear();
+  Tensor dx1 = grad_output;  // (B, T, C), the residual path
+  kernels::LayerNormBackward(dln2.data(), sv[kX1].data(), ln2_g_.value.data(), sv[kMean2].data(),
+                             sv[kRstd2].data(), dx1.data(), ln2_g_.grad.data(), ln2_b_.grad.data(),
+                             n, c);
+  // Attention branch: dx = dx1 + ln_1'(c_attn'(attn'(c_proj'(dx1)))).
+  Tensor dy({n, c}), dqkv({n, 3 * c}), dln1({n, c});
+  kernels::LinearBackward(dx1.data(), sv[kY].data(), attn_proj_w_.value.data(), dy.data(),
+                          attn_proj_w_.grad.data(), attn_proj_b_.grad.data(), n, c, c);
+  kernels::CausalAttentionBackward(dy.data(), sv[kQkv].data(), sv[kAtt].data(), dqkv.data(), b, t,
+                                   c, nh);
+  kernels::LinearBackward(dqkv.data(), sv[kLn1].data(), attn_w_.value.data(), dln1.data(),
+                          attn_w_.grad.data(), attn_b_.grad.data(), n, c, 3 * c);
+  kernels::LayerNormBackward(dln1.data(), x.data(), ln1_g_.value.data(), sv[kMean1].data(),
+                             sv[kRstd1].data(), dx1.data(), ln1_g_.grad.data(), ln1_b_.grad.data(),
+                             n, c);
+  grad_input = std::move(dx1);
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------
+// Head. Saved context: tensors = {x (B, T, C), ln (N, C), mean (N), rstd (N),
+// dlogits (N, V) = softmax - onehot (unscaled), normalizer (1,)}; no ints (the targets are
+// folded into dlogits).
+
+GptHead::GptHead(const GptConfig& cfg, uint64_t seed)
+    : cfg_(cfg),
+      ln_g_("transformer.ln_f.weight", {cfg.d_model}, false),
+      ln_b_("transformer.ln_f.bias", {cfg.d_model}, false),
+      w_(cfg.tie_embeddings ? "transformer.wte.weight" : "lm_head.weight", {cfg.vocab, cfg.d_model},
+         true) {
+  ln_g_.value.Fill(1.0f);
+  if (cfg.tie_embeddings) {
+    w_.tied = true;
+    InitGptTokenEmbedding(cfg, seed, w_.value);  // the embedding's stream, bit-identical
+  } else {
+    Rng rng(MixSeed(seed, static_cast<uint64_t>(cfg.n_layer) + 1));
+    InitNormal(rng, w_, kInitStd);
+  }
+}
+
+absl::Status GptHead::Forward(const Tensor& input, const MicroBatchData& data, SavedContext& ctx,
+                              Tensor& output) {
+  const int64_t c = cfg_.d_model, v = cfg_.vocab;
+  if (absl::Status s =
+          CheckActivation(name_, "input", input, std::numeric_limits<int32_t>::max(), c);
+      !s.ok()) {
+    return s;
+  }
+  const int64_t b = input.dim(0), t = input.dim(1), n = b * t;
+  const IntTensor* targets = data.targets;
+  if (targets == nullptr || targets->shape() != std::vector<int64_t>{b, t}) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("head: expected targets of shape (", b, ", ", t, "), got ",
+                     targets == nullptr ? "none" : targets->ShapeString()));
+  }
+  for (size_t i = 0; i < targets->size(); ++i) {
+    if ((*targets)[i] < 0 || (*targets)[i] >= v) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("head: target ", (*targets)[i], " is outside the vocabulary [0, ", v, ")"));
+    }
+  }
+  if (data.loss_normalizer < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("head: loss normalizer must be >= 1, got ", data.loss_normalizer));
+  }
+  Tensor ln({n, c}), mean({n}), rstd({n}), logits({n, v});
+  kernels::LayerNormForward(input.data(), ln_g_.value.data(), ln_b_.value.data(), ln.data(),
+                            mean.data(), rstd.data(), n, c);
+  kernels::LinearForward(ln.data(), w_.value.data(), nullptr, logits.data(), n, c, v);
+  const double total = kernels::SoftmaxCrossEntropyInPlace(logits.data(), targets->data(), n, v);
+  output.Reset({1});
+  output[0] = static_cast<float>(total / static_cast<double>(data.loss_normalizer));
+  ctx.tensors.reserve(6);
+  ctx.tensors.push_back(input);
+  ctx.tensors.push_back(std::move(ln));
+  ctx.tensors.push_back(std::move(mean));
+  ctx.tensors.push_back(std::move(rstd));
+  ctx.tensors.push_back(std::move(logits));
+  ctx.tensors.push_back(Tensor({1}, {static_cast<float>(data.loss_normalizer)}));
+  return absl::OkStatus();
+}
+
+absl::Status GptHead::Backward(const Tensor& grad_output, const SavedContext& ctx,
+                               Tensor& grad_input) {
+  const int64_t c = cfg_.d_model, v = cfg_.vocab;
+  if (ctx.tensors.size() != 6 || !ctx.ints.empty()) {
+    return absl::InternalError("head: backward without a matching forward");
+  }
+  const Tensor& x = ctx.tensors[0];
+  const Tensor& ln = ctx.tensors[1];
+  const Tensor& mean = ctx.tensors[2];
+  const Tensor& rstd = ctx.tensors[3];
+  const Tensor& dlogits = ctx.tensors[4];  // softmax - onehot
+  const float normalizer = ctx.tensors[5][0];
+  const int64_t n = x.dim(0) * x.dim(1);
+  const float dloss = grad_output.empty() ? 1.0f : grad_output[0];
+  Tensor dln({n, c});
+  kernels::ScaledLinearBackward(dlogits.data(), ln.data(), w_.value.data(), dloss / normalizer,
+                                dln.data(), w_.grad.data(), n, c, v);
+  grad_input.Reset(x.shape());
+  kernels::LayerNormBackward(dln.data(), x.data(), ln_g_.value.data(), mean.data(), rstd.data(),
+                             grad_input.data(), ln_g_.grad.data(), ln_b_.grad.data(), n, c);
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------
+
+absl::StatusOr<std::vector<std::unique_ptr<Layer>>> BuildGptLayers(const v1::ModelSpec& model,
+                                                                   uint64_t seed, int layer_begin,
+                                                                   int layer_end) {
+  absl::StatusOr<GptConfig> cfg = GptConfigFromSpec(model);
+  if (!cfg.ok()) return cfg.status();
+  const int num_layers = static_cast<int>(cfg->n_layer) + 2;
+  if (layer_begin < 0 || layer_end > num_layers || layer_begin >= layer_end) {
+    return absl::InvalidArgumentError(absl::StrCat("layer range [", layer_begin, ", ", layer_end,
+                                                   ") is not a non-empty sub-range of [0, ",
+                                                   num_layers, ")"));
+  }
+  std::vector<std::unique_ptr<Layer>> layers;
+  for (int g = layer_begin; g < layer_end; ++g) {
+    if (g == 0) {
+      layers.push_back(std::make_unique<GptEmbedding>(*cfg, seed));
+    } else if (g == num_layers - 1) {
+      layers.push_back(std::make_unique<GptHead>(*cfg, seed));
+    } else {
+      layers.push_back(std::make_unique<GptBlock>(*cfg, g - 1, seed));
+    }
+  }
+  return layers;
+}
+
+}  // namespace tandem::worker
