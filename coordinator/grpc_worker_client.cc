@@ -56,6 +56,25 @@ class GrpcStageWorkerClient final : public StageWorkerClient {
                               [this, it, req, done](grpc::Status s) { Finish(it, s, done); });
   }
 
+  absl::Status SaveCheckpoint(
+      const v1::SaveCheckpointRequest& request, absl::Duration timeout,
+      const std::function<absl::Status(const v1::TensorChunk&)>& on_chunk) override {
+    v1::SaveCheckpointRequest req = request;
+    req.set_protocol_version(kProtocolVersion);
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, ToChrono(timeout));
+    auto reader = stub_->SaveCheckpoint(&ctx, req);
+    v1::TensorChunk chunk;
+    absl::Status sink = absl::OkStatus();
+    while (sink.ok() && reader->Read(&chunk)) sink = on_chunk(chunk);
+    if (!sink.ok()) {
+      ctx.TryCancel();
+      (void)reader->Finish();
+      return sink;
+    }
+    return FromGrpcStatus(reader->Finish());
+  }
+
   absl::Status Abort(const v1::AbortRequest& request, absl::Duration timeout) override {
     v1::AbortRequest req = request;
     req.set_protocol_version(kProtocolVersion);

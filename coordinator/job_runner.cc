@@ -28,6 +28,11 @@ float LearningRateAt(const v1::OptimizerSpec& opt, int64_t step, int64_t total_s
   return static_cast<float>(lo + 0.5 * (1.0 + std::cos(M_PI * t)) * (opt.lr() - lo));
 }
 
+bool CheckpointDue(const v1::JobSpec& spec, int64_t step) {
+  const int every = spec.checkpoint().every();
+  return step + 1 == spec.steps() || (every > 0 && (step + 1) % every == 0);
+}
+
 bool EvalDue(const v1::JobSpec& spec, int64_t step) {
   const int every = spec.eval().every();
   return every > 0 && ((step + 1) % every == 0 || step + 1 == spec.steps());
@@ -86,9 +91,13 @@ void JobRunner::Run() {
   absl::Status status = Plan();
   if (status.ok()) status = env_.store->Transition(id, v1::RUNNING, "");
   if (status.ok()) status = ConfigureAll();
-  for (int64_t step = 0; status.ok() && step < job_.spec().steps(); ++step) {
+  for (int64_t step = first_step_; status.ok() && step < job_.spec().steps(); ++step) {
     status = InterruptStatus();
     if (status.ok()) status = RunOneStep(step);
+    if (status.ok() && CheckpointDue(job_.spec(), step) && env_.checkpoints != nullptr &&
+        env_.checkpoints->enabled()) {
+      status = SaveCheckpoint(step);
+    }
   }
   // Every ending releases the workers' stages; on failure this also unblocks any transfer.
   AbortAll(status.ok() ? "job finished" : std::string(status.message()));
@@ -113,6 +122,25 @@ absl::Status JobRunner::Plan() {
   auto ranges = UniformPartition(spec.model(), p);
   if (!ranges.ok()) return ranges.status();
   ranges_ = *std::move(ranges);
+  if (const std::string& from = spec.init().from_job(); !from.empty()) {
+    if (env_.checkpoints == nullptr) {
+      return absl::FailedPreconditionError("init.from_job: this coordinator keeps no checkpoints");
+    }
+    absl::StatusOr<int64_t> latest = env_.checkpoints->Latest(from);
+    if (!latest.ok())
+      return absl::FailedPreconditionError(
+          absl::StrCat("init.from_job: ", latest.status().message()));
+    restore_.set_job_id(from);
+    restore_.set_step(*latest);
+    first_step_ = *latest + 1;
+    if (first_step_ >= spec.steps()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "init.from_job: the checkpoint of ", from, " is after step ", *latest,
+          ", but this job has only ", spec.steps(), " steps; raise steps to continue training"));
+    }
+    env_.store->SetFirstStep(job_.id(), first_step_);
+    spdlog::info("{}: resuming from {} step {}", job_.id(), from, *latest);
+  }
   auto compute = GenerateSchedule(spec.pipeline().schedule(), p, spec.pipeline().micro_batches());
   if (!compute.ok()) return compute.status();
   program_ = LowerWithTransfers(*compute, p);
@@ -213,6 +241,7 @@ absl::Status JobRunner::ConfigureAll() {
         *prog->mutable_spec() = spec;
         prog->set_rendezvous_prefix(absl::StrCat(job_.id(), "/attempt-0/"));
         prog->set_micro_batches(spec.pipeline().micro_batches());
+        if (!restore_.job_id().empty()) *prog->mutable_restore() = restore_;
         if (!eval_program.empty()) {
           for (const Action& a : eval_program[r]) *prog->add_eval_actions() = ToProto(a);
           prog->set_eval_micro_batches(spec.eval().micro_batches());
@@ -307,6 +336,51 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
     summary.set_val_loss(*val);
   }
   env_.store->RecordStep(job_.id(), summary);
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::SaveCheckpoint(int64_t step) {
+  const int p = static_cast<int>(workers_.size());
+  const std::string what = absl::StrCat("checkpoint after step ", step);
+  std::vector<std::future<absl::Status>> saves;
+  for (int r = 0; r < p; ++r) {
+    saves.push_back(std::async(std::launch::async, [this, r, step]() -> absl::Status {
+      v1::SaveCheckpointRequest req;
+      req.set_job_id(job_.id());
+      req.set_step(step);
+      std::unique_ptr<SafetensorsWriter> writer;
+      absl::Status s = clients_[r]->SaveCheckpoint(
+          req, env_.options.step_timeout, [&](const v1::TensorChunk& chunk) -> absl::Status {
+            if (writer == nullptr) {
+              std::vector<TensorInfo> index;
+              for (const auto& m : chunk.index()) {
+                index.push_back({m.name(), m.dtype(), {m.shape().begin(), m.shape().end()}});
+              }
+              auto w = env_.checkpoints->BeginStage(job_.id(), step, r, std::move(index));
+              if (!w.ok()) return w.status();
+              writer = *std::move(w);
+              return absl::OkStatus();
+            }
+            return writer->Append(chunk.data().data(), chunk.data().size());
+          });
+      if (s.ok() && writer == nullptr) s = absl::DataLossError("empty checkpoint stream");
+      if (s.ok()) s = writer->Commit();
+      if (!s.ok()) return absl::Status(s.code(), absl::StrCat(WorkerName(r), ": ", s.message()));
+      return absl::OkStatus();
+    }));
+  }
+  absl::Status first = absl::OkStatus();
+  for (auto& f : saves) {
+    absl::Status s = f.get();
+    if (first.ok() && !s.ok()) first = s;
+  }
+  if (!first.ok()) return absl::Status(first.code(), absl::StrCat(what, ": ", first.message()));
+  if (absl::Status s =
+          env_.checkpoints->Commit(job_.id(), step, p, job_.spec().checkpoint().keep());
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+  }
+  env_.store->SetCheckpoint(job_.id(), step);
   return absl::OkStatus();
 }
 

@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "common/model_desc.h"
 #include "common/schedule.h"
+#include "coordinator/checkpoint_store.h"
 #include "coordinator/job_store.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/worker_client.h"
@@ -40,7 +41,8 @@ struct RunnerEnv {
   JobStore* store = nullptr;
   WorkerRegistry* registry = nullptr;
   StageWorkerClientFactory* clients = nullptr;
-  RendezvousStore* rendezvous = nullptr;  // optional: the job's keys are dropped at its end
+  RendezvousStore* rendezvous = nullptr;   // optional: the job's keys are dropped at its end
+  CheckpointStore* checkpoints = nullptr;  // optional: no checkpoints without it
   RunnerOptions options;
 };
 
@@ -50,6 +52,8 @@ float LearningRateAt(const v1::OptimizerSpec& opt, int64_t step, int64_t total_s
 
 // Whether a validation pass follows training step `step`.
 bool EvalDue(const v1::JobSpec& spec, int64_t step);
+// Whether a checkpoint is taken after training step `step`.
+bool CheckpointDue(const v1::JobSpec& spec, int64_t step);
 
 class JobRunner {
  public:
@@ -75,6 +79,8 @@ class JobRunner {
   absl::Status RunOneStep(int64_t step);
   // The validation pass after `step`: RunStep(EVAL) on every worker; returns the loss.
   absl::StatusOr<double> RunEval(int64_t step);
+  // Streams every stage's state into the checkpoint store and commits it.
+  absl::Status SaveCheckpoint(int64_t step);
   void AbortAll(const std::string& reason);
   // One asynchronous call to every worker; guarded by mu_.
   struct Batch {
@@ -106,6 +112,8 @@ class JobRunner {
   std::vector<std::unique_ptr<StageWorkerClient>> clients_;
   Program program_;  // lowered, one list per rank
   std::vector<LayerRange> ranges_;
+  v1::CheckpointRef restore_;  // set when the job resumes from a checkpoint
+  int64_t first_step_ = 0;
 
   absl::Mutex mu_;
   Interrupt interrupt_ ABSL_GUARDED_BY(mu_) = Interrupt::kNone;

@@ -119,6 +119,7 @@ absl::StatusOr<std::string> JobStore::Add(const v1::JobSpec& spec) {
   *job.mutable_spec() = spec;
   job.set_state(v1::QUEUED);
   job.set_reason("waiting to be scheduled");
+  job.set_checkpoint_step(-1);
   job.set_created_unix_ms(NowMs());
   job.set_total_steps(spec.steps());
   job.set_effective_batch(EffectiveBatch(spec));
@@ -235,6 +236,24 @@ void JobStore::RecordStep(const std::string& job_id, const v1::StepSummary& step
     e.steps_since_persist = 0;
     Persist(e);
   }
+}
+
+void JobStore::SetCheckpoint(const std::string& job_id, int64_t step) {
+  int64_t n = 0;
+  absl::MutexLock lock(&mu_);
+  auto it = ParseJobId(job_id, &n) ? jobs_.find(n) : jobs_.end();
+  if (it == jobs_.end()) return;
+  it->second.job.set_checkpoint_step(step);
+  Persist(it->second);
+}
+
+void JobStore::SetFirstStep(const std::string& job_id, int64_t step) {
+  int64_t n = 0;
+  absl::MutexLock lock(&mu_);
+  auto it = ParseJobId(job_id, &n) ? jobs_.find(n) : jobs_.end();
+  if (it == jobs_.end()) return;
+  it->second.job.set_first_step(step);
+  it->second.job.set_steps_done(step);
 }
 
 absl::StatusOr<JobStore::Events> JobStore::WaitEvents(const std::string& job_id, int64_t cursor,

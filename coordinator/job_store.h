@@ -51,6 +51,10 @@ class JobStore {
   void SetReason(const std::string& job_id, const std::string& reason);
   void SetStages(const std::string& job_id, const std::vector<v1::StageAssignment>& stages);
   void RecordStep(const std::string& job_id, const v1::StepSummary& step);
+  // The job's latest complete checkpoint (persisted at once).
+  void SetCheckpoint(const std::string& job_id, int64_t step);
+  // A resumed job starts at `step`.
+  void SetFirstStep(const std::string& job_id, int64_t step);
 
   // Events after `cursor` (0 = from the start of the retained log), waiting up to `timeout`
   // for at least one. `cursor` is updated to the position to pass next time. `ended` is set

@@ -14,6 +14,7 @@
 #include "common/flags.h"
 #include "common/rpc.h"
 #include "common/version.h"
+#include "coordinator/checkpoint_store.h"
 #include "coordinator/job_store.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/scheduler.h"
@@ -66,12 +67,15 @@ int main(int argc, char** argv) {
   if (!store.ok()) return Fail(store.status().ToString());
   tc::WorkerRegistry registry(std::chrono::milliseconds(absl::GetFlag(FLAGS_worker_timeout_ms)));
   tc::RendezvousStore rendezvous;
+  const std::string data_root = absl::GetFlag(FLAGS_data_root);
+  tc::CheckpointStore checkpoints(data_root.empty() ? "" : data_root + "/checkpoints");
   auto clients = tc::MakeGrpcStageWorkerClientFactory();
   tc::RunnerEnv runner_env;
   runner_env.store = store->get();
   runner_env.registry = &registry;
   runner_env.clients = clients.get();
   runner_env.rendezvous = &rendezvous;
+  runner_env.checkpoints = &checkpoints;
   runner_env.options.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
   tc::Scheduler scheduler(runner_env);
 
@@ -80,10 +84,12 @@ int main(int argc, char** argv) {
   env.registry = &registry;
   env.scheduler = &scheduler;
   env.rendezvous = &rendezvous;
+  env.checkpoints = &checkpoints;
   env.heartbeat_interval_ms = absl::GetFlag(FLAGS_heartbeat_ms);
   auto coordinator_service = tc::MakeCoordinatorService(env);
   auto registry_service = tc::MakeWorkerRegistryService(env);
   auto rendezvous_service = tc::MakeRendezvousService(env);
+  auto checkpoints_service = tc::MakeCheckpointsService(env);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -93,6 +99,7 @@ int main(int argc, char** argv) {
   builder.RegisterService(coordinator_service.get());
   builder.RegisterService(registry_service.get());
   builder.RegisterService(rendezvous_service.get());
+  builder.RegisterService(checkpoints_service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
     return Fail(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen)));

@@ -53,6 +53,16 @@ class CoordinatorServiceImpl final : public v1::Coordinator::Service {
         spec = absl::InvalidArgumentError("spec_source: give spec_yaml or spec");
     }
     if (!spec.ok()) return ToGrpcStatus(spec.status());
+    if (const std::string& from = spec->init().from_job(); !from.empty()) {
+      if (env_.checkpoints == nullptr || !env_.checkpoints->enabled()) {
+        return ToGrpcStatus(absl::InvalidArgumentError(
+            "init.from_job: this coordinator keeps no checkpoints (start it with --data-root)"));
+      }
+      if (!env_.store->Get(from, /*with_history=*/false).ok()) {
+        return ToGrpcStatus(
+            absl::InvalidArgumentError(absl::StrCat("init.from_job: no job '", from, "'")));
+      }
+    }
     auto id = env_.store->Add(*spec);
     if (!id.ok()) return ToGrpcStatus(id.status());
     spdlog::info("{}: submitted '{}' ({} stages, {} micro-batches of {}, {} steps)", *id,
@@ -207,7 +217,52 @@ class RendezvousServiceImpl final : public v1::Rendezvous::Service {
   ServiceEnv env_;
 };
 
+class CheckpointsServiceImpl final : public v1::Checkpoints::Service {
+ public:
+  explicit CheckpointsServiceImpl(const ServiceEnv& env) : env_(env) {}
+
+  grpc::Status ReadTensors(grpc::ServerContext* ctx, const v1::ReadTensorsRequest* req,
+                           grpc::ServerWriter<v1::TensorChunk>* writer) override {
+    TANDEM_RETURN_IF_BAD_VERSION(req);
+    if (env_.checkpoints == nullptr) {
+      return ToGrpcStatus(absl::FailedPreconditionError("this coordinator keeps no checkpoints"));
+    }
+    auto reader = env_.checkpoints->Open(req->checkpoint().job_id(), req->checkpoint().step());
+    if (!reader.ok()) return ToGrpcStatus(reader.status());
+    v1::TensorChunk index;
+    std::vector<absl::Span<const uint8_t>> data;
+    for (const std::string& name : req->names()) {
+      const TensorInfo* info = (*reader)->Find(name);
+      auto bytes = (*reader)->Data(name);
+      if (info == nullptr || !bytes.ok()) return ToGrpcStatus(bytes.status());
+      v1::TensorMeta* m = index.add_index();
+      m->set_name(info->name);
+      m->set_dtype(info->dtype);
+      for (int64_t d : info->shape) m->add_shape(d);
+      data.push_back(*bytes);
+    }
+    if (!writer->Write(index)) return grpc::Status::OK;
+    constexpr size_t kChunkBytes = 1 << 20;
+    for (const auto& span : data) {
+      for (size_t off = 0; off < span.size(); off += kChunkBytes) {
+        v1::TensorChunk chunk;
+        chunk.set_data(reinterpret_cast<const char*>(span.data()) + off,
+                       std::min(kChunkBytes, span.size() - off));
+        if (ctx->IsCancelled() || !writer->Write(chunk)) return grpc::Status::OK;
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  ServiceEnv env_;
+};
+
 }  // namespace
+
+std::unique_ptr<grpc::Service> MakeCheckpointsService(const ServiceEnv& env) {
+  return std::make_unique<CheckpointsServiceImpl>(env);
+}
 
 std::unique_ptr<grpc::Service> MakeCoordinatorService(const ServiceEnv& env) {
   return std::make_unique<CoordinatorServiceImpl>(env);

@@ -8,6 +8,7 @@
 
 #include <memory>
 
+#include "coordinator/checkpoint_store.h"
 #include "coordinator/job_store.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/scheduler.h"
@@ -20,12 +21,14 @@ struct ServiceEnv {
   WorkerRegistry* registry = nullptr;
   Scheduler* scheduler = nullptr;
   RendezvousStore* rendezvous = nullptr;
+  CheckpointStore* checkpoints = nullptr;
   int heartbeat_interval_ms = 1000;
 };
 
 std::unique_ptr<grpc::Service> MakeCoordinatorService(const ServiceEnv& env);
 std::unique_ptr<grpc::Service> MakeWorkerRegistryService(const ServiceEnv& env);
 std::unique_ptr<grpc::Service> MakeRendezvousService(const ServiceEnv& env);
+std::unique_ptr<grpc::Service> MakeCheckpointsService(const ServiceEnv& env);
 
 }  // namespace tandem::coordinator
 

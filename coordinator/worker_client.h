@@ -26,6 +26,11 @@ class StageWorkerClient {
                        absl::Duration timeout, Done done) = 0;
   virtual void ApplyStep(const v1::ApplyStepRequest& request, v1::ApplyStepResponse* response,
                          absl::Duration timeout, Done done) = 0;
+  // Streams the stage's checkpoint: `on_chunk` is called for every chunk in order (the first
+  // carries the index); an error from it cancels the stream and is returned.
+  virtual absl::Status SaveCheckpoint(
+      const v1::SaveCheckpointRequest& request, absl::Duration timeout,
+      const std::function<absl::Status(const v1::TensorChunk&)>& on_chunk) = 0;
   virtual absl::Status Abort(const v1::AbortRequest& request, absl::Duration timeout) = 0;
   // A cheap liveness probe (GetStatus).
   virtual absl::Status Probe(absl::Duration timeout) = 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -488,6 +489,69 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode
           .count());
   report.set_end_us(UnixMicros());
   return report;
+}
+
+std::vector<StageExecutor::StateTensor> StageExecutor::CheckpointTensors() {
+  std::vector<StateTensor> out;
+  std::vector<Parameter*> params = Parameters();
+  auto listed = [&](const Parameter* p) { return !p->tied || first_; };
+  for (Parameter* p : params) {
+    if (!listed(p)) continue;
+    out.push_back({p->name, "F32", p->value.shape(), p->value.vec().data(), p->value.bytes()});
+  }
+  for (const OptimizerSlot& slot : optimizer_->Slots()) {
+    const Parameter* p = params[slot.param];
+    if (!listed(p)) continue;
+    const std::string name = absl::StrCat(p->name, ".", slot.key);
+    if (slot.f32 != nullptr) {
+      out.push_back(
+          {name, "F32", p->value.shape(), slot.f32->data(), slot.f32->size() * sizeof(float)});
+    } else {
+      out.push_back({name, "I64", {1}, slot.i64, sizeof(int64_t)});
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> StageExecutor::RestoreNames() {
+  std::vector<std::string> names;
+  std::vector<Parameter*> params = Parameters();
+  for (const Parameter* p : params) names.push_back(p->name);
+  for (const OptimizerSlot& slot : optimizer_->Slots()) {
+    names.push_back(absl::StrCat(params[slot.param]->name, ".", slot.key));
+  }
+  return names;
+}
+
+absl::Status StageExecutor::Restore(const TensorLookup& lookup) {
+  const std::string prefix = absl::StrCat("stage ", stage_, ": restore");
+  if (pending_step_ >= 0) {
+    return absl::FailedPreconditionError(absl::StrCat(prefix, ": gradients are pending"));
+  }
+  auto copy = [&](const std::string& name, void* dst, size_t bytes) -> absl::Status {
+    absl::StatusOr<absl::Span<const uint8_t>> src = lookup(name);
+    if (!src.ok()) return Annotate(src.status(), prefix);
+    if (src->size() != bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(prefix, ": tensor ", name, " has ",
+                                                     src->size(), " bytes, this stage needs ",
+                                                     bytes, " (a different model shape?)"));
+    }
+    std::memcpy(dst, src->data(), bytes);
+    return absl::OkStatus();
+  };
+  std::vector<Parameter*> params = Parameters();
+  for (Parameter* p : params) {
+    if (absl::Status s = copy(p->name, p->value.vec().data(), p->value.bytes()); !s.ok()) return s;
+    p->grad.Fill(0.0f);
+  }
+  for (const OptimizerSlot& slot : optimizer_->Slots()) {
+    const std::string name = absl::StrCat(params[slot.param]->name, ".", slot.key);
+    absl::Status s = slot.f32 != nullptr
+                         ? copy(name, slot.f32->data(), slot.f32->size() * sizeof(float))
+                         : copy(name, slot.i64, sizeof(int64_t));
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status StageExecutor::ApplyStep(int64_t step, float learning_rate, float grad_scale,

@@ -18,11 +18,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "tandem/v1/common.pb.h"
 #include "worker/data/corpus.h"
 #include "worker/model/layer.h"
@@ -65,6 +68,28 @@ class StageExecutor {
   // a scale outside (0, 1]. Not thread-safe with RunStep (the caller serialises them).
   absl::Status ApplyStep(int64_t step, float learning_rate, float grad_scale = 1.0f,
                          bool skip = false);
+
+  // One tensor of the stage's state for a checkpoint, viewed in place (valid until the next
+  // RunStep/ApplyStep/Restore). Names are global: "<parameter name>" and
+  // "<parameter name>.<optimizer key>"; a tied parameter and its state are listed by the first
+  // stage only.
+  struct StateTensor {
+    std::string name;
+    std::string dtype;  // "F32" or "I64"
+    std::vector<int64_t> shape;
+    const void* data = nullptr;
+    size_t bytes = 0;
+  };
+  std::vector<StateTensor> CheckpointTensors();
+  bool has_pending_gradients() const { return pending_step_ >= 0; }
+  // The names Restore() reads (every parameter copy, tied ones included, and their state).
+  std::vector<std::string> RestoreNames();
+  // Loads the state from `lookup` (name -> bytes): INVALID_ARGUMENT naming a tensor whose size
+  // disagrees with this stage's; the lookup's own error (e.g. NOT_FOUND) otherwise. Refused
+  // while gradients are pending.
+  using TensorLookup =
+      std::function<absl::StatusOr<absl::Span<const uint8_t>>(const std::string& name)>;
+  absl::Status Restore(const TensorLookup& lookup);
 
   // Unblocks a running RunStep (it returns ABORTED). Thread-safe, idempotent.
   void Abort();

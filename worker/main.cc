@@ -30,6 +30,7 @@
 #include "common/flags.h"
 #include "common/rpc.h"
 #include "common/version.h"
+#include "worker/checkpoint_client.h"
 #include "worker/registration.h"
 #include "worker/stage_manager.h"
 #include "worker/stage_service.h"
@@ -186,7 +187,7 @@ int Run() {
     if (!t.ok()) return t.status();
     return std::unique_ptr<Transport>(*std::move(t));
   };
-  StageManager manager(config, std::move(factory));
+  StageManager manager(config, std::move(factory), MakeGrpcTensorSource(coordinator_channel));
   StageWorkerService service(&manager);
 
   grpc::EnableDefaultHealthCheckService(true);

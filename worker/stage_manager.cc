@@ -9,8 +9,11 @@
 
 namespace tandem::worker {
 
-StageManager::StageManager(WorkerConfig config, TransportFactory transport_factory)
-    : config_(std::move(config)), transport_factory_(std::move(transport_factory)) {}
+StageManager::StageManager(WorkerConfig config, TransportFactory transport_factory,
+                           TensorSource tensor_source)
+    : config_(std::move(config)),
+      transport_factory_(std::move(transport_factory)),
+      tensor_source_(std::move(tensor_source)) {}
 
 StageManager::~StageManager() { Shutdown(); }
 
@@ -86,7 +89,31 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
       transport = *std::move(t);
     }
     if (cancelled->load()) return absl::AbortedError("aborted while connecting");
-    return StageExecutor::Create(program, std::move(corpus), std::move(transport));
+    absl::StatusOr<std::unique_ptr<StageExecutor>> ex =
+        StageExecutor::Create(program, std::move(corpus), std::move(transport));
+    if (!ex.ok() || program.restore().job_id().empty()) return ex;
+    // Resume: parameters and optimizer state by global name from the checkpoint.
+    if (!tensor_source_) {
+      return absl::FailedPreconditionError("this worker cannot read checkpoints");
+    }
+    std::map<std::string, std::string> tensors;
+    if (absl::Status s = tensor_source_(program.restore(), (*ex)->RestoreNames(), &tensors);
+        !s.ok()) {
+      return s;
+    }
+    absl::Status restored =
+        (*ex)->Restore([&](const std::string& name) -> absl::StatusOr<absl::Span<const uint8_t>> {
+          auto it = tensors.find(name);
+          if (it == tensors.end()) {
+            return absl::NotFoundError(absl::StrCat("tensor ", name, " was not fetched"));
+          }
+          return absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(it->second.data()),
+                                           it->second.size());
+        });
+    if (!restored.ok()) return restored;
+    spdlog::info("job {} stage {}: restored {} tensors from {} step {}", job, program.stage(),
+                 tensors.size(), program.restore().job_id(), program.restore().step());
+    return ex;
   };
   absl::StatusOr<std::unique_ptr<StageExecutor>> executor = build();
 
@@ -161,6 +188,25 @@ absl::StatusOr<v1::StepReport> StageManager::RunStep(const std::string& job_id, 
   step_running_ = false;
   if (report.ok() && mode == v1::STEP_MODE_TRAIN) last_step_ = step;
   return report;
+}
+
+absl::Status StageManager::SaveCheckpoint(
+    const std::string& job_id, int64_t step,
+    const std::function<absl::Status(const std::vector<StageExecutor::StateTensor>&)>& write) {
+  absl::StatusOr<StageExecutor*> executor;
+  {
+    absl::MutexLock lock(&mu_);
+    executor = BeginStepLocked(job_id);
+  }
+  if (!executor.ok()) return executor.status();
+  absl::Status s = (*executor)->has_pending_gradients()
+                       ? absl::FailedPreconditionError(absl::StrCat(
+                             "job ", job_id, ": checkpoint of step ", step,
+                             " requested while gradients are pending (ApplyStep first)"))
+                       : write((*executor)->CheckpointTensors());
+  absl::MutexLock lock(&mu_);
+  step_running_ = false;
+  return s;
 }
 
 absl::Status StageManager::Abort(const std::string& job_id, const std::string& reason) {

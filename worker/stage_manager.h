@@ -15,8 +15,10 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -33,6 +35,12 @@ namespace tandem::worker {
 using TransportFactory = std::function<absl::StatusOr<std::unique_ptr<Transport>>(
     const v1::StageProgram& program, const std::atomic<bool>& cancelled)>;
 
+// Fetches the named tensors of a checkpoint into `out` (name -> raw bytes), e.g. from the
+// coordinator's Checkpoints service.
+using TensorSource = std::function<absl::Status(const v1::CheckpointRef& checkpoint,
+                                                const std::vector<std::string>& names,
+                                                std::map<std::string, std::string>* out)>;
+
 // The worker's typed, validated configuration (from flags in main.cc).
 struct WorkerConfig {
   std::string device = "cpu";   // reported in status; only "cpu" is supported now
@@ -41,7 +49,8 @@ struct WorkerConfig {
 
 class StageManager {
  public:
-  StageManager(WorkerConfig config, TransportFactory transport_factory);
+  StageManager(WorkerConfig config, TransportFactory transport_factory,
+               TensorSource tensor_source = nullptr);
   // Aborts and drops any stage.
   ~StageManager();
 
@@ -61,6 +70,12 @@ class StageManager {
   // Applies (or skips) the pending update of `step`; same preconditions as RunStep, then
   // what StageExecutor::ApplyStep returns.
   absl::Status ApplyStep(const v1::ApplyStepRequest& request);
+
+  // Hands the stage's state after `step` to `write` (while no step runs). FAILED_PRECONDITION
+  // when the job is not configured, a step is running or gradients are pending.
+  absl::Status SaveCheckpoint(
+      const std::string& job_id, int64_t step,
+      const std::function<absl::Status(const std::vector<StageExecutor::StateTensor>&)>& write);
 
   // Idempotent; OK for a job this worker does not hold. INVALID_ARGUMENT for an empty id.
   absl::Status Abort(const std::string& job_id, const std::string& reason);
@@ -97,6 +112,7 @@ class StageManager {
 
   const WorkerConfig config_;
   const TransportFactory transport_factory_;
+  const TensorSource tensor_source_;
 
   mutable absl::Mutex mu_;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);

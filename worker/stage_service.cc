@@ -1,5 +1,7 @@
 #include "worker/stage_service.h"
 
+#include <algorithm>
+
 #include "common/rpc.h"
 
 namespace tandem::worker {
@@ -39,6 +41,37 @@ grpc::Status StageWorkerService::ApplyStep(grpc::ServerContext* ctx,
     return ToGrpcStatus(s);
   }
   return ToGrpcStatus(manager_->ApplyStep(*req));
+}
+
+grpc::Status StageWorkerService::SaveCheckpoint(grpc::ServerContext* ctx,
+                                                const v1::SaveCheckpointRequest* req,
+                                                grpc::ServerWriter<v1::TensorChunk>* writer) {
+  if (absl::Status s = CheckProtocolVersion(req->protocol_version(), kServerName); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  constexpr size_t kChunkBytes = 1 << 20;
+  auto stream = [&](const std::vector<StageExecutor::StateTensor>& tensors) -> absl::Status {
+    v1::TensorChunk index;
+    for (const auto& t : tensors) {
+      v1::TensorMeta* m = index.add_index();
+      m->set_name(t.name);
+      m->set_dtype(t.dtype);
+      for (int64_t d : t.shape) m->add_shape(d);
+    }
+    if (!writer->Write(index)) return absl::CancelledError("checkpoint stream closed");
+    for (const auto& t : tensors) {
+      const char* p = static_cast<const char*>(t.data);
+      for (size_t off = 0; off < t.bytes; off += kChunkBytes) {
+        v1::TensorChunk chunk;
+        chunk.set_data(p + off, std::min(kChunkBytes, t.bytes - off));
+        if (ctx->IsCancelled() || !writer->Write(chunk)) {
+          return absl::CancelledError("checkpoint stream closed");
+        }
+      }
+    }
+    return absl::OkStatus();
+  };
+  return ToGrpcStatus(manager_->SaveCheckpoint(req->job_id(), req->step(), stream));
 }
 
 grpc::Status StageWorkerService::Abort(grpc::ServerContext* ctx, const v1::AbortRequest* req,

@@ -24,6 +24,8 @@ class StageWorkerService final : public v1::StageWorker::Service {
                        v1::RunStepResponse* resp) override;
   grpc::Status ApplyStep(grpc::ServerContext* ctx, const v1::ApplyStepRequest* req,
                          v1::ApplyStepResponse* resp) override;
+  grpc::Status SaveCheckpoint(grpc::ServerContext* ctx, const v1::SaveCheckpointRequest* req,
+                              grpc::ServerWriter<v1::TensorChunk>* writer) override;
   grpc::Status Abort(grpc::ServerContext* ctx, const v1::AbortRequest* req,
                      v1::AbortResponse* resp) override;
   grpc::Status GetStatus(grpc::ServerContext* ctx, const v1::GetStatusRequest* req,

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/spec.h"
+#include "coordinator/checkpoint_store.h"
 #include "coordinator/job_runner.h"
 #include "coordinator/job_store.h"
 #include "coordinator/rendezvous_store.h"
@@ -236,6 +237,10 @@ class FakeWorker final : public StageWorkerClient {
     applies.push_back(request);
     done(absl::OkStatus());
   }
+  absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest&, absl::Duration,
+                              const std::function<absl::Status(const v1::TensorChunk&)>&) override {
+    return absl::UnimplementedError("fake");
+  }
   absl::Status Abort(const v1::AbortRequest&, absl::Duration) override {
     aborted.store(true);
     ++aborts;
@@ -397,6 +402,58 @@ TEST(JobRunnerTest, ALostWorkerFailsTheJob) {
   auto job = *f.store->Get(runner->job_id());
   EXPECT_EQ(job.state(), v1::FAILED);
   EXPECT_THAT(job.reason(), HasSubstr("worker w-2 (127.0.0.1:1001, stage 1) was lost"));
+}
+
+}  // namespace
+}  // namespace tandem::coordinator
+
+namespace tandem::coordinator {
+namespace {
+
+// Writes a one-tensor stage file of checkpoint (job, step).
+void WriteStage(CheckpointStore& store, const std::string& job, int64_t step, int stage) {
+  float x = static_cast<float>(step * 10 + stage);
+  auto w = store.BeginStage(job, step, stage, {{absl::StrCat("t", stage), "F32", {1}}});
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->Append(&x, sizeof(x)).ok());
+  ASSERT_TRUE((*w)->Commit().ok());
+}
+
+TEST(CheckpointStoreTest, ATornCheckpointIsNeverLoadedAndRetentionKeepsTheNewest) {
+  char dir_template[] = "/tmp/tandem-ckpt-XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  CheckpointStore store(dir);
+  EXPECT_EQ(store.Latest("job-1").status().code(), absl::StatusCode::kNotFound);
+  WriteStage(store, "job-1", 3, 0);
+  WriteStage(store, "job-1", 3, 1);
+  ASSERT_TRUE(store.Commit("job-1", 3, 2, /*keep=*/2).ok());
+  // Step 7: stage 1 never arrives, so the checkpoint cannot commit and stays invisible.
+  WriteStage(store, "job-1", 7, 0);
+  EXPECT_EQ(store.Commit("job-1", 7, 2, 2).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*store.Latest("job-1"), 3);
+  EXPECT_EQ(store.Open("job-1", 7).status().code(), absl::StatusCode::kNotFound);
+  auto reader = store.Open("job-1", 3);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->num_stages(), 2);
+  auto t1 = (*reader)->Data("t1");
+  ASSERT_TRUE(t1.ok());
+  EXPECT_EQ(*reinterpret_cast<const float*>(t1->data()), 31.0f);
+  EXPECT_EQ((*reader)->Data("t9").status().code(), absl::StatusCode::kNotFound);
+  // Two more complete checkpoints: keep=2 drops step 3 and the torn step 7.
+  for (int64_t step : {11, 15}) {
+    WriteStage(store, "job-1", step, 0);
+    WriteStage(store, "job-1", step, 1);
+    ASSERT_TRUE(store.Commit("job-1", step, 2, 2).ok());
+  }
+  EXPECT_EQ(*store.Latest("job-1"), 15);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/job-1/step-3"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/job-1/step-7"));
+  EXPECT_TRUE(store.Open("job-1", 11).ok());
+  // Without a root, checkpoints are refused with a reason.
+  CheckpointStore none("");
+  EXPECT_EQ(none.Latest("job-1").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store.Open("../etc", 1).status().code(), absl::StatusCode::kInvalidArgument);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

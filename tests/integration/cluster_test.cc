@@ -342,6 +342,47 @@ TEST_F(ClusterTest, BothDaemonsServeGrpcHealth) {
   EXPECT_EQ(HealthCheck("127.0.0.1:" + port), 1);
 }
 
+// A job resumed from another's checkpoint continues its loss sequence exactly, with the same
+// or a different number of stages.
+TEST_F(ClusterTest, ResumeFromACheckpointContinuesTheLossSequence) {
+  StartCluster(2);
+  const std::string ckpt = "checkpoint:\n  every: 4\n";
+  auto full = cluster_->Submit(TinyJobYaml(2, 4, 12, "1f1b", ckpt, "constant"));
+  ASSERT_TRUE(full.ok()) << full.status();
+  auto a = cluster_->WaitForEnd(*full, 120s);
+  ASSERT_TRUE(a.ok() && a->state() == v1::SUCCEEDED) << a->reason();
+  EXPECT_EQ(a->checkpoint_step(), 11);
+
+  // The first 8 steps of the same job (a constant learning rate makes them identical), then
+  // the rest resumed from its final checkpoint, on 2 stages and on 1.
+  auto head = cluster_->Submit(TinyJobYaml(2, 4, 8, "1f1b", ckpt, "constant"));
+  ASSERT_TRUE(head.ok());
+  auto b = cluster_->WaitForEnd(*head, 120s);
+  ASSERT_TRUE(b.ok() && b->state() == v1::SUCCEEDED) << b->reason();
+  ASSERT_EQ(b->checkpoint_step(), 7);
+  for (int stages : {2, 1}) {
+    auto tail = cluster_->Submit(TinyJobYaml(
+        stages, 4, 12, "1f1b", ckpt + "init:\n  from_job: " + *head + "\n", "constant"));
+    ASSERT_TRUE(tail.ok()) << tail.status();
+    auto c = cluster_->WaitForEnd(*tail, 120s);
+    ASSERT_TRUE(c.ok());
+    ASSERT_EQ(c->state(), v1::SUCCEEDED) << c->reason();
+    EXPECT_EQ(c->first_step(), 8);
+    ASSERT_EQ(c->history_size(), 4);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(c->history(i).step(), 8 + i);
+      // Bit-identical: same weights, optimizer state, data and arithmetic.
+      EXPECT_EQ(c->history(i).loss(), a->history(8 + i).loss())
+          << stages << " stages, step " << 8 + i;
+    }
+  }
+
+  // Resuming from an unknown job is refused at submit.
+  auto bad = cluster_->Submit(TinyJobYaml(2, 4, 12, "1f1b", "init:\n  from_job: job-99\n"));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("init.from_job"));
+}
+
 // Every example spec in examples/ runs to SUCCEEDED (shortened to a few steps). The
 // text-file example trains on a file the test writes under the workers' data root.
 TEST_F(ClusterTest, EveryExampleSpecRuns) {

@@ -96,8 +96,10 @@ class Cluster {
 };
 
 // A small mlp_lm job spec for tests: `stages` stages, M micro-batches, `steps` steps.
+// `extra` is appended as top-level YAML (e.g. "checkpoint:\n  every: 4\n").
 std::string TinyJobYaml(int stages, int micro_batches, int steps,
-                        const std::string& schedule = "1f1b");
+                        const std::string& schedule = "1f1b", const std::string& extra = "",
+                        const std::string& lr_schedule = "cosine");
 
 }  // namespace tandem::testing
 

@@ -28,6 +28,11 @@ struct Parameter {
   Tensor grad;  // same shape as value
   // Decoupled weight decay applies (2-D weight matrices); not for biases and norm gains.
   bool decay = false;
+  // One copy of a parameter that has another copy in another layer, possibly on another
+  // stage, under the same name (gpt's wte, shared by the embedding and the head when
+  // tie_embeddings). The copies start equal; the executor must add the copies' gradients
+  // (all-reduce between the stages holding them) before the optimizer step so they stay so.
+  bool tied = false;
 
   Parameter(std::string n, std::vector<int64_t> shape, bool weight_decay)
       : name(std::move(n)), value(shape), grad(shape), decay(weight_decay) {}

@@ -8,6 +8,16 @@
 
 namespace tandem::worker {
 
+std::vector<OptimizerSlot> AdamW::Slots() {
+  std::vector<OptimizerSlot> slots;
+  for (size_t i = 0; i < state_.size(); ++i) {
+    slots.push_back({i, "adam_m", &state_[i].m, nullptr});
+    slots.push_back({i, "adam_v", &state_[i].v, nullptr});
+    slots.push_back({i, "adam_step", nullptr, &state_[i].step});
+  }
+  return slots;
+}
+
 AdamW::AdamW(std::vector<Parameter*> params, const AdamWOptions& options)
     : params_(std::move(params)), options_(options) {
   state_.resize(params_.size());

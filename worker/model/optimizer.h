@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -18,9 +19,21 @@
 
 namespace tandem::worker {
 
+// One piece of optimizer state for checkpoints: the parameter it belongs to (index into the
+// list given to the constructor), a key ("adam_m"), and its storage (f32 values of the
+// parameter's shape, or a single int64 counter).
+struct OptimizerSlot {
+  size_t param = 0;
+  std::string key;
+  std::vector<float>* f32 = nullptr;
+  int64_t* i64 = nullptr;
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
+  // The state to save and restore, in a fixed order (empty for stateless optimizers).
+  virtual std::vector<OptimizerSlot> Slots() { return {}; }
   // Applies one update with learning rate `lr` and zeroes the gradients.
   virtual void Step(float lr) = 0;
   // Bytes of optimizer state (moments).
@@ -40,6 +53,7 @@ class AdamW final : public Optimizer {
  public:
   AdamW(std::vector<Parameter*> params, const AdamWOptions& options);
   void Step(float lr) override;
+  std::vector<OptimizerSlot> Slots() override;
   size_t StateBytes() const override;
 
  private:

@@ -1,0 +1,185 @@
+#include "coordinator/checkpoint_store.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
+
+namespace tandem::coordinator {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr char kManifest[] = "manifest.json";
+constexpr char kFormat[] = "tandem-checkpoint-v1";
+
+std::string StageFile(int stage) { return absl::StrCat("stage-", stage, ".safetensors"); }
+
+// A job id becomes a directory name: only ids the job store issues are accepted.
+bool SafeJobId(const std::string& id) {
+  return !id.empty() && id.size() < 64 && id.find('/') == std::string::npos && id != "." &&
+         id != ".." && id[0] != '.';
+}
+
+absl::Status WriteFileAtomically(const fs::path& path, const std::string& text) {
+  const std::string tmp = path.string() + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot create ", tmp));
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
+                  ::fsync(fd) == 0;
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return absl::InternalError(absl::StrCat("cannot write ", path.string()));
+  }
+  int dfd = ::open(path.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<absl::Span<const uint8_t>> CheckpointReader::Data(const std::string& name) const {
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) {
+    return absl::NotFoundError(absl::StrCat("checkpoint ", where_, " has no tensor '", name, "'"));
+  }
+  return it->second->Data(name);
+}
+
+const TensorInfo* CheckpointReader::Find(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : it->second->Find(name);
+}
+
+CheckpointStore::CheckpointStore(std::string root) : root_(std::move(root)) {}
+
+absl::Status CheckpointStore::CheckEnabled() const {
+  if (enabled()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "checkpoints need a job store: start tandem-coordinator with --data-root DIR");
+}
+
+std::string CheckpointStore::Dir(const std::string& job_id, int64_t step) const {
+  return (fs::path(root_) / job_id / absl::StrCat("step-", step)).string();
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsWriter>> CheckpointStore::BeginStage(
+    const std::string& job_id, int64_t step, int stage, std::vector<TensorInfo> tensors) {
+  if (absl::Status s = CheckEnabled(); !s.ok()) return s;
+  if (!SafeJobId(job_id)) return absl::InvalidArgumentError(absl::StrCat("bad job id ", job_id));
+  const std::string dir = Dir(job_id, step);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  return SafetensorsWriter::Create((fs::path(dir) / StageFile(stage)).string(), std::move(tensors),
+                                   {{"format", kFormat},
+                                    {"job", job_id},
+                                    {"step", absl::StrCat(step)},
+                                    {"stage", absl::StrCat(stage)}});
+}
+
+absl::Status CheckpointStore::Commit(const std::string& job_id, int64_t step, int num_stages,
+                                     int keep) {
+  if (absl::Status s = CheckEnabled(); !s.ok()) return s;
+  const fs::path dir = Dir(job_id, step);
+  nlohmann::json manifest = {
+      {"format", kFormat}, {"job", job_id}, {"step", step}, {"num_stages", num_stages}};
+  for (int s = 0; s < num_stages; ++s) {
+    if (!fs::exists(dir / StageFile(s))) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint ", dir.string(), ": ", StageFile(s), " is missing"));
+    }
+    manifest["files"].push_back(StageFile(s));
+  }
+  if (absl::Status s = WriteFileAtomically(dir / kManifest, manifest.dump(2)); !s.ok()) return s;
+  // Retention: keep the newest `keep` complete checkpoints; drop torn ones older than this.
+  std::vector<int64_t> complete = CompleteSteps(job_id);
+  std::error_code ec;
+  for (size_t i = 0; i + std::max(keep, 1) < complete.size(); ++i) {
+    fs::remove_all(Dir(job_id, complete[i]), ec);
+  }
+  for (const auto& entry : fs::directory_iterator(fs::path(root_) / job_id, ec)) {
+    int64_t n = 0;
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && absl::SimpleAtoi(name.substr(5), &n) && n < step &&
+        !fs::exists(entry.path() / kManifest)) {
+      fs::remove_all(entry.path(), ec);
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> CheckpointStore::CompleteSteps(const std::string& job_id) const {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  if (!SafeJobId(job_id)) return steps;
+  for (const auto& entry : fs::directory_iterator(fs::path(root_) / job_id, ec)) {
+    int64_t n = 0;
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && absl::SimpleAtoi(name.substr(5), &n) &&
+        fs::exists(entry.path() / kManifest)) {
+      steps.push_back(n);
+    }
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+absl::StatusOr<int64_t> CheckpointStore::Latest(const std::string& job_id) const {
+  if (absl::Status s = CheckEnabled(); !s.ok()) return s;
+  std::vector<int64_t> steps = CompleteSteps(job_id);
+  if (steps.empty()) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " has no complete checkpoint"));
+  }
+  return steps.back();
+}
+
+absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointStore::Open(
+    const std::string& job_id, int64_t step) const {
+  if (absl::Status s = CheckEnabled(); !s.ok()) return s;
+  if (!SafeJobId(job_id)) return absl::InvalidArgumentError(absl::StrCat("bad job id ", job_id));
+  const fs::path dir = Dir(job_id, step);
+  std::ifstream in(dir / kManifest);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("no complete checkpoint of job ", job_id, " after step ", step));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  auto reader = std::make_shared<CheckpointReader>();
+  reader->where_ = absl::StrCat(job_id, " step ", step);
+  reader->step_ = step;
+  try {
+    nlohmann::json manifest = nlohmann::json::parse(text.str());
+    if (manifest.at("format") != kFormat || manifest.at("step").get<int64_t>() != step) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": bad manifest"));
+    }
+    for (const auto& f : manifest.at("files")) {
+      const std::string file = f.get<std::string>();
+      if (file.find('/') != std::string::npos) {
+        return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": bad file name"));
+      }
+      auto st = SafetensorsFile::Open((dir / file).string());
+      if (!st.ok()) return st.status();
+      for (const TensorInfo& t : (*st)->tensors()) reader->by_name_[t.name] = st->get();
+      reader->files_.push_back(*std::move(st));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", dir.string(), ": unreadable manifest: ", e.what()));
+  }
+  return std::shared_ptr<const CheckpointReader>(std::move(reader));
+}
+
+}  // namespace tandem::coordinator
