@@ -4,12 +4,16 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/model_desc.h"
 #include "common/schedule.h"
+#include "common/spec.h"
+#include "worker/model/gpt.h"
 #include "worker/model/mlp_lm.h"
 
 namespace tandem::worker {
@@ -17,8 +21,6 @@ namespace {
 
 constexpr int kMaxMicroBatches = 1 << 16;
 constexpr int64_t kMaxMicroBatchSize = 1 << 20;
-// Byte-level data: tokens are bytes, so the vocabulary must cover 0..255.
-constexpr int kByteVocab = 256;
 
 absl::Status Annotate(const absl::Status& s, absl::string_view prefix) {
   if (s.ok()) return s;
@@ -153,11 +155,19 @@ absl::Status ValidateStageProgram(const v1::StageProgram& p) {
         absl::StrCat("program: this release runs one stage per rank; got stage ", p.stage(), " of ",
                      p.num_stages(), " on rank ", p.rank(), " of ", p.num_ranks()));
   }
-  absl::StatusOr<MlpLmConfig> cfg = MlpLmConfigFromSpec(p.spec().model());
-  if (!cfg.ok()) return cfg.status();
-  if (cfg->vocab < kByteVocab) {
-    return absl::InvalidArgumentError(absl::StrCat("model.vocab_size must be at least ", kByteVocab,
-                                                   " for byte-level data, got ", cfg->vocab));
+  const v1::DataSpec& data = p.spec().data();
+  if ((data.source() == "synthetic" || data.format() == "bytes") &&
+      p.spec().model().vocab_size() < 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.vocab_size must be at least 256 for byte data, got ",
+                     p.spec().model().vocab_size()));
+  }
+  if (p.spec().model().arch() == "gpt") {
+    absl::StatusOr<GptConfig> cfg = GptConfigFromSpec(p.spec().model());
+    if (!cfg.ok()) return cfg.status();
+  } else {
+    absl::StatusOr<MlpLmConfig> cfg = MlpLmConfigFromSpec(p.spec().model());
+    if (!cfg.ok()) return cfg.status();
   }
   const int num_layers = NumLayers(p.spec().model());
   if (p.layer_begin() < 0 || p.layer_begin() >= p.layer_end() || p.layer_end() > num_layers) {
@@ -206,9 +216,9 @@ absl::Status ValidateStageProgram(const v1::StageProgram& p) {
 
 // Everything one micro-batch holds during a step.
 struct StageExecutor::MicroBatch {
-  IntTensor tokens;                 // (B, K) first stage only
-  IntTensor targets;                // (B,) last stage only
-  Tensor input;                     // (B, D) received activation; non-first stages
+  IntTensor tokens;                 // (B, T) gpt or (B, K) mlp_lm; first stage only
+  IntTensor targets;                // (B, T) gpt or (B,) mlp_lm; last stage only
+  Tensor input;                     // (B, T, D) or (B, D) received activation; non-first
   std::vector<SavedContext> saved;  // one per layer, between F and B
   Tensor output;                    // (B, D) forward output, kept until the sends complete
   Tensor grad_output;               // (B, D) received gradient; non-last stages
@@ -223,8 +233,7 @@ struct StageExecutor::MicroBatch {
 };
 
 absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
-    const v1::StageProgram& program, std::shared_ptr<const Corpus> corpus,
-    std::unique_ptr<Transport> transport) {
+    const v1::StageProgram& program, Dataset data, std::unique_ptr<Transport> transport) {
   if (absl::Status s = ValidateStageProgram(program); !s.ok()) return s;
   const std::string prefix = absl::StrCat("stage ", program.stage());
   if (program.num_ranks() > 1) {
@@ -238,16 +247,29 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
                        ", program is rank ", program.rank(), " of ", program.num_ranks()));
     }
   }
-  const bool needs_corpus = StageNeedsCorpus(program);
-  const int64_t context = program.spec().model().context();
-  if (needs_corpus && (corpus == nullptr || static_cast<int64_t>(corpus->size()) <= context)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        prefix, ": a corpus of at least context + 1 = ", context + 1, " bytes is required"));
+  const bool needs_data = StageNeedsCorpus(program);
+  const int64_t window = TrainingWindow(program.spec().model());
+  if (needs_data) {
+    if (data.train == nullptr || data.train->size() < window) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, ": training data of at least one window (", window, " tokens) is required"));
+    }
+    if (program.eval_actions_size() > 0 && (data.val == nullptr || data.val->size() < window)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, ": eval.every is set but there is no validation split of at least ",
+                       window, " tokens (set data.val_fraction or data.val_path)"));
+    }
+  } else {
+    data = Dataset{};
   }
   std::unique_ptr<StageExecutor> ex(
-      new StageExecutor(program, needs_corpus ? std::move(corpus) : nullptr, std::move(transport)));
-  absl::StatusOr<std::vector<std::unique_ptr<Layer>>> layers = BuildMlpLmLayers(
-      program.spec().model(), program.spec().seed(), program.layer_begin(), program.layer_end());
+      new StageExecutor(program, std::move(data), std::move(transport)));
+  const v1::ModelSpec& model = program.spec().model();
+  absl::StatusOr<std::vector<std::unique_ptr<Layer>>> layers =
+      model.arch() == "gpt"
+          ? BuildGptLayers(model, program.spec().seed(), program.layer_begin(), program.layer_end())
+          : BuildMlpLmLayers(model, program.spec().seed(), program.layer_begin(),
+                             program.layer_end());
   if (!layers.ok()) return Annotate(layers.status(), prefix);
   ex->layers_ = std::move(*layers);
   std::vector<Parameter*> params = ex->Parameters();
@@ -259,7 +281,7 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
   return ex;
 }
 
-StageExecutor::StageExecutor(const v1::StageProgram& program, std::shared_ptr<const Corpus> corpus,
+StageExecutor::StageExecutor(const v1::StageProgram& program, Dataset data,
                              std::unique_ptr<Transport> transport)
     : program_(program),
       stage_(program.stage()),
@@ -267,15 +289,21 @@ StageExecutor::StageExecutor(const v1::StageProgram& program, std::shared_ptr<co
       micro_batches_(MicroBatchesOf(program)),
       eval_micro_batches_(program.eval_actions_size() > 0 ? program.eval_micro_batches() : 0),
       micro_batch_size_(program.spec().pipeline().micro_batch_size()),
+      gpt_(program.spec().model().arch() == "gpt"),
+      seq_len_(gpt_ ? program.spec().model().seq_len() : 1),
+      window_(TrainingWindow(program.spec().model())),
       d_model_(program.spec().model().d_model()),
       first_(program.stage() == 0),
       last_(program.stage() == program.num_stages() - 1),
       mbs_(static_cast<size_t>(std::max(micro_batches_, eval_micro_batches_))),
       mb_bytes_(mbs_.size(), 0),
       transport_(std::move(transport)) {
-  if (corpus != nullptr) {
-    sampler_ = std::make_unique<WindowSampler>(std::move(corpus), DataSeed(program.spec()),
-                                               program.spec().model().context());
+  const uint64_t seed = DataSeed(program.spec());
+  if (data.train != nullptr) {
+    sampler_ = std::make_unique<WindowSampler>(std::move(data.train), seed, window_);
+  }
+  if (data.val != nullptr && eval_micro_batches_ > 0) {
+    val_sampler_ = std::make_unique<WindowSampler>(std::move(data.val), seed, window_);
   }
 }
 
@@ -310,13 +338,34 @@ absl::Status StageExecutor::Forward(int mb, int64_t step, bool eval) {
   const int64_t global_batch = micro_batch_size_ * (eval ? eval_micro_batches_ : micro_batches_);
   const int64_t first_sample = (eval ? 0 : step * global_batch) + mb * micro_batch_size_;
   if (first_ || last_) {
-    sampler_->Sample(first_sample, micro_batch_size_, first_ ? &m.tokens : nullptr,
-                     last_ ? &m.targets : nullptr);
+    // One window of `window_` tokens per sequence: gpt predicts every next token (tokens
+    // w[0..T), targets w[1..T]); mlp_lm the one after its context (w[0..K) -> w[K]).
+    const int64_t b = micro_batch_size_;
+    windows_.resize(static_cast<size_t>(b * window_));
+    (eval ? val_sampler_ : sampler_)->Sample(first_sample, b, windows_.data());
+    const int64_t t = window_ - 1;
+    if (first_) {
+      m.tokens.Reset({b, t});
+      for (int64_t i = 0; i < b; ++i) {
+        std::copy_n(windows_.begin() + i * window_, t, m.tokens.vec().begin() + i * t);
+      }
+    }
+    if (last_) {
+      if (gpt_) {
+        m.targets.Reset({b, t});
+        for (int64_t i = 0; i < b; ++i) {
+          std::copy_n(windows_.begin() + i * window_ + 1, t, m.targets.vec().begin() + i * t);
+        }
+      } else {
+        m.targets.Reset({b});
+        for (int64_t i = 0; i < b; ++i) m.targets[i] = windows_[i * window_ + t];
+      }
+    }
   }
   MicroBatchData data;
   data.tokens = &m.tokens;
   data.targets = &m.targets;
-  data.loss_normalizer = global_batch;
+  data.loss_normalizer = global_batch * seq_len_;
   m.saved.assign(layers_.size(), SavedContext{});
   Tensor x = std::move(m.input);
   Tensor y;
@@ -354,10 +403,14 @@ absl::Status StageExecutor::Backward(int mb) {
 absl::Status StageExecutor::RunAction(const v1::Action& a, int64_t step, bool eval) {
   const int mb = a.micro_batch();
   MicroBatch& m = mbs_[mb];
-  const size_t act_bytes = static_cast<size_t>(micro_batch_size_ * d_model_) * sizeof(float);
+  const std::vector<int64_t> act_shape =
+      gpt_ ? std::vector<int64_t>{micro_batch_size_, seq_len_, d_model_}
+           : std::vector<int64_t>{micro_batch_size_, d_model_};
+  const size_t act_bytes =
+      static_cast<size_t>(micro_batch_size_ * seq_len_ * d_model_) * sizeof(float);
   switch (a.kind()) {
     case v1::ACTION_RECV_F:
-      m.input.Reset({micro_batch_size_, d_model_});
+      m.input.Reset(act_shape);
       return transport_->Recv(stage_ - 1, MakeTransferTag(Payload::kActivation, mb), m.input.data(),
                               act_bytes);
     case v1::ACTION_F:
@@ -366,7 +419,7 @@ absl::Status StageExecutor::RunAction(const v1::Action& a, int64_t step, bool ev
       return transport_->PostSend(stage_ + 1, MakeTransferTag(Payload::kActivation, mb),
                                   m.output.data(), m.output.bytes());
     case v1::ACTION_RECV_B:
-      m.grad_output.Reset({micro_batch_size_, d_model_});
+      m.grad_output.Reset(act_shape);
       return transport_->Recv(stage_ + 1, MakeTransferTag(Payload::kGradient, mb),
                               m.grad_output.data(), act_bytes);
     case v1::ACTION_B:
@@ -466,9 +519,13 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode
   if (aborted_.load()) return fail(absl::AbortedError("the stage was aborted"), "step");
   for (MicroBatch& m : mbs_) m = MicroBatch{};
   if (!eval) {
+    if (absl::Status s = SumTiedGradients(); !s.ok()) return fail(s, "tied gradients");
     double sum_sq = 0.0;
     bool finite = true;
+    std::set<std::string> tied_counted;
     for (const Parameter* p : Parameters()) {
+      // A tied parameter counts once in the global norm: on the first stage, one copy.
+      if (p->tied && (!first_ || !tied_counted.insert(p->name).second)) continue;
       for (float g : p->grad.vec()) {
         finite = finite && std::isfinite(g);
         sum_sq += static_cast<double>(g) * g;
@@ -491,10 +548,64 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode
   return report;
 }
 
+absl::Status StageExecutor::SumTiedGradients() {
+  std::map<std::string, std::vector<Parameter*>> tied;
+  for (Parameter* p : Parameters()) {
+    if (p->tied) tied[p->name].push_back(p);
+  }
+  if (tied.empty()) return absl::OkStatus();
+  if (num_stages_ == 1) {
+    // Both copies are here: each gets the sum.
+    for (auto& [name, copies] : tied) {
+      if (copies.size() != 2) continue;
+      std::vector<float>& a = copies[0]->grad.vec();
+      std::vector<float>& b = copies[1]->grad.vec();
+      for (size_t i = 0; i < a.size(); ++i) a[i] = b[i] = a[i] + b[i];
+    }
+    return absl::OkStatus();
+  }
+  if (!first_ && !last_) return absl::OkStatus();
+  // The first stage holds the embedding's copy, the last the head's: swap and add. a + b is
+  // exactly b + a in IEEE arithmetic, so both copies stay bit-identical.
+  const int peer = first_ ? num_stages_ - 1 : 0;
+  std::vector<std::vector<float>> received;
+  int index = 0;
+  for (auto& [name, copies] : tied) {
+    for (Parameter* p : copies) {
+      const uint64_t tag = MakeTransferTag(Payload::kTiedGradient, index++);
+      if (absl::Status s = transport_->PostSend(peer, tag, p->grad.vec().data(), p->grad.bytes());
+          !s.ok()) {
+        return s;
+      }
+      received.emplace_back(p->grad.size());
+      if (absl::Status s = transport_->Recv(peer, tag, received.back().data(), p->grad.bytes());
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  if (absl::Status s = transport_->WaitSends(); !s.ok()) return s;
+  index = 0;
+  for (auto& [name, copies] : tied) {
+    for (Parameter* p : copies) {
+      std::vector<float>& g = p->grad.vec();
+      const std::vector<float>& other = received[index++];
+      for (size_t i = 0; i < g.size(); ++i) g[i] += other[i];
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::vector<StageExecutor::StateTensor> StageExecutor::CheckpointTensors() {
   std::vector<StateTensor> out;
   std::vector<Parameter*> params = Parameters();
-  auto listed = [&](const Parameter* p) { return !p->tied || first_; };
+  // A tied parameter is saved once: by the first stage, one copy.
+  std::set<const Parameter*> skip;
+  std::set<std::string> seen;
+  for (const Parameter* p : params) {
+    if (p->tied && (!first_ || !seen.insert(p->name).second)) skip.insert(p);
+  }
+  auto listed = [&](const Parameter* p) { return !skip.contains(p); };
   for (Parameter* p : params) {
     if (!listed(p)) continue;
     out.push_back({p->name, "F32", p->value.shape(), p->value.vec().data(), p->value.bytes()});
@@ -515,10 +626,14 @@ std::vector<StageExecutor::StateTensor> StageExecutor::CheckpointTensors() {
 
 std::vector<std::string> StageExecutor::RestoreNames() {
   std::vector<std::string> names;
+  std::set<std::string> seen;  // both copies of a tied parameter read the same tensor
+  auto add = [&](std::string n) {
+    if (seen.insert(n).second) names.push_back(std::move(n));
+  };
   std::vector<Parameter*> params = Parameters();
-  for (const Parameter* p : params) names.push_back(p->name);
+  for (const Parameter* p : params) add(p->name);
   for (const OptimizerSlot& slot : optimizer_->Slots()) {
-    names.push_back(absl::StrCat(params[slot.param]->name, ".", slot.key));
+    add(absl::StrCat(params[slot.param]->name, ".", slot.key));
   }
   return names;
 }

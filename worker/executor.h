@@ -43,17 +43,17 @@ absl::Status ValidateStageProgram(const v1::StageProgram& program);
 // Micro-batches per step: program.micro_batches, or the spec's when the program leaves it 0.
 int MicroBatchesOf(const v1::StageProgram& program);
 
-// Whether the stage reads the corpus (it holds the embedding or the head).
+// Whether the stage reads the data (it holds the embedding or the head).
 bool StageNeedsCorpus(const v1::StageProgram& program);
 
 class StageExecutor {
  public:
   // Builds the stage's layers (initialised from spec.seed by global layer index) and its
-  // optimizer. `corpus` is required when StageNeedsCorpus(program); `transport` is required
-  // when num_ranks > 1 (rank == stage; peers are stage - 1 and stage + 1).
+  // optimizer. `data` is required when StageNeedsCorpus(program) (its validation split too
+  // when the program has eval actions); `transport` is required when num_ranks > 1 (rank ==
+  // stage; peers are stage - 1 and stage + 1, and the last stage for tied parameters).
   static absl::StatusOr<std::unique_ptr<StageExecutor>> Create(
-      const v1::StageProgram& program, std::shared_ptr<const Corpus> corpus,
-      std::unique_ptr<Transport> transport);
+      const v1::StageProgram& program, Dataset data, std::unique_ptr<Transport> transport);
   ~StageExecutor();
 
   // TRAIN: runs the action list for `step`; the gradients stay pending for ApplyStep(step)
@@ -104,8 +104,11 @@ class StageExecutor {
  private:
   struct MicroBatch;
 
-  StageExecutor(const v1::StageProgram& program, std::shared_ptr<const Corpus> corpus,
+  StageExecutor(const v1::StageProgram& program, Dataset data,
                 std::unique_ptr<Transport> transport);
+  // Makes the copies of every tied parameter equal to their summed gradient: locally when
+  // both copies are here, else by exchanging with the stage holding the other copy.
+  absl::Status SumTiedGradients();
   absl::Status RunAction(const v1::Action& action, int64_t step, bool eval);
   absl::Status Forward(int mb, int64_t step, bool eval);
   absl::Status Backward(int mb);
@@ -117,12 +120,17 @@ class StageExecutor {
   const int micro_batches_;
   const int eval_micro_batches_;    // 0 when the program has no eval actions
   const int64_t micro_batch_size_;  // B
+  const bool gpt_;                  // arch gpt (else mlp_lm)
+  const int64_t seq_len_;           // T (gpt; 1 for mlp_lm)
+  const int64_t window_;            // tokens a sample reads (T + 1, or context + 1)
   const int64_t d_model_;           // D: width of the activations between stages
   const bool first_;
   const bool last_;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::unique_ptr<Optimizer> optimizer_;
-  std::unique_ptr<WindowSampler> sampler_;  // null on middle stages
+  std::unique_ptr<WindowSampler> sampler_;      // training split; null on middle stages
+  std::unique_ptr<WindowSampler> val_sampler_;  // validation split, when evaluating
+  std::vector<int32_t> windows_;                // (B, window) scratch for sampling
   int64_t parameter_count_ = 0;
 
   // Step state, used by the RunStep thread only.

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/spec.h"
 #include "common/version.h"
 
 namespace tandem::worker {
@@ -32,23 +33,22 @@ void StageManager::CancelConfigureLocked() {
   ++generation_;
 }
 
-absl::StatusOr<std::shared_ptr<const Corpus>> StageManager::CorpusFor(
-    const v1::StageProgram& program) {
-  const v1::DataSpec& data = program.spec().data();
+absl::StatusOr<Dataset> StageManager::DatasetFor(const v1::StageProgram& program) {
+  const v1::JobSpec& spec = program.spec();
+  const v1::DataSpec& data = spec.data();
+  const int64_t window = TrainingWindow(spec.model());
+  // Everything LoadDataset reads: the cache must not hand out another job's split.
   const std::string key =
-      absl::StrCat(data.source(), "\n", data.path(), "\n", DataSeed(program.spec()), "\n",
-                   data.synthetic_bytes(), "\n", config_.data_root);
-  absl::MutexLock lock(&corpus_mu_);
-  if (corpus_ != nullptr && corpus_key_ == key &&
-      static_cast<int64_t>(corpus_->size()) > program.spec().model().context()) {
-    return corpus_;
-  }
-  absl::StatusOr<std::shared_ptr<const Corpus>> corpus =
-      LoadCorpus(program.spec(), config_.data_root, program.spec().model().context() + 1);
-  if (!corpus.ok()) return corpus.status();
-  corpus_ = *corpus;
-  corpus_key_ = key;
-  return corpus_;
+      absl::StrCat(data.source(), "\n", data.path(), "\n", data.format(), "\n", data.val_path(),
+                   "\n", data.val_fraction(), "\n", DataSeed(spec), "\n", data.synthetic_bytes(),
+                   "\n", spec.model().vocab_size(), "\n", window, "\n", config_.data_root);
+  absl::MutexLock lock(&data_mu_);
+  if (data_.train != nullptr && data_key_ == key) return data_;
+  absl::StatusOr<Dataset> loaded = LoadDataset(spec, config_.data_root, window);
+  if (!loaded.ok()) return loaded.status();
+  data_ = *std::move(loaded);
+  data_key_ = key;
+  return data_;
 }
 
 absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StageProgram& program) {
@@ -73,11 +73,11 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
   }
 
   auto build = [&]() -> absl::StatusOr<std::unique_ptr<StageExecutor>> {
-    std::shared_ptr<const Corpus> corpus;
+    Dataset data;
     if (StageNeedsCorpus(program)) {
-      absl::StatusOr<std::shared_ptr<const Corpus>> c = CorpusFor(program);
-      if (!c.ok()) return c.status();
-      corpus = *std::move(c);
+      absl::StatusOr<Dataset> d = DatasetFor(program);
+      if (!d.ok()) return d.status();
+      data = *std::move(d);
     }
     std::unique_ptr<Transport> transport;
     if (program.num_ranks() > 1) {
@@ -90,7 +90,7 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
     }
     if (cancelled->load()) return absl::AbortedError("aborted while connecting");
     absl::StatusOr<std::unique_ptr<StageExecutor>> ex =
-        StageExecutor::Create(program, std::move(corpus), std::move(transport));
+        StageExecutor::Create(program, std::move(data), std::move(transport));
     if (!ex.ok() || program.restore().job_id().empty()) return ex;
     // Resume: parameters and optimizer state by global name from the checkpoint.
     if (!tensor_source_) {

@@ -108,7 +108,8 @@ class StageManager {
   // executor stays alive until step_running_ is cleared.
   absl::StatusOr<StageExecutor*> BeginStepLocked(const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<std::shared_ptr<const Corpus>> CorpusFor(const v1::StageProgram& program);
+  // The job's data, reused across configures that ask for the same data and window.
+  absl::StatusOr<Dataset> DatasetFor(const v1::StageProgram& program);
 
   const WorkerConfig config_;
   const TransportFactory transport_factory_;
@@ -126,10 +127,10 @@ class StageManager {
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<std::atomic<bool>> configure_cancelled_ ABSL_GUARDED_BY(mu_);
 
-  // The last corpus built, reused when a configure asks for the same data.
-  absl::Mutex corpus_mu_;
-  std::string corpus_key_ ABSL_GUARDED_BY(corpus_mu_);
-  std::shared_ptr<const Corpus> corpus_ ABSL_GUARDED_BY(corpus_mu_);
+  // The last dataset loaded, reused when a configure asks for the same data.
+  absl::Mutex data_mu_;
+  std::string data_key_ ABSL_GUARDED_BY(data_mu_);
+  Dataset data_ ABSL_GUARDED_BY(data_mu_);
 };
 
 }  // namespace tandem::worker

@@ -9,9 +9,12 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <future>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "common/spec.h"
 #include "tests/worker/pipeline_test_util.h"
 #include "worker/transport/gloo_transport.h"
 
@@ -23,16 +26,17 @@ using testing::TinyJob;
 
 constexpr int kSteps = 10;
 
-std::shared_ptr<const Corpus> CorpusOf(const v1::JobSpec& spec) {
-  return *LoadCorpus(spec, ".", spec.model().context() + 1);
+Dataset DataOf(const v1::JobSpec& spec) {
+  return *LoadDataset(spec, ".", TrainingWindow(spec.model()));
 }
 
 // Builds one executor per stage (Gloo over one HashStore when there are several), runs
 // kSteps steps on all of them in parallel threads, and returns the last stage's losses.
 std::vector<double> Train(const v1::JobSpec& spec, int stages, const std::string& schedule,
-                          std::vector<v1::StepReport>* stage0_reports = nullptr) {
+                          std::vector<v1::StepReport>* stage0_reports = nullptr,
+                          int steps = kSteps) {
   const auto programs = MakePrograms(spec, stages, schedule);
-  auto corpus = CorpusOf(spec);
+  const Dataset data = DataOf(spec);
   gloo::rendezvous::HashStore store;
   std::vector<std::unique_ptr<StageExecutor>> executors(stages);
   std::vector<std::thread> threads;
@@ -49,7 +53,7 @@ std::vector<double> Train(const v1::JobSpec& spec, int stages, const std::string
         ASSERT_TRUE(t.ok()) << t.status();
         transport = *std::move(t);
       }
-      auto ex = StageExecutor::Create(programs[s], corpus, std::move(transport));
+      auto ex = StageExecutor::Create(programs[s], data, std::move(transport));
       ASSERT_TRUE(ex.ok()) << ex.status();
       executors[s] = *std::move(ex);
     });
@@ -60,7 +64,7 @@ std::vector<double> Train(const v1::JobSpec& spec, int stages, const std::string
     if (e == nullptr) return {};
   }
   std::vector<double> losses;
-  for (int step = 0; step < kSteps; ++step) {
+  for (int step = 0; step < steps; ++step) {
     std::vector<absl::StatusOr<v1::StepReport>> reports(stages, absl::UnknownError("not run"));
     for (int s = 0; s < stages; ++s) {
       threads.emplace_back([&, s] { reports[s] = executors[s]->RunStep(step); });
@@ -89,10 +93,11 @@ std::vector<double> Train(const v1::JobSpec& spec, int stages, const std::string
   return losses;
 }
 
-void ExpectSameLosses(const std::vector<double>& a, const std::vector<double>& b, double rel) {
-  ASSERT_EQ(a.size(), static_cast<size_t>(kSteps));
-  ASSERT_EQ(b.size(), static_cast<size_t>(kSteps));
-  for (int i = 0; i < kSteps; ++i) {
+void ExpectSameLosses(const std::vector<double>& a, const std::vector<double>& b, double rel,
+                      int steps = kSteps) {
+  ASSERT_EQ(a.size(), static_cast<size_t>(steps));
+  ASSERT_EQ(b.size(), static_cast<size_t>(steps));
+  for (int i = 0; i < steps; ++i) {
     EXPECT_NEAR(a[i], b[i], rel * std::abs(a[i])) << "step " << i;
   }
 }
@@ -132,6 +137,87 @@ TEST_F(ExecutorTest, MicroBatchSplitInvariance) {
   ExpectSameLosses(ref, Train(spec, 2, "1f1b"), 1e-4);
 }
 
+// The main correctness test for GPT: P in {1, 2, 4} and M in {1, 4, 8} over the same global
+// batch of 8 sequences give the same 20 losses, with tied and untied embeddings. Same P and M
+// with another schedule is bit-identical; another M changes GEMM heights (float
+// reassociation), which AdamW amplifies slightly: relative tolerance 1e-5.
+TEST_F(ExecutorTest, GptPartitionInvarianceAcrossStagesAndMicroBatches) {
+  constexpr int kGptSteps = 20;
+  for (bool tied : {true, false}) {
+    v1::JobSpec spec = testing::TinyGptJob(tied);
+    const std::vector<double> ref = Train(spec, 1, "1f1b", nullptr, kGptSteps);
+    ASSERT_EQ(ref.size(), static_cast<size_t>(kGptSteps));
+    EXPECT_NEAR(ref[0], std::log(256.0), 0.2);
+    EXPECT_LT(ref.back(), ref.front() - 0.5) << "tied " << tied;
+    for (int m : {1, 4, 8}) {
+      spec.mutable_pipeline()->set_micro_batch_size(8 / m);
+      spec.mutable_pipeline()->set_micro_batches(m);
+      for (int p : {1, 2, 4}) {
+        SCOPED_TRACE(absl::StrCat("tied ", tied, " P ", p, " M ", m));
+        ExpectSameLosses(ref, Train(spec, p, m >= p ? "1f1b" : "gpipe", nullptr, kGptSteps), 1e-5,
+                         kGptSteps);
+      }
+    }
+  }
+}
+
+// With tying, the embedding's wte (first stage) and the head's copy (last stage) stay
+// bit-identical through training.
+TEST_F(ExecutorTest, TiedCopiesStayBitIdentical) {
+  v1::JobSpec spec = testing::TinyGptJob(/*tied=*/true);
+  spec.mutable_pipeline()->set_micro_batch_size(4);
+  spec.mutable_pipeline()->set_micro_batches(2);
+  const auto programs = MakePrograms(spec, 2, "1f1b");
+  const Dataset data = DataOf(spec);
+  gloo::rendezvous::HashStore store;
+  std::vector<std::unique_ptr<StageExecutor>> ex(2);
+  std::vector<std::thread> threads;
+  for (int s = 0; s < 2; ++s) {
+    threads.emplace_back([&, s] {
+      GlooTransportOptions o;
+      o.rank = s;
+      o.size = 2;
+      o.hostname = "127.0.0.1";
+      auto t = GlooTransport::Connect(o, store);
+      ASSERT_TRUE(t.ok()) << t.status();
+      auto e = StageExecutor::Create(programs[s], data, *std::move(t));
+      ASSERT_TRUE(e.ok()) << e.status();
+      ex[s] = *std::move(e);
+    });
+  }
+  for (auto& t : threads) t.join();
+  threads.clear();
+  ASSERT_TRUE(ex[0] && ex[1]);
+  for (int step = 0; step < 3; ++step) {
+    for (int s = 0; s < 2; ++s) {
+      threads.emplace_back([&, s] {
+        ASSERT_TRUE(ex[s]->RunStep(step).ok());
+        ASSERT_TRUE(ex[s]->ApplyStep(step, 0.01f).ok());
+      });
+    }
+    for (auto& t : threads) t.join();
+    threads.clear();
+  }
+  const Parameter* wte0 = nullptr;
+  const Parameter* wte1 = nullptr;
+  for (const Parameter* p : ex[0]->Parameters()) {
+    if (p->tied) wte0 = p;
+  }
+  for (const Parameter* p : ex[1]->Parameters()) {
+    if (p->tied) wte1 = p;
+  }
+  ASSERT_NE(wte0, nullptr);
+  ASSERT_NE(wte1, nullptr);
+  EXPECT_EQ(wte0->name, wte1->name);
+  ASSERT_EQ(wte0->value.size(), wte1->value.size());
+  EXPECT_EQ(std::memcmp(wte0->value.vec().data(), wte1->value.vec().data(), wte0->value.bytes()),
+            0);
+  // The tied parameter is checkpointed once, by the first stage.
+  int listed = 0;
+  for (const auto& t : ex[1]->CheckpointTensors()) listed += t.name == wte1->name;
+  EXPECT_EQ(listed, 0);
+}
+
 TEST_F(ExecutorTest, ReportsTimingsBytesAndMemory) {
   const v1::JobSpec spec = TinyJob();
   std::vector<v1::StepReport> reports;
@@ -168,7 +254,7 @@ TEST_F(ExecutorTest, AbortUnblocksRunningStep) {
   auto t1 = connect(1);
   auto t0 = f0.get();
   ASSERT_TRUE(t0.ok() && t1.ok());
-  auto ex = StageExecutor::Create(programs[1], CorpusOf(spec), *std::move(t1));
+  auto ex = StageExecutor::Create(programs[1], DataOf(spec), *std::move(t1));
   ASSERT_TRUE(ex.ok()) << ex.status();
   // Stage 0 never runs: stage 1 blocks in its first RECV_F.
   auto step = std::async(std::launch::async, [&] { return (*ex)->RunStep(0); });
@@ -185,7 +271,7 @@ TEST_F(ExecutorTest, AbortUnblocksRunningStep) {
 
 TEST_F(ExecutorTest, RejectsBadStepArguments) {
   const v1::JobSpec spec = TinyJob();
-  auto ex = StageExecutor::Create(MakePrograms(spec, 1, "1f1b")[0], CorpusOf(spec), nullptr);
+  auto ex = StageExecutor::Create(MakePrograms(spec, 1, "1f1b")[0], DataOf(spec), nullptr);
   ASSERT_TRUE(ex.ok());
   EXPECT_EQ((*ex)->RunStep(-1).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*ex)->RunStep(0, static_cast<v1::StepMode>(7)).status().code(),
@@ -203,9 +289,8 @@ TEST_F(ExecutorTest, RejectsBadStepArguments) {
   EXPECT_TRUE((*ex)->ApplyStep(0, 0.1f).ok());
   EXPECT_TRUE((*ex)->RunStep(1).ok());
   // A multi-rank program needs a transport; a first stage needs its corpus.
-  EXPECT_FALSE(
-      StageExecutor::Create(MakePrograms(spec, 2, "1f1b")[0], CorpusOf(spec), nullptr).ok());
-  EXPECT_FALSE(StageExecutor::Create(MakePrograms(spec, 1, "1f1b")[0], nullptr, nullptr).ok());
+  EXPECT_FALSE(StageExecutor::Create(MakePrograms(spec, 2, "1f1b")[0], DataOf(spec), nullptr).ok());
+  EXPECT_FALSE(StageExecutor::Create(MakePrograms(spec, 1, "1f1b")[0], Dataset{}, nullptr).ok());
 }
 
 // One mutation of a good program per case, and the words its error must contain.

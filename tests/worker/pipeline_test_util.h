@@ -34,6 +34,29 @@ inline v1::JobSpec TinyJob() {
   return spec;
 }
 
+// A tiny GPT: 2 blocks, d_model 16, 2 heads, seq_len 8, bytes; 1 x 8 sequences per step.
+inline v1::JobSpec TinyGptJob(bool tie_embeddings) {
+  v1::JobSpec spec;
+  spec.set_seed(99);
+  auto* m = spec.mutable_model();
+  m->set_arch("gpt");
+  m->set_n_layer(2);
+  m->set_n_head(2);
+  m->set_d_model(16);
+  m->set_seq_len(8);
+  m->set_vocab_size(256);
+  m->set_tie_embeddings(tie_embeddings);
+  spec.mutable_data()->set_source("synthetic");
+  spec.mutable_data()->set_synthetic_bytes(1 << 15);
+  spec.mutable_optimizer()->set_name("adamw");
+  spec.mutable_optimizer()->set_lr(0.01f);
+  spec.mutable_optimizer()->set_weight_decay(0.1f);
+  auto* p = spec.mutable_pipeline();
+  p->set_micro_batch_size(8);
+  p->set_micro_batches(1);
+  return spec;
+}
+
 // One program per stage. The schedule's errors are test bugs, hence no Status here.
 inline std::vector<v1::StageProgram> MakePrograms(const v1::JobSpec& spec, int stages,
                                                   const std::string& schedule,

@@ -20,8 +20,9 @@
 namespace tandem::worker {
 
 enum class Payload : uint32_t {
-  kActivation = 1,  // forward output of stage s, input of stage s + 1
-  kGradient = 2,    // input gradient of stage s + 1, output gradient of stage s
+  kActivation = 1,    // forward output of stage s, input of stage s + 1
+  kGradient = 2,      // input gradient of stage s + 1, output gradient of stage s
+  kTiedGradient = 3,  // gradient of a tied parameter, exchanged between first and last stage
 };
 
 // The tag both ends of a transfer use: (payload, micro-batch).
