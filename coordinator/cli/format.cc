@@ -121,10 +121,13 @@ std::string FormatStepLine(const v1::StepSummary& step, int64_t total_steps,
       seconds_per_step > 0
           ? seconds_per_step * static_cast<double>(std::max<int64_t>(0, total_steps - done))
           : -1;
-  return absl::StrFormat("step %d/%d  loss %.4f  %.1f ms/step  %.0f tok/s  %s  %d%%  ETA %s", done,
-                         total_steps, step.loss(), step.step_seconds() * 1000,
+  std::string extra;
+  if (step.has_val_loss()) absl::StrAppend(&extra, absl::StrFormat("  val %.4f", step.val_loss()));
+  if (step.skipped()) absl::StrAppend(&extra, "  SKIPPED (non-finite gradient)");
+  return absl::StrFormat("step %d/%d  loss %.4f  %.1f ms/step  %.0f tok/s  %s  %d%%  ETA %s%s",
+                         done, total_steps, step.loss(), step.step_seconds() * 1000,
                          step.tokens_per_second(), ProgressBar(done, total_steps, kBarWidth),
-                         Percent(done, total_steps), FormatEta(eta));
+                         Percent(done, total_steps), FormatEta(eta), extra);
 }
 
 std::string FormatStateLine(const v1::JobEvent& event, const std::string& job_name) {
@@ -181,20 +184,34 @@ std::string FormatJobDetails(const v1::Job& job) {
                                         ProgressBar(job.steps_done(), job.total_steps(), kBarWidth),
                                         "  ", Percent(job.steps_done(), job.total_steps()), "%")});
   info.AddRow({"Last loss", job.steps_done() > 0 ? FormatLoss(job.last_loss()) : "-"});
+  if (job.has_val_loss()) info.AddRow({"Val loss", FormatLoss(job.last_val_loss())});
+  if (job.skipped_steps() > 0) {
+    info.AddRow({"Skipped", absl::StrCat(job.skipped_steps(), " steps (non-finite gradient)")});
+  }
   const int64_t batch = job.effective_batch() > 0 ? job.effective_batch() : EffectiveBatch(spec);
+  const int64_t tokens = job.tokens_per_step() > 0 ? job.tokens_per_step() : TokensPerStep(spec);
   info.AddRow({"Batch", absl::StrCat(p.micro_batch_size(), " x ", p.micro_batches(), " = ", batch,
-                                     " sequences per step (micro_batch_size x micro_batches)")});
+                                     " sequences, ", tokens,
+                                     " tokens per step (the effective batch the lr applies to)")});
   const double bubble = job.bubble_fraction_ideal() > 0 || p.stages() <= 1
                             ? job.bubble_fraction_ideal()
                             : IdealBubbleFraction(p.stages(), p.micro_batches());
   info.AddRow({"Pipeline", absl::StrFormat("%d stages, %s, %s partition; ideal bubble %.1f%%",
                                            p.stages(), p.schedule(), p.partition(), 100 * bubble)});
   info.AddRow(
-      {"Model", absl::StrFormat("%s  n_layer %d  d_model %d  context %d  vocab %d", m.arch(),
-                                m.n_layer(), m.d_model(), m.context(), m.vocab_size())});
-  info.AddRow(
-      {"Optimizer", absl::StrFormat("%s  lr %g  warmup %d steps", spec.optimizer().name(),
-                                    spec.optimizer().lr(), spec.optimizer().warmup_steps())});
+      {"Model", m.arch() == "gpt"
+                    ? absl::StrFormat("gpt  n_layer %d  n_head %d  d_model %d  seq_len %d  vocab %d%s",
+                                      m.n_layer(), m.n_head(), m.d_model(), m.seq_len(),
+                                      m.vocab_size(), m.tie_embeddings() ? "  tied" : "")
+                    : absl::StrFormat("%s  n_layer %d  d_model %d  context %d  vocab %d", m.arch(),
+                                      m.n_layer(), m.d_model(), m.context(), m.vocab_size())});
+  const v1::OptimizerSpec& o = spec.optimizer();
+  info.AddRow({"Optimizer",
+               absl::StrFormat("%s  lr %g  warmup %d steps  %s  clip %g", o.name(), o.lr(),
+                               o.warmup_steps(), o.lr_schedule(), o.grad_clip())});
+  if (job.checkpoint_step() >= 0 && job.created_unix_ms() > 0 && job.steps_done() > 0) {
+    info.AddRow({"Checkpoint", absl::StrCat("after step ", job.checkpoint_step() + 1)});
+  }
   info.AddRow({"Created", FormatTimestamp(job.created_unix_ms())});
   if (job.started_unix_ms() > 0) info.AddRow({"Started", FormatTimestamp(job.started_unix_ms())});
   if (job.finished_unix_ms() > 0) {

@@ -170,7 +170,7 @@ TEST(FormatJobDetails, ShowsBatchBubbleStagesAndRecentSteps) {
   EXPECT_THAT(out, HasSubstr("State      RUNNING"));
   EXPECT_THAT(out, HasSubstr("12/60 steps  [####----------------]  20%"));
   EXPECT_THAT(out, HasSubstr("Last loss  3.4512"));
-  EXPECT_THAT(out, HasSubstr("32 x 4 = 128 sequences per step (micro_batch_size x micro_batches)"));
+  EXPECT_THAT(out, HasSubstr("32 x 4 = 128 sequences, 128 tokens per step (the effective batch the lr applies to)"));
   EXPECT_THAT(out, HasSubstr("ideal bubble 20.0%"));
   EXPECT_THAT(out, HasSubstr("STAGE  WORKER  ADDRESS        LAYERS              ACTIONS\n"
                              "0      w-1     10.0.0.1:7100  embedding..block_1  0F0 0SEND_F0"));

@@ -383,6 +383,47 @@ TEST_F(ClusterTest, ResumeFromACheckpointContinuesTheLossSequence) {
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("init.from_job"));
 }
 
+// A GPT with tied embeddings across two stages trains, evaluates, checkpoints, and resumes on
+// one stage with the same losses as the uninterrupted two-stage run.
+TEST_F(ClusterTest, GptTrainsEvaluatesAndResumesOnAnotherStageCount) {
+  StartCluster(2);
+  auto spec = [](int stages, int steps, const std::string& extra) {
+    return absl::StrCat("name: gpt\nsteps: ", steps,
+                        "\nseed: 3\nmodel:\n  arch: gpt\n  n_layer: 2\n  n_head: 2\n"
+                        "  d_model: 16\n  seq_len: 8\noptimizer:\n  lr: 0.01\n"
+                        "  lr_schedule: constant\npipeline:\n  stages: ",
+                        stages, "\n  micro_batch_size: 4\n  micro_batches: 2\n"
+                        "eval:\n  every: 5\n  micro_batches: 2\n",
+                        extra);
+  };
+  auto full = cluster_->Submit(spec(2, 10, ""));
+  ASSERT_TRUE(full.ok()) << full.status();
+  auto a = cluster_->WaitForEnd(*full, 120s);
+  ASSERT_TRUE(a.ok() && a->state() == v1::SUCCEEDED) << a->reason();
+  EXPECT_EQ(a->tokens_per_step(), 4 * 2 * 8);
+  EXPECT_TRUE(a->history(4).has_val_loss());
+  EXPECT_FALSE(a->history(5).has_val_loss());
+  EXPECT_TRUE(a->has_val_loss());
+  EXPECT_LT(a->history(9).loss(), a->history(0).loss());
+  EXPECT_GT(a->history(0).grad_norm(), 0.0);
+
+  auto head = cluster_->Submit(spec(2, 5, ""));
+  ASSERT_TRUE(head.ok());
+  auto b = cluster_->WaitForEnd(*head, 120s);
+  ASSERT_TRUE(b.ok() && b->state() == v1::SUCCEEDED) << b->reason();
+  auto tail = cluster_->Submit(spec(1, 10, "init:\n  from_job: " + *head + "\n"));
+  ASSERT_TRUE(tail.ok()) << tail.status();
+  auto c = cluster_->WaitForEnd(*tail, 120s);
+  ASSERT_TRUE(c.ok() && c->state() == v1::SUCCEEDED) << c->reason();
+  ASSERT_EQ(c->history_size(), 5);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_NEAR(c->history(i).loss(), a->history(5 + i).loss(),
+                1e-5 * std::abs(a->history(5 + i).loss()))
+        << "step " << 5 + i;
+  }
+  EXPECT_NEAR(c->last_val_loss(), a->last_val_loss(), 1e-5 * a->last_val_loss());
+}
+
 // Every example spec in examples/ runs to SUCCEEDED (shortened to a few steps). The
 // text-file example trains on a file the test writes under the workers' data root.
 TEST_F(ClusterTest, EveryExampleSpecRuns) {
