@@ -25,7 +25,7 @@ double Percentile(std::vector<double> v, double p) {
 
 std::string Spec(int stages, int steps) {
   return absl::StrCat("name: overhead\nsteps: ", steps,
-                      "\nmodel:\n  n_layer: 2\n  d_model: 16\n  d_embed: 4\n  context: 4\n"
+                      "\nmodel:\n  arch: mlp_lm\n  n_layer: 2\n  d_model: 16\n  d_embed: 4\n  context: 4\n"
                       "pipeline:\n  stages: ",
                       stages, "\n  micro_batch_size: 2\n  micro_batches: ", stages * 2, "\n");
 }

@@ -47,7 +47,7 @@ TEST(ParseJobSpecYaml, MinimalSpecGetsEveryDefault) {
   EXPECT_EQ(spec->device(), "cpu");
   EXPECT_TRUE(spec->model().has_d_model());
   EXPECT_EQ(spec->model().d_model(), 128);
-  EXPECT_EQ(spec->model().arch(), "mlp_lm");
+  EXPECT_EQ(spec->model().arch(), "gpt");
   EXPECT_EQ(spec->model().vocab_size(), 256);
   EXPECT_TRUE(spec->has_data());
   EXPECT_EQ(spec->data().source(), "synthetic");
@@ -242,9 +242,9 @@ INSTANTIATE_TEST_SUITE_P(
                 "got 0"},
         BadCase{"model:\n  n_layer: 0\n", "model.n_layer: must be in [1, 1024]", "got 0"},
         BadCase{"model:\n  d_model: 65537\n", "model.d_model: must be in [1, 65536]", "65537"},
-        BadCase{"model:\n  d_hidden: -1\n", "model.d_hidden: must be >= 0", "4 x d_model"},
-        BadCase{"model:\n  d_embed: 0\n", "model.d_embed: must be in [1, 65536]", "got 0"},
-        BadCase{"model:\n  context: 4097\n", "model.context: must be in [1, 4096]", "4097"},
+        BadCase{"model:\n  arch: mlp_lm\n  d_hidden: -1\n", "model.d_hidden: must be >= 0", "4 x d_model"},
+        BadCase{"model:\n  arch: mlp_lm\n  d_embed: 0\n", "model.d_embed: must be in [1, 65536]", "got 0"},
+        BadCase{"model:\n  arch: mlp_lm\n  context: 4097\n", "model.context: must be in [1, 4096]", "4097"},
         BadCase{"model:\n  vocab_size: 1\n", "model.vocab_size: must be in [2, 1048576]", "got 1"},
         BadCase{"model:\n  vocab_size: 100\n", "model.vocab_size: must be at least 256",
                 "one token per byte"},
@@ -258,7 +258,7 @@ INSTANTIATE_TEST_SUITE_P(
                 "data.path: must stay inside the worker's --data-root", "'..'"},
         BadCase{"data:\n  path: corpus.txt\n", "data.path: is set but data.source is",
                 "source: file"},
-        BadCase{"data:\n  synthetic_bytes: 8\n", "data.synthetic_bytes: must be in [9, ",
+        BadCase{"data:\n  synthetic_bytes: 8\n", "data.synthetic_bytes: must be in [65, ",
                 "context + 1"},
         BadCase{"data:\n  synthetic_bytes: 2000000000\n", "data.synthetic_bytes: must be in",
                 "1073741824"},

@@ -392,7 +392,8 @@ TEST_F(ClusterTest, GptTrainsEvaluatesAndResumesOnAnotherStageCount) {
                         "\nseed: 3\nmodel:\n  arch: gpt\n  n_layer: 2\n  n_head: 2\n"
                         "  d_model: 16\n  seq_len: 8\noptimizer:\n  lr: 0.01\n"
                         "  lr_schedule: constant\npipeline:\n  stages: ",
-                        stages, "\n  micro_batch_size: 4\n  micro_batches: 2\n"
+                        stages,
+                        "\n  micro_batch_size: 4\n  micro_batches: 2\n"
                         "eval:\n  every: 5\n  micro_batches: 2\n",
                         extra);
   };
@@ -435,9 +436,14 @@ TEST_F(ClusterTest, EveryExampleSpecRuns) {
     std::string yaml = ReadFile(entry.path().string());
     yaml = std::regex_replace(yaml, std::regex("(^|\n)steps: *[0-9]+"), "$1steps: 3");
     std::smatch path;
-    if (std::regex_search(yaml, path, std::regex("\n +path: *([A-Za-z0-9_./-]+)"))) {
-      std::ofstream out(cluster_->dir() + "/" + path[1].str());
-      for (int i = 0; i < 200; ++i) out << "the quick brown fox jumps over the lazy dog. ";
+    if (std::regex_search(yaml, path, std::regex("\n +path: *([A-Za-z0-9_./*-]+)"))) {
+      // Text for byte data; for token data the same bytes read as headerless uint16 tokens
+      // (pairs of ASCII letters, all below GPT-2's vocabulary).
+      const std::string file =
+          cluster_->dir() + "/" + std::regex_replace(path[1].str(), std::regex("\\*"), "000");
+      std::filesystem::create_directories(std::filesystem::path(file).parent_path());
+      std::ofstream out(file);
+      for (int i = 0; i < 400; ++i) out << "the quick brown fox jumps over the lazy dog. ";
     }
     auto id = cluster_->Submit(yaml);
     ASSERT_TRUE(id.ok()) << entry.path() << ": " << id.status();

@@ -24,6 +24,7 @@ constexpr double kAbsTol = 2e-4;
 
 v1::ModelSpec TinyModel() {
   v1::ModelSpec m;
+  m.set_arch("mlp_lm");
   m.set_n_layer(2);
   m.set_d_model(8);
   m.set_d_hidden(12);
