@@ -62,6 +62,14 @@ const TensorInfo* CheckpointReader::Find(const std::string& name) const {
   return it == by_name_.end() ? nullptr : it->second->Find(name);
 }
 
+std::vector<const TensorInfo*> CheckpointReader::tensors() const {
+  std::vector<const TensorInfo*> out;
+  for (const auto& f : files_) {
+    for (const TensorInfo& t : f->tensors()) out.push_back(&t);
+  }
+  return out;
+}
+
 CheckpointStore::CheckpointStore(std::string root) : root_(std::move(root)) {}
 
 absl::Status CheckpointStore::CheckEnabled() const {

@@ -28,6 +28,8 @@ class CheckpointReader {
   // NOT_FOUND naming the tensor and the checkpoint.
   absl::StatusOr<absl::Span<const uint8_t>> Data(const std::string& name) const;
   const TensorInfo* Find(const std::string& name) const;
+  // Every tensor of the checkpoint, stage by stage in data order.
+  std::vector<const TensorInfo*> tensors() const;
   int num_stages() const { return static_cast<int>(files_.size()); }
   int64_t step() const { return step_; }
 
@@ -58,9 +60,10 @@ class CheckpointStore {
   absl::StatusOr<int64_t> Latest(const std::string& job_id) const;
   absl::StatusOr<std::shared_ptr<const CheckpointReader>> Open(const std::string& job_id,
                                                                int64_t step) const;
+  // The directory of checkpoint (job, step).
+  std::string Dir(const std::string& job_id, int64_t step) const;
 
  private:
-  std::string Dir(const std::string& job_id, int64_t step) const;
   absl::Status CheckEnabled() const;
   // Complete checkpoints' steps, ascending.
   std::vector<int64_t> CompleteSteps(const std::string& job_id) const;

@@ -3,11 +3,14 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc.h"
 #include "common/spec.h"
+#include "coordinator/hf_export.h"
 #include "spdlog/spdlog.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 
@@ -127,6 +130,46 @@ class CoordinatorServiceImpl final : public v1::Coordinator::Service {
       if (batch->ended) return grpc::Status::OK;
     }
     return grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled");
+  }
+
+  grpc::Status ExportModel(grpc::ServerContext* ctx, const v1::ExportModelRequest* req,
+                           grpc::ServerWriter<v1::ExportChunk>* writer) override {
+    TANDEM_RETURN_IF_BAD_VERSION(req);
+    auto job = env_.store->Get(req->job_id(), /*with_history=*/false);
+    if (!job.ok()) return ToGrpcStatus(job.status());
+    if (env_.checkpoints == nullptr || !env_.checkpoints->enabled()) {
+      return ToGrpcStatus(absl::FailedPreconditionError(
+          "export needs checkpoints: start tandem-coordinator with --data-root"));
+    }
+    auto step = env_.checkpoints->Latest(job->id());
+    if (!step.ok()) return ToGrpcStatus(step.status());
+    const std::string path =
+        env_.checkpoints->Dir(job->id(), *step) + "/export-hf-gpt2.safetensors";
+    if (!std::filesystem::exists(path)) {
+      auto reader = env_.checkpoints->Open(job->id(), *step);
+      if (!reader.ok()) return ToGrpcStatus(reader.status());
+      if (absl::Status s = ExportGpt2Safetensors(**reader, job->spec().model(), path); !s.ok()) {
+        return ToGrpcStatus(s);
+      }
+    }
+    std::ifstream in(path, std::ios::binary);
+    const int64_t total = static_cast<int64_t>(std::filesystem::file_size(path));
+    std::vector<char> buffer(1 << 20);
+    bool first = true;
+    while (in) {
+      in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+      const std::streamsize n = in.gcount();
+      if (n <= 0 && !first) break;
+      v1::ExportChunk chunk;
+      chunk.set_data(buffer.data(), static_cast<size_t>(std::max<std::streamsize>(n, 0)));
+      if (first) {
+        chunk.set_total_bytes(total);
+        chunk.set_step(*step);
+        first = false;
+      }
+      if (ctx->IsCancelled() || !writer->Write(chunk)) return grpc::Status::OK;
+    }
+    return grpc::Status::OK;
   }
 
   grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest* req,

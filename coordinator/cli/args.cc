@@ -35,6 +35,8 @@ constexpr CommandInfo kCommands[] = {
     {Command::kWorkers, "workers", "", "List registered workers", 0, 0},
     {Command::kValidate, "validate", "JOB.yaml",
      "Check a job file locally and print it with every default filled in", 1, 1},
+    {Command::kExport, "export", "JOB -o FILE",
+     "Write the job's latest checkpoint as a Hugging Face GPT-2 safetensors file", 1, 1},
     {Command::kVersion, "version", "", "Print the client version", 0, 0},
     {Command::kHelp, "help", "[COMMAND]", "Show this help, or a command's usage", 0, 1},
 };
@@ -101,6 +103,7 @@ absl::StatusOr<CliOptions> ParseArgs(const std::vector<std::string>& args,
   bool help = false;
   bool version = false;
   std::optional<Command> command;
+  std::optional<std::string> output_value;  // -o, interpreted once the command is known
   std::vector<std::string> positional;
   bool flags_done = false;
 
@@ -153,7 +156,7 @@ absl::StatusOr<CliOptions> ParseArgs(const std::vector<std::string>& args,
     } else if (name == "-o" || name == "--output") {
       absl::StatusOr<std::string> v = value();
       if (!v.ok()) return v.status();
-      if (absl::Status s = ParseOutput(*v, &opts.output); !s.ok()) return s;
+      output_value = *v;  // a format, or export's file: decided once the command is known
     } else if (name == "--timeout") {
       absl::StatusOr<std::string> v = value();
       if (!v.ok()) return v.status();
@@ -185,6 +188,14 @@ absl::StatusOr<CliOptions> ParseArgs(const std::vector<std::string>& args,
   if (version && !command.has_value()) command = Command::kVersion;
   if (!command.has_value()) return UsageError("missing command");
   opts.command = *command;
+  if (opts.command == Command::kExport) {
+    if (!output_value.has_value() || output_value->empty()) {
+      return UsageError("export: give the file to write with -o FILE.safetensors");
+    }
+    opts.output_path = *output_value;
+  } else if (output_value.has_value()) {
+    if (absl::Status s = ParseOutput(*output_value, &opts.output); !s.ok()) return s;
+  }
   opts.args = std::move(positional);
 
   const CommandInfo& info = Info(opts.command);

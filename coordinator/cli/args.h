@@ -26,6 +26,7 @@ enum class Command {
   kCancel,    // cancel JOB
   kWorkers,   // workers
   kValidate,  // validate JOB.yaml (local: parse, fill defaults, validate)
+  kExport,    // export JOB -o FILE.safetensors
 };
 
 struct CliOptions {
@@ -37,6 +38,8 @@ struct CliOptions {
   // Deadline of each unary call; the watch stream has its own long deadline.
   absl::Duration timeout = absl::Seconds(10);
   bool watch = false;  // submit --watch
+  // export: the file to write (-o FILE); for the other commands -o is the output format.
+  std::string output_path;
 };
 
 // Parses argv[1..] (without the program name). Flags may come before or after the command;

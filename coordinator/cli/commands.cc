@@ -244,6 +244,38 @@ absl::StatusOr<std::string> MergeJsonObjects(const std::string& a, const std::st
   return absl::StrCat(absl::StripTrailingAsciiWhitespace(left), ",", right);
 }
 
+absl::Status Export(const CliOptions& opts, CoordinatorClient& client, CommandIo io) {
+  const std::string& path = opts.output_path;
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  if (!out) return absl::FailedPreconditionError(absl::StrCat("export: cannot write ", tmp));
+  int64_t written = 0, total = -1, step = -1;
+  absl::Status s = client.ExportModel(opts.args[0], [&](const v1::ExportChunk& c) {
+    if (total < 0) {
+      total = c.total_bytes();
+      step = c.step();
+    }
+    out.write(c.data().data(), static_cast<std::streamsize>(c.data().size()));
+    written += static_cast<int64_t>(c.data().size());
+    return out ? absl::OkStatus() : absl::DataLossError(absl::StrCat("export: write to ", tmp));
+  });
+  out.close();
+  if (s.ok() && written != total) {
+    s = absl::DataLossError(
+        absl::StrCat("export: received ", written, " of ", total, " bytes; try again"));
+  }
+  if (!s.ok()) {
+    std::remove(tmp.c_str());
+    return RpcError(Command::kExport, opts, s);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("export: cannot rename ", tmp, " to ", path));
+  }
+  io.out << "wrote " << path << " (" << written << " bytes, checkpoint after step " << step + 1
+         << ")\n";
+  return absl::OkStatus();
+}
+
 absl::Status RunCommand(const CliOptions& opts, CoordinatorClient& client, CommandIo io) {
   switch (opts.command) {
     case Command::kHelp: {
@@ -251,7 +283,7 @@ absl::Status RunCommand(const CliOptions& opts, CoordinatorClient& client, Comma
       if (!opts.args.empty()) {
         for (Command c :
              {Command::kSubmit, Command::kStatus, Command::kWatch, Command::kList, Command::kCancel,
-              Command::kWorkers, Command::kValidate, Command::kVersion}) {
+              Command::kWorkers, Command::kValidate, Command::kExport, Command::kVersion}) {
           if (CommandName(c) == opts.args[0]) about = c;
         }
       }
@@ -275,6 +307,8 @@ absl::Status RunCommand(const CliOptions& opts, CoordinatorClient& client, Comma
       return Workers(opts, client, io);
     case Command::kValidate:
       return Validate(opts, io);
+    case Command::kExport:
+      return Export(opts, client, io);
   }
   return absl::InternalError("unhandled command");
 }

@@ -33,6 +33,12 @@ class CoordinatorClient {
   // returns its error.
   virtual absl::Status WatchJob(const std::string& job_id,
                                 absl::FunctionRef<bool(const v1::JobEvent&)> on_event) = 0;
+
+  // Streams the export of the job's latest checkpoint to `on_chunk` (an error from it stops
+  // the stream and is returned).
+  virtual absl::Status ExportModel(
+      const std::string& job_id,
+      absl::FunctionRef<absl::Status(const v1::ExportChunk&)> on_chunk) = 0;
 };
 
 // A client of the coordinator at `address` (HOST:PORT). Unary calls time out after

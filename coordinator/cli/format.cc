@@ -199,16 +199,17 @@ std::string FormatJobDetails(const v1::Job& job) {
   info.AddRow({"Pipeline", absl::StrFormat("%d stages, %s, %s partition; ideal bubble %.1f%%",
                                            p.stages(), p.schedule(), p.partition(), 100 * bubble)});
   info.AddRow(
-      {"Model", m.arch() == "gpt"
-                    ? absl::StrFormat("gpt  n_layer %d  n_head %d  d_model %d  seq_len %d  vocab %d%s",
-                                      m.n_layer(), m.n_head(), m.d_model(), m.seq_len(),
-                                      m.vocab_size(), m.tie_embeddings() ? "  tied" : "")
-                    : absl::StrFormat("%s  n_layer %d  d_model %d  context %d  vocab %d", m.arch(),
-                                      m.n_layer(), m.d_model(), m.context(), m.vocab_size())});
+      {"Model",
+       m.arch() == "gpt"
+           ? absl::StrFormat("gpt  n_layer %d  n_head %d  d_model %d  seq_len %d  vocab %d%s",
+                             m.n_layer(), m.n_head(), m.d_model(), m.seq_len(), m.vocab_size(),
+                             m.tie_embeddings() ? "  tied" : "")
+           : absl::StrFormat("%s  n_layer %d  d_model %d  context %d  vocab %d", m.arch(),
+                             m.n_layer(), m.d_model(), m.context(), m.vocab_size())});
   const v1::OptimizerSpec& o = spec.optimizer();
-  info.AddRow({"Optimizer",
-               absl::StrFormat("%s  lr %g  warmup %d steps  %s  clip %g", o.name(), o.lr(),
-                               o.warmup_steps(), o.lr_schedule(), o.grad_clip())});
+  info.AddRow(
+      {"Optimizer", absl::StrFormat("%s  lr %g  warmup %d steps  %s  clip %g", o.name(), o.lr(),
+                                    o.warmup_steps(), o.lr_schedule(), o.grad_clip())});
   if (job.checkpoint_step() >= 0 && job.created_unix_ms() > 0 && job.steps_done() > 0) {
     info.AddRow({"Checkpoint", absl::StrCat("after step ", job.checkpoint_step() + 1)});
   }

@@ -81,6 +81,24 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     return FromGrpcStatus(status);
   }
 
+  absl::Status ExportModel(
+      const std::string& job_id,
+      absl::FunctionRef<absl::Status(const v1::ExportChunk&)> on_chunk) override {
+    v1::ExportModelRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    req.set_job_id(job_id);
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, watch_timeout_);
+    std::unique_ptr<grpc::ClientReader<v1::ExportChunk>> reader = stub_->ExportModel(&ctx, req);
+    v1::ExportChunk chunk;
+    absl::Status sink = absl::OkStatus();
+    while (sink.ok() && reader->Read(&chunk)) sink = on_chunk(chunk);
+    if (!sink.ok()) ctx.TryCancel();
+    const grpc::Status status = reader->Finish();
+    if (!sink.ok()) return sink;
+    return FromGrpcStatus(status);
+  }
+
  private:
   template <typename Request, typename Response>
   absl::StatusOr<Response> Unary(grpc::Status (v1::Coordinator::Stub::*method)(grpc::ClientContext*,

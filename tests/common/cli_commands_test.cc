@@ -32,6 +32,16 @@ class FakeClient : public CoordinatorClient {
     return job;
   }
   absl::StatusOr<v1::ListWorkersResponse> ListWorkers() override { return workers; }
+  absl::Status ExportModel(
+      const std::string& job_id,
+      absl::FunctionRef<absl::Status(const v1::ExportChunk&)> on_chunk) override {
+    for (const auto& c : export_chunks) {
+      if (absl::Status s = on_chunk(c); !s.ok()) return s;
+    }
+    return export_status;
+  }
+  std::vector<v1::ExportChunk> export_chunks;
+  absl::Status export_status;
   absl::Status WatchJob(const std::string& job_id,
                         absl::FunctionRef<bool(const v1::JobEvent&)> on_event) override {
     watched = job_id;

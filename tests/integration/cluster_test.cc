@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "common/rpc.h"
+#include "common/safetensors.h"
 #include "common/version.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -407,6 +408,40 @@ TEST_F(ClusterTest, GptTrainsEvaluatesAndResumesOnAnotherStageCount) {
   EXPECT_TRUE(a->has_val_loss());
   EXPECT_LT(a->history(9).loss(), a->history(0).loss());
   EXPECT_GT(a->history(0).grad_norm(), 0.0);
+
+  // Export as a Hugging Face GPT2LMHeadModel file: HF names, Conv1D layouts (in, out), no
+  // lm_head (tied), no optimizer state.
+  const std::string exported = cluster_->dir() + "/model.safetensors";
+  CommandResult cli = cluster_->Cli({"export", *full, "-o", exported});
+  ASSERT_EQ(cli.exit_code, 0) << cli.err;
+  auto file = SafetensorsFile::Open(exported);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->metadata().at("format"), "pt");
+  const std::map<std::string, std::vector<int64_t>> expected = {
+      {"transformer.wte.weight", {256, 16}},
+      {"transformer.wpe.weight", {8, 16}},
+      {"transformer.h.0.ln_1.weight", {16}},
+      {"transformer.h.0.attn.c_attn.weight", {16, 48}},
+      {"transformer.h.0.attn.c_attn.bias", {48}},
+      {"transformer.h.1.attn.c_proj.weight", {16, 16}},
+      {"transformer.h.1.mlp.c_fc.weight", {16, 64}},
+      {"transformer.h.1.mlp.c_proj.weight", {64, 16}},
+      {"transformer.ln_f.bias", {16}},
+  };
+  for (const auto& [name, shape] : expected) {
+    const TensorInfo* t = (*file)->Find(name);
+    ASSERT_NE(t, nullptr) << name;
+    EXPECT_EQ(t->shape, shape) << name;
+  }
+  EXPECT_EQ((*file)->Find("lm_head.weight"), nullptr);
+  EXPECT_EQ((*file)->tensors().size(), 2u + 2 * 12u + 2u);
+  if (std::system("python3 -c 'import safetensors, numpy' >/dev/null 2>&1") == 0) {
+    const std::string py = "python3 -c \"from safetensors.numpy import load_file; t = load_file('" +
+                           exported +
+                           "'); assert t['transformer.h.0.attn.c_attn.weight'].shape == (16, 48); "
+                           "assert len(t) == 28, len(t)\"";
+    EXPECT_EQ(std::system(py.c_str()), 0);
+  }
 
   auto head = cluster_->Submit(spec(2, 5, ""));
   ASSERT_TRUE(head.ok());
