@@ -1,19 +1,31 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages Tandem builds with (idempotent; needs root or sudo).
+#   --test  also the Python safetensors package, with which the tests check exported files
 set -euo pipefail
+want_test_tools=0
+[ "${1:-}" = "--test" ] && want_test_tools=1
 packages=(
   g++ cmake ninja-build ccache pkg-config make
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libopenblas-dev libgloo-dev
   libsqlite3-dev libyaml-cpp-dev nlohmann-json3-dev
 )
+[ "$want_test_tools" = 1 ] && packages+=(python3 python3-numpy python3-pip)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
 sudo=""
 [ "$(id -u)" -ne 0 ] && sudo="sudo"
-echo "installing: ${missing[*]}"
-$sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+if [ "$want_test_tools" = 1 ] && ! python3 -c 'import safetensors, numpy' 2>/dev/null; then
+  echo "installing: safetensors (PyPI)"
+  python3 -m pip install -q safetensors 2>/dev/null ||
+    $sudo python3 -m pip install -q --break-system-packages safetensors ||
+    echo "warning: could not install safetensors; the tests that use it will skip"
+fi
