@@ -609,6 +609,20 @@ absl::Status ValidateOptimizer(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateInit(const v1::JobSpec& spec) {
+  const v1::InitSpec& init = spec.init();
+  if (!init.from_job().empty() && !init.hf_file().empty()) {
+    return Invalid("init", "set from_job (resume) or hf_file (fine-tune), not both");
+  }
+  if (!init.hf_file().empty()) {
+    if (spec.model().arch() != "gpt") {
+      return Invalid("init.hf_file", "fine-tuning from a GPT-2 file needs model.arch gpt");
+    }
+    return ValidateDataPath("init.hf_file", init.hf_file());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateEval(const v1::JobSpec& spec) {
   const v1::EvalSpec& e = spec.eval();
   if (e.every() < 0) {
@@ -708,7 +722,7 @@ v1::JobSpec WithDefaults(const v1::JobSpec& spec) {
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   for (auto check : {ValidateTop, ValidateModel, ValidateData, ValidateOptimizer, ValidateEval,
-                     ValidatePipeline}) {
+                     ValidateInit, ValidatePipeline}) {
     if (absl::Status s = check(spec); !s.ok()) return s;
   }
   return absl::OkStatus();

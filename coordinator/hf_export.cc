@@ -72,4 +72,95 @@ absl::Status ExportGpt2Safetensors(const CheckpointReader& checkpoint, const v1:
   return (*writer)->Commit();
 }
 
+absl::Status ImportGpt2Safetensors(const std::string& hf_path, const v1::ModelSpec& model,
+                                   CheckpointStore& store, const std::string& job_id) {
+  if (model.arch() != "gpt") {
+    return absl::InvalidArgumentError("init.hf_file: the job's model.arch must be gpt");
+  }
+  auto file = SafetensorsFile::Open(hf_path);
+  if (!file.ok()) {
+    return absl::Status(file.status().code(),
+                        absl::StrCat("init.hf_file: ", file.status().message()));
+  }
+  const int64_t c = model.d_model(), v = model.vocab_size(), t = model.seq_len();
+  const int64_t h = model.d_hidden() > 0 ? model.d_hidden() : 4 * c;
+  // The tensors the model needs, in Tandem's shapes.
+  struct Want {
+    std::string name;
+    std::vector<int64_t> shape;
+  };
+  std::vector<Want> want = {{"transformer.wte.weight", {v, c}}, {"transformer.wpe.weight", {t, c}}};
+  for (int i = 0; i < model.n_layer(); ++i) {
+    const std::string b = absl::StrCat("transformer.h.", i, ".");
+    for (const Want& w : std::vector<Want>{{b + "ln_1.weight", {c}},
+                                           {b + "ln_1.bias", {c}},
+                                           {b + "attn.c_attn.weight", {3 * c, c}},
+                                           {b + "attn.c_attn.bias", {3 * c}},
+                                           {b + "attn.c_proj.weight", {c, c}},
+                                           {b + "attn.c_proj.bias", {c}},
+                                           {b + "ln_2.weight", {c}},
+                                           {b + "ln_2.bias", {c}},
+                                           {b + "mlp.c_fc.weight", {h, c}},
+                                           {b + "mlp.c_fc.bias", {h}},
+                                           {b + "mlp.c_proj.weight", {c, h}},
+                                           {b + "mlp.c_proj.bias", {c}}}) {
+      want.push_back(w);
+    }
+  }
+  want.push_back({"transformer.ln_f.weight", {c}});
+  want.push_back({"transformer.ln_f.bias", {c}});
+  if (!model.tie_embeddings()) want.push_back({"lm_head.weight", {v, c}});
+
+  std::vector<TensorInfo> index;
+  for (const Want& w : want) index.push_back({w.name, "F32", w.shape});
+  auto writer = store.BeginStage(job_id, 0, 0, index);
+  if (!writer.ok()) return writer.status();
+  std::vector<float> buffer;
+  for (const Want& w : want) {
+    // An untied lm_head missing from the file is the tied one: wte.
+    const std::string source = w.name == "lm_head.weight" && (*file)->Find(w.name) == nullptr
+                                   ? "transformer.wte.weight"
+                                   : w.name;
+    const TensorInfo* info = (*file)->Find(source);
+    if (info == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("init.hf_file: ", hf_path, " has no tensor ", source));
+    }
+    if (info->dtype != "F32") {
+      return absl::InvalidArgumentError(absl::StrCat("init.hf_file: tensor ", source, " is ",
+                                                     info->dtype, "; only F32 files import"));
+    }
+    const float* src = reinterpret_cast<const float*>((*file)->Data(source)->data());
+    auto mismatch = [&] {
+      std::string have, need;
+      for (int64_t d : info->shape) absl::StrAppend(&have, have.empty() ? "" : "x", d);
+      for (int64_t d : w.shape) absl::StrAppend(&need, need.empty() ? "" : "x", d);
+      return absl::InvalidArgumentError(absl::StrCat("init.hf_file: tensor ", source, " is ", have,
+                                                     ", the model needs ", need,
+                                                     IsConv1D(w.name) ? " (transposed)" : ""));
+    };
+    buffer.assign(static_cast<size_t>(TensorInfo{w.name, "F32", w.shape}.ByteSize() / 4), 0.0f);
+    if (IsConv1D(w.name)) {
+      // HF (in, out) -> ours (out, in).
+      if (info->shape != std::vector<int64_t>{w.shape[1], w.shape[0]}) return mismatch();
+      const int64_t rows = w.shape[0], cols = w.shape[1];
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t k = 0; k < cols; ++k) buffer[r * cols + k] = src[k * rows + r];
+      }
+    } else if (IsVocabMatrix(w.name)) {
+      // Rows beyond the file's vocabulary (padding) stay zero.
+      if (info->shape.size() != 2 || info->shape[1] != c || info->shape[0] > v) return mismatch();
+      std::memcpy(buffer.data(), src, static_cast<size_t>(info->shape[0] * c) * sizeof(float));
+    } else {
+      if (info->shape != w.shape) return mismatch();
+      std::memcpy(buffer.data(), src, buffer.size() * sizeof(float));
+    }
+    if (auto s = (*writer)->Append(buffer.data(), buffer.size() * sizeof(float)); !s.ok()) {
+      return s;
+    }
+  }
+  if (auto s = (*writer)->Commit(); !s.ok()) return s;
+  return store.Commit(job_id, 0, 1, 1);
+}
+
 }  // namespace tandem::coordinator

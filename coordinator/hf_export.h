@@ -25,6 +25,14 @@ inline constexpr int kGpt2PaddedVocab = 50304;
 absl::Status ExportGpt2Safetensors(const CheckpointReader& checkpoint, const v1::ModelSpec& model,
                                    const std::string& path);
 
+// Converts a Hugging Face GPT-2 safetensors file (F32) into a weights-only checkpoint
+// (job_id, step 0) of `store` with one stage file holding Tandem's names and layouts for
+// `model`: Conv1D weights transposed back, the vocabulary padded with zero rows up to
+// model.vocab_size, lm_head taken from wte when the file has none. INVALID_ARGUMENT names a
+// tensor that is missing or whose shape does not fit the model.
+absl::Status ImportGpt2Safetensors(const std::string& hf_path, const v1::ModelSpec& model,
+                                   CheckpointStore& store, const std::string& job_id);
+
 }  // namespace tandem::coordinator
 
 #endif  // TANDEM_COORDINATOR_HF_EXPORT_H_

@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "common/model_desc.h"
 #include "common/spec.h"
+#include "coordinator/hf_export.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem::coordinator {
@@ -122,6 +123,21 @@ absl::Status JobRunner::Plan() {
   auto ranges = UniformPartition(spec.model(), p);
   if (!ranges.ok()) return ranges.status();
   ranges_ = *std::move(ranges);
+  if (const std::string& hf = spec.init().hf_file(); !hf.empty()) {
+    if (env_.checkpoints == nullptr || !env_.checkpoints->enabled() || env_.models_root.empty()) {
+      return absl::FailedPreconditionError("init.hf_file: this coordinator keeps no models");
+    }
+    const std::string import_id = absl::StrCat("import-", job_.id());
+    if (absl::Status s = ImportGpt2Safetensors(env_.models_root + "/" + hf, spec.model(),
+                                               *env_.checkpoints, import_id);
+        !s.ok()) {
+      return s;
+    }
+    restore_.set_job_id(import_id);
+    restore_.set_step(0);
+    restore_.set_weights_only(true);
+    spdlog::info("{}: fine-tuning from {}", job_.id(), hf);
+  }
   if (const std::string& from = spec.init().from_job(); !from.empty()) {
     if (env_.checkpoints == nullptr) {
       return absl::FailedPreconditionError("init.from_job: this coordinator keeps no checkpoints");

@@ -43,6 +43,7 @@ struct RunnerEnv {
   StageWorkerClientFactory* clients = nullptr;
   RendezvousStore* rendezvous = nullptr;   // optional: the job's keys are dropped at its end
   CheckpointStore* checkpoints = nullptr;  // optional: no checkpoints without it
+  std::string models_root;                 // where init.hf_file paths resolve; empty: none
   RunnerOptions options;
 };
 

@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
   runner_env.clients = clients.get();
   runner_env.rendezvous = &rendezvous;
   runner_env.checkpoints = &checkpoints;
+  runner_env.models_root = data_root.empty() ? "" : data_root + "/models";
   runner_env.options.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
   tc::Scheduler scheduler(runner_env);
 

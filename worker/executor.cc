@@ -624,7 +624,7 @@ std::vector<StageExecutor::StateTensor> StageExecutor::CheckpointTensors() {
   return out;
 }
 
-std::vector<std::string> StageExecutor::RestoreNames() {
+std::vector<std::string> StageExecutor::RestoreNames(bool weights_only) {
   std::vector<std::string> names;
   std::set<std::string> seen;  // both copies of a tied parameter read the same tensor
   auto add = [&](std::string n) {
@@ -632,13 +632,14 @@ std::vector<std::string> StageExecutor::RestoreNames() {
   };
   std::vector<Parameter*> params = Parameters();
   for (const Parameter* p : params) add(p->name);
+  if (weights_only) return names;
   for (const OptimizerSlot& slot : optimizer_->Slots()) {
     add(absl::StrCat(params[slot.param]->name, ".", slot.key));
   }
   return names;
 }
 
-absl::Status StageExecutor::Restore(const TensorLookup& lookup) {
+absl::Status StageExecutor::Restore(const TensorLookup& lookup, bool weights_only) {
   const std::string prefix = absl::StrCat("stage ", stage_, ": restore");
   if (pending_step_ >= 0) {
     return absl::FailedPreconditionError(absl::StrCat(prefix, ": gradients are pending"));
@@ -659,6 +660,7 @@ absl::Status StageExecutor::Restore(const TensorLookup& lookup) {
     if (absl::Status s = copy(p->name, p->value.vec().data(), p->value.bytes()); !s.ok()) return s;
     p->grad.Fill(0.0f);
   }
+  if (weights_only) return absl::OkStatus();
   for (const OptimizerSlot& slot : optimizer_->Slots()) {
     const std::string name = absl::StrCat(params[slot.param]->name, ".", slot.key);
     absl::Status s = slot.f32 != nullptr

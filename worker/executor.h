@@ -83,13 +83,14 @@ class StageExecutor {
   std::vector<StateTensor> CheckpointTensors();
   bool has_pending_gradients() const { return pending_step_ >= 0; }
   // The names Restore() reads (every parameter copy, tied ones included, and their state).
-  std::vector<std::string> RestoreNames();
+  std::vector<std::string> RestoreNames(bool weights_only = false);
   // Loads the state from `lookup` (name -> bytes): INVALID_ARGUMENT naming a tensor whose size
   // disagrees with this stage's; the lookup's own error (e.g. NOT_FOUND) otherwise. Refused
   // while gradients are pending.
   using TensorLookup =
       std::function<absl::StatusOr<absl::Span<const uint8_t>>(const std::string& name)>;
-  absl::Status Restore(const TensorLookup& lookup);
+  // With `weights_only` the optimizer state is left fresh.
+  absl::Status Restore(const TensorLookup& lookup, bool weights_only = false);
 
   // Unblocks a running RunStep (it returns ABORTED). Thread-safe, idempotent.
   void Abort();

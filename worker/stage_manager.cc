@@ -97,19 +97,22 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
       return absl::FailedPreconditionError("this worker cannot read checkpoints");
     }
     std::map<std::string, std::string> tensors;
-    if (absl::Status s = tensor_source_(program.restore(), (*ex)->RestoreNames(), &tensors);
+    const bool weights_only = program.restore().weights_only();
+    if (absl::Status s =
+            tensor_source_(program.restore(), (*ex)->RestoreNames(weights_only), &tensors);
         !s.ok()) {
       return s;
     }
-    absl::Status restored =
-        (*ex)->Restore([&](const std::string& name) -> absl::StatusOr<absl::Span<const uint8_t>> {
+    absl::Status restored = (*ex)->Restore(
+        [&](const std::string& name) -> absl::StatusOr<absl::Span<const uint8_t>> {
           auto it = tensors.find(name);
           if (it == tensors.end()) {
             return absl::NotFoundError(absl::StrCat("tensor ", name, " was not fetched"));
           }
           return absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(it->second.data()),
                                            it->second.size());
-        });
+        },
+        weights_only);
     if (!restored.ok()) return restored;
     spdlog::info("job {} stage {}: restored {} tensors from {} step {}", job, program.stage(),
                  tensors.size(), program.restore().job_id(), program.restore().step());

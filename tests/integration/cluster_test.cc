@@ -443,6 +443,22 @@ TEST_F(ClusterTest, GptTrainsEvaluatesAndResumesOnAnotherStageCount) {
     EXPECT_EQ(std::system(py.c_str()), 0);
   }
 
+  // Fine-tune from the exported file: the new job starts from the trained weights.
+  std::filesystem::create_directories(cluster_->dir() + "/store/models");
+  std::filesystem::copy_file(exported, cluster_->dir() + "/store/models/ft.safetensors");
+  auto ft = cluster_->Submit(spec(2, 2, "init:\n  hf_file: ft.safetensors\n"));
+  ASSERT_TRUE(ft.ok()) << ft.status();
+  auto f = cluster_->WaitForEnd(*ft, 120s);
+  ASSERT_TRUE(f.ok() && f->state() == v1::SUCCEEDED) << f->reason();
+  EXPECT_LT(f->history(0).loss(), a->history(0).loss() - 0.2);
+  EXPECT_NEAR(f->history(0).loss(), a->history(9).loss(), 0.3);
+  auto missing = cluster_->Submit(spec(2, 2, "init:\n  hf_file: nope.safetensors\n"));
+  ASSERT_TRUE(missing.ok());
+  auto m = cluster_->WaitForEnd(*missing, 60s);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->state(), v1::FAILED);
+  EXPECT_THAT(m->reason(), HasSubstr("init.hf_file"));
+
   auto head = cluster_->Submit(spec(2, 5, ""));
   ASSERT_TRUE(head.ok());
   auto b = cluster_->WaitForEnd(*head, 120s);

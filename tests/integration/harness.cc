@@ -233,12 +233,13 @@ CommandResult Cluster::Cli(const std::vector<std::string>& args) {
 
 std::string TinyJobYaml(int stages, int micro_batches, int steps, const std::string& schedule,
                         const std::string& extra, const std::string& lr_schedule) {
-  return absl::StrCat("name: tiny\nsteps: ", steps,
-                      "\nseed: 7\nmodel:\n  arch: mlp_lm\n  n_layer: 3\n  d_model: 32\n  d_embed: 8\n  context: 4\n"
-                      "optimizer:\n  lr: 0.01\n  lr_schedule: ",
-                      lr_schedule, "\npipeline:\n  stages: ", stages,
-                      "\n  micro_batch_size: 8\n  micro_batches: ", micro_batches,
-                      "\n  schedule: ", schedule, "\n", extra);
+  return absl::StrCat(
+      "name: tiny\nsteps: ", steps,
+      "\nseed: 7\nmodel:\n  arch: mlp_lm\n  n_layer: 3\n  d_model: 32\n  d_embed: 8\n  context: 4\n"
+      "optimizer:\n  lr: 0.01\n  lr_schedule: ",
+      lr_schedule, "\npipeline:\n  stages: ", stages,
+      "\n  micro_batch_size: 8\n  micro_batches: ", micro_batches, "\n  schedule: ", schedule, "\n",
+      extra);
 }
 
 }  // namespace tandem::testing
