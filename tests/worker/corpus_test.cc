@@ -102,31 +102,6 @@ TEST(SamplerTest, OneWindowStreamAlwaysStartsAtZero) {
   EXPECT_EQ(out, (std::vector<int32_t>{1, 2, 3, 1, 2, 3}));
 }
 
-TEST(SamplerTest, DeprecatedOverloadSplitsWindowIntoTokensAndTarget) {
-  auto corpus = LoadCorpus(SyntheticSpec(10000), ".", 9);
-  ASSERT_TRUE(corpus.ok()) << corpus.status();
-  auto data = LoadDataset(SyntheticSpec(10000), ".", 9);
-  ASSERT_TRUE(data.ok()) << data.status();
-  // LoadCorpus is the training split.
-  EXPECT_EQ((*corpus)->size(), static_cast<size_t>(data->train->size()));
-  WindowSampler old_api(*corpus, 3, 8);
-  WindowSampler new_api(data->train, 3, 9);
-  IntTensor tokens, targets, tokens2, targets2;
-  old_api.Sample(100, 16, &tokens, &targets);
-  old_api.Sample(100, 8, &tokens2, nullptr);
-  old_api.Sample(108, 8, nullptr, &targets2);
-  EXPECT_EQ(tokens.shape(), (std::vector<int64_t>{16, 8}));
-  EXPECT_EQ(targets.shape(), (std::vector<int64_t>{16}));
-  for (int i = 0; i < 8 * 8; ++i) EXPECT_EQ(tokens[i], tokens2[i]);
-  for (int i = 0; i < 8; ++i) EXPECT_EQ(targets[8 + i], targets2[i]);
-  std::vector<int32_t> windows(16 * 9);
-  new_api.Sample(100, 16, windows.data());
-  for (int i = 0; i < 16; ++i) {
-    for (int k = 0; k < 8; ++k) EXPECT_EQ(tokens[i * 8 + k], windows[i * 9 + k]);
-    EXPECT_EQ(targets[i], windows[i * 9 + 8]);
-  }
-}
-
 TEST(DatasetTest, SyntheticSplitHoldsOutTheTail) {
   v1::JobSpec spec = SyntheticSpec(10000);  // val_fraction defaults to 0.1
   auto data = LoadDataset(spec, ".", 9);
@@ -243,11 +218,11 @@ TEST_F(FileCorpusTest, MissingAndShortFiles) {
 
 TEST(CorpusTest, RejectsBadSourceAndSize) {
   v1::JobSpec spec = SyntheticSpec(4);
-  EXPECT_EQ(LoadCorpus(spec, ".", 9).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LoadDataset(spec, ".", 9).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(LoadDataset(spec, ".", 9).status().message().find("data.synthetic_bytes"),
             std::string::npos);
   spec.mutable_data()->set_source("s3");
-  EXPECT_NE(LoadCorpus(spec, ".", 9).status().message().find("data.source"), std::string::npos);
+  EXPECT_NE(LoadDataset(spec, ".", 9).status().message().find("data.source"), std::string::npos);
 }
 
 }  // namespace

@@ -232,23 +232,11 @@ absl::StatusOr<Dataset> LoadDataset(const v1::JobSpec& spec, const std::string& 
   return out;
 }
 
-absl::StatusOr<std::shared_ptr<const Corpus>> LoadCorpus(const v1::JobSpec& spec,
-                                                         const std::string& data_root,
-                                                         int64_t min_bytes) {
-  absl::StatusOr<Dataset> dataset = LoadDataset(spec, data_root, min_bytes);
-  if (!dataset.ok()) return dataset.status();
-  return std::make_shared<const Corpus>(std::move(dataset->train));
-}
-
 WindowSampler::WindowSampler(std::shared_ptr<const TokenStream> stream, uint64_t data_seed,
                              int64_t window)
     : stream_(std::move(stream)),
       stream_seed_(MixSeed(data_seed, kSampleStream)),
       window_(window) {}
-
-WindowSampler::WindowSampler(std::shared_ptr<const Corpus> corpus, uint64_t data_seed,
-                             int64_t context)
-    : WindowSampler(corpus->stream(), data_seed, context + 1) {}
 
 int64_t WindowSampler::WindowStart(int64_t index) const {
   const uint64_t starts = static_cast<uint64_t>(stream_->size() - window_ + 1);
@@ -258,19 +246,6 @@ int64_t WindowSampler::WindowStart(int64_t index) const {
 void WindowSampler::Sample(int64_t first, int64_t count, int32_t* out) const {
   for (int64_t i = 0; i < count; ++i) {
     stream_->Read(WindowStart(first + i), window_, out + i * window_);
-  }
-}
-
-void WindowSampler::Sample(int64_t first, int64_t count, IntTensor* tokens,
-                           IntTensor* targets) const {
-  const int64_t context = window_ - 1;
-  if (tokens != nullptr) tokens->Reset({count, context});
-  if (targets != nullptr) targets->Reset({count});
-  std::vector<int32_t> w(static_cast<size_t>(window_));
-  for (int64_t i = 0; i < count; ++i) {
-    Sample(first + i, 1, w.data());
-    if (tokens != nullptr) std::copy(w.begin(), w.end() - 1, tokens->data() + i * context);
-    if (targets != nullptr) (*targets)[i] = w.back();
   }
 }
 

@@ -63,23 +63,6 @@ struct Dataset {
 absl::StatusOr<Dataset> LoadDataset(const v1::JobSpec& spec, const std::string& data_root,
                                     int64_t window);
 
-// deprecated: executor migrates to LoadDataset. The training split of a Dataset.
-class Corpus {
- public:
-  explicit Corpus(std::shared_ptr<const TokenStream> stream) : stream_(std::move(stream)) {}
-  const std::shared_ptr<const TokenStream>& stream() const { return stream_; }
-  size_t size() const { return static_cast<size_t>(stream_->size()); }
-
- private:
-  std::shared_ptr<const TokenStream> stream_;
-};
-
-// deprecated: executor migrates to LoadDataset. LoadDataset(spec, data_root, min_bytes).train
-// (so the held-out validation tokens are never trained on).
-absl::StatusOr<std::shared_ptr<const Corpus>> LoadCorpus(const v1::JobSpec& spec,
-                                                         const std::string& data_root,
-                                                         int64_t min_bytes);
-
 // Windows of `window` consecutive tokens: sample g starts at
 // MixSeed(stream(data_seed), g) % (stream size - window + 1), the same on every worker.
 class WindowSampler {
@@ -93,13 +76,6 @@ class WindowSampler {
   int64_t WindowStart(int64_t index) const;
   int64_t window() const { return window_; }
   const TokenStream& stream() const { return *stream_; }
-
-  // deprecated: executor migrates to LoadDataset. Windows of context + 1 tokens.
-  WindowSampler(std::shared_ptr<const Corpus> corpus, uint64_t data_seed, int64_t context);
-  // deprecated: executor migrates to LoadDataset. Splits each window of samples
-  // [first, first + count) into tokens (count, window - 1) and the target after them
-  // (count,); either may be null.
-  void Sample(int64_t first, int64_t count, IntTensor* tokens, IntTensor* targets) const;
 
  private:
   std::shared_ptr<const TokenStream> stream_;
