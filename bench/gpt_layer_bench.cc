@@ -3,7 +3,12 @@
 // threads. bench/torch_gpt_layer.py prints the same table for PyTorch on the same shapes.
 //
 //   build/bin/bench_gpt_layer [--reps N] [--b 4] [--t 256] [--c 768] [--nh 12] [--v 50304]
-//                             [--threads 1,2]
+//                             [--threads 1,2] [--keep-heap 1]
+//
+// --keep-heap 1 makes glibc malloc serve every allocation from the heap and never trim it
+// (mallopt M_MMAP_MAX = 0, M_TRIM_THRESHOLD = INT_MAX), so the step's large activation
+// buffers stop being mmapped and page-faulted afresh on every forward (13% of the block's time
+// here). It is process-wide allocator policy, a choice for a daemon's main(), not for a library.
 //
 // FLOPs, 2*m*n*k per GEMM (N = B*T rows, C = d_model, H = 4C):
 //   block forward  = 2*N*C*(3C + C + H + H)    [c_attn, attn.c_proj, c_fc, mlp.c_proj]
@@ -13,6 +18,7 @@
 //   head           = 3 * 2*N*C*V                [logits; d ln_f; d W]
 // Elementwise work (LayerNorm, GELU, softmax, the residual adds) is timed but not counted.
 #include <cblas.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <chrono>
@@ -20,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -87,6 +94,7 @@ int main(int argc, char** argv) {
   int reps = 5;
   int64_t b = 4, t = 256, c = 768, nh = 12, v = 50304;
   std::vector<int> threads = {1, 2};
+  bool keep_heap = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     int64_t value = 0;
@@ -102,8 +110,16 @@ int main(int argc, char** argv) {
       }
       continue;
     }
-    if (!absl::SimpleAtoi(argv[i + 1], &value) || value < 1) {
+    if (!absl::SimpleAtoi(argv[i + 1], &value) || value < 0) {
       std::fprintf(stderr, "bad value for %s\n", flag.c_str());
+      return 2;
+    }
+    if (flag == "--keep-heap") {
+      keep_heap = value != 0;
+      continue;
+    }
+    if (value < 1) {
+      std::fprintf(stderr, "%s must be >= 1\n", flag.c_str());
       return 2;
     }
     if (flag == "--reps") {
@@ -122,6 +138,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
     }
+  }
+  if (keep_heap) {
+    mallopt(M_MMAP_MAX, 0);
+    mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
   }
   GptConfig cfg;
   cfg.n_layer = 12;
@@ -150,9 +170,10 @@ int main(int argc, char** argv) {
   head_data.targets = &targets;
   head_data.loss_normalizer = b * t;
 
-  std::printf("tandem: B=%lld T=%lld C=%lld NH=%lld V=%lld, median of %d (after 1 warm-up)\n",
+  std::printf("tandem: B=%lld T=%lld C=%lld NH=%lld V=%lld, median of %d (after 1 warm-up)%s\n",
               static_cast<long long>(b), static_cast<long long>(t), static_cast<long long>(c),
-              static_cast<long long>(nh), static_cast<long long>(v), reps);
+              static_cast<long long>(nh), static_cast<long long>(v), reps,
+              keep_heap ? ", keep-heap" : "");
   std::printf("%-22s %7s %10s %10s %9s\n", "what", "threads", "fwd ms", "fwd+bwd ms", "GFLOP/s");
   for (int th : threads) {
     openblas_set_num_threads(th);

@@ -9,9 +9,15 @@ OpenBLAS) and run it with the system interpreter, not a pyenv/venv python on PAT
                                               [--nh 12] [--v 50304] [--threads 1,2]
 
 FLOPs are counted exactly as the C++ bench counts them (2*m*n*k per GEMM; see its header).
+
+torch.set_num_threads(n) sets only torch's own (OpenMP) pool; OpenBLAS, which does torch's
+sgemm, keeps its own pool (all cores by default), so a "1 thread" torch run would still
+multiply on every core. The script therefore also calls openblas_set_num_threads(n) on the
+OpenBLAS that torch loaded (found in /proc/self/maps) and says so in its first line.
 """
 
 import argparse
+import ctypes
 import math
 import time
 
@@ -62,6 +68,30 @@ class Head(torch.nn.Module):
         return loss / normalizer
 
 
+def find_openblas():
+    """The loaded OpenBLAS's openblas_set_num_threads, or None."""
+    paths = set()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if "blas" in path and path.startswith("/"):
+                paths.add(path)
+    for path in sorted(paths):
+        try:
+            fn = ctypes.CDLL(path).openblas_set_num_threads
+        except (OSError, AttributeError):
+            continue
+        fn.argtypes = [ctypes.c_int]
+        return path, fn
+    return None, None
+
+
+def set_threads(n, blas_set):
+    torch.set_num_threads(n)
+    if blas_set is not None:
+        blas_set(n)
+
+
 def time_fwd_bwd(fwd, x, reps):
     total, fwd_times = [], []
     for r in range(reps + 1):
@@ -109,16 +139,18 @@ def main():
     x = torch.randn(b, t, c, requires_grad=True)
     targets = torch.randint(0, v, (b, t))
 
-    print(f"torch {torch.__version__}: "
+    blas_path, blas_set = find_openblas()
+    print(f"torch {torch.__version__} (openblas_set_num_threads from "
+          f"{blas_path or 'NOT FOUND: BLAS threads not limited'}): "
           f"B={b} T={t} C={c} NH={nh} V={v}, median of {a.reps} (after 1 warm-up)")
     print(f"{'what':<22} {'threads':>7} {'fwd ms':>10} {'fwd+bwd ms':>10} {'GFLOP/s':>9}")
     for th in threads:
-        torch.set_num_threads(th)
+        set_threads(th, blas_set)
         fwd, ms = time_fwd_bwd(lambda inp: block(inp, mask), x, a.reps)
         print(f"{'block fwd+bwd':<22} {th:>7} {fwd:>10.1f} {ms:>10.1f} "
               f"{block_flops / (ms * 1e6):>9.1f}", flush=True)
     for th in threads:
-        torch.set_num_threads(th)
+        set_threads(th, blas_set)
         fwd, ms = time_fwd_bwd(lambda inp: head(inp, targets, n), x, a.reps)
         print(f"{'head+loss fwd+bwd':<22} {th:>7} {fwd:>10.1f} {ms:>10.1f} "
               f"{head_flops / (ms * 1e6):>9.1f}", flush=True)
