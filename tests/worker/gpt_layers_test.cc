@@ -215,9 +215,14 @@ std::vector<double> NaiveAttention(const Tensor& qkv, int64_t b, int64_t t, int6
   return out;
 }
 
-TEST_F(GptLayersTest, CausalAttentionMatchesNaiveReference) {
-  // T = 13 and hd = 6 exercise the softmax's vector tails.
-  const int64_t b = 2, t = 13, c = 12, nh = 2;
+// (T, stride of the checked qkv elements): T = 13 is one query tile with vector tails in the
+// softmax; T = 150 is three tiles of 64, the last partial.
+class CausalAttentionTest : public ::testing::TestWithParam<std::pair<int64_t, size_t>> {};
+
+TEST_P(CausalAttentionTest, MatchesNaiveReference) {
+  openblas_set_num_threads(1);
+  const auto [t, stride] = GetParam();
+  const int64_t b = 2, c = 12, nh = 2;  // hd = 6
   const Tensor qkv = RandomTensor({b, t, 3 * c}, 11);
   Tensor att({b, nh, t, t}), out({b, t, c});
   kernels::CausalAttentionForward(qkv.data(), att.data(), out.data(), b, t, c, nh);
@@ -242,7 +247,7 @@ TEST_F(GptLayersTest, CausalAttentionMatchesNaiveReference) {
   Tensor dqkv({b, t, 3 * c});
   kernels::CausalAttentionBackward(r.data(), qkv.data(), att.data(), dqkv.data(), b, t, c, nh);
   Tensor x = qkv;
-  for (size_t i = 0; i < x.size(); i += 5) {  // every 5th element keeps the test fast
+  for (size_t i = 0; i < x.size(); i += stride) {  // a sample keeps the test fast
     const float saved = x[i];
     double f[2];
     for (int s = 0; s < 2; ++s) {
@@ -257,6 +262,10 @@ TEST_F(GptLayersTest, CausalAttentionMatchesNaiveReference) {
     EXPECT_NEAR(dqkv[i], numeric, 1e-3 * std::abs(numeric) + 2e-4) << i;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Tiles, CausalAttentionTest,
+                         ::testing::Values(std::pair<int64_t, size_t>{13, 5},
+                                           std::pair<int64_t, size_t>{150, 97}));
 
 TEST_F(GptLayersTest, FastGeluMatchesReference) {
   // 1003 values over [-12, 12) (a tail of 3 lanes) plus extremes.
