@@ -58,8 +58,11 @@ struct SavedContext {
 
 // The data a micro-batch brings besides the activation flowing between layers.
 struct MicroBatchData {
-  const IntTensor* tokens = nullptr;   // (B, K) input tokens; read by the embedding only
-  const IntTensor* targets = nullptr;  // (B,) next-token targets; read by the head only
+  // Input tokens, read by the embedding only: (B, T) for gpt, (B, K) for mlp_lm.
+  const IntTensor* tokens = nullptr;
+  // Next-token targets, read by the head only: (B, T) for gpt (tokens shifted by one), (B,)
+  // for mlp_lm.
+  const IntTensor* targets = nullptr;
   // Number of predictions in the GLOBAL batch (micro_batch_size x micro_batches x predictions
   // per sequence). The loss of a micro-batch is its summed cross-entropy divided by this, so
   // that the step loss (sum over micro-batches) is the mean over the global batch.
