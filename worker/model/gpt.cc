@@ -433,25 +433,10 @@ absl::Status GptHead::Backward(const Tensor& grad_output, const SavedContext& ct
 absl::StatusOr<std::vector<std::unique_ptr<Layer>>> BuildGptLayers(const v1::ModelSpec& model,
                                                                    uint64_t seed, int layer_begin,
                                                                    int layer_end) {
-  absl::StatusOr<GptConfig> cfg = GptConfigFromSpec(model);
+  auto cfg = GptConfigFromSpec(model);
   if (!cfg.ok()) return cfg.status();
-  const int num_layers = static_cast<int>(cfg->n_layer) + 2;
-  if (layer_begin < 0 || layer_end > num_layers || layer_begin >= layer_end) {
-    return absl::InvalidArgumentError(absl::StrCat("layer range [", layer_begin, ", ", layer_end,
-                                                   ") is not a non-empty sub-range of [0, ",
-                                                   num_layers, ")"));
-  }
-  std::vector<std::unique_ptr<Layer>> layers;
-  for (int g = layer_begin; g < layer_end; ++g) {
-    if (g == 0) {
-      layers.push_back(std::make_unique<GptEmbedding>(*cfg, seed));
-    } else if (g == num_layers - 1) {
-      layers.push_back(std::make_unique<GptHead>(*cfg, seed));
-    } else {
-      layers.push_back(std::make_unique<GptBlock>(*cfg, g - 1, seed));
-    }
-  }
-  return layers;
+  return BuildLayerRange<GptEmbedding, GptBlock, GptHead>(*cfg, cfg->n_layer, seed, layer_begin,
+                                                          layer_end);
 }
 
 }  // namespace tandem::worker

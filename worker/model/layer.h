@@ -13,10 +13,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "worker/model/tensor.h"
 
 namespace tandem::worker {
@@ -95,6 +98,34 @@ class Layer {
   // Stable order: the same layer always lists its parameters in the same order.
   virtual std::vector<Parameter*> Parameters() = 0;
 };
+
+// The layers [layer_begin, layer_end) of a model whose global layer sequence is
+// [Embedding, Block x n_layer, Head]: layer 0 is Embedding(cfg, seed), layer i in 1..n_layer
+// is Block(cfg, i - 1, seed), layer n_layer + 1 is Head(cfg, seed). INVALID_ARGUMENT for a
+// range that is empty or outside the sequence.
+template <typename Embedding, typename Block, typename Head, typename Config>
+absl::StatusOr<std::vector<std::unique_ptr<Layer>>> BuildLayerRange(const Config& cfg,
+                                                                    int64_t n_layer, uint64_t seed,
+                                                                    int layer_begin,
+                                                                    int layer_end) {
+  const int num_layers = static_cast<int>(n_layer) + 2;
+  if (layer_begin < 0 || layer_end > num_layers || layer_begin >= layer_end) {
+    return absl::InvalidArgumentError(absl::StrCat("layer range [", layer_begin, ", ", layer_end,
+                                                   ") is not a non-empty sub-range of [0, ",
+                                                   num_layers, ")"));
+  }
+  std::vector<std::unique_ptr<Layer>> layers;
+  for (int g = layer_begin; g < layer_end; ++g) {
+    if (g == 0) {
+      layers.push_back(std::make_unique<Embedding>(cfg, seed));
+    } else if (g == num_layers - 1) {
+      layers.push_back(std::make_unique<Head>(cfg, seed));
+    } else {
+      layers.push_back(std::make_unique<Block>(cfg, g - 1, seed));
+    }
+  }
+  return layers;
+}
 
 }  // namespace tandem::worker
 

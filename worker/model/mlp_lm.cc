@@ -339,25 +339,10 @@ absl::Status LmHeadLayer::Backward(const Tensor& grad_output, const SavedContext
 absl::StatusOr<std::vector<std::unique_ptr<Layer>>> BuildMlpLmLayers(const v1::ModelSpec& model,
                                                                      uint64_t seed, int layer_begin,
                                                                      int layer_end) {
-  absl::StatusOr<MlpLmConfig> cfg = MlpLmConfigFromSpec(model);
+  auto cfg = MlpLmConfigFromSpec(model);
   if (!cfg.ok()) return cfg.status();
-  const int num_layers = NumLayers(model);
-  if (layer_begin < 0 || layer_end > num_layers || layer_begin >= layer_end) {
-    return absl::InvalidArgumentError(absl::StrCat("layer range [", layer_begin, ", ", layer_end,
-                                                   ") is not a non-empty sub-range of [0, ",
-                                                   num_layers, ")"));
-  }
-  std::vector<std::unique_ptr<Layer>> layers;
-  for (int g = layer_begin; g < layer_end; ++g) {
-    if (g == 0) {
-      layers.push_back(std::make_unique<EmbeddingLayer>(*cfg, seed));
-    } else if (g == num_layers - 1) {
-      layers.push_back(std::make_unique<LmHeadLayer>(*cfg, seed));
-    } else {
-      layers.push_back(std::make_unique<MlpBlockLayer>(*cfg, g - 1, seed));
-    }
-  }
-  return layers;
+  return BuildLayerRange<EmbeddingLayer, MlpBlockLayer, LmHeadLayer>(*cfg, model.n_layer(), seed,
+                                                                     layer_begin, layer_end);
 }
 
 }  // namespace tandem::worker
