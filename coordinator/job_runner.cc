@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "common/model_desc.h"
+#include "common/schedule_check.h"
 #include "common/spec.h"
 #include "coordinator/hf_export.h"
 #include "spdlog/spdlog.h"
@@ -160,6 +161,10 @@ absl::Status JobRunner::Plan() {
   auto compute = GenerateSchedule(spec.pipeline().schedule(), p, spec.pipeline().micro_batches());
   if (!compute.ok()) return compute.status();
   program_ = LowerWithTransfers(*compute, p);
+  // Every program is proved complete and deadlock-free before any worker sees it.
+  if (absl::Status s = ValidateProgram(program_, p, spec.pipeline().micro_batches()); !s.ok()) {
+    return s;
+  }
 
   std::vector<v1::StageAssignment> stages;
   for (int s = 0; s < p; ++s) {
