@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/worker/grad_check.h"
 #include "worker/model/gpt.h"
 #include "worker/model/kernels.h"
 #include "worker/model/optimizer.h"
@@ -43,12 +44,8 @@ v1::ModelSpec TinyGpt(bool tied = true) {
 
 GptConfig TinyConfig(bool tied = true) { return *GptConfigFromSpec(TinyGpt(tied)); }
 
-Tensor RandomTensor(std::vector<int64_t> shape, uint64_t seed, double scale = 1.0) {
-  Tensor t(std::move(shape));
-  Rng rng(seed);
-  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<float>(rng.Normal() * scale);
-  return t;
-}
+using testing::Perturb;
+using testing::RandomTensor;
 
 IntTensor RandomTokens(int64_t b, int64_t t, int64_t v, uint64_t seed) {
   IntTensor x({b, t});
@@ -57,75 +54,10 @@ IntTensor RandomTokens(int64_t b, int64_t t, int64_t v, uint64_t seed) {
   return x;
 }
 
-// f = sum(r * out) for a fixed random r (or the loss itself for the head), so that
-// d f / d out = r and the check covers every output element.
-struct Probe {
-  Layer* layer;
-  MicroBatchData data;
-  Tensor r;
-
-  double Eval(const Tensor& input) const {
-    SavedContext ctx;
-    Tensor out;
-    EXPECT_TRUE(layer->Forward(input, data, ctx, out).ok());
-    if (layer->is_loss()) return out[0];
-    double f = 0.0;
-    for (size_t i = 0; i < out.size(); ++i) f += static_cast<double>(r[i]) * out[i];
-    return f;
-  }
-};
-
-void ExpectClose(double analytic, double numeric, const std::string& what) {
-  const double tol = kRelTol * std::max(std::abs(analytic), std::abs(numeric)) + kAbsTol;
-  EXPECT_NEAR(analytic, numeric, tol) << what;
-}
-
 // Checks d f / d input (when check_input) and d f / d every parameter element.
 void GradCheck(Layer& layer, Tensor input, const MicroBatchData& data, bool check_input) {
-  Probe probe{&layer, data, layer.is_loss() ? Tensor() : RandomTensor({kB, kT, kC}, 99)};
-  for (Parameter* p : layer.Parameters()) p->grad.Fill(0.0f);
-  SavedContext ctx;
-  Tensor out, grad_input;
-  ASSERT_TRUE(layer.Forward(input, data, ctx, out).ok());
-  ASSERT_TRUE(layer.Backward(probe.r, ctx, grad_input).ok());
-  if (check_input) {
-    ASSERT_EQ(grad_input.shape(), input.shape());
-    for (size_t i = 0; i < input.size(); ++i) {
-      const float saved = input[i];
-      input[i] = saved + static_cast<float>(kEps);
-      const double fp = probe.Eval(input);
-      input[i] = saved - static_cast<float>(kEps);
-      const double fm = probe.Eval(input);
-      input[i] = saved;
-      ExpectClose(grad_input[i], (fp - fm) / (2 * kEps),
-                  layer.name() + " input[" + std::to_string(i) + "]");
-    }
-  } else {
-    EXPECT_TRUE(grad_input.empty());
-  }
-  for (Parameter* p : layer.Parameters()) {
-    const Tensor analytic = p->grad;
-    for (size_t i = 0; i < p->value.size(); ++i) {
-      const float saved = p->value[i];
-      p->value[i] = saved + static_cast<float>(kEps);
-      const double fp = probe.Eval(input);
-      p->value[i] = saved - static_cast<float>(kEps);
-      const double fm = probe.Eval(input);
-      p->value[i] = saved;
-      ExpectClose(analytic[i], (fp - fm) / (2 * kEps), p->name + "[" + std::to_string(i) + "]");
-    }
-  }
-}
-
-// Moves every parameter away from its (degenerate) init so that zero biases and unit gains
-// do not hide a wrong gradient.
-void Perturb(Layer& layer, uint64_t seed, double scale = 0.3) {
-  Rng rng(seed);
-  for (Parameter* p : layer.Parameters()) {
-    for (size_t i = 0; i < p->value.size(); ++i) {
-      p->value[i] += static_cast<float>(rng.Normal() * scale);
-    }
-  }
+  testing::GradCheck(layer, std::move(input), data, {kB, kT, kC}, check_input,
+                     {kEps, kRelTol, kAbsTol});
 }
 
 class GptLayersTest : public ::testing::Test {

@@ -1,0 +1,105 @@
+// Finite-difference gradient checks for Layer implementations, shared by the layer tests.
+//
+// f = sum(r * out) for a fixed random r (or the loss itself for a loss layer), so that
+// d f / d out = r and one check covers every output element. fp32 forward, central
+// differences with step eps: truncation error O(eps^2), rounding error ~ 1e-7 |f| / eps. An
+// element passes when |analytic - numeric| <= rel * max(|a|, |n|) + abs.
+#ifndef TANDEM_TESTS_WORKER_GRAD_CHECK_H_
+#define TANDEM_TESTS_WORKER_GRAD_CHECK_H_
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "worker/model/layer.h"
+#include "worker/model/random.h"
+#include "worker/model/tensor.h"
+
+namespace tandem::worker::testing {
+
+struct GradTolerance {
+  double eps = 1e-2;
+  double rel = 1e-2;
+  double abs = 2e-4;
+};
+
+inline Tensor RandomTensor(std::vector<int64_t> shape, uint64_t seed, double scale = 1.0) {
+  Tensor t(std::move(shape));
+  Rng rng(seed);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<float>(rng.Normal() * scale);
+  return t;
+}
+
+// Moves every parameter away from its (degenerate) init so that zero biases and unit gains
+// do not hide a wrong gradient.
+inline void Perturb(Layer& layer, uint64_t seed, double scale = 0.3) {
+  Rng rng(seed);
+  for (Parameter* p : layer.Parameters()) {
+    for (size_t i = 0; i < p->value.size(); ++i) {
+      p->value[i] += static_cast<float>(rng.Normal() * scale);
+    }
+  }
+}
+
+// Checks d f / d input (when check_input; otherwise that no input gradient is produced) and
+// d f / d every parameter element. `out_shape` is the layer's output shape (unused for a
+// loss layer).
+inline void GradCheck(Layer& layer, Tensor input, const MicroBatchData& data,
+                      const std::vector<int64_t>& out_shape, bool check_input,
+                      const GradTolerance& tol) {
+  const Tensor r = layer.is_loss() ? Tensor() : RandomTensor(out_shape, 99);
+  auto eval = [&](const Tensor& in) {
+    SavedContext ctx;
+    Tensor out;
+    EXPECT_TRUE(layer.Forward(in, data, ctx, out).ok());
+    if (layer.is_loss()) return static_cast<double>(out[0]);
+    double f = 0.0;
+    for (size_t i = 0; i < out.size(); ++i) f += static_cast<double>(r[i]) * out[i];
+    return f;
+  };
+  auto expect_close = [&](double analytic, double numeric, const std::string& what) {
+    const double bound = tol.rel * std::max(std::abs(analytic), std::abs(numeric)) + tol.abs;
+    EXPECT_NEAR(analytic, numeric, bound) << what;
+  };
+  for (Parameter* p : layer.Parameters()) p->grad.Fill(0.0f);
+  SavedContext ctx;
+  Tensor out, grad_input;
+  ASSERT_TRUE(layer.Forward(input, data, ctx, out).ok());
+  ASSERT_TRUE(layer.Backward(r, ctx, grad_input).ok());
+  const float eps = static_cast<float>(tol.eps);
+  if (check_input) {
+    ASSERT_EQ(grad_input.shape(), input.shape());
+    for (size_t i = 0; i < input.size(); ++i) {
+      const float saved = input[i];
+      input[i] = saved + eps;
+      const double fp = eval(input);
+      input[i] = saved - eps;
+      const double fm = eval(input);
+      input[i] = saved;
+      expect_close(grad_input[i], (fp - fm) / (2 * tol.eps),
+                   layer.name() + " input[" + std::to_string(i) + "]");
+    }
+  } else {
+    EXPECT_TRUE(grad_input.empty());
+  }
+  for (Parameter* p : layer.Parameters()) {
+    const Tensor analytic = p->grad;
+    for (size_t i = 0; i < p->value.size(); ++i) {
+      const float saved = p->value[i];
+      p->value[i] = saved + eps;
+      const double fp = eval(input);
+      p->value[i] = saved - eps;
+      const double fm = eval(input);
+      p->value[i] = saved;
+      expect_close(analytic[i], (fp - fm) / (2 * tol.eps), p->name + "[" + std::to_string(i) + "]");
+    }
+  }
+}
+
+}  // namespace tandem::worker::testing
+
+#endif  // TANDEM_TESTS_WORKER_GRAD_CHECK_H_
