@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace tandem {
 namespace {
@@ -155,6 +156,54 @@ Program LowerWithTransfers(const Program& compute, int num_stages) {
     }
   }
   return lowered;
+}
+
+std::string ProgramToCsv(const Program& program) {
+  std::string out;
+  for (const auto& rank : program) {
+    absl::StrAppend(
+        &out,
+        absl::StrJoin(rank, ",",
+                      [](std::string* o, const Action& a) { o->append(ActionToString(a)); }),
+        "\n");
+  }
+  return out;
+}
+
+absl::StatusOr<Program> ProgramFromCsv(absl::string_view csv, int num_stages) {
+  Program program;
+  bool has_transfers = false;
+  int row = 0;
+  for (absl::string_view line : absl::StrSplit(csv, '\n')) {
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty()) continue;
+    ++row;
+    program.emplace_back();
+    int col = 0;
+    for (absl::string_view cell : absl::StrSplit(line, ',')) {
+      ++col;
+      cell = absl::StripAsciiWhitespace(cell);
+      if (cell.empty()) continue;  // trailing commas, padded rows
+      absl::StatusOr<Action> a = ParseAction(cell);
+      if (!a.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("schedule CSV row ", row, " column ", col, ": ", a.status().message()));
+      }
+      if (a->stage != row - 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "schedule CSV row ", row, " column ", col, ": action ", cell, " belongs to stage ",
+            a->stage, ", but row ", row, " is rank ", row - 1, " (one stage per rank)"));
+      }
+      has_transfers = has_transfers || (a->kind != v1::ACTION_F && a->kind != v1::ACTION_B &&
+                                        a->kind != v1::ACTION_I && a->kind != v1::ACTION_W);
+      program.back().push_back(*a);
+    }
+  }
+  if (static_cast<int>(program.size()) != num_stages) {
+    return absl::InvalidArgumentError(absl::StrCat("schedule CSV has ", program.size(),
+                                                   " rows, expected one per stage: ", num_stages));
+  }
+  return has_transfers ? program : LowerWithTransfers(program, num_stages);
 }
 
 double IdealBubbleFraction(int num_stages, int num_micro_batches) {

@@ -54,6 +54,14 @@ absl::StatusOr<Program> GenerateSchedule(absl::string_view schedule, int num_sta
 // RECV_B before and SEND_B after each backward.
 Program LowerWithTransfers(const Program& compute, int num_stages);
 
+// CSV in the format torch.distributed.pipelining reads and writes: one row per rank, one
+// action per cell in the notation above ("0F0,0SEND_F0,0F1"). Rows may differ in length.
+std::string ProgramToCsv(const Program& program);
+// INVALID_ARGUMENT naming the row and column of a bad cell. A compute-only program (no
+// SEND/RECV cells at all) is lowered with LowerWithTransfers; a program with any transfer is
+// taken as written (and must then be complete: see ValidateProgram).
+absl::StatusOr<Program> ProgramFromCsv(absl::string_view csv, int num_stages);
+
 // The ideal bubble fraction (P-1)/(M+P-1) of a flush schedule with equal stage times.
 double IdealBubbleFraction(int num_stages, int num_micro_batches);
 

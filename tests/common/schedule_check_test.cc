@@ -112,5 +112,33 @@ TEST(SimulateProgramTest, TransfersAndImbalanceLengthenTheStep) {
   EXPECT_DOUBLE_EQ(balanced->idle[0], balanced->idle[1]);
 }
 
+TEST(ScheduleCsvTest, RoundTripsAndLowersComputeOnlyPrograms) {
+  const Program lowered = Lowered("1f1b", 4, 8);
+  const std::string csv = ProgramToCsv(lowered);
+  EXPECT_EQ(csv.substr(0, csv.find(',')), "0F0");
+  auto back = ProgramFromCsv(csv, 4);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, lowered);
+  // A compute-only CSV (as PyTorch writes before lowering) is lowered on import.
+  auto compute = ProgramFromCsv(ProgramToCsv(*GenerateSchedule("1f1b", 4, 8)), 4);
+  ASSERT_TRUE(compute.ok());
+  EXPECT_EQ(*compute, lowered);
+  EXPECT_TRUE(ValidateProgram(*compute, 4, 8).ok());
+  // Trailing commas and blank lines are tolerated.
+  auto padded = ProgramFromCsv("0F0,0B0,,\n\n", 1);
+  ASSERT_TRUE(padded.ok());
+  EXPECT_EQ(padded->at(0).size(), 2u);
+}
+
+TEST(ScheduleCsvTest, BadCellsNameRowAndColumn) {
+  auto bad = ProgramFromCsv("0F0,0X1\n", 1);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("row 1 column 2"));
+  auto wrong_stage = ProgramFromCsv("0F0\n0F0\n", 2);
+  EXPECT_THAT(std::string(wrong_stage.status().message()), HasSubstr("belongs to stage 0"));
+  EXPECT_THAT(std::string(ProgramFromCsv("0F0\n", 2).status().message()),
+              HasSubstr("1 rows, expected one per stage: 2"));
+}
+
 }  // namespace
 }  // namespace tandem
