@@ -463,11 +463,6 @@ absl::Status ValidateTop(const v1::JobSpec& spec) {
   return CheckOneOf("device", spec.device(), {"cpu", "cuda"});
 }
 
-// Tokens per training window: the model's context plus the next token to predict.
-int64_t WindowOf(const v1::ModelSpec& m) {
-  return (m.arch() == "gpt" ? int64_t{m.seq_len()} : int64_t{m.context()}) + 1;
-}
-
 absl::Status ValidateModel(const v1::JobSpec& spec) {
   const v1::ModelSpec& m = spec.model();
   if (absl::Status s = CheckOneOf("model.preset", m.preset(), {"", "gpt2", "gpt2-tiny"}); !s.ok()) {
@@ -559,7 +554,7 @@ absl::Status ValidateData(const v1::JobSpec& spec) {
   if (d.format() != "bytes") {
     return Invalid("data.format", "the synthetic source generates bytes; use format: bytes");
   }
-  const int64_t min_bytes = WindowOf(spec.model());
+  const int64_t min_bytes = TrainingWindow(spec.model());
   if (d.synthetic_bytes() < min_bytes || d.synthetic_bytes() > (int64_t{1} << 30)) {
     return Invalid("data.synthetic_bytes",
                    absl::StrCat("must be in [", min_bytes, ", ", int64_t{1} << 30,
@@ -744,6 +739,8 @@ int64_t TokensPerStep(const v1::JobSpec& spec) {
   return EffectiveBatch(spec) * (spec.model().arch() == "gpt" ? spec.model().seq_len() : 1);
 }
 
-int64_t TrainingWindow(const v1::ModelSpec& model) { return WindowOf(model); }
+int64_t TrainingWindow(const v1::ModelSpec& m) {
+  return (m.arch() == "gpt" ? int64_t{m.seq_len()} : int64_t{m.context()}) + 1;
+}
 
 }  // namespace tandem

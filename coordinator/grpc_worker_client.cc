@@ -31,29 +31,20 @@ class GrpcStageWorkerClient final : public StageWorkerClient {
 
   void Configure(const v1::ConfigureRequest& request, v1::ConfigureResponse* response,
                  absl::Duration timeout, Done done) override {
-    auto req = std::make_shared<v1::ConfigureRequest>(request);
-    req->set_protocol_version(kProtocolVersion);
-    auto it = NewContext(timeout);
-    stub_->async()->Configure(&*it, req.get(), response,
-                              [this, it, req, done](grpc::Status s) { Finish(it, s, done); });
+    Call(request, response, timeout, std::move(done),
+         [this](auto... args) { stub_->async()->Configure(args...); });
   }
 
   void RunStep(const v1::RunStepRequest& request, v1::RunStepResponse* response,
                absl::Duration timeout, Done done) override {
-    auto req = std::make_shared<v1::RunStepRequest>(request);
-    req->set_protocol_version(kProtocolVersion);
-    auto it = NewContext(timeout);
-    stub_->async()->RunStep(&*it, req.get(), response,
-                            [this, it, req, done](grpc::Status s) { Finish(it, s, done); });
+    Call(request, response, timeout, std::move(done),
+         [this](auto... args) { stub_->async()->RunStep(args...); });
   }
 
   void ApplyStep(const v1::ApplyStepRequest& request, v1::ApplyStepResponse* response,
                  absl::Duration timeout, Done done) override {
-    auto req = std::make_shared<v1::ApplyStepRequest>(request);
-    req->set_protocol_version(kProtocolVersion);
-    auto it = NewContext(timeout);
-    stub_->async()->ApplyStep(&*it, req.get(), response,
-                              [this, it, req, done](grpc::Status s) { Finish(it, s, done); });
+    Call(request, response, timeout, std::move(done),
+         [this](auto... args) { stub_->async()->ApplyStep(args...); });
   }
 
   absl::Status SaveCheckpoint(
@@ -100,6 +91,20 @@ class GrpcStageWorkerClient final : public StageWorkerClient {
 
  private:
   using ContextIt = std::list<grpc::ClientContext>::iterator;
+
+  // One asynchronous unary call: copies the request (it must outlive the call), stamps the
+  // protocol version, tracks the context for CancelPending, and runs `done` once.
+  template <typename Request, typename Response, typename Issue>
+  void Call(const Request& request, Response* response, absl::Duration timeout, Done done,
+            Issue issue) {
+    auto req = std::make_shared<Request>(request);
+    req->set_protocol_version(kProtocolVersion);
+    auto it = NewContext(timeout);
+    std::function<void(grpc::Status)> finish = [this, it, req, done](grpc::Status s) {
+      Finish(it, s, done);
+    };
+    issue(&*it, static_cast<const Request*>(req.get()), response, std::move(finish));
+  }
 
   ContextIt NewContext(absl::Duration timeout) {
     absl::MutexLock lock(&mu_);
