@@ -112,6 +112,46 @@ TEST_F(GptLayersTest, HeadScalesByUpstreamGradient) {
   for (size_t i = 0; i < g1.size(); ++i) EXPECT_NEAR(g3[i], 3.0f * g1[i], 1e-6f + 1e-5f * g3[i]);
 }
 
+// The split backward (I then W) computes exactly what B does, bit for bit: the same GEMMs on
+// the same operands, split in time. Also: I frees what only it needed, W empties the context.
+TEST_F(GptLayersTest, SplitBackwardIsBitIdenticalToFullBackward) {
+  const GptConfig cfg = TinyConfig(/*tied=*/false);
+  IntTensor tokens = RandomTokens(kB, kT, kV, 3);
+  IntTensor targets = RandomTokens(kB, kT, kV, 5);
+  MicroBatchData data{&tokens, &targets, 2 * kB * kT};
+  auto run = [&](Layer& full, Layer& split, const Tensor& x, const Tensor& dout) {
+    SavedContext a, b;
+    Tensor ya, yb;
+    ASSERT_TRUE(full.Forward(x, data, a, ya).ok());
+    ASSERT_TRUE(split.Forward(x, data, b, yb).ok());
+    const size_t saved = b.Bytes();
+    Tensor ga, gb;
+    ASSERT_TRUE(full.Backward(dout, a, ga).ok());
+    ASSERT_TRUE(split.BackwardInput(dout, b, gb).ok());
+    EXPECT_EQ(ga.vec(), gb.vec()) << full.name() << ": input gradient";
+    // What W still needs: the linears' inputs and output gradients, not much above the saved
+    // forward (the attention probabilities and pre-activations are gone).
+    EXPECT_GT(b.Bytes(), 0u) << full.name();
+    EXPECT_LT(b.Bytes(), saved + saved / 2) << full.name();
+    ASSERT_TRUE(split.BackwardWeight(b).ok());
+    EXPECT_EQ(b.Bytes(), 0u);
+    std::vector<Parameter*> pa = full.Parameters(), pb = split.Parameters();
+    ASSERT_EQ(pa.size(), pb.size());
+    for (size_t i = 0; i < pa.size(); ++i) {
+      EXPECT_EQ(pa[i]->grad.vec(), pb[i]->grad.vec()) << pa[i]->name;
+    }
+    // W without I is an error, not a crash.
+    SavedContext empty;
+    EXPECT_FALSE(split.BackwardWeight(empty).ok()) << full.name();
+  };
+  GptBlock block_a(cfg, 0, 7), block_b(cfg, 0, 7);
+  run(block_a, block_b, RandomTensor({kB, kT, kC}, 3), RandomTensor({kB, kT, kC}, 4));
+  GptHead head_a(cfg, 7), head_b(cfg, 7);
+  Perturb(head_a, 4, 0.5);
+  Perturb(head_b, 4, 0.5);
+  run(head_a, head_b, RandomTensor({kB, kT, kC}, 6), Tensor({1}, {0.75f}));
+}
+
 // ---- kernels against double-precision references
 
 // Naive causal attention in double: out (B, T, C) from qkv (B, T, 3C).

@@ -302,8 +302,13 @@ absl::Status GptBlock::Forward(const Tensor& input, const MicroBatchData& data, 
   return absl::OkStatus();
 }
 
-absl::Status GptBlock::Backward(const Tensor& grad_output, const SavedContext& ctx,
-                                Tensor& grad_input) {
+// The output gradients of the block's four linears, which their weight GEMMs need: computed by
+// the input-gradient pass and, in a split backward, kept in the context after the saved
+// activations until the weight pass.
+enum BlockDouts { kDMlpProj, kDFc, kDAttnProj, kDAttn, kNumBlockDouts };
+
+absl::Status GptBlock::InputGradients(const Tensor& grad_output, const SavedContext& ctx,
+                                      Tensor& grad_input, std::vector<Tensor>& douts) {
   const int64_t c = cfg_.d_model, h = cfg_.d_hidden, nh = cfg_.n_head;
   if (ctx.tensors.size() != kNumBlockSaved || !ctx.ints.empty()) {
     return absl::InternalError(absl::StrCat(name_, ": backward without a matching forward"));
@@ -314,31 +319,77 @@ absl::Status GptBlock::Backward(const Tensor& grad_output, const SavedContext& c
   if (absl::Status s = CheckSameShape(name_, "grad_output", grad_output, x.shape()); !s.ok()) {
     return s;
   }
+  douts.assign(kNumBlockDouts, Tensor{});
   // MLP branch: dx1 = dout + ln_2'(c_fc'(gelu'(c_proj'(dout)))).
-  Tensor dact({n, h}), dpre({n, h}), dln2({n, c});
-  kernels::LinearBackward(grad_output.data(), sv[kAct].data(), mlp_proj_w_.value.data(),
-                          dact.data(), mlp_proj_w_.grad.data(), mlp_proj_b_.grad.data(), n, h, c);
-  kernels::GeluBackwardFast(sv[kPre].data(), dact.data(), dpre.data(), n * h);
+  Tensor dact({n, h}), dln2({n, c});
+  douts[kDFc].Reset({n, h});
+  kernels::LinearBackward(grad_output.data(), nullptr, mlp_proj_w_.value.data(), dact.data(),
+                          nullptr, nullptr, n, h, c);
+  kernels::GeluBackwardFast(sv[kPre].data(), dact.data(), douts[kDFc].data(), n * h);
   dact.Clear();
-  kernels::LinearBackward(dpre.data(), sv[kLn2].data(), fc_w_.value.data(), dln2.data(),
-                          fc_w_.grad.data(), fc_b_.grad.data(), n, c, h);
-  dpre.Clear();
+  kernels::LinearBackward(douts[kDFc].data(), nullptr, fc_w_.value.data(), dln2.data(), nullptr,
+                          nullptr, n, c, h);
+  douts[kDMlpProj] = grad_output;
   Tensor dx1 = grad_output;  // (B, T, C), the residual path
   kernels::LayerNormBackward(dln2.data(), sv[kX1].data(), ln2_g_.value.data(), sv[kMean2].data(),
                              sv[kRstd2].data(), dx1.data(), ln2_g_.grad.data(), ln2_b_.grad.data(),
                              n, c);
+  dln2.Clear();
   // Attention branch: dx = dx1 + ln_1'(c_attn'(attn'(c_proj'(dx1)))).
-  Tensor dy({n, c}), dqkv({n, 3 * c}), dln1({n, c});
-  kernels::LinearBackward(dx1.data(), sv[kY].data(), attn_proj_w_.value.data(), dy.data(),
-                          attn_proj_w_.grad.data(), attn_proj_b_.grad.data(), n, c, c);
-  kernels::CausalAttentionBackward(dy.data(), sv[kQkv].data(), sv[kAtt].data(), dqkv.data(), b, t,
-                                   c, nh);
-  kernels::LinearBackward(dqkv.data(), sv[kLn1].data(), attn_w_.value.data(), dln1.data(),
-                          attn_w_.grad.data(), attn_b_.grad.data(), n, c, 3 * c);
+  douts[kDAttnProj] = dx1;
+  Tensor dy({n, c}), dln1({n, c});
+  douts[kDAttn].Reset({n, 3 * c});
+  kernels::LinearBackward(dx1.data(), nullptr, attn_proj_w_.value.data(), dy.data(), nullptr,
+                          nullptr, n, c, c);
+  kernels::CausalAttentionBackward(dy.data(), sv[kQkv].data(), sv[kAtt].data(),
+                                   douts[kDAttn].data(), b, t, c, nh);
+  dy.Clear();
+  kernels::LinearBackward(douts[kDAttn].data(), nullptr, attn_w_.value.data(), dln1.data(), nullptr,
+                          nullptr, n, c, 3 * c);
   kernels::LayerNormBackward(dln1.data(), x.data(), ln1_g_.value.data(), sv[kMean1].data(),
                              sv[kRstd1].data(), dx1.data(), ln1_g_.grad.data(), ln1_b_.grad.data(),
                              n, c);
   grad_input = std::move(dx1);
+  return absl::OkStatus();
+}
+
+void GptBlock::WeightGradients(const std::vector<Tensor>& sv, const Tensor* douts) {
+  const int64_t c = cfg_.d_model, h = cfg_.d_hidden;
+  const int64_t n = static_cast<int64_t>(sv[kLn1].size()) / c;
+  kernels::LinearBackward(douts[kDMlpProj].data(), sv[kAct].data(), nullptr, nullptr,
+                          mlp_proj_w_.grad.data(), mlp_proj_b_.grad.data(), n, h, c);
+  kernels::LinearBackward(douts[kDFc].data(), sv[kLn2].data(), nullptr, nullptr, fc_w_.grad.data(),
+                          fc_b_.grad.data(), n, c, h);
+  kernels::LinearBackward(douts[kDAttnProj].data(), sv[kY].data(), nullptr, nullptr,
+                          attn_proj_w_.grad.data(), attn_proj_b_.grad.data(), n, c, c);
+  kernels::LinearBackward(douts[kDAttn].data(), sv[kLn1].data(), nullptr, nullptr,
+                          attn_w_.grad.data(), attn_b_.grad.data(), n, c, 3 * c);
+}
+
+absl::Status GptBlock::Backward(const Tensor& grad_output, const SavedContext& ctx,
+                                Tensor& grad_input) {
+  std::vector<Tensor> douts;
+  if (absl::Status s = InputGradients(grad_output, ctx, grad_input, douts); !s.ok()) return s;
+  WeightGradients(ctx.tensors, douts.data());
+  return absl::OkStatus();
+}
+
+absl::Status GptBlock::BackwardInput(const Tensor& grad_output, SavedContext& ctx,
+                                     Tensor& grad_input) {
+  std::vector<Tensor> douts;
+  if (absl::Status s = InputGradients(grad_output, ctx, grad_input, douts); !s.ok()) return s;
+  // The weight pass reads only the linears' inputs (ln1, y, ln2, act) and the douts.
+  for (int i : {kX, kMean1, kRstd1, kQkv, kAtt, kX1, kMean2, kRstd2, kPre}) ctx.tensors[i].Clear();
+  for (Tensor& d : douts) ctx.tensors.push_back(std::move(d));
+  return absl::OkStatus();
+}
+
+absl::Status GptBlock::BackwardWeight(SavedContext& ctx) {
+  if (ctx.tensors.size() != kNumBlockSaved + kNumBlockDouts) {
+    return absl::InternalError(absl::StrCat(name_, ": weight gradient before input gradient"));
+  }
+  WeightGradients(ctx.tensors, ctx.tensors.data() + kNumBlockSaved);
+  ctx.Clear();
   return absl::OkStatus();
 }
 
@@ -405,8 +456,8 @@ absl::Status GptHead::Forward(const Tensor& input, const MicroBatchData& data, S
   return absl::OkStatus();
 }
 
-absl::Status GptHead::Backward(const Tensor& grad_output, const SavedContext& ctx,
-                               Tensor& grad_input) {
+absl::Status GptHead::InputGradient(const Tensor& grad_output, const SavedContext& ctx,
+                                    Tensor& grad_input, float& scale) {
   const int64_t c = cfg_.d_model, v = cfg_.vocab;
   if (ctx.tensors.size() != 6 || !ctx.ints.empty()) {
     return absl::InternalError("head: backward without a matching forward");
@@ -419,12 +470,50 @@ absl::Status GptHead::Backward(const Tensor& grad_output, const SavedContext& ct
   const float normalizer = ctx.tensors[5][0];
   const int64_t n = x.dim(0) * x.dim(1);
   const float dloss = grad_output.empty() ? 1.0f : grad_output[0];
+  scale = dloss / normalizer;
   Tensor dln({n, c});
-  kernels::ScaledLinearBackward(dlogits.data(), ln.data(), w_.value.data(), dloss / normalizer,
-                                dln.data(), w_.grad.data(), n, c, v);
+  kernels::ScaledLinearBackward(dlogits.data(), ln.data(), w_.value.data(), scale, dln.data(),
+                                nullptr, n, c, v);
   grad_input.Reset(x.shape());
   kernels::LayerNormBackward(dln.data(), x.data(), ln_g_.value.data(), mean.data(), rstd.data(),
                              grad_input.data(), ln_g_.grad.data(), ln_b_.grad.data(), n, c);
+  return absl::OkStatus();
+}
+
+void GptHead::WeightGradient(const SavedContext& ctx, float scale) {
+  const Tensor& ln = ctx.tensors[1];
+  const Tensor& dlogits = ctx.tensors[4];
+  const int64_t c = cfg_.d_model, v = cfg_.vocab;
+  const int64_t n = static_cast<int64_t>(ln.size()) / c;
+  kernels::ScaledLinearBackward(dlogits.data(), ln.data(), nullptr, scale, nullptr, w_.grad.data(),
+                                n, c, v);
+}
+
+absl::Status GptHead::Backward(const Tensor& grad_output, const SavedContext& ctx,
+                               Tensor& grad_input) {
+  float scale = 0.0f;
+  if (absl::Status s = InputGradient(grad_output, ctx, grad_input, scale); !s.ok()) return s;
+  WeightGradient(ctx, scale);
+  return absl::OkStatus();
+}
+
+absl::Status GptHead::BackwardInput(const Tensor& grad_output, SavedContext& ctx,
+                                    Tensor& grad_input) {
+  float scale = 0.0f;
+  if (absl::Status s = InputGradient(grad_output, ctx, grad_input, scale); !s.ok()) return s;
+  // The weight pass reads ln, dlogits and the scale.
+  for (int i : {0, 2, 3}) ctx.tensors[i].Clear();
+  ctx.tensors[5][0] = scale;
+  ctx.tensors.push_back(Tensor({1}, {1.0f}));  // marks the input gradient as done
+  return absl::OkStatus();
+}
+
+absl::Status GptHead::BackwardWeight(SavedContext& ctx) {
+  if (ctx.tensors.size() != 7) {
+    return absl::InternalError("head: weight gradient before input gradient");
+  }
+  WeightGradient(ctx, ctx.tensors[5][0]);
+  ctx.Clear();
   return absl::OkStatus();
 }
 

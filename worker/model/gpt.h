@@ -89,12 +89,21 @@ class GptBlock final : public Layer {
                        Tensor& output) override;
   absl::Status Backward(const Tensor& grad_output, const SavedContext& ctx,
                         Tensor& grad_input) override;
+  // I: the input gradient and the norms' gains and biases; W: the four linears' weights and
+  // biases (the GEMMs dW = dout^T in), from the linears' inputs and output gradients kept in ctx.
+  absl::Status BackwardInput(const Tensor& grad_output, SavedContext& ctx,
+                             Tensor& grad_input) override;
+  absl::Status BackwardWeight(SavedContext& ctx) override;
   std::vector<Parameter*> Parameters() override {
     return {&ln1_g_, &ln1_b_, &attn_w_, &attn_b_, &attn_proj_w_, &attn_proj_b_,
             &ln2_g_, &ln2_b_, &fc_w_,   &fc_b_,   &mlp_proj_w_,  &mlp_proj_b_};
   }
 
  private:
+  absl::Status InputGradients(const Tensor& grad_output, const SavedContext& ctx,
+                              Tensor& grad_input, std::vector<Tensor>& douts);
+  void WeightGradients(const std::vector<Tensor>& saved, const Tensor* douts);
+
   GptConfig cfg_;
   int block_index_;
   std::string name_;
@@ -124,9 +133,17 @@ class GptHead final : public Layer {
                        Tensor& output) override;
   absl::Status Backward(const Tensor& grad_output, const SavedContext& ctx,
                         Tensor& grad_input) override;
+  // I: the input gradient and ln_f's gradients; W: the (V, C) projection's gradient.
+  absl::Status BackwardInput(const Tensor& grad_output, SavedContext& ctx,
+                             Tensor& grad_input) override;
+  absl::Status BackwardWeight(SavedContext& ctx) override;
   std::vector<Parameter*> Parameters() override { return {&ln_g_, &ln_b_, &w_}; }
 
  private:
+  absl::Status InputGradient(const Tensor& grad_output, const SavedContext& ctx, Tensor& grad_input,
+                             float& scale);
+  void WeightGradient(const SavedContext& ctx, float scale);
+
   GptConfig cfg_;
   std::string name_ = "head";
   Parameter ln_g_;  // (C) transformer.ln_f.weight

@@ -158,8 +158,10 @@ void LinearBackward(const float* dout, const float* in, const float* w, float* d
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Dim(n), Dim(c), Dim(oc), 1.0f, dout,
                 Dim(oc), w, Dim(c), 1.0f, din, Dim(c));
   }
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Dim(oc), Dim(c), Dim(n), 1.0f, dout, Dim(oc),
-              in, Dim(c), 1.0f, dw, Dim(c));
+  if (dw != nullptr) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Dim(oc), Dim(c), Dim(n), 1.0f, dout,
+                Dim(oc), in, Dim(c), 1.0f, dw, Dim(c));
+  }
   if (db != nullptr) {
     for (int64_t i = 0; i < n; ++i) {
       const float* row = dout + i * oc;
@@ -282,8 +284,10 @@ void ScaledLinearBackward(const float* dout, const float* in, const float* w, fl
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Dim(n), Dim(c), Dim(oc), scale, dout,
                 Dim(oc), w, Dim(c), 1.0f, din, Dim(c));
   }
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Dim(oc), Dim(c), Dim(n), scale, dout,
-              Dim(oc), in, Dim(c), 1.0f, dw, Dim(c));
+  if (dw != nullptr) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Dim(oc), Dim(c), Dim(n), scale, dout,
+                Dim(oc), in, Dim(c), 1.0f, dw, Dim(c));
+  }
 }
 
 // The causal GEMMs run over tiles of kAttentionTile query rows: rows [r0, r0 + rows) see keys

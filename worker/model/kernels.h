@@ -21,12 +21,14 @@ void LinearForward(const float* in,  // (N, C)
                    float* out,       // (N, OC)
                    int64_t n, int64_t c, int64_t oc);
 
-// din += dout * w; dw += dout^T * in; db += sum_rows(dout). din and db may be null.
+// din += dout * w; dw += dout^T * in; db += sum_rows(dout). Any of din, dw and db may be null
+// (the split backward computes din in one call and dw, db in another; in and w are read only
+// for the outputs asked for).
 void LinearBackward(const float* dout,  // (N, OC)
                     const float* in,    // (N, C)
                     const float* w,     // (OC, C)
                     float* din,         // (N, C) or null
-                    float* dw,          // (OC, C)
+                    float* dw,          // (OC, C) or null
                     float* db,          // (OC) or null
                     int64_t n, int64_t c, int64_t oc);
 
@@ -72,14 +74,14 @@ void SoftmaxCrossEntropyBackward(const float* probs,      // (N, V)
 // GPT kernels.
 
 // Linear backward with the output gradient scaled and no bias: din += scale * dout * w;
-// dw += scale * dout^T * in. din may be null. Lets a caller apply a late scalar (the loss
+// dw += scale * dout^T * in. din or dw may be null. Lets a caller apply a late scalar (the loss
 // gradient) inside the GEMMs instead of materialising a scaled copy of a large dout.
 void ScaledLinearBackward(const float* dout,  // (N, OC)
                           const float* in,    // (N, C)
                           const float* w,     // (OC, C)
                           float scale,
                           float* din,  // (N, C) or null
-                          float* dw,   // (OC, C)
+                          float* dw,   // (OC, C) or null
                           int64_t n, int64_t c, int64_t oc);
 
 // Causal multi-head self-attention on a fused q | k | v projection (GPT-2 / llm.c layout):

@@ -95,6 +95,22 @@ class Layer {
   virtual absl::Status Backward(const Tensor& grad_output, const SavedContext& ctx,
                                 Tensor& grad_input) = 0;
 
+  // The split backward of the zero-bubble schedules. BackwardInput writes grad_input (what
+  // the previous stage waits for) and leaves in ctx what BackwardWeight needs, freeing what it
+  // no longer does; BackwardWeight then adds the parameter gradients and empties ctx. The pair
+  // computes exactly what Backward does (bit for bit per micro-batch). The default keeps all
+  // the work in BackwardInput, for layers whose weight gradients are cheap or inseparable.
+  virtual absl::Status BackwardInput(const Tensor& grad_output, SavedContext& ctx,
+                                     Tensor& grad_input) {
+    absl::Status s = Backward(grad_output, ctx, grad_input);
+    ctx.Clear();
+    return s;
+  }
+  virtual absl::Status BackwardWeight(SavedContext& ctx) {
+    ctx.Clear();
+    return absl::OkStatus();
+  }
+
   // Stable order: the same layer always lists its parameters in the same order.
   virtual std::vector<Parameter*> Parameters() = 0;
 };
