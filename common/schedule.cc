@@ -2,12 +2,16 @@
 
 #include <algorithm>
 #include <cctype>
+#include <map>
+#include <set>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 
 namespace tandem {
@@ -31,10 +35,15 @@ const char* KindName(ActionKind kind) {
   return "?";
 }
 
-absl::Status CheckSizes(int num_stages, int num_micro_batches) {
-  if (num_stages < 1) {
+bool IsTransfer(ActionKind kind) {
+  return kind == v1::ACTION_SEND_F || kind == v1::ACTION_RECV_F || kind == v1::ACTION_SEND_B ||
+         kind == v1::ACTION_RECV_B;
+}
+
+absl::Status CheckSizes(int num_ranks, int num_micro_batches) {
+  if (num_ranks < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("number of stages must be at least 1, got ", num_stages));
+        absl::StrCat("number of ranks must be at least 1, got ", num_ranks));
   }
   if (num_micro_batches < 1) {
     return absl::InvalidArgumentError(
@@ -43,7 +52,151 @@ absl::Status CheckSizes(int num_stages, int num_micro_batches) {
   return absl::OkStatus();
 }
 
+// M >= P, as 1F1B and the schedules derived from it need to fill the pipeline.
+absl::Status CheckEnoughMicroBatches(absl::string_view schedule, int num_ranks,
+                                     int num_micro_batches) {
+  if (num_micro_batches >= num_ranks) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      schedule, " needs at least as many micro-batches as pipeline ranks (M >= P); got M=",
+      num_micro_batches, ", P=", num_ranks, ". Raise pipeline.micro_batches to at least ",
+      num_ranks, " or use schedule: gpipe"));
+}
+
+Schedule MakeSchedule(absl::string_view name, Placement placement, int num_micro_batches) {
+  Schedule s;
+  s.name = std::string(name);
+  s.program.resize(placement.num_ranks);
+  s.placement = std::move(placement);
+  s.num_micro_batches = num_micro_batches;
+  return s;
+}
+
+// Interleaved 1F1B's k-th forward (backward when `backward`) of `rank`: micro-batches in
+// groups of P per chunk, chunks ascending for forwards and descending for backwards.
+Action InterleavedAction(int k, int rank, int num_ranks, int chunks, bool backward) {
+  const int group = (k / num_ranks) % chunks;
+  const int chunk = backward ? chunks - 1 - group : group;
+  const int micro_batch = (k / (num_ranks * chunks)) * num_ranks + k % num_ranks;
+  return {chunk * num_ranks + rank, backward ? v1::ACTION_B : v1::ACTION_F, micro_batch};
+}
+
+// ZB-V on one rank over `n` >= 2P - 1 micro-batches (the caller drops those >= M). Chunk 0 is
+// stage r (going down the V), chunk 1 stage 2P - 1 - r (coming back up); counters per chunk.
+std::vector<Action> ZBVRank(int rank, int num_ranks, int n) {
+  const int P = num_ranks;
+  const int stage[2] = {rank, 2 * P - 1 - rank};
+  int f[2] = {0, 0}, i[2] = {0, 0}, w[2] = {0, 0};
+  std::vector<Action> out;
+  auto F = [&](int c) { out.push_back({stage[c], v1::ACTION_F, f[c]++}); };
+  auto I = [&](int c) { out.push_back({stage[c], v1::ACTION_I, i[c]++}); };
+  auto W = [&](int c) { out.push_back({stage[c], v1::ACTION_W, w[c]++}); };
+  // Warm-up: fill the V. Chunk 0 runs ahead by 2(P - r) - 1 micro-batches, then the two chunks
+  // alternate until chunk 1's first backward can start...
+  for (int k = 0; k < 2 * (P - rank) - 1; ++k) F(0);
+  for (int k = 0; k < rank; ++k) {
+    F(1);
+    F(0);
+  }
+  // ... then chunk 1 runs F I W, its W done at once (the memory stays at 2P chunk activations).
+  for (int k = 0; k < P - rank; ++k) {
+    F(1);
+    I(1);
+    W(1);
+  }
+  // Steady state: F I W on chunk 0, then on chunk 1; chunk 0 runs out of forwards first.
+  while (f[0] < n || f[1] < f[0]) {
+    if (f[0] < n) F(0);
+    I(0);
+    W(0);
+    F(1);
+    I(1);
+    W(1);
+  }
+  // Cool-down: the remaining input gradients first (they are on the critical path), the
+  // deferred W's filling the time the gradients take to come back.
+  for (int k = 0; k < rank; ++k) {
+    I(0);
+    I(1);
+  }
+  for (int k = 0; k < P - rank; ++k) {
+    I(0);
+    W(0);
+  }
+  while (w[1] < i[1]) W(1);
+  while (w[0] < i[0]) W(0);
+  return out;
+}
+
+std::string NormalizedName(absl::string_view schedule) {
+  std::string name = absl::AsciiStrToLower(absl::StripAsciiWhitespace(schedule));
+  absl::StrReplaceAll({{"-", "_"}}, &name);
+  if (name == "interleaved") return "interleaved_1f1b";
+  if (name == "zbh1") return "zb_h1";
+  if (name == "zbv") return "zb_v";
+  return name;
+}
+
+// Whether stage + delta (delta = +1 or -1) exists and lives on another rank than `stage`, so
+// that data between the two needs a transfer.
+bool NeighbourIsRemote(const Placement& placement, int stage, int delta) {
+  const int other = stage + delta;
+  if (stage < 0 || stage >= placement.num_stages()) return false;
+  if (other < 0 || other >= placement.num_stages()) return false;
+  return placement.rank_of_stage[other] != placement.rank_of_stage[stage];
+}
+
 }  // namespace
+
+std::vector<int> Placement::StagesOf(int rank) const {
+  std::vector<int> stages;
+  for (int s = 0; s < num_stages(); ++s) {
+    if (rank_of_stage[s] == rank) stages.push_back(s);
+  }
+  return stages;
+}
+
+Placement OneStagePerRank(int num_ranks) { return InterleavedPlacement(num_ranks, 1); }
+
+Placement InterleavedPlacement(int num_ranks, int chunks) {
+  Placement p;
+  p.num_ranks = num_ranks;
+  for (int s = 0; s < num_ranks * chunks; ++s) p.rank_of_stage.push_back(s % num_ranks);
+  return p;
+}
+
+Placement VShapePlacement(int num_ranks) {
+  Placement p;
+  p.num_ranks = num_ranks;
+  for (int s = 0; s < 2 * num_ranks; ++s) {
+    p.rank_of_stage.push_back(s < num_ranks ? s : 2 * num_ranks - 1 - s);
+  }
+  return p;
+}
+
+absl::Status ValidatePlacement(const Placement& placement) {
+  if (placement.num_ranks < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("placement: number of ranks must be at least 1, got ", placement.num_ranks));
+  }
+  if (placement.num_stages() < 1) {
+    return absl::InvalidArgumentError("placement: no stages");
+  }
+  std::vector<int> held(placement.num_ranks, 0);
+  for (int s = 0; s < placement.num_stages(); ++s) {
+    const int r = placement.rank_of_stage[s];
+    if (r < 0 || r >= placement.num_ranks) {
+      return absl::InvalidArgumentError(absl::StrCat("placement: stage ", s, " is on rank ", r,
+                                                     ", outside [0, ", placement.num_ranks, ")"));
+    }
+    ++held[r];
+  }
+  for (int r = 0; r < placement.num_ranks; ++r) {
+    if (held[r] == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("placement: rank ", r, " holds no stage"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 std::string ActionToString(const Action& a) {
   return absl::StrCat(a.stage, KindName(a.kind), a.micro_batch);
@@ -83,79 +236,203 @@ std::string ActionsToString(const std::vector<Action>& actions) {
                        [](std::string* out, const Action& a) { out->append(ActionToString(a)); });
 }
 
-absl::StatusOr<Program> GenerateGPipe(int num_stages, int num_micro_batches) {
-  if (absl::Status s = CheckSizes(num_stages, num_micro_batches); !s.ok()) return s;
-  Program program(num_stages);
-  for (int r = 0; r < num_stages; ++r) {
-    for (int m = 0; m < num_micro_batches; ++m) program[r].push_back({r, v1::ACTION_F, m});
-    for (int m = num_micro_batches - 1; m >= 0; --m) program[r].push_back({r, v1::ACTION_B, m});
+absl::StatusOr<Schedule> GenerateGPipe(int num_ranks, int num_micro_batches) {
+  if (absl::Status s = CheckSizes(num_ranks, num_micro_batches); !s.ok()) return s;
+  Schedule out = MakeSchedule("gpipe", OneStagePerRank(num_ranks), num_micro_batches);
+  for (int r = 0; r < num_ranks; ++r) {
+    auto& list = out.program[r];
+    for (int m = 0; m < num_micro_batches; ++m) list.push_back({r, v1::ACTION_F, m});
+    for (int m = num_micro_batches - 1; m >= 0; --m) list.push_back({r, v1::ACTION_B, m});
   }
-  return program;
+  return out;
 }
 
-absl::StatusOr<Program> Generate1F1B(int num_stages, int num_micro_batches) {
-  if (absl::Status s = CheckSizes(num_stages, num_micro_batches); !s.ok()) return s;
-  if (num_micro_batches < num_stages) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "1f1b needs at least as many micro-batches as stages (M >= P); got M=", num_micro_batches,
-        ", P=", num_stages, ". Raise pipeline.micro_batches or use schedule: gpipe"));
+absl::StatusOr<Schedule> Generate1F1B(int num_ranks, int num_micro_batches) {
+  if (absl::Status s = CheckSizes(num_ranks, num_micro_batches); !s.ok()) return s;
+  if (absl::Status s = CheckEnoughMicroBatches("1f1b", num_ranks, num_micro_batches); !s.ok()) {
+    return s;
   }
-  Program program(num_stages);
-  for (int r = 0; r < num_stages; ++r) {
-    auto& list = program[r];
-    const int warmup = std::min(num_stages - r - 1, num_micro_batches);
+  const int M = num_micro_batches;
+  Schedule out = MakeSchedule("1f1b", OneStagePerRank(num_ranks), M);
+  for (int r = 0; r < num_ranks; ++r) {
+    auto& list = out.program[r];
+    const int warmup = std::min(num_ranks - r - 1, M);
     int next_f = 0;
     int next_b = 0;
     for (; next_f < warmup; ++next_f) list.push_back({r, v1::ACTION_F, next_f});
     // Steady state: one forward, then one backward.
-    while (next_f < num_micro_batches) {
+    while (next_f < M) {
       list.push_back({r, v1::ACTION_F, next_f++});
       list.push_back({r, v1::ACTION_B, next_b++});
     }
     // Cool-down: drain the backwards of the warm-up forwards.
-    while (next_b < num_micro_batches) list.push_back({r, v1::ACTION_B, next_b++});
+    while (next_b < M) list.push_back({r, v1::ACTION_B, next_b++});
   }
-  return program;
+  return out;
 }
 
-absl::StatusOr<Program> GenerateForwardOnly(int num_stages, int num_micro_batches) {
-  if (absl::Status s = CheckSizes(num_stages, num_micro_batches); !s.ok()) return s;
-  Program program(num_stages);
-  for (int r = 0; r < num_stages; ++r) {
-    for (int m = 0; m < num_micro_batches; ++m) program[r].push_back({r, v1::ACTION_F, m});
+absl::StatusOr<Schedule> GenerateInterleaved1F1B(int num_ranks, int chunks, int num_micro_batches) {
+  if (absl::Status s = CheckSizes(num_ranks, num_micro_batches); !s.ok()) return s;
+  const int P = num_ranks, v = chunks, M = num_micro_batches;
+  if (v < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("interleaved_1f1b needs at least 2 chunks per rank; got ", v,
+                     ". Set pipeline.chunks to 2 or more, or use schedule: 1f1b for one chunk"));
   }
-  return program;
+  if (absl::Status s = CheckEnoughMicroBatches("interleaved_1f1b", P, M); !s.ok()) return s;
+  if (M % P != 0) {
+    const int lower = M / P * P;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "interleaved_1f1b needs the micro-batches to be a multiple of the pipeline ranks (M % P "
+        "== 0, micro-batches go through the chunks in groups of P); got M=",
+        M, ", P=", P, ". Use pipeline.micro_batches ", lower, " or ", lower + P));
+  }
+  Schedule out = MakeSchedule("interleaved_1f1b", InterleavedPlacement(P, v), M);
+  const int total = v * M;  // forwards (and backwards) per rank
+  for (int r = 0; r < P; ++r) {
+    auto& list = out.program[r];
+    const int warmup = std::min(2 * (P - r - 1) + (v - 1) * P, total);
+    int next_f = 0, next_b = 0;
+    for (; next_f < warmup; ++next_f) list.push_back(InterleavedAction(next_f, r, P, v, false));
+    while (next_f < total) {
+      list.push_back(InterleavedAction(next_f++, r, P, v, false));
+      list.push_back(InterleavedAction(next_b++, r, P, v, true));
+    }
+    while (next_b < total) list.push_back(InterleavedAction(next_b++, r, P, v, true));
+  }
+  return out;
 }
 
-absl::StatusOr<Program> GenerateSchedule(absl::string_view schedule, int num_stages,
-                                         int num_micro_batches) {
-  const std::string name = absl::AsciiStrToLower(schedule);
-  if (name == "1f1b") return Generate1F1B(num_stages, num_micro_batches);
-  if (name == "gpipe") return GenerateGPipe(num_stages, num_micro_batches);
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown schedule '", schedule, "'; expected 1f1b or gpipe"));
+absl::StatusOr<Schedule> GenerateZBH1(int num_ranks, int num_micro_batches) {
+  if (absl::Status s = CheckSizes(num_ranks, num_micro_batches); !s.ok()) return s;
+  if (absl::Status s = CheckEnoughMicroBatches("zb_h1", num_ranks, num_micro_batches); !s.ok()) {
+    return s;
+  }
+  const int P = num_ranks, M = num_micro_batches;
+  Schedule out = MakeSchedule("zb_h1", OneStagePerRank(P), M);
+  for (int r = 0; r < P; ++r) {
+    auto& list = out.program[r];
+    int next_f = 0, next_i = 0, next_w = 0;
+    // An I, then the oldest W's while more than r are pending: rank r defers r W's.
+    auto input_then_weights = [&] {
+      list.push_back({r, v1::ACTION_I, next_i++});
+      while (next_i - next_w > r) list.push_back({r, v1::ACTION_W, next_w++});
+    };
+    for (; next_f < P - r - 1; ++next_f) list.push_back({r, v1::ACTION_F, next_f});
+    while (next_f < M) {
+      list.push_back({r, v1::ACTION_F, next_f++});
+      input_then_weights();
+    }
+    while (next_i < M) input_then_weights();
+    while (next_w < M) list.push_back({r, v1::ACTION_W, next_w++});
+  }
+  return out;
 }
 
-Program LowerWithTransfers(const Program& compute, int num_stages) {
+absl::StatusOr<Schedule> GenerateZBV(int num_ranks, int num_micro_batches) {
+  if (absl::Status s = CheckSizes(num_ranks, num_micro_batches); !s.ok()) return s;
+  if (absl::Status s = CheckEnoughMicroBatches("zb_v", num_ranks, num_micro_batches); !s.ok()) {
+    return s;
+  }
+  const int P = num_ranks, M = num_micro_batches;
+  Schedule out = MakeSchedule("zb_v", VShapePlacement(P), M);
+  // The phases need 2P - 1 micro-batches to fill the V; with fewer, the schedule for 2P - 1 is
+  // built and the micro-batches that do not exist are dropped from every rank (removing a whole
+  // micro-batch keeps every dependency of the others, so the order stays deadlock-free).
+  const int n = std::max(M, 2 * P - 1);
+  for (int r = 0; r < P; ++r) {
+    for (const Action& a : ZBVRank(r, P, n)) {
+      if (a.micro_batch < M) out.program[r].push_back(a);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<Schedule> GenerateForwardOnly(const Placement& placement, int num_micro_batches) {
+  if (absl::Status s = ValidatePlacement(placement); !s.ok()) return s;
+  if (absl::Status s = CheckSizes(placement.num_ranks, num_micro_batches); !s.ok()) return s;
+  Schedule out = MakeSchedule("forward_only", placement, num_micro_batches);
+  for (int r = 0; r < placement.num_ranks; ++r) {
+    for (int stage : placement.StagesOf(r)) {
+      for (int m = 0; m < num_micro_batches; ++m) {
+        out.program[r].push_back({stage, v1::ACTION_F, m});
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> ScheduleNames() {
+  return {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v"};
+}
+
+int DefaultChunks(absl::string_view schedule) {
+  const std::string name = NormalizedName(schedule);
+  return name == "interleaved_1f1b" || name == "zb_v" ? 2 : 1;
+}
+
+absl::StatusOr<Schedule> GenerateSchedule(absl::string_view schedule, int num_ranks,
+                                          int num_micro_batches, int chunks) {
+  const std::string name = NormalizedName(schedule);
+  const std::vector<std::string> names = ScheduleNames();
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown schedule '", schedule, "'; expected one of ",
+                     absl::StrJoin(names, ", "), " (or interleaved, zbh1, zbv)"));
+  }
+  if (chunks < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunks per rank must be 0 (the schedule's default) or more, got ", chunks));
+  }
+  const int v = chunks == 0 ? DefaultChunks(name) : chunks;
+  if (name == "interleaved_1f1b") return GenerateInterleaved1F1B(num_ranks, v, num_micro_batches);
+  if (v != DefaultChunks(name)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule ", name, " runs ", DefaultChunks(name), " chunk",
+                     DefaultChunks(name) == 1 ? "" : "s", " per rank; got chunks=", chunks,
+                     ". Leave pipeline.chunks at 0 or ", DefaultChunks(name),
+                     name == "zb_v" ? "" : ", or use schedule: interleaved_1f1b for more"));
+  }
+  if (name == "gpipe") return GenerateGPipe(num_ranks, num_micro_batches);
+  if (name == "1f1b") return Generate1F1B(num_ranks, num_micro_batches);
+  if (name == "zb_h1") return GenerateZBH1(num_ranks, num_micro_batches);
+  return GenerateZBV(num_ranks, num_micro_batches);
+}
+
+Program LowerWithTransfers(const Program& compute, const Placement& placement) {
   Program lowered(compute.size());
   for (size_t r = 0; r < compute.size(); ++r) {
+    // The transfers this rank's list already has: kept where they are, never added twice.
+    std::set<std::tuple<int, int, int>> present;
     for (const Action& a : compute[r]) {
-      const bool first = a.stage == 0;
-      const bool last = a.stage == num_stages - 1;
-      if (a.kind == v1::ACTION_F) {
-        if (!first) lowered[r].push_back({a.stage, v1::ACTION_RECV_F, a.micro_batch});
-        lowered[r].push_back(a);
-        if (!last) lowered[r].push_back({a.stage, v1::ACTION_SEND_F, a.micro_batch});
-      } else if (a.kind == v1::ACTION_B) {
-        if (!last) lowered[r].push_back({a.stage, v1::ACTION_RECV_B, a.micro_batch});
-        lowered[r].push_back(a);
-        if (!first) lowered[r].push_back({a.stage, v1::ACTION_SEND_B, a.micro_batch});
-      } else {
-        lowered[r].push_back(a);
+      if (IsTransfer(a.kind)) present.insert({a.stage, a.kind, a.micro_batch});
+    }
+    auto& out = lowered[r];
+    auto add_missing = [&](const Action& a) {
+      if (!present.count({a.stage, a.kind, a.micro_batch})) out.push_back(a);
+    };
+    for (const Action& a : compute[r]) {
+      const int s = a.stage, m = a.micro_batch;
+      const bool forward = a.kind == v1::ACTION_F;
+      const bool input_backward = a.kind == v1::ACTION_B || a.kind == v1::ACTION_I;
+      if (forward && NeighbourIsRemote(placement, s, -1)) add_missing({s, v1::ACTION_RECV_F, m});
+      if (input_backward && NeighbourIsRemote(placement, s, +1)) {
+        add_missing({s, v1::ACTION_RECV_B, m});
+      }
+      out.push_back(a);
+      if (forward && NeighbourIsRemote(placement, s, +1)) add_missing({s, v1::ACTION_SEND_F, m});
+      if (input_backward && NeighbourIsRemote(placement, s, -1)) {
+        add_missing({s, v1::ACTION_SEND_B, m});
       }
     }
   }
   return lowered;
+}
+
+Schedule LowerWithTransfers(const Schedule& compute) {
+  Schedule out = compute;
+  out.program = LowerWithTransfers(compute.program, compute.placement);
+  return out;
 }
 
 std::string ProgramToCsv(const Program& program) {
@@ -170,44 +447,67 @@ std::string ProgramToCsv(const Program& program) {
   return out;
 }
 
-absl::StatusOr<Program> ProgramFromCsv(absl::string_view csv, int num_stages) {
-  Program program;
+absl::StatusOr<Schedule> ScheduleFromCsv(absl::string_view csv, int num_ranks,
+                                         int num_micro_batches) {
+  if (absl::Status s = CheckSizes(num_ranks, num_micro_batches); !s.ok()) return s;
+  Schedule out;
+  out.name = "csv";
+  out.num_micro_batches = num_micro_batches;
+  std::map<int, int> rank_of_stage;  // a map: a stray huge stage number allocates nothing
   bool has_transfers = false;
   int row = 0;
   for (absl::string_view line : absl::StrSplit(csv, '\n')) {
     line = absl::StripAsciiWhitespace(line);
     if (line.empty()) continue;
     ++row;
-    program.emplace_back();
+    out.program.emplace_back();
     int col = 0;
     for (absl::string_view cell : absl::StrSplit(line, ',')) {
       ++col;
       cell = absl::StripAsciiWhitespace(cell);
       if (cell.empty()) continue;  // trailing commas, padded rows
+      const std::string where = absl::StrCat("schedule CSV row ", row, " column ", col, ": ");
       absl::StatusOr<Action> a = ParseAction(cell);
-      if (!a.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("schedule CSV row ", row, " column ", col, ": ", a.status().message()));
-      }
-      if (a->stage != row - 1) {
+      if (!a.ok()) return absl::InvalidArgumentError(absl::StrCat(where, a.status().message()));
+      if (a->micro_batch >= num_micro_batches) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "schedule CSV row ", row, " column ", col, ": action ", cell, " belongs to stage ",
-            a->stage, ", but row ", row, " is rank ", row - 1, " (one stage per rank)"));
+            where, "action ", cell, " names micro-batch ", a->micro_batch, ", but the step has ",
+            num_micro_batches, " (0..", num_micro_batches - 1, ")"));
       }
-      has_transfers = has_transfers || (a->kind != v1::ACTION_F && a->kind != v1::ACTION_B &&
-                                        a->kind != v1::ACTION_I && a->kind != v1::ACTION_W);
-      program.back().push_back(*a);
+      const int rank = rank_of_stage.try_emplace(a->stage, row - 1).first->second;
+      if (rank != row - 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, "action ", cell, " belongs to stage ", a->stage, ", whose actions are on row ",
+            rank + 1, " (rank ", rank, "); a stage runs on one rank"));
+      }
+      has_transfers = has_transfers || IsTransfer(a->kind);
+      out.program.back().push_back(*a);
     }
   }
-  if (static_cast<int>(program.size()) != num_stages) {
-    return absl::InvalidArgumentError(absl::StrCat("schedule CSV has ", program.size(),
-                                                   " rows, expected one per stage: ", num_stages));
+  if (row != num_ranks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule CSV has ", row, " rows, expected one per rank: ", num_ranks));
   }
-  return has_transfers ? program : LowerWithTransfers(program, num_stages);
+  out.placement.num_ranks = num_ranks;
+  for (const auto& [stage, rank] : rank_of_stage) {
+    const int expected = out.placement.num_stages();
+    if (stage != expected) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("schedule CSV names stages up to ", rank_of_stage.rbegin()->first,
+                       " but stage ", expected, " has no actions; stages must be numbered 0..S-1"));
+    }
+    out.placement.rank_of_stage.push_back(rank);
+  }
+  if (absl::Status s = ValidatePlacement(out.placement); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("schedule CSV: ", s.message()));
+  }
+  if (!has_transfers) out.program = LowerWithTransfers(out.program, out.placement);
+  return out;
 }
 
-double IdealBubbleFraction(int num_stages, int num_micro_batches) {
-  return static_cast<double>(num_stages - 1) / (num_micro_batches + num_stages - 1);
+double IdealBubbleFraction(int num_ranks, int num_micro_batches, int chunks) {
+  return static_cast<double>(num_ranks - 1) /
+         (static_cast<double>(chunks) * num_micro_batches + num_ranks - 1);
 }
 
 v1::Action ToProto(const Action& a) {

@@ -1,16 +1,27 @@
 // Pipeline schedules as data: pure functions that emit one action list per rank, with no I/O.
 //
-// In this release a rank holds exactly one stage (stage == rank). A compute-only program
-// (F and B actions) is lowered by LowerWithTransfers(), which brackets each compute action with
-// the receive it needs and the send it produces. Sends never block the sender (the transport
-// posts them and waits at the end of the step), and receives are posted in program order on
-// both ends of a link, so both ends derive the same order from the same program.
+// A job has S pipeline stages (contiguous layer ranges, stage 0 holds the embedding, stage S-1
+// the head) placed on P ranks by a Placement; a rank may hold several stages ("virtual
+// stages", v = S/P chunks per rank). A Program is one action list per rank; every action names
+// its global stage. Generators emit compute-only programs (F, B, I, W); LowerWithTransfers()
+// brackets each compute action with the receive it needs and the send it produces, only where
+// the neighbouring stage lives on another rank (a hand-off between two stages of one rank is a
+// local move).
+//
+// Blocking semantics (what the validator simulates and the workers implement): a send is
+// posted and never blocks its rank (the transport completes it in the background and the
+// worker waits for all sends at the end of the step), a receive blocks until the matching send
+// is posted. So where a rank must both send and receive at one point, the send is always
+// issued first and the two never wait on each other; both ends of a link derive the order of
+// their messages from the same program, and messages are matched by (payload, stage, micro-
+// batch), never by arrival order.
 #ifndef TANDEM_COMMON_SCHEDULE_H_
 #define TANDEM_COMMON_SCHEDULE_H_
 
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "tandem/v1/common.pb.h"
@@ -30,6 +41,38 @@ struct Action {
 // One action list per rank.
 using Program = std::vector<std::vector<Action>>;
 
+// Which rank runs each stage.
+struct Placement {
+  int num_ranks = 1;
+  std::vector<int> rank_of_stage;  // one entry per stage
+
+  int num_stages() const { return static_cast<int>(rank_of_stage.size()); }
+  // The stages of `rank`, ascending.
+  std::vector<int> StagesOf(int rank) const;
+  bool operator==(const Placement&) const = default;
+};
+
+// Stage s on rank s (S == P).
+Placement OneStagePerRank(int num_ranks);
+// v chunks per rank, stage s on rank s % P (S = v P), as Megatron-LM and PyTorch place
+// interleaved stages: rank r holds stages r, P + r, 2P + r, ...
+Placement InterleavedPlacement(int num_ranks, int chunks);
+// Two chunks per rank in a V: stage s on rank s for s < P and on rank 2P - 1 - s after, so
+// rank 0 holds the first and the last stage.
+Placement VShapePlacement(int num_ranks);
+// INVALID_ARGUMENT unless P >= 1, S >= 1, and every entry is a rank in [0, P) and every rank
+// holds at least one stage.
+absl::Status ValidatePlacement(const Placement& placement);
+
+// A generated (or imported) schedule: its placement and its program.
+struct Schedule {
+  // "gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "forward_only" or "csv"
+  std::string name;
+  Placement placement;
+  Program program;
+  int num_micro_batches = 0;
+};
+
 // "2F0", "0B3", "3SEND_F1", "1RECV_B0": the notation of torch.distributed.pipelining.
 std::string ActionToString(const Action& a);
 absl::StatusOr<Action> ParseAction(absl::string_view text);
@@ -37,33 +80,80 @@ absl::StatusOr<Action> ParseAction(absl::string_view text);
 std::string ActionsToString(const std::vector<Action>& actions);
 
 // GPipe: all M forwards, then all M backwards (reverse order). Any P >= 1, M >= 1.
-absl::StatusOr<Program> GenerateGPipe(int num_stages, int num_micro_batches);
+absl::StatusOr<Schedule> GenerateGPipe(int num_ranks, int num_micro_batches);
 
-// 1F1B (PipeDream-Flush): stage r runs min(P-r-1, M) warm-up forwards, then alternates one
+// 1F1B (PipeDream-Flush): rank r runs min(P-r-1, M) warm-up forwards, then alternates one
 // forward and one backward, then drains the remaining backwards. Requires M >= P.
-absl::StatusOr<Program> Generate1F1B(int num_stages, int num_micro_batches);
+absl::StatusOr<Schedule> Generate1F1B(int num_ranks, int num_micro_batches);
 
-// Forward only (validation): every stage runs F for micro-batches 0..M-1 in order.
-absl::StatusOr<Program> GenerateForwardOnly(int num_stages, int num_micro_batches);
+// Interleaved 1F1B (Megatron-LM) with v >= 2 chunks per rank on InterleavedPlacement. The k-th
+// forward of a rank runs chunk (k / P) % v on micro-batch (k / (P v)) P + k % P (micro-batches
+// taken in groups of P per chunk); backwards likewise with the chunks in reverse. Rank r runs
+// min(2 (P - r - 1) + (v - 1) P, v M) warm-up forwards, then alternates one forward and one
+// backward, then drains. Requires M >= P and M % P == 0 (and v >= 2; v == 1 is 1F1B).
+absl::StatusOr<Schedule> GenerateInterleaved1F1B(int num_ranks, int chunks, int num_micro_batches);
 
-// Generates the compute-only program named by `schedule` ("1f1b" or "gpipe").
-absl::StatusOr<Program> GenerateSchedule(absl::string_view schedule, int num_stages,
-                                         int num_micro_batches);
+// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2023, section 3.1): 1F1B's order with
+// every backward split into I (input gradient) and W (weight gradient), rank r deferring up to
+// r W's so that they fill the cool-down while the I's, now on the critical path alone, travel
+// back faster. Rank r runs P-r-1 warm-up forwards; then F, I alternately, each I followed by
+// the oldest pending W whenever more than r are pending; then the remaining I's (each with its
+// W) and finally the r deferred W's. At most P micro-batches are live (F to W) on any rank,
+// 1F1B's peak (its rank 0). With unit costs F = I = W = 1 the idle time per rank is P-1, a
+// third of 1F1B's 3(P-1) with B = 2. Requires M >= P.
+absl::StatusOr<Schedule> GenerateZBH1(int num_ranks, int num_micro_batches);
 
-// Inserts RECV_F before and SEND_F after each forward (except at the pipeline ends), and
-// RECV_B before and SEND_B after each backward.
-Program LowerWithTransfers(const Program& compute, int num_stages);
+// ZB-V (Qi et al., section 6): 2 chunks per rank on VShapePlacement (rank r holds chunk 0 =
+// stage r going down the V and chunk 1 = stage 2P-1-r coming back up), backward split into I
+// and W. Rank r runs, with per-chunk micro-batch counters:
+//   warm-up:   2(P-r)-1 F on chunk 0; r times F1 F0; P-r times F1 I1 W1;
+//   steady:    F0 I0 W0 F1 I1 W1 until chunk 0's forwards run out (then I0 W0 F1 I1 W1);
+//   cool-down: r times I0 I1; P-r times I0 W0; the pending W's of chunk 1, then of chunk 0.
+// The phases need M >= 2P-1 micro-batches; with P <= M < 2P-1 the schedule for 2P-1 is built
+// and the missing micro-batches are dropped from every rank (which keeps it deadlock-free).
+// At most 2P chunk activations are live on any rank (1F1B's peak of P micro-batches of two
+// chunks each). With unit costs F = I = W = 1 per chunk and M >= 2P-1 the idle time per rank is
+// P-1 chunk units, against 6(P-1) for 1F1B at equal work (F = 2, B = 4 per stage). Requires
+// M >= P.
+absl::StatusOr<Schedule> GenerateZBV(int num_ranks, int num_micro_batches);
+
+// Forward only (validation), named "forward_only": every rank runs F for each of its stages,
+// ascending, over micro-batches 0..M-1 (deadlock-free once lowered: stage order is a
+// topological order). ValidateProgram does not accept it (it requires backwards).
+absl::StatusOr<Schedule> GenerateForwardOnly(const Placement& placement, int num_micro_batches);
+
+// The schedules GenerateSchedule knows, in the order `tandem plan --compare` lists them.
+std::vector<std::string> ScheduleNames();
+// The chunks per rank a schedule uses when the spec leaves it 0: 2 for interleaved_1f1b and
+// zb_v, 1 otherwise.
+int DefaultChunks(absl::string_view schedule);
+// Generates the compute-only schedule named `schedule` (case-insensitive; "interleaved" and
+// "zbh1"/"zbv" are accepted as aliases). `chunks` 0 means DefaultChunks; a schedule that takes
+// a fixed number refuses any other with a clear error.
+absl::StatusOr<Schedule> GenerateSchedule(absl::string_view schedule, int num_ranks,
+                                          int num_micro_batches, int chunks = 0);
+
+// Inserts, only where the neighbouring stage is on another rank: RECV_F before and SEND_F
+// after each forward; RECV_B before and SEND_B after each B or I (the input gradient flows
+// backwards; W has no transfers). A transfer already in a rank's list is kept where it is and
+// not added again, so lowering a lowered program returns the same program.
+Program LowerWithTransfers(const Program& compute, const Placement& placement);
+Schedule LowerWithTransfers(const Schedule& compute);
 
 // CSV in the format torch.distributed.pipelining reads and writes: one row per rank, one
 // action per cell in the notation above ("0F0,0SEND_F0,0F1"). Rows may differ in length.
 std::string ProgramToCsv(const Program& program);
-// INVALID_ARGUMENT naming the row and column of a bad cell. A compute-only program (no
-// SEND/RECV cells at all) is lowered with LowerWithTransfers; a program with any transfer is
-// taken as written (and must then be complete: see ValidateProgram).
-absl::StatusOr<Program> ProgramFromCsv(absl::string_view csv, int num_stages);
+// INVALID_ARGUMENT naming the row and column of a bad cell (malformed, or a micro-batch >= M),
+// or when there are not `num_ranks` rows. The placement is read from the rows (a stage's
+// actions must all be on one row; stages must be 0..S-1; every row must hold one). A compute-only
+// program (no SEND/RECV cells at all) is lowered with LowerWithTransfers; a program with any
+// transfer is taken as written (and must then be complete: see ValidateProgram).
+absl::StatusOr<Schedule> ScheduleFromCsv(absl::string_view csv, int num_ranks,
+                                         int num_micro_batches);
 
-// The ideal bubble fraction (P-1)/(M+P-1) of a flush schedule with equal stage times.
-double IdealBubbleFraction(int num_stages, int num_micro_batches);
+// The ideal bubble fraction (P-1)/(v M + P - 1) of a flush schedule with equal stage times
+// (v = 1: GPipe and 1F1B; v chunks: interleaved 1F1B).
+double IdealBubbleFraction(int num_ranks, int num_micro_batches, int chunks = 1);
 
 v1::Action ToProto(const Action& a);
 Action FromProto(const v1::Action& a);

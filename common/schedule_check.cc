@@ -1,196 +1,374 @@
 #include "common/schedule_check.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <deque>
+#include <limits>
 #include <map>
 #include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace tandem {
 namespace {
 
-using Kind = v1::ActionKind;
+constexpr size_t kNoMark = std::numeric_limits<size_t>::max();
 
-// The per-rank grid, one line per rank, with action (rank, index) in [brackets].
-std::string Grid(const Program& p, int mark_rank, size_t mark_index) {
+bool IsCompute(ActionKind kind) {
+  return kind == v1::ACTION_F || kind == v1::ACTION_B || kind == v1::ACTION_I ||
+         kind == v1::ACTION_W;
+}
+
+// The per-rank grid, one line per rank, with action marks[r] of rank r in [brackets]
+// (kNoMark: none; the list's size: "[end]").
+std::string Grid(const Program& p, const std::vector<size_t>& marks) {
   std::string out;
   for (size_t r = 0; r < p.size(); ++r) {
+    const size_t mark = r < marks.size() ? marks[r] : kNoMark;
     absl::StrAppend(&out, "\n  rank ", r, ":");
     for (size_t i = 0; i < p[r].size(); ++i) {
       const std::string a = ActionToString(p[r][i]);
-      const bool marked = static_cast<int>(r) == mark_rank && i == mark_index;
-      absl::StrAppend(&out, " ", marked ? "[" : "", a, marked ? "]" : "");
+      absl::StrAppend(&out, " ", i == mark ? absl::StrCat("[", a, "]") : a);
     }
-    if (static_cast<int>(r) == mark_rank && mark_index >= p[r].size()) {
-      absl::StrAppend(&out, " [end]");
-    }
+    if (mark == p[r].size()) absl::StrAppend(&out, " [end]");
   }
   return out;
 }
 
-absl::Status Bad(const Program& p, int rank, size_t index, absl::string_view what) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("invalid schedule: rank ", rank, " action ", index, " (",
-                   index < p[rank].size() ? ActionToString(p[rank][index]) : std::string("end"),
-                   "): ", what, Grid(p, rank, index)));
+std::string Describe(const Program& p, int rank, size_t index) {
+  return absl::StrCat("rank ", rank, " action ", index, " (",
+                      index < p[rank].size() ? ActionToString(p[rank][index]) : std::string("end"),
+                      ")");
 }
 
-// A message key: (kind of the send, destination stage, micro-batch).
+// INVALID_ARGUMENT naming action `index` of `rank` (its size: the end of the list).
+absl::Status Bad(const Program& p, int rank, size_t index, absl::string_view what) {
+  std::vector<size_t> marks(p.size(), kNoMark);
+  marks[rank] = index;
+  return absl::InvalidArgumentError(
+      absl::StrCat("invalid schedule: ", Describe(p, rank, index), ": ", what, Grid(p, marks)));
+}
+
+// A message: (payload SEND_F or SEND_B, destination stage, micro-batch).
 using Key = std::tuple<int, int, int>;
+
+Key SendKey(const Action& a) {
+  const bool forward = a.kind == v1::ACTION_SEND_F;
+  return {a.kind, a.stage + (forward ? 1 : -1), a.micro_batch};
+}
+Key RecvKey(const Action& a) {
+  return {a.kind == v1::ACTION_RECV_F ? v1::ACTION_SEND_F : v1::ACTION_SEND_B, a.stage,
+          a.micro_batch};
+}
+
+// What the validator knows about one (stage, micro-batch).
+struct Progress {
+  bool f = false, b = false, i = false, w = false;  // seen in the rank's list (static pass)
+  bool forward_done = false;                        // F ran (blocking pass)
+  bool backward_done = false;                       // B or I ran
+  bool input_received = false;                      // RECV_F ran
+  bool gradient_received = false;                   // RECV_B ran
+};
+
+class Validator {
+ public:
+  Validator(const Program& p, const Placement& placement, int num_micro_batches)
+      : p_(p), placement_(placement), S_(placement.num_stages()), M_(num_micro_batches) {}
+
+  absl::Status Run() {
+    if (absl::Status s = ValidatePlacement(placement_); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("invalid schedule: ", s.message()));
+    }
+    if (M_ < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("invalid schedule: number of micro-batches must be at least 1, got ", M_));
+    }
+    if (static_cast<int>(p_.size()) != placement_.num_ranks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "invalid schedule: ", p_.size(), " rank lists for ", placement_.num_ranks, " ranks"));
+    }
+    progress_.assign(static_cast<size_t>(S_) * M_, Progress{});
+    for (int r = 0; r < placement_.num_ranks; ++r) {
+      if (absl::Status s = CheckRankStatically(r); !s.ok()) return s;
+    }
+    return RunBlocking();
+  }
+
+ private:
+  Progress& At(int stage, int m) { return progress_[static_cast<size_t>(stage) * M_ + m]; }
+  bool SameRank(int stage, int other) const {
+    return other >= 0 && other < S_ &&
+           placement_.rank_of_stage[stage] == placement_.rank_of_stage[other];
+  }
+
+  // Ranges, placement, transfer ends, and the order and count of compute per (stage, mb).
+  absl::Status CheckRankStatically(int r) {
+    const auto& list = p_[r];
+    for (size_t i = 0; i < list.size(); ++i) {
+      const Action& a = list[i];
+      if (a.stage < 0 || a.stage >= S_) {
+        return Bad(p_, r, i, absl::StrCat("stage ", a.stage, " does not exist (", S_, " stages)"));
+      }
+      if (placement_.rank_of_stage[a.stage] != r) {
+        return Bad(p_, r, i,
+                   absl::StrCat("stage ", a.stage, " is placed on rank ",
+                                placement_.rank_of_stage[a.stage], ", not on rank ", r));
+      }
+      if (a.micro_batch < 0 || a.micro_batch >= M_) {
+        return Bad(p_, r, i,
+                   absl::StrCat("micro-batch ", a.micro_batch, " out of range [0, ", M_, ")"));
+      }
+      absl::Status s = IsCompute(a.kind) ? CheckComputeOrder(r, i) : CheckTransferEnds(r, i);
+      if (!s.ok()) return s;
+    }
+    for (int stage : placement_.StagesOf(r)) {
+      for (int m = 0; m < M_; ++m) {
+        const Progress& g = At(stage, m);
+        const std::string what = absl::StrCat("stage ", stage, ", micro-batch ", m, " has ");
+        if (!g.f) return Bad(p_, r, list.size(), absl::StrCat(what, "no forward"));
+        if (!g.b && !g.i) return Bad(p_, r, list.size(), absl::StrCat(what, "no backward"));
+        if (g.i && !g.w) return Bad(p_, r, list.size(), absl::StrCat(what, "an I but no W"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckComputeOrder(int r, size_t i) {
+    const Action& a = p_[r][i];
+    Progress& g = At(a.stage, a.micro_batch);
+    const std::string both =
+        absl::StrCat("both B and I/W for micro-batch ", a.micro_batch, " of stage ", a.stage);
+    switch (a.kind) {
+      case v1::ACTION_F:
+        if (g.f) return Bad(p_, r, i, "repeated forward");
+        g.f = true;
+        break;
+      case v1::ACTION_B:
+        if (!g.f) return Bad(p_, r, i, "backward before its forward");
+        if (g.i || g.w) return Bad(p_, r, i, both);
+        if (g.b) return Bad(p_, r, i, "repeated backward");
+        g.b = true;
+        break;
+      case v1::ACTION_I:
+        if (!g.f) return Bad(p_, r, i, "backward (I) before its forward");
+        if (g.b) return Bad(p_, r, i, both);
+        if (g.i) return Bad(p_, r, i, "repeated I");
+        g.i = true;
+        break;
+      default:  // W
+        if (g.b) return Bad(p_, r, i, both);
+        if (!g.i)
+          return Bad(p_, r, i,
+                     "W before its I (the weight gradient needs the input "
+                     "gradient's backward first)");
+        if (g.w) return Bad(p_, r, i, "repeated W");
+        g.w = true;
+        break;
+    }
+    return absl::OkStatus();
+  }
+
+  // A transfer must have a neighbour to talk to, on another rank.
+  absl::Status CheckTransferEnds(int r, size_t i) {
+    const Action& a = p_[r][i];
+    int other;
+    switch (a.kind) {
+      case v1::ACTION_SEND_F:
+      case v1::ACTION_RECV_B:
+        other = a.stage + 1;
+        if (other >= S_) return Bad(p_, r, i, "the last stage has no next stage");
+        break;
+      case v1::ACTION_RECV_F:
+      case v1::ACTION_SEND_B:
+        other = a.stage - 1;
+        if (other < 0) return Bad(p_, r, i, "the first stage has no previous stage");
+        break;
+      default:
+        return Bad(p_, r, i, "unknown action kind");
+    }
+    if (SameRank(a.stage, other)) {
+      return Bad(p_, r, i,
+                 absl::StrCat("a transfer between stages ", std::min(a.stage, other), " and ",
+                              std::max(a.stage, other), ", which are both on rank ", r,
+                              " (a hand-off within one rank is local, not a transfer)"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Runs the blocking semantics: a send is posted at once, a receive waits for its send, a
+  // compute action needs its input (received, produced earlier on this rank, or none at the
+  // pipeline's ends).
+  absl::Status RunBlocking() {
+    const int P = placement_.num_ranks;
+    std::vector<size_t> pc(P, 0);
+    std::map<Key, std::deque<std::pair<int, size_t>>> posted;  // sends not yet received
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (int r = 0; r < P; ++r) {
+        for (; pc[r] < p_[r].size(); ++pc[r], moved = true) {
+          absl::StatusOr<bool> ran = Step(r, pc[r], posted);
+          if (!ran.ok()) return ran.status();
+          if (!*ran) break;  // blocked in a receive
+        }
+      }
+    }
+    std::vector<size_t> blocked(P, kNoMark);
+    std::vector<std::string> waits;
+    int first = -1;
+    for (int r = 0; r < P; ++r) {
+      if (pc[r] == p_[r].size()) continue;
+      blocked[r] = pc[r];
+      waits.push_back(Describe(p_, r, pc[r]));
+      if (first < 0) first = r;
+    }
+    if (first >= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("invalid schedule: deadlock: ", absl::StrJoin(waits, ", "),
+                       waits.size() == 1 ? " waits" : " wait",
+                       " in a receive whose send is never posted", Grid(p_, blocked)));
+    }
+    for (const auto& [key, sends] : posted) {
+      if (sends.empty()) continue;
+      const auto [rank, index] = sends.front();
+      const int to = std::get<1>(key);
+      return Bad(p_, rank, index,
+                 absl::StrCat("this send is never received by stage ", to, " (rank ",
+                              placement_.rank_of_stage[to], ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Executes action `i` of rank `r`; false when it blocks.
+  absl::StatusOr<bool> Step(int r, size_t i,
+                            std::map<Key, std::deque<std::pair<int, size_t>>>& posted) {
+    const Action& a = p_[r][i];
+    Progress& g = At(a.stage, a.micro_batch);
+    switch (a.kind) {
+      case v1::ACTION_SEND_F:
+        if (!g.forward_done) return Bad(p_, r, i, "sends an activation not computed yet");
+        posted[SendKey(a)].push_back({r, i});
+        return true;
+      case v1::ACTION_SEND_B:
+        if (!g.backward_done) return Bad(p_, r, i, "sends a gradient not computed yet");
+        posted[SendKey(a)].push_back({r, i});
+        return true;
+      case v1::ACTION_RECV_F:
+      case v1::ACTION_RECV_B: {
+        auto it = posted.find(RecvKey(a));
+        if (it == posted.end() || it->second.empty()) return false;
+        it->second.pop_front();
+        (a.kind == v1::ACTION_RECV_F ? g.input_received : g.gradient_received) = true;
+        return true;
+      }
+      case v1::ACTION_F: {
+        const int prev = a.stage - 1;
+        const bool ready =
+            prev < 0 ||
+            (SameRank(a.stage, prev) ? At(prev, a.micro_batch).forward_done : g.input_received);
+        if (!ready) return Bad(p_, r, i, "forward before its input arrives");
+        g.forward_done = true;
+        return true;
+      }
+      case v1::ACTION_B:
+      case v1::ACTION_I: {
+        const int next = a.stage + 1;
+        const bool ready =
+            next >= S_ ||
+            (SameRank(a.stage, next) ? At(next, a.micro_batch).backward_done : g.gradient_received);
+        if (!ready) return Bad(p_, r, i, "backward before its gradient arrives");
+        g.backward_done = true;
+        return true;
+      }
+      default:  // W: its I ran earlier on this rank (checked statically)
+        return true;
+    }
+  }
+
+  const Program& p_;
+  const Placement& placement_;
+  const int S_;
+  const int M_;
+  std::vector<Progress> progress_;  // S x M
+};
+
+double ComputeCost(const ActionCosts& c, ActionKind kind) {
+  switch (kind) {
+    case v1::ACTION_F:
+      return c.forward;
+    case v1::ACTION_B:
+      return c.backward;
+    case v1::ACTION_I:
+      return c.backward_input;
+    case v1::ACTION_W:
+      return c.backward_weight;
+    default:
+      return 0.0;
+  }
+}
 
 }  // namespace
 
-absl::Status ValidateProgram(const Program& p, int num_stages, int num_micro_batches) {
-  const int P = num_stages, M = num_micro_batches;
-  if (static_cast<int>(p.size()) != P) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("invalid schedule: ", p.size(), " rank lists for ", P, " stages"));
-  }
-  // Static checks per rank: stage, range, each compute action once, B after F.
-  for (int r = 0; r < P; ++r) {
-    std::vector<int> f(M, 0), b(M, 0);
-    for (size_t i = 0; i < p[r].size(); ++i) {
-      const Action& a = p[r][i];
-      if (a.stage != r) return Bad(p, r, i, absl::StrCat("belongs to stage ", a.stage));
-      if (a.micro_batch < 0 || a.micro_batch >= M) return Bad(p, r, i, "micro-batch out of range");
-      if (a.kind == v1::ACTION_F && f[a.micro_batch]++ > 0) return Bad(p, r, i, "repeated forward");
-      if (a.kind == v1::ACTION_B) {
-        if (f[a.micro_batch] == 0) return Bad(p, r, i, "backward before its forward");
-        if (b[a.micro_batch]++ > 0) return Bad(p, r, i, "repeated backward");
-      }
-      if (a.kind == v1::ACTION_I || a.kind == v1::ACTION_W) {
-        return Bad(p, r, i, "split backward (I/W) is not supported by this release");
-      }
-    }
-    for (int m = 0; m < M; ++m) {
-      if (f[m] == 0 || b[m] == 0) {
-        return Bad(p, r, p[r].size(),
-                   absl::StrCat("micro-batch ", m, " has no ", f[m] == 0 ? "forward" : "backward"));
-      }
-    }
-  }
-  // Dynamic check: run the blocking semantics. A send is posted at once; a receive waits for
-  // the matching send; a compute action needs its input (received, or local on the ends).
-  std::vector<size_t> pc(P, 0);
-  std::map<Key, int> posted;  // sends posted and not yet received
-  std::vector<std::vector<bool>> has_input_f(P, std::vector<bool>(M, false));
-  std::vector<std::vector<bool>> has_input_b(P, std::vector<bool>(M, false));
-  std::vector<std::vector<bool>> done_f(P, std::vector<bool>(M, false));
-  std::vector<std::vector<bool>> done_b(P, std::vector<bool>(M, false));
-  for (int r = 0; r < P; ++r) {
-    for (int m = 0; m < M; ++m) {
-      has_input_f[r][m] = r == 0;
-      has_input_b[r][m] = r == P - 1;
-    }
-  }
-  bool progress = true;
-  while (progress) {
-    progress = false;
-    for (int r = 0; r < P; ++r) {
-      while (pc[r] < p[r].size()) {
-        const Action& a = p[r][pc[r]];
-        const int m = a.micro_batch;
-        bool ran = true;
-        switch (a.kind) {
-          case v1::ACTION_SEND_F:
-            if (r == P - 1) return Bad(p, r, pc[r], "the last stage has no next stage");
-            if (!done_f[r][m]) return Bad(p, r, pc[r], "sends an activation not computed yet");
-            ++posted[{v1::ACTION_SEND_F, r + 1, m}];
-            break;
-          case v1::ACTION_SEND_B:
-            if (r == 0) return Bad(p, r, pc[r], "the first stage has no previous stage");
-            if (!done_b[r][m]) return Bad(p, r, pc[r], "sends a gradient not computed yet");
-            ++posted[{v1::ACTION_SEND_B, r - 1, m}];
-            break;
-          case v1::ACTION_RECV_F:
-          case v1::ACTION_RECV_B: {
-            const bool fwd = a.kind == v1::ACTION_RECV_F;
-            if ((fwd && r == 0) || (!fwd && r == P - 1)) {
-              return Bad(p, r, pc[r], "receives from a stage that does not exist");
-            }
-            auto it = posted.find({fwd ? v1::ACTION_SEND_F : v1::ACTION_SEND_B, r, m});
-            if (it == posted.end() || it->second == 0) {
-              ran = false;  // blocked until the peer posts its send
-              break;
-            }
-            --it->second;
-            (fwd ? has_input_f : has_input_b)[r][m] = true;
-            break;
-          }
-          case v1::ACTION_F:
-            if (!has_input_f[r][m]) return Bad(p, r, pc[r], "forward before its input arrives");
-            done_f[r][m] = true;
-            break;
-          case v1::ACTION_B:
-            if (!has_input_b[r][m]) return Bad(p, r, pc[r], "backward before its gradient arrives");
-            done_b[r][m] = true;
-            break;
-          default:
-            return Bad(p, r, pc[r], "unknown action kind");
-        }
-        if (!ran) break;
-        ++pc[r];
-        progress = true;
-      }
-    }
-  }
-  for (int r = 0; r < P; ++r) {
-    if (pc[r] < p[r].size()) {
-      return Bad(p, r, pc[r], "deadlock: this receive waits for a send that is never posted");
-    }
-  }
-  for (const auto& [key, n] : posted) {
-    if (n > 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "invalid schedule: a ", std::get<0>(key) == v1::ACTION_SEND_F ? "SEND_F" : "SEND_B",
-          " of micro-batch ", std::get<2>(key), " to stage ", std::get<1>(key),
-          " is never received", Grid(p, -1, 0)));
-    }
-  }
-  return absl::OkStatus();
+absl::Status ValidateProgram(const Program& lowered, const Placement& placement,
+                             int num_micro_batches) {
+  return Validator(lowered, placement, num_micro_batches).Run();
 }
 
-absl::StatusOr<SimulationResult> SimulateProgram(const Program& p, int num_stages,
-                                                 int num_micro_batches, const ActionCosts& costs) {
-  if (absl::Status s = ValidateProgram(p, num_stages, num_micro_batches); !s.ok()) return s;
-  const int P = num_stages, M = num_micro_batches;
+absl::Status ValidateSchedule(const Schedule& lowered) {
+  return ValidateProgram(lowered.program, lowered.placement, lowered.num_micro_batches);
+}
+
+absl::StatusOr<SimulationResult> SimulateProgram(const Program& p, const Placement& placement,
+                                                 int num_micro_batches, const ActionCosts& costs,
+                                                 const std::vector<ActionCosts>& per_stage) {
+  if (absl::Status s = ValidateProgram(p, placement, num_micro_batches); !s.ok()) return s;
+  if (!per_stage.empty() && static_cast<int>(per_stage.size()) != placement.num_stages()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "per-stage costs: ", per_stage.size(), " entries for ", placement.num_stages(), " stages"));
+  }
+  auto cost_of = [&](int stage) -> const ActionCosts& {
+    return per_stage.empty() ? costs : per_stage[stage];
+  };
+  const int P = placement.num_ranks;
   std::vector<size_t> pc(P, 0);
   std::vector<double> clock(P, 0.0);
-  std::map<Key, double> arrival;  // when a posted message becomes receivable
-  std::vector<std::vector<double>> input_f(P, std::vector<double>(M, 0.0));
-  std::vector<std::vector<double>> input_b(P, std::vector<double>(M, 0.0));
+  std::map<Key, std::deque<double>> arrival;  // when each posted message becomes receivable
   SimulationResult out;
   out.busy.assign(P, 0.0);
   out.peak_live_micro_batches.assign(P, 0);
+  out.start.resize(P);
+  out.end.resize(P);
+  for (int r = 0; r < P; ++r) {
+    out.start[r].assign(p[r].size(), 0.0);
+    out.end[r].assign(p[r].size(), 0.0);
+  }
   std::vector<int> live(P, 0);
-  bool progress = true;
-  while (progress) {
-    progress = false;
+  // The program is valid, so this terminates with every list done.
+  for (bool moved = true; moved;) {
+    moved = false;
     for (int r = 0; r < P; ++r) {
-      while (pc[r] < p[r].size()) {
+      for (; pc[r] < p[r].size(); ++pc[r], moved = true) {
         const Action& a = p[r][pc[r]];
-        const int m = a.micro_batch;
+        const double begin = clock[r];
         if (a.kind == v1::ACTION_RECV_F || a.kind == v1::ACTION_RECV_B) {
-          const bool fwd = a.kind == v1::ACTION_RECV_F;
-          auto it = arrival.find({fwd ? v1::ACTION_SEND_F : v1::ACTION_SEND_B, r, m});
-          if (it == arrival.end()) break;  // not posted yet in this pass
-          (fwd ? input_f : input_b)[r][m] = it->second;
-          arrival.erase(it);
-        } else if (a.kind == v1::ACTION_SEND_F) {
-          arrival[{v1::ACTION_SEND_F, r + 1, m}] = clock[r] + costs.transfer;
-        } else if (a.kind == v1::ACTION_SEND_B) {
-          arrival[{v1::ACTION_SEND_B, r - 1, m}] = clock[r] + costs.transfer;
+          auto it = arrival.find(RecvKey(a));
+          if (it == arrival.end() || it->second.empty()) break;  // its send is not posted yet
+          clock[r] = std::max(clock[r], it->second.front());
+          it->second.pop_front();
+        } else if (a.kind == v1::ACTION_SEND_F || a.kind == v1::ACTION_SEND_B) {
+          arrival[SendKey(a)].push_back(clock[r] + cost_of(a.stage).transfer);
         } else {
-          const bool fwd = a.kind == v1::ACTION_F;
-          const double start = std::max(clock[r], fwd ? input_f[r][m] : input_b[r][m]);
-          const double cost = fwd ? costs.forward : costs.backward;
-          clock[r] = start + cost;
+          const double cost = ComputeCost(cost_of(a.stage), a.kind);
+          clock[r] += cost;
           out.busy[r] += cost;
-          live[r] += fwd ? 1 : -1;
+          if (a.kind == v1::ACTION_F) ++live[r];
+          if (a.kind == v1::ACTION_B || a.kind == v1::ACTION_W) --live[r];
           out.peak_live_micro_batches[r] = std::max(out.peak_live_micro_batches[r], live[r]);
         }
-        ++pc[r];
-        progress = true;
+        out.start[r][pc[r]] = begin;
+        out.end[r][pc[r]] = clock[r];
       }
     }
   }
@@ -201,6 +379,48 @@ absl::StatusOr<SimulationResult> SimulateProgram(const Program& p, int num_stage
     idle += out.idle.back();
   }
   out.bubble_fraction = out.step_time > 0 ? idle / (P * out.step_time) : 0.0;
+  return out;
+}
+
+absl::StatusOr<SimulationResult> SimulateSchedule(const Schedule& lowered, const ActionCosts& costs,
+                                                  const std::vector<ActionCosts>& per_stage) {
+  return SimulateProgram(lowered.program, lowered.placement, lowered.num_micro_batches, costs,
+                         per_stage);
+}
+
+std::string TimestepGrid(const Program& lowered, const SimulationResult& sim, double unit) {
+  constexpr int64_t kMaxColumns = 10000;
+  if (!(unit > 0)) unit = 1.0;
+  const int64_t columns =
+      std::min<int64_t>(kMaxColumns, static_cast<int64_t>(std::ceil(sim.step_time / unit - 1e-9)));
+  size_t width = 1;
+  for (const auto& list : lowered) {
+    for (const Action& a : list) {
+      if (IsCompute(a.kind)) width = std::max(width, ActionToString(a).size());
+    }
+  }
+  std::string out;
+  for (size_t r = 0; r < lowered.size(); ++r) {
+    std::vector<std::string> cells(std::max<int64_t>(columns, 0), ".");
+    const size_t known = r < sim.start.size() && r < sim.end.size()
+                             ? std::min({lowered[r].size(), sim.start[r].size(), sim.end[r].size()})
+                             : 0;
+    for (size_t i = 0; i < known; ++i) {
+      if (!IsCompute(lowered[r][i].kind)) continue;
+      // The columns whose midpoint falls in [start, end).
+      const int64_t first =
+          std::max<int64_t>(0, static_cast<int64_t>(std::ceil(sim.start[r][i] / unit - 0.5)));
+      const int64_t last =
+          std::min<int64_t>(columns, static_cast<int64_t>(std::ceil(sim.end[r][i] / unit - 0.5)));
+      for (int64_t c = first; c < last; ++c) cells[c] = ActionToString(lowered[r][i]);
+    }
+    std::string line = absl::StrCat("rank ", r, ":");
+    for (const std::string& cell : cells) {
+      absl::StrAppend(&line, " ", cell, std::string(width - std::min(width, cell.size()), ' '));
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    absl::StrAppend(&out, line, "\n");
+  }
   return out;
 }
 

@@ -1,11 +1,12 @@
-// Checks and predictions for lowered pipeline programs (one action list per rank, rank ==
-// stage): a validator that proves a program complete and deadlock-free by simulating the
-// blocking semantics, and a timed simulator that predicts step time, bubble and peak live
-// activations from per-action costs. Pure code, no I/O.
+// Checks and predictions for lowered pipeline programs (one action list per rank, stages placed
+// by a Placement): a validator that proves a program complete and deadlock-free by simulating
+// the blocking semantics of common/schedule.h, and a timed simulator that predicts step time,
+// bubble and peak live activations from per-action costs. Pure code, no I/O.
 #ifndef TANDEM_COMMON_SCHEDULE_CHECK_H_
 #define TANDEM_COMMON_SCHEDULE_CHECK_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -14,32 +15,62 @@
 
 namespace tandem {
 
-// INVALID_ARGUMENT unless every stage runs F for micro-batches 0..M-1 exactly once and B
-// exactly once after it, F of stage s for a micro-batch follows F of s-1 and B of s follows
-// B of s+1, every send is matched by one receive, and the program cannot deadlock (sends
-// never block; a receive blocks until its send is posted). The message names the failing
-// action and prints the per-rank grid with it marked by [brackets].
-absl::Status ValidateProgram(const Program& lowered, int num_stages, int num_micro_batches);
+// INVALID_ARGUMENT unless:
+//  - completeness: every stage runs F for micro-batches 0..M-1 exactly once, on its rank, and
+//    for each micro-batch either B exactly once or I and W exactly once each (I before W,
+//    never both B and I/W), after its F;
+//  - dependencies: F of stage s for a micro-batch after F of s-1 (received, or done earlier
+//    on the same rank); the backward (B or I) of s after the backward of s+1;
+//  - transfers: every send follows the compute that produced its data and is received exactly
+//    once by the rank holding the neighbouring stage; no transfer between two stages of one
+//    rank;
+//  - no deadlock: running the blocking semantics (sends never block, a receive waits for its
+//    send) finishes every rank's list.
+// The message names the failing action and prints the per-rank grid with it in [brackets].
+absl::Status ValidateProgram(const Program& lowered, const Placement& placement,
+                             int num_micro_batches);
+absl::Status ValidateSchedule(const Schedule& lowered);
 
 struct ActionCosts {
   double forward = 1.0;
-  double backward = 2.0;  // full backward (inputs and weights)
-  double transfer = 0.0;  // from a send being posted to the data being receivable
+  double backward = 2.0;         // full backward B (inputs and weights)
+  double backward_input = 1.0;   // I
+  double backward_weight = 1.0;  // W
+  double transfer = 0.0;         // from a send being posted to the data being receivable
 };
 
 struct SimulationResult {
   double step_time = 0.0;
-  std::vector<double> busy;                  // per stage: compute time
-  std::vector<double> idle;                  // per stage: step_time - busy
-  double bubble_fraction = 0.0;              // total idle / (stages x step_time)
-  std::vector<int> peak_live_micro_batches;  // per stage: most micro-batches between F and B
+  std::vector<double> busy;      // per rank: compute time
+  std::vector<double> idle;      // per rank: step_time - busy
+  double bubble_fraction = 0.0;  // total idle / (ranks x step_time)
+  // Per rank: the most (stage, micro-batch) pairs between their F and their last backward
+  // action (B, or W when split): the activations the rank must hold at its peak.
+  std::vector<int> peak_live_micro_batches;
+  // Per rank and action index: simulated start and end (for the timestep grid).
+  std::vector<std::vector<double>> start;
+  std::vector<std::vector<double>> end;
 };
 
-// Runs the (validated) program with the given costs: each rank executes its actions in order,
-// a compute action starts when the rank is free and its inputs have arrived.
-absl::StatusOr<SimulationResult> SimulateProgram(const Program& lowered, int num_stages,
+// Runs the validated program: each rank executes its actions in order, a compute action
+// starts when the rank is free and its inputs are there; a send takes no rank time and its
+// message is receivable `transfer` later, a receive ends when its message is there.
+// `per_stage` (optional, one entry per stage) overrides `costs` for measured, unequal stages
+// (a message takes its sending stage's `transfer`). INVALID_ARGUMENT when ValidateProgram
+// fails or `per_stage` has neither 0 nor S entries.
+absl::StatusOr<SimulationResult> SimulateProgram(const Program& lowered, const Placement& placement,
                                                  int num_micro_batches,
-                                                 const ActionCosts& costs = {});
+                                                 const ActionCosts& costs = {},
+                                                 const std::vector<ActionCosts>& per_stage = {});
+absl::StatusOr<SimulationResult> SimulateSchedule(const Schedule& lowered,
+                                                  const ActionCosts& costs = {},
+                                                  const std::vector<ActionCosts>& per_stage = {});
+
+// The timestep grid of a simulated program: one line per rank ("rank 0: 0F0 0F1 .   0B1"),
+// one column per time unit `unit` (a non-positive unit is taken as 1) showing the compute
+// action running at the column's midpoint, "." when idle, cells padded to one width; at most
+// 10000 columns. As `tandem plan` prints it.
+std::string TimestepGrid(const Program& lowered, const SimulationResult& sim, double unit);
 
 }  // namespace tandem
 

@@ -17,6 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/pipeline_plan.h"
+#include "common/schedule.h"
+#include "common/schedule_check.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/reflection.h"
@@ -107,7 +110,9 @@ absl::StatusOr<T> ParseInteger(absl::string_view path, const YAML::Node& node) {
   const std::string range = absl::StrCat("an integer in [", kMin, ", ", kMax, "]");
   if (!node.IsScalar())
     return ErrorAt(path, node, absl::StrCat("expected ", range, ", got ", Describe(node)));
-  if (IsQuoted(node)) {
+  // A quoted 64-bit integer is the canonical JSON form of int64 (what `tandem validate -o json`
+  // prints), so it is accepted; any other quoted number is a mistake worth naming.
+  if (IsQuoted(node) && sizeof(T) < 8) {
     return ErrorAt(path, node,
                    absl::StrCat("expected an integer, got the string ", Describe(node),
                                 "; write the number without quotes"));
@@ -643,15 +648,7 @@ absl::Status ValidateEval(const v1::JobSpec& spec) {
 absl::Status ValidatePipeline(const v1::JobSpec& spec) {
   const v1::PipelineSpec& p = spec.pipeline();
   if (absl::Status s = CheckRange("pipeline.stages", p.stages(), 1, 4096); !s.ok()) return s;
-  const int64_t num_layers = int64_t{spec.model().n_layer()} + 2;
-  if (p.stages() > num_layers) {
-    return Invalid("pipeline.stages",
-                   absl::StrCat(p.stages(), " stages but the model has only ", num_layers,
-                                " layers (embedding, ", spec.model().n_layer(),
-                                " blocks, head); every stage needs at least one layer, so "
-                                "stages must be <= model.n_layer + 2 = ",
-                                num_layers));
-  }
+  if (absl::Status s = CheckRange("pipeline.chunks", p.chunks(), 0, 64); !s.ok()) return s;
   if (absl::Status s = CheckRange("pipeline.micro_batch_size", p.micro_batch_size(), 1, 1 << 20);
       !s.ok()) {
     return s;
@@ -660,15 +657,40 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = CheckOneOf("pipeline.schedule", p.schedule(), {"1f1b", "gpipe"}); !s.ok()) {
-    return s;
+  if (p.schedule_csv().empty()) {
+    const std::vector<std::string> names = ScheduleNames();
+    if (absl::Status s = CheckOneOf("pipeline.schedule", absl::AsciiStrToLower(p.schedule()),
+                                    {names.begin(), names.end()});
+        !s.ok()) {
+      return s;
+    }
   }
-  if (p.schedule() == "1f1b" && p.micro_batches() < p.stages()) {
+  // The schedule's own constraints (1f1b: M >= P; interleaved: M a multiple of P; ...) and,
+  // for a CSV, the whole program: complete and deadlock-free.
+  absl::StatusOr<Schedule> schedule = ScheduleForSpec(spec);
+  if (!schedule.ok()) {
+    return Invalid(p.schedule_csv().empty() ? "pipeline.schedule" : "pipeline.schedule_csv",
+                   schedule.status().message());
+  }
+  const int num_stages = schedule->placement.num_stages();
+  const int64_t num_layers = int64_t{spec.model().n_layer()} + 2;
+  if (num_stages > num_layers) {
     return Invalid(
-        "pipeline.micro_batches",
-        absl::StrCat("schedule 1f1b needs micro_batches >= stages, got ", p.micro_batches(),
-                     " micro-batches for ", p.stages(), " stages; raise micro_batches to at least ",
-                     p.stages(), " or use schedule: gpipe"));
+        "pipeline.stages",
+        absl::StrCat(num_stages == p.stages()
+                         ? absl::StrCat(num_stages)
+                         : absl::StrCat(p.stages(), " workers x ", num_stages / p.stages(),
+                                        " chunks = ", num_stages),
+                     " stages but the model has only ", num_layers, " layers (embedding, ",
+                     spec.model().n_layer(),
+                     " blocks, head); every stage needs at least one layer, so stages x chunks "
+                     "must be <= model.n_layer + 2 = ",
+                     num_layers));
+  }
+  if (!p.schedule_csv().empty()) {
+    if (absl::Status s = ValidateSchedule(LowerWithTransfers(*schedule)); !s.ok()) {
+      return Invalid("pipeline.schedule_csv", s.message());
+    }
   }
   return CheckOneOf("pipeline.partition", p.partition(), {"uniform"});
 }

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/model_desc.h"
 #include "common/schedule_check.h"
@@ -70,10 +71,15 @@ void JobRunner::OnWorkerLost(const WorkerRecord& worker) {
                    ") was lost: no heartbeat for ", absl::StrFormat("%.1f", age), " s");
 }
 
-std::string JobRunner::WorkerName(int stage) const {
-  return absl::StrCat("stage ", stage, " (worker ", workers_[stage].id, " at ",
-                      workers_[stage].address, ")");
+std::string JobRunner::WorkerName(int rank) const {
+  const std::string worker =
+      absl::StrCat("worker ", workers_[rank].id, " at ", workers_[rank].address);
+  const std::vector<int> stages = plan_.schedule.placement.StagesOf(rank);
+  if (stages.size() == 1) return absl::StrCat("stage ", stages[0], " (", worker, ")");
+  return absl::StrCat("rank ", rank, " (stages ", absl::StrJoin(stages, ", "), "; ", worker, ")");
 }
+
+int JobRunner::LastStageRank() const { return plan_.schedule.placement.rank_of_stage.back(); }
 
 absl::Status JobRunner::InterruptStatus() {
   absl::MutexLock lock(&mu_);
@@ -120,10 +126,9 @@ void JobRunner::Run() {
 
 absl::Status JobRunner::Plan() {
   const v1::JobSpec& spec = job_.spec();
-  const int p = spec.pipeline().stages();
-  auto ranges = UniformPartition(spec.model(), p);
-  if (!ranges.ok()) return ranges.status();
-  ranges_ = *std::move(ranges);
+  absl::StatusOr<PipelinePlan> plan = PlanPipeline(spec);
+  if (!plan.ok()) return plan.status();
+  plan_ = *std::move(plan);
   if (const std::string& hf = spec.init().hf_file(); !hf.empty()) {
     if (env_.checkpoints == nullptr || !env_.checkpoints->enabled() || env_.models_root.empty()) {
       return absl::FailedPreconditionError("init.hf_file: this coordinator keeps no models");
@@ -158,23 +163,24 @@ absl::Status JobRunner::Plan() {
     env_.store->SetFirstStep(job_.id(), first_step_);
     spdlog::info("{}: resuming from {} step {}", job_.id(), from, *latest);
   }
-  auto compute = GenerateSchedule(spec.pipeline().schedule(), p, spec.pipeline().micro_batches());
-  if (!compute.ok()) return compute.status();
-  program_ = LowerWithTransfers(*compute, p);
-  // Every program is proved complete and deadlock-free before any worker sees it.
-  if (absl::Status s = ValidateProgram(program_, p, spec.pipeline().micro_batches()); !s.ok()) {
-    return s;
-  }
-
+  // One row per stage: its worker, its layers and its actions in its worker's order.
   std::vector<v1::StageAssignment> stages;
-  for (int s = 0; s < p; ++s) {
+  for (int s = 0; s < plan_.num_stages(); ++s) {
+    const int r = plan_.schedule.placement.rank_of_stage[s];
+    std::vector<Action> own;
+    for (const Action& a : plan_.schedule.program[r]) {
+      const bool compute = a.kind == v1::ACTION_F || a.kind == v1::ACTION_B ||
+                           a.kind == v1::ACTION_I || a.kind == v1::ACTION_W;
+      if (a.stage == s && compute) own.push_back(a);
+    }
     v1::StageAssignment a;
     a.set_stage(s);
-    a.set_worker_id(workers_[s].id);
-    a.set_address(workers_[s].address);
-    a.set_layer_begin(ranges_[s].begin);
-    a.set_layer_end(ranges_[s].end);
-    a.set_actions(ActionsToString((*compute)[s]));
+    a.set_rank(r);
+    a.set_worker_id(workers_[r].id);
+    a.set_address(workers_[r].address);
+    a.set_layer_begin(plan_.ranges[s].begin);
+    a.set_layer_end(plan_.ranges[s].end);
+    a.set_actions(ActionsToString(own));
     stages.push_back(std::move(a));
   }
   env_.store->SetStages(job_.id(), stages);
@@ -240,33 +246,13 @@ absl::Status JobRunner::CallAll(const std::string& what, absl::Duration timeout,
 absl::Status JobRunner::ConfigureAll() {
   const v1::JobSpec& spec = job_.spec();
   const int p = static_cast<int>(workers_.size());
-  Program eval_program;
-  if (spec.eval().every() > 0) {
-    auto forward = GenerateForwardOnly(p, spec.eval().micro_batches());
-    if (!forward.ok()) return forward.status();
-    eval_program = LowerWithTransfers(*forward, p);
-  }
   std::vector<v1::ConfigureResponse> responses(p);
   absl::Status s = CallAll(
       "configure", env_.options.configure_timeout, [&](int r, StageWorkerClient::Done done) {
         v1::ConfigureRequest req;
-        v1::StageProgram* prog = req.mutable_program();
-        prog->set_job_id(job_.id());
-        prog->set_rank(r);
-        prog->set_num_ranks(p);
-        prog->set_stage(r);
-        prog->set_num_stages(p);
-        prog->set_layer_begin(ranges_[r].begin);
-        prog->set_layer_end(ranges_[r].end);
-        for (const Action& a : program_[r]) *prog->add_actions() = ToProto(a);
-        *prog->mutable_spec() = spec;
-        prog->set_rendezvous_prefix(absl::StrCat(job_.id(), "/attempt-0/"));
-        prog->set_micro_batches(spec.pipeline().micro_batches());
-        if (!restore_.job_id().empty()) *prog->mutable_restore() = restore_;
-        if (!eval_program.empty()) {
-          for (const Action& a : eval_program[r]) *prog->add_eval_actions() = ToProto(a);
-          prog->set_eval_micro_batches(spec.eval().micro_batches());
-        }
+        *req.mutable_program() =
+            StageProgramFor(plan_, spec, r, job_.id(), absl::StrCat(job_.id(), "/attempt-0/"));
+        if (!restore_.job_id().empty()) *req.mutable_program()->mutable_restore() = restore_;
         clients_[r]->Configure(req, &responses[r], env_.options.configure_timeout, std::move(done));
       });
   if (!s.ok()) return s;
@@ -315,7 +301,8 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
         std::max(summary.peak_activation_bytes(), rep.peak_activation_bytes()));
   }
   if (!has_loss) {
-    return absl::InternalError(absl::StrCat(what, ": ", WorkerName(p - 1), " reported no loss"));
+    return absl::InternalError(
+        absl::StrCat(what, ": ", WorkerName(LastStageRank()), " reported no loss"));
   }
 
   // Phase 2: the global gradient norm decides clipping and skipping, the same on every stage.
@@ -421,8 +408,8 @@ absl::StatusOr<double> JobRunner::RunEval(int64_t step) {
   for (const auto& resp : responses) {
     if (resp.report().has_loss()) return resp.report().loss();
   }
-  return absl::InternalError(
-      absl::StrCat("validation after step ", step, ": ", WorkerName(p - 1), " reported no loss"));
+  return absl::InternalError(absl::StrCat("validation after step ", step, ": ",
+                                          WorkerName(LastStageRank()), " reported no loss"));
 }
 
 absl::Status JobRunner::Diagnose(const std::string& what, const Batch& batch) {

@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/model_desc.h"
+#include "common/pipeline_plan.h"
 #include "common/schedule.h"
 #include "coordinator/checkpoint_store.h"
 #include "coordinator/job_store.h"
@@ -104,15 +105,16 @@ class JobRunner {
   // as the cause rather than the neighbour that noticed it.
   absl::Status Diagnose(const std::string& what, const Batch& batch);
 
-  std::string WorkerName(int stage) const;
+  // "stage 2 (worker w-3 at host:port)", or "rank 1 (stages 1, 6; worker ...)".
+  std::string WorkerName(int rank) const;
+  int LastStageRank() const;
   absl::Status InterruptStatus();
 
   RunnerEnv env_;
   const v1::Job job_;
   const std::vector<WorkerRecord> workers_;
   std::vector<std::unique_ptr<StageWorkerClient>> clients_;
-  Program program_;  // lowered, one list per rank
-  std::vector<LayerRange> ranges_;
+  PipelinePlan plan_;          // schedule (lowered, validated), eval program, layer ranges
   v1::CheckpointRef restore_;  // set when the job resumes from a checkpoint
   int64_t first_step_ = 0;
 

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/pipeline_plan.h"
 #include "common/schedule.h"
 #include "common/spec.h"
 #include "google/protobuf/util/json_util.h"
@@ -124,8 +125,7 @@ absl::StatusOr<std::string> JobStore::Add(const v1::JobSpec& spec) {
   job.set_total_steps(spec.steps());
   job.set_effective_batch(EffectiveBatch(spec));
   job.set_tokens_per_step(TokensPerStep(spec));
-  job.set_bubble_fraction_ideal(
-      IdealBubbleFraction(spec.pipeline().stages(), spec.pipeline().micro_batches()));
+  job.set_bubble_fraction_ideal(PredictedBubble(spec));
   v1::JobEvent event;
   event.set_kind(v1::JobEvent::STATE);
   event.set_state(v1::QUEUED);

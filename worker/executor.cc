@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/model_desc.h"
 #include "common/schedule.h"
@@ -50,84 +51,125 @@ const char* KindName(v1::ActionKind kind) {
   }
 }
 
-// Replays an action list: each micro-batch must go RECV_F -> F -> SEND_F and (unless
-// forward_only) RECV_B -> B -> SEND_B, with only the transfers a stage at this position has,
-// each exactly once.
+// What the stages of one worker look like to the replay: where each stage's neighbours are.
+struct StageView {
+  bool here = false;        // the stage is on this worker
+  bool first = false;       // stage 0
+  bool last = false;        // the last stage
+  bool prev_local = false;  // stage - 1 is on this worker too
+  bool next_local = false;  // stage + 1 is on this worker too
+};
+
+// Replays an action list: for every stage of this worker and micro-batch, F after its input
+// (RECV_F, or F of the previous stage when that stage is here), SEND_F after F; and unless
+// forward_only, the backward (B, or I then W) after its output gradient (RECV_B, or the
+// backward of the next stage when it is here), SEND_B after B or I. Each action once, and
+// only the transfers to stages on other workers.
 absl::Status ReplayActions(const google::protobuf::RepeatedPtrField<v1::Action>& actions,
-                           absl::string_view field, int m, bool first, bool last, bool forward_only,
-                           int stage, int num_stages) {
-  enum Bit { kRecvF = 1, kF = 2, kSendF = 4, kRecvB = 8, kB = 16, kSendB = 32 };
-  std::vector<int> done(m, 0);
+                           absl::string_view field, int m, const std::vector<StageView>& stages,
+                           bool forward_only) {
+  enum Bit { kRecvF = 1, kF = 2, kSendF = 4, kRecvB = 8, kB = 16, kSendB = 32, kI = 64, kW = 128 };
+  const int num_stages = static_cast<int>(stages.size());
+  std::vector<std::vector<int>> done(num_stages);
+  for (int s = 0; s < num_stages; ++s) {
+    if (stages[s].here) done[s].assign(m, 0);
+  }
+  auto backward_done = [](int d) { return (d & (kB | kI)) != 0; };
   for (int i = 0; i < actions.size(); ++i) {
     const v1::Action& a = actions[i];
     const std::string where =
         absl::StrCat(field, "[", i, "] (", a.stage(), KindName(a.kind()), a.micro_batch(), ")");
-    if (a.stage() != stage) {
+    if (a.stage() < 0 || a.stage() >= num_stages || !stages[a.stage()].here) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ": belongs to stage ", a.stage(), ", not ", stage));
+          absl::StrCat(where, ": stage ", a.stage(), " is not held by this worker"));
     }
     if (a.micro_batch() < 0 || a.micro_batch() >= m) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": micro-batch outside [0, ", m, ")"));
     }
-    int& d = done[a.micro_batch()];
-    int bit = 0;
-    int needs = 0;
+    const StageView& v = stages[a.stage()];
+    int& d = done[a.stage()][a.micro_batch()];
+    // Inputs that live on this worker: the previous stage's F, the next stage's backward.
+    const int prev_d = v.prev_local ? done[a.stage() - 1][a.micro_batch()] : 0;
+    const int next_d = v.next_local ? done[a.stage() + 1][a.micro_batch()] : 0;
+    bool ready = true;
     bool allowed = true;
+    int bit = 0;
     switch (a.kind()) {
       case v1::ACTION_RECV_F:
         bit = kRecvF;
-        allowed = !first;
+        allowed = !v.first && !v.prev_local;
         break;
       case v1::ACTION_F:
         bit = kF;
-        needs = first ? 0 : kRecvF;
+        ready = v.first || (v.prev_local ? (prev_d & kF) != 0 : (d & kRecvF) != 0);
         break;
       case v1::ACTION_SEND_F:
         bit = kSendF;
-        needs = kF;
-        allowed = !last;
+        allowed = !v.last && !v.next_local;
+        ready = (d & kF) != 0;
         break;
       case v1::ACTION_RECV_B:
         bit = kRecvB;
-        needs = kF;
-        allowed = !last;
+        allowed = !v.last && !v.next_local;
+        ready = (d & kF) != 0;
         break;
       case v1::ACTION_B:
-        bit = kB;
-        needs = kF | (last ? 0 : kRecvB);
+      case v1::ACTION_I:
+        bit = a.kind() == v1::ACTION_B ? kB : kI;
+        if (backward_done(d)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": the micro-batch's backward already ran"));
+        }
+        ready =
+            (d & kF) != 0 && (v.last || (v.next_local ? backward_done(next_d) : (d & kRecvB) != 0));
+        break;
+      case v1::ACTION_W:
+        bit = kW;
+        ready = (d & kI) != 0;
         break;
       case v1::ACTION_SEND_B:
         bit = kSendB;
-        needs = kB;
-        allowed = !first;
+        allowed = !v.first && !v.prev_local;
+        ready = backward_done(d);
         break;
       default:
         return absl::InvalidArgumentError(absl::StrCat(where, ": action kind ",
                                                        v1::ActionKind_Name(a.kind()),
                                                        " is not supported by this worker"));
     }
-    if (forward_only && (bit & (kRecvB | kB | kSendB)) != 0) allowed = false;
+    if (forward_only && (bit & (kRecvB | kB | kI | kW | kSendB)) != 0) allowed = false;
     if (!allowed) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ": stage ", stage, " of ", num_stages, " has no such transfer"));
+          absl::StrCat(where, ": stage ", a.stage(), " of ", num_stages,
+                       forward_only ? " runs forwards only here" : " has no such transfer",
+                       " (its neighbours' placement makes it local or absent)"));
     }
     if (d & bit) return absl::InvalidArgumentError(absl::StrCat(where, ": repeated"));
-    if ((d & needs) != needs) {
+    if (!ready) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": comes before the action it depends on"));
     }
     d |= bit;
   }
-  const int want = forward_only
-                       ? kF | (first ? 0 : kRecvF) | (last ? 0 : kSendF)
-                       : kF | kB | (first ? 0 : kRecvF | kSendB) | (last ? 0 : kSendF | kRecvB);
-  for (int mb = 0; mb < m; ++mb) {
-    if (done[mb] != want) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": micro-batch ", mb, " is missing some of its actions (each needs F",
-                       forward_only ? "" : " and B", first ? "" : ", RECV_F",
-                       first || forward_only ? "" : ", SEND_B", last ? "" : ", SEND_F",
-                       last || forward_only ? "" : ", RECV_B", ")"));
+  for (int s = 0; s < num_stages; ++s) {
+    const StageView& v = stages[s];
+    if (!v.here) continue;
+    const int transfers_f =
+        (v.first || v.prev_local ? 0 : kRecvF) | (v.last || v.next_local ? 0 : kSendF);
+    const int transfers_b =
+        (v.first || v.prev_local ? 0 : kSendB) | (v.last || v.next_local ? 0 : kRecvB);
+    for (int mb = 0; mb < m; ++mb) {
+      const int d = done[s][mb];
+      const int transfers = forward_only ? transfers_f : transfers_f | transfers_b;
+      const bool backward_ok = forward_only || (d & kB) != 0 || ((d & kI) && (d & kW));
+      if ((d & kF) == 0 || !backward_ok || (d & transfers) != transfers) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ": stage ", s, " micro-batch ", mb,
+            " is missing some of its actions (each needs F",
+            forward_only ? "" : " and B (or I and W)", (transfers & kRecvF) ? ", RECV_F" : "",
+            (transfers & kSendF) ? ", SEND_F" : "", (transfers & kRecvB) ? ", RECV_B" : "",
+            (transfers & kSendB) ? ", SEND_B" : "", ")"));
+      }
     }
   }
   return absl::OkStatus();
@@ -141,19 +183,98 @@ int MicroBatchesOf(const v1::StageProgram& program) {
 }
 
 bool StageNeedsCorpus(const v1::StageProgram& program) {
-  return program.layer_begin() == 0 || program.layer_end() == NumLayers(program.spec().model());
+  const int num_layers = NumLayers(program.spec().model());
+  for (const v1::StageChunk& c : program.chunks()) {
+    if (c.layer_begin() == 0 || c.layer_end() == num_layers) return true;
+  }
+  return false;
 }
+
+namespace {
+
+// Checks the placement and the chunks; fills the replay's view of every stage.
+absl::Status CheckChunks(const v1::StageProgram& p, std::vector<StageView>& view) {
+  const int num_stages = p.num_stages();
+  if (num_stages < p.num_ranks() || num_stages > (1 << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "program.num_stages ", num_stages, " must be at least num_ranks (", p.num_ranks(), ")"));
+  }
+  if (p.stage_ranks_size() != num_stages) {
+    return absl::InvalidArgumentError(absl::StrCat("program.stage_ranks has ", p.stage_ranks_size(),
+                                                   " entries for ", num_stages, " stages"));
+  }
+  for (int s = 0; s < num_stages; ++s) {
+    if (p.stage_ranks(s) < 0 || p.stage_ranks(s) >= p.num_ranks()) {
+      return absl::InvalidArgumentError(absl::StrCat("program.stage_ranks[", s,
+                                                     "] = ", p.stage_ranks(s),
+                                                     " is not a rank of [0, ", p.num_ranks(), ")"));
+    }
+  }
+  if (p.chunks_size() == 0) {
+    return absl::InvalidArgumentError("program.chunks is empty: the worker holds no stage");
+  }
+  const int num_layers = NumLayers(p.spec().model());
+  view.assign(num_stages, StageView{});
+  int previous = -1;
+  for (const v1::StageChunk& c : p.chunks()) {
+    const std::string name = absl::StrCat("program chunk of stage ", c.stage());
+    if (c.stage() <= previous || c.stage() >= num_stages) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": chunks must list distinct stages of [0, ", num_stages, ") in ascending order"));
+    }
+    previous = c.stage();
+    if (p.stage_ranks(c.stage()) != p.rank()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": stage_ranks places it on rank ",
+                                                     p.stage_ranks(c.stage()), ", not on rank ",
+                                                     p.rank()));
+    }
+    if (c.layer_begin() < 0 || c.layer_begin() >= c.layer_end() || c.layer_end() > num_layers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": layers [", c.layer_begin(), ", ", c.layer_end(),
+                       ") are not a non-empty range within the model's ", num_layers, " layers"));
+    }
+    const bool first = c.stage() == 0;
+    const bool last = c.stage() == num_stages - 1;
+    if (first != (c.layer_begin() == 0) || last != (c.layer_end() == num_layers)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": layers [", c.layer_begin(), ", ", c.layer_end(), ") of stage ", c.stage(), "/",
+          num_stages,
+          ": the first stage must hold the embedding (layer 0) and only the last the head (layer ",
+          num_layers - 1, ")"));
+    }
+    view[c.stage()] = StageView{true, first, last, false, false};
+  }
+  for (int s = 0; s < num_stages; ++s) {
+    if (!view[s].here) {
+      if (p.stage_ranks(s) == p.rank()) {
+        return absl::InvalidArgumentError(absl::StrCat("program.stage_ranks places stage ", s,
+                                                       " on this rank, but chunks do not hold it"));
+      }
+      continue;
+    }
+    view[s].prev_local = s > 0 && view[s - 1].here;
+    view[s].next_local = s + 1 < num_stages && p.stage_ranks(s + 1) == p.rank();
+  }
+  // Two neighbouring stages on one worker must be adjacent in layers.
+  for (int i = 1; i < p.chunks_size(); ++i) {
+    const v1::StageChunk& a = p.chunks(i - 1);
+    const v1::StageChunk& b = p.chunks(i);
+    if (b.stage() == a.stage() + 1 && b.layer_begin() != a.layer_end()) {
+      return absl::InvalidArgumentError(absl::StrCat("program chunks of stages ", a.stage(),
+                                                     " and ", b.stage(),
+                                                     " are not contiguous in layers"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status ValidateStageProgram(const v1::StageProgram& p) {
   if (p.job_id().empty()) return absl::InvalidArgumentError("program.job_id is empty");
   if (p.num_ranks() < 1 || p.rank() < 0 || p.rank() >= p.num_ranks()) {
     return absl::InvalidArgumentError(
         absl::StrCat("program.rank ", p.rank(), " is outside [0, num_ranks=", p.num_ranks(), ")"));
-  }
-  if (p.num_stages() != p.num_ranks() || p.stage() != p.rank()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("program: this release runs one stage per rank; got stage ", p.stage(), " of ",
-                     p.num_stages(), " on rank ", p.rank(), " of ", p.num_ranks()));
   }
   const v1::DataSpec& data = p.spec().data();
   if ((data.source() == "synthetic" || data.format() == "bytes") &&
@@ -169,21 +290,8 @@ absl::Status ValidateStageProgram(const v1::StageProgram& p) {
     absl::StatusOr<MlpLmConfig> cfg = MlpLmConfigFromSpec(p.spec().model());
     if (!cfg.ok()) return cfg.status();
   }
-  const int num_layers = NumLayers(p.spec().model());
-  if (p.layer_begin() < 0 || p.layer_begin() >= p.layer_end() || p.layer_end() > num_layers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("program layers [", p.layer_begin(), ", ", p.layer_end(),
-                     ") are not a non-empty range within the model's ", num_layers, " layers"));
-  }
-  const bool first = p.stage() == 0;
-  const bool last = p.stage() == p.num_stages() - 1;
-  if (first != (p.layer_begin() == 0) || last != (p.layer_end() == num_layers)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "program layers [", p.layer_begin(), ", ", p.layer_end(), ") of stage ", p.stage(), "/",
-        p.num_stages(),
-        ": the first stage must hold the embedding (layer 0) and only the last the head (layer ",
-        num_layers - 1, ")"));
-  }
+  std::vector<StageView> view;
+  if (absl::Status s = CheckChunks(p, view); !s.ok()) return s;
   const int m = MicroBatchesOf(p);
   if (m < 1 || m > kMaxMicroBatches) {
     return absl::InvalidArgumentError(
@@ -194,8 +302,8 @@ absl::Status ValidateStageProgram(const v1::StageProgram& p) {
     return absl::InvalidArgumentError(absl::StrCat("pipeline.micro_batch_size must be in [1, ",
                                                    kMaxMicroBatchSize, "], got ", b));
   }
-  if (absl::Status s = ReplayActions(p.actions(), "program.actions", m, first, last,
-                                     /*forward_only=*/false, p.stage(), p.num_stages());
+  if (absl::Status s = ReplayActions(p.actions(), "program.actions", m, view,
+                                     /*forward_only=*/false);
       !s.ok()) {
     return s;
   }
@@ -205,8 +313,8 @@ absl::Status ValidateStageProgram(const v1::StageProgram& p) {
       return absl::InvalidArgumentError(absl::StrCat("program.eval_micro_batches must be in [1, ",
                                                      kMaxMicroBatches, "], got ", e));
     }
-    if (absl::Status s = ReplayActions(p.eval_actions(), "program.eval_actions", e, first, last,
-                                       /*forward_only=*/true, p.stage(), p.num_stages());
+    if (absl::Status s = ReplayActions(p.eval_actions(), "program.eval_actions", e, view,
+                                       /*forward_only=*/true);
         !s.ok()) {
       return s;
     }
@@ -214,15 +322,15 @@ absl::Status ValidateStageProgram(const v1::StageProgram& p) {
   return absl::OkStatus();
 }
 
-// Everything one micro-batch holds during a step.
+// Everything one micro-batch of one chunk holds during a step.
 struct StageExecutor::MicroBatch {
   IntTensor tokens;                 // (B, T) gpt or (B, K) mlp_lm; first stage only
   IntTensor targets;                // (B, T) gpt or (B,) mlp_lm; last stage only
-  Tensor input;                     // (B, T, D) or (B, D) received activation; non-first
-  std::vector<SavedContext> saved;  // one per layer, between F and B
-  Tensor output;                    // (B, D) forward output, kept until the sends complete
-  Tensor grad_output;               // (B, D) received gradient; non-last stages
-  Tensor grad_input;                // (B, D) input gradient, kept until the sends complete
+  Tensor input;                     // (B, T, D) or (B, D) received activation, until F
+  std::vector<SavedContext> saved;  // one per layer, from F to B (or to W when split)
+  Tensor output;                    // forward output, until sent or handed to the next stage
+  Tensor grad_output;               // received output gradient, until B or I
+  Tensor grad_input;                // input gradient, until sent or handed to stage - 1
 
   size_t Bytes() const {
     size_t n = tokens.bytes() + targets.bytes() + input.bytes() + output.bytes() +
@@ -235,7 +343,7 @@ struct StageExecutor::MicroBatch {
 absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     const v1::StageProgram& program, Dataset data, std::unique_ptr<Transport> transport) {
   if (absl::Status s = ValidateStageProgram(program); !s.ok()) return s;
-  const std::string prefix = absl::StrCat("stage ", program.stage());
+  const std::string prefix = absl::StrCat("rank ", program.rank());
   if (program.num_ranks() > 1) {
     if (transport == nullptr) {
       return absl::InvalidArgumentError(
@@ -265,26 +373,38 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
   std::unique_ptr<StageExecutor> ex(
       new StageExecutor(program, std::move(data), std::move(transport)));
   const v1::ModelSpec& model = program.spec().model();
-  absl::StatusOr<std::vector<std::unique_ptr<Layer>>> layers =
-      model.arch() == "gpt"
-          ? BuildGptLayers(model, program.spec().seed(), program.layer_begin(), program.layer_end())
-          : BuildMlpLmLayers(model, program.spec().seed(), program.layer_begin(),
-                             program.layer_end());
-  if (!layers.ok()) return Annotate(layers.status(), prefix);
-  ex->layers_ = std::move(*layers);
+  for (Chunk& c : ex->chunks_) {
+    absl::StatusOr<std::vector<std::unique_ptr<Layer>>> layers =
+        model.arch() == "gpt"
+            ? BuildGptLayers(model, program.spec().seed(), c.layer_begin, c.layer_end)
+            : BuildMlpLmLayers(model, program.spec().seed(), c.layer_begin, c.layer_end);
+    if (!layers.ok()) return Annotate(layers.status(), ex->prefix_);
+    c.layers = std::move(*layers);
+  }
   std::vector<Parameter*> params = ex->Parameters();
   for (const Parameter* p : params) ex->parameter_count_ += static_cast<int64_t>(p->value.size());
   absl::StatusOr<std::unique_ptr<Optimizer>> opt =
       MakeOptimizer(program.spec().optimizer(), std::move(params));
-  if (!opt.ok()) return Annotate(opt.status(), prefix);
+  if (!opt.ok()) return Annotate(opt.status(), ex->prefix_);
   ex->optimizer_ = std::move(*opt);
   return ex;
 }
 
+namespace {
+
+std::string PrefixOf(const v1::StageProgram& p) {
+  if (p.chunks_size() == 1) return absl::StrCat("stage ", p.chunks(0).stage());
+  std::vector<int> stages;
+  for (const v1::StageChunk& c : p.chunks()) stages.push_back(c.stage());
+  return absl::StrCat("rank ", p.rank(), " (stages ", absl::StrJoin(stages, ", "), ")");
+}
+
+}  // namespace
+
 StageExecutor::StageExecutor(const v1::StageProgram& program, Dataset data,
                              std::unique_ptr<Transport> transport)
     : program_(program),
-      stage_(program.stage()),
+      rank_(program.rank()),
       num_stages_(program.num_stages()),
       micro_batches_(MicroBatchesOf(program)),
       eval_micro_batches_(program.eval_actions_size() > 0 ? program.eval_micro_batches() : 0),
@@ -293,11 +413,30 @@ StageExecutor::StageExecutor(const v1::StageProgram& program, Dataset data,
       seq_len_(gpt_ ? program.spec().model().seq_len() : 1),
       window_(TrainingWindow(program.spec().model())),
       d_model_(program.spec().model().d_model()),
-      first_(program.stage() == 0),
-      last_(program.stage() == program.num_stages() - 1),
-      mbs_(static_cast<size_t>(std::max(micro_batches_, eval_micro_batches_))),
-      mb_bytes_(mbs_.size(), 0),
+      prefix_(PrefixOf(program)),
+      chunk_of_stage_(program.num_stages(), -1),
+      mb_slots_(static_cast<size_t>(std::max(micro_batches_, eval_micro_batches_))),
       transport_(std::move(transport)) {
+  for (const v1::StageChunk& pc : program.chunks()) {
+    Chunk c;
+    c.stage = pc.stage();
+    c.layer_begin = pc.layer_begin();
+    c.layer_end = pc.layer_end();
+    c.first = c.stage == 0;
+    c.last = c.stage == num_stages_ - 1;
+    c.prev_rank = c.first ? -1 : program.stage_ranks(c.stage - 1);
+    c.next_rank = c.last ? -1 : program.stage_ranks(c.stage + 1);
+    holds_first_ = holds_first_ || c.first;
+    holds_last_ = holds_last_ || c.last;
+    chunk_of_stage_[c.stage] = static_cast<int>(chunks_.size());
+    chunks_.push_back(std::move(c));
+  }
+  for (Chunk& c : chunks_) {
+    if (!c.first) c.prev = chunk_of_stage_[c.stage - 1];
+    if (!c.last) c.next = chunk_of_stage_[c.stage + 1];
+  }
+  mbs_.resize(chunks_.size() * mb_slots_);
+  mb_bytes_.assign(mbs_.size(), 0);
   const uint64_t seed = DataSeed(program.spec());
   if (data.train != nullptr) {
     sampler_ = std::make_unique<WindowSampler>(std::move(data.train), seed, window_);
@@ -313,8 +452,10 @@ StageExecutor::~StageExecutor() {
 
 std::vector<Parameter*> StageExecutor::Parameters() {
   std::vector<Parameter*> out;
-  for (const auto& layer : layers_) {
-    for (Parameter* p : layer->Parameters()) out.push_back(p);
+  for (const Chunk& c : chunks_) {
+    for (const auto& layer : c.layers) {
+      for (Parameter* p : layer->Parameters()) out.push_back(p);
+    }
   }
   return out;
 }
@@ -324,33 +465,45 @@ void StageExecutor::Abort() {
   if (transport_ != nullptr) transport_->Abort();
 }
 
-void StageExecutor::Account(int mb) {
-  const size_t now = mbs_[mb].Bytes();
-  live_bytes_ = live_bytes_ - mb_bytes_[mb] + now;
-  mb_bytes_[mb] = now;
+StageExecutor::MicroBatch& StageExecutor::Mb(int chunk, int mb) {
+  return mbs_[static_cast<size_t>(chunk) * mb_slots_ + static_cast<size_t>(mb)];
+}
+
+void StageExecutor::Account(int chunk, int mb) {
+  const size_t i = static_cast<size_t>(chunk) * mb_slots_ + static_cast<size_t>(mb);
+  const size_t now = mbs_[i].Bytes();
+  live_bytes_ = live_bytes_ - mb_bytes_[i] + now;
+  mb_bytes_[i] = now;
   peak_bytes_ = std::max(peak_bytes_, live_bytes_);
 }
 
-absl::Status StageExecutor::Forward(int mb, int64_t step, bool eval) {
-  MicroBatch& m = mbs_[mb];
+const Tensor& StageExecutor::KeepForSend(Tensor t) {
+  send_bytes_ += t.bytes();
+  send_buffers_.push_back(std::move(t));
+  return send_buffers_.back();
+}
+
+absl::Status StageExecutor::Forward(int chunk, int mb, int64_t step, bool eval) {
+  Chunk& c = chunks_[chunk];
+  MicroBatch& m = Mb(chunk, mb);
   // Training samples step*G + mb*B + i; evaluation always the same windows mb*B + i, so that
   // validation losses are comparable across the run.
   const int64_t global_batch = micro_batch_size_ * (eval ? eval_micro_batches_ : micro_batches_);
   const int64_t first_sample = (eval ? 0 : step * global_batch) + mb * micro_batch_size_;
-  if (first_ || last_) {
+  if (c.first || c.last) {
     // One window of `window_` tokens per sequence: gpt predicts every next token (tokens
     // w[0..T), targets w[1..T]); mlp_lm the one after its context (w[0..K) -> w[K]).
     const int64_t b = micro_batch_size_;
     windows_.resize(static_cast<size_t>(b * window_));
     (eval ? val_sampler_ : sampler_)->Sample(first_sample, b, windows_.data());
     const int64_t t = window_ - 1;
-    if (first_) {
+    if (c.first) {
       m.tokens.Reset({b, t});
       for (int64_t i = 0; i < b; ++i) {
         std::copy_n(windows_.begin() + i * window_, t, m.tokens.vec().begin() + i * t);
       }
     }
-    if (last_) {
+    if (c.last) {
       if (gpt_) {
         m.targets.Reset({b, t});
         for (int64_t i = 0; i < b; ++i) {
@@ -366,43 +519,102 @@ absl::Status StageExecutor::Forward(int mb, int64_t step, bool eval) {
   data.tokens = &m.tokens;
   data.targets = &m.targets;
   data.loss_normalizer = global_batch * seq_len_;
-  m.saved.assign(layers_.size(), SavedContext{});
-  Tensor x = std::move(m.input);
+  m.saved.assign(c.layers.size(), SavedContext{});
+  // The input: received, or handed over by the previous stage on this worker.
+  Tensor x;
+  if (c.prev >= 0) {
+    MicroBatch& from = Mb(c.prev, mb);
+    x = std::move(from.output);
+    from.output.Clear();
+    Account(c.prev, mb);
+  } else {
+    x = std::move(m.input);
+  }
   Tensor y;
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    if (absl::Status s = layers_[l]->Forward(x, data, m.saved[l], y); !s.ok()) return s;
+  for (size_t l = 0; l < c.layers.size(); ++l) {
+    if (absl::Status s = c.layers[l]->Forward(x, data, m.saved[l], y); !s.ok()) return s;
     std::swap(x, y);
   }
   // The layers saved what their backward needs.
   m.input.Clear();
   m.tokens.Clear();
   m.targets.Clear();
-  if (last_) {
+  if (c.last) {
     loss_ += static_cast<double>(x[0]);
   } else {
     m.output = std::move(x);
   }
+  if (eval) m.saved.clear();  // no backward follows
   return absl::OkStatus();
 }
 
-absl::Status StageExecutor::Backward(int mb) {
-  MicroBatch& m = mbs_[mb];
-  Tensor g = std::move(m.grad_output);  // empty on the last stage: the loss's gradient is 1
+absl::Status StageExecutor::Backward(int chunk, int mb, v1::ActionKind kind) {
+  Chunk& c = chunks_[chunk];
+  MicroBatch& m = Mb(chunk, mb);
+  if (m.saved.size() != c.layers.size()) {
+    return absl::InternalError("backward without a saved forward");
+  }
+  if (kind == v1::ACTION_W) {
+    for (size_t l = c.layers.size(); l-- > 0;) {
+      if (absl::Status s = c.layers[l]->BackwardWeight(m.saved[l]); !s.ok()) return s;
+    }
+    m.saved.clear();
+    return absl::OkStatus();
+  }
+  // The output gradient: received, handed over by the next stage on this worker, or (last
+  // stage) empty: the loss's gradient is 1.
+  Tensor g;
+  if (c.next >= 0) {
+    MicroBatch& from = Mb(c.next, mb);
+    g = std::move(from.grad_input);
+    from.grad_input.Clear();
+    Account(c.next, mb);
+  } else {
+    g = std::move(m.grad_output);
+  }
+  m.grad_output.Clear();
   Tensor gin;
-  for (size_t l = layers_.size(); l-- > 0;) {
-    if (absl::Status s = layers_[l]->Backward(g, m.saved[l], gin); !s.ok()) return s;
-    m.saved[l].Clear();
+  const bool split = kind == v1::ACTION_I;
+  for (size_t l = c.layers.size(); l-- > 0;) {
+    absl::Status s = split ? c.layers[l]->BackwardInput(g, m.saved[l], gin)
+                           : c.layers[l]->Backward(g, m.saved[l], gin);
+    if (!s.ok()) return s;
+    if (!split) m.saved[l].Clear();
     std::swap(g, gin);
   }
-  m.saved.clear();
-  m.grad_output.Clear();
-  if (!first_) m.grad_input = std::move(g);
+  if (!split) m.saved.clear();
+  if (!c.first) m.grad_input = std::move(g);
   return absl::OkStatus();
+}
+
+std::string StageExecutor::Where(const v1::Action& a) const {
+  const Chunk& c = chunks_[chunk_of_stage_[a.stage()]];
+  std::string what = absl::StrCat(KindName(a.kind()), " mb ", a.micro_batch());
+  if (chunks_.size() > 1) what = absl::StrCat("stage ", a.stage(), " ", what);
+  switch (a.kind()) {
+    case v1::ACTION_RECV_F:
+      absl::StrAppend(&what, " from stage ", a.stage() - 1, " (rank ", c.prev_rank, ")");
+      break;
+    case v1::ACTION_SEND_B:
+      absl::StrAppend(&what, " to stage ", a.stage() - 1, " (rank ", c.prev_rank, ")");
+      break;
+    case v1::ACTION_SEND_F:
+      absl::StrAppend(&what, " to stage ", a.stage() + 1, " (rank ", c.next_rank, ")");
+      break;
+    case v1::ACTION_RECV_B:
+      absl::StrAppend(&what, " from stage ", a.stage() + 1, " (rank ", c.next_rank, ")");
+      break;
+    default:
+      break;
+  }
+  return what;
 }
 
 absl::Status StageExecutor::RunAction(const v1::Action& a, int64_t step, bool eval) {
+  const int chunk = chunk_of_stage_[a.stage()];
+  const Chunk& c = chunks_[chunk];
   const int mb = a.micro_batch();
-  MicroBatch& m = mbs_[mb];
+  MicroBatch& m = Mb(chunk, mb);
   const std::vector<int64_t> act_shape =
       gpt_ ? std::vector<int64_t>{micro_batch_size_, seq_len_, d_model_}
            : std::vector<int64_t>{micro_batch_size_, d_model_};
@@ -411,29 +623,37 @@ absl::Status StageExecutor::RunAction(const v1::Action& a, int64_t step, bool ev
   switch (a.kind()) {
     case v1::ACTION_RECV_F:
       m.input.Reset(act_shape);
-      return transport_->Recv(stage_ - 1, MakeTransferTag(Payload::kActivation, mb), m.input.data(),
-                              act_bytes);
+      return transport_->Recv(c.prev_rank, MakeTransferTag(Payload::kActivation, c.stage - 1, mb),
+                              m.input.data(), act_bytes);
     case v1::ACTION_F:
-      return Forward(mb, step, eval);
-    case v1::ACTION_SEND_F:
-      return transport_->PostSend(stage_ + 1, MakeTransferTag(Payload::kActivation, mb),
-                                  m.output.data(), m.output.bytes());
+      return Forward(chunk, mb, step, eval);
+    case v1::ACTION_SEND_F: {
+      const Tensor& out = KeepForSend(std::move(m.output));
+      m.output.Clear();
+      return transport_->PostSend(c.next_rank, MakeTransferTag(Payload::kActivation, c.stage, mb),
+                                  out.data(), out.bytes());
+    }
     case v1::ACTION_RECV_B:
       m.grad_output.Reset(act_shape);
-      return transport_->Recv(stage_ + 1, MakeTransferTag(Payload::kGradient, mb),
+      return transport_->Recv(c.next_rank, MakeTransferTag(Payload::kGradient, c.stage + 1, mb),
                               m.grad_output.data(), act_bytes);
     case v1::ACTION_B:
-      return Backward(mb);
-    case v1::ACTION_SEND_B:
-      return transport_->PostSend(stage_ - 1, MakeTransferTag(Payload::kGradient, mb),
-                                  m.grad_input.data(), m.grad_input.bytes());
+    case v1::ACTION_I:
+    case v1::ACTION_W:
+      return Backward(chunk, mb, a.kind());
+    case v1::ACTION_SEND_B: {
+      const Tensor& gin = KeepForSend(std::move(m.grad_input));
+      m.grad_input.Clear();
+      return transport_->PostSend(c.prev_rank, MakeTransferTag(Payload::kGradient, c.stage, mb),
+                                  gin.data(), gin.bytes());
+    }
     default:
       return absl::InvalidArgumentError("unsupported action kind");
   }
 }
 
 absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode mode) {
-  const std::string prefix = absl::StrCat("stage ", stage_);
+  const std::string& prefix = prefix_;
   if (step < 0) {
     return absl::InvalidArgumentError(absl::StrCat(prefix, ": step must be >= 0, got ", step));
   }
@@ -472,6 +692,7 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode
   loss_ = 0.0;
   live_bytes_ = 0;
   peak_bytes_ = 0;
+  send_bytes_ = 0;
   std::fill(mb_bytes_.begin(), mb_bytes_.end(), 0);
 
   auto fail = [&](absl::Status s, absl::string_view what) {
@@ -491,41 +712,23 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode
     timing->set_start_us(UnixMicros());
     absl::Status s = RunAction(a, step, eval);
     timing->set_end_us(UnixMicros());
-    if (!s.ok()) {
-      std::string what = absl::StrCat(KindName(a.kind()), " mb ", a.micro_batch());
-      switch (a.kind()) {
-        case v1::ACTION_RECV_F:
-          absl::StrAppend(&what, " from stage ", stage_ - 1);
-          break;
-        case v1::ACTION_SEND_B:
-          absl::StrAppend(&what, " to stage ", stage_ - 1);
-          break;
-        case v1::ACTION_SEND_F:
-          absl::StrAppend(&what, " to stage ", stage_ + 1);
-          break;
-        case v1::ACTION_RECV_B:
-          absl::StrAppend(&what, " from stage ", stage_ + 1);
-          break;
-        default:
-          break;
-      }
-      return fail(s, what);
-    }
-    Account(a.micro_batch());
+    if (!s.ok()) return fail(s, Where(a));
+    Account(chunk_of_stage_[a.stage()], a.micro_batch());
   }
   if (transport_ != nullptr) {
     if (absl::Status s = transport_->WaitSends(); !s.ok()) return fail(s, "waiting for sends");
   }
   if (aborted_.load()) return fail(absl::AbortedError("the stage was aborted"), "step");
   for (MicroBatch& m : mbs_) m = MicroBatch{};
+  send_buffers_.clear();
   if (!eval) {
     if (absl::Status s = SumTiedGradients(); !s.ok()) return fail(s, "tied gradients");
     double sum_sq = 0.0;
     bool finite = true;
     std::set<std::string> tied_counted;
     for (const Parameter* p : Parameters()) {
-      // A tied parameter counts once in the global norm: on the first stage, one copy.
-      if (p->tied && (!first_ || !tied_counted.insert(p->name).second)) continue;
+      // A tied parameter counts once in the global norm: on the first stage's worker, one copy.
+      if (p->tied && (!holds_first_ || !tied_counted.insert(p->name).second)) continue;
       for (float g : p->grad.vec()) {
         finite = finite && std::isfinite(g);
         sum_sq += static_cast<double>(g) * g;
@@ -536,11 +739,12 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode
     pending_step_ = step;
   }
 
-  report.set_has_loss(last_);
-  if (last_) report.set_loss(loss_);
+  report.set_has_loss(holds_last_);
+  if (holds_last_) report.set_loss(loss_);
   report.set_bytes_sent(transport_ ? transport_->bytes_sent() - sent0 : 0);
   report.set_bytes_received(transport_ ? transport_->bytes_received() - recv0 : 0);
   report.set_peak_activation_bytes(static_cast<int64_t>(peak_bytes_));
+  report.set_peak_send_buffer_bytes(static_cast<int64_t>(send_bytes_));
   report.set_exec_us(
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
           .count());
@@ -554,7 +758,9 @@ absl::Status StageExecutor::SumTiedGradients() {
     if (p->tied) tied[p->name].push_back(p);
   }
   if (tied.empty()) return absl::OkStatus();
-  if (num_stages_ == 1) {
+  const int first_rank = program_.stage_ranks(0);
+  const int last_rank = program_.stage_ranks(num_stages_ - 1);
+  if (first_rank == last_rank) {
     // Both copies are here: each gets the sum.
     for (auto& [name, copies] : tied) {
       if (copies.size() != 2) continue;
@@ -564,15 +770,15 @@ absl::Status StageExecutor::SumTiedGradients() {
     }
     return absl::OkStatus();
   }
-  if (!first_ && !last_) return absl::OkStatus();
-  // The first stage holds the embedding's copy, the last the head's: swap and add. a + b is
-  // exactly b + a in IEEE arithmetic, so both copies stay bit-identical.
-  const int peer = first_ ? num_stages_ - 1 : 0;
+  if (!holds_first_ && !holds_last_) return absl::OkStatus();
+  // The first stage's worker holds the embedding's copy, the last stage's the head's: swap
+  // and add. a + b is exactly b + a in IEEE arithmetic, so both copies stay bit-identical.
+  const int peer = holds_first_ ? last_rank : first_rank;
   std::vector<std::vector<float>> received;
   int index = 0;
   for (auto& [name, copies] : tied) {
     for (Parameter* p : copies) {
-      const uint64_t tag = MakeTransferTag(Payload::kTiedGradient, index++);
+      const uint64_t tag = MakeTransferTag(Payload::kTiedGradient, 0, index++);
       if (absl::Status s = transport_->PostSend(peer, tag, p->grad.vec().data(), p->grad.bytes());
           !s.ok()) {
         return s;
@@ -603,7 +809,7 @@ std::vector<StageExecutor::StateTensor> StageExecutor::CheckpointTensors() {
   std::set<const Parameter*> skip;
   std::set<std::string> seen;
   for (const Parameter* p : params) {
-    if (p->tied && (!first_ || !seen.insert(p->name).second)) skip.insert(p);
+    if (p->tied && (!holds_first_ || !seen.insert(p->name).second)) skip.insert(p);
   }
   auto listed = [&](const Parameter* p) { return !skip.contains(p); };
   for (Parameter* p : params) {
@@ -640,7 +846,7 @@ std::vector<std::string> StageExecutor::RestoreNames(bool weights_only) {
 }
 
 absl::Status StageExecutor::Restore(const TensorLookup& lookup, bool weights_only) {
-  const std::string prefix = absl::StrCat("stage ", stage_, ": restore");
+  const std::string prefix = absl::StrCat(prefix_, ": restore");
   if (pending_step_ >= 0) {
     return absl::FailedPreconditionError(absl::StrCat(prefix, ": gradients are pending"));
   }
@@ -673,7 +879,7 @@ absl::Status StageExecutor::Restore(const TensorLookup& lookup, bool weights_onl
 
 absl::Status StageExecutor::ApplyStep(int64_t step, float learning_rate, float grad_scale,
                                       bool skip) {
-  const std::string prefix = absl::StrCat("stage ", stage_);
+  const std::string& prefix = prefix_;
   if (pending_step_ != step) {
     return absl::FailedPreconditionError(
         pending_step_ < 0

@@ -1,13 +1,27 @@
-// The stage executor: runs one stage's lowered action list (RECV_F/F/SEND_F/RECV_B/B/SEND_B
-// over the step's micro-batches). A training step has two phases: RunStep(TRAIN) accumulates
-// the gradients and reports their squared norm; the coordinator combines the norms of all
-// stages and calls ApplyStep with the clipping scale (or skip, when the global norm is not
-// finite). RunStep(EVAL) runs the forward-only program over fixed validation windows. No gRPC
-// here: the gRPC adapter and the in-process tests drive it through the same interface.
+// The stage executor: runs one worker's lowered action list over the step's micro-batches.
+// A worker holds one or more pipeline stages ("chunks": the interleaved and V-shaped schedules
+// place several on one worker); every action names its global stage. Compute actions are F,
+// B (full backward), and the split backward of the zero-bubble schedules: I (input gradient,
+// which the previous stage waits for) and W (weight gradients, later). Transfers are SEND_F,
+// RECV_F, SEND_B and RECV_B to and from the rank holding the neighbouring stage; between two
+// stages of this worker the activation or gradient is handed over in memory.
+//
+// A training step has two phases: RunStep(TRAIN) accumulates the gradients and reports their
+// squared norm; the coordinator combines the norms of all workers and calls ApplyStep with
+// the clipping scale (or skip, when the global norm is not finite). RunStep(EVAL) runs the
+// forward-only program over fixed validation windows. No gRPC here: the gRPC adapter and the
+// in-process tests drive it through the same interface.
 //
 // Per step and micro-batch mb, the sample indices are step*G + mb*B + i (G = B * M, the
-// global batch), so the data does not depend on the partition or on M. The last stage reports
-// the step loss: the sum over micro-batches of each one's cross-entropy divided by G.
+// global batch), so the data does not depend on the partition, the schedule or M. The last
+// stage reports the step loss: the sum over micro-batches of each one's cross-entropy / G.
+//
+// Memory: what a micro-batch holds (received input, saved contexts, gradients) is freed as
+// soon as the program has no further use for it: the forward input after F, the contexts
+// after B (or, split, what only I needed after I and the rest after W). The executor accounts
+// these live activation bytes and reports their peak per step. A sent buffer is owned by the
+// transport until the end of the step (Gloo has no non-blocking completion test) and is
+// reported separately as send-buffer bytes.
 //
 // Thread-safety: RunStep is called by one thread at a time (a second concurrent call gets
 // FAILED_PRECONDITION); Abort() may be called from any thread, and makes a running or later
@@ -35,23 +49,24 @@
 namespace tandem::worker {
 
 // Static checks of a stage program (INVALID_ARGUMENT with a message naming the field):
-// ranks and stages, the layer range against the model, batch sizes, and the action list
-// (every action on this stage, micro-batches in range, each micro-batch's F, B and transfers
-// exactly once and in an order that can run). Cheap; call it before building anything.
+// ranks, stages and their placement, the layer ranges against the model, batch sizes, and
+// the action list (every action on a stage of this worker, micro-batches in range, each
+// micro-batch's F, its backward (B, or I then W) and the transfers its stages need exactly
+// once and in an order that can run). Cheap; call it before building anything.
 absl::Status ValidateStageProgram(const v1::StageProgram& program);
 
 // Micro-batches per step: program.micro_batches, or the spec's when the program leaves it 0.
 int MicroBatchesOf(const v1::StageProgram& program);
 
-// Whether the stage reads the data (it holds the embedding or the head).
+// Whether the worker reads the data (it holds the embedding or the head).
 bool StageNeedsCorpus(const v1::StageProgram& program);
 
 class StageExecutor {
  public:
-  // Builds the stage's layers (initialised from spec.seed by global layer index) and its
+  // Builds the worker's layers (initialised from spec.seed by global layer index) and its
   // optimizer. `data` is required when StageNeedsCorpus(program) (its validation split too
-  // when the program has eval actions); `transport` is required when num_ranks > 1 (rank ==
-  // stage; peers are stage - 1 and stage + 1, and the last stage for tied parameters).
+  // when the program has eval actions); `transport` is required when num_ranks > 1 (its rank
+  // is program.rank; peers are the ranks of program.stage_ranks).
   static absl::StatusOr<std::unique_ptr<StageExecutor>> Create(
       const v1::StageProgram& program, Dataset data, std::unique_ptr<Transport> transport);
   ~StageExecutor();
@@ -104,19 +119,38 @@ class StageExecutor {
 
  private:
   struct MicroBatch;
+  // One stage held by this worker.
+  struct Chunk {
+    int stage = 0;
+    int layer_begin = 0;
+    int layer_end = 0;
+    bool first = false;  // holds the embedding (stage 0)
+    bool last = false;   // holds the head (the last stage)
+    int prev = -1;       // chunk index of stage - 1 when it is on this worker, else -1
+    int next = -1;       // chunk index of stage + 1 when it is on this worker, else -1
+    int prev_rank = -1;  // rank of stage - 1 (-1 on the first stage)
+    int next_rank = -1;  // rank of stage + 1 (-1 on the last stage)
+    std::vector<std::unique_ptr<Layer>> layers;
+  };
 
   StageExecutor(const v1::StageProgram& program, Dataset data,
                 std::unique_ptr<Transport> transport);
   // Makes the copies of every tied parameter equal to their summed gradient: locally when
-  // both copies are here, else by exchanging with the stage holding the other copy.
+  // both copies are here, else by exchanging with the worker holding the other copy.
   absl::Status SumTiedGradients();
   absl::Status RunAction(const v1::Action& action, int64_t step, bool eval);
-  absl::Status Forward(int mb, int64_t step, bool eval);
-  absl::Status Backward(int mb);
-  void Account(int mb);
+  absl::Status Forward(int chunk, int mb, int64_t step, bool eval);
+  // B (input and weight gradients), I (input gradient only) or W (weight gradients of a
+  // micro-batch whose I ran).
+  absl::Status Backward(int chunk, int mb, v1::ActionKind kind);
+  MicroBatch& Mb(int chunk, int mb);
+  void Account(int chunk, int mb);
+  // Moves a tensor that a posted send reads into the buffers kept until the step's end.
+  const Tensor& KeepForSend(Tensor t);
+  std::string Where(const v1::Action& a) const;
 
   const v1::StageProgram program_;
-  const int stage_;
+  const int rank_;
   const int num_stages_;
   const int micro_batches_;
   const int eval_micro_batches_;    // 0 when the program has no eval actions
@@ -125,20 +159,25 @@ class StageExecutor {
   const int64_t seq_len_;           // T (gpt; 1 for mlp_lm)
   const int64_t window_;            // tokens a sample reads (T + 1, or context + 1)
   const int64_t d_model_;           // D: width of the activations between stages
-  const bool first_;
-  const bool last_;
-  std::vector<std::unique_ptr<Layer>> layers_;
+  const std::string prefix_;        // "stage 2" or "rank 1 (stages 1, 6)" for messages
+  std::vector<Chunk> chunks_;
+  std::vector<int> chunk_of_stage_;  // per global stage: index into chunks_, or -1
+  bool holds_first_ = false;         // some chunk holds the embedding
+  bool holds_last_ = false;          // some chunk holds the head
   std::unique_ptr<Optimizer> optimizer_;
-  std::unique_ptr<WindowSampler> sampler_;      // training split; null on middle stages
+  std::unique_ptr<WindowSampler> sampler_;      // training split; null without first/last
   std::unique_ptr<WindowSampler> val_sampler_;  // validation split, when evaluating
   std::vector<int32_t> windows_;                // (B, window) scratch for sampling
   int64_t parameter_count_ = 0;
 
   // Step state, used by the RunStep thread only.
-  std::vector<MicroBatch> mbs_;   // one per micro-batch
+  size_t mb_slots_ = 0;           // micro-batch slots per chunk
+  std::vector<MicroBatch> mbs_;   // chunk * mb_slots_ + micro-batch
   std::vector<size_t> mb_bytes_;  // bytes held by each micro-batch, as last accounted
   size_t live_bytes_ = 0;
   size_t peak_bytes_ = 0;
+  std::vector<Tensor> send_buffers_;  // read by posted sends; freed after WaitSends
+  size_t send_bytes_ = 0;
   double loss_ = 0.0;
   int64_t pending_step_ = -1;  // the step whose gradients await ApplyStep
 

@@ -114,7 +114,7 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
         },
         weights_only);
     if (!restored.ok()) return restored;
-    spdlog::info("job {} stage {}: restored {} tensors from {} step {}", job, program.stage(),
+    spdlog::info("job {} rank {}: restored {} tensors from {} step {}", job, program.rank(),
                  tensors.size(), program.restore().job_id(), program.restore().step());
     return ex;
   };
@@ -131,18 +131,22 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
         absl::StrCat("configure of job ", job, " was aborted or replaced by a newer program"));
   }
   if (!executor.ok()) {
-    spdlog::warn("configure of job {} stage {} failed: {}", job, program.stage(),
+    spdlog::warn("configure of job {} rank {} failed: {}", job, program.rank(),
                  executor.status().ToString());
     return absl::Status(executor.status().code(),
-                        absl::StrCat("configure of job ", job, " stage ", program.stage(), ": ",
+                        absl::StrCat("configure of job ", job, " rank ", program.rank(), ": ",
                                      executor.status().message()));
   }
   v1::ConfigureResponse resp;
   resp.set_parameter_count((*executor)->parameter_count());
   resp.set_parameter_bytes((*executor)->parameter_bytes());
-  spdlog::info("configured job {} stage {}/{}: layers [{}, {}), {} actions, {} parameters", job,
-               program.stage(), program.num_stages(), program.layer_begin(), program.layer_end(),
-               program.actions_size(), resp.parameter_count());
+  std::string held;
+  for (const v1::StageChunk& c : program.chunks()) {
+    absl::StrAppend(&held, held.empty() ? "" : ", ", "stage ", c.stage(), "/", program.num_stages(),
+                    " layers [", c.layer_begin(), ", ", c.layer_end(), ")");
+  }
+  spdlog::info("configured job {} rank {}: {}; {} actions, {} parameters", job, program.rank(),
+               held, program.actions_size(), resp.parameter_count());
   stage_ = std::make_unique<Stage>(Stage{job, *std::move(executor)});
   last_step_ = -1;
   return resp;
@@ -251,7 +255,7 @@ v1::WorkerStatus StageManager::GetStatus() const {
   if (stage_ != nullptr) {
     s.set_state(v1::BUSY);
     s.set_job_id(stage_->job_id);
-    s.set_stage(stage_->executor->program().stage());
+    s.set_stage(stage_->executor->program().chunks(0).stage());
   } else if (!configuring_job_.empty()) {
     s.set_state(v1::BUSY);
     s.set_job_id(configuring_job_);

@@ -10,6 +10,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "common/model_desc.h"
+#include "common/pipeline_plan.h"
 #include "common/schedule.h"
 #include "common/spec.h"
 #include "google/protobuf/util/json_util.h"
@@ -195,9 +196,11 @@ std::string FormatJobDetails(const v1::Job& job) {
                                      " tokens per step (the effective batch the lr applies to)")});
   const double bubble = job.bubble_fraction_ideal() > 0 || p.stages() <= 1
                             ? job.bubble_fraction_ideal()
-                            : IdealBubbleFraction(p.stages(), p.micro_batches());
-  info.AddRow({"Pipeline", absl::StrFormat("%d stages, %s, %s partition; ideal bubble %.1f%%",
-                                           p.stages(), p.schedule(), p.partition(), 100 * bubble)});
+                            : PredictedBubble(spec);
+  info.AddRow(
+      {"Pipeline", absl::StrFormat("%d workers, %s, %s partition; ideal bubble %.1f%%", p.stages(),
+                                   p.schedule_csv().empty() ? p.schedule() : "csv", p.partition(),
+                                   100 * bubble)});
   info.AddRow(
       {"Model",
        m.arch() == "gpt"

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/version.h"
 #include "coordinator/cli/coordinator_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -131,7 +132,7 @@ TEST_F(GrpcClientTest, EveryCallCarriesVersionAndDeadline) {
   ASSERT_EQ(client_->CancelJob("job-1")->state(), v1::CANCELLED);
   ASSERT_EQ(client_->ListWorkers()->workers_size(), 1);
   ASSERT_TRUE(client_->WatchJob("job-1", [](const v1::JobEvent&) { return true; }).ok());
-  EXPECT_THAT(service_.versions(), Each(1u));
+  EXPECT_THAT(service_.versions(), Each(kProtocolVersion));
   const std::vector<double> deadlines = service_.deadline_seconds();
   ASSERT_EQ(deadlines.size(), 6u);
   for (size_t i = 0; i < 5; ++i) {

@@ -1,15 +1,40 @@
 #include "common/schedule_check.h"
 
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace tandem {
 namespace {
 
+using ::testing::AllOf;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-Program Lowered(const std::string& schedule, int p, int m) {
-  return LowerWithTransfers(*GenerateSchedule(schedule, p, m), p);
+// The lowered schedule of a generator call that must succeed.
+Schedule Lowered(const std::string& schedule, int p, int m, int chunks = 0) {
+  absl::StatusOr<Schedule> s = GenerateSchedule(schedule, p, m, chunks);
+  EXPECT_TRUE(s.ok()) << schedule << " P=" << p << " M=" << m << ": " << s.status();
+  return s.ok() ? LowerWithTransfers(*s) : Schedule{};
+}
+
+SimulationResult Simulate(const Schedule& s, const ActionCosts& costs = {}) {
+  absl::StatusOr<SimulationResult> r = SimulateSchedule(s, costs);
+  EXPECT_TRUE(r.ok()) << s.name << ": " << r.status();
+  return r.ok() ? *r : SimulationResult{};
+}
+
+double TotalIdle(const SimulationResult& r) {
+  return std::accumulate(r.idle.begin(), r.idle.end(), 0.0);
+}
+int MaxPeak(const SimulationResult& r) {
+  return *std::max_element(r.peak_live_micro_batches.begin(), r.peak_live_micro_batches.end());
 }
 
 // Programs written in the text notation, one string per rank.
@@ -21,123 +46,467 @@ Program Parse(const std::vector<std::string>& ranks) {
     while (start < r.size()) {
       size_t end = r.find(' ', start);
       if (end == std::string::npos) end = r.size();
-      if (end > start) out.back().push_back(*ParseAction(r.substr(start, end - start)));
+      if (end > start) {
+        absl::StatusOr<Action> a = ParseAction(r.substr(start, end - start));
+        EXPECT_TRUE(a.ok()) << a.status();
+        if (a.ok()) out.back().push_back(*a);
+      }
       start = end + 1;
     }
   }
   return out;
 }
 
+// ---------------------------------------------------------------------------------------------
+// ValidateProgram
+
+// Every generated schedule whose constraints hold is complete and deadlock-free once lowered.
 TEST(ValidateProgramTest, GeneratedSchedulesAreValid) {
-  for (const char* s : {"gpipe", "1f1b"}) {
-    for (int p : {1, 2, 3, 4, 8}) {
-      for (int m : {8, 9, 16}) {
-        EXPECT_TRUE(ValidateProgram(Lowered(s, p, m), p, m).ok()) << s << " P" << p << " M" << m;
+  int checked = 0;
+  for (int p = 1; p <= 8; ++p) {
+    for (int m = 1; m <= 4 * p + 1; ++m) {
+      for (const std::string& name : ScheduleNames()) {
+        for (int v : {0, 3, 4}) {
+          if (v != 0 && name != "interleaved_1f1b") continue;
+          absl::StatusOr<Schedule> s = GenerateSchedule(name, p, m, v);
+          if (!s.ok()) continue;  // a constraint that does not hold (tested in schedule_test)
+          const absl::Status valid = ValidateSchedule(LowerWithTransfers(*s));
+          EXPECT_TRUE(valid.ok()) << name << " P=" << p << " M=" << m << " v=" << v << ": "
+                                  << valid;
+          ++checked;
+        }
       }
     }
   }
+  EXPECT_EQ(checked, 623);
+}
+
+// A compute-only program is not valid by itself across ranks: it needs its transfers.
+TEST(ValidateProgramTest, ComputeOnlyProgramsNeedLowering) {
+  absl::StatusOr<Schedule> s = GenerateSchedule("1f1b", 2, 2);
+  ASSERT_TRUE(s.ok());
+  const absl::Status unlowered = ValidateSchedule(*s);
+  EXPECT_THAT(std::string(unlowered.message()), HasSubstr("backward before its gradient arrives"));
 }
 
 struct BrokenCase {
+  std::string what;
   std::vector<std::string> ranks;
+  Placement placement;
+  int micro_batches;
   std::string message;
+  std::vector<std::string> marked;  // what the grid must show in brackets
 };
 
 TEST(ValidateProgramTest, BrokenProgramsAreRejectedWithTheRightMessage) {
+  const Placement one = OneStagePerRank(1);
+  const Placement two = OneStagePerRank(2);
+  const Placement two_on_one = {1, {0, 0}};  // two stages on a single rank
   const std::vector<BrokenCase> cases = {
-      // A missing backward.
-      {{"0F0 0SEND_F0 0RECV_B0 0B0 0F1 0SEND_F1", "1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1"},
-       "micro-batch 1 has no backward"},
-      // A backward before its forward.
-      {{"0B0 0F0"}, "backward before its forward"},
-      // A send with no receive.
-      {{"0F0 0SEND_F0 0RECV_B0 0B0", "1F0 1B0 1SEND_B0"}, "forward before its input arrives"},
-      {{"0F0 0SEND_F0 0SEND_F0 0RECV_B0 0B0", "1RECV_F0 1F0 1B0 1SEND_B0"}, "is never received"},
-      // Both ranks block in a receive first: a cycle of waits.
-      {{"0RECV_B0 0F0 0SEND_F0 0B0", "1RECV_F0 1F0 1B0 1SEND_B0"}, "deadlock"},
-      // A send of something not computed yet.
-      {{"0SEND_F0 0F0 0RECV_B0 0B0", "1RECV_F0 1F0 1B0 1SEND_B0"}, "not computed yet"},
-      // Split backward is refused for now.
-      {{"0F0 0I0 0W0"}, "split backward"},
+      {"a missing backward",
+       {"0F0 0SEND_F0 0RECV_B0 0B0 0F1 0SEND_F1", "1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1"},
+       two,
+       2,
+       "stage 0, micro-batch 1 has no backward",
+       {"[end]"}},
+      {"a missing forward",
+       {"0F0 0B0"},
+       one,
+       2,
+       "stage 0, micro-batch 1 has no forward",
+       {"[end]"}},
+      {"a backward before its forward",
+       {"0B0 0F0"},
+       one,
+       1,
+       "backward before its forward",
+       {"[0B0]"}},
+      {"an I before its forward",
+       {"0I0 0F0 0W0"},
+       one,
+       1,
+       "backward (I) before its forward",
+       {"[0I0]"}},
+      {"a forward whose input is never received",
+       {"0F0 0SEND_F0 0RECV_B0 0B0", "1F0 1B0 1SEND_B0"},
+       two,
+       1,
+       "forward before its input arrives",
+       {"[1F0]"}},
+      {"a backward whose gradient is never received",
+       {"0F0 0SEND_F0 0B0", "1RECV_F0 1F0 1B0 1SEND_B0"},
+       two,
+       1,
+       "backward before its gradient arrives",
+       {"[0B0]"}},
+      {"a send with no receive",
+       {"0F0 0SEND_F0 0SEND_F0 0RECV_B0 0B0", "1RECV_F0 1F0 1B0 1SEND_B0"},
+       two,
+       1,
+       "this send is never received by stage 1 (rank 1)",
+       {"0F0 0SEND_F0 [0SEND_F0]"}},
+      {"two ranks that both block on a receive first",
+       {"0RECV_B0 0F0 0SEND_F0 0B0", "1RECV_F0 1F0 1B0 1SEND_B0"},
+       two,
+       1,
+       "deadlock: rank 0 action 0 (0RECV_B0), rank 1 action 0 (1RECV_F0) wait in a receive",
+       {"[0RECV_B0]", "[1RECV_F0]"}},
+      {"a receive whose send is missing",
+       {"0F0 0SEND_F0 0RECV_B0 0B0", "1RECV_F0 1F0 1B0"},
+       two,
+       1,
+       "deadlock: rank 0 action 2 (0RECV_B0) waits",
+       {"[0RECV_B0]"}},
+      {"a send of something not computed yet",
+       {"0SEND_F0 0F0 0RECV_B0 0B0", "1RECV_F0 1F0 1B0 1SEND_B0"},
+       two,
+       1,
+       "sends an activation not computed yet",
+       {"[0SEND_F0]"}},
+      {"a gradient sent before the backward",
+       {"0F0 0SEND_F0 0RECV_B0 0B0", "1RECV_F0 1F0 1SEND_B0 1B0"},
+       two,
+       1,
+       "sends a gradient not computed yet",
+       {"[1SEND_B0]"}},
+      {"W before I", {"0F0 0W0 0I0"}, one, 1, "W before its I", {"[0W0]"}},
+      {"an I without its W",
+       {"0F0 0I0"},
+       one,
+       1,
+       "stage 0, micro-batch 0 has an I but no W",
+       {"[end]"}},
+      {"both B and I for one micro-batch",
+       {"0F0 0B0 0I0 0W0"},
+       one,
+       1,
+       "both B and I/W for micro-batch 0 of stage 0",
+       {"[0I0]"}},
+      {"both B and W for one micro-batch",
+       {"0F0 0I0 0W0 0B0"},
+       one,
+       1,
+       "both B and I/W for micro-batch 0 of stage 0",
+       {"[0B0]"}},
+      {"a repeated forward", {"0F0 0F0 0B0"}, one, 1, "repeated forward", {"0F0 [0F0]"}},
+      {"a repeated W", {"0F0 0I0 0W0 0W0"}, one, 1, "repeated W", {"0W0 [0W0]"}},
+      {"a transfer between two stages of the same rank",
+       {"0F0 0SEND_F0 1RECV_F0 1F0 1B0 1SEND_B0 0RECV_B0 0B0"},
+       two_on_one,
+       1,
+       "a transfer between stages 0 and 1, which are both on rank 0",
+       {"[0SEND_F0]"}},
+      {"a local hand-off in the wrong order",
+       {"1F0 0F0 1B0 0B0"},
+       two_on_one,
+       1,
+       "forward before its input arrives",
+       {"[1F0]"}},
+      {"an action on a stage not placed on that rank",
+       {"0F0 0SEND_F0 0RECV_B0 0B0 1F0", "1RECV_F0 1F0 1B0 1SEND_B0"},
+       two,
+       1,
+       "stage 1 is placed on rank 1, not on rank 0",
+       {"[1F0]"}},
+      {"a stage that does not exist", {"0F0 2F0 0B0"}, one, 1, "stage 2 does not exist", {"[2F0]"}},
+      {"a micro-batch out of range",
+       {"0F0 0B0 0F1 0B1"},
+       one,
+       1,
+       "micro-batch 1 out of range [0, 1)",
+       {"[0F1]"}},
+      {"a receive on the first stage",
+       {"0RECV_F0 0F0 0B0"},
+       one,
+       1,
+       "the first stage has no previous stage",
+       {"[0RECV_F0]"}},
+      {"a send from the last stage",
+       {"0F0 0SEND_F0 0B0"},
+       one,
+       1,
+       "the last stage has no next stage",
+       {"[0SEND_F0]"}},
   };
   for (const BrokenCase& c : cases) {
-    const Program p = Parse(c.ranks);
-    absl::Status s = ValidateProgram(p, static_cast<int>(p.size()),
-                                     c.message.find("1 has") != std::string::npos ? 2 : 1);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.message;
-    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message));
-    if (c.message != "is never received") {
-      EXPECT_THAT(std::string(s.message()), HasSubstr("["));  // the grid marks the action
+    const absl::Status s = ValidateProgram(Parse(c.ranks), c.placement, c.micro_batches);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.what;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message)) << c.what;
+    for (const std::string& mark : c.marked) {
+      EXPECT_THAT(std::string(s.message()), HasSubstr(mark)) << c.what;
     }
   }
 }
 
+TEST(ValidateProgramTest, ErrorPrintsThePerRankGrid) {
+  const absl::Status s = ValidateProgram(Parse({"0F0 0SEND_F0 0RECV_B0 0B0", "1F0 1B0 1SEND_B0"}),
+                                         OneStagePerRank(2), 1);
+  EXPECT_EQ(std::string(s.message()),
+            "invalid schedule: rank 1 action 0 (1F0): forward before its input arrives\n"
+            "  rank 0: 0F0 0SEND_F0 0RECV_B0 0B0\n"
+            "  rank 1: [1F0] 1B0 1SEND_B0");
+}
+
+TEST(ValidateProgramTest, RejectsShapeMismatches) {
+  EXPECT_THAT(std::string(ValidateProgram(Parse({"0F0 0B0"}), OneStagePerRank(2), 1).message()),
+              HasSubstr("1 rank lists for 2 ranks"));
+  EXPECT_THAT(std::string(ValidateProgram(Parse({"0F0 0B0"}), OneStagePerRank(1), 0).message()),
+              HasSubstr("micro-batches must be at least 1"));
+  EXPECT_THAT(std::string(ValidateProgram(Parse({"0F0 0B0"}), Placement{1, {1}}, 1).message()),
+              HasSubstr("stage 0 is on rank 1"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// SimulateProgram
+
+// With unit costs a flush schedule's bubble is (P-1)/(vM+P-1). For GPipe and 1F1B (v = 1):
+// F = 1, B = 2 per stage, step (M+P-1)(F+B). For interleaved 1F1B the costs are per chunk
+// (every action costs the same whatever its chunk; here F = 1, B = 2 per chunk, so a stage of
+// v chunks costs vF + vB and the step is (vM+P-1)(F+B)). The fraction does not depend on the
+// scale, and the formula is exact for any F:B ratio (checked at B = 2F and B = F).
 TEST(SimulateProgramTest, UnitCostBubbleMatchesTheFormula) {
   for (const char* s : {"gpipe", "1f1b"}) {
-    for (auto [p, m] :
-         std::vector<std::pair<int, int>>{{2, 2}, {4, 4}, {4, 16}, {4, 64}, {8, 64}}) {
-      auto r = SimulateProgram(Lowered(s, p, m), p, m);
-      ASSERT_TRUE(r.ok()) << r.status();
-      EXPECT_NEAR(r->bubble_fraction, IdealBubbleFraction(p, m), 1e-12)
+    for (auto [p, m] : std::vector<std::pair<int, int>>{
+             {1, 4}, {2, 2}, {2, 5}, {4, 4}, {4, 16}, {4, 64}, {8, 8}, {8, 64}}) {
+      const SimulationResult r = Simulate(Lowered(s, p, m));
+      EXPECT_NEAR(r.bubble_fraction, IdealBubbleFraction(p, m), 1e-12)
           << s << " P" << p << " M" << m;
-      EXPECT_DOUBLE_EQ(r->step_time, (m + p - 1) * 3.0);  // F = 1, B = 2
+      EXPECT_DOUBLE_EQ(r.step_time, (m + p - 1) * 3.0) << s << " P" << p << " M" << m;
     }
+  }
+  ActionCosts equal;  // F = B
+  equal.backward = 1.0;
+  for (auto [p, m, v] : std::vector<std::tuple<int, int, int>>{{1, 3, 2},
+                                                               {2, 2, 2},
+                                                               {2, 4, 3},
+                                                               {3, 6, 2},
+                                                               {4, 4, 2},
+                                                               {4, 8, 2},
+                                                               {4, 8, 4},
+                                                               {4, 16, 3},
+                                                               {8, 16, 2},
+                                                               {8, 8, 4}}) {
+    const Schedule s = Lowered("interleaved_1f1b", p, m, v);
+    const SimulationResult r = Simulate(s);
+    EXPECT_NEAR(r.bubble_fraction, IdealBubbleFraction(p, m, v), 1e-12)
+        << "P" << p << " M" << m << " v" << v;
+    EXPECT_DOUBLE_EQ(r.step_time, (v * m + p - 1) * 3.0) << "P" << p << " M" << m << " v" << v;
+    EXPECT_NEAR(Simulate(s, equal).bubble_fraction, IdealBubbleFraction(p, m, v), 1e-12)
+        << "F = B, P" << p << " M" << m << " v" << v;
   }
 }
 
 TEST(SimulateProgramTest, OneFOneBKeepsPMicroBatchesLiveAndGPipeKeepsM) {
   const int p = 4, m = 16;
-  auto gpipe = SimulateProgram(Lowered("gpipe", p, m), p, m);
-  auto ofob = SimulateProgram(Lowered("1f1b", p, m), p, m);
-  ASSERT_TRUE(gpipe.ok() && ofob.ok());
-  EXPECT_EQ(gpipe->peak_live_micro_batches[0], m);
-  EXPECT_EQ(ofob->peak_live_micro_batches[0], p);
-  EXPECT_EQ(ofob->peak_live_micro_batches[p - 1], 1);
+  const SimulationResult gpipe = Simulate(Lowered("gpipe", p, m));
+  const SimulationResult ofob = Simulate(Lowered("1f1b", p, m));
+  EXPECT_THAT(gpipe.peak_live_micro_batches, ElementsAre(m, m, m, m));
+  EXPECT_THAT(ofob.peak_live_micro_batches, ElementsAre(4, 3, 2, 1));
   // Same bubble: 1F1B saves memory, not time.
-  EXPECT_DOUBLE_EQ(gpipe->step_time, ofob->step_time);
+  EXPECT_DOUBLE_EQ(gpipe.step_time, ofob.step_time);
+}
+
+// Interleaving counts (stage, micro-batch) pairs: more live chunk activations than 1F1B's.
+TEST(SimulateProgramTest, InterleavedPeakCountsChunkActivations) {
+  const SimulationResult r = Simulate(Lowered("interleaved_1f1b", 4, 8, 2));
+  // Rank r: its warm-up 2(P-r-1) + (v-1)P forwards, plus the steady state's one more.
+  EXPECT_THAT(r.peak_live_micro_batches, ElementsAre(11, 9, 7, 5));
+}
+
+// ZB-H1 with F = I = W = 1 against 1F1B with F = 1, B = 2 (the same work): a third of the idle
+// time (P-1 per rank instead of 3(P-1)), at 1F1B's peak memory.
+TEST(SimulateProgramTest, ZBH1HasAThirdOfOneFOneBsBubbleAtItsPeakMemory) {
+  for (auto [p, m] : std::vector<std::pair<int, int>>{
+           {2, 2}, {2, 8}, {3, 3}, {3, 7}, {4, 4}, {4, 8}, {4, 16}, {6, 9}, {8, 8}, {8, 32}}) {
+    const std::string label = absl::StrCat("P", p, " M", m);
+    const SimulationResult ofob = Simulate(Lowered("1f1b", p, m));
+    const SimulationResult zb = Simulate(Lowered("zb_h1", p, m));
+    const double ratio = TotalIdle(zb) / TotalIdle(ofob);
+    EXPECT_GE(ratio, 0.25) << label;
+    EXPECT_LE(ratio, 0.45) << label;
+    EXPECT_LT(zb.bubble_fraction, ofob.bubble_fraction) << label;
+    EXPECT_DOUBLE_EQ(zb.step_time, 3.0 * m + p - 1) << label;  // idle P-1 per rank exactly
+    EXPECT_EQ(MaxPeak(zb), MaxPeak(ofob)) << label;
+    for (int live : zb.peak_live_micro_batches) EXPECT_LE(live, p) << label;
+  }
+}
+
+// ZB-V with F = I = W = 1 per chunk against 1F1B with F = 2, B = 4 per stage (a stage is two
+// chunks: the same work): well under half the bubble, and at most 2P chunk activations live on
+// any rank, 1F1B's peak of P micro-batches times two chunks.
+TEST(SimulateProgramTest, ZBVBeatsOneFOneBAtEqualWorkAndMemory) {
+  ActionCosts stage_costs;
+  stage_costs.forward = 2.0;
+  stage_costs.backward = 4.0;
+  for (int p : {1, 2, 3, 4, 6, 8}) {
+    for (int m : {p, p + 1, 2 * p - 1, 2 * p, 3 * p, 8 * p}) {
+      const std::string label = absl::StrCat("P", p, " M", m);
+      const SimulationResult ofob = Simulate(Lowered("1f1b", p, m), stage_costs);
+      const SimulationResult zbv = Simulate(Lowered("zb_v", p, m));
+      EXPECT_DOUBLE_EQ(zbv.busy[0], ofob.busy[0]) << label;  // the same work
+      if (p > 1) {
+        EXPECT_LT(zbv.bubble_fraction, 0.5 * ofob.bubble_fraction) << label;
+      }
+      for (int live : zbv.peak_live_micro_batches) EXPECT_LE(live, 2 * MaxPeak(ofob)) << label;
+      if (m >= 2 * p - 1) {
+        // P-1 chunk units idle per rank, against 6(P-1) for 1F1B.
+        EXPECT_DOUBLE_EQ(zbv.step_time, 6.0 * m + p - 1) << label;
+        EXPECT_DOUBLE_EQ(TotalIdle(ofob), 6.0 * TotalIdle(zbv)) << label;
+        EXPECT_THAT(zbv.peak_live_micro_batches, ::testing::Each(2 * p)) << label;
+      }
+    }
+  }
 }
 
 TEST(SimulateProgramTest, TransfersAndImbalanceLengthenTheStep) {
   const int p = 2, m = 4;
   ActionCosts costs;
   costs.transfer = 0.5;
-  auto r = SimulateProgram(Lowered("1f1b", p, m), p, m, costs);
-  ASSERT_TRUE(r.ok());
-  EXPECT_GT(r->step_time, (m + p - 1) * 3.0);
-  EXPECT_GT(r->bubble_fraction, IdealBubbleFraction(p, m));
-  // With equal costs and free transfers both stages idle equally: the first waits at the end
+  const SimulationResult r = Simulate(Lowered("1f1b", p, m), costs);
+  EXPECT_GT(r.step_time, (m + p - 1) * 3.0);
+  EXPECT_GT(r.bubble_fraction, IdealBubbleFraction(p, m));
+  // With equal costs and free transfers both ranks idle equally: the first waits at the end
   // of the step, the last at its start.
-  auto balanced = SimulateProgram(Lowered("1f1b", p, m), p, m);
-  ASSERT_TRUE(balanced.ok());
-  EXPECT_DOUBLE_EQ(balanced->idle[0], balanced->idle[1]);
+  const SimulationResult balanced = Simulate(Lowered("1f1b", p, m));
+  EXPECT_DOUBLE_EQ(balanced.idle[0], balanced.idle[1]);
 }
 
-TEST(ScheduleCsvTest, RoundTripsAndLowersComputeOnlyPrograms) {
-  const Program lowered = Lowered("1f1b", 4, 8);
-  const std::string csv = ProgramToCsv(lowered);
-  EXPECT_EQ(csv.substr(0, csv.find(',')), "0F0");
-  auto back = ProgramFromCsv(csv, 4);
-  ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(*back, lowered);
-  // A compute-only CSV (as PyTorch writes before lowering) is lowered on import.
-  auto compute = ProgramFromCsv(ProgramToCsv(*GenerateSchedule("1f1b", 4, 8)), 4);
-  ASSERT_TRUE(compute.ok());
-  EXPECT_EQ(*compute, lowered);
-  EXPECT_TRUE(ValidateProgram(*compute, 4, 8).ok());
+TEST(SimulateProgramTest, PerStageCostsOverrideTheDefaults) {
+  const Schedule s = Lowered("1f1b", 2, 4);
+  ActionCosts slow;
+  slow.forward = 2.0;
+  slow.backward = 4.0;
+  absl::StatusOr<SimulationResult> r = SimulateSchedule(s, {}, {ActionCosts{}, slow});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_DOUBLE_EQ(r->busy[0], 4 * 3.0);
+  EXPECT_DOUBLE_EQ(r->busy[1], 4 * 6.0);
+  // The slow last stage sets the pace: its 24 units plus the first forward it waits for.
+  EXPECT_DOUBLE_EQ(r->step_time, 1.0 + 24.0 + 2.0);
+  absl::StatusOr<SimulationResult> wrong = SimulateSchedule(s, {}, {slow});
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(wrong.status().message()), HasSubstr("1 entries for 2 stages"));
+}
+
+TEST(SimulateProgramTest, RecordsStartAndEndOfEveryAction) {
+  // 1F1B, P = 2, M = 2, F = 1, B = 2.
+  const Schedule s = Lowered("1f1b", 2, 2);
+  const SimulationResult r = Simulate(s);
+  ASSERT_EQ(ActionsToString(s.program[1]), "1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1");
+  EXPECT_THAT(r.start[1], ElementsAre(0, 1, 2, 4, 4, 4, 5, 7));
+  EXPECT_THAT(r.end[1], ElementsAre(1, 2, 4, 4, 4, 5, 7, 7));
+  ASSERT_EQ(ActionsToString(s.program[0]), "0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1");
+  EXPECT_THAT(r.start[0], ElementsAre(0, 1, 1, 2, 2, 4, 6, 7));
+  EXPECT_THAT(r.end[0], ElementsAre(1, 1, 2, 2, 4, 6, 7, 9));
+  EXPECT_DOUBLE_EQ(r.step_time, 9.0);
+  EXPECT_THAT(r.busy, ElementsAre(6.0, 6.0));
+  EXPECT_THAT(r.idle, ElementsAre(3.0, 3.0));
+}
+
+TEST(SimulateProgramTest, RefusesInvalidPrograms) {
+  absl::StatusOr<SimulationResult> r = SimulateProgram(Parse({"0B0 0F0"}), OneStagePerRank(1), 1);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("backward before its forward"));
+}
+
+TEST(TimestepGridTest, OneLinePerRankOneColumnPerUnit) {
+  const Schedule s = Lowered("gpipe", 2, 2);
+  const SimulationResult r = Simulate(s);
+  EXPECT_EQ(TimestepGrid(s.program, r, 1.0),
+            "rank 0: 0F0 0F1 .   .   .   0B1 0B1 0B0 0B0\n"
+            "rank 1: .   1F0 1F1 1B1 1B1 1B0 1B0 .   .\n");
+  // Coarser columns show the action at each column's midpoint.
+  EXPECT_EQ(TimestepGrid(s.program, r, 3.0), "rank 0: 0F1 .   0B0\nrank 1: 1F0 1B1 .\n");
+}
+
+TEST(TimestepGridTest, SplitBackwardAndVirtualStages) {
+  const Schedule s = Lowered("zb_h1", 2, 2);
+  const SimulationResult r = Simulate(s);
+  EXPECT_EQ(TimestepGrid(s.program, r, 1.0),
+            "rank 0: 0F0 0F1 .   0I0 0W0 0I1 0W1\n"
+            "rank 1: .   1F0 1I0 1F1 1I1 1W0 1W1\n");
+  const Schedule v = Lowered("zb_v", 1, 1);
+  EXPECT_EQ(TimestepGrid(v.program, Simulate(v), 1.0), "rank 0: 0F0 1F0 1I0 1W0 0I0 0W0\n");
+}
+
+// ---------------------------------------------------------------------------------------------
+// CSV
+
+TEST(ScheduleCsvTest, RoundTripsLoweredPrograms) {
+  for (const auto& [name, p, m] : std::vector<std::tuple<std::string, int, int>>{
+           {"1f1b", 4, 8}, {"interleaved_1f1b", 4, 8}, {"zb_h1", 3, 5}, {"zb_v", 3, 6}}) {
+    const Schedule lowered = Lowered(name, p, m);
+    const std::string csv = ProgramToCsv(lowered.program);
+    absl::StatusOr<Schedule> back = ScheduleFromCsv(csv, p, m);
+    ASSERT_TRUE(back.ok()) << name << ": " << back.status();
+    EXPECT_EQ(back->name, "csv");
+    EXPECT_EQ(back->num_micro_batches, m);
+    EXPECT_EQ(back->program, lowered.program) << name;
+    EXPECT_EQ(back->placement, lowered.placement) << name;  // inferred from the rows
+    EXPECT_TRUE(ValidateSchedule(*back).ok()) << name;
+  }
+  EXPECT_EQ(ProgramToCsv(Lowered("1f1b", 2, 2).program),
+            "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1\n"
+            "1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1\n");
+}
+
+// A compute-only CSV (as PyTorch writes before lowering) is lowered on import.
+TEST(ScheduleCsvTest, LowersComputeOnlyPrograms) {
+  for (const auto& [name, p, m] : std::vector<std::tuple<std::string, int, int>>{
+           {"1f1b", 4, 8}, {"interleaved_1f1b", 2, 4}, {"zb_v", 4, 8}}) {
+    absl::StatusOr<Schedule> compute = GenerateSchedule(name, p, m);
+    ASSERT_TRUE(compute.ok());
+    absl::StatusOr<Schedule> imported = ScheduleFromCsv(ProgramToCsv(compute->program), p, m);
+    ASSERT_TRUE(imported.ok()) << imported.status();
+    EXPECT_EQ(imported->placement, compute->placement) << name;
+    EXPECT_EQ(imported->program, LowerWithTransfers(*compute).program) << name;
+    EXPECT_TRUE(ValidateSchedule(*imported).ok()) << name;
+  }
   // Trailing commas and blank lines are tolerated.
-  auto padded = ProgramFromCsv("0F0,0B0,,\n\n", 1);
-  ASSERT_TRUE(padded.ok());
-  EXPECT_EQ(padded->at(0).size(), 2u);
+  absl::StatusOr<Schedule> padded = ScheduleFromCsv("0F0,0B0,,\n\n", 1, 1);
+  ASSERT_TRUE(padded.ok()) << padded.status();
+  EXPECT_EQ(padded->program.at(0).size(), 2u);
+  // Two stages on one row: placement inferred, the hand-off stays local.
+  absl::StatusOr<Schedule> local = ScheduleFromCsv("0F0,1F0,1B0,0B0\n", 1, 1);
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ(local->placement, (Placement{1, {0, 0}}));
+  EXPECT_EQ(ActionsToString(local->program[0]), "0F0 1F0 1B0 0B0");
 }
 
 TEST(ScheduleCsvTest, BadCellsNameRowAndColumn) {
-  auto bad = ProgramFromCsv("0F0,0X1\n", 1);
-  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("row 1 column 2"));
-  auto wrong_stage = ProgramFromCsv("0F0\n0F0\n", 2);
-  EXPECT_THAT(std::string(wrong_stage.status().message()), HasSubstr("belongs to stage 0"));
-  EXPECT_THAT(std::string(ProgramFromCsv("0F0\n", 2).status().message()),
-              HasSubstr("1 rows, expected one per stage: 2"));
+  struct Case {
+    std::string csv;
+    int ranks, micro_batches;
+    std::vector<std::string> parts;
+  };
+  const std::vector<Case> cases = {
+      {"0F0,0X1\n", 1, 2, {"row 1 column 2", "0X1", "unknown kind"}},
+      {"0F0,0B0\n1F0,,1Bx\n", 2, 1, {"row 2 column 3", "1Bx"}},
+      {"0F0,0B0\n0F1\n", 2, 2, {"row 2 column 1", "belongs to stage 0", "row 1 (rank 0)"}},
+      {"0F0,0F5\n", 1, 2, {"row 1 column 2", "micro-batch 5", "0..1"}},
+      {"0F0\n", 2, 1, {"1 rows, expected one per rank: 2"}},
+      {"0F0\n1F0\n2F0\n", 2, 1, {"3 rows, expected one per rank: 2"}},
+      {"0F0,0B0\n2F0,2B0\n", 2, 1, {"stages up to 2 but stage 1 has no actions"}},
+      {"0F0,0B0\n2000000000F0\n", 2, 1, {"stage 1 has no actions"}},
+      {"0F0,1F0\n,\n", 2, 1, {"rank 1 holds no stage"}},
+      {"0F0\n", 0, 1, {"ranks must be at least 1"}},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<Schedule> s = ScheduleFromCsv(c.csv, c.ranks, c.micro_batches);
+    ASSERT_FALSE(s.ok()) << c.csv;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << c.csv;
+    for (const std::string& part : c.parts) {
+      EXPECT_THAT(std::string(s.status().message()), HasSubstr(part)) << c.csv;
+    }
+  }
+}
+
+// A CSV with transfers is taken as written; the validator then judges it.
+TEST(ScheduleCsvTest, ProgramsWithTransfersAreNotRelowered) {
+  absl::StatusOr<Schedule> s = ScheduleFromCsv("0F0,0SEND_F0,0B0\n1RECV_F0,1F0,1B0\n", 2, 1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(ActionsToString(s->program[0]), "0F0 0SEND_F0 0B0");
+  EXPECT_THAT(std::string(ValidateSchedule(*s).message()),
+              AllOf(HasSubstr("backward before its gradient arrives"), HasSubstr("[0B0]")));
 }
 
 }  // namespace

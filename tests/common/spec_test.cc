@@ -110,6 +110,14 @@ TEST(ParseJobSpecYaml, UnknownTopLevelField) {
                     HasSubstr("line 2")));
 }
 
+// int64 and uint64 are strings in canonical proto JSON: `validate -o json` output (and what
+// `submit --schedule` sends) must parse back.
+TEST(ParseJobSpecYaml, QuotedSixtyFourBitIntegersAreTheirJsonForm) {
+  absl::StatusOr<v1::JobSpec> spec = LoadJobSpecYaml("{\"seed\": \"5\", \"steps\": 3}");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->seed(), 5u);
+}
+
 TEST(ParseJobSpecYaml, UnknownNestedField) {
   EXPECT_THAT(LoadError("pipeline:\n  microbatches: 4\n"),
               AllOf(StartsWith("pipeline.microbatches: unknown field"),
@@ -242,9 +250,12 @@ INSTANTIATE_TEST_SUITE_P(
                 "got 0"},
         BadCase{"model:\n  n_layer: 0\n", "model.n_layer: must be in [1, 1024]", "got 0"},
         BadCase{"model:\n  d_model: 65537\n", "model.d_model: must be in [1, 65536]", "65537"},
-        BadCase{"model:\n  arch: mlp_lm\n  d_hidden: -1\n", "model.d_hidden: must be >= 0", "4 x d_model"},
-        BadCase{"model:\n  arch: mlp_lm\n  d_embed: 0\n", "model.d_embed: must be in [1, 65536]", "got 0"},
-        BadCase{"model:\n  arch: mlp_lm\n  context: 4097\n", "model.context: must be in [1, 4096]", "4097"},
+        BadCase{"model:\n  arch: mlp_lm\n  d_hidden: -1\n", "model.d_hidden: must be >= 0",
+                "4 x d_model"},
+        BadCase{"model:\n  arch: mlp_lm\n  d_embed: 0\n", "model.d_embed: must be in [1, 65536]",
+                "got 0"},
+        BadCase{"model:\n  arch: mlp_lm\n  context: 4097\n", "model.context: must be in [1, 4096]",
+                "4097"},
         BadCase{"model:\n  vocab_size: 1\n", "model.vocab_size: must be in [2, 1048576]", "got 1"},
         BadCase{"model:\n  vocab_size: 100\n", "model.vocab_size: must be at least 256",
                 "one token per byte"},
@@ -282,11 +293,20 @@ INSTANTIATE_TEST_SUITE_P(
                 "got 0"},
         BadCase{"pipeline:\n  micro_batches: 0\n", "pipeline.micro_batches: must be in [1,",
                 "got 0"},
-        BadCase{"pipeline:\n  schedule: zb\n", "pipeline.schedule: expected \"1f1b\" or \"gpipe\"",
+        BadCase{"pipeline:\n  schedule: zb\n",
+                "pipeline.schedule: expected \"gpipe\" or \"1f1b\" or \"interleaved_1f1b\"",
                 "\"zb\""},
         BadCase{"pipeline:\n  stages: 4\n  micro_batches: 2\n",
-                "pipeline.micro_batches: schedule 1f1b needs micro_batches >= stages",
+                "pipeline.schedule: 1f1b needs at least as many micro-batches as pipeline ranks",
                 "use schedule: gpipe"},
+        BadCase{"pipeline:\n  stages: 2\n  micro_batches: 3\n  schedule: interleaved_1f1b\n",
+                "pipeline.schedule: ", "3"},
+        BadCase{"pipeline:\n  stages: 2\n  chunks: 3\n", "pipeline.schedule: ", "3"},
+        BadCase{"model:\n  n_layer: 1\npipeline:\n  stages: 2\n  schedule: zb_v\n",
+                "pipeline.stages: 2 workers x 2 chunks = 4 stages but the model has only 3",
+                "stages x chunks"},
+        BadCase{"pipeline:\n  stages: 2\n  schedule_csv: \"0F0,0B0\\n1F0\\n\"\n",
+                "pipeline.schedule_csv: invalid schedule", "rank 1"},
         BadCase{"pipeline:\n  partition: balanced\n", "pipeline.partition: expected \"uniform\"",
                 "\"balanced\""}));
 

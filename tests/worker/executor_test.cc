@@ -34,9 +34,12 @@ Dataset DataOf(const v1::JobSpec& spec) {
 // Builds one executor per stage (Gloo over one HashStore when there are several), runs
 // kSteps steps on all of them in parallel threads, and returns the last stage's losses.
 std::vector<double> Train(const v1::JobSpec& spec, int stages, const std::string& schedule,
-                          std::vector<v1::StepReport>* stage0_reports = nullptr,
-                          int steps = kSteps) {
-  const auto programs = MakePrograms(spec, stages, schedule);
+                          std::vector<v1::StepReport>* stage0_reports = nullptr, int steps = kSteps,
+                          int chunks = 0) {
+  const auto programs = MakePrograms(spec, stages, schedule, "job-1", chunks);
+  if (programs.empty()) return {};
+  // The worker holding the last stage reports the loss (rank 0 in a V).
+  const int loss_rank = programs[0].stage_ranks(programs[0].num_stages() - 1);
   const Dataset data = DataOf(spec);
   gloo::rendezvous::HashStore store;
   std::vector<std::unique_ptr<StageExecutor>> executors(stages);
@@ -76,7 +79,7 @@ std::vector<double> Train(const v1::JobSpec& spec, int stages, const std::string
     for (int s = 0; s < stages; ++s) {
       EXPECT_TRUE(reports[s].ok()) << reports[s].status();
       if (!reports[s].ok()) return {};
-      EXPECT_EQ(reports[s]->has_loss(), s == stages - 1);
+      EXPECT_EQ(reports[s]->has_loss(), s == loss_rank);
       EXPECT_TRUE(reports[s]->grads_finite());
       norm_sq += reports[s]->grad_norm_sq();
     }
@@ -88,7 +91,7 @@ std::vector<double> Train(const v1::JobSpec& spec, int stages, const std::string
       absl::Status applied = executors[s]->ApplyStep(step, spec.optimizer().lr(), scale);
       EXPECT_TRUE(applied.ok()) << applied;
     }
-    losses.push_back(reports.back()->loss());
+    losses.push_back(reports[loss_rank]->loss());
     if (stage0_reports != nullptr) stage0_reports->push_back(*reports[0]);
   }
   return losses;
@@ -160,6 +163,44 @@ TEST_F(ExecutorTest, GptPartitionInvarianceAcrossStagesAndMicroBatches) {
       }
     }
   }
+}
+
+// Every schedule trains the same GPT to the same losses: interleaved and V-shaped placements
+// (several stages per worker, local hand-offs, the tied embedding on one worker in a V) and the
+// split backward (I then W) compute the same gradients; only the order in which micro-batches'
+// gradients are summed differs.
+TEST_F(ExecutorTest, GptEverySchedulePartitionInvariance) {
+  constexpr int kGptSteps = 8;
+  for (bool tied : {true, false}) {
+    v1::JobSpec spec = testing::TinyGptJob(tied);
+    spec.mutable_pipeline()->set_micro_batch_size(2);
+    spec.mutable_pipeline()->set_micro_batches(4);
+    const std::vector<double> ref = Train(spec, 1, "1f1b", nullptr, kGptSteps);
+    ASSERT_EQ(ref.size(), static_cast<size_t>(kGptSteps));
+    for (const char* schedule : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v"}) {
+      SCOPED_TRACE(absl::StrCat("tied ", tied, " ", schedule));
+      ExpectSameLosses(ref, Train(spec, 2, schedule, nullptr, kGptSteps), 1e-5, kGptSteps);
+    }
+    // One worker running the split backward of its single stage.
+    ExpectSameLosses(ref, Train(spec, 1, "zb_h1", nullptr, kGptSteps), 1e-5, kGptSteps);
+  }
+}
+
+// The split backward frees what only I needed at I: the peak live bytes of ZB-H1 stay at most
+// 1F1B's and GPipe's grow with M.
+TEST_F(ExecutorTest, PeakActivationBytesFollowTheSchedule) {
+  v1::JobSpec spec = testing::TinyGptJob(/*tied=*/false);
+  spec.mutable_pipeline()->set_micro_batch_size(1);
+  spec.mutable_pipeline()->set_micro_batches(8);
+  auto peak = [&](const char* schedule) {
+    std::vector<v1::StepReport> reports;
+    Train(spec, 2, schedule, &reports, 1);
+    return reports.empty() ? int64_t{0} : reports[0].peak_activation_bytes();
+  };
+  const int64_t gpipe = peak("gpipe"), ofob = peak("1f1b"), zbh1 = peak("zb_h1");
+  EXPECT_GT(gpipe, 3 * ofob);  // 8 micro-batches live against 2
+  EXPECT_LE(zbh1, ofob + ofob / 2);
+  EXPECT_GT(ofob, 0);
 }
 
 // With tying, the embedding's wte (first stage) and the head's copy (last stage) stay
@@ -357,14 +398,21 @@ TEST(ValidateStageProgramTest, RejectsBadPrograms) {
   const std::vector<Case> cases = {
       {"rank", [](auto& p) { p.set_rank(5); }, "rank 5"},
       {"job", [](auto& p) { p.clear_job_id(); }, "job_id"},
-      {"layers", [](auto& p) { p.set_layer_end(99); }, "layers"},
-      {"embedding elsewhere", [](auto& p) { p.set_layer_begin(1); }, "embedding"},
-      {"action stage", [](auto& p) { p.mutable_actions(0)->set_stage(1); }, "belongs to stage 1"},
+      {"layers", [](auto& p) { p.mutable_chunks(0)->set_layer_end(99); }, "layers"},
+      {"embedding elsewhere", [](auto& p) { p.mutable_chunks(0)->set_layer_begin(1); },
+       "embedding"},
+      {"action stage", [](auto& p) { p.mutable_actions(0)->set_stage(1); },
+       "stage 1 is not held by this worker"},
+      {"no chunks", [](auto& p) { p.clear_chunks(); }, "holds no stage"},
+      {"placement size", [](auto& p) { p.add_stage_ranks(0); }, "stage_ranks has 3 entries"},
+      {"placement", [](auto& p) { p.set_stage_ranks(0, 1); }, "places it on rank 1"},
+      {"W without I", [](auto& p) { p.mutable_actions(2)->set_kind(v1::ACTION_W); }, "depends on"},
       {"micro-batch", [](auto& p) { p.mutable_actions(0)->set_micro_batch(4); }, "micro-batch"},
       {"missing", [](auto& p) { p.mutable_actions()->RemoveLast(); }, "missing"},
       {"repeated", [](auto& p) { *p.add_actions() = p.actions(0); }, "repeated"},
       {"order", [](auto& p) { p.mutable_actions()->SwapElements(0, 1); }, "depends on"},
-      {"unsupported kind", [](auto& p) { p.mutable_actions(0)->set_kind(v1::ACTION_W); },
+      {"unsupported kind",
+       [](auto& p) { p.mutable_actions(0)->set_kind(v1::ACTION_KIND_UNSPECIFIED); },
        "not supported"},
       {"model", [](auto& p) { p.mutable_spec()->mutable_model()->set_d_model(-1); },
        "model.d_model"},

@@ -42,8 +42,8 @@ TEST(GlooTransportTest, SendRecvBothWays) {
   std::vector<float> x(1000), y(1000, 0.0f), g(10, 2.5f), h(10, 0.0f);
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i);
   // Two messages with different tags, received in the other order.
-  const uint64_t act = MakeTransferTag(Payload::kActivation, 3);
-  const uint64_t grad = MakeTransferTag(Payload::kGradient, 3);
+  const uint64_t act = MakeTransferTag(Payload::kActivation, 0, 3);
+  const uint64_t grad = MakeTransferTag(Payload::kGradient, 1, 3);
   ASSERT_TRUE(a->PostSend(1, act, x.data(), x.size() * sizeof(float)).ok());
   ASSERT_TRUE(a->PostSend(1, grad, g.data(), g.size() * sizeof(float)).ok());
   ASSERT_TRUE(b->Recv(0, grad, h.data(), h.size() * sizeof(float)).ok());
@@ -69,7 +69,7 @@ TEST(GlooTransportTest, AbortUnblocksPendingRecv) {
   std::vector<float> buf(16);
   auto start = std::chrono::steady_clock::now();
   auto pending = std::async(std::launch::async, [&, t = b.get()] {
-    return t->Recv(0, MakeTransferTag(Payload::kActivation, 0), buf.data(), 64);
+    return t->Recv(0, MakeTransferTag(Payload::kActivation, 0, 0), buf.data(), 64);
   });
   std::this_thread::sleep_for(milliseconds(100));
   b->Abort();

@@ -1,13 +1,13 @@
 // Helpers for the worker tests: a tiny job and its stage programs, built the way the
-// coordinator builds them (schedule generator + LowerWithTransfers + UniformPartition).
+// coordinator builds them (common/pipeline_plan.h).
 #ifndef TANDEM_TESTS_WORKER_PIPELINE_TEST_UTIL_H_
 #define TANDEM_TESTS_WORKER_PIPELINE_TEST_UTIL_H_
 
 #include <string>
 #include <vector>
 
-#include "common/model_desc.h"
-#include "common/schedule.h"
+#include "common/pipeline_plan.h"
+#include "gtest/gtest.h"
 #include "tandem/v1/common.pb.h"
 
 namespace tandem::worker::testing {
@@ -57,29 +57,24 @@ inline v1::JobSpec TinyGptJob(bool tie_embeddings) {
   return spec;
 }
 
-// One program per stage. The schedule's errors are test bugs, hence no Status here.
-inline std::vector<v1::StageProgram> MakePrograms(const v1::JobSpec& spec, int stages,
+// One program per worker, from the plan the coordinator would make (PlanPipeline) for `spec`
+// with `stages` workers and `schedule` (chunks: the schedule's default unless given). The
+// plan's errors are test bugs, hence no Status here.
+inline std::vector<v1::StageProgram> MakePrograms(v1::JobSpec spec, int stages,
                                                   const std::string& schedule,
-                                                  const std::string& job_id = "job-1") {
-  const int m = spec.pipeline().micro_batches();
-  Program compute = *GenerateSchedule(schedule, stages, m);
-  Program lowered = LowerWithTransfers(compute, stages);
-  std::vector<LayerRange> ranges = *UniformPartition(spec.model(), stages);
+                                                  const std::string& job_id = "job-1",
+                                                  int chunks = 0) {
+  spec.mutable_pipeline()->set_stages(stages);
+  spec.mutable_pipeline()->set_schedule(schedule);
+  spec.mutable_pipeline()->set_chunks(chunks);
+  absl::StatusOr<PipelinePlan> plan = PlanPipeline(spec);
+  if (!plan.ok()) {
+    ADD_FAILURE() << "PlanPipeline: " << plan.status();
+    return {};
+  }
   std::vector<v1::StageProgram> out;
-  for (int s = 0; s < stages; ++s) {
-    v1::StageProgram p;
-    p.set_job_id(job_id);
-    p.set_rank(s);
-    p.set_num_ranks(stages);
-    p.set_stage(s);
-    p.set_num_stages(stages);
-    p.set_layer_begin(ranges[s].begin);
-    p.set_layer_end(ranges[s].end);
-    for (const Action& a : lowered[s]) *p.add_actions() = ToProto(a);
-    *p.mutable_spec() = spec;
-    p.set_rendezvous_prefix(job_id + "/");
-    p.set_micro_batches(m);
-    out.push_back(p);
+  for (int r = 0; r < stages; ++r) {
+    out.push_back(StageProgramFor(*plan, spec, r, job_id, job_id + "/"));
   }
   return out;
 }

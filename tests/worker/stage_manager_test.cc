@@ -117,7 +117,7 @@ TEST_F(StageManagerTest, AbortCancelsConfigureInProgress) {
 TEST_F(StageManagerTest, ConfigureRejectsBadPrograms) {
   StageManager w({}, Factory());
   v1::StageProgram p = MakePrograms(TinyJob(), 1, "gpipe")[0];
-  p.set_layer_end(1000);
+  p.mutable_chunks(0)->set_layer_end(1000);
   auto r = w.Configure(p);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   p = MakePrograms(TinyJob(), 1, "gpipe")[0];

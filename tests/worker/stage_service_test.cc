@@ -247,7 +247,7 @@ TEST_F(StageServiceTest, TwoStageJobOverGrpc) {
               grpc::StatusCode::FAILED_PRECONDITION);
   }
   v1::StageProgram bad = programs[1];
-  bad.set_layer_begin(-3);
+  bad.mutable_chunks(0)->set_layer_begin(-3);
   EXPECT_EQ(configure(stub1.get(), bad).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   v1::RunStepResponse none;
   EXPECT_EQ(run(stub1.get(), 2, &none).error_code(), grpc::StatusCode::FAILED_PRECONDITION);

@@ -2,7 +2,7 @@
 //
 // Ordering: messages between two ranks with the same tag are delivered in the order they were
 // posted; both ends derive their order from the same stage programs (see common/schedule.h),
-// so a tag only needs to separate the kinds of payload (MakeTransferTag).
+// and a tag names the payload, the sending stage and the micro-batch (MakeTransferTag).
 //
 // Deadlock rule: PostSend never blocks, so a stage that must both send and receive posts its
 // sends first and then blocks in Recv; two blocking calls never wait on each other.
@@ -25,9 +25,13 @@ enum class Payload : uint32_t {
   kTiedGradient = 3,  // gradient of a tied parameter, exchanged between first and last stage
 };
 
-// The tag both ends of a transfer use: (payload, micro-batch).
-inline uint64_t MakeTransferTag(Payload payload, int micro_batch) {
-  return (static_cast<uint64_t>(payload) << 32) | static_cast<uint32_t>(micro_batch);
+// The tag both ends of a transfer use: (payload, the sending stage, micro-batch). Several
+// stages of one worker may talk to the same peer (interleaved schedules), so the stage is part
+// of the tag. Tied gradients use the parameter's index in place of the micro-batch.
+inline uint64_t MakeTransferTag(Payload payload, int stage, int micro_batch) {
+  return (static_cast<uint64_t>(payload) << 56) |
+         (static_cast<uint64_t>(static_cast<uint32_t>(stage) & 0xFFFFFFu) << 32) |
+         static_cast<uint32_t>(micro_batch);
 }
 
 class Transport {
