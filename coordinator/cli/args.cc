@@ -37,6 +37,10 @@ constexpr CommandInfo kCommands[] = {
      "Check a job file locally and print it with every default filled in", 1, 1},
     {Command::kExport, "export", "JOB -o FILE",
      "Write the job's latest checkpoint as a Hugging Face GPT-2 safetensors file", 1, 1},
+    {Command::kPlan, "plan", "JOB.yaml",
+     "Show, without running anything, the job's schedule: per-rank actions, timestep grid "
+     "and predicted bubble and memory",
+     1, 1},
     {Command::kVersion, "version", "", "Print the client version", 0, 0},
     {Command::kHelp, "help", "[COMMAND]", "Show this help, or a command's usage", 0, 1},
 };
@@ -164,6 +168,26 @@ absl::StatusOr<CliOptions> ParseArgs(const std::vector<std::string>& args,
     } else if (name == "-w" || name == "--watch") {
       if (absl::Status s = no_value(); !s.ok()) return s;
       opts.watch = true;
+    } else if (name == "--schedule" || name == "--schedule-csv" || name == "--csv") {
+      absl::StatusOr<std::string> v = value();
+      if (!v.ok()) return v.status();
+      if (v->empty()) return UsageError(absl::StrCat(name, ": missing value"));
+      (name == "--schedule" ? opts.schedule
+       : name == "--csv"    ? opts.csv_out
+                            : opts.schedule_csv) = *v;
+    } else if (name == "--chunks") {
+      absl::StatusOr<std::string> v = value();
+      if (!v.ok()) return v.status();
+      if (!absl::SimpleAtoi(*v, &opts.chunks) || opts.chunks < 0 || opts.chunks > 64) {
+        return UsageError(
+            absl::StrCat("--chunks: expected stages per worker in [0, 64], got '", *v, "'"));
+      }
+    } else if (name == "--print-actions") {
+      if (absl::Status s = no_value(); !s.ok()) return s;
+      opts.print_actions = true;
+    } else if (name == "--compare") {
+      if (absl::Status s = no_value(); !s.ok()) return s;
+      opts.compare = true;
     } else if (name == "-h" || name == "--help") {
       if (absl::Status s = no_value(); !s.ok()) return s;
       help = true;
@@ -208,6 +232,18 @@ absl::StatusOr<CliOptions> ParseArgs(const std::vector<std::string>& args,
   if (opts.command == Command::kHelp && n == 1 && FindCommand(opts.args[0]) == nullptr) {
     return UsageError(absl::StrCat("help: unknown command '", opts.args[0], "'"));
   }
+  const bool overrides = !opts.schedule.empty() || !opts.schedule_csv.empty() || opts.chunks >= 0;
+  if (overrides && opts.command != Command::kPlan && opts.command != Command::kSubmit &&
+      opts.command != Command::kValidate) {
+    return UsageError("--schedule, --schedule-csv and --chunks apply to plan, submit and validate");
+  }
+  if (!opts.schedule.empty() && !opts.schedule_csv.empty()) {
+    return UsageError("give --schedule or --schedule-csv, not both");
+  }
+  if ((opts.print_actions || opts.compare || !opts.csv_out.empty()) &&
+      opts.command != Command::kPlan) {
+    return UsageError("--print-actions, --compare and --csv apply to plan only");
+  }
   if (opts.watch && opts.command != Command::kSubmit) {
     return UsageError("--watch applies to submit only; to follow a job use 'tandem watch JOB'");
   }
@@ -239,6 +275,13 @@ std::string Usage() {
       "  -o, --output json|table      Output of status, list, workers, watch (default table)\n"
       "  --timeout SECONDS            Deadline of each request (default 10)\n"
       "  -w, --watch                  With submit: follow the job after submitting it\n"
+      "  --schedule NAME              With plan, submit, validate: use this schedule (gpipe,\n"
+      "                               1f1b, interleaved_1f1b, zb_h1, zb_v)\n"
+      "  --schedule-csv FILE          ... or this one, in torch.distributed.pipelining's CSV\n"
+      "  --chunks N                   ... with N stages per worker (interleaved_1f1b)\n"
+      "  --print-actions              With plan: print every rank's lowered action list\n"
+      "  --compare                    With plan: predicted figures of every schedule that fits\n"
+      "  --csv FILE                   With plan: write the schedule as CSV (re-importable)\n"
       "  -h, --help                   Show help\n"
       "  --version                    Print the client version\n"
       "\n"
@@ -246,6 +289,7 @@ std::string Usage() {
       "  JOB=$(tandem submit examples/quickstart.yaml)\n"
       "  tandem watch $JOB\n"
       "  tandem status $JOB -o json\n"
+      "  tandem plan examples/quickstart.yaml --compare\n"
       "\n"
       "Exit status: 0 on success, 1 on an error (or a watched job that failed or was\n"
       "cancelled), 2 on a usage error.\n");

@@ -27,6 +27,7 @@ enum class Command {
   kWorkers,   // workers
   kValidate,  // validate JOB.yaml (local: parse, fill defaults, validate)
   kExport,    // export JOB -o FILE.safetensors
+  kPlan,      // plan JOB.yaml (local: the schedule, its grid and predicted figures)
 };
 
 struct CliOptions {
@@ -40,6 +41,14 @@ struct CliOptions {
   bool watch = false;  // submit --watch
   // export: the file to write (-o FILE); for the other commands -o is the output format.
   std::string output_path;
+  // Schedule overrides of the job file (plan, submit, validate).
+  std::string schedule;      // --schedule NAME
+  std::string schedule_csv;  // --schedule-csv FILE (a path; the command reads it)
+  int chunks = -1;           // --chunks N (stages per worker); -1 = the file's
+  // plan only.
+  bool print_actions = false;  // --print-actions: the lowered per-rank action lists
+  bool compare = false;        // --compare: the figures of every schedule that fits
+  std::string csv_out;         // --csv FILE: write the lowered program as schedule CSV
 };
 
 // Parses argv[1..] (without the program name). Flags may come before or after the command;

@@ -11,10 +11,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "common/pipeline_plan.h"
 #include "common/schedule.h"
 #include "common/spec.h"
 #include "common/version.h"
 #include "coordinator/cli/format.h"
+#include "coordinator/cli/plan.h"
 
 namespace tandem::cli {
 namespace {
@@ -95,6 +97,20 @@ absl::Status Submit(const CliOptions& opts, CoordinatorClient& client, CommandIo
     if (!file.ok())
       return absl::Status(file.status().code(), absl::StrCat("submit: ", file.status().message()));
     yaml = *std::move(file);
+  }
+  if (!opts.schedule.empty() || !opts.schedule_csv.empty() || opts.chunks >= 0) {
+    // Overrides: parse here, apply them, and submit the result as JSON (JSON is YAML).
+    absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(yaml);
+    if (!spec.ok()) {
+      return absl::Status(spec.status().code(),
+                          absl::StrCat("submit: ", path, ": ", spec.status().message()));
+    }
+    if (absl::Status s = ApplyScheduleOverrides(opts, *spec); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("submit: ", s.message()));
+    }
+    absl::StatusOr<std::string> json = ToJson(*spec, /*pretty=*/false);
+    if (!json.ok()) return json.status();
+    yaml = *std::move(json);
   }
   absl::StatusOr<std::string> job_id = client.SubmitJob(yaml);
   if (!job_id.ok()) return RpcError(Command::kSubmit, opts, job_id.status());
@@ -181,26 +197,43 @@ absl::Status Workers(const CliOptions& opts, CoordinatorClient& client, CommandI
   return absl::OkStatus();
 }
 
-absl::Status Validate(const CliOptions& opts, CommandIo io) {
+// Reads, parses and applies the command line's schedule overrides, then fills the defaults
+// and validates: what `validate` and `plan` check.
+absl::StatusOr<v1::JobSpec> LoadJobFile(const CliOptions& opts) {
   const std::string& path = opts.args[0];
+  const std::string cmd(CommandName(opts.command));
   absl::StatusOr<std::string> yaml = ReadJobFile(path);
   if (!yaml.ok()) {
-    return absl::Status(yaml.status().code(), absl::StrCat("validate: ", yaml.status().message()));
+    return absl::Status(yaml.status().code(), absl::StrCat(cmd, ": ", yaml.status().message()));
   }
-  absl::StatusOr<v1::JobSpec> spec = LoadJobSpecYaml(*yaml);
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(*yaml);
+  if (spec.ok()) {
+    if (absl::Status s = ApplyScheduleOverrides(opts, *spec); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(cmd, ": ", s.message()));
+    }
+    *spec = WithDefaults(*spec);
+    if (absl::Status s = ValidateJobSpec(*spec); !s.ok()) spec = s;
+  }
   if (!spec.ok()) {
     return absl::Status(spec.status().code(),
-                        absl::StrCat("validate: ", path, ": ", spec.status().message()));
+                        absl::StrCat(cmd, ": ", path, ": ", spec.status().message()));
   }
+  return spec;
+}
+
+absl::Status Validate(const CliOptions& opts, CommandIo io) {
+  const std::string& path = opts.args[0];
+  absl::StatusOr<v1::JobSpec> spec = LoadJobFile(opts);
+  if (!spec.ok()) return spec.status();
   // JSON is YAML: the output can be submitted as it is.
   if (opts.output == OutputFormat::kJson) return PrintJson(*spec, io.out);
   const v1::PipelineSpec& p = spec->pipeline();
   io.out << absl::StrFormat(
-      "%s: valid. Job %s: %d steps on %d %s stage%s (%s), effective batch %d x %d = %d "
+      "%s: valid. Job %s: %d steps on %d %s worker%s (%s), effective batch %d x %d = %d "
       "sequences, ideal bubble %.1f%%.\n",
       path, spec->name(), spec->steps(), p.stages(), spec->device(), p.stages() == 1 ? "" : "s",
-      p.schedule(), p.micro_batch_size(), p.micro_batches(), EffectiveBatch(*spec),
-      100 * IdealBubbleFraction(p.stages(), p.micro_batches()));
+      p.schedule_csv().empty() ? p.schedule() : "csv", p.micro_batch_size(), p.micro_batches(),
+      EffectiveBatch(*spec), 100 * PredictedBubble(*spec));
   return absl::OkStatus();
 }
 
@@ -276,14 +309,42 @@ absl::Status Export(const CliOptions& opts, CoordinatorClient& client, CommandIo
   return absl::OkStatus();
 }
 
+absl::Status Plan(const CliOptions& opts, CommandIo io) {
+  absl::StatusOr<v1::JobSpec> spec = LoadJobFile(opts);
+  if (!spec.ok()) return spec.status();
+  if (opts.compare) {
+    io.out << FormatScheduleComparison(*spec);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> text = FormatPlan(*spec, opts.print_actions);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(), absl::StrCat("plan: ", text.status().message()));
+  }
+  io.out << *text;
+  if (!opts.csv_out.empty()) {
+    absl::StatusOr<PipelinePlan> plan = PlanPipeline(*spec);
+    if (!plan.ok()) return plan.status();
+    std::ofstream f(opts.csv_out, std::ios::binary | std::ios::trunc);
+    f << ProgramToCsv(plan->schedule.program);
+    f.close();
+    if (!f) {
+      return absl::UnavailableError(
+          absl::StrCat("plan: cannot write ", opts.csv_out, ": ", std::strerror(errno)));
+    }
+    io.out << "\nWrote the schedule (" << plan->num_ranks() << " rows, lowered) to " << opts.csv_out
+           << "; run it with --schedule-csv " << opts.csv_out << ".\n";
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunCommand(const CliOptions& opts, CoordinatorClient& client, CommandIo io) {
   switch (opts.command) {
     case Command::kHelp: {
       Command about = Command::kHelp;
       if (!opts.args.empty()) {
-        for (Command c :
-             {Command::kSubmit, Command::kStatus, Command::kWatch, Command::kList, Command::kCancel,
-              Command::kWorkers, Command::kValidate, Command::kExport, Command::kVersion}) {
+        for (Command c : {Command::kSubmit, Command::kStatus, Command::kWatch, Command::kList,
+                          Command::kCancel, Command::kWorkers, Command::kValidate, Command::kExport,
+                          Command::kPlan, Command::kVersion}) {
           if (CommandName(c) == opts.args[0]) about = c;
         }
       }
@@ -309,6 +370,8 @@ absl::Status RunCommand(const CliOptions& opts, CoordinatorClient& client, Comma
       return Validate(opts, io);
     case Command::kExport:
       return Export(opts, client, io);
+    case Command::kPlan:
+      return Plan(opts, io);
   }
   return absl::InternalError("unhandled command");
 }

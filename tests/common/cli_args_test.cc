@@ -122,11 +122,37 @@ TEST(ParseArgs, UsageErrors) {
   EXPECT_THAT(UsageError({"frob"}), HasSubstr("see 'tandem help'"));
 }
 
+TEST(ParseArgs, PlanAndScheduleOverrides) {
+  CliOptions opts = Parse({"plan", "job.yaml", "--print-actions", "--schedule", "zb_h1",
+                           "--chunks=2", "--csv", "out.csv"});
+  EXPECT_EQ(opts.command, Command::kPlan);
+  EXPECT_THAT(opts.args, ElementsAre("job.yaml"));
+  EXPECT_TRUE(opts.print_actions);
+  EXPECT_FALSE(opts.compare);
+  EXPECT_EQ(opts.schedule, "zb_h1");
+  EXPECT_EQ(opts.chunks, 2);
+  EXPECT_EQ(opts.csv_out, "out.csv");
+  opts = Parse({"plan", "job.yaml", "--compare", "--schedule-csv", "s.csv"});
+  EXPECT_TRUE(opts.compare);
+  EXPECT_EQ(opts.schedule_csv, "s.csv");
+  EXPECT_EQ(opts.chunks, -1);
+  opts = Parse({"submit", "job.yaml", "--schedule", "gpipe"});
+  EXPECT_EQ(opts.schedule, "gpipe");
+  EXPECT_THAT(UsageError({"plan"}), HasSubstr("usage: tandem plan JOB.yaml"));
+  EXPECT_THAT(UsageError({"plan", "j", "--schedule", "a", "--schedule-csv", "b"}),
+              HasSubstr("not both"));
+  EXPECT_THAT(UsageError({"plan", "j", "--chunks", "x"}), HasSubstr("--chunks: expected"));
+  EXPECT_THAT(UsageError({"list", "--schedule", "gpipe"}), HasSubstr("apply to plan, submit"));
+  EXPECT_THAT(UsageError({"validate", "j", "--compare"}), HasSubstr("apply to plan only"));
+  EXPECT_THAT(UsageError({"plan", "j", "--print-actions=1"}), HasSubstr("takes no value"));
+}
+
 TEST(Usage, ListsEveryCommandAndFlag) {
   const std::string usage = Usage();
   for (const char* word :
-       {"submit", "status", "watch", "list", "cancel", "workers", "validate", "--coordinator",
-        "--output", "--timeout", "TANDEM_COORDINATOR", "127.0.0.1:7070"}) {
+       {"submit", "status", "watch", "list", "cancel", "workers", "validate", "plan", "--schedule",
+        "--schedule-csv", "--print-actions", "--compare", "--coordinator", "--output", "--timeout",
+        "TANDEM_COORDINATOR", "127.0.0.1:7070"}) {
     EXPECT_THAT(usage, HasSubstr(word));
   }
   EXPECT_THAT(CommandUsage(Command::kWatch), HasSubstr("Usage: tandem watch JOB"));

@@ -301,11 +301,76 @@ TEST_F(CommandsTest, Cancel) {
 TEST_F(CommandsTest, ValidateLocally) {
   const std::string good = WriteFile("good.yaml", "name: ok\npipeline:\n  stages: 2\n");
   ASSERT_TRUE(Run(Opts(Command::kValidate, {good})).ok());
-  EXPECT_THAT(out_.str(), HasSubstr("valid. Job ok: 50 steps on 2 cpu stages (1f1b), effective "
+  EXPECT_THAT(out_.str(), HasSubstr("valid. Job ok: 50 steps on 2 cpu workers (1f1b), effective "
                                     "batch 32 x 4 = 128 sequences, ideal bubble 20.0%"));
   const std::string bad = WriteFile("bad.yaml", "optimizer:\n  lr: -1\n");
   absl::Status s = Run(Opts(Command::kValidate, {bad}));
   EXPECT_THAT(std::string(s.message()), HasSubstr("bad.yaml: optimizer.lr: must be"));
+}
+
+constexpr char kPlanJob[] =
+    "name: planned\nmodel:\n  n_layer: 2\npipeline:\n  stages: 2\n  micro_batches: 4\n";
+
+TEST_F(CommandsTest, PlanPrintsStagesFiguresGridAndActions) {
+  const std::string path = WriteFile("plan.yaml", kPlanJob);
+  CliOptions opts = Opts(Command::kPlan, {path});
+  opts.print_actions = true;
+  ASSERT_TRUE(Run(opts).ok());
+  const std::string out = out_.str();
+  EXPECT_THAT(out, HasSubstr("Job planned: 2 workers, schedule 1f1b, 2 stages (1 per worker), 4 "
+                             "micro-batches"));
+  EXPECT_THAT(out, HasSubstr("bubble 20.0% (formula (P-1)/(M+P-1) = 20.0%)"));
+  EXPECT_THAT(out, HasSubstr("Timestep grid"));
+  EXPECT_THAT(out, HasSubstr("rank 0: 0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0"));
+  EXPECT_THAT(out, HasSubstr("rank 1: 1RECV_F0 1F0 1B0 1SEND_B0"));
+  EXPECT_TRUE(client_.submitted.empty());  // nothing ran
+}
+
+TEST_F(CommandsTest, PlanScheduleOverrideAndCsvRoundTrip) {
+  const std::string path = WriteFile("plan.yaml", kPlanJob);
+  CliOptions opts = Opts(Command::kPlan, {path});
+  opts.schedule = "interleaved_1f1b";
+  opts.csv_out = ::testing::TempDir() + "/plan.csv";
+  ASSERT_TRUE(Run(opts).ok()) << out_.str();
+  EXPECT_THAT(out_.str(), HasSubstr("schedule interleaved_1f1b, 4 stages (2 per worker)"));
+  EXPECT_THAT(out_.str(), HasSubstr("formula (P-1)/(vM+P-1) = 11.1%"));
+  EXPECT_THAT(out_.str(), HasSubstr("Wrote the schedule (2 rows, lowered)"));
+  // The exported CSV plans to the same schedule.
+  out_.str("");
+  CliOptions again = Opts(Command::kPlan, {path});
+  again.schedule_csv = opts.csv_out;
+  ASSERT_TRUE(Run(again).ok()) << out_.str();
+  EXPECT_THAT(out_.str(), HasSubstr("schedule csv, 4 stages (2 per worker)"));
+  EXPECT_THAT(out_.str(), HasSubstr("bubble 11.1%"));
+  // A schedule that does not fit names its constraint.
+  out_.str("");
+  CliOptions bad = Opts(Command::kPlan, {path});
+  bad.schedule = "1f1b";
+  bad.chunks = 3;
+  absl::Status s = Run(bad);
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("pipeline.schedule"));
+}
+
+TEST_F(CommandsTest, PlanCompareListsEverySchedule) {
+  const std::string path = WriteFile("plan.yaml", kPlanJob);
+  CliOptions opts = Opts(Command::kPlan, {path});
+  opts.compare = true;
+  ASSERT_TRUE(Run(opts).ok());
+  for (const char* name : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v"}) {
+    EXPECT_THAT(out_.str(), HasSubstr(name));
+  }
+  EXPECT_THAT(out_.str(), HasSubstr("20.0%"));  // 1f1b and gpipe
+}
+
+TEST_F(CommandsTest, SubmitWithScheduleOverrideSendsTheSpec) {
+  const std::string path = WriteFile("plan.yaml", kPlanJob);
+  CliOptions opts = Opts(Command::kSubmit, {path});
+  opts.schedule = "zb_h1";
+  ASSERT_TRUE(Run(opts).ok());
+  ASSERT_EQ(client_.submitted.size(), 1u);
+  EXPECT_THAT(client_.submitted[0], HasSubstr("\"schedule\":\"zb_h1\""));
+  EXPECT_THAT(client_.submitted[0], HasSubstr("\"name\":\"planned\""));
 }
 
 TEST_F(CommandsTest, HelpAndVersion) {

@@ -1,0 +1,31 @@
+// `tandem plan`: what a job's pipeline will do, computed locally from the job file without
+// running anything (common/pipeline_plan.h and the simulator in common/schedule_check.h).
+#ifndef TANDEM_COORDINATOR_CLI_PLAN_H_
+#define TANDEM_COORDINATOR_CLI_PLAN_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "coordinator/cli/args.h"
+#include "tandem/v1/spec.pb.h"
+
+namespace tandem::cli {
+
+// Applies --schedule, --schedule-csv (reading the file into pipeline.schedule_csv) and
+// --chunks to a parsed spec, before defaults and validation. NOT_FOUND/INVALID_ARGUMENT for
+// a CSV file that cannot be read.
+absl::Status ApplyScheduleOverrides(const CliOptions& opts, v1::JobSpec& spec);
+
+// The plan of a valid spec: stages and their layers, the predicted figures with unit costs,
+// the timestep grid, and with `print_actions` every rank's lowered action list.
+// INVALID_ARGUMENT when the pipeline cannot be planned.
+absl::StatusOr<std::string> FormatPlan(const v1::JobSpec& spec, bool print_actions);
+
+// One row per known schedule: chunks, stages, predicted step time and bubble, peak live
+// activations, or why it does not fit this job.
+std::string FormatScheduleComparison(const v1::JobSpec& spec);
+
+}  // namespace tandem::cli
+
+#endif  // TANDEM_COORDINATOR_CLI_PLAN_H_
