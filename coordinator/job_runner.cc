@@ -12,6 +12,7 @@
 #include "common/model_desc.h"
 #include "common/schedule_check.h"
 #include "common/spec.h"
+#include "common/step_profile.h"
 #include "coordinator/hf_export.h"
 #include "spdlog/spdlog.h"
 
@@ -303,6 +304,16 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
   if (!has_loss) {
     return absl::InternalError(
         absl::StrCat(what, ": ", WorkerName(LastStageRank()), " reported no loss"));
+  }
+  std::vector<const v1::StepReport*> reports;
+  for (const auto& resp : responses) reports.push_back(&resp.report());
+  if (absl::StatusOr<StepProfile> profile = ProfileStep(plan_.schedule, reports); profile.ok()) {
+    summary.set_bubble_measured(profile->measured_bubble);
+    summary.set_bubble_predicted(profile->predicted_bubble);
+    for (double b : profile->busy_seconds) summary.add_busy_seconds(b);
+  } else {
+    spdlog::warn("{}: {}: cannot profile the step: {}", job_.id(), what,
+                 profile.status().ToString());
   }
 
   // Phase 2: the global gradient norm decides clipping and skipping, the same on every stage.

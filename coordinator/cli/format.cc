@@ -234,14 +234,20 @@ std::string FormatJobDetails(const v1::Job& job) {
   }
 
   if (job.history_size() > 0) {
-    Table steps({"STEP", "LOSS", "MS/STEP", "TOK/S", "OVERHEAD MS"});
+    // BUBBLE: the workers' measured idle share, and in brackets what the simulator predicts
+    // from the same step's measured action costs.
+    Table steps({"STEP", "LOSS", "MS/STEP", "TOK/S", "OVERHEAD MS", "BUBBLE (PREDICTED)"});
     const int first = std::max(0, job.history_size() - kRecentSteps);
     for (int i = first; i < job.history_size(); ++i) {
       const v1::StepSummary& s = job.history(i);
       steps.AddRow({absl::StrCat(StepsDone(s)), FormatLoss(s.loss()),
                     absl::StrFormat("%.1f", s.step_seconds() * 1000),
                     absl::StrFormat("%.0f", s.tokens_per_second()),
-                    absl::StrFormat("%.1f", s.coordinator_overhead_seconds() * 1000)});
+                    absl::StrFormat("%.1f", s.coordinator_overhead_seconds() * 1000),
+                    s.busy_seconds_size() == 0
+                        ? "-"
+                        : absl::StrFormat("%.1f%% (%.1f%%)", 100 * s.bubble_measured(),
+                                          100 * s.bubble_predicted())});
     }
     absl::StrAppend(&out, "\n", steps.Render());
   }

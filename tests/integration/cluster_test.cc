@@ -501,7 +501,15 @@ TEST_F(ClusterTest, EveryScheduleAndAnExportedCsvTrainTheSameLosses) {
         << (job.ok() ? job->reason() : job.status().ToString());
     std::vector<double> losses;
     if (!job.ok()) return losses;
-    for (const v1::StepSummary& s : job->history()) losses.push_back(s.loss());
+    for (const v1::StepSummary& s : job->history()) {
+      losses.push_back(s.loss());
+      // Every step is profiled: per-rank busy time, measured and predicted bubble.
+      EXPECT_EQ(s.busy_seconds_size(), 2);
+      EXPECT_GT(s.busy_seconds(0), 0.0);
+      EXPECT_GE(s.bubble_measured(), 0.0);
+      EXPECT_LT(s.bubble_measured(), 1.0);
+      EXPECT_GT(s.bubble_predicted(), 0.0);
+    }
     EXPECT_TRUE(job->has_val_loss());
     return losses;
   };

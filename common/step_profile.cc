@@ -1,0 +1,74 @@
+#include "common/step_profile.h"
+
+#include <algorithm>
+#include <array>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+namespace {
+
+bool IsCompute(v1::ActionKind k) {
+  return k == v1::ACTION_F || k == v1::ACTION_B || k == v1::ACTION_I || k == v1::ACTION_W;
+}
+
+}  // namespace
+
+absl::StatusOr<StepProfile> ProfileStep(const Schedule& lowered,
+                                        const std::vector<const v1::StepReport*>& reports) {
+  const int p = lowered.placement.num_ranks;
+  const int s = lowered.placement.num_stages();
+  if (static_cast<int>(reports.size()) != p || static_cast<int>(lowered.program.size()) != p) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile: ", reports.size(), " reports for ", p, " ranks"));
+  }
+  StepProfile out;
+  out.busy_seconds.assign(p, 0.0);
+  out.exec_seconds.assign(p, 0.0);
+  // Sums and counts per stage and kind: F, B, I, W.
+  std::vector<std::array<double, 4>> sum(s, {0, 0, 0, 0});
+  std::vector<std::array<int, 4>> count(s, {0, 0, 0, 0});
+  auto slot = [](v1::ActionKind k) {
+    return k == v1::ACTION_F ? 0 : k == v1::ACTION_B ? 1 : k == v1::ACTION_I ? 2 : 3;
+  };
+  for (int r = 0; r < p; ++r) {
+    const v1::StepReport& rep = *reports[r];
+    const std::vector<Action>& actions = lowered.program[r];
+    out.exec_seconds[r] = static_cast<double>(rep.exec_us()) * 1e-6;
+    for (const v1::ActionTiming& t : rep.timings()) {
+      if (t.index() < 0 || t.index() >= static_cast<int>(actions.size())) {
+        return absl::InvalidArgumentError(absl::StrCat("profile: rank ", r, " timing index ",
+                                                       t.index(), " is outside its ",
+                                                       actions.size(), " actions"));
+      }
+      const Action& a = actions[t.index()];
+      if (!IsCompute(a.kind)) continue;
+      const double seconds =
+          static_cast<double>(std::max<int64_t>(0, t.end_us() - t.start_us())) * 1e-6;
+      out.busy_seconds[r] += seconds;
+      sum[a.stage][slot(a.kind)] += seconds;
+      ++count[a.stage][slot(a.kind)];
+    }
+  }
+  const double max_exec = *std::max_element(out.exec_seconds.begin(), out.exec_seconds.end());
+  double busy = 0.0;
+  for (double b : out.busy_seconds) busy += b;
+  out.measured_bubble = max_exec > 0 ? std::max(0.0, 1.0 - busy / (p * max_exec)) : 0.0;
+  out.stage_costs.resize(s);
+  for (int st = 0; st < s; ++st) {
+    auto mean = [&](int k) { return count[st][k] > 0 ? sum[st][k] / count[st][k] : 0.0; };
+    ActionCosts& c = out.stage_costs[st];
+    c.forward = mean(0);
+    c.backward = mean(1);
+    c.backward_input = mean(2);
+    c.backward_weight = mean(3);
+    c.transfer = 0.0;
+  }
+  absl::StatusOr<SimulationResult> sim = SimulateSchedule(lowered, ActionCosts{}, out.stage_costs);
+  if (!sim.ok()) return sim.status();
+  out.predicted_step_seconds = sim->step_time;
+  out.predicted_bubble = sim->bubble_fraction;
+  return out;
+}
+
+}  // namespace tandem

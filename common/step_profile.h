@@ -1,0 +1,38 @@
+// What a step actually did, from the workers' reports: per-rank busy time, the measured
+// bubble, the measured cost of every stage's actions, and what the simulator predicts from
+// those costs. The coordinator records it with every step (StepSummary), so that a user sees
+// the bubble the schedule really has next to the one it should have; profile-driven planning
+// starts from the same measured costs. Pure code, no I/O.
+#ifndef TANDEM_COMMON_STEP_PROFILE_H_
+#define TANDEM_COMMON_STEP_PROFILE_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/schedule.h"
+#include "common/schedule_check.h"
+#include "tandem/v1/common.pb.h"
+
+namespace tandem {
+
+struct StepProfile {
+  std::vector<double> busy_seconds;  // per rank: time in compute actions (F, B, I, W)
+  std::vector<double> exec_seconds;  // per rank: the worker's whole RunStep execution
+  // 1 - sum(busy) / (ranks x max(exec)): the idle share of the workers' time.
+  double measured_bubble = 0.0;
+  // Per stage: the mean measured duration of each kind of compute action (0 where the stage
+  // ran none of that kind).
+  std::vector<ActionCosts> stage_costs;
+  // The simulator run on the program with stage_costs (transfers free).
+  double predicted_step_seconds = 0.0;
+  double predicted_bubble = 0.0;
+};
+
+// `reports[r]` is rank r's report of one training step of `lowered` (its timings index into
+// rank r's action list). INVALID_ARGUMENT when the reports do not match the program.
+absl::StatusOr<StepProfile> ProfileStep(const Schedule& lowered,
+                                        const std::vector<const v1::StepReport*>& reports);
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_STEP_PROFILE_H_
