@@ -300,6 +300,7 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
     summary.set_bytes_sent(summary.bytes_sent() + rep.bytes_sent());
     summary.set_peak_activation_bytes(
         std::max(summary.peak_activation_bytes(), rep.peak_activation_bytes()));
+    summary.add_rank_peak_activation_bytes(rep.peak_activation_bytes());
   }
   if (!has_loss) {
     return absl::InternalError(

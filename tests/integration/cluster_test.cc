@@ -509,6 +509,8 @@ TEST_F(ClusterTest, EveryScheduleAndAnExportedCsvTrainTheSameLosses) {
       EXPECT_GE(s.bubble_measured(), 0.0);
       EXPECT_LT(s.bubble_measured(), 1.0);
       EXPECT_GT(s.bubble_predicted(), 0.0);
+      EXPECT_EQ(s.rank_peak_activation_bytes_size(), 2);
+      EXPECT_GT(s.peak_activation_bytes(), 0);
     }
     EXPECT_TRUE(job->has_val_loss());
     return losses;
