@@ -587,6 +587,28 @@ absl::Status StageExecutor::Backward(int chunk, int mb, v1::ActionKind kind) {
   return absl::OkStatus();
 }
 
+absl::Status StageExecutor::PrefetchRecv(const v1::Action& a) {
+  const int chunk = chunk_of_stage_[a.stage()];
+  const Chunk& c = chunks_[chunk];
+  const int mb = a.micro_batch();
+  MicroBatch& m = Mb(chunk, mb);
+  const std::vector<int64_t> act_shape =
+      gpt_ ? std::vector<int64_t>{micro_batch_size_, seq_len_, d_model_}
+           : std::vector<int64_t>{micro_batch_size_, d_model_};
+  const size_t act_bytes =
+      static_cast<size_t>(micro_batch_size_ * seq_len_ * d_model_) * sizeof(float);
+  const bool fwd = a.kind() == v1::ACTION_RECV_F;
+  const int peer = fwd ? c.prev_rank : c.next_rank;
+  const uint64_t tag = fwd ? MakeTransferTag(Payload::kActivation, c.stage - 1, mb)
+                           : MakeTransferTag(Payload::kGradient, c.stage + 1, mb);
+  if (transport_->posted_recv(peer, tag)) return absl::OkStatus();
+  Tensor& buffer = fwd ? m.input : m.grad_output;
+  buffer.Reset(act_shape);
+  absl::Status s = transport_->PostRecv(peer, tag, buffer.data(), act_bytes);
+  Account(chunk, mb);
+  return s;
+}
+
 std::string StageExecutor::Where(const v1::Action& a) const {
   const Chunk& c = chunks_[chunk_of_stage_[a.stage()]];
   std::string what = absl::StrCat(KindName(a.kind()), " mb ", a.micro_batch());
@@ -621,10 +643,12 @@ absl::Status StageExecutor::RunAction(const v1::Action& a, int64_t step, bool ev
   const size_t act_bytes =
       static_cast<size_t>(micro_batch_size_ * seq_len_ * d_model_) * sizeof(float);
   switch (a.kind()) {
-    case v1::ACTION_RECV_F:
+    case v1::ACTION_RECV_F: {
+      const uint64_t tag = MakeTransferTag(Payload::kActivation, c.stage - 1, mb);
+      if (transport_->posted_recv(c.prev_rank, tag)) return transport_->WaitRecv(c.prev_rank, tag);
       m.input.Reset(act_shape);
-      return transport_->Recv(c.prev_rank, MakeTransferTag(Payload::kActivation, c.stage - 1, mb),
-                              m.input.data(), act_bytes);
+      return transport_->Recv(c.prev_rank, tag, m.input.data(), act_bytes);
+    }
     case v1::ACTION_F:
       return Forward(chunk, mb, step, eval);
     case v1::ACTION_SEND_F: {
@@ -633,10 +657,12 @@ absl::Status StageExecutor::RunAction(const v1::Action& a, int64_t step, bool ev
       return transport_->PostSend(c.next_rank, MakeTransferTag(Payload::kActivation, c.stage, mb),
                                   out.data(), out.bytes());
     }
-    case v1::ACTION_RECV_B:
+    case v1::ACTION_RECV_B: {
+      const uint64_t tag = MakeTransferTag(Payload::kGradient, c.stage + 1, mb);
+      if (transport_->posted_recv(c.next_rank, tag)) return transport_->WaitRecv(c.next_rank, tag);
       m.grad_output.Reset(act_shape);
-      return transport_->Recv(c.next_rank, MakeTransferTag(Payload::kGradient, c.stage + 1, mb),
-                              m.grad_output.data(), act_bytes);
+      return transport_->Recv(c.next_rank, tag, m.grad_output.data(), act_bytes);
+    }
     case v1::ACTION_B:
     case v1::ACTION_I:
     case v1::ACTION_W:
@@ -704,9 +730,24 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode
   };
 
   const auto& actions = eval ? program_.eval_actions() : program_.actions();
+  // next_recv[i]: the first receive after action i. Before each compute action the executor
+  // posts that receive, so its transfer overlaps the compute instead of starting when the
+  // program reaches it (posting never blocks, so it cannot deadlock).
+  std::vector<int> next_recv(actions.size(), -1);
+  for (int i = actions.size() - 2; i >= 0; --i) {
+    const v1::ActionKind k = actions[i + 1].kind();
+    next_recv[i] = k == v1::ACTION_RECV_F || k == v1::ACTION_RECV_B ? i + 1 : next_recv[i + 1];
+  }
   for (int i = 0; i < actions.size(); ++i) {
     const v1::Action& a = actions[i];
     if (aborted_.load()) return fail(absl::AbortedError("the stage was aborted"), "step");
+    const v1::ActionKind k = a.kind();
+    if (next_recv[i] >= 0 &&
+        (k == v1::ACTION_F || k == v1::ACTION_B || k == v1::ACTION_I || k == v1::ACTION_W)) {
+      if (absl::Status s = PrefetchRecv(actions[next_recv[i]]); !s.ok()) {
+        return fail(s, Where(actions[next_recv[i]]));
+      }
+    }
     v1::ActionTiming* timing = report.add_timings();
     timing->set_index(i);
     timing->set_start_us(UnixMicros());

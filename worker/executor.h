@@ -143,6 +143,8 @@ class StageExecutor {
   // B (input and weight gradients), I (input gradient only) or W (weight gradients of a
   // micro-batch whose I ran).
   absl::Status Backward(int chunk, int mb, v1::ActionKind kind);
+  // Posts the receive `a` (RECV_F or RECV_B) ahead of time, unless it is already posted.
+  absl::Status PrefetchRecv(const v1::Action& a);
   MicroBatch& Mb(int chunk, int mb);
   void Account(int chunk, int mb);
   // Moves a tensor that a posted send reads into the buffers kept until the step's end.

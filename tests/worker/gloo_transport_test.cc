@@ -62,6 +62,37 @@ TEST(GlooTransportTest, SendRecvBothWays) {
   EXPECT_EQ(b->bytes_received(), 4040);
 }
 
+// Receives posted ahead (the executor's prefetch) complete in any order, once each.
+TEST(GlooTransportTest, PostedReceivesCompleteInAnyOrder) {
+  gloo::rendezvous::HashStore store;
+  auto [a, b] = ConnectPair(store);
+  ASSERT_TRUE(a && b);
+  std::vector<float> x(256, 1.5f), y(256, 0.0f), g(8, -2.0f), h(8, 0.0f);
+  const uint64_t act = MakeTransferTag(Payload::kActivation, 0, 1);
+  const uint64_t grad = MakeTransferTag(Payload::kGradient, 2, 1);
+  ASSERT_TRUE(b->PostRecv(0, act, y.data(), y.size() * sizeof(float)).ok());
+  ASSERT_TRUE(b->PostRecv(0, grad, h.data(), h.size() * sizeof(float)).ok());
+  EXPECT_TRUE(b->posted_recv(0, act));
+  EXPECT_EQ(b->PostRecv(0, act, y.data(), 4).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(a->PostSend(1, grad, g.data(), g.size() * sizeof(float)).ok());
+  ASSERT_TRUE(a->PostSend(1, act, x.data(), x.size() * sizeof(float)).ok());
+  ASSERT_TRUE(b->WaitRecv(0, act).ok());
+  ASSERT_TRUE(b->WaitRecv(0, grad).ok());
+  ASSERT_TRUE(a->WaitSends().ok());
+  EXPECT_EQ(x, y);
+  EXPECT_EQ(g, h);
+  EXPECT_FALSE(b->posted_recv(0, act));
+  EXPECT_EQ(b->WaitRecv(0, act).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(b->bytes_received(), static_cast<int64_t>((256 + 8) * sizeof(float)));
+  // Abort wakes a posted receive's waiter.
+  ASSERT_TRUE(b->PostRecv(0, act, y.data(), 16).ok());
+  auto pending = std::async(std::launch::async, [t = b.get(), act] { return t->WaitRecv(0, act); });
+  std::this_thread::sleep_for(milliseconds(50));
+  b->Abort();
+  ASSERT_EQ(pending.wait_for(std::chrono::seconds(2)), std::future_status::ready);
+  EXPECT_EQ(pending.get().code(), absl::StatusCode::kAborted);
+}
+
 TEST(GlooTransportTest, AbortUnblocksPendingRecv) {
   gloo::rendezvous::HashStore store;
   auto [a, b] = ConnectPair(store);

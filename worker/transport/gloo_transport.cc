@@ -19,6 +19,11 @@ struct GlooTransport::PendingSend {
   std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
 };
 
+struct GlooTransport::PendingRecv {
+  size_t bytes = 0;
+  std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+};
+
 absl::StatusOr<std::unique_ptr<GlooTransport>> GlooTransport::Connect(
     const GlooTransportOptions& options, gloo::rendezvous::Store& store) {
   if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
@@ -58,6 +63,7 @@ GlooTransport::~GlooTransport() {
   // Buffers first (they reference the context), then the context, then the device.
   absl::MutexLock lock(&mu_);
   pending_sends_.clear();
+  pending_recvs_.clear();
 }
 
 absl::Status GlooTransport::CheckPeer(int peer) const {
@@ -103,19 +109,60 @@ absl::Status GlooTransport::PostSend(int peer, uint64_t tag, const void* data, s
 }
 
 absl::Status GlooTransport::Recv(int peer, uint64_t tag, void* data, size_t bytes) {
+  if (absl::Status s = PostRecv(peer, tag, data, bytes); !s.ok()) return s;
+  return WaitRecv(peer, tag);
+}
+
+absl::Status GlooTransport::PostRecv(int peer, uint64_t tag, void* data, size_t bytes) {
   if (absl::Status s = CheckPeer(peer); !s.ok()) return s;
   if (aborted_.load()) return absl::AbortedError("receive: transport aborted");
-  std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+  try {
+    auto pending = std::make_unique<PendingRecv>();
+    pending->bytes = bytes;
+    pending->buffer = context_->createUnboundBuffer(data, bytes);
+    absl::MutexLock lock(&mu_);
+    auto [it, inserted] = pending_recvs_.try_emplace({peer, tag}, nullptr);
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank,
+                                                     ": a receive from peer rank ", peer,
+                                                     " with tag ", tag, " is already posted"));
+    }
+    pending->buffer->recv(peer, tag);
+    // An Abort() before the entry existed has already run: honour it.
+    if (aborted_.load()) pending->buffer->abortWaitRecv();
+    it->second = std::move(pending);
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    absl::MutexLock lock(&mu_);
+    pending_recvs_.erase({peer, tag});
+    return Failure("receive", peer, &e);
+  } catch (...) {
+    absl::MutexLock lock(&mu_);
+    pending_recvs_.erase({peer, tag});
+    return Failure("receive", peer, nullptr);
+  }
+}
+
+bool GlooTransport::posted_recv(int peer, uint64_t tag) const {
+  absl::MutexLock lock(&mu_);
+  return pending_recvs_.contains({peer, tag});
+}
+
+absl::Status GlooTransport::WaitRecv(int peer, uint64_t tag) {
+  gloo::transport::UnboundBuffer* buffer = nullptr;
+  size_t bytes = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_recvs_.find({peer, tag});
+    if (it == pending_recvs_.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", options_.rank, ": no receive from peer rank ", peer, " tag ", tag, " posted"));
+    }
+    buffer = it->second->buffer.get();
+    bytes = it->second->bytes;
+  }
   absl::Status status;
   try {
-    buffer = context_->createUnboundBuffer(data, bytes);
-    buffer->recv(peer, tag);
-    {
-      absl::MutexLock lock(&mu_);
-      pending_recv_ = buffer.get();
-      // An Abort() between the check above and here has already run: honour it.
-      if (aborted_.load()) buffer->abortWaitRecv();
-    }
     if (!buffer->waitRecv(options_.op_timeout)) {
       status =
           absl::AbortedError(absl::StrCat("receive from peer rank ", peer, ": transport aborted"));
@@ -127,8 +174,12 @@ absl::Status GlooTransport::Recv(int peer, uint64_t tag, void* data, size_t byte
   } catch (...) {
     status = Failure("receive", peer, nullptr);
   }
-  absl::MutexLock lock(&mu_);
-  pending_recv_ = nullptr;
+  // On failure the transport is dead; keep the buffer (it references caller memory, which the
+  // caller keeps until this transport is destroyed), as for sends.
+  if (status.ok()) {
+    absl::MutexLock lock(&mu_);
+    pending_recvs_.erase({peer, tag});
+  }
   return status;
 }
 
@@ -166,7 +217,7 @@ void GlooTransport::Abort() {
   absl::MutexLock lock(&mu_);
   aborted_.store(true);
   try {
-    if (pending_recv_ != nullptr) pending_recv_->abortWaitRecv();
+    for (const auto& [key, r] : pending_recvs_) r->buffer->abortWaitRecv();
     for (const auto& p : pending_sends_) p->buffer->abortWaitSend();
   } catch (...) {
     // abortWait* only signals a condition variable; nothing to recover.

@@ -10,8 +10,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -56,6 +58,9 @@ class GlooTransport final : public Transport {
   int size() const override { return options_.size; }
   absl::Status PostSend(int peer, uint64_t tag, const void* data, size_t bytes) override;
   absl::Status Recv(int peer, uint64_t tag, void* data, size_t bytes) override;
+  absl::Status PostRecv(int peer, uint64_t tag, void* data, size_t bytes) override;
+  absl::Status WaitRecv(int peer, uint64_t tag) override;
+  bool posted_recv(int peer, uint64_t tag) const override;
   absl::Status WaitSends() override;
   void Abort() override;
   bool aborted() const override { return aborted_.load(); }
@@ -64,6 +69,7 @@ class GlooTransport final : public Transport {
 
  private:
   struct PendingSend;
+  struct PendingRecv;
 
   GlooTransport(const GlooTransportOptions& options,
                 std::shared_ptr<gloo::transport::Device> device,
@@ -78,10 +84,11 @@ class GlooTransport final : public Transport {
   std::atomic<int64_t> bytes_sent_{0};
   std::atomic<int64_t> bytes_received_{0};
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   // Buffers with an operation in flight, so that Abort() can wake their waiters. Only the
   // executor thread adds and removes entries; Abort() only calls abortWait* on them.
-  gloo::transport::UnboundBuffer* pending_recv_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::map<std::pair<int, uint64_t>, std::unique_ptr<PendingRecv>> pending_recvs_
+      ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<PendingSend>> pending_sends_ ABSL_GUARDED_BY(mu_);
 };
 

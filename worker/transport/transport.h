@@ -51,6 +51,15 @@ class Transport {
   // INVALID_ARGUMENT leaves the transport unusable.
   virtual absl::Status Recv(int peer, uint64_t tag, void* data, size_t bytes) = 0;
 
+  // Starts receiving exactly `bytes` bytes from `peer` into `data` without blocking, so that
+  // the transfer overlaps the caller's compute; WaitRecv(peer, tag) completes it. `data` must
+  // stay valid until then. INVALID_ARGUMENT for a bad peer or when a receive of (peer, tag) is
+  // already posted; ABORTED after Abort().
+  virtual absl::Status PostRecv(int peer, uint64_t tag, void* data, size_t bytes) = 0;
+  // Blocks until the receive posted for (peer, tag) has its data; same errors as Recv, and
+  // FAILED_PRECONDITION when none is posted.
+  virtual absl::Status WaitRecv(int peer, uint64_t tag) = 0;
+
   // Blocks until every posted send has completed (then their buffers may be reused).
   // Same errors as Recv. After a failure the transport may still reference the buffers of
   // posted sends: keep them until the transport is destroyed.
@@ -60,6 +69,9 @@ class Transport {
   // Thread-safe and idempotent; the transport cannot be used again afterwards.
   virtual void Abort() = 0;
   virtual bool aborted() const = 0;
+
+  // Whether a receive of (peer, tag) is posted and not yet waited for.
+  virtual bool posted_recv(int peer, uint64_t tag) const = 0;
 
   // Totals since construction.
   virtual int64_t bytes_sent() const = 0;
