@@ -132,8 +132,8 @@ absl::StatusOr<std::string> FormatPlan(const v1::JobSpec& spec, bool print_actio
 }
 
 std::string FormatScheduleComparison(const v1::JobSpec& spec) {
-  Table table(
-      {"SCHEDULE", "CHUNKS", "STAGES", "STEP", "BUBBLE", "PEAK LIVE (MB-EQUIV)", "SENDS/STEP"});
+  Table table({"SCHEDULE", "CHUNKS", "STAGES", "STEP", "BUBBLE", "PEAK LIVE (MB-EQUIV)",
+               "SENDS/STEP", "NOTE"});
   for (const std::string& name : ScheduleNames()) {
     v1::JobSpec s = spec;
     s.mutable_pipeline()->set_schedule(name);
@@ -143,14 +143,14 @@ std::string FormatScheduleComparison(const v1::JobSpec& spec) {
     s.mutable_pipeline()->set_chunks(name == "interleaved_1f1b" ? chunks : 0);
     absl::StatusOr<PipelinePlan> plan = PlanPipeline(s);
     if (!plan.ok()) {
-      table.AddRow(
-          {name, "-", "-", "-", "-", "-", absl::StrCat("does not fit: ", plan.status().message())});
+      table.AddRow({name, "-", "-", "-", "-", "-", "-",
+                    absl::StrCat("does not fit: ", plan.status().message())});
       continue;
     }
     absl::StatusOr<SimulationResult> sim =
         SimulateSchedule(plan->schedule, UnitCosts(plan->schedule.placement));
     if (!sim.ok()) {
-      table.AddRow({name, "-", "-", "-", "-", "-", std::string(sim.status().message())});
+      table.AddRow({name, "-", "-", "-", "-", "-", "-", std::string(sim.status().message())});
       continue;
     }
     const int v = plan->num_stages() / plan->num_ranks();

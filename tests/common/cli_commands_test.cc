@@ -361,6 +361,16 @@ TEST_F(CommandsTest, PlanCompareListsEverySchedule) {
     EXPECT_THAT(out_.str(), HasSubstr(name));
   }
   EXPECT_THAT(out_.str(), HasSubstr("20.0%"));  // 1f1b and gpipe
+  // A schedule that does not fit says why: 1 block gives 3 layers, too few for 2 x 2 stages.
+  out_.str("");
+  const std::string small = WriteFile(
+      "small.yaml", "name: s\nmodel:\n  n_layer: 1\npipeline:\n  stages: 2\n  micro_batches: 4\n");
+  ASSERT_TRUE(Run(Opts(Command::kPlan, {small})).ok());
+  out_.str("");
+  CliOptions compare = Opts(Command::kPlan, {small});
+  compare.compare = true;
+  ASSERT_TRUE(Run(compare).ok());
+  EXPECT_THAT(out_.str(), HasSubstr("does not fit: cannot split 3 layers"));
 }
 
 TEST_F(CommandsTest, SubmitWithScheduleOverrideSendsTheSpec) {
