@@ -4,6 +4,7 @@
 #
 #   bench/pipeline_bench.sh [--bubble] [--memory] [--no-speedup] [--small] [--steps N]
 #                           [--m N] [--vocab N] [--only tandem|torch] [--keep] [--print-spec]
+#                           [--torch2 PYTHON]
 #
 # Needs a built tree (build/bin/tandem-coordinator, tandem-worker, tandem; this script does
 # not build) and Debian's python3-torch for /usr/bin/python3. It starts one coordinator
@@ -27,6 +28,13 @@
 # --memory: peak live activation bytes per rank, Tandem P=2 gpipe vs 1f1b vs zb_h1 at M=16
 #   on the same shapes (2 steps), plus the PyTorch pipeline's peak RSS per rank, gpipe vs 1f1b,
 #   at M=8 (2 steps each). About 3 min.
+# --torch2 PYTHON: also run, in the speed-up part, the torch.distributed.pipelining peer
+#   (bench/torch_pipelining.py: the same model, seeds and data, one process and 2 processes
+#   Schedule1F1B over gloo, one thread each) with PYTHON, an interpreter with a PyPI torch 2.x
+#   (e.g. `/usr/bin/python3 -m venv /tmp/torch2 && /tmp/torch2/bin/pip install torch numpy`,
+#   then --torch2 /tmp/torch2/bin/python), and print its rows and Tandem P2 / its P2 next to
+#   the hand-written peer's. About 2 min more at the default shapes. --only torch runs both
+#   PyTorch peers.
 # --small runs the default part on small balanced shapes (n_layer 4, d_model 256, n_head 4,
 #   seq_len 128, vocab 256, micro-batch 4; a smoke test: under a minute);
 # --no-speedup skips the default part; --keep keeps the run directory (logs, specs, JSON);
@@ -43,7 +51,7 @@ bin="$root/build/bin"
 py=/usr/bin/python3
 
 speedup=1 bubble=0 memory=0 keep=0 print_spec=0 small_run=0 only=
-steps=3 m=8 vocab=''
+steps=3 m=8 vocab='' torch2=
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -56,6 +64,7 @@ while [ $# -gt 0 ]; do
     --steps) steps="$2"; shift ;;
     --m) m="$2"; shift ;;
     --vocab) vocab="$2"; shift ;;
+    --torch2) torch2="$2"; shift ;;
     --only) only="$2"; shift
       case "$only" in tandem|torch) ;; *) echo "pipeline_bench.sh: --only tandem|torch" >&2; exit 2 ;; esac ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -121,6 +130,11 @@ for b in tandem-coordinator tandem-worker tandem; do
 done
 "$py" -c 'import torch' 2>/dev/null || {
   echo "pipeline_bench.sh: $py cannot import torch (apt-get install python3-torch)" >&2; exit 1; }
+if [ -n "$torch2" ]; then
+  "$torch2" -c 'import torch.distributed.pipelining' 2>/dev/null || {
+    echo "pipeline_bench.sh: --torch2 $torch2 cannot import torch.distributed.pipelining" \
+      "(a PyPI torch 2.x: pip install torch)" >&2; exit 1; }
+fi
 
 run="$(mktemp -d /tmp/tandem-pipebench-XXXXXX)"
 results="$run/results.jsonl"
@@ -185,6 +199,18 @@ torch_run() {
     "$py" bench/pipeline_report.py tag --section "$section" --label "$name" >>"$results"
 }
 
+# torch2_run SECTION NAME ARGS...: the torch.distributed.pipelining peer (--torch2 PYTHON).
+torch2_run() {
+  [ "$only" = tandem ] && return 0
+  [ -n "$torch2" ] || return 0
+  local section="$1" name="$2"; shift 2
+  log "torch2 $name: $torch2 bench/torch_pipelining.py $*"
+  "$torch2" bench/torch_pipelining.py "$@" >"$run/$name.torch2.log"
+  grep '^step' "$run/$name.torch2.log" >&2 || true
+  tail -n 1 "$run/$name.torch2.log" |
+    "$py" bench/pipeline_report.py tag --section "$section" --label "$name" >>"$results"
+}
+
 full=(--layers $L --d $D --heads $H --mb $MB --seq $SEQ)
 small=(--layers $SL --d $SD --heads $SH --mb $SMB --seq $SSEQ --vocab $SV)
 
@@ -194,6 +220,10 @@ if [ "$speedup" = 1 ]; then
   tandem_run speedup tandem-p2-zb_h1 2 "$m" zb_h1 "$steps" $L $D $H $SEQ "$vocab" $MB
   torch_run speedup torch-single --single "${full[@]}" --vocab "$vocab" --m "$m" --steps "$steps"
   torch_run speedup torch-p2-1f1b --pipeline --schedule 1f1b "${full[@]}" --vocab "$vocab" \
+    --m "$m" --steps "$steps"
+  torch2_run speedup torch2-single --single "${full[@]}" --vocab "$vocab" --m "$m" \
+    --steps "$steps"
+  torch2_run speedup torch2-p2-1f1b --pipeline --schedule 1f1b "${full[@]}" --vocab "$vocab" \
     --m "$m" --steps "$steps"
 fi
 

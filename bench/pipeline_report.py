@@ -118,36 +118,52 @@ def summary(path):
     t1 = find(recs, "speedup", peer="tandem", stages=1)
     t2 = find(recs, "speedup", peer="tandem", mode="pipeline", schedule="1f1b")
     tz = find(recs, "speedup", peer="tandem", mode="pipeline", schedule="zb_h1")
-    p1 = next((r for r in recs if r.get("section") == "speedup" and r["peer"] != "tandem"
+    # The hand-written peer (bench/torch_pipeline.py) and, with --torch2, the
+    # torch.distributed.pipelining peer (bench/torch_pipelining.py, peer "torch-V-pipelining").
+    pipelining = lambda r: r["peer"].endswith("-pipelining")  # noqa: E731
+    handwritten = lambda r: r["peer"] != "tandem" and not pipelining(r)  # noqa: E731
+    p1 = next((r for r in recs if r.get("section") == "speedup" and handwritten(r)
                and r["mode"] == "single"), None)
-    p2 = next((r for r in recs if r.get("section") == "speedup" and r["peer"] != "tandem"
+    p2 = next((r for r in recs if r.get("section") == "speedup" and handwritten(r)
                and r["mode"] == "pipeline"), None)
-    if t1 or t2 or p1 or p2:
-        shape = (t2 or t1 or p2 or p1)["shape"]
-        m, p = shape["m"], (t2 or p2 or {"stages": 2})["stages"]
+    q1 = next((r for r in recs if r.get("section") == "speedup" and pipelining(r)
+               and r["mode"] == "single"), None)
+    q2 = next((r for r in recs if r.get("section") == "speedup" and pipelining(r)
+               and r["mode"] == "pipeline"), None)
+    if t1 or t2 or p1 or p2 or q1 or q2:
+        shape = (t2 or t1 or p2 or p1 or q2 or q1)["shape"]
+        m, p = shape["m"], (t2 or p2 or q2 or {"stages": 2})["stages"]
         bound = p * m / (m + p - 1)
         su_t = t1["step_s"] / t2["step_s"] if t1 and t2 else None
         su_p = p1["step_s"] / p2["step_s"] if p1 and p2 else None
         ratio = t2["step_s"] / p2["step_s"] if t2 and p2 else None
+        su_q = q1["step_s"] / q2["step_s"] if q1 and q2 else None
+        ratio_q = t2["step_s"] / q2["step_s"] if t2 and q2 else None
+        qver = (q1 or q2)["peer"][len("torch-"):-len("-pipelining")] if q1 or q2 else None
         # The bound once the measured stage imbalance is counted (torch's per-stage costs).
         bound_imb = None
         if p2 and p2.get("f_s"):
             sim = simulate(p2["schedule"], m, p2["f_s"], p2["b_s"])
             bound_imb = sum(sim["busy"]) / sim["step"]
         print("== Pipeline speed-up: %s ==" % ", ".join(f"{k} {v}" for k, v in shape.items()))
-        print(f"{'run':<34} {'step s':>8} {'exec s':>8} {'speed-up':>9}  loss[0..]")
         su_z = t1["step_s"] / tz["step_s"] if t1 and tz else None
         rows = [("Tandem, 1 worker", t1, None), (f"Tandem, {p} workers 1f1b", t2, su_t),
                 (f"Tandem, {p} workers zb_h1", tz, su_z),
                 ("PyTorch 1.13, 1 process", p1, None),
                 (f"PyTorch 1.13, {p} processes 1f1b", p2, su_p)]
+        if q1 or q2:
+            qsched = (q2 or {}).get("schedule") or "1f1b"
+            rows += [(f"PyTorch {qver} pipelining, 1 process", q1, None),
+                     (f"PyTorch {qver} pipelining, {p} processes {qsched}", q2, su_q)]
+        w = max([34] + [len(name) + 1 for name, _, _ in rows])
+        print(f"{'run':<{w}} {'step s':>8} {'exec s':>8} {'speed-up':>9}  loss[0..]")
         md.append("| run | step s | speed-up |")
         md.append("|---|---|---|")
         for name, r, su in rows:
             if r is None:
-                print(f"{name:<34} {'(not run)':>8}")
+                print(f"{name:<{w}} {'(not run)':>8}")
                 continue
-            print(f"{name:<34} {fmt(r['step_s']):>8} {fmt(r.get('exec_s')):>8} "
+            print(f"{name:<{w}} {fmt(r['step_s']):>8} {fmt(r.get('exec_s')):>8} "
                   f"{fmt(su, '.2f') + 'x' if su else '':>9}  "
                   f"{', '.join('%.4f' % x for x in r['losses'][:4])}")
             md.append(f"| {name} | {fmt(r['step_s'])} | {fmt(su, '.2f') + 'x' if su else ''} |")
@@ -162,6 +178,9 @@ def summary(path):
         if ratio is not None:
             print(f"target: Tandem P{p} step <= 0.95 x PyTorch P{p} step: {ratio:.2f} "
                   f"{'PASS' if ratio <= 0.95 else 'FAIL'}")
+        if ratio_q is not None:
+            print(f"target: Tandem P{p} step <= 0.95 x PyTorch {qver} pipelining P{p} step: "
+                  f"{ratio_q:.2f} {'PASS' if ratio_q <= 0.95 else 'FAIL'}")
         for r in (t2, tz):
             if r and r.get("bubble_measured") is not None:
                 print(f"Tandem P{p} {r['schedule']} bubble: measured {r['bubble_measured']:.3f}, "
@@ -172,12 +191,23 @@ def summary(path):
                   f"{', '.join('%.3f' % x for x in p2['bubble'])}, simulated from its costs "
                   f"{', '.join('%.3f' % x for x in p2['bubble_sim'])}; peak RSS "
                   f"{', '.join('%.0f' % x for x in p2['rss_mib'])} MiB")
-        for a, b, what in ((t1, t2, "Tandem P1 vs P2"), (p1, p2, "PyTorch P1 vs P2")):
+        if q2 and q2.get("bubble"):
+            print(f"PyTorch {qver} pipelining P{p} bubble per rank: measured "
+                  f"{', '.join('%.3f' % x for x in q2['bubble'])}, simulated from its costs "
+                  f"{', '.join('%.3f' % x for x in q2['bubble_sim'])}; peak RSS "
+                  f"{', '.join('%.0f' % x for x in q2['rss_mib'])} MiB (of which "
+                  f"{', '.join('%.0f' % x for x in q2.get('rss_import_mib', []))} MiB "
+                  f"after `import torch`)")
+        for a, b, what in ((t1, t2, "Tandem P1 vs P2"), (p1, p2, "PyTorch P1 vs P2"),
+                           (q1, q2, f"PyTorch {qver} pipelining P1 vs P2"),
+                           (q1, p1, f"PyTorch {qver} pipelining P1 vs PyTorch 1.13 P1")):
             d = loss_diff(a, b)
             if d is not None:
                 print(f"loss agreement {what}: max |diff| {d:.2e}")
         md.append(f"\nTandem P{p} / PyTorch P{p}: {fmt(ratio, '.2f')}; ideal bound {bound:.2f}x"
                   + (f", bound with measured stage costs {bound_imb:.2f}x" if bound_imb else ""))
+        if q1 or q2:
+            md.append(f"Tandem P{p} / PyTorch {qver} pipelining P{p}: {fmt(ratio_q, '.2f')}")
         out["speedup"] = {"shape": shape, "tandem_p1_s": t1 and t1["step_s"],
                           "tandem_p2_s": t2 and t2["step_s"],
                           "tandem_p2_zb_h1_s": tz and tz["step_s"], "tandem_zb_h1_speedup": su_z,
@@ -186,6 +216,13 @@ def summary(path):
                           "torch_speedup": su_p, "tandem_over_torch_p2": ratio,
                           "bound_ideal": bound, "bound_measured_costs": bound_imb,
                           "torch_p2_rss_mib": p2 and p2["rss_mib"]}
+        if q1 or q2:
+            out["speedup"].update({"pipelining_peer": (q1 or q2)["peer"],
+                                   "pipelining_p1_s": q1 and q1["step_s"],
+                                   "pipelining_p2_s": q2 and q2["step_s"],
+                                   "pipelining_speedup": su_q,
+                                   "tandem_over_pipelining_p2": ratio_q,
+                                   "pipelining_p2_rss_mib": q2 and q2["rss_mib"]})
         print()
 
     # ------------------------------------------------------------------ bubble
