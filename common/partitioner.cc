@@ -1,0 +1,405 @@
+#include "common/partitioner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace tandem {
+namespace {
+
+constexpr double kNoSeconds = std::numeric_limits<double>::infinity();
+constexpr int64_t kNoBytes = std::numeric_limits<int64_t>::max();
+
+std::string RangeString(const LayerRange& r) {
+  return absl::StrCat("[", r.begin, ", ", r.end, ")");
+}
+
+// A problem's costs as prefix sums, so that a stage's figures are O(1). Every figure the
+// partitioner compares or reports comes from StageSeconds / StageBytes, so that the optimum's
+// bottleneck is bit-identical to EvaluatePartition's figure for the same cut.
+class Costs {
+ public:
+  // INVALID_ARGUMENT for stage counts below 1, negative or non-finite costs, a
+  // live_micro_batches of the wrong size, or byte figures that would overflow int64.
+  static absl::StatusOr<Costs> Make(const PartitionProblem& problem) {
+    const int p = problem.num_stages;
+    if (p < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("partition: number of stages must be at least 1, got ", p));
+    }
+    if (!std::isfinite(problem.transfer_seconds) || problem.transfer_seconds < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "partition: transfer_seconds must be finite and >= 0, got ", problem.transfer_seconds));
+    }
+    if (problem.memory_budget_bytes < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("partition: memory_budget_bytes must be >= 0 (0 = unlimited), got ",
+                       problem.memory_budget_bytes));
+    }
+    if (!problem.live_micro_batches.empty() &&
+        static_cast<int>(problem.live_micro_batches.size()) != p) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("partition: live_micro_batches has ", problem.live_micro_batches.size(),
+                       " entries for ", p, " stages (empty means 1 for every stage)"));
+    }
+    Costs c;
+    c.problem_ = &problem;
+    c.live_.assign(p, 1);
+    int64_t max_live = 0;
+    for (int s = 0; s < p && !problem.live_micro_batches.empty(); ++s) {
+      const int live = problem.live_micro_batches[s];
+      if (live < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("partition: live_micro_batches[", s, "] must be >= 0, got ", live));
+      }
+      c.live_[s] = live;
+    }
+    for (int live : c.live_) max_live = std::max<int64_t>(max_live, live);
+    const size_t n = problem.layers.size();
+    c.seconds_.assign(n + 1, 0.0);
+    c.static_.assign(n + 1, 0);
+    c.activation_.assign(n + 1, 0);
+    for (size_t l = 0; l < n; ++l) {
+      const LayerCost& lc = problem.layers[l];
+      if (!std::isfinite(lc.seconds) || lc.seconds < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "partition: layer ", l, " seconds must be finite and >= 0, got ", lc.seconds));
+      }
+      if (lc.static_bytes < 0 || lc.activation_bytes < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("partition: layer ", l, " bytes must be >= 0, got static ",
+                         lc.static_bytes, " and activation ", lc.activation_bytes));
+      }
+      c.seconds_[l + 1] = c.seconds_[l] + lc.seconds;
+      if (__builtin_add_overflow(c.static_[l], lc.static_bytes, &c.static_[l + 1]) ||
+          __builtin_add_overflow(c.activation_[l], lc.activation_bytes, &c.activation_[l + 1])) {
+        return absl::InvalidArgumentError("partition: the layers' total bytes overflow int64");
+      }
+    }
+    // The largest figure that StageBytes can produce; StageSeconds adds at most two transfers.
+    int64_t live_bytes = 0, total_bytes = 0;
+    if (__builtin_mul_overflow(max_live, c.activation_[n], &live_bytes) ||
+        __builtin_add_overflow(live_bytes, c.static_[n], &total_bytes)) {
+      return absl::InvalidArgumentError(
+          "partition: static plus live activation bytes overflow int64");
+    }
+    if (!std::isfinite(c.seconds_[n] + 2.0 * problem.transfer_seconds)) {
+      return absl::InvalidArgumentError("partition: the layers' total seconds are not finite");
+    }
+    return c;
+  }
+
+  int num_layers() const { return static_cast<int>(seconds_.size()) - 1; }
+  int num_stages() const { return problem_->num_stages; }
+  int64_t budget() const {
+    return problem_->memory_budget_bytes > 0 ? problem_->memory_budget_bytes : kNoBytes;
+  }
+
+  // Cut sides stage s touches: none for a single stage, one for the first and the last.
+  int Transfers(int s) const {
+    const int p = num_stages();
+    if (p == 1) return 0;
+    return (s == 0 || s == p - 1) ? 1 : 2;
+  }
+  // Stage s holding layers [i, j). Nondecreasing in j and nonincreasing in i (costs >= 0).
+  double StageSeconds(int s, int i, int j) const {
+    return (seconds_[j] - seconds_[i]) + Transfers(s) * problem_->transfer_seconds;
+  }
+  int64_t StaticBytes(int i, int j) const { return static_[j] - static_[i]; }
+  int64_t ActivationBytes(int i, int j) const { return activation_[j] - activation_[i]; }
+  int Live(int s) const { return live_[s]; }
+  int64_t StageBytes(int s, int i, int j) const {
+    return StaticBytes(i, j) + live_[s] * ActivationBytes(i, j);
+  }
+
+  // "stage 1 (layers [2, 6)) needs 22 bytes (12 static + 2 x 5 activation)".
+  std::string DescribeStage(int s, const LayerRange& r) const {
+    return absl::StrCat("stage ", s, " (layers ", RangeString(r), ") needs ",
+                        StageBytes(s, r.begin, r.end), " bytes (", StaticBytes(r.begin, r.end),
+                        " static + ", Live(s), " x ", ActivationBytes(r.begin, r.end),
+                        " activation)");
+  }
+
+  Partition Figures(const std::vector<LayerRange>& ranges) const {
+    Partition out;
+    out.ranges = ranges;
+    for (int s = 0; s < static_cast<int>(ranges.size()); ++s) {
+      out.stage_seconds.push_back(StageSeconds(s, ranges[s].begin, ranges[s].end));
+      out.stage_bytes.push_back(StageBytes(s, ranges[s].begin, ranges[s].end));
+      out.bottleneck_seconds = std::max(out.bottleneck_seconds, out.stage_seconds.back());
+    }
+    return out;
+  }
+
+ private:
+  const PartitionProblem* problem_ = nullptr;
+  std::vector<int> live_;
+  std::vector<double> seconds_;  // prefix sums: seconds_[l] = layers [0, l)
+  std::vector<int64_t> static_;
+  std::vector<int64_t> activation_;
+};
+
+// In every DP below, row s, column j is about stages 0..s holding layers [0, j); stage s
+// holds [i, j) with s <= i (one layer for each earlier stage) and j <= n - (P - 1 - s) (one
+// for each later stage). Scanning i downwards makes stage s's seconds and bytes grow, so a
+// scan stops as soon as a bound is crossed or the stage alone can no longer beat the best
+// found: every DP stays exact.
+
+// The smallest slowest-stage seconds over the cuts whose every stage has at most max_bytes;
+// kNoSeconds when none.
+double MinBottleneckSeconds(const Costs& c, int64_t max_bytes) {
+  const int n = c.num_layers(), p = c.num_stages();
+  std::vector<double> prev(n + 1, kNoSeconds), cur(n + 1, kNoSeconds);
+  for (int j = 1; j <= n - (p - 1); ++j) {
+    if (c.StageBytes(0, 0, j) > max_bytes) break;
+    prev[j] = c.StageSeconds(0, 0, j);
+  }
+  for (int s = 1; s < p; ++s) {
+    std::fill(cur.begin(), cur.end(), kNoSeconds);
+    for (int j = s + 1; j <= n - (p - 1 - s); ++j) {
+      double best = kNoSeconds;
+      for (int i = j - 1; i >= s; --i) {
+        if (c.StageBytes(s, i, j) > max_bytes) break;
+        const double t = c.StageSeconds(s, i, j);
+        if (t >= best) break;
+        if (prev[i] == kNoSeconds) continue;
+        best = std::min(best, std::max(prev[i], t));
+      }
+      cur[j] = best;
+    }
+    std::swap(prev, cur);
+  }
+  return prev[n];
+}
+
+// The smallest peak stage bytes over the cuts whose every stage has at most max_seconds and
+// at most max_bytes; kNoBytes when none.
+int64_t MinPeakBytes(const Costs& c, double max_seconds, int64_t max_bytes) {
+  const int n = c.num_layers(), p = c.num_stages();
+  std::vector<int64_t> prev(n + 1, kNoBytes), cur(n + 1, kNoBytes);
+  for (int j = 1; j <= n - (p - 1); ++j) {
+    const int64_t m = c.StageBytes(0, 0, j);
+    if (m > max_bytes || c.StageSeconds(0, 0, j) > max_seconds) break;
+    prev[j] = m;
+  }
+  for (int s = 1; s < p; ++s) {
+    std::fill(cur.begin(), cur.end(), kNoBytes);
+    for (int j = s + 1; j <= n - (p - 1 - s); ++j) {
+      int64_t best = kNoBytes;
+      for (int i = j - 1; i >= s; --i) {
+        const int64_t m = c.StageBytes(s, i, j);
+        if (m > max_bytes || m >= best || c.StageSeconds(s, i, j) > max_seconds) break;
+        if (prev[i] == kNoBytes) continue;
+        best = std::min(best, std::max(prev[i], m));
+      }
+      cur[j] = best;
+    }
+    std::swap(prev, cur);
+  }
+  return prev[n];
+}
+
+// The lexicographically smallest cut (earliest first cut, then second, ...) whose every stage
+// has at most max_seconds and at most max_bytes; empty when none.
+std::vector<LayerRange> EarliestCut(const Costs& c, double max_seconds, int64_t max_bytes) {
+  const int n = c.num_layers(), p = c.num_stages();
+  auto fits = [&](int s, int i, int j) {
+    return c.StageSeconds(s, i, j) <= max_seconds && c.StageBytes(s, i, j) <= max_bytes;
+  };
+  // done[s][i]: stages s..P-1 can hold layers [i, n) within the bounds.
+  std::vector<std::vector<char>> done(p, std::vector<char>(n + 1, 0));
+  for (int i = p - 1; i < n; ++i) done[p - 1][i] = fits(p - 1, i, n);
+  for (int s = p - 2; s >= 0; --s) {
+    for (int i = s; i <= n - (p - s); ++i) {
+      for (int j = i + 1; j <= n - (p - 1 - s); ++j) {
+        if (!fits(s, i, j)) break;
+        if (done[s + 1][j]) {
+          done[s][i] = 1;
+          break;
+        }
+      }
+    }
+  }
+  if (!done[0][0]) return {};
+  std::vector<LayerRange> ranges;
+  int begin = 0;
+  for (int s = 0; s < p - 1; ++s) {
+    int end = begin + 1;
+    while (!done[s + 1][end]) ++end;  // exists, and every earlier end fits: done[s][begin]
+    ranges.push_back({begin, end});
+    begin = end;
+  }
+  ranges.push_back({begin, n});
+  return ranges;
+}
+
+}  // namespace
+
+absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
+  absl::StatusOr<Costs> costs = Costs::Make(problem);
+  if (!costs.ok()) return costs.status();
+  const Costs& c = *costs;
+  const int n = c.num_layers(), p = c.num_stages();
+  if (n < p) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("partition: cannot split ", n, " layers into ", p,
+                     " stages: every stage needs at least one layer"));
+  }
+  const double seconds = MinBottleneckSeconds(c, c.budget());
+  if (seconds == kNoSeconds) {
+    // Name the smallest budget that would fit, and where the cut that needs the least runs over.
+    const int64_t needed = MinPeakBytes(c, kNoSeconds, kNoBytes);
+    const std::vector<LayerRange> lightest = EarliestCut(c, kNoSeconds, needed);
+    std::vector<std::string> over;
+    for (int s = 0; s < p; ++s) {
+      if (c.StageBytes(s, lightest[s].begin, lightest[s].end) > problem.memory_budget_bytes) {
+        over.push_back(c.DescribeStage(s, lightest[s]));
+      }
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "partition: no cut of ", n, " layers into ", p, " stages fits the memory budget of ",
+        problem.memory_budget_bytes, " bytes per worker; the smallest budget that fits is ", needed,
+        " bytes, for stages ",
+        absl::StrJoin(lightest, " ",
+                      [](std::string* out, const LayerRange& r) { out->append(RangeString(r)); }),
+        ", where ", absl::StrJoin(over, " and ")));
+  }
+  const int64_t bytes = MinPeakBytes(c, seconds, c.budget());
+  return c.Figures(EarliestCut(c, seconds, bytes));
+}
+
+absl::StatusOr<Partition> EvaluatePartition(const PartitionProblem& problem,
+                                            const std::vector<LayerRange>& ranges) {
+  absl::StatusOr<Costs> costs = Costs::Make(problem);
+  if (!costs.ok()) return costs.status();
+  const Costs& c = *costs;
+  const int n = c.num_layers(), p = c.num_stages();
+  if (static_cast<int>(ranges.size()) != p) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("partition: ", ranges.size(), " stage ranges for ", p, " stages"));
+  }
+  for (int s = 0; s < p; ++s) {
+    const LayerRange& r = ranges[s];
+    const int expected_begin = s == 0 ? 0 : ranges[s - 1].end;
+    if (r.begin != expected_begin) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "partition: stage ", s, " holds layers ", RangeString(r), " but must begin at layer ",
+          expected_begin, s == 0 ? "" : absl::StrCat(", where stage ", s - 1, " ends")));
+    }
+    if (r.end <= r.begin) {
+      return absl::InvalidArgumentError(absl::StrCat("partition: stage ", s, " holds layers ",
+                                                     RangeString(r),
+                                                     ": every stage needs at least one layer"));
+    }
+    if (r.end > n) {
+      return absl::InvalidArgumentError(absl::StrCat("partition: stage ", s, " holds layers ",
+                                                     RangeString(r), " but the model has only ", n,
+                                                     " layers"));
+    }
+  }
+  if (ranges.back().end != n) {
+    return absl::InvalidArgumentError(absl::StrCat("partition: the last stage ends at layer ",
+                                                   ranges.back().end, " but the model has ", n,
+                                                   " layers"));
+  }
+  std::vector<std::string> over;
+  for (int s = 0; s < p; ++s) {
+    if (c.StageBytes(s, ranges[s].begin, ranges[s].end) > c.budget()) {
+      over.push_back(c.DescribeStage(s, ranges[s]));
+    }
+  }
+  if (!over.empty()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("partition: ", absl::StrJoin(over, " and "), ", over the memory budget of ",
+                     problem.memory_budget_bytes, " bytes per worker"));
+  }
+  return c.Figures(ranges);
+}
+
+absl::StatusOr<std::vector<LayerRange>> RangesFromCuts(const std::vector<int>& cuts, int num_layers,
+                                                       int num_stages) {
+  if (num_stages < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuts: number of stages must be at least 1, got ", num_stages));
+  }
+  if (num_layers < num_stages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuts: cannot split ", num_layers, " layers into ", num_stages,
+                     " stages: every stage needs at least one layer"));
+  }
+  std::vector<std::string> problems;
+  if (static_cast<int>(cuts.size()) != num_stages - 1) {
+    problems.push_back(absl::StrCat(
+        num_stages, num_stages == 1 ? " stage needs " : " stages need ", num_stages - 1,
+        num_stages == 2 ? " cut, got " : " cuts, got ", cuts.size(),
+        cuts.empty() ? "" : absl::StrCat(" (layers ", absl::StrJoin(cuts, ", "), ")")));
+  }
+  for (size_t k = 0; k < cuts.size(); ++k) {
+    if (cuts[k] <= 0 || cuts[k] >= num_layers) {
+      problems.push_back(absl::StrCat(
+          "cut ", k, " (layer ", cuts[k], ") is outside [1, ", num_layers - 1, "]",
+          cuts[k] == 0 || cuts[k] == num_layers
+              ? absl::StrCat(": it would leave stage ", cuts[k] == 0 ? k : k + 1, " empty")
+              : ""));
+    }
+  }
+  for (size_t k = 1; k < cuts.size(); ++k) {
+    if (cuts[k] == cuts[k - 1]) {
+      problems.push_back(absl::StrCat("cut ", k, " (layer ", cuts[k], ") repeats cut ", k - 1,
+                                      ": it would leave stage ", k, " empty"));
+    } else if (cuts[k] < cuts[k - 1]) {
+      problems.push_back(absl::StrCat("cut ", k, " (layer ", cuts[k], ") comes before cut ", k - 1,
+                                      " (layer ", cuts[k - 1],
+                                      "): cuts must be strictly increasing"));
+    }
+  }
+  if (!problems.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuts: ", absl::StrJoin(problems, "; "),
+                     " (a cut is the first layer of a stage after the "
+                     "first, for ",
+                     num_layers, " layers into ", num_stages, " stages)"));
+  }
+  std::vector<LayerRange> ranges;
+  int begin = 0;
+  for (int cut : cuts) {
+    ranges.push_back({begin, cut});
+    begin = cut;
+  }
+  ranges.push_back({begin, num_layers});
+  return ranges;
+}
+
+std::vector<int64_t> LayerParameterCounts(const v1::ModelSpec& model) {
+  if (model.n_layer() < 0) return {};
+  const int64_t d = model.d_model();
+  const int64_t h = model.d_hidden() == 0 ? 4 * d : model.d_hidden();
+  const int64_t v = model.vocab_size();
+  int64_t embedding = 0, block = 0, head = 0;
+  if (model.arch() == "gpt") {
+    const int64_t t = model.seq_len();
+    embedding = v * d + t * d;  // wte (V, C), wpe (seq_len, C)
+    // ln_1, c_attn (3C, C) + (3C), attn.c_proj (C, C) + (C), ln_2, c_fc (H, C) + (H),
+    // mlp.c_proj (C, H) + (C).
+    block = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (h * d + h) + (d * h + d);
+    head = 2 * d + v * d;  // ln_f and lm_head (V, C), or the head's own copy of a tied wte
+  } else if (model.arch() == "mlp_lm") {
+    const int64_t k = model.context(), e = model.d_embed();
+    embedding = v * e + k * e + (d * k * e + d);  // tok (V, E), pos (K, E), proj (D, K*E) + (D)
+    block = 2 * d + (h * d + h) + (d * h + d);    // ln, fc1 (H, D) + (H), fc2 (D, H) + (D)
+    head = 2 * d + (v * d + v);                   // ln, linear (V, D) + (V)
+  } else {
+    return {};
+  }
+  std::vector<int64_t> counts(model.n_layer() + 2, block);
+  counts.front() = embedding;
+  counts.back() = head;
+  return counts;
+}
+
+}  // namespace tandem

@@ -1,0 +1,89 @@
+// Cutting a model's layer sequence into pipeline stages: the exact minimisation of the
+// slowest stage's time over contiguous cuts at layer boundaries, under a per-worker memory
+// budget. Pure code, no I/O; the costs come from profiling (or from a model's parameter
+// counts, or are all equal).
+#ifndef TANDEM_COMMON_PARTITIONER_H_
+#define TANDEM_COMMON_PARTITIONER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model_desc.h"
+
+namespace tandem {
+
+// What one layer costs, per micro-batch.
+struct LayerCost {
+  double seconds = 0.0;          // forward + backward of one micro-batch
+  int64_t static_bytes = 0;      // parameters + gradients + optimizer state
+  int64_t activation_bytes = 0;  // what one micro-batch keeps between F and its backward
+};
+
+struct PartitionProblem {
+  std::vector<LayerCost> layers;  // the global layer sequence, embedding first, head last
+  int num_stages = 1;
+  // Added to a stage's time for each cut it touches (the activation sent forward and the
+  // gradient sent back, per micro-batch); 0 for the first stage's left and last's right.
+  double transfer_seconds = 0.0;
+  // Per stage: how many micro-batches of activations the schedule keeps alive at its peak
+  // (1F1B: P - s; GPipe: M). Empty = 1 for every stage.
+  std::vector<int> live_micro_batches;
+  // Bytes a worker may use for its stage (static + live x activation); 0 = unlimited.
+  int64_t memory_budget_bytes = 0;
+};
+
+struct Partition {
+  std::vector<LayerRange> ranges;     // one per stage, contiguous, covering every layer
+  std::vector<double> stage_seconds;  // per stage: its layers' seconds + its transfers
+  std::vector<int64_t> stage_bytes;   // per stage: static + live x activation bytes
+  double bottleneck_seconds = 0.0;    // max of stage_seconds
+};
+
+// The contiguous cut that minimises the slowest stage's time (exact, by dynamic programming
+// over cut points; ties broken towards the smaller peak memory, then the earlier cuts), with
+// every stage holding at least one layer and within the memory budget. INVALID_ARGUMENT for
+// fewer layers than stages; RESOURCE_EXHAUSTED when no cut fits the budget, naming the
+// smallest budget that would.
+//
+// Precisely: among the cuts whose every stage is within the budget, those with the smallest
+// bottleneck_seconds; among them, those with the smallest max of stage_bytes; among them,
+// the lexicographically smallest vector of cut points (the earliest first cut, then second,
+// ...). Deterministic, and its figures are exactly EvaluatePartition's for its ranges. The
+// RESOURCE_EXHAUSTED message gives the smallest budget that fits (the min over all cuts of
+// the max stage bytes, exact) and, for the cut that attains it, each stage over the budget
+// with its layers and bytes. INVALID_ARGUMENT also for num_stages < 1, negative or non-finite
+// seconds, negative bytes or budget, a live_micro_batches that is neither empty nor
+// num_stages long or has a negative entry, and bytes that would overflow int64. O(P n^2)
+// time at worst (the scans stop early at the bounds), O(P n) memory.
+absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem);
+
+// The figures of a given cut under the problem's costs (for uniform, parameters and manual
+// partitions, and to compare them with the optimum). RESOURCE_EXHAUSTED when a stage exceeds
+// the budget, naming it (every such stage, with its layers and bytes). INVALID_ARGUMENT, naming
+// the stage, when the ranges are not num_stages contiguous non-empty ranges covering
+// [0, layers.size()) in order, and for a problem MinMaxPartition rejects.
+absl::StatusOr<Partition> EvaluatePartition(const PartitionProblem& problem,
+                                            const std::vector<LayerRange>& ranges);
+
+// Stage ranges from explicit cut points: the first global layer of every stage but the first,
+// strictly increasing within (0, num_layers). INVALID_ARGUMENT naming a cut that is out of
+// range, unsorted or leaves a stage empty, or when the count is not num_stages - 1 (one
+// message listing every such problem, each cut by its index and layer); also for
+// num_stages < 1 or num_layers < num_stages.
+absl::StatusOr<std::vector<LayerRange>> RangesFromCuts(const std::vector<int>& cuts, int num_layers,
+                                                       int num_stages);
+
+// Parameter count of every global layer of a model (gpt or mlp_lm), as the workers build it;
+// the `parameters` partition balances these. n_layer + 2 entries: the embedding, the blocks
+// (all equal), the head. d_hidden 0 means 4 * d_model, as GptConfigFromSpec and
+// MlpLmConfigFromSpec read it; gpt's embedding holds wte and wpe (seq_len rows), and its head
+// ln_f plus a (vocab, d_model) matrix, tied or not (a tied head holds its own copy of wte).
+// The model must be one the workers accept (its preset resolved, its fields validated); empty
+// for another arch or a negative n_layer.
+std::vector<int64_t> LayerParameterCounts(const v1::ModelSpec& model);
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_PARTITIONER_H_

@@ -1,0 +1,521 @@
+// The partitioner: hand-computed optima (the expected cuts and bottleneck are worked out in
+// the comments), the memory budget, transfers and live micro-batches, the infeasible case's
+// smallest budget, a brute-force cross-check over random small problems, the evaluation of
+// a given cut, and the validation of manual cuts.
+#include "common/partitioner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+PartitionProblem Problem(const std::vector<double>& seconds, int num_stages) {
+  PartitionProblem p;
+  for (double s : seconds) p.layers.push_back(LayerCost{s, 0, 0});
+  p.num_stages = num_stages;
+  return p;
+}
+
+// The cut points of a partition: the first layer of every stage but the first.
+std::vector<int> CutsOf(const Partition& p) {
+  std::vector<int> cuts;
+  for (size_t s = 1; s < p.ranges.size(); ++s) cuts.push_back(p.ranges[s].begin);
+  return cuts;
+}
+
+// The optimum's figures are exactly what EvaluatePartition gives for its ranges.
+void ExpectConsistent(const PartitionProblem& problem, const Partition& got) {
+  absl::StatusOr<Partition> again = EvaluatePartition(problem, got.ranges);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->stage_seconds, got.stage_seconds);
+  EXPECT_EQ(again->stage_bytes, got.stage_bytes);
+  EXPECT_EQ(again->bottleneck_seconds, got.bottleneck_seconds);
+  EXPECT_EQ(*std::max_element(got.stage_seconds.begin(), got.stage_seconds.end()),
+            got.bottleneck_seconds);
+}
+
+// ---- hand-computed optima
+
+// [5,1,1,1,1,1,1,5] into 4: each 5 must be alone (5 + 1 > 5 would beat nothing: the slowest
+// stage is at least 5), so stage 0 = [0,1), stage 3 = [7,8), and the six 1s split into two
+// stages of at most 5: cut c in 2..6. Without memory the tie goes to the earliest cuts,
+// {1, 2, 7}; with one static byte per layer to the smallest peak, c = 4 (3 and 3 layers).
+TEST(MinMaxPartition, HeavyEndsStayAlone) {
+  PartitionProblem p = Problem({5, 1, 1, 1, 1, 1, 1, 5}, 4);
+  absl::StatusOr<Partition> got = MinMaxPartition(p);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->bottleneck_seconds, 5.0);
+  EXPECT_THAT(CutsOf(*got), ElementsAre(1, 2, 7));
+  EXPECT_THAT(got->stage_seconds, ElementsAre(5, 1, 5, 5));
+  ExpectConsistent(p, *got);
+
+  for (LayerCost& l : p.layers) l.static_bytes = 1;
+  got = MinMaxPartition(p);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->bottleneck_seconds, 5.0);
+  EXPECT_THAT(CutsOf(*got), ElementsAre(1, 4, 7));
+  EXPECT_THAT(got->ranges,
+              ElementsAre(LayerRange{0, 1}, LayerRange{1, 4}, LayerRange{4, 7}, LayerRange{7, 8}));
+  EXPECT_THAT(got->stage_seconds, ElementsAre(5, 3, 3, 5));
+  EXPECT_THAT(got->stage_bytes, ElementsAre(1, 3, 3, 1));
+  ExpectConsistent(p, *got);
+}
+
+// [0,1,2,3,3,3] into 4: the three 3s cannot share a stage (6), so they are stages 1..3 and
+// stage 0 takes 0+1+2 = 3: cuts {3, 4, 5}, slowest 3, and no other cut reaches 3.
+TEST(MinMaxPartition, ZeroCostLayerJoinsTheFirstStage) {
+  const PartitionProblem p = Problem({0, 1, 2, 3, 3, 3}, 4);
+  absl::StatusOr<Partition> got = MinMaxPartition(p);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->bottleneck_seconds, 3.0);
+  EXPECT_THAT(CutsOf(*got), ElementsAre(3, 4, 5));
+  EXPECT_THAT(got->stage_seconds, ElementsAre(3, 3, 3, 3));
+  ExpectConsistent(p, *got);
+}
+
+// [1,2,3,4,5,6] into 2: prefix sums 1 3 6 10 15 of 21; cut 4 gives 10 | 11, cut 3 6 | 15,
+// cut 5 15 | 6: the optimum is cut 4, slowest 11.
+TEST(MinMaxPartition, TwoStages) {
+  const PartitionProblem p = Problem({1, 2, 3, 4, 5, 6}, 2);
+  absl::StatusOr<Partition> got = MinMaxPartition(p);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->bottleneck_seconds, 11.0);
+  EXPECT_THAT(CutsOf(*got), ElementsAre(4));
+  EXPECT_THAT(got->stage_seconds, ElementsAre(10, 11));
+  ExpectConsistent(p, *got);
+}
+
+// The same model with static bytes [10,10,10,10,1,1]: unconstrained, cut 4 (bytes 40 | 2).
+// Under a budget of 30, stage 0 holds at most 3 layers; cut 3 gives 6 | 15 (bytes 30 | 12),
+// cut 2 3 | 18: the optimum becomes cut 3, slowest 15, not the time-optimal cut 4.
+PartitionProblem HeavyFront() {
+  PartitionProblem p = Problem({1, 2, 3, 4, 5, 6}, 2);
+  const int64_t bytes[] = {10, 10, 10, 10, 1, 1};
+  for (int l = 0; l < 6; ++l) p.layers[l].static_bytes = bytes[l];
+  return p;
+}
+
+TEST(MinMaxPartition, MemoryBudgetForcesASlowerCut) {
+  PartitionProblem p = HeavyFront();
+  absl::StatusOr<Partition> free = MinMaxPartition(p);
+  ASSERT_TRUE(free.ok()) << free.status();
+  EXPECT_THAT(CutsOf(*free), ElementsAre(4));
+  EXPECT_EQ(free->bottleneck_seconds, 11.0);
+  EXPECT_THAT(free->stage_bytes, ElementsAre(40, 2));
+
+  p.memory_budget_bytes = 30;
+  absl::StatusOr<Partition> got = MinMaxPartition(p);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(CutsOf(*got), ElementsAre(3));
+  EXPECT_EQ(got->bottleneck_seconds, 15.0);
+  EXPECT_THAT(got->stage_seconds, ElementsAre(6, 15));
+  EXPECT_THAT(got->stage_bytes, ElementsAre(30, 12));
+  ExpectConsistent(p, *got);
+
+  // The time-optimal cut is over the budget when evaluated.
+  absl::StatusOr<Partition> over = EvaluatePartition(p, free->ranges);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.status().message(), HasSubstr("stage 0 (layers [0, 4)) needs 40 bytes"));
+}
+
+// Budget 20: the cuts' peaks are cut 1: 10 | 32, cut 2: 20 | 22, cut 3: 30 | 12, cut 4: 40,
+// cut 5: 50; the least is 22 (cut 2, stage 1 = layers [2, 6) = 10+10+1+1). A budget of 22
+// fits exactly that cut.
+TEST(MinMaxPartition, InfeasibleBudgetNamesTheSmallestThatFits) {
+  PartitionProblem p = HeavyFront();
+  p.memory_budget_bytes = 20;
+  absl::StatusOr<Partition> got = MinMaxPartition(p);
+  ASSERT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
+  EXPECT_THAT(got.status().message(), HasSubstr("budget of 20 bytes"));
+  EXPECT_THAT(got.status().message(), HasSubstr("smallest budget that fits is 22 bytes"));
+  EXPECT_THAT(got.status().message(), HasSubstr("stage 1 (layers [2, 6)) needs 22 bytes"));
+  EXPECT_THAT(got.status().message(), ::testing::Not(HasSubstr("stage 0 (")));
+
+  p.memory_budget_bytes = 21;
+  EXPECT_EQ(MinMaxPartition(p).status().code(), absl::StatusCode::kResourceExhausted);
+  p.memory_budget_bytes = 22;
+  got = MinMaxPartition(p);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(CutsOf(*got), ElementsAre(2));
+  EXPECT_EQ(got->bottleneck_seconds, 18.0);
+  EXPECT_THAT(got->stage_bytes, ElementsAre(20, 22));
+}
+
+// A single layer over the budget: every cut holds it, and the message names its stage.
+TEST(MinMaxPartition, InfeasibleSingleLayer) {
+  PartitionProblem p = Problem({1, 1, 1}, 3);
+  p.layers[1].static_bytes = 100;
+  p.layers[1].activation_bytes = 7;
+  p.live_micro_batches = {3, 2, 1};
+  p.memory_budget_bytes = 50;
+  absl::StatusOr<Partition> got = MinMaxPartition(p);
+  ASSERT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
+  EXPECT_THAT(got.status().message(), HasSubstr("smallest budget that fits is 114 bytes"));
+  EXPECT_THAT(got.status().message(),
+              HasSubstr("stage 1 (layers [1, 2)) needs 114 bytes (100 static + 2 x 7 activation)"));
+}
+
+// [1,2,3,4,5,6] into 3. Without transfers: the 6 must be alone (5+6 = 11 and any stage
+// holding more), the rest into 2: 1+2+3 | 4+5 = 6 | 9, cuts {3, 5}, slowest 9. With 2 s per
+// transfer (first and last stage +2, the middle +4): {3, 5} gives 8 | 13 | 8, {4, 5} 12 | 9 |
+// 8, and nothing reaches below 12 (stage 0 under 12 needs cut <= 3, then the middle holds at
+// least 4+5): the optimum moves to {4, 5}, slowest 12.
+TEST(MinMaxPartition, TransferCostMovesTheOptimum) {
+  PartitionProblem p = Problem({1, 2, 3, 4, 5, 6}, 3);
+  absl::StatusOr<Partition> got = MinMaxPartition(p);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(CutsOf(*got), ElementsAre(3, 5));
+  EXPECT_EQ(got->bottleneck_seconds, 9.0);
+
+  p.transfer_seconds = 2.0;
+  got = MinMaxPartition(p);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(CutsOf(*got), ElementsAre(4, 5));
+  EXPECT_EQ(got->bottleneck_seconds, 12.0);
+  EXPECT_THAT(got->stage_seconds, ElementsAre(12, 9, 8));
+  ExpectConsistent(p, *got);
+  // The old optimum under the new costs.
+  absl::StatusOr<std::vector<LayerRange>> old = RangesFromCuts({3, 5}, 6, 3);
+  ASSERT_TRUE(old.ok()) << old.status();
+  absl::StatusOr<Partition> old_figures = EvaluatePartition(p, *old);
+  ASSERT_TRUE(old_figures.ok()) << old_figures.status();
+  EXPECT_THAT(old_figures->stage_seconds, ElementsAre(8, 13, 8));
+}
+
+// Four layers of 1 s and 10 activation bytes into 2. Time alone: cut 2 (2 | 2). With 1F1B's
+// live micro-batches (P - s = 2, 1), cut 2 needs 40 | 20 bytes, over a budget of 30; cut 1
+// needs 20 | 30 and is the optimum (1 | 3); cut 3 would need 60. With one live micro-batch
+// per stage (empty), cut 2 needs 20 | 20 and fits.
+TEST(MinMaxPartition, LiveMicroBatchesWeighActivations) {
+  PartitionProblem p = Problem({1, 1, 1, 1}, 2);
+  for (LayerCost& l : p.layers) l.activation_bytes = 10;
+  p.memory_budget_bytes = 30;
+  absl::StatusOr<Partition> got = MinMaxPartition(p);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(CutsOf(*got), ElementsAre(2));
+  EXPECT_THAT(got->stage_bytes, ElementsAre(20, 20));
+  EXPECT_EQ(got->bottleneck_seconds, 2.0);
+
+  p.live_micro_batches = {2, 1};
+  got = MinMaxPartition(p);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(CutsOf(*got), ElementsAre(1));
+  EXPECT_THAT(got->stage_bytes, ElementsAre(20, 30));
+  EXPECT_THAT(got->stage_seconds, ElementsAre(1, 3));
+  EXPECT_EQ(got->bottleneck_seconds, 3.0);
+  ExpectConsistent(p, *got);
+}
+
+// Six layers of 1 s and 1 activation byte into 3, 1F1B (3, 2, 1 live). The lightest cut,
+// 1 | 2 | 3 layers (3, 4, 3 bytes), is slower (3 s); time comes first: 2 | 2 | 2 layers
+// (2 s; 6, 4, 2 bytes) is the only cut at 2 s.
+TEST(MinMaxPartition, TimeComesBeforeMemory) {
+  PartitionProblem p = Problem({1, 1, 1, 1, 1, 1}, 3);
+  for (LayerCost& l : p.layers) l.activation_bytes = 1;
+  p.live_micro_batches = {3, 2, 1};
+  absl::StatusOr<Partition> got = MinMaxPartition(p);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(CutsOf(*got), ElementsAre(2, 4));
+  EXPECT_THAT(got->stage_bytes, ElementsAre(6, 4, 2));
+  EXPECT_EQ(got->bottleneck_seconds, 2.0);
+}
+
+// One stage: all layers, no transfer paid whatever transfer_seconds says.
+TEST(MinMaxPartition, OneStage) {
+  PartitionProblem p = Problem({1.5, 2.5, 3}, 1);
+  p.transfer_seconds = 10;
+  p.layers[0].static_bytes = 100;
+  p.layers[2].activation_bytes = 5;
+  p.live_micro_batches = {4};
+  absl::StatusOr<Partition> got = MinMaxPartition(p);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(got->ranges, ElementsAre(LayerRange{0, 3}));
+  EXPECT_THAT(got->stage_seconds, ElementsAre(7.0));
+  EXPECT_THAT(got->stage_bytes, ElementsAre(120));
+  EXPECT_EQ(got->bottleneck_seconds, 7.0);
+
+  p.memory_budget_bytes = 119;
+  got = MinMaxPartition(p);
+  ASSERT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
+  EXPECT_THAT(got.status().message(), HasSubstr("smallest budget that fits is 120 bytes"));
+}
+
+// As many stages as layers: one each.
+TEST(MinMaxPartition, OneLayerPerStage) {
+  const PartitionProblem p = Problem({3, 1, 2}, 3);
+  absl::StatusOr<Partition> got = MinMaxPartition(p);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(CutsOf(*got), ElementsAre(1, 2));
+  EXPECT_EQ(got->bottleneck_seconds, 3.0);
+}
+
+TEST(MinMaxPartition, RejectsBadProblems) {
+  absl::StatusOr<Partition> got = MinMaxPartition(Problem({1, 1, 1}, 4));
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(got.status().message(), HasSubstr("cannot split 3 layers into 4 stages"));
+  EXPECT_EQ(MinMaxPartition(Problem({}, 1)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MinMaxPartition(Problem({1}, 0)).status().code(), absl::StatusCode::kInvalidArgument);
+
+  PartitionProblem p = Problem({1, -1}, 2);
+  got = MinMaxPartition(p);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(got.status().message(), HasSubstr("layer 1 seconds"));
+
+  p = Problem({1, std::nan("")}, 2);
+  EXPECT_EQ(MinMaxPartition(p).status().code(), absl::StatusCode::kInvalidArgument);
+
+  p = Problem({1, 1}, 2);
+  p.live_micro_batches = {1, 1, 1};
+  got = MinMaxPartition(p);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(got.status().message(), HasSubstr("live_micro_batches has 3 entries for 2 stages"));
+  p.live_micro_batches = {1, -1};
+  EXPECT_EQ(MinMaxPartition(p).status().code(), absl::StatusCode::kInvalidArgument);
+
+  p = Problem({1, 1}, 2);
+  p.layers[0].activation_bytes = -1;
+  EXPECT_EQ(MinMaxPartition(p).status().code(), absl::StatusCode::kInvalidArgument);
+  p = Problem({1, 1}, 2);
+  p.memory_budget_bytes = -5;
+  EXPECT_EQ(MinMaxPartition(p).status().code(), absl::StatusCode::kInvalidArgument);
+  p = Problem({1, 1}, 2);
+  p.transfer_seconds = -1;
+  EXPECT_EQ(MinMaxPartition(p).status().code(), absl::StatusCode::kInvalidArgument);
+  p = Problem({1, 1}, 2);
+  p.layers[0].activation_bytes = int64_t{1} << 62;
+  p.live_micro_batches = {4, 1};
+  got = MinMaxPartition(p);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(got.status().message(), HasSubstr("overflow"));
+}
+
+// ---- brute force
+
+struct Brute {
+  bool feasible = false;
+  std::vector<int> cuts;  // the lexicographic optimum (time, peak bytes, cut points)
+  double bottleneck = 0;
+  int64_t peak = 0;
+  int64_t min_peak = 0;  // over all cuts, ignoring the budget
+};
+
+// Every cut, its figures summed layer by layer (independently of the prefix sums).
+Brute BruteForce(const PartitionProblem& p) {
+  const int n = static_cast<int>(p.layers.size()), stages = p.num_stages;
+  Brute out;
+  out.min_peak = INT64_MAX;
+  std::vector<int> cuts;
+  std::function<void(int)> rec = [&](int first) {
+    if (static_cast<int>(cuts.size()) == stages - 1) {
+      double slowest = 0;
+      int64_t peak = 0;
+      for (int s = 0; s < stages; ++s) {
+        const int b = s == 0 ? 0 : cuts[s - 1], e = s == stages - 1 ? n : cuts[s];
+        double t = 0;
+        int64_t st = 0, act = 0;
+        for (int l = b; l < e; ++l) {
+          t += p.layers[l].seconds;
+          st += p.layers[l].static_bytes;
+          act += p.layers[l].activation_bytes;
+        }
+        if (stages > 1) t += (s == 0 || s == stages - 1 ? 1 : 2) * p.transfer_seconds;
+        const int live = p.live_micro_batches.empty() ? 1 : p.live_micro_batches[s];
+        slowest = std::max(slowest, t);
+        peak = std::max(peak, st + live * act);
+      }
+      out.min_peak = std::min(out.min_peak, peak);
+      if (p.memory_budget_bytes > 0 && peak > p.memory_budget_bytes) return;
+      // Enumerated in lexicographic order: keep the first of equals.
+      if (!out.feasible || slowest < out.bottleneck ||
+          (slowest == out.bottleneck && peak < out.peak)) {
+        out = Brute{true, cuts, slowest, peak, out.min_peak};
+      }
+      return;
+    }
+    const int left = stages - 1 - static_cast<int>(cuts.size());
+    for (int c = first; c <= n - left; ++c) {
+      cuts.push_back(c);
+      rec(c + 1);
+      cuts.pop_back();
+    }
+  };
+  rec(1);
+  return out;
+}
+
+// Random problems of up to 9 layers and 4 stages. With integer seconds every sum is exact,
+// so the DP must find the brute force's very cut; with real seconds the sums may round
+// differently, so the bottleneck agrees to rounding and no cut evaluates below the DP's.
+void CrossCheck(bool integer_seconds, uint32_t seed) {
+  std::mt19937 rng(seed);
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  int infeasible = 0, constrained = 0;
+  for (int trial = 0; trial < 1500; ++trial) {
+    const int n = uniform(1, 9);
+    const int stages = uniform(1, std::min(4, n));
+    PartitionProblem p;
+    p.num_stages = stages;
+    for (int l = 0; l < n; ++l) {
+      const double t =
+          integer_seconds ? uniform(0, 9) : std::uniform_real_distribution<double>(0.0, 3.0)(rng);
+      p.layers.push_back(LayerCost{t, uniform(0, 20), uniform(0, 10)});
+    }
+    p.transfer_seconds = uniform(0, 2) == 0 ? 0.0 : uniform(0, 4) * 0.5;
+    switch (uniform(0, 2)) {
+      case 0:
+        break;
+      case 1:
+        for (int s = 0; s < stages; ++s) p.live_micro_batches.push_back(stages - s);  // 1F1B
+        break;
+      default:
+        for (int s = 0; s < stages; ++s) p.live_micro_batches.push_back(uniform(0, 3));
+    }
+    const Brute unlimited = BruteForce(p);
+    if (uniform(0, 3) != 0) {
+      p.memory_budget_bytes = std::max<int64_t>(1, unlimited.min_peak + uniform(-5, 25));
+    }
+    const Brute brute = BruteForce(p);
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << ": " << n << " layers, " << stages
+                                      << " stages, budget " << p.memory_budget_bytes);
+    absl::StatusOr<Partition> got = MinMaxPartition(p);
+    if (!brute.feasible) {
+      ++infeasible;
+      ASSERT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
+      EXPECT_THAT(got.status().message(), HasSubstr(absl::StrCat("smallest budget that fits is ",
+                                                                 brute.min_peak, " bytes")));
+      continue;
+    }
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(static_cast<int>(got->ranges.size()), stages);
+    if (brute.bottleneck > unlimited.bottleneck) ++constrained;
+    if (p.memory_budget_bytes > 0) {
+      for (int64_t b : got->stage_bytes) EXPECT_LE(b, p.memory_budget_bytes);
+    }
+    ExpectConsistent(p, *got);
+    if (integer_seconds) {
+      EXPECT_EQ(got->bottleneck_seconds, brute.bottleneck);
+      EXPECT_EQ(*std::max_element(got->stage_bytes.begin(), got->stage_bytes.end()), brute.peak);
+      EXPECT_EQ(CutsOf(*got), brute.cuts);
+    } else {
+      EXPECT_NEAR(got->bottleneck_seconds, brute.bottleneck, 1e-9);
+      absl::StatusOr<std::vector<LayerRange>> ranges = RangesFromCuts(brute.cuts, n, stages);
+      ASSERT_TRUE(ranges.ok()) << ranges.status();
+      absl::StatusOr<Partition> theirs = EvaluatePartition(p, *ranges);
+      ASSERT_TRUE(theirs.ok()) << theirs.status();
+      EXPECT_LE(got->bottleneck_seconds, theirs->bottleneck_seconds);
+    }
+  }
+  // The random budgets exercise both the infeasible and the budget-bound cases.
+  EXPECT_GT(infeasible, 50);
+  EXPECT_GT(constrained, 50);
+}
+
+TEST(MinMaxPartition, MatchesBruteForceWithIntegerCosts) { CrossCheck(true, 20240601); }
+TEST(MinMaxPartition, MatchesBruteForceWithRealCosts) { CrossCheck(false, 7); }
+
+// ---- evaluating a given cut
+
+TEST(EvaluatePartition, FiguresOfAGivenCut) {
+  PartitionProblem p = Problem({1, 2, 3, 4}, 3);
+  p.transfer_seconds = 0.5;
+  for (int l = 0; l < 4; ++l) p.layers[l] = LayerCost{p.layers[l].seconds, 10 * (l + 1), l + 1};
+  p.live_micro_batches = {3, 2, 1};
+  absl::StatusOr<Partition> got = EvaluatePartition(p, {{0, 2}, {2, 3}, {3, 4}});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(got->stage_seconds, ElementsAre(3.5, 4.0, 4.5));
+  // static + live x activation: 30 + 3 x 3, 30 + 2 x 3, 40 + 1 x 4.
+  EXPECT_THAT(got->stage_bytes, ElementsAre(39, 36, 44));
+  EXPECT_EQ(got->bottleneck_seconds, 4.5);
+
+  p.memory_budget_bytes = 38;
+  got = EvaluatePartition(p, {{0, 2}, {2, 3}, {3, 4}});
+  ASSERT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
+  EXPECT_THAT(got.status().message(), HasSubstr("stage 0 (layers [0, 2)) needs 39 bytes"));
+  EXPECT_THAT(got.status().message(), HasSubstr("stage 2 (layers [3, 4)) needs 44 bytes"));
+  EXPECT_THAT(got.status().message(), ::testing::Not(HasSubstr("stage 1 (")));
+  EXPECT_THAT(got.status().message(), HasSubstr("budget of 38 bytes"));
+}
+
+TEST(EvaluatePartition, RejectsRangesThatDoNotCoverTheModel) {
+  const PartitionProblem p = Problem({1, 2, 3, 4}, 2);
+  auto message = [&](const std::vector<LayerRange>& ranges) {
+    absl::StatusOr<Partition> got = EvaluatePartition(p, ranges);
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
+    return std::string(got.status().message());
+  };
+  EXPECT_THAT(message({{0, 4}}), HasSubstr("1 stage ranges for 2 stages"));
+  EXPECT_THAT(message({{1, 2}, {2, 4}}), HasSubstr("stage 0 holds layers [1, 2)"));
+  EXPECT_THAT(message({{0, 2}, {3, 4}}), HasSubstr("stage 1 holds layers [3, 4)"));
+  EXPECT_THAT(message({{0, 0}, {0, 4}}), HasSubstr("stage 0 holds layers [0, 0)"));
+  EXPECT_THAT(message({{0, 2}, {2, 5}}), HasSubstr("only 4 layers"));
+  EXPECT_THAT(message({{0, 2}, {2, 3}}), HasSubstr("ends at layer 3"));
+}
+
+// ---- manual cuts
+
+TEST(RangesFromCuts, BuildsContiguousRanges) {
+  absl::StatusOr<std::vector<LayerRange>> got = RangesFromCuts({3, 6}, 9, 3);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(*got, ElementsAre(LayerRange{0, 3}, LayerRange{3, 6}, LayerRange{6, 9}));
+  got = RangesFromCuts({}, 9, 1);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(*got, ElementsAre(LayerRange{0, 9}));
+  got = RangesFromCuts({1, 2}, 3, 3);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(*got, ElementsAre(LayerRange{0, 1}, LayerRange{1, 2}, LayerRange{2, 3}));
+}
+
+std::string CutsError(const std::vector<int>& cuts, int num_layers, int num_stages) {
+  absl::StatusOr<std::vector<LayerRange>> got = RangesFromCuts(cuts, num_layers, num_stages);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
+  return std::string(got.status().message());
+}
+
+TEST(RangesFromCuts, NamesCutsOutOfRange) {
+  EXPECT_THAT(CutsError({0, 5}, 9, 3),
+              HasSubstr("cut 0 (layer 0) is outside [1, 8]: it would leave stage 0 empty"));
+  EXPECT_THAT(CutsError({3, 9}, 9, 3),
+              HasSubstr("cut 1 (layer 9) is outside [1, 8]: it would leave stage 2 empty"));
+  const std::string both = CutsError({-2, 12}, 9, 3);
+  EXPECT_THAT(both, HasSubstr("cut 0 (layer -2) is outside [1, 8]"));
+  EXPECT_THAT(both, HasSubstr("cut 1 (layer 12) is outside [1, 8]"));
+}
+
+TEST(RangesFromCuts, NamesUnsortedCuts) {
+  EXPECT_THAT(CutsError({6, 3}, 9, 3),
+              HasSubstr("cut 1 (layer 3) comes before cut 0 (layer 6): cuts must be strictly "
+                        "increasing"));
+  EXPECT_THAT(CutsError({2, 5, 4}, 9, 4), HasSubstr("cut 2 (layer 4) comes before cut 1"));
+}
+
+TEST(RangesFromCuts, NamesDuplicateCutsAndTheEmptyStage) {
+  EXPECT_THAT(CutsError({3, 3}, 9, 3),
+              HasSubstr("cut 1 (layer 3) repeats cut 0: it would leave stage 1 empty"));
+  EXPECT_THAT(CutsError({2, 5, 5}, 9, 4), HasSubstr("cut 2 (layer 5) repeats cut 1"));
+}
+
+TEST(RangesFromCuts, NamesTheWrongCount) {
+  EXPECT_THAT(CutsError({3}, 9, 3), HasSubstr("3 stages need 2 cuts, got 1 (layers 3)"));
+  EXPECT_THAT(CutsError({2, 4, 6}, 9, 3),
+              HasSubstr("3 stages need 2 cuts, got 3 (layers 2, 4, 6)"));
+  EXPECT_THAT(CutsError({}, 9, 2), HasSubstr("2 stages need 1 cut, got 0"));
+  EXPECT_THAT(CutsError({4}, 9, 1), HasSubstr("1 stage needs 0 cuts, got 1 (layers 4)"));
+  EXPECT_THAT(CutsError({1, 2, 3}, 3, 4), HasSubstr("cannot split 3 layers into 4 stages"));
+  EXPECT_THAT(CutsError({}, 3, 0), HasSubstr("at least 1"));
+}
+
+}  // namespace
+}  // namespace tandem
