@@ -16,17 +16,142 @@ absl::StatusOr<Schedule> ScheduleForSpec(const v1::JobSpec& spec) {
   return GenerateSchedule(p.schedule(), p.stages(), p.micro_batches(), p.chunks());
 }
 
-absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec) {
+namespace {
+
+// The partition problem of a plan: per-layer costs (the profile's, or parameter counts for
+// `parameters`), the schedule's live micro-batches per stage, and the budget.
+PartitionProblem ProblemFor(const v1::JobSpec& spec, const Schedule& lowered,
+                            const v1::ModelProfile* profile, bool by_parameters) {
+  PartitionProblem problem;
+  problem.num_stages = lowered.placement.num_stages();
+  const std::vector<int64_t> params = LayerParameterCounts(spec.model());
+  for (size_t g = 0; g < params.size(); ++g) {
+    LayerCost c;
+    if (profile != nullptr && static_cast<int>(g) < profile->layers_size()) {
+      const v1::LayerProfile& p = profile->layers(static_cast<int>(g));
+      c.seconds = p.forward_seconds() + p.backward_seconds();
+      c.static_bytes = p.static_bytes();
+      c.activation_bytes = p.activation_bytes();
+    } else {
+      c.static_bytes = params[g] * 16;  // fp32 value, gradient and AdamW's two moments
+    }
+    if (by_parameters) c.seconds = static_cast<double>(params[g]);
+    problem.layers.push_back(c);
+  }
+  // The schedule's peak live micro-batches per rank, shared by the rank's stages.
+  absl::StatusOr<SimulationResult> sim = SimulateSchedule(lowered, UnitCosts(lowered.placement));
+  const int v = std::max(1, problem.num_stages / std::max(1, lowered.placement.num_ranks));
+  for (int s = 0; s < problem.num_stages; ++s) {
+    const int r = lowered.placement.rank_of_stage[s];
+    const int live = sim.ok() ? sim->peak_live_micro_batches[r] : 1;
+    problem.live_micro_batches.push_back(std::max(1, (live + v - 1) / v));
+  }
+  problem.memory_budget_bytes = spec.pipeline().memory_budget_mb() << 20;
+  return problem;
+}
+
+}  // namespace
+
+std::vector<int> LayersToProfile(const v1::ModelSpec& model) {
+  const int n = NumLayers(model);
+  if (n <= 2) return {0, n - 1};
+  return {0, 1, n - 1};
+}
+
+absl::StatusOr<v1::ModelProfile> ExpandProfile(const v1::ModelSpec& model,
+                                               const std::vector<v1::LayerProfile>& measured) {
+  const int n = NumLayers(model);
+  auto find = [&](int g) -> const v1::LayerProfile* {
+    for (const v1::LayerProfile& p : measured) {
+      if (p.layer() == g) return &p;
+    }
+    return nullptr;
+  };
+  v1::ModelProfile out;
+  for (int g = 0; g < n; ++g) {
+    // Every block costs what block_0 does.
+    const int source = g == 0 || g == n - 1 ? g : 1;
+    const v1::LayerProfile* p = find(source);
+    if (p == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("profile: layer ", source, " (", LayerName(model, source), ") missing"));
+    }
+    v1::LayerProfile* l = out.add_layers();
+    *l = *p;
+    l->set_layer(g);
+  }
+  return out;
+}
+
+std::string ProfileKey(const v1::JobSpec& spec, const std::string& device, int threads) {
+  const v1::ModelSpec& m = spec.model();
+  return absl::StrCat(m.arch(), "-L", m.n_layer(), "-H", m.n_head(), "-C", m.d_model(), "-F",
+                      m.d_hidden(), "-E", m.d_embed(), "-K", m.context(), "-T", m.seq_len(), "-V",
+                      m.vocab_size(), m.tie_embeddings() ? "-tied" : "-untied", "-B",
+                      spec.pipeline().micro_batch_size(), "-", spec.optimizer().name(), "-", device,
+                      "-t", threads);
+}
+
+absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
+                                          const v1::ModelProfile* profile) {
   absl::StatusOr<Schedule> compute = ScheduleForSpec(spec);
   if (!compute.ok()) return compute.status();
   PipelinePlan plan;
   plan.schedule = LowerWithTransfers(*compute);
   // Every program is proved complete and deadlock-free before any worker sees it.
   if (absl::Status s = ValidateSchedule(plan.schedule); !s.ok()) return s;
-  absl::StatusOr<std::vector<LayerRange>> ranges =
-      UniformPartition(spec.model(), plan.num_stages());
+  if (profile != nullptr && profile->layers_size() != NumLayers(spec.model())) {
+    return absl::InvalidArgumentError(absl::StrCat("profile has ", profile->layers_size(),
+                                                   " layers, the model ", NumLayers(spec.model())));
+  }
+  const std::string& method = spec.pipeline().partition();
+  const int num_stages = plan.num_stages();
+  const PartitionProblem problem = ProblemFor(spec, plan.schedule, profile, method == "parameters");
+  absl::StatusOr<std::vector<LayerRange>> ranges;
+  if (method == "profile" || method == "parameters") {
+    if (method == "profile" && profile == nullptr) {
+      return absl::FailedPreconditionError(
+          "partition: profile needs a layer profile (the coordinator measures one on a worker "
+          "before the job starts; `tandem plan` asks the coordinator for it)");
+    }
+    absl::StatusOr<Partition> best = MinMaxPartition(problem);
+    if (!best.ok()) return best.status();
+    ranges = best->ranges;
+  } else if (method == "manual") {
+    ranges = RangesFromCuts({spec.pipeline().cuts().begin(), spec.pipeline().cuts().end()},
+                            NumLayers(spec.model()), num_stages);
+  } else {
+    ranges = UniformPartition(spec.model(), num_stages);
+  }
   if (!ranges.ok()) return ranges.status();
   plan.ranges = *std::move(ranges);
+  if (profile != nullptr) {
+    // The chosen cut's figures under the measured costs (and its budget check for uniform and
+    // manual cuts).
+    PartitionProblem timed = ProblemFor(spec, plan.schedule, profile, /*by_parameters=*/false);
+    absl::StatusOr<Partition> figures = EvaluatePartition(timed, plan.ranges);
+    if (!figures.ok()) return figures.status();
+    plan.stage_bytes = figures->stage_bytes;
+    for (const LayerRange& r : plan.ranges) {
+      ActionCosts c{0, 0, 0, 0, 0};
+      for (int g = r.begin; g < r.end; ++g) {
+        const v1::LayerProfile& p = profile->layers(g);
+        c.forward += p.forward_seconds();
+        c.backward += p.backward_seconds();
+        c.backward_input += p.backward_input_seconds();
+        c.backward_weight += p.backward_weight_seconds();
+      }
+      plan.stage_costs.push_back(c);
+    }
+    absl::StatusOr<SimulationResult> sim =
+        SimulateSchedule(plan.schedule, ActionCosts{}, plan.stage_costs);
+    if (sim.ok()) {
+      plan.predicted_step_seconds = sim->step_time;
+      plan.predicted_bubble = sim->bubble_fraction;
+    }
+  } else if (problem.memory_budget_bytes > 0 && method != "parameters") {
+    if (absl::Status s = EvaluatePartition(problem, plan.ranges).status(); !s.ok()) return s;
+  }
   if (spec.eval().every() > 0) {
     absl::StatusOr<Schedule> forward =
         GenerateForwardOnly(plan.schedule.placement, spec.eval().micro_batches());
@@ -53,7 +178,12 @@ double PredictedBubble(const PipelinePlan& plan) {
 }
 
 double PredictedBubble(const v1::JobSpec& spec) {
-  absl::StatusOr<PipelinePlan> plan = PlanPipeline(spec);
+  // Unit costs do not depend on the cut: plan with the uniform one (no profile needed).
+  v1::JobSpec uniform = spec;
+  uniform.mutable_pipeline()->set_partition("uniform");
+  uniform.mutable_pipeline()->clear_cuts();
+  uniform.mutable_pipeline()->set_memory_budget_mb(0);
+  absl::StatusOr<PipelinePlan> plan = PlanPipeline(uniform);
   return plan.ok() ? PredictedBubble(*plan) : 0.0;
 }
 

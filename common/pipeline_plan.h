@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/model_desc.h"
+#include "common/partitioner.h"
 #include "common/schedule.h"
 #include "common/schedule_check.h"
 #include "tandem/v1/common.pb.h"
@@ -27,13 +28,34 @@ struct PipelinePlan {
   Schedule schedule;               // lowered and validated
   Schedule eval;                   // lowered forward-only program; empty without eval.every
   std::vector<LayerRange> ranges;  // per stage
+  // With a layer profile: per stage, the measured costs of its layers summed (seconds per
+  // micro-batch) and its bytes at the schedule's peak; and the simulator's step time and
+  // bubble from those costs. Empty / 0 without a profile.
+  std::vector<ActionCosts> stage_costs;
+  std::vector<int64_t> stage_bytes;
+  double predicted_step_seconds = 0.0;
+  double predicted_bubble = 0.0;
   int num_ranks() const { return schedule.placement.num_ranks; }
   int num_stages() const { return schedule.placement.num_stages(); }
 };
 
 // INVALID_ARGUMENT (the schedule's, the validator's or the partition's message) when the spec's
-// pipeline cannot run. The spec must have its defaults filled in (WithDefaults).
-absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec);
+// pipeline cannot run; RESOURCE_EXHAUSTED when no cut fits pipeline.memory_budget_mb (naming
+// the smallest budget that would); FAILED_PRECONDITION for partition: profile without a
+// profile. The spec must have its defaults filled in (WithDefaults). `profile` (one entry per
+// global layer, as ProfileModel returns it) drives partition: profile and gives every plan
+// its predicted per-stage costs.
+absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
+                                          const v1::ModelProfile* profile = nullptr);
+
+// The distinct layers worth timing for a model (embedding, one block, head: blocks are
+// identical in cost), and the per-layer profile of the whole model from their timings.
+std::vector<int> LayersToProfile(const v1::ModelSpec& model);
+// INVALID_ARGUMENT when `measured` lacks one of LayersToProfile's layers.
+absl::StatusOr<v1::ModelProfile> ExpandProfile(const v1::ModelSpec& model,
+                                               const std::vector<v1::LayerProfile>& measured);
+// The cache key of a profile: model config, micro-batch shape, optimizer kind, device, threads.
+std::string ProfileKey(const v1::JobSpec& spec, const std::string& device, int threads);
 
 // Unit costs for a plan: a stage's forward 1, backward 2 (I 1 + W 1), divided by the stages
 // per worker, so that every schedule does the same work per worker and their predictions

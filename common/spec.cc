@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/partitioner.h"
 #include "common/pipeline_plan.h"
 #include "common/schedule.h"
 #include "common/schedule_check.h"
@@ -692,7 +693,24 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
       return Invalid("pipeline.schedule_csv", s.message());
     }
   }
-  return CheckOneOf("pipeline.partition", p.partition(), {"uniform"});
+  if (absl::Status s = CheckOneOf("pipeline.partition", p.partition(),
+                                  {"uniform", "parameters", "profile", "manual"});
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          CheckRange("pipeline.memory_budget_mb", p.memory_budget_mb(), 0, int64_t{1} << 30);
+      !s.ok()) {
+    return s;
+  }
+  if (p.partition() == "manual") {
+    absl::StatusOr<std::vector<LayerRange>> ranges = RangesFromCuts(
+        {p.cuts().begin(), p.cuts().end()}, static_cast<int>(num_layers), num_stages);
+    if (!ranges.ok()) return Invalid("pipeline.cuts", ranges.status().message());
+  } else if (p.cuts_size() > 0) {
+    return Invalid("pipeline.cuts", "cut points apply to partition: manual only");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace

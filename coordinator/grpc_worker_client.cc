@@ -75,6 +75,18 @@ class GrpcStageWorkerClient final : public StageWorkerClient {
     return FromGrpcStatus(stub_->Abort(&ctx, req, &resp));
   }
 
+  absl::StatusOr<v1::ProfileLayersResponse> ProfileLayers(const v1::ProfileLayersRequest& request,
+                                                          absl::Duration timeout) override {
+    v1::ProfileLayersRequest req = request;
+    req.set_protocol_version(kProtocolVersion);
+    v1::ProfileLayersResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, ToChrono(timeout));
+    absl::Status s = FromGrpcStatus(stub_->ProfileLayers(&ctx, req, &resp));
+    if (!s.ok()) return s;
+    return resp;
+  }
+
   absl::Status Probe(absl::Duration timeout) override {
     v1::GetStatusRequest req;
     req.set_protocol_version(kProtocolVersion);

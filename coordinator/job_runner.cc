@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <future>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -14,6 +15,7 @@
 #include "common/spec.h"
 #include "common/step_profile.h"
 #include "coordinator/hf_export.h"
+#include "coordinator/model_profiler.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem::coordinator {
@@ -127,9 +129,20 @@ void JobRunner::Run() {
 
 absl::Status JobRunner::Plan() {
   const v1::JobSpec& spec = job_.spec();
-  absl::StatusOr<PipelinePlan> plan = PlanPipeline(spec);
+  std::optional<v1::ModelProfile> profile;
+  const std::string key = ProfileKey(spec, DeviceKind(workers_[0].device), workers_[0].threads);
+  if (env_.profiles != nullptr) profile = env_.profiles->Find(key);
+  if (!profile.has_value() && spec.pipeline().partition() == "profile") {
+    absl::StatusOr<v1::ModelProfile> measured = ProfileForJob();
+    if (!measured.ok()) return measured.status();
+    profile = *std::move(measured);
+  }
+  absl::StatusOr<PipelinePlan> plan = PlanPipeline(spec, profile.has_value() ? &*profile : nullptr);
   if (!plan.ok()) return plan.status();
   plan_ = *std::move(plan);
+  if (plan_.predicted_step_seconds > 0) {
+    env_.store->SetPredictedStep(job_.id(), plan_.predicted_step_seconds);
+  }
   if (const std::string& hf = spec.init().hf_file(); !hf.empty()) {
     if (env_.checkpoints == nullptr || !env_.checkpoints->enabled() || env_.models_root.empty()) {
       return absl::FailedPreconditionError("init.hf_file: this coordinator keeps no models");
@@ -182,10 +195,19 @@ absl::Status JobRunner::Plan() {
     a.set_layer_begin(plan_.ranges[s].begin);
     a.set_layer_end(plan_.ranges[s].end);
     a.set_actions(ActionsToString(own));
+    if (!plan_.stage_costs.empty()) {
+      a.set_predicted_seconds(plan_.stage_costs[s].forward + plan_.stage_costs[s].backward);
+      a.set_predicted_bytes(plan_.stage_bytes[s]);
+    }
     stages.push_back(std::move(a));
   }
   env_.store->SetStages(job_.id(), stages);
   return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ModelProfile> JobRunner::ProfileForJob() {
+  return MeasureProfile(job_.spec(), workers_[0], *clients_[0], env_.options.profile_timeout,
+                        env_.profiles);
 }
 
 StageWorkerClient::Done JobRunner::Completion(Batch* batch, int rank) {
@@ -312,6 +334,10 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
     summary.set_bubble_measured(profile->measured_bubble);
     summary.set_bubble_predicted(profile->predicted_bubble);
     for (double b : profile->busy_seconds) summary.add_busy_seconds(b);
+    for (const ActionCosts& c : profile->stage_costs) {
+      summary.add_stage_seconds(
+          c.forward + (c.backward > 0 ? c.backward : c.backward_input + c.backward_weight));
+    }
   } else {
     spdlog::warn("{}: {}: cannot profile the step: {}", job_.id(), what,
                  profile.status().ToString());

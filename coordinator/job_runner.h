@@ -25,6 +25,7 @@
 #include "common/schedule.h"
 #include "coordinator/checkpoint_store.h"
 #include "coordinator/job_store.h"
+#include "coordinator/profile_store.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/worker_client.h"
 #include "coordinator/worker_registry.h"
@@ -35,6 +36,7 @@ struct RunnerOptions {
   absl::Duration configure_timeout = absl::Seconds(120);
   absl::Duration step_timeout = absl::Seconds(600);
   absl::Duration abort_timeout = absl::Seconds(5);
+  absl::Duration profile_timeout = absl::Seconds(300);
 };
 
 // What a runner needs from the coordinator, passed explicitly.
@@ -45,6 +47,7 @@ struct RunnerEnv {
   RendezvousStore* rendezvous = nullptr;   // optional: the job's keys are dropped at its end
   CheckpointStore* checkpoints = nullptr;  // optional: no checkpoints without it
   std::string models_root;                 // where init.hf_file paths resolve; empty: none
+  ProfileStore* profiles = nullptr;        // optional: layer profiles cached per shape
   RunnerOptions options;
 };
 
@@ -107,6 +110,9 @@ class JobRunner {
 
   // "stage 2 (worker w-3 at host:port)", or "rank 1 (stages 1, 6; worker ...)".
   std::string WorkerName(int rank) const;
+  // The layer profile of the job's shape on its workers' kind: cached, or measured on the
+  // first worker (which is allocated to the job and idle).
+  absl::StatusOr<v1::ModelProfile> ProfileForJob();
   int LastStageRank() const;
   absl::Status InterruptStatus();
 

@@ -256,6 +256,14 @@ void JobStore::SetFirstStep(const std::string& job_id, int64_t step) {
   it->second.job.set_steps_done(step);
 }
 
+void JobStore::SetPredictedStep(const std::string& job_id, double seconds) {
+  int64_t n = 0;
+  absl::MutexLock lock(&mu_);
+  auto it = ParseJobId(job_id, &n) ? jobs_.find(n) : jobs_.end();
+  if (it == jobs_.end()) return;
+  it->second.job.set_predicted_step_seconds(seconds);
+}
+
 absl::StatusOr<JobStore::Events> JobStore::WaitEvents(const std::string& job_id, int64_t cursor,
                                                       absl::Duration timeout) const {
   int64_t n = 0;

@@ -55,6 +55,8 @@ class JobStore {
   void SetCheckpoint(const std::string& job_id, int64_t step);
   // A resumed job starts at `step`.
   void SetFirstStep(const std::string& job_id, int64_t step);
+  // The step time the plan predicts from the layer profile.
+  void SetPredictedStep(const std::string& job_id, double seconds);
 
   // Events after `cursor` (0 = from the start of the retained log), waiting up to `timeout`
   // for at least one. `cursor` is updated to the position to pass next time. `ended` is set

@@ -16,6 +16,7 @@
 #include "common/version.h"
 #include "coordinator/checkpoint_store.h"
 #include "coordinator/job_store.h"
+#include "coordinator/profile_store.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/services.h"
@@ -69,6 +70,7 @@ int main(int argc, char** argv) {
   tc::RendezvousStore rendezvous;
   const std::string data_root = absl::GetFlag(FLAGS_data_root);
   tc::CheckpointStore checkpoints(data_root.empty() ? "" : data_root + "/checkpoints");
+  tc::ProfileStore profiles(data_root.empty() ? "" : data_root + "/profiles");
   auto clients = tc::MakeGrpcStageWorkerClientFactory();
   tc::RunnerEnv runner_env;
   runner_env.store = store->get();
@@ -76,6 +78,7 @@ int main(int argc, char** argv) {
   runner_env.clients = clients.get();
   runner_env.rendezvous = &rendezvous;
   runner_env.checkpoints = &checkpoints;
+  runner_env.profiles = &profiles;
   runner_env.models_root = data_root.empty() ? "" : data_root + "/models";
   runner_env.options.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
   tc::Scheduler scheduler(runner_env);
@@ -86,6 +89,8 @@ int main(int argc, char** argv) {
   env.scheduler = &scheduler;
   env.rendezvous = &rendezvous;
   env.checkpoints = &checkpoints;
+  env.profiles = &profiles;
+  env.clients = clients.get();
   env.heartbeat_interval_ms = absl::GetFlag(FLAGS_heartbeat_ms);
   auto coordinator_service = tc::MakeCoordinatorService(env);
   auto registry_service = tc::MakeWorkerRegistryService(env);

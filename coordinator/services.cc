@@ -11,6 +11,7 @@
 #include "common/rpc.h"
 #include "common/spec.h"
 #include "coordinator/hf_export.h"
+#include "coordinator/model_profiler.h"
 #include "spdlog/spdlog.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 
@@ -190,6 +191,21 @@ class CoordinatorServiceImpl final : public v1::Coordinator::Service {
       info->set_version(w.version);
       info->set_hostname(w.hostname);
     }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ProfileModel(grpc::ServerContext*, const v1::ProfileModelRequest* req,
+                            v1::ModelProfile* resp) override {
+    TANDEM_RETURN_IF_BAD_VERSION(req);
+    if (env_.profiles == nullptr || env_.clients == nullptr) {
+      return ToGrpcStatus(absl::UnimplementedError("this coordinator does not profile models"));
+    }
+    const v1::JobSpec spec = WithDefaults(req->spec());
+    if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return ToGrpcStatus(s);
+    absl::StatusOr<v1::ModelProfile> profile = tandem::coordinator::ProfileModel(
+        spec, *env_.registry, *env_.clients, *env_.profiles, absl::Seconds(300), req->refresh());
+    if (!profile.ok()) return ToGrpcStatus(profile.status());
+    *resp = *std::move(profile);
     return grpc::Status::OK;
   }
 

@@ -10,8 +10,10 @@
 
 #include "coordinator/checkpoint_store.h"
 #include "coordinator/job_store.h"
+#include "coordinator/profile_store.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/scheduler.h"
+#include "coordinator/worker_client.h"
 #include "coordinator/worker_registry.h"
 
 namespace tandem::coordinator {
@@ -22,6 +24,8 @@ struct ServiceEnv {
   Scheduler* scheduler = nullptr;
   RendezvousStore* rendezvous = nullptr;
   CheckpointStore* checkpoints = nullptr;
+  ProfileStore* profiles = nullptr;             // ProfileModel: UNAVAILABLE without
+  StageWorkerClientFactory* clients = nullptr;  // ... and these
   int heartbeat_interval_ms = 1000;
 };
 

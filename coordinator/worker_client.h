@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "tandem/v1/worker.pb.h"
 
@@ -32,6 +33,9 @@ class StageWorkerClient {
       const v1::SaveCheckpointRequest& request, absl::Duration timeout,
       const std::function<absl::Status(const v1::TensorChunk&)>& on_chunk) = 0;
   virtual absl::Status Abort(const v1::AbortRequest& request, absl::Duration timeout) = 0;
+  // Times and measures layers on the worker (it must be idle); blocking.
+  virtual absl::StatusOr<v1::ProfileLayersResponse> ProfileLayers(
+      const v1::ProfileLayersRequest& request, absl::Duration timeout) = 0;
   // A cheap liveness probe (GetStatus).
   virtual absl::Status Probe(absl::Duration timeout) = 0;
   // Cancels every outstanding asynchronous call; their `done` runs with CANCELLED.

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/spec.h"
 #include "common/version.h"
+#include "worker/profiler.h"
 
 namespace tandem::worker {
 
@@ -281,6 +282,34 @@ StageManager::Snapshot StageManager::GetSnapshot() const {
     s.job_id = configuring_job_;
   }
   return s;
+}
+
+absl::StatusOr<std::vector<v1::LayerProfile>> StageManager::ProfileLayers(
+    const v1::JobSpec& spec, const std::vector<int>& layers, int repeats) {
+  const v1::JobSpec full = WithDefaults(spec);
+  if (absl::Status s = ValidateJobSpec(full); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("profile: ", s.message()));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return absl::UnavailableError("profile: the worker is shutting down");
+    if (stage_ != nullptr || !configuring_job_.empty() || profiling_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "profile: the worker is busy (",
+          profiling_ ? std::string("another profile")
+                     : absl::StrCat("job ", stage_ != nullptr ? stage_->job_id : configuring_job_),
+          "); a profile needs the device to itself"));
+    }
+    profiling_ = true;
+  }
+  absl::StatusOr<std::vector<v1::LayerProfile>> out = worker::ProfileLayers(full, layers, repeats);
+  absl::MutexLock lock(&mu_);
+  profiling_ = false;
+  if (out.ok()) {
+    spdlog::info("profiled {} layer(s) of a {} model at micro-batch {}", out->size(),
+                 full.model().arch(), full.pipeline().micro_batch_size());
+  }
+  return out;
 }
 
 }  // namespace tandem::worker

@@ -77,6 +77,13 @@ class StageManager {
       const std::string& job_id, int64_t step,
       const std::function<absl::Status(const std::vector<StageExecutor::StateTensor>&)>& write);
 
+  // Times and measures single layers at a job's shape (worker/profiler.h). FAILED_PRECONDITION
+  // while a job is configured or configuring here, or another profile runs: a profile must
+  // have the device to itself. INVALID_ARGUMENT for a spec that does not validate.
+  absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& spec,
+                                                              const std::vector<int>& layers,
+                                                              int repeats);
+
   // Idempotent; OK for a job this worker does not hold. INVALID_ARGUMENT for an empty id.
   absl::Status Abort(const std::string& job_id, const std::string& reason);
 
@@ -121,6 +128,7 @@ class StageManager {
   bool step_running_ ABSL_GUARDED_BY(mu_) = false;
   int64_t last_step_ ABSL_GUARDED_BY(mu_) = -1;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool profiling_ ABSL_GUARDED_BY(mu_) = false;
   // A Configure in progress: its job, generation and cancel flag. Abort or a newer Configure
   // bumps the generation so that the older one does not install its stage.
   std::string configuring_job_ ABSL_GUARDED_BY(mu_);

@@ -82,6 +82,22 @@ grpc::Status StageWorkerService::Abort(grpc::ServerContext* ctx, const v1::Abort
   return ToGrpcStatus(manager_->Abort(req->job_id(), req->reason()));
 }
 
+grpc::Status StageWorkerService::ProfileLayers(grpc::ServerContext* ctx,
+                                               const v1::ProfileLayersRequest* req,
+                                               v1::ProfileLayersResponse* resp) {
+  if (absl::Status s = CheckProtocolVersion(req->protocol_version(), kServerName); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  if (req->layers_size() > 4096) {
+    return ToGrpcStatus(absl::InvalidArgumentError("profile: at most 4096 layers per request"));
+  }
+  absl::StatusOr<std::vector<v1::LayerProfile>> layers = manager_->ProfileLayers(
+      req->spec(), std::vector<int>(req->layers().begin(), req->layers().end()), req->repeats());
+  if (!layers.ok()) return ToGrpcStatus(layers.status());
+  for (auto& l : *layers) *resp->add_layers() = std::move(l);
+  return grpc::Status::OK;
+}
+
 grpc::Status StageWorkerService::GetStatus(grpc::ServerContext* ctx,
                                            const v1::GetStatusRequest* req,
                                            v1::WorkerStatus* resp) {

@@ -28,6 +28,8 @@ class StageWorkerService final : public v1::StageWorker::Service {
                               grpc::ServerWriter<v1::TensorChunk>* writer) override;
   grpc::Status Abort(grpc::ServerContext* ctx, const v1::AbortRequest* req,
                      v1::AbortResponse* resp) override;
+  grpc::Status ProfileLayers(grpc::ServerContext* ctx, const v1::ProfileLayersRequest* req,
+                             v1::ProfileLayersResponse* resp) override;
   grpc::Status GetStatus(grpc::ServerContext* ctx, const v1::GetStatusRequest* req,
                          v1::WorkerStatus* resp) override;
 

@@ -185,6 +185,9 @@ absl::StatusOr<CliOptions> ParseArgs(const std::vector<std::string>& args,
     } else if (name == "--print-actions") {
       if (absl::Status s = no_value(); !s.ok()) return s;
       opts.print_actions = true;
+    } else if (name == "--no-profile") {
+      if (absl::Status s = no_value(); !s.ok()) return s;
+      opts.no_profile = true;
     } else if (name == "--compare") {
       if (absl::Status s = no_value(); !s.ok()) return s;
       opts.compare = true;
@@ -240,9 +243,9 @@ absl::StatusOr<CliOptions> ParseArgs(const std::vector<std::string>& args,
   if (!opts.schedule.empty() && !opts.schedule_csv.empty()) {
     return UsageError("give --schedule or --schedule-csv, not both");
   }
-  if ((opts.print_actions || opts.compare || !opts.csv_out.empty()) &&
+  if ((opts.print_actions || opts.compare || !opts.csv_out.empty() || opts.no_profile) &&
       opts.command != Command::kPlan) {
-    return UsageError("--print-actions, --compare and --csv apply to plan only");
+    return UsageError("--print-actions, --compare, --csv and --no-profile apply to plan only");
   }
   if (opts.watch && opts.command != Command::kSubmit) {
     return UsageError("--watch applies to submit only; to follow a job use 'tandem watch JOB'");
@@ -282,6 +285,8 @@ std::string Usage() {
       "  --print-actions              With plan: print every rank's lowered action list\n"
       "  --compare                    With plan: predicted figures of every schedule that fits\n"
       "  --csv FILE                   With plan: write the schedule as CSV (re-importable)\n"
+      "  --no-profile                 With plan: do not ask the coordinator for measured layer\n"
+      "                               costs (plan with unit costs)\n"
       "  -h, --help                   Show help\n"
       "  --version                    Print the client version\n"
       "\n"

@@ -49,6 +49,7 @@ struct CliOptions {
   bool print_actions = false;  // --print-actions: the lowered per-rank action lists
   bool compare = false;        // --compare: the figures of every schedule that fits
   std::string csv_out;         // --csv FILE: write the lowered program as schedule CSV
+  bool no_profile = false;     // --no-profile: do not ask the coordinator for a profile
 };
 
 // Parses argv[1..] (without the program name). Flags may come before or after the command;

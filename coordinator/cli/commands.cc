@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
@@ -309,20 +310,39 @@ absl::Status Export(const CliOptions& opts, CoordinatorClient& client, CommandIo
   return absl::OkStatus();
 }
 
-absl::Status Plan(const CliOptions& opts, CommandIo io) {
+absl::Status Plan(const CliOptions& opts, CoordinatorClient& client, CommandIo io) {
   absl::StatusOr<v1::JobSpec> spec = LoadJobFile(opts);
   if (!spec.ok()) return spec.status();
+  // The coordinator's measured layer profile for this shape, when it can give one.
+  std::optional<v1::ModelProfile> profile;
+  if (!opts.no_profile) {
+    absl::StatusOr<v1::ModelProfile> p = client.ProfileModel(*spec, /*refresh=*/false);
+    if (p.ok()) {
+      profile = *std::move(p);
+    } else {
+      io.out << "(no measured profile: " << RpcError(Command::kPlan, opts, p.status()).message()
+             << "; predictions use unit costs"
+             << (spec->pipeline().partition() == "profile"
+                     ? ", and the cut shown balances parameter counts, not measured time"
+                     : "")
+             << ")\n\n";
+    }
+  }
+  if (!profile.has_value() && spec->pipeline().partition() == "profile") {
+    spec->mutable_pipeline()->set_partition("parameters");
+  }
+  const v1::ModelProfile* measured = profile.has_value() ? &*profile : nullptr;
   if (opts.compare) {
-    io.out << FormatScheduleComparison(*spec);
+    io.out << FormatScheduleComparison(*spec, measured);
     return absl::OkStatus();
   }
-  absl::StatusOr<std::string> text = FormatPlan(*spec, opts.print_actions);
+  absl::StatusOr<std::string> text = FormatPlan(*spec, opts.print_actions, measured);
   if (!text.ok()) {
     return absl::Status(text.status().code(), absl::StrCat("plan: ", text.status().message()));
   }
   io.out << *text;
   if (!opts.csv_out.empty()) {
-    absl::StatusOr<PipelinePlan> plan = PlanPipeline(*spec);
+    absl::StatusOr<PipelinePlan> plan = PlanPipeline(*spec, measured);
     if (!plan.ok()) return plan.status();
     std::ofstream f(opts.csv_out, std::ios::binary | std::ios::trunc);
     f << ProgramToCsv(plan->schedule.program);
@@ -371,7 +391,7 @@ absl::Status RunCommand(const CliOptions& opts, CoordinatorClient& client, Comma
     case Command::kExport:
       return Export(opts, client, io);
     case Command::kPlan:
-      return Plan(opts, io);
+      return Plan(opts, client, io);
   }
   return absl::InternalError("unhandled command");
 }

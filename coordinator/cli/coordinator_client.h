@@ -34,6 +34,11 @@ class CoordinatorClient {
   virtual absl::Status WatchJob(const std::string& job_id,
                                 absl::FunctionRef<bool(const v1::JobEvent&)> on_event) = 0;
 
+  // The layer profile of `spec`'s model on a worker of its device kind (cached by the
+  // coordinator, or measured on an idle worker: this may take a while, so the call has its own
+  // long deadline).
+  virtual absl::StatusOr<v1::ModelProfile> ProfileModel(const v1::JobSpec& spec, bool refresh) = 0;
+
   // Streams the export of the job's latest checkpoint to `on_chunk` (an error from it stops
   // the stream and is returned).
   virtual absl::Status ExportModel(

@@ -18,6 +18,15 @@
 namespace tandem::cli {
 namespace {
 
+// "1.5 GiB", "243.1 MiB", "12 KiB", "0 B".
+std::string FormatBytes(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024 * 1024) return absl::StrFormat("%.1f GiB", b / (1024.0 * 1024 * 1024));
+  if (b >= 1024.0 * 1024) return absl::StrFormat("%.1f MiB", b / (1024.0 * 1024));
+  if (b >= 1024.0) return absl::StrFormat("%.0f KiB", b / 1024.0);
+  return absl::StrFormat("%d B", bytes);
+}
+
 constexpr int kBarWidth = 20;
 constexpr int kRecentSteps = 10;
 
@@ -225,12 +234,39 @@ std::string FormatJobDetails(const v1::Job& job) {
   std::string out = info.Render();
 
   if (job.stages_size() > 0) {
-    Table stages({"STAGE", "WORKER", "ADDRESS", "LAYERS", "ACTIONS"});
+    // With a profile: the predicted forward + backward time per micro-batch of each stage, the
+    // one the last step measured, and a flag on a stage more than 20% slower than predicted.
+    const v1::StepSummary* last =
+        job.history_size() > 0 ? &job.history(job.history_size() - 1) : nullptr;
+    const bool predicted = job.stages(0).predicted_seconds() > 0;
+    std::vector<std::string> header = {"STAGE", "WORKER", "ADDRESS", "LAYERS"};
+    if (predicted) {
+      for (const char* h : {"PREDICTED MS/MB", "MEASURED MS/MB", "MEMORY"}) header.push_back(h);
+    }
+    header.push_back("ACTIONS");
+    Table stages(header);
+    std::vector<std::string> slow;
     for (const v1::StageAssignment& s : job.stages()) {
-      stages.AddRow({absl::StrCat(s.stage()), s.worker_id(), s.address(),
-                     LayerRangeName(m, s.layer_begin(), s.layer_end()), s.actions()});
+      std::vector<std::string> row = {absl::StrCat(s.stage()), s.worker_id(), s.address(),
+                                      LayerRangeName(m, s.layer_begin(), s.layer_end())};
+      if (predicted) {
+        const bool measured = last != nullptr && s.stage() < last->stage_seconds_size();
+        const double got = measured ? last->stage_seconds(s.stage()) : 0.0;
+        const bool flag = measured && got > 1.2 * s.predicted_seconds();
+        if (flag) slow.push_back(absl::StrCat(s.stage()));
+        row.push_back(absl::StrFormat("%.1f", 1000 * s.predicted_seconds()));
+        row.push_back(measured ? absl::StrFormat("%.1f%s", 1000 * got, flag ? " SLOW" : "") : "-");
+        row.push_back(FormatBytes(s.predicted_bytes()));
+      }
+      row.push_back(s.actions());
+      stages.AddRow(row);
     }
     absl::StrAppend(&out, "\n", stages.Render());
+    if (!slow.empty()) {
+      absl::StrAppend(&out, "warning: stage(s) ", absl::StrJoin(slow, ", "),
+                      " ran more than 20% slower than the profile predicts (a busier or slower "
+                      "worker, or a stale profile)\n");
+    }
   }
 
   if (job.history_size() > 0) {

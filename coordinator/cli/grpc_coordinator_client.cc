@@ -1,6 +1,7 @@
 // The gRPC implementation of CoordinatorClient: the one file of the CLI that sees the stub.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -57,6 +58,19 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     v1::ListWorkersRequest req;
     req.set_protocol_version(kProtocolVersion);
     return Unary(&v1::Coordinator::Stub::ListWorkers, req);
+  }
+
+  absl::StatusOr<v1::ModelProfile> ProfileModel(const v1::JobSpec& spec, bool refresh) override {
+    v1::ProfileModelRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    *req.mutable_spec() = spec;
+    req.set_refresh(refresh);
+    v1::ModelProfile resp;
+    grpc::ClientContext ctx;
+    // Measuring a large model's head takes a while; a cached profile answers at once.
+    SetDeadline(ctx, std::max(timeout_, std::chrono::milliseconds(600000)));
+    if (absl::Status s = FromGrpcStatus(stub_->ProfileModel(&ctx, req, &resp)); !s.ok()) return s;
+    return resp;
   }
 
   absl::Status WatchJob(const std::string& job_id,

@@ -55,6 +55,72 @@ int CountSends(const Program& program) {
   return n;
 }
 
+// The figures of a plan made with a measured profile: predicted step and bubble, the uniform
+// cut for comparison, communication per step at the cuts, and the planner's warnings.
+std::string ProfiledFigures(const v1::JobSpec& spec, const PipelinePlan& plan,
+                            const v1::ModelProfile& profile, double slowest, double fastest) {
+  const v1::PipelineSpec& p = spec.pipeline();
+  std::string out = absl::StrFormat(
+      "Predicted from the measured profile (%s, %d thread%s): step %.3f s, bubble %.1f%%, "
+      "slowest stage %.1f ms per micro-batch\n",
+      profile.device(), profile.threads(), profile.threads() == 1 ? "" : "s",
+      plan.predicted_step_seconds, 100 * plan.predicted_bubble, 1000 * slowest);
+  if (p.partition() != "uniform") {
+    v1::JobSpec uniform = spec;
+    uniform.mutable_pipeline()->set_partition("uniform");
+    uniform.mutable_pipeline()->clear_cuts();
+    uniform.mutable_pipeline()->set_memory_budget_mb(0);
+    if (absl::StatusOr<PipelinePlan> u = PlanPipeline(uniform, &profile); u.ok()) {
+      double u_slowest = 0.0;
+      for (const ActionCosts& c : u->stage_costs) {
+        u_slowest = std::max(u_slowest, c.forward + c.backward);
+      }
+      absl::StrAppendFormat(&out,
+                            "  the uniform cut: step %.3f s, slowest stage %.1f ms: this %s cut "
+                            "is predicted %.2fx faster\n",
+                            u->predicted_step_seconds, 1000 * u_slowest, p.partition(),
+                            plan.predicted_step_seconds > 0
+                                ? u->predicted_step_seconds / plan.predicted_step_seconds
+                                : 0.0);
+    }
+  }
+  // Each cut between workers carries every micro-batch's activation forward and its gradient
+  // back (the source document's count).
+  int64_t bytes = 0;
+  int cuts = 0;
+  for (int s = 0; s + 1 < plan.num_stages(); ++s) {
+    if (plan.schedule.placement.rank_of_stage[s] == plan.schedule.placement.rank_of_stage[s + 1]) {
+      continue;
+    }
+    ++cuts;
+    bytes += 2 * int64_t{p.micro_batches()} * profile.layers(plan.ranges[s].end - 1).output_bytes();
+  }
+  absl::StrAppendFormat(&out,
+                        "Communication per step: %d cut%s x %d micro-batches x (activation + "
+                        "gradient) = %.1f MiB\n",
+                        cuts, cuts == 1 ? "" : "s", p.micro_batches(), bytes / 1048576.0);
+  absl::StrAppendFormat(&out,
+                        "Effective batch: %d x %d = %d sequences; the learning rate applies to "
+                        "it (changing micro_batches changes the batch: retune lr)\n",
+                        p.micro_batch_size(), p.micro_batches(),
+                        p.micro_batch_size() * p.micro_batches());
+  std::vector<std::string> warnings;
+  if (p.micro_batches() < 4 * plan.num_ranks()) {
+    warnings.push_back(absl::StrFormat(
+        "micro_batches %d < 4 x %d workers: the bubble is large (the rule of thumb is M >= 4P, "
+        "8P better)",
+        p.micro_batches(), plan.num_ranks()));
+  }
+  if (fastest > 0 && slowest > 1.1 * fastest) {
+    warnings.push_back(absl::StrFormat(
+        "stages imbalanced by %.0f%% (slowest %.1f ms vs fastest %.1f ms per micro-batch)%s",
+        100 * (slowest / fastest - 1), 1000 * slowest, 1000 * fastest,
+        p.partition() == "profile" ? "" : "; partition: profile balances measured time"));
+  }
+  for (const std::string& w : warnings) absl::StrAppend(&out, "warning: ", w, "\n");
+  return out;
+}
+
 }  // namespace
 
 absl::Status ApplyScheduleOverrides(const CliOptions& opts, v1::JobSpec& spec) {
@@ -75,8 +141,9 @@ absl::Status ApplyScheduleOverrides(const CliOptions& opts, v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> FormatPlan(const v1::JobSpec& spec, bool print_actions) {
-  absl::StatusOr<PipelinePlan> plan = PlanPipeline(spec);
+absl::StatusOr<std::string> FormatPlan(const v1::JobSpec& spec, bool print_actions,
+                                       const v1::ModelProfile* profile) {
+  absl::StatusOr<PipelinePlan> plan = PlanPipeline(spec, profile);
   if (!plan.ok()) return plan.status();
   const Placement& placement = plan->schedule.placement;
   const ActionCosts costs = UnitCosts(placement);
@@ -92,12 +159,32 @@ absl::StatusOr<std::string> FormatPlan(const v1::JobSpec& spec, bool print_actio
       spec.name(), plan->num_ranks(), plan->num_ranks() == 1 ? "" : "s", schedule,
       plan->num_stages(), plan->num_stages() == 1 ? "" : "s", v, p.micro_batches(),
       p.micro_batch_size());
-  Table stages({"STAGE", "RANK", "LAYERS"});
+  const bool measured = !plan->stage_costs.empty();
+  std::vector<std::string> header = {"STAGE", "RANK", "LAYERS"};
+  if (measured) {
+    for (const char* h : {"F MS/MB", "B MS/MB", "MEMORY"}) header.push_back(h);
+  }
+  Table stages(header);
+  double slowest = 0.0, fastest = 0.0;
   for (int s = 0; s < plan->num_stages(); ++s) {
-    stages.AddRow({absl::StrCat(s), absl::StrCat(placement.rank_of_stage[s]),
-                   LayerRangeName(spec.model(), plan->ranges[s].begin, plan->ranges[s].end)});
+    std::vector<std::string> row = {
+        absl::StrCat(s), absl::StrCat(placement.rank_of_stage[s]),
+        LayerRangeName(spec.model(), plan->ranges[s].begin, plan->ranges[s].end)};
+    if (measured) {
+      const ActionCosts& c = plan->stage_costs[s];
+      row.push_back(absl::StrFormat("%.1f", 1000 * c.forward));
+      row.push_back(absl::StrFormat("%.1f", 1000 * c.backward));
+      row.push_back(absl::StrFormat("%.1f MiB", plan->stage_bytes[s] / 1048576.0));
+      const double t = c.forward + c.backward;
+      slowest = s == 0 ? t : std::max(slowest, t);
+      fastest = s == 0 ? t : std::min(fastest, t);
+    }
+    stages.AddRow(row);
   }
   absl::StrAppend(&out, stages.Render(), "\n");
+  if (measured) {
+    absl::StrAppend(&out, ProfiledFigures(spec, *plan, *profile, slowest, fastest), "\n");
+  }
 
   absl::StrAppendFormat(&out,
                         "Predicted with unit costs (a worker's forward 1, backward 2 = input 1 + "
@@ -131,7 +218,7 @@ absl::StatusOr<std::string> FormatPlan(const v1::JobSpec& spec, bool print_actio
   return out;
 }
 
-std::string FormatScheduleComparison(const v1::JobSpec& spec) {
+std::string FormatScheduleComparison(const v1::JobSpec& spec, const v1::ModelProfile* profile) {
   Table table({"SCHEDULE", "CHUNKS", "STAGES", "STEP", "BUBBLE", "PEAK LIVE (MB-EQUIV)",
                "SENDS/STEP", "NOTE"});
   for (const std::string& name : ScheduleNames()) {
@@ -141,7 +228,7 @@ std::string FormatScheduleComparison(const v1::JobSpec& spec) {
     // A spec's chunks apply to the schedules that take a choice; others use their own.
     const int chunks = spec.pipeline().chunks();
     s.mutable_pipeline()->set_chunks(name == "interleaved_1f1b" ? chunks : 0);
-    absl::StatusOr<PipelinePlan> plan = PlanPipeline(s);
+    absl::StatusOr<PipelinePlan> plan = PlanPipeline(s, profile);
     if (!plan.ok()) {
       table.AddRow({name, "-", "-", "-", "-", "-", "-",
                     absl::StrCat("does not fit: ", plan.status().message())});
@@ -154,14 +241,22 @@ std::string FormatScheduleComparison(const v1::JobSpec& spec) {
       continue;
     }
     const int v = plan->num_stages() / plan->num_ranks();
-    table.AddRow({name, absl::StrCat(v), absl::StrCat(plan->num_stages()),
-                  absl::StrFormat("%.2f", sim->step_time),
-                  absl::StrFormat("%.1f%%", 100 * sim->bubble_fraction),
-                  absl::StrFormat("%.1f", PeakLiveEquivalent(*sim, plan->schedule.placement)),
-                  absl::StrCat(CountSends(plan->schedule.program))});
+    const bool timed = plan->predicted_step_seconds > 0;
+    table.AddRow(
+        {name, absl::StrCat(v), absl::StrCat(plan->num_stages()),
+         timed ? absl::StrFormat("%.3f s", plan->predicted_step_seconds)
+               : absl::StrFormat("%.2f", sim->step_time),
+         absl::StrFormat("%.1f%%", 100 * (timed ? plan->predicted_bubble : sim->bubble_fraction)),
+         absl::StrFormat("%.1f", PeakLiveEquivalent(*sim, plan->schedule.placement)),
+         absl::StrCat(CountSends(plan->schedule.program))});
   }
   return absl::StrCat(
-      "Predicted with unit costs (a worker's forward 1, backward 2; transfers free). PEAK "
+      profile != nullptr
+          ? absl::StrFormat("Predicted from the measured profile (%s, %d threads; transfers "
+                            "free). ",
+                            profile->device(), profile->threads())
+          : "Predicted with unit costs (a worker's forward 1, backward 2; transfers free). ",
+      "PEAK "
       "LIVE: the most micro-batches of a worker's activations held at once; SENDS: activations "
       "and gradients sent between workers per step.\n",
       table.Render());

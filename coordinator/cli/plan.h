@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "coordinator/cli/args.h"
+#include "tandem/v1/common.pb.h"
 #include "tandem/v1/spec.pb.h"
 
 namespace tandem::cli {
@@ -20,11 +21,17 @@ absl::Status ApplyScheduleOverrides(const CliOptions& opts, v1::JobSpec& spec);
 // The plan of a valid spec: stages and their layers, the predicted figures with unit costs,
 // the timestep grid, and with `print_actions` every rank's lowered action list.
 // INVALID_ARGUMENT when the pipeline cannot be planned.
-absl::StatusOr<std::string> FormatPlan(const v1::JobSpec& spec, bool print_actions);
+// With `profile` (the coordinator's, for the spec's shape) also the measured per-stage times
+// and memory, the predicted step against the uniform cut, communication per step and the
+// planner's warnings (M < 4P, stages imbalanced by more than 10%).
+absl::StatusOr<std::string> FormatPlan(const v1::JobSpec& spec, bool print_actions,
+                                       const v1::ModelProfile* profile = nullptr);
 
 // One row per known schedule: chunks, stages, predicted step time and bubble, peak live
 // activations, or why it does not fit this job.
-std::string FormatScheduleComparison(const v1::JobSpec& spec);
+// With `profile`, the step and bubble are predicted from the measured layer costs (seconds).
+std::string FormatScheduleComparison(const v1::JobSpec& spec,
+                                     const v1::ModelProfile* profile = nullptr);
 
 }  // namespace tandem::cli
 

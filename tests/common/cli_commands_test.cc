@@ -40,8 +40,14 @@ class FakeClient : public CoordinatorClient {
     }
     return export_status;
   }
+  absl::StatusOr<v1::ModelProfile> ProfileModel(const v1::JobSpec& spec, bool refresh) override {
+    ++profile_calls;
+    return profile;
+  }
   std::vector<v1::ExportChunk> export_chunks;
   absl::Status export_status;
+  absl::StatusOr<v1::ModelProfile> profile = absl::UnavailableError("connection refused");
+  int profile_calls = 0;
   absl::Status WatchJob(const std::string& job_id,
                         absl::FunctionRef<bool(const v1::JobEvent&)> on_event) override {
     watched = job_id;
@@ -350,6 +356,59 @@ TEST_F(CommandsTest, PlanScheduleOverrideAndCsvRoundTrip) {
   absl::Status s = Run(bad);
   EXPECT_FALSE(s.ok());
   EXPECT_THAT(std::string(s.message()), HasSubstr("pipeline.schedule"));
+}
+
+// A measured profile from the coordinator: a head as heavy as three blocks. partition:
+// profile cuts by measured time and the plan explains it against the uniform cut.
+v1::ModelProfile HeavyHeadProfile() {
+  v1::ModelProfile p;
+  p.set_device("cpu");
+  p.set_threads(1);
+  for (int g = 0; g < 4; ++g) {
+    v1::LayerProfile* l = p.add_layers();
+    l->set_layer(g);
+    const double s = g == 3 ? 0.030 : g == 0 ? 0.001 : 0.010;
+    l->set_forward_seconds(s / 3);
+    l->set_backward_seconds(2 * s / 3);
+    l->set_backward_input_seconds(s / 3);
+    l->set_backward_weight_seconds(s / 3);
+    l->set_static_bytes(1 << 20);
+    l->set_activation_bytes(1 << 18);
+    l->set_output_bytes(1 << 16);
+  }
+  return p;
+}
+
+TEST_F(CommandsTest, PlanWithAProfileCutsByMeasuredTimeAndExplains) {
+  const std::string path = WriteFile("prof.yaml",
+                                     "name: prof\nmodel:\n  n_layer: 2\npipeline:\n  stages: 2\n"
+                                     "  micro_batches: 4\n  partition: profile\n");
+  client_.profile = HeavyHeadProfile();
+  ASSERT_TRUE(Run(Opts(Command::kPlan, {path})).ok()) << out_.str();
+  const std::string out = out_.str();
+  EXPECT_EQ(client_.profile_calls, 1);
+  EXPECT_THAT(out, HasSubstr("F MS/MB  B MS/MB  MEMORY"));
+  EXPECT_THAT(out, HasSubstr("embedding..block_1  7.0      14.0"));  // 21 ms | 30 ms
+  EXPECT_THAT(out, HasSubstr("Predicted from the measured profile (cpu, 1 thread)"));
+  EXPECT_THAT(out, HasSubstr("the uniform cut:"));
+  EXPECT_THAT(out, HasSubstr("Communication per step: 1 cut x 4 micro-batches"));
+  EXPECT_THAT(out, HasSubstr("0.5 MiB"));  // 2 x 4 x 64 KiB
+  EXPECT_THAT(out, HasSubstr("warning: micro_batches 4 < 4 x 2 workers"));
+  EXPECT_THAT(out, HasSubstr("warning: stages imbalanced by 43%"));
+
+  // No coordinator: said so, and the cut balances parameter counts.
+  out_.str("");
+  client_.profile = absl::UnavailableError("connection refused");
+  ASSERT_TRUE(Run(Opts(Command::kPlan, {path})).ok());
+  EXPECT_THAT(out_.str(),
+              HasSubstr("(no measured profile: cannot reach coordinator at coord:7070"));
+  EXPECT_THAT(out_.str(), HasSubstr("balances parameter counts"));
+  // --no-profile does not ask.
+  out_.str("");
+  CliOptions quiet = Opts(Command::kPlan, {path});
+  quiet.no_profile = true;
+  ASSERT_TRUE(Run(quiet).ok());
+  EXPECT_EQ(client_.profile_calls, 2);
 }
 
 TEST_F(CommandsTest, PlanCompareListsEverySchedule) {

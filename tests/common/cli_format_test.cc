@@ -170,7 +170,10 @@ TEST(FormatJobDetails, ShowsBatchBubbleStagesAndRecentSteps) {
   EXPECT_THAT(out, HasSubstr("State      RUNNING"));
   EXPECT_THAT(out, HasSubstr("12/60 steps  [####----------------]  20%"));
   EXPECT_THAT(out, HasSubstr("Last loss  3.4512"));
-  EXPECT_THAT(out, HasSubstr("32 x 4 = 128 sequences, 128 tokens per step (the effective batch the lr applies to)"));
+  EXPECT_THAT(
+      out,
+      HasSubstr(
+          "32 x 4 = 128 sequences, 128 tokens per step (the effective batch the lr applies to)"));
   EXPECT_THAT(out, HasSubstr("ideal bubble 20.0%"));
   EXPECT_THAT(out, HasSubstr("STAGE  WORKER  ADDRESS        LAYERS              ACTIONS\n"
                              "0      w-1     10.0.0.1:7100  embedding..block_1  0F0 0SEND_F0"));
@@ -180,6 +183,24 @@ TEST(FormatJobDetails, ShowsBatchBubbleStagesAndRecentSteps) {
   EXPECT_THAT(out, HasSubstr("\n12    3.8000"));
   EXPECT_THAT(out, Not(HasSubstr("\n2     4.8000")));
   EXPECT_THAT(out, Not(HasSubstr("Reason")));
+}
+
+// With a profile, each stage shows its predicted and measured time per micro-batch and its
+// memory; a stage more than 20% slower than predicted is flagged.
+TEST(FormatJobDetails, PredictedAgainstMeasuredStageTimes) {
+  v1::Job job = RunningJob();
+  job.mutable_stages(0)->set_predicted_seconds(0.100);
+  job.mutable_stages(0)->set_predicted_bytes(int64_t{3} << 29);
+  job.mutable_stages(1)->set_predicted_seconds(0.100);
+  job.mutable_stages(1)->set_predicted_bytes(int64_t{5} << 20);
+  v1::StepSummary* last = job.mutable_history(job.history_size() - 1);
+  last->add_stage_seconds(0.105);
+  last->add_stage_seconds(0.130);
+  const std::string out = FormatJobDetails(job);
+  EXPECT_THAT(out, HasSubstr("PREDICTED MS/MB  MEASURED MS/MB  MEMORY"));
+  EXPECT_THAT(out, HasSubstr("100.0            105.0           1.5 GiB"));
+  EXPECT_THAT(out, HasSubstr("100.0            130.0 SLOW      5.0 MiB"));
+  EXPECT_THAT(out, HasSubstr("warning: stage(s) 1 ran more than 20% slower than the profile"));
 }
 
 TEST(FormatJobDetails, QueuedJobShowsReasonAndComputesBubble) {

@@ -307,8 +307,23 @@ INSTANTIATE_TEST_SUITE_P(
                 "stages x chunks"},
         BadCase{"pipeline:\n  stages: 2\n  schedule_csv: \"0F0,0B0\\n1F0\\n\"\n",
                 "pipeline.schedule_csv: invalid schedule", "rank 1"},
-        BadCase{"pipeline:\n  partition: balanced\n", "pipeline.partition: expected \"uniform\"",
-                "\"balanced\""}));
+        BadCase{"pipeline:\n  partition: balanced\n",
+                "pipeline.partition: expected \"uniform\" or \"parameters\"", "\"balanced\""},
+        BadCase{"pipeline:\n  partition: manual\n  cuts: [4, 2]\n", "pipeline.cuts: ", "cut"},
+        BadCase{"model:\n  n_layer: 4\npipeline:\n  partition: manual\n  cuts: [9]\n",
+                "pipeline.cuts: ", "9"},
+        BadCase{"pipeline:\n  partition: manual\n", "pipeline.cuts: ", "2 stages need 1 cut"},
+        BadCase{"pipeline:\n  cuts: [2]\n", "pipeline.cuts: cut points apply to partition: manual",
+                "manual"},
+        BadCase{"pipeline:\n  memory_budget_mb: -1\n", "pipeline.memory_budget_mb: must be",
+                "-1"}));
+
+TEST(ValidateJobSpec, ManualCutsAreAccepted) {
+  absl::StatusOr<v1::JobSpec> spec =
+      LoadJobSpecYaml("model:\n  n_layer: 4\npipeline:\n  partition: manual\n  cuts: [5]\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->pipeline().cuts(0), 5);
+}
 
 TEST(ValidateJobSpec, GPipeAllowsFewerMicroBatchesThanStages) {
   absl::StatusOr<v1::JobSpec> spec =

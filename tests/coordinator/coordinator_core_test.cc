@@ -8,11 +8,13 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/pipeline_plan.h"
 #include "common/spec.h"
 #include "coordinator/checkpoint_store.h"
 #include "coordinator/hf_export.h"
 #include "coordinator/job_runner.h"
 #include "coordinator/job_store.h"
+#include "coordinator/profile_store.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/worker_registry.h"
@@ -249,7 +251,31 @@ class FakeWorker final : public StageWorkerClient {
     return absl::OkStatus();
   }
   absl::Status Probe(absl::Duration) override { return absl::OkStatus(); }
+  // Layer g costs layer_seconds(g) forward + backward (1 ms each by default).
+  absl::StatusOr<v1::ProfileLayersResponse> ProfileLayers(const v1::ProfileLayersRequest& request,
+                                                          absl::Duration) override {
+    ++profiles;
+    if (!profile_error.ok()) return profile_error;
+    v1::ProfileLayersResponse resp;
+    for (int g : request.layers()) {
+      v1::LayerProfile* p = resp.add_layers();
+      p->set_layer(g);
+      const double s = layer_seconds ? layer_seconds(g) : 0.001;
+      p->set_forward_seconds(s / 3);
+      p->set_backward_seconds(2 * s / 3);
+      p->set_backward_input_seconds(s / 3);
+      p->set_backward_weight_seconds(s / 3);
+      p->set_static_bytes(1000);
+      p->set_activation_bytes(100);
+      p->set_output_bytes(10);
+    }
+    return resp;
+  }
   void CancelPending() override {}
+
+  std::function<double(int)> layer_seconds;
+  absl::Status profile_error;
+  std::atomic<int> profiles{0};
 
   int rank_;
   v1::StageProgram program_;
@@ -323,6 +349,67 @@ TEST(JobRunnerTest, OneRunStepPerWorkerPerStepAndProgramsAreLowered) {
   EXPECT_DOUBLE_EQ(job.history(4).loss(), 1.0);
   EXPECT_EQ(job.stages(0).actions(), "0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3");
   EXPECT_EQ(f.registry.List()[0].state, v1::IDLE);
+}
+
+// partition: profile: the runner profiles on the first worker (the embedding, one block and
+// the head: blocks cost the same), cuts at the exact min-max of the measured times, records
+// the predicted per-stage times, and caches the profile, so that the next job of the same shape
+// on the same kind of worker is planned without profiling.
+TEST(JobRunnerTest, ProfilePartitionBalancesMeasuredTimeAndCachesTheProfile) {
+  RunnerFixture f;
+  ProfileStore profiles("");
+  f.env.profiles = &profiles;
+  // 4 blocks of 1 ms and a head of 10 ms: the uniform cut [0, 3) | [3, 6) would run 3 | 12.
+  f.factory.configure = [](FakeWorker* w) {
+    w->layer_seconds = [](int g) { return g == 5 ? 0.010 : 0.001; };
+  };
+  v1::JobSpec spec = Spec(2, 2);
+  spec.mutable_model()->set_n_layer(4);
+  spec.mutable_pipeline()->set_partition("profile");
+  auto runner = f.Start(spec);
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  EXPECT_EQ(f.factory.made[0]->profiles.load(), 1);
+  EXPECT_EQ(f.factory.made[1]->profiles.load(), 0);
+  ASSERT_EQ(job.stages_size(), 2);
+  EXPECT_EQ(job.stages(0).layer_end(), 5);  // embedding + 4 blocks | head
+  EXPECT_NEAR(job.stages(0).predicted_seconds(), 0.005, 1e-9);
+  EXPECT_NEAR(job.stages(1).predicted_seconds(), 0.010, 1e-9);
+  EXPECT_GT(job.predicted_step_seconds(), 0.0);
+  EXPECT_EQ(f.factory.made[0]->program_.chunks(0).layer_end(), 5);
+  ASSERT_TRUE(profiles.Find(ProfileKey(spec, "cpu", 1)).has_value());
+
+  // The same shape again: planned from the cache.
+  auto again = f.Start(spec);
+  f.WaitFinished(*again);
+  ASSERT_EQ(f.store->Get(again->job_id())->state(), v1::SUCCEEDED);
+  for (size_t i = 2; i < f.factory.made.size(); ++i) {
+    EXPECT_EQ(f.factory.made[i]->profiles.load(), 0) << i;
+  }
+  // Without a profile a uniform job still gets the cached one's predictions.
+  v1::JobSpec uniform = spec;
+  uniform.mutable_pipeline()->set_partition("uniform");
+  auto third = f.Start(uniform);
+  f.WaitFinished(*third);
+  auto u = *f.store->Get(third->job_id());
+  ASSERT_EQ(u.state(), v1::SUCCEEDED) << u.reason();
+  EXPECT_EQ(u.stages(0).layer_end(), 3);
+  EXPECT_NEAR(u.stages(1).predicted_seconds(), 0.012, 1e-9);
+}
+
+// A worker that cannot profile fails the job with a reason naming it.
+TEST(JobRunnerTest, ProfileFailureFailsTheJobNamingTheWorker) {
+  RunnerFixture f;
+  f.factory.configure = [](FakeWorker* w) { w->profile_error = absl::UnavailableError("gone"); };
+  v1::JobSpec spec = Spec(2, 2);
+  spec.mutable_pipeline()->set_partition("profile");
+  auto runner = f.Start(spec);
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("profiling on worker"));
+  EXPECT_THAT(job.reason(), HasSubstr("gone"));
 }
 
 TEST(JobRunnerTest, ClipsByTheGlobalNormAndSkipsNonFiniteSteps) {

@@ -534,6 +534,49 @@ TEST_F(ClusterTest, EveryScheduleAndAnExportedCsvTrainTheSameLosses) {
   }
 }
 
+// partition: profile through the real daemons: a head that outweighs the blocks (vocab 8192
+// at d_model 16) is measured on a worker, the cut puts it alone on the last stage, the job
+// trains to the uniform cut's losses, and `tandem plan` shows the same profile (cached).
+TEST_F(ClusterTest, ProfiledPartitionIsolatesAHeavyHeadAndPlanShowsIt) {
+  StartCluster(2);
+  auto spec = [](const std::string& partition) {
+    return absl::StrCat(
+        "name: prof\nsteps: 3\nseed: 5\nmodel:\n  arch: gpt\n  n_layer: 2\n  n_head: 2\n"
+        "  d_model: 16\n  seq_len: 16\n  vocab_size: 8192\n  tie_embeddings: false\n"
+        "optimizer:\n  lr: 0.01\n  lr_schedule: constant\npipeline:\n  stages: 2\n"
+        "  micro_batch_size: 4\n  micro_batches: 4\n  partition: ",
+        partition, "\n");
+  };
+  auto profiled = cluster_->Submit(spec("profile"));
+  ASSERT_TRUE(profiled.ok()) << profiled.status();
+  auto a = cluster_->WaitForEnd(*profiled, 120s);
+  ASSERT_TRUE(a.ok() && a->state() == v1::SUCCEEDED) << a->reason();
+  ASSERT_EQ(a->stages_size(), 2);
+  EXPECT_EQ(a->stages(1).layer_begin(), 3);  // the head alone
+  EXPECT_GT(a->stages(0).predicted_seconds(), 0.0);
+  EXPECT_GT(a->predicted_step_seconds(), 0.0);
+  EXPECT_EQ(a->history(0).stage_seconds_size(), 2);
+  auto uniform = cluster_->Submit(spec("uniform"));
+  ASSERT_TRUE(uniform.ok());
+  auto b = cluster_->WaitForEnd(*uniform, 120s);
+  ASSERT_TRUE(b.ok() && b->state() == v1::SUCCEEDED) << b->reason();
+  EXPECT_EQ(b->stages(1).layer_begin(), 2);
+  EXPECT_GT(b->stages(1).predicted_seconds(), 0.0);  // the cached profile predicts it too
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_NEAR(a->history(i).loss(), b->history(i).loss(), 1e-5 * b->history(i).loss());
+  }
+  const std::string path = cluster_->dir() + "/prof.yaml";
+  std::ofstream(path) << spec("profile");
+  CommandResult plan = cluster_->Cli({"plan", path});
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  EXPECT_THAT(plan.out, HasSubstr("Predicted from the measured profile (cpu, 1 thread)"));
+  EXPECT_THAT(plan.out, HasSubstr("embedding..block_1"));
+  EXPECT_THAT(plan.out, HasSubstr("the uniform cut:"));
+  CommandResult status = cluster_->Cli({"status", *profiled});
+  ASSERT_EQ(status.exit_code, 0) << status.err;
+  EXPECT_THAT(status.out, HasSubstr("PREDICTED MS/MB  MEASURED MS/MB"));
+}
+
 // Every example spec in examples/ runs to SUCCEEDED (shortened to a few steps). The
 // text-file example trains on a file the test writes under the workers' data root.
 TEST_F(ClusterTest, EveryExampleSpecRuns) {

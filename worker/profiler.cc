@@ -1,0 +1,131 @@
+#include "worker/profiler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "common/model_desc.h"
+#include "worker/model/gpt.h"
+#include "worker/model/mlp_lm.h"
+#include "worker/model/random.h"
+
+namespace tandem::worker {
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+template <typename F>
+double Seconds(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Optimizer state per parameter element, in floats (AdamW: two moments; SGD: none).
+int64_t OptimizerFloatsPerElement(const v1::OptimizerSpec& opt) {
+  return opt.name() == "sgd" ? 0 : 2;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& spec,
+                                                            const std::vector<int>& layers,
+                                                            int repeats) {
+  const v1::ModelSpec& model = spec.model();
+  const bool gpt = model.arch() == "gpt";
+  const int num_layers = NumLayers(model);
+  std::vector<int> which = layers;
+  if (which.empty()) {
+    for (int g = 0; g < num_layers; ++g) which.push_back(g);
+  }
+  repeats = repeats <= 0 ? 3 : std::min(repeats, 20);
+  const int64_t b = spec.pipeline().micro_batch_size();
+  if (b < 1 || b > (1 << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile: pipeline.micro_batch_size must be in [1, 2^20], got ", b));
+  }
+  int64_t t = 1, c = model.d_model(), vocab = model.vocab_size(), k = 1;
+  if (gpt) {
+    absl::StatusOr<GptConfig> cfg = GptConfigFromSpec(model);
+    if (!cfg.ok()) return cfg.status();
+    t = cfg->seq_len;
+    c = cfg->d_model;
+    vocab = cfg->vocab;
+  } else {
+    absl::StatusOr<MlpLmConfig> cfg = MlpLmConfigFromSpec(model);
+    if (!cfg.ok()) return cfg.status();
+    k = model.context();
+  }
+  const int64_t state_floats = 2 + OptimizerFloatsPerElement(spec.optimizer());
+  std::vector<v1::LayerProfile> out;
+  for (int g : which) {
+    if (g < 0 || g >= num_layers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("profile: layer ", g, " is outside the model's ", num_layers, " layers"));
+    }
+    absl::StatusOr<std::vector<std::unique_ptr<Layer>>> built =
+        gpt ? BuildGptLayers(model, spec.seed(), g, g + 1)
+            : BuildMlpLmLayers(model, spec.seed(), g, g + 1);
+    if (!built.ok()) return built.status();
+    Layer& layer = *(*built)[0];
+    // Inputs of the job's shape: tokens and targets drawn uniformly, activations normal.
+    Rng rng(MixSeed(spec.seed(), 0x9e3779b9u + static_cast<uint64_t>(g)));
+    IntTensor tokens(gpt ? std::vector<int64_t>{b, t} : std::vector<int64_t>{b, k});
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = static_cast<int32_t>(rng.Below(static_cast<uint64_t>(vocab)));
+    }
+    IntTensor targets(gpt ? std::vector<int64_t>{b, t} : std::vector<int64_t>{b});
+    for (size_t i = 0; i < targets.size(); ++i) {
+      targets[i] = static_cast<int32_t>(rng.Below(static_cast<uint64_t>(vocab)));
+    }
+    Tensor input(gpt ? std::vector<int64_t>{b, t, c} : std::vector<int64_t>{b, c});
+    for (size_t i = 0; i < input.size(); ++i) input[i] = static_cast<float>(rng.Normal());
+    MicroBatchData data{&tokens, &targets, b * t * 4};
+    const Tensor none;
+    const Tensor& x = layer.reads_tokens() ? none : input;
+
+    v1::LayerProfile p;
+    p.set_layer(g);
+    int64_t params = 0;
+    for (const Parameter* q : layer.Parameters()) params += static_cast<int64_t>(q->value.size());
+    p.set_parameter_count(params);
+    p.set_static_bytes(params * state_floats * static_cast<int64_t>(sizeof(float)));
+    std::vector<double> fwd, bwd, in, wt;
+    for (int r = 0; r <= repeats; ++r) {
+      SavedContext ctx;
+      Tensor y, gin;
+      absl::Status s;
+      const double f = Seconds([&] { s = layer.Forward(x, data, ctx, y); });
+      if (!s.ok()) return s;
+      p.set_activation_bytes(static_cast<int64_t>(ctx.Bytes()));
+      p.set_output_bytes(layer.is_loss() ? 0 : static_cast<int64_t>(y.bytes()));
+      Tensor dout = layer.is_loss() ? Tensor() : Tensor(y.shape());
+      for (size_t i = 0; i < dout.size(); ++i) dout[i] = 1e-3f * static_cast<float>(rng.Normal());
+      // Full backward on a copy of the context, then the split pair on the original.
+      SavedContext copy = ctx;
+      const double bb = Seconds([&] { s = layer.Backward(dout, copy, gin); });
+      if (!s.ok()) return s;
+      const double ii = Seconds([&] { s = layer.BackwardInput(dout, ctx, gin); });
+      if (!s.ok()) return s;
+      const double ww = Seconds([&] { s = layer.BackwardWeight(ctx); });
+      if (!s.ok()) return s;
+      if (r == 0) continue;  // warm-up
+      fwd.push_back(f);
+      bwd.push_back(bb);
+      in.push_back(ii);
+      wt.push_back(ww);
+    }
+    p.set_forward_seconds(Median(fwd));
+    p.set_backward_seconds(Median(bwd));
+    p.set_backward_input_seconds(Median(in));
+    p.set_backward_weight_seconds(Median(wt));
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+}  // namespace tandem::worker

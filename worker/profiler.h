@@ -1,0 +1,28 @@
+// Layer profiling: times the forward and backward (full, and split into I then W) of single
+// global layers at a job's micro-batch shape, on this worker's device and threads, and
+// measures their bytes, so that the partitioner can balance stages by measured cost.
+// No gRPC; the StageWorker service calls it while the worker is idle.
+#ifndef TANDEM_WORKER_PROFILER_H_
+#define TANDEM_WORKER_PROFILER_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tandem/v1/common.pb.h"
+#include "tandem/v1/spec.pb.h"
+
+namespace tandem::worker {
+
+// For each global layer index in `layers` (all of the model's when empty): one warm-up run,
+// then `repeats` timed runs (median) of Forward, Backward, BackwardInput and BackwardWeight on
+// random inputs of the job's shape (micro_batch_size x seq_len), plus the parameter count,
+// static bytes (parameters, gradients and the optimizer's state) and the bytes a micro-batch
+// saves between its forward and its backward. INVALID_ARGUMENT for a bad model or an index
+// outside the model.
+absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& spec,
+                                                            const std::vector<int>& layers,
+                                                            int repeats);
+
+}  // namespace tandem::worker
+
+#endif  // TANDEM_WORKER_PROFILER_H_
