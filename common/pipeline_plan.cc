@@ -146,7 +146,15 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
     absl::StatusOr<SimulationResult> sim =
         SimulateSchedule(plan.schedule, ActionCosts{}, plan.stage_costs);
     if (sim.ok()) {
-      plan.predicted_step_seconds = sim->step_time;
+      // The step's second phase runs on every worker at once after the pipeline drains: its
+      // gradient-norm pass and optimizer update. The slowest worker's sets the pace.
+      std::vector<double> apply(plan.num_ranks(), 0.0);
+      for (int s = 0; s < plan.num_stages(); ++s) {
+        for (int g = plan.ranges[s].begin; g < plan.ranges[s].end; ++g) {
+          apply[plan.schedule.placement.rank_of_stage[s]] += profile->layers(g).apply_seconds();
+        }
+      }
+      plan.predicted_step_seconds = sim->step_time + *std::max_element(apply.begin(), apply.end());
       plan.predicted_bubble = sim->bubble_fraction;
     }
   } else if (problem.memory_budget_bytes > 0 && method != "parameters") {

@@ -29,8 +29,9 @@ struct PipelinePlan {
   Schedule eval;                   // lowered forward-only program; empty without eval.every
   std::vector<LayerRange> ranges;  // per stage
   // With a layer profile: per stage, the measured costs of its layers summed (seconds per
-  // micro-batch) and its bytes at the schedule's peak; and the simulator's step time and
-  // bubble from those costs. Empty / 0 without a profile.
+  // micro-batch) and its bytes at the schedule's peak; and the simulator's step time from
+  // those costs plus the slowest worker's once-per-step optimizer phase, and the bubble.
+  // Empty / 0 without a profile.
   std::vector<ActionCosts> stage_costs;
   std::vector<int64_t> stage_bytes;
   double predicted_step_seconds = 0.0;

@@ -42,6 +42,35 @@ class StageManagerTest : public ::testing::Test {
   gloo::rendezvous::HashStore store_;
 };
 
+// Profiling measures what the layers are: the head's parameters and saved bytes, positive
+// times for F, B, I and W; and refuses while a job holds the worker.
+TEST_F(StageManagerTest, ProfileLayersMeasuresAndRefusesWhileBusy) {
+  StageManager w({}, Factory());
+  v1::JobSpec spec = testing::TinyGptJob(/*tie_embeddings=*/false);
+  spec.mutable_pipeline()->set_stages(1);
+  auto profile = w.ProfileLayers(spec, {0, 1, 3}, 2);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  ASSERT_EQ(profile->size(), 3u);
+  const v1::LayerProfile& head = (*profile)[2];
+  EXPECT_EQ(head.layer(), 3);
+  EXPECT_EQ(head.parameter_count(), 2 * 16 + 256 * 16);            // ln_f + lm_head
+  EXPECT_EQ(head.static_bytes(), head.parameter_count() * 4 * 4);  // value, grad, 2 moments
+  EXPECT_EQ(head.output_bytes(), 0);
+  for (const v1::LayerProfile& p : *profile) {
+    EXPECT_GT(p.forward_seconds(), 0.0) << p.layer();
+    EXPECT_GT(p.backward_seconds(), 0.0) << p.layer();
+    EXPECT_GT(p.activation_bytes(), 0) << p.layer();
+    EXPECT_GT(p.apply_seconds(), 0.0) << p.layer();
+  }
+  EXPECT_EQ((*profile)[1].output_bytes(), 8 * 8 * 16 * 4);  // (B, T, C) fp32
+  EXPECT_EQ(w.ProfileLayers(spec, {7}, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  v1::JobSpec bad = spec;
+  bad.mutable_model()->set_d_model(-1);
+  EXPECT_EQ(w.ProfileLayers(bad, {}, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(w.Configure(MakePrograms(TinyJob(), 1, "gpipe")[0]).ok());
+  EXPECT_EQ(w.ProfileLayers(spec, {0}, 1).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(StageManagerTest, ConfigureRunAbortLifecycle) {
   const v1::JobSpec spec = TinyJob();
   const auto programs = MakePrograms(spec, 2, "1f1b");
