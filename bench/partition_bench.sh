@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Profile-guided partitioning against the uniform cut, and predicted against measured step
+# time, on a model whose head dominates: GPT-2 width (d_model 768, 12 heads) at reduced depth
+# (n_layer 6), vocab 50304 untied, seq_len 128, micro-batch 4, on 2 workers (--threads 1).
+#
+#   ./scripts/build.sh && bench/partition_bench.sh [--steps N] [--keep]     # about 6 min
+#
+# Starts a real coordinator (with a data root, so the profile is cached after the first job)
+# and two workers on 127.0.0.1, then runs, 3 steps each (the first is a warm-up; figures are
+# medians of the rest): partition uniform and partition profile with 1f1b at M=8, then with
+# the profile: zb_h1 and gpipe at M=8 and 1f1b at M=4 and M=16. Prints per job the cut, the
+# measured step, the step the plan predicted from the profile (Job.predicted_step_seconds), and
+# their ratio; and the profiled cut's speed-up over the uniform one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin="$PWD/build/bin"
+steps=3 keep=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --steps) steps="$2"; shift ;;
+    --keep) keep=1 ;;
+    *) echo "partition_bench.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+  shift
+done
+for b in tandem-coordinator tandem-worker tandem; do
+  [ -x "$bin/$b" ] || { echo "partition_bench.sh: build first ($bin/$b missing)" >&2; exit 1; }
+done
+run="$(mktemp -d /tmp/tandem-partbench-XXXXXX)"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  if [ "$keep" = 1 ]; then echo "run directory: $run" >&2; else rm -rf "$run"; fi
+}
+trap cleanup EXIT
+"$bin/tandem-coordinator" --listen 127.0.0.1:0 --port-file "$run/coordinator.port" \
+  --data-root "$run/store" >"$run/coordinator.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do [ -s "$run/coordinator.port" ] && break; sleep 0.1; done
+export TANDEM_COORDINATOR="127.0.0.1:$(cat "$run/coordinator.port")"
+for i in 0 1; do
+  "$bin/tandem-worker" --coordinator "$TANDEM_COORDINATOR" --listen 127.0.0.1:0 --device cpu \
+    --threads 1 --data-root "$run" >"$run/worker$i.log" 2>&1 &
+  pids+=($!)
+done
+for _ in $(seq 100); do
+  [ "$("$bin/tandem" workers -o json | grep -c '"IDLE"' || true)" -ge 2 ] && break
+  sleep 0.1
+done
+
+spec() {  # NAME PARTITION SCHEDULE M
+  cat <<YAML
+name: $1
+steps: $steps
+seed: 1234
+model:
+  arch: gpt
+  n_layer: 6
+  n_head: 12
+  d_model: 768
+  seq_len: 128
+  vocab_size: 50304
+  tie_embeddings: false
+data:
+  source: synthetic
+optimizer:
+  lr: 0.0003
+  lr_schedule: constant
+pipeline:
+  stages: 2
+  micro_batch_size: 4
+  micro_batches: $4
+  schedule: $3
+  partition: $2
+YAML
+}
+
+: >"$run/results.jsonl"
+job() {  # NAME PARTITION SCHEDULE M
+  spec "$@" >"$run/$1.yaml"
+  local id
+  id="$("$bin/tandem" submit "$run/$1.yaml")"
+  echo "[$(date +%H:%M:%S)] $1: $id" >&2
+  "$bin/tandem" watch "$id" >"$run/$1.watch" 2>&1 || { tail -3 "$run/$1.watch" >&2; exit 1; }
+  "$bin/tandem" status "$id" -o json >"$run/$1.json"
+  /usr/bin/python3 - "$run/$1.json" "$1" >>"$run/results.jsonl" <<'PY'
+import json, statistics, sys
+job = json.load(open(sys.argv[1]))
+h = job["history"]
+measured = [float(s["step_seconds"]) for s in h[1:]] or [float(h[0]["step_seconds"])]
+stages = job["stages"]
+print(json.dumps({
+    "name": sys.argv[2],
+    "partition": job["spec"]["pipeline"]["partition"],
+    "schedule": job["spec"]["pipeline"]["schedule"],
+    "m": int(job["spec"]["pipeline"]["micro_batches"]),
+    "cut": [[int(s.get("layer_begin", 0)), int(s["layer_end"])] for s in stages],
+    "step_s": statistics.median(measured),
+    "predicted_s": float(job.get("predicted_step_seconds", 0)),
+    "stage_predicted_ms": [1000 * float(s.get("predicted_seconds", 0)) for s in stages],
+    "stage_measured_ms": [1000 * float(x) for x in h[-1].get("stage_seconds", [])],
+    "losses": [float(s["loss"]) for s in h],
+}))
+PY
+}
+
+job uniform-1f1b-m8 uniform 1f1b 8
+job profile-1f1b-m8 profile 1f1b 8
+job profile-zb_h1-m8 profile zb_h1 8
+job profile-gpipe-m8 profile gpipe 8
+job profile-1f1b-m4 profile 1f1b 4
+job profile-1f1b-m16 profile 1f1b 16
+
+"$bin/tandem" plan "$run/profile-1f1b-m8.yaml" >"$run/plan.txt" 2>&1 || true
+echo "== tandem plan (profile, 1f1b, M=8) =="
+cat "$run/plan.txt"
+echo
+/usr/bin/python3 - "$run/results.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print("== Partition: profile vs uniform; predicted vs measured step ==")
+print(f"{'job':<20} {'cut':<18} {'measured s':>10} {'predicted s':>11} {'meas/pred':>9}  stage ms (pred / meas)")
+for r in rows:
+    ratio = r["step_s"] / r["predicted_s"] if r["predicted_s"] else float("nan")
+    stages = ", ".join(f"{p:.0f}/{m:.0f}" for p, m in zip(r["stage_predicted_ms"], r["stage_measured_ms"]))
+    cut = " | ".join(f"[{a},{b})" for a, b in r["cut"])
+    print(f"{r['name']:<20} {cut:<18} {r['step_s']:>10.3f} {r['predicted_s']:>11.3f} {ratio:>9.3f}  {stages}")
+u = next(r for r in rows if r["name"] == "uniform-1f1b-m8")
+p = next(r for r in rows if r["name"] == "profile-1f1b-m8")
+sp = u["step_s"] / p["step_s"]
+pred = u["predicted_s"] / p["predicted_s"] if p["predicted_s"] else float("nan")
+print(f"profiled cut vs uniform (1f1b, M=8): measured {sp:.2f}x faster (predicted {pred:.2f}x); "
+      f"target >= 1.2x: {'PASS' if sp >= 1.2 else 'FAIL'}")
+worst = max(abs(r["step_s"] / r["predicted_s"] - 1) for r in rows if r["predicted_s"])
+print(f"largest |measured / predicted - 1| over the jobs: {worst:.3f}; target <= 0.10: "
+      f"{'PASS' if worst <= 0.10 else 'FAIL'}")
+d = max(abs(a - b) / abs(b) for a, b in zip(u["losses"], p["losses"]))
+print(f"losses uniform vs profiled cut: max relative difference {d:.1e}")
+print(json.dumps({"partition_bench": rows}))
+PY
