@@ -7,7 +7,7 @@
 #
 # Starts a real coordinator (with a data root, so the profile is cached after the first job)
 # and two workers on 127.0.0.1, then runs, 3 steps each (the first is a warm-up; figures are
-# medians of the rest): partition uniform and partition profile with 1f1b at M=8, then with
+# medians of the rest): partition profile and partition uniform with 1f1b at M=8, then with
 # the profile: zb_h1 and gpipe at M=8 and 1f1b at M=4 and M=16. Prints per job the cut, the
 # measured step, the step the plan predicted from the profile (Job.predicted_step_seconds), and
 # their ratio; and the profiled cut's speed-up over the uniform one.
@@ -105,8 +105,10 @@ print(json.dumps({
 PY
 }
 
-job uniform-1f1b-m8 uniform 1f1b 8
+# The profiled job first: it measures (and caches) the profile, so the uniform job gets
+# predictions too.
 job profile-1f1b-m8 profile 1f1b 8
+job uniform-1f1b-m8 uniform 1f1b 8
 job profile-zb_h1-m8 profile zb_h1 8
 job profile-gpipe-m8 profile gpipe 8
 job profile-1f1b-m4 profile 1f1b 4
