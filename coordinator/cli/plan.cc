@@ -55,6 +55,45 @@ int CountSends(const Program& program) {
   return n;
 }
 
+// The schedule (and chunks) with the shortest predicted step for this job as written (same
+// micro-batches, so the same training), among those that fit its layers and memory budget.
+std::string Recommendation(const v1::JobSpec& spec, const PipelinePlan& plan,
+                           const v1::ModelProfile& profile) {
+  std::string best_name;
+  int best_chunks = 0;
+  double best = 0.0;
+  for (const std::string& name : ScheduleNames()) {
+    for (int chunks :
+         name == "interleaved_1f1b" ? std::vector<int>{2, 3, 4} : std::vector<int>{0}) {
+      v1::JobSpec s = spec;
+      s.mutable_pipeline()->set_schedule(name);
+      s.mutable_pipeline()->clear_schedule_csv();
+      s.mutable_pipeline()->set_chunks(chunks);
+      if (s.pipeline().partition() == "manual") s.mutable_pipeline()->set_partition("profile");
+      absl::StatusOr<PipelinePlan> p = PlanPipeline(s, &profile);
+      if (!p.ok() || p->predicted_step_seconds <= 0) continue;
+      if (best_name.empty() || p->predicted_step_seconds < best) {
+        best = p->predicted_step_seconds;
+        best_name = name;
+        best_chunks = p->num_stages() / p->num_ranks();
+      }
+    }
+  }
+  if (best_name.empty()) return "";
+  const std::string current = ScheduleLabel(spec.pipeline());
+  if (best_name == current && best_chunks == plan.num_stages() / plan.num_ranks()) {
+    return absl::StrFormat("Recommendation: keep %s: no schedule is predicted faster here\n",
+                           current);
+  }
+  return absl::StrFormat(
+      "Recommendation: schedule %s%s is predicted %.3f s per step (%.2fx the plan's %.3f s), "
+      "with the same micro-batches: `--schedule %s%s`\n",
+      best_name, best_chunks > 1 ? absl::StrCat(" with ", best_chunks, " chunks") : "", best,
+      plan.predicted_step_seconds / best, plan.predicted_step_seconds, best_name,
+      best_chunks > 1 && best_name == "interleaved_1f1b" ? absl::StrCat(" --chunks ", best_chunks)
+                                                         : "");
+}
+
 // The figures of a plan made with a measured profile: predicted step and bubble, the uniform
 // cut for comparison, communication per step at the cuts, and the planner's warnings.
 std::string ProfiledFigures(const v1::JobSpec& spec, const PipelinePlan& plan,
@@ -118,6 +157,7 @@ std::string ProfiledFigures(const v1::JobSpec& spec, const PipelinePlan& plan,
         p.partition() == "profile" ? "" : "; partition: profile balances measured time"));
   }
   for (const std::string& w : warnings) absl::StrAppend(&out, "warning: ", w, "\n");
+  absl::StrAppend(&out, Recommendation(spec, plan, profile));
   return out;
 }
 

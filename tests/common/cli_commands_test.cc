@@ -395,6 +395,9 @@ TEST_F(CommandsTest, PlanWithAProfileCutsByMeasuredTimeAndExplains) {
   EXPECT_THAT(out, HasSubstr("0.5 MiB"));  // 2 x 4 x 64 KiB
   EXPECT_THAT(out, HasSubstr("warning: micro_batches 4 < 4 x 2 workers"));
   EXPECT_THAT(out, HasSubstr("warning: stages imbalanced by 43%"));
+  // ZB-H1 fills 1F1B's cool-down: predicted faster at the same micro-batches.
+  EXPECT_THAT(out, HasSubstr("Recommendation: schedule zb_h1 is predicted"));
+  EXPECT_THAT(out, HasSubstr("`--schedule zb_h1`"));
 
   // No coordinator: said so, and the cut balances parameter counts.
   out_.str("");
