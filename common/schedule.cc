@@ -28,18 +28,6 @@ constexpr KindName kKindNames[] = {
     {v1::ACTION_I, "I"},           {v1::ACTION_W, "W"},
 };
 
-const char* KindName(ActionKind kind) {
-  for (const auto& k : kKindNames) {
-    if (k.kind == kind) return k.name;
-  }
-  return "?";
-}
-
-bool IsTransfer(ActionKind kind) {
-  return kind == v1::ACTION_SEND_F || kind == v1::ACTION_RECV_F || kind == v1::ACTION_SEND_B ||
-         kind == v1::ACTION_RECV_B;
-}
-
 absl::Status CheckSizes(int num_ranks, int num_micro_batches) {
   if (num_ranks < 1) {
     return absl::InvalidArgumentError(
@@ -147,6 +135,23 @@ bool NeighbourIsRemote(const Placement& placement, int stage, int delta) {
 
 }  // namespace
 
+const char* ActionKindName(ActionKind kind) {
+  for (const auto& k : kKindNames) {
+    if (k.kind == kind) return k.name;
+  }
+  return "?";
+}
+
+bool IsComputeAction(ActionKind kind) {
+  return kind == v1::ACTION_F || kind == v1::ACTION_B || kind == v1::ACTION_I ||
+         kind == v1::ACTION_W;
+}
+
+bool IsTransferAction(ActionKind kind) {
+  return kind == v1::ACTION_SEND_F || kind == v1::ACTION_RECV_F || kind == v1::ACTION_SEND_B ||
+         kind == v1::ACTION_RECV_B;
+}
+
 std::vector<int> Placement::StagesOf(int rank) const {
   std::vector<int> stages;
   for (int s = 0; s < num_stages(); ++s) {
@@ -199,7 +204,7 @@ absl::Status ValidatePlacement(const Placement& placement) {
 }
 
 std::string ActionToString(const Action& a) {
-  return absl::StrCat(a.stage, KindName(a.kind), a.micro_batch);
+  return absl::StrCat(a.stage, ActionKindName(a.kind), a.micro_batch);
 }
 
 absl::StatusOr<Action> ParseAction(absl::string_view text) {
@@ -405,7 +410,7 @@ Program LowerWithTransfers(const Program& compute, const Placement& placement) {
     // The transfers this rank's list already has: kept where they are, never added twice.
     std::set<std::tuple<int, int, int>> present;
     for (const Action& a : compute[r]) {
-      if (IsTransfer(a.kind)) present.insert({a.stage, a.kind, a.micro_batch});
+      if (IsTransferAction(a.kind)) present.insert({a.stage, a.kind, a.micro_batch});
     }
     auto& out = lowered[r];
     auto add_missing = [&](const Action& a) {
@@ -480,7 +485,7 @@ absl::StatusOr<Schedule> ScheduleFromCsv(absl::string_view csv, int num_ranks,
             where, "action ", cell, " belongs to stage ", a->stage, ", whose actions are on row ",
             rank + 1, " (rank ", rank, "); a stage runs on one rank"));
       }
-      has_transfers = has_transfers || IsTransfer(a->kind);
+      has_transfers = has_transfers || IsTransferAction(a->kind);
       out.program.back().push_back(*a);
     }
   }

@@ -73,6 +73,12 @@ struct Schedule {
   int num_micro_batches = 0;
 };
 
+// "F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B" ("?" for anything else).
+const char* ActionKindName(ActionKind kind);
+// F, B, I, W: the actions that compute; the others move data between ranks.
+bool IsComputeAction(ActionKind kind);
+bool IsTransferAction(ActionKind kind);
+
 // "2F0", "0B3", "3SEND_F1", "1RECV_B0": the notation of torch.distributed.pipelining.
 std::string ActionToString(const Action& a);
 absl::StatusOr<Action> ParseAction(absl::string_view text);

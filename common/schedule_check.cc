@@ -17,11 +17,6 @@ namespace {
 
 constexpr size_t kNoMark = std::numeric_limits<size_t>::max();
 
-bool IsCompute(ActionKind kind) {
-  return kind == v1::ACTION_F || kind == v1::ACTION_B || kind == v1::ACTION_I ||
-         kind == v1::ACTION_W;
-}
-
 // The per-rank grid, one line per rank, with action marks[r] of rank r in [brackets]
 // (kNoMark: none; the list's size: "[end]").
 std::string Grid(const Program& p, const std::vector<size_t>& marks) {
@@ -121,7 +116,7 @@ class Validator {
         return Bad(p_, r, i,
                    absl::StrCat("micro-batch ", a.micro_batch, " out of range [0, ", M_, ")"));
       }
-      absl::Status s = IsCompute(a.kind) ? CheckComputeOrder(r, i) : CheckTransferEnds(r, i);
+      absl::Status s = IsComputeAction(a.kind) ? CheckComputeOrder(r, i) : CheckTransferEnds(r, i);
       if (!s.ok()) return s;
     }
     for (int stage : placement_.StagesOf(r)) {
@@ -396,7 +391,7 @@ std::string TimestepGrid(const Program& lowered, const SimulationResult& sim, do
   size_t width = 1;
   for (const auto& list : lowered) {
     for (const Action& a : list) {
-      if (IsCompute(a.kind)) width = std::max(width, ActionToString(a).size());
+      if (IsComputeAction(a.kind)) width = std::max(width, ActionToString(a).size());
     }
   }
   std::string out;
@@ -406,7 +401,7 @@ std::string TimestepGrid(const Program& lowered, const SimulationResult& sim, do
                              ? std::min({lowered[r].size(), sim.start[r].size(), sim.end[r].size()})
                              : 0;
     for (size_t i = 0; i < known; ++i) {
-      if (!IsCompute(lowered[r][i].kind)) continue;
+      if (!IsComputeAction(lowered[r][i].kind)) continue;
       // The columns whose midpoint falls in [start, end).
       const int64_t first =
           std::max<int64_t>(0, static_cast<int64_t>(std::ceil(sim.start[r][i] / unit - 0.5)));

@@ -6,14 +6,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace tandem {
-namespace {
-
-bool IsCompute(v1::ActionKind k) {
-  return k == v1::ACTION_F || k == v1::ACTION_B || k == v1::ACTION_I || k == v1::ACTION_W;
-}
-
-}  // namespace
-
 absl::StatusOr<StepProfile> ProfileStep(const Schedule& lowered,
                                         const std::vector<const v1::StepReport*>& reports) {
   const int p = lowered.placement.num_ranks;
@@ -42,7 +34,7 @@ absl::StatusOr<StepProfile> ProfileStep(const Schedule& lowered,
                                                        actions.size(), " actions"));
       }
       const Action& a = actions[t.index()];
-      if (!IsCompute(a.kind)) continue;
+      if (!IsComputeAction(a.kind)) continue;
       const double seconds =
           static_cast<double>(std::max<int64_t>(0, t.end_us() - t.start_us())) * 1e-6;
       out.busy_seconds[r] += seconds;

@@ -183,9 +183,7 @@ absl::Status JobRunner::Plan() {
     const int r = plan_.schedule.placement.rank_of_stage[s];
     std::vector<Action> own;
     for (const Action& a : plan_.schedule.program[r]) {
-      const bool compute = a.kind == v1::ACTION_F || a.kind == v1::ACTION_B ||
-                           a.kind == v1::ACTION_I || a.kind == v1::ACTION_W;
-      if (a.stage == s && compute) own.push_back(a);
+      if (a.stage == s && IsComputeAction(a.kind)) own.push_back(a);
     }
     v1::StageAssignment a;
     a.set_stage(s);

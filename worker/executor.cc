@@ -28,29 +28,6 @@ absl::Status Annotate(const absl::Status& s, absl::string_view prefix) {
   return absl::Status(s.code(), absl::StrCat(prefix, ": ", s.message()));
 }
 
-const char* KindName(v1::ActionKind kind) {
-  switch (kind) {
-    case v1::ACTION_F:
-      return "F";
-    case v1::ACTION_B:
-      return "B";
-    case v1::ACTION_I:
-      return "I";
-    case v1::ACTION_W:
-      return "W";
-    case v1::ACTION_SEND_F:
-      return "SEND_F";
-    case v1::ACTION_RECV_F:
-      return "RECV_F";
-    case v1::ACTION_SEND_B:
-      return "SEND_B";
-    case v1::ACTION_RECV_B:
-      return "RECV_B";
-    default:
-      return "?";
-  }
-}
-
 // What the stages of one worker look like to the replay: where each stage's neighbours are.
 struct StageView {
   bool here = false;        // the stage is on this worker
@@ -77,8 +54,7 @@ absl::Status ReplayActions(const google::protobuf::RepeatedPtrField<v1::Action>&
   auto backward_done = [](int d) { return (d & (kB | kI)) != 0; };
   for (int i = 0; i < actions.size(); ++i) {
     const v1::Action& a = actions[i];
-    const std::string where =
-        absl::StrCat(field, "[", i, "] (", a.stage(), KindName(a.kind()), a.micro_batch(), ")");
+    const std::string where = absl::StrCat(field, "[", i, "] (", ActionToString(FromProto(a)), ")");
     if (a.stage() < 0 || a.stage() >= num_stages || !stages[a.stage()].here) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": stage ", a.stage(), " is not held by this worker"));
@@ -392,6 +368,16 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
 
 namespace {
 
+// Per action: the index of the first receive after it, or -1.
+std::vector<int> NextReceives(const google::protobuf::RepeatedPtrField<v1::Action>& actions) {
+  std::vector<int> next(actions.size(), -1);
+  for (int i = actions.size() - 2; i >= 0; --i) {
+    const v1::ActionKind k = actions[i + 1].kind();
+    next[i] = k == v1::ACTION_RECV_F || k == v1::ACTION_RECV_B ? i + 1 : next[i + 1];
+  }
+  return next;
+}
+
 std::string PrefixOf(const v1::StageProgram& p) {
   if (p.chunks_size() == 1) return absl::StrCat("stage ", p.chunks(0).stage());
   std::vector<int> stages;
@@ -435,6 +421,8 @@ StageExecutor::StageExecutor(const v1::StageProgram& program, Dataset data,
     if (!c.first) c.prev = chunk_of_stage_[c.stage - 1];
     if (!c.last) c.next = chunk_of_stage_[c.stage + 1];
   }
+  next_recv_ = NextReceives(program.actions());
+  eval_next_recv_ = NextReceives(program.eval_actions());
   mbs_.resize(chunks_.size() * mb_slots_);
   mb_bytes_.assign(mbs_.size(), 0);
   const uint64_t seed = DataSeed(program.spec());
@@ -587,31 +575,30 @@ absl::Status StageExecutor::Backward(int chunk, int mb, v1::ActionKind kind) {
   return absl::OkStatus();
 }
 
-absl::Status StageExecutor::PrefetchRecv(const v1::Action& a) {
+StageExecutor::RecvEnds StageExecutor::RecvEndsOf(const v1::Action& a) const {
+  const Chunk& c = chunks_[chunk_of_stage_[a.stage()]];
+  if (a.kind() == v1::ACTION_RECV_F) {
+    return {c.prev_rank, MakeTransferTag(Payload::kActivation, c.stage - 1, a.micro_batch())};
+  }
+  return {c.next_rank, MakeTransferTag(Payload::kGradient, c.stage + 1, a.micro_batch())};
+}
+
+absl::Status StageExecutor::PostRecv(const v1::Action& a) {
+  const RecvEnds ends = RecvEndsOf(a);
+  if (transport_->posted_recv(ends.peer, ends.tag)) return absl::OkStatus();
   const int chunk = chunk_of_stage_[a.stage()];
-  const Chunk& c = chunks_[chunk];
-  const int mb = a.micro_batch();
-  MicroBatch& m = Mb(chunk, mb);
-  const std::vector<int64_t> act_shape =
-      gpt_ ? std::vector<int64_t>{micro_batch_size_, seq_len_, d_model_}
-           : std::vector<int64_t>{micro_batch_size_, d_model_};
-  const size_t act_bytes =
-      static_cast<size_t>(micro_batch_size_ * seq_len_ * d_model_) * sizeof(float);
-  const bool fwd = a.kind() == v1::ACTION_RECV_F;
-  const int peer = fwd ? c.prev_rank : c.next_rank;
-  const uint64_t tag = fwd ? MakeTransferTag(Payload::kActivation, c.stage - 1, mb)
-                           : MakeTransferTag(Payload::kGradient, c.stage + 1, mb);
-  if (transport_->posted_recv(peer, tag)) return absl::OkStatus();
-  Tensor& buffer = fwd ? m.input : m.grad_output;
-  buffer.Reset(act_shape);
-  absl::Status s = transport_->PostRecv(peer, tag, buffer.data(), act_bytes);
-  Account(chunk, mb);
+  MicroBatch& m = Mb(chunk, a.micro_batch());
+  Tensor& buffer = a.kind() == v1::ACTION_RECV_F ? m.input : m.grad_output;
+  buffer.Reset(gpt_ ? std::vector<int64_t>{micro_batch_size_, seq_len_, d_model_}
+                    : std::vector<int64_t>{micro_batch_size_, d_model_});
+  absl::Status s = transport_->PostRecv(ends.peer, ends.tag, buffer.data(), buffer.bytes());
+  Account(chunk, a.micro_batch());
   return s;
 }
 
 std::string StageExecutor::Where(const v1::Action& a) const {
   const Chunk& c = chunks_[chunk_of_stage_[a.stage()]];
-  std::string what = absl::StrCat(KindName(a.kind()), " mb ", a.micro_batch());
+  std::string what = absl::StrCat(ActionKindName(a.kind()), " mb ", a.micro_batch());
   if (chunks_.size() > 1) what = absl::StrCat("stage ", a.stage(), " ", what);
   switch (a.kind()) {
     case v1::ACTION_RECV_F:
@@ -637,17 +624,13 @@ absl::Status StageExecutor::RunAction(const v1::Action& a, int64_t step, bool ev
   const Chunk& c = chunks_[chunk];
   const int mb = a.micro_batch();
   MicroBatch& m = Mb(chunk, mb);
-  const std::vector<int64_t> act_shape =
-      gpt_ ? std::vector<int64_t>{micro_batch_size_, seq_len_, d_model_}
-           : std::vector<int64_t>{micro_batch_size_, d_model_};
-  const size_t act_bytes =
-      static_cast<size_t>(micro_batch_size_ * seq_len_ * d_model_) * sizeof(float);
   switch (a.kind()) {
-    case v1::ACTION_RECV_F: {
-      const uint64_t tag = MakeTransferTag(Payload::kActivation, c.stage - 1, mb);
-      if (transport_->posted_recv(c.prev_rank, tag)) return transport_->WaitRecv(c.prev_rank, tag);
-      m.input.Reset(act_shape);
-      return transport_->Recv(c.prev_rank, tag, m.input.data(), act_bytes);
+    case v1::ACTION_RECV_F:
+    case v1::ACTION_RECV_B: {
+      // Posted ahead by the previous compute action, or now.
+      if (absl::Status s = PostRecv(a); !s.ok()) return s;
+      const RecvEnds ends = RecvEndsOf(a);
+      return transport_->WaitRecv(ends.peer, ends.tag);
     }
     case v1::ACTION_F:
       return Forward(chunk, mb, step, eval);
@@ -656,12 +639,6 @@ absl::Status StageExecutor::RunAction(const v1::Action& a, int64_t step, bool ev
       m.output.Clear();
       return transport_->PostSend(c.next_rank, MakeTransferTag(Payload::kActivation, c.stage, mb),
                                   out.data(), out.bytes());
-    }
-    case v1::ACTION_RECV_B: {
-      const uint64_t tag = MakeTransferTag(Payload::kGradient, c.stage + 1, mb);
-      if (transport_->posted_recv(c.next_rank, tag)) return transport_->WaitRecv(c.next_rank, tag);
-      m.grad_output.Reset(act_shape);
-      return transport_->Recv(c.next_rank, tag, m.grad_output.data(), act_bytes);
     }
     case v1::ACTION_B:
     case v1::ACTION_I:
@@ -730,21 +707,14 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode
   };
 
   const auto& actions = eval ? program_.eval_actions() : program_.actions();
-  // next_recv[i]: the first receive after action i. Before each compute action the executor
-  // posts that receive, so its transfer overlaps the compute instead of starting when the
-  // program reaches it (posting never blocks, so it cannot deadlock).
-  std::vector<int> next_recv(actions.size(), -1);
-  for (int i = actions.size() - 2; i >= 0; --i) {
-    const v1::ActionKind k = actions[i + 1].kind();
-    next_recv[i] = k == v1::ACTION_RECV_F || k == v1::ACTION_RECV_B ? i + 1 : next_recv[i + 1];
-  }
+  const std::vector<int>& next_recv = eval ? eval_next_recv_ : next_recv_;
   for (int i = 0; i < actions.size(); ++i) {
     const v1::Action& a = actions[i];
     if (aborted_.load()) return fail(absl::AbortedError("the stage was aborted"), "step");
-    const v1::ActionKind k = a.kind();
-    if (next_recv[i] >= 0 &&
-        (k == v1::ACTION_F || k == v1::ACTION_B || k == v1::ACTION_I || k == v1::ACTION_W)) {
-      if (absl::Status s = PrefetchRecv(actions[next_recv[i]]); !s.ok()) {
+    // Before each compute action, post the program's next receive, so that its transfer
+    // overlaps the compute (posting never blocks, so a valid program cannot deadlock).
+    if (next_recv[i] >= 0 && IsComputeAction(a.kind())) {
+      if (absl::Status s = PostRecv(actions[next_recv[i]]); !s.ok()) {
         return fail(s, Where(actions[next_recv[i]]));
       }
     }

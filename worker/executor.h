@@ -143,8 +143,14 @@ class StageExecutor {
   // B (input and weight gradients), I (input gradient only) or W (weight gradients of a
   // micro-batch whose I ran).
   absl::Status Backward(int chunk, int mb, v1::ActionKind kind);
-  // Posts the receive `a` (RECV_F or RECV_B) ahead of time, unless it is already posted.
-  absl::Status PrefetchRecv(const v1::Action& a);
+  // The peer and tag of the receive `a` (RECV_F or RECV_B).
+  struct RecvEnds {
+    int peer = -1;
+    uint64_t tag = 0;
+  };
+  RecvEnds RecvEndsOf(const v1::Action& a) const;
+  // Posts the receive `a` into its micro-batch's buffer, unless it is already posted.
+  absl::Status PostRecv(const v1::Action& a);
   MicroBatch& Mb(int chunk, int mb);
   void Account(int chunk, int mb);
   // Moves a tensor that a posted send reads into the buffers kept until the step's end.
@@ -163,6 +169,9 @@ class StageExecutor {
   const int64_t d_model_;           // D: width of the activations between stages
   const std::string prefix_;        // "stage 2" or "rank 1 (stages 1, 6)" for messages
   std::vector<Chunk> chunks_;
+  // Per action of the training (eval) list: the first receive after it, or -1.
+  std::vector<int> next_recv_;
+  std::vector<int> eval_next_recv_;
   std::vector<int> chunk_of_stage_;  // per global stage: index into chunks_, or -1
   bool holds_first_ = false;         // some chunk holds the embedding
   bool holds_last_ = false;          // some chunk holds the head
