@@ -128,7 +128,9 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
   if (profile != nullptr) {
     // The chosen cut's figures under the measured costs (and its budget check for uniform and
     // manual cuts).
-    PartitionProblem timed = ProblemFor(spec, plan.schedule, profile, /*by_parameters=*/false);
+    // The parameters method costed the problem by parameter counts; the figures need time.
+    const PartitionProblem timed =
+        method == "parameters" ? ProblemFor(spec, plan.schedule, profile, false) : problem;
     absl::StatusOr<Partition> figures = EvaluatePartition(timed, plan.ranges);
     if (!figures.ok()) return figures.status();
     plan.stage_bytes = figures->stage_bytes;
@@ -185,13 +187,25 @@ double PredictedBubble(const PipelinePlan& plan) {
   return sim.ok() ? sim->bubble_fraction : 0.0;
 }
 
-double PredictedBubble(const v1::JobSpec& spec) {
-  // Unit costs do not depend on the cut: plan with the uniform one (no profile needed).
+v1::JobSpec WithUniformCut(const v1::JobSpec& spec) {
   v1::JobSpec uniform = spec;
   uniform.mutable_pipeline()->set_partition("uniform");
   uniform.mutable_pipeline()->clear_cuts();
   uniform.mutable_pipeline()->set_memory_budget_mb(0);
-  absl::StatusOr<PipelinePlan> plan = PlanPipeline(uniform);
+  return uniform;
+}
+
+v1::JobSpec WithSchedule(const v1::JobSpec& spec, const std::string& schedule, int chunks) {
+  v1::JobSpec s = spec;
+  s.mutable_pipeline()->set_schedule(schedule);
+  s.mutable_pipeline()->clear_schedule_csv();
+  s.mutable_pipeline()->set_chunks(chunks);
+  return s;
+}
+
+double PredictedBubble(const v1::JobSpec& spec) {
+  // Unit costs do not depend on the cut: plan with the uniform one (no profile needed).
+  absl::StatusOr<PipelinePlan> plan = PlanPipeline(WithUniformCut(spec));
   return plan.ok() ? PredictedBubble(*plan) : 0.0;
 }
 

@@ -67,6 +67,13 @@ double PredictedBubble(const PipelinePlan& plan);
 // The same from a spec (0 when it has no valid plan): what `submit`/`validate` report.
 double PredictedBubble(const v1::JobSpec& spec);
 
+// The spec cut uniformly, without cut points or a memory budget: what unit-cost figures and
+// the comparison with the uniform cut plan.
+v1::JobSpec WithUniformCut(const v1::JobSpec& spec);
+// The spec running `schedule` with `chunks` (0: the schedule's own) instead of its schedule or
+// CSV: what the schedule comparisons plan.
+v1::JobSpec WithSchedule(const v1::JobSpec& spec, const std::string& schedule, int chunks);
+
 // The program of worker `rank` (layers, placement, actions, eval actions) for job `job_id`;
 // the caller adds what is not in the plan (restore). rank must be in [0, num_ranks).
 v1::StageProgram StageProgramFor(const PipelinePlan& plan, const v1::JobSpec& spec, int rank,

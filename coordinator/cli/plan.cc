@@ -65,10 +65,7 @@ std::string Recommendation(const v1::JobSpec& spec, const PipelinePlan& plan,
   for (const std::string& name : ScheduleNames()) {
     for (int chunks :
          name == "interleaved_1f1b" ? std::vector<int>{2, 3, 4} : std::vector<int>{0}) {
-      v1::JobSpec s = spec;
-      s.mutable_pipeline()->set_schedule(name);
-      s.mutable_pipeline()->clear_schedule_csv();
-      s.mutable_pipeline()->set_chunks(chunks);
+      v1::JobSpec s = WithSchedule(spec, name, chunks);
       if (s.pipeline().partition() == "manual") s.mutable_pipeline()->set_partition("profile");
       absl::StatusOr<PipelinePlan> p = PlanPipeline(s, &profile);
       if (!p.ok() || p->predicted_step_seconds <= 0) continue;
@@ -105,11 +102,7 @@ std::string ProfiledFigures(const v1::JobSpec& spec, const PipelinePlan& plan,
       profile.device(), profile.threads(), profile.threads() == 1 ? "" : "s",
       plan.predicted_step_seconds, 100 * plan.predicted_bubble, 1000 * slowest);
   if (p.partition() != "uniform") {
-    v1::JobSpec uniform = spec;
-    uniform.mutable_pipeline()->set_partition("uniform");
-    uniform.mutable_pipeline()->clear_cuts();
-    uniform.mutable_pipeline()->set_memory_budget_mb(0);
-    if (absl::StatusOr<PipelinePlan> u = PlanPipeline(uniform, &profile); u.ok()) {
+    if (absl::StatusOr<PipelinePlan> u = PlanPipeline(WithUniformCut(spec), &profile); u.ok()) {
       double u_slowest = 0.0;
       for (const ActionCosts& c : u->stage_costs) {
         u_slowest = std::max(u_slowest, c.forward + c.backward);
@@ -262,12 +255,9 @@ std::string FormatScheduleComparison(const v1::JobSpec& spec, const v1::ModelPro
   Table table({"SCHEDULE", "CHUNKS", "STAGES", "STEP", "BUBBLE", "PEAK LIVE (MB-EQUIV)",
                "SENDS/STEP", "NOTE"});
   for (const std::string& name : ScheduleNames()) {
-    v1::JobSpec s = spec;
-    s.mutable_pipeline()->set_schedule(name);
-    s.mutable_pipeline()->clear_schedule_csv();
     // A spec's chunks apply to the schedules that take a choice; others use their own.
-    const int chunks = spec.pipeline().chunks();
-    s.mutable_pipeline()->set_chunks(name == "interleaved_1f1b" ? chunks : 0);
+    const v1::JobSpec s =
+        WithSchedule(spec, name, name == "interleaved_1f1b" ? spec.pipeline().chunks() : 0);
     absl::StatusOr<PipelinePlan> plan = PlanPipeline(s, profile);
     if (!plan.ok()) {
       table.AddRow({name, "-", "-", "-", "-", "-", "-",
