@@ -135,12 +135,21 @@ absl::StatusOr<std::string> JobStore::Add(const v1::JobSpec& spec) {
   return job.id();
 }
 
-absl::StatusOr<v1::Job> JobStore::Get(const std::string& job_id, bool with_history) const {
+JobStore::Entry* JobStore::Find(const std::string& job_id) {
+  return const_cast<Entry*>(static_cast<const JobStore*>(this)->Find(job_id));
+}
+
+const JobStore::Entry* JobStore::Find(const std::string& job_id) const {
   int64_t n = 0;
-  absl::MutexLock lock(&mu_);
   auto it = ParseJobId(job_id, &n) ? jobs_.find(n) : jobs_.end();
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
-  v1::Job job = it->second.job;
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+absl::StatusOr<v1::Job> JobStore::Get(const std::string& job_id, bool with_history) const {
+  absl::MutexLock lock(&mu_);
+  const Entry* e = Find(job_id);
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  v1::Job job = e->job;
   if (!with_history) job.clear_history();
   return job;
 }
@@ -166,11 +175,10 @@ std::vector<std::string> JobStore::Queued() const {
 
 absl::Status JobStore::Transition(const std::string& job_id, v1::JobState state,
                                   const std::string& reason) {
-  int64_t n = 0;
   absl::MutexLock lock(&mu_);
-  auto it = ParseJobId(job_id, &n) ? jobs_.find(n) : jobs_.end();
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
-  Entry& e = it->second;
+  Entry* found = Find(job_id);
+  if (found == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  Entry& e = *found;
   if (IsTerminal(e.job.state())) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_id, " already ended (", v1::JobState_Name(e.job.state()), ")"));
@@ -189,32 +197,29 @@ absl::Status JobStore::Transition(const std::string& job_id, v1::JobState state,
 }
 
 void JobStore::SetReason(const std::string& job_id, const std::string& reason) {
-  int64_t n = 0;
   absl::MutexLock lock(&mu_);
-  auto it = ParseJobId(job_id, &n) ? jobs_.find(n) : jobs_.end();
-  if (it != jobs_.end() && !IsTerminal(it->second.job.state())) {
-    it->second.job.set_reason(reason);
+  Entry* e = Find(job_id);
+  if (e != nullptr && !IsTerminal(e->job.state())) {
+    e->job.set_reason(reason);
   }
 }
 
 void JobStore::SetStages(const std::string& job_id,
                          const std::vector<v1::StageAssignment>& stages) {
-  int64_t n = 0;
   absl::MutexLock lock(&mu_);
-  auto it = ParseJobId(job_id, &n) ? jobs_.find(n) : jobs_.end();
-  if (it == jobs_.end()) return;
-  auto* field = it->second.job.mutable_stages();
+  Entry* e = Find(job_id);
+  if (e == nullptr) return;
+  auto* field = e->job.mutable_stages();
   field->Clear();
   for (const auto& s : stages) *field->Add() = s;
-  Persist(it->second);
+  Persist(*e);
 }
 
 void JobStore::RecordStep(const std::string& job_id, const v1::StepSummary& step) {
-  int64_t n = 0;
   absl::MutexLock lock(&mu_);
-  auto it = ParseJobId(job_id, &n) ? jobs_.find(n) : jobs_.end();
-  if (it == jobs_.end()) return;
-  Entry& e = it->second;
+  Entry* found = Find(job_id);
+  if (found == nullptr) return;
+  Entry& e = *found;
   e.job.set_steps_done(step.step() + 1);
   e.job.set_last_loss(step.loss());
   if (step.skipped()) e.job.set_skipped_steps(e.job.skipped_steps() + 1);
@@ -239,29 +244,26 @@ void JobStore::RecordStep(const std::string& job_id, const v1::StepSummary& step
 }
 
 void JobStore::SetCheckpoint(const std::string& job_id, int64_t step) {
-  int64_t n = 0;
   absl::MutexLock lock(&mu_);
-  auto it = ParseJobId(job_id, &n) ? jobs_.find(n) : jobs_.end();
-  if (it == jobs_.end()) return;
-  it->second.job.set_checkpoint_step(step);
-  Persist(it->second);
+  Entry* e = Find(job_id);
+  if (e == nullptr) return;
+  e->job.set_checkpoint_step(step);
+  Persist(*e);
 }
 
 void JobStore::SetFirstStep(const std::string& job_id, int64_t step) {
-  int64_t n = 0;
   absl::MutexLock lock(&mu_);
-  auto it = ParseJobId(job_id, &n) ? jobs_.find(n) : jobs_.end();
-  if (it == jobs_.end()) return;
-  it->second.job.set_first_step(step);
-  it->second.job.set_steps_done(step);
+  Entry* e = Find(job_id);
+  if (e == nullptr) return;
+  e->job.set_first_step(step);
+  e->job.set_steps_done(step);
 }
 
 void JobStore::SetPredictedStep(const std::string& job_id, double seconds) {
-  int64_t n = 0;
   absl::MutexLock lock(&mu_);
-  auto it = ParseJobId(job_id, &n) ? jobs_.find(n) : jobs_.end();
-  if (it == jobs_.end()) return;
-  it->second.job.set_predicted_step_seconds(seconds);
+  Entry* e = Find(job_id);
+  if (e == nullptr) return;
+  e->job.set_predicted_step_seconds(seconds);
 }
 
 absl::StatusOr<JobStore::Events> JobStore::WaitEvents(const std::string& job_id, int64_t cursor,

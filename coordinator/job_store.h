@@ -81,6 +81,9 @@ class JobStore {
   absl::Status Load() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Persist(const Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Append(Entry& e, v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job `job_id` names ("job-N"), or null.
+  Entry* Find(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const Entry* Find(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string data_root_;
   mutable absl::Mutex mu_;
