@@ -34,20 +34,8 @@ cleanup() {
   if [ "$keep" = 1 ]; then echo "run directory: $run" >&2; else rm -rf "$run"; fi
 }
 trap cleanup EXIT
-"$bin/tandem-coordinator" --listen 127.0.0.1:0 --port-file "$run/coordinator.port" \
-  --data-root "$run/store" >"$run/coordinator.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do [ -s "$run/coordinator.port" ] && break; sleep 0.1; done
-export TANDEM_COORDINATOR="127.0.0.1:$(cat "$run/coordinator.port")"
-for i in 0 1; do
-  "$bin/tandem-worker" --coordinator "$TANDEM_COORDINATOR" --listen 127.0.0.1:0 --device cpu \
-    --threads 1 --data-root "$run" >"$run/worker$i.log" 2>&1 &
-  pids+=($!)
-done
-for _ in $(seq 100); do
-  [ "$("$bin/tandem" workers -o json | grep -c '"IDLE"' || true)" -ge 2 ] && break
-  sleep 0.1
-done
+source scripts/local-cluster.sh
+local_cluster_start "$bin" "$run" "$run" --data-root "$run/store" || [ "$?" = 2 ]
 
 spec() {  # NAME PARTITION SCHEDULE M
   cat <<YAML

@@ -149,23 +149,9 @@ trap cleanup EXIT
 
 log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 
-"$bin/tandem-coordinator" --listen 127.0.0.1:0 --port-file "$run/coordinator.port" \
-  >"$run/coordinator.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do [ -s "$run/coordinator.port" ] && break; sleep 0.1; done
-[ -s "$run/coordinator.port" ] || { cat "$run/coordinator.log" >&2; exit 1; }
-export TANDEM_COORDINATOR="127.0.0.1:$(cat "$run/coordinator.port")"
-for i in 0 1; do
-  "$bin/tandem-worker" --coordinator "$TANDEM_COORDINATOR" --listen 127.0.0.1:0 --device cpu \
-    --threads 1 --data-root "$run" >"$run/worker$i.log" 2>&1 &
-  pids+=($!)
-done
-for _ in $(seq 100); do
-  [ "$("$bin/tandem" workers -o json | grep -c '"IDLE"' || true)" -ge 2 ] && break
-  sleep 0.1
-done
-[ "$("$bin/tandem" workers -o json | grep -c '"IDLE"' || true)" -ge 2 ] ||
-  { echo "pipeline_bench.sh: the two workers did not register" >&2; cat "$run"/worker*.log >&2; exit 1; }
+source scripts/local-cluster.sh
+local_cluster_start "$bin" "$run" "$run" ||
+  { echo "pipeline_bench.sh: the coordinator and two workers did not come up" >&2; exit 1; }
 log "coordinator $TANDEM_COORDINATOR, 2 workers (--threads 1); $("$bin/tandem" version)"
 
 # tandem_run SECTION NAME STAGES M SCHEDULE STEPS LAYERS D HEADS SEQ VOCAB MB

@@ -13,24 +13,11 @@ cleanup() {
   wait 2>/dev/null || true
 }
 trap cleanup EXIT
-"$bin/tandem-coordinator" --listen 127.0.0.1:0 --port-file "$run/coordinator.port" \
-  --data-root "$run/store" >"$run/coordinator.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do [ -s "$run/coordinator.port" ] && break; sleep 0.1; done
-[ -s "$run/coordinator.port" ] || { cat "$run/coordinator.log"; exit 1; }
-export TANDEM_COORDINATOR="127.0.0.1:$(cat "$run/coordinator.port")"
 # Training text the machine already has: the licenses in /usr/share/common-licenses.
 mkdir -p "$run/data"
 cat /usr/share/common-licenses/* >"$run/data/licenses.txt"
-for i in 0 1; do
-  "$bin/tandem-worker" --coordinator "$TANDEM_COORDINATOR" --listen 127.0.0.1:0 --device cpu \
-    --threads 1 --data-root "$run/data" >"$run/worker$i.log" 2>&1 &
-  pids+=($!)
-done
-for _ in $(seq 100); do
-  [ "$("$bin/tandem" workers -o json | grep -c '"IDLE"' || true)" -ge 2 ] && break
-  sleep 0.1
-done
+source scripts/local-cluster.sh
+local_cluster_start "$bin" "$run" "$run/data" --data-root "$run/store" || [ "$?" = 2 ]
 "$bin/tandem" workers
 job="$("$bin/tandem" submit examples/quickstart.yaml)"
 echo "submitted $job"
