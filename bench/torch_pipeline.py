@@ -278,9 +278,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_pipeline(a):
+def launch_ranks(a, script):
+    """Runs `script --rank-worker` once per rank with a's flags; returns their JSON results."""
     port = free_port()
-    args = [sys.executable, os.path.abspath(__file__), "--rank-worker"]
+    args = [sys.executable, os.path.abspath(script), "--rank-worker"]
     for k, v in vars(a).items():
         if k in ("single", "pipeline", "rank_worker", "rank", "port") or v is None:
             continue
@@ -293,10 +294,14 @@ def run_pipeline(a):
         if pr.returncode != 0:
             sys.exit(f"rank {r} failed with exit status {pr.returncode}")
         outs.append(json.loads(out.strip().splitlines()[-1]))
-    ranks = sorted(outs, key=lambda o: o["rank"])
-    print(f"# torch {torch.__version__} {a.stages}-stage {a.schedule} pipeline, gloo, 1 thread "
-          f"per rank (openblas: {ranks[0]['blas']}); modules per rank "
-          f"{[o['modules'] for o in ranks]}; {shape_text(a)}", flush=True)
+    return sorted(outs, key=lambda o: o["rank"])
+
+
+def summarize_pipeline(a, ranks, peer, header, simulated=True):
+    """Prints `header` and a line per step from the ranks' records; returns the result record.
+    With `simulated` False (a schedule bench/pipeline_sim.py does not know) no bubble is
+    simulated."""
+    print(header, flush=True)
     steps, fbs, losses, bubbles = [], [], [], []
     for s in range(a.steps):
         rec = [o["steps"][s] for o in ranks]
@@ -316,11 +321,13 @@ def run_pipeline(a):
                             for o in ranks]
     f_cost = [x / a.m for x in per_rank("busy_f")]
     b_cost = [x / a.m for x in per_rank("busy_b")]
-    sim = simulate(a.schedule, a.m, f_cost, b_cost)
+    sim = simulate(a.schedule, a.m, f_cost, b_cost) if simulated else {
+        "bubble": None, "bubble_mean": None,
+        "bubble_ideal": (a.stages - 1) / (a.m + a.stages - 1)}
     bubble = [statistics.median([bubbles[s][r] for s in range(a.steps)][keep])
               for r in range(a.stages)]
     return {
-        "peer": "torch-%s-handwritten" % torch.__version__.split("+")[0],
+        "peer": peer,
         "mode": "pipeline",
         "schedule": a.schedule,
         "stages": a.stages,
@@ -341,6 +348,15 @@ def run_pipeline(a):
         "rss_init_mib": [o["rss_init_mib"] for o in ranks],
         "losses": losses,
     }
+
+
+def run_pipeline(a):
+    ranks = launch_ranks(a, __file__)
+    header = (f"# torch {torch.__version__} {a.stages}-stage {a.schedule} pipeline, gloo, 1 "
+              f"thread per rank (openblas: {ranks[0]['blas']}); modules per rank "
+              f"{[o['modules'] for o in ranks]}; {shape_text(a)}")
+    return summarize_pipeline(a, ranks, "torch-%s-handwritten" % torch.__version__.split("+")[0],
+                              header)
 
 
 def shape_dict(a):

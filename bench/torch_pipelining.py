@@ -60,7 +60,6 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
@@ -80,11 +79,10 @@ RSS_IMPORT_MIB = _rss_now_mib()
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from torch_pipeline import (Embedding, batch, build_module, free_port,  # noqa: E402
+from torch_pipeline import (Embedding, batch, build_module, launch_ranks,  # noqa: E402
                             make_optimizer, peak_rss_mib, rss_now_mib, shape_dict, shape_text,
-                            stage_ranges)
+                            stage_ranges, summarize_pipeline)
 from torch_gpt_layer import Head  # noqa: E402
-from pipeline_sim import simulate  # noqa: E402
 
 PEER = "torch-%s-pipelining" % torch.__version__.split("+")[0]
 
@@ -265,74 +263,16 @@ def run_rank(a, rank):
 
 
 def run_pipeline(a):
-    port = free_port()
-    args = [sys.executable, os.path.abspath(__file__), "--rank-worker"]
-    for k, v in vars(a).items():
-        if k in ("single", "pipeline", "rank_worker", "rank", "port") or v is None:
-            continue
-        args += ["--" + k.replace("_", "-"), str(v)]
-    procs = [subprocess.Popen(args + ["--rank", str(r), "--port", str(port)],
-                              stdout=subprocess.PIPE, text=True) for r in range(a.stages)]
-    outs = []
-    for r, pr in enumerate(procs):
-        out, _ = pr.communicate()
-        if pr.returncode != 0:
-            sys.exit(f"rank {r} failed with exit status {pr.returncode}")
-        outs.append(json.loads(out.strip().splitlines()[-1]))
-    ranks = sorted(outs, key=lambda o: o["rank"])
-    print(f"# torch {torch.__version__} torch.distributed.pipelining {a.stages}-stage "
-          f"{a.schedule}, gloo (threads: "
-          f"{'; '.join(f'rank {r}: ' + threads_text(o['threads']) for r, o in enumerate(ranks))}); "
-          f"modules per rank {[o['modules'] for o in ranks]}; {shape_text(a)}", flush=True)
-    steps, fbs, losses, bubbles = [], [], [], []
-    for s in range(a.steps):
-        rec = [o["steps"][s] for o in ranks]
-        st = max(x["step_s"] for x in rec)
-        fb = max(x["fb_s"] for x in rec)
-        bub = [1.0 - (x["busy_f"] + x["busy_b"]) / fb for x in rec]
-        steps.append(st)
-        fbs.append(fb)
-        bubbles.append(bub)
-        losses.append(rec[-1]["loss"])
-        print(f"step {s} loss {rec[-1]['loss']:.6f} time {st:.3f} s (fwd+bwd {fb:.3f} s; "
-              f"busy {', '.join('%.3f' % (x['busy_f'] + x['busy_b']) for x in rec)} s; "
-              f"bubble {', '.join('%.3f' % b for b in bub)})", flush=True)
-    keep = slice(1, None) if a.steps > 1 else slice(None)
-    med = lambda xs: statistics.median(xs[keep])  # noqa: E731
-    per_rank = lambda key: [med([o["steps"][s][key] for s in range(a.steps)])  # noqa: E731
-                            for o in ranks]
-    f_cost = [x / a.m for x in per_rank("busy_f")]
-    b_cost = [x / a.m for x in per_rank("busy_b")]
+    ranks = launch_ranks(a, __file__)
+    header = (f"# torch {torch.__version__} torch.distributed.pipelining {a.stages}-stage "
+              f"{a.schedule}, gloo (threads: "
+              f"{'; '.join(f'rank {r}: ' + threads_text(o['threads']) for r, o in enumerate(ranks))}); "
+              f"modules per rank {[o['modules'] for o in ranks]}; {shape_text(a)}")
     # bench/pipeline_sim.py knows 1f1b and gpipe; none for zb.
-    sim = simulate(a.schedule, a.m, f_cost, b_cost) if a.schedule != "zb" else {
-        "bubble": None, "bubble_mean": None,
-        "bubble_ideal": (a.stages - 1) / (a.m + a.stages - 1)}
-    bubble = [statistics.median([bubbles[s][r] for s in range(a.steps)][keep])
-              for r in range(a.stages)]
-    return {
-        "peer": PEER,
-        "mode": "pipeline",
-        "schedule": a.schedule,
-        "stages": a.stages,
-        "modules_per_rank": [o["modules"] for o in ranks],
-        "shape": shape_dict(a),
-        "threads": [o["threads"] for o in ranks],
-        "step_s": med(steps),
-        "steps_s": steps,
-        "fb_s": fbs,
-        "busy_s": [f + b for f, b in zip(per_rank("busy_f"), per_rank("busy_b"))],
-        "f_s": f_cost,
-        "b_s": b_cost,
-        "bubble": bubble,
-        "bubble_mean": sum(bubble) / len(bubble),
-        "bubble_sim": sim["bubble"],
-        "bubble_sim_mean": sim["bubble_mean"],
-        "bubble_ideal": sim["bubble_ideal"],
-        "rss_mib": [o["rss_mib"] for o in ranks],
-        "rss_init_mib": [o["rss_init_mib"] for o in ranks],
-        "rss_import_mib": [o["rss_import_mib"] for o in ranks],
-        "losses": losses,
-    }
+    result = summarize_pipeline(a, ranks, PEER, header, simulated=a.schedule != "zb")
+    result["threads"] = [o["threads"] for o in ranks]
+    result["rss_import_mib"] = [o["rss_import_mib"] for o in ranks]
+    return result
 
 
 def main():
