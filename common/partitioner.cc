@@ -6,10 +6,20 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace tandem {
+
+int64_t SmallestBudgetBytes(const absl::Status& status) {
+  const auto payload = status.GetPayload(kSmallestBudgetPayload);
+  int64_t bytes = 0;
+  if (!payload.has_value() || !absl::SimpleAtoi(std::string(*payload), &bytes)) return 0;
+  return bytes;
+}
+
 namespace {
 
 constexpr double kNoSeconds = std::numeric_limits<double>::infinity();
@@ -261,13 +271,15 @@ absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
         over.push_back(c.DescribeStage(s, lightest[s]));
       }
     }
-    return absl::ResourceExhaustedError(absl::StrCat(
+    absl::Status status = absl::ResourceExhaustedError(absl::StrCat(
         "partition: no cut of ", n, " layers into ", p, " stages fits the memory budget of ",
         problem.memory_budget_bytes, " bytes per worker; the smallest budget that fits is ", needed,
         " bytes, for stages ",
         absl::StrJoin(lightest, " ",
                       [](std::string* out, const LayerRange& r) { out->append(RangeString(r)); }),
         ", where ", absl::StrJoin(over, " and ")));
+    status.SetPayload(kSmallestBudgetPayload, absl::Cord(absl::StrCat(needed)));
+    return status;
   }
   const int64_t bytes = MinPeakBytes(c, seconds, c.budget());
   return c.Figures(EarliestCut(c, seconds, bytes));

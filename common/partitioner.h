@@ -59,6 +59,11 @@ struct Partition {
 // time at worst (the scans stop early at the bounds), O(P n) memory.
 absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem);
 
+// MinMaxPartition's RESOURCE_EXHAUSTED carries the smallest budget that fits, in bytes, as this
+// payload (decimal); SmallestBudgetBytes reads it (0 for any other status).
+inline constexpr char kSmallestBudgetPayload[] = "type.tandem.dev/smallest_budget_bytes";
+int64_t SmallestBudgetBytes(const absl::Status& status);
+
 // The figures of a given cut under the problem's costs (for uniform, parameters and manual
 // partitions, and to compare them with the optimum). RESOURCE_EXHAUSTED when a stage exceeds
 // the budget, naming it (every such stage, with its layers and bytes). INVALID_ARGUMENT, naming

@@ -1,0 +1,201 @@
+#include "common/planner.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "common/model_desc.h"
+#include "common/partitioner.h"
+#include "common/pipeline_plan.h"
+#include "common/spec.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+v1::JobSpec Spec(int stages, int micro_batch_size, int micro_batches) {
+  v1::JobSpec spec;
+  spec.set_name("plan");
+  spec.mutable_model()->set_n_layer(6);
+  spec.mutable_pipeline()->set_stages(stages);
+  spec.mutable_pipeline()->set_micro_batch_size(micro_batch_size);
+  spec.mutable_pipeline()->set_micro_batches(micro_batches);
+  spec.mutable_pipeline()->set_partition("profile");
+  return WithDefaults(spec);
+}
+
+// A synthetic profile: every layer costs `overhead` + `per_sequence` x micro-batch size
+// forward (backward twice that, I and W one each), activations 1 MiB per sequence.
+v1::ModelProfile LinearProfile(const v1::JobSpec& spec, double overhead, double per_sequence) {
+  const int b = spec.pipeline().micro_batch_size();
+  v1::ModelProfile p;
+  p.set_device("cpu");
+  p.set_threads(1);
+  for (int g = 0; g < NumLayers(spec.model()); ++g) {
+    v1::LayerProfile* l = p.add_layers();
+    l->set_layer(g);
+    const double f = overhead + per_sequence * b;
+    l->set_forward_seconds(f);
+    l->set_backward_seconds(2 * f);
+    l->set_backward_input_seconds(f);
+    l->set_backward_weight_seconds(f);
+    l->set_static_bytes(1 << 20);
+    l->set_activation_bytes(int64_t{b} << 20);
+    l->set_output_bytes(int64_t{b} << 16);
+  }
+  return p;
+}
+
+// Counts the profiles asked for, per micro-batch size.
+struct CountingSource {
+  double overhead;
+  double per_sequence;
+  std::map<int, int> calls;
+  ProfileSource Source() {
+    return [this](const v1::JobSpec& s) -> absl::StatusOr<v1::ModelProfile> {
+      ++calls[s.pipeline().micro_batch_size()];
+      return LinearProfile(s, overhead, per_sequence);
+    };
+  }
+};
+
+TEST(MicroBatchSplitsTest, DividesTheGlobalBatchAndTheEvaluation) {
+  v1::JobSpec spec = Spec(2, 4, 8);  // 32 sequences
+  EXPECT_THAT(MicroBatchSplits(spec), ElementsAre(1, 2, 4, 8, 16, 32));
+  spec.mutable_eval()->set_every(10);
+  spec.mutable_eval()->set_micro_batches(2);  // 8 sequences: micro-batches of 1, 2, 4 or 8
+  EXPECT_THAT(MicroBatchSplits(spec), ElementsAre(4, 8, 16, 32));
+}
+
+TEST(MicroBatchSplitsTest, StopsAtTheLargestPlannedCount) {
+  const v1::JobSpec spec = Spec(2, 128, 2);  // 256 sequences
+  const std::vector<int> splits = MicroBatchSplits(spec);
+  EXPECT_EQ(splits.back(), kMaxPlannedMicroBatches);
+}
+
+TEST(WithSplitTest, KeepsTheSequencesOfBothBatches) {
+  v1::JobSpec spec = Spec(2, 4, 8);
+  spec.mutable_eval()->set_every(10);
+  spec.mutable_eval()->set_micro_batches(2);
+  const v1::JobSpec s = WithSplit(spec, 16);
+  EXPECT_EQ(s.pipeline().micro_batch_size(), 2);
+  EXPECT_EQ(s.pipeline().micro_batches(), 16);
+  EXPECT_EQ(s.eval().micro_batches(), 4);  // still 8 sequences
+}
+
+TEST(SearchPlansTest, EveryCandidateIsThePlanOfItsOwnSpec) {
+  const v1::JobSpec spec = Spec(2, 4, 8);
+  CountingSource src{0.001, 0.002, {}};
+  const std::vector<PlanCandidate> all = SearchPlans(spec, src.Source());
+  ASSERT_FALSE(all.empty());
+  for (const PlanCandidate& c : all) {
+    ASSERT_TRUE(c.status.ok()) << c.schedule << " M=" << c.micro_batches << ": " << c.status;
+    EXPECT_EQ(c.micro_batches * c.micro_batch_size, 32);
+    if (c.schedule != "gpipe") EXPECT_GE(c.micro_batches, 2) << "1f1b and the others need M >= P";
+    const v1::ModelProfile profile = LinearProfile(c.spec, 0.001, 0.002);
+    absl::StatusOr<PipelinePlan> plan = PlanPipeline(c.spec, &profile);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_DOUBLE_EQ(c.step_seconds, plan->predicted_step_seconds);
+    EXPECT_NEAR(c.tokens_per_second, 32.0 * spec.model().seq_len() / c.step_seconds, 1e-9);
+  }
+  for (size_t i = 1; i < all.size(); ++i) {
+    EXPECT_LE(all[i - 1].step_seconds, all[i].step_seconds);
+  }
+  // One profile per micro-batch size, however many schedules use it.
+  for (const auto& [size, n] : src.calls) EXPECT_EQ(n, 1) << "size " << size;
+  EXPECT_EQ(src.calls.size(), 6u);  // M = 1 (gpipe alone), 2, 4, 8, 16, 32
+}
+
+TEST(SearchPlansTest, WithoutPerMicroBatchOverheadMoreMicroBatchesWin) {
+  // Cost proportional to the micro-batch: splitting finer only shrinks the bubble.
+  CountingSource src{0.0, 0.002, {}};
+  absl::StatusOr<PlanCandidate> best = ChoosePlan(SearchPlans(Spec(2, 4, 8), src.Source()));
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(best->micro_batches, 32);
+  EXPECT_EQ(best->micro_batch_size, 1);
+}
+
+TEST(SearchPlansTest, AHeavyPerMicroBatchOverheadKeepsMicroBatchesLarge) {
+  // 1f1b step ~ (M + P - 1) (c + k B/M): with c >> k the fewest micro-batches win.
+  CountingSource src{0.010, 0.0001, {}};
+  absl::StatusOr<PlanCandidate> best = ChoosePlan(SearchPlans(Spec(2, 4, 8), src.Source()));
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(best->micro_batches, 2);
+}
+
+TEST(SearchPlansTest, TheBudgetRulesOutGpipesManyLiveMicroBatches) {
+  v1::JobSpec spec = Spec(2, 1, 32);
+  CountingSource src{0.0, 0.002, {}};
+  // Each stage: 4 layers x 1 MiB static; 1f1b keeps at most 2 micro-batches of 4 x B MiB.
+  spec.mutable_pipeline()->set_memory_budget_mb(4 + 2 * 4 + 1);
+  const std::vector<PlanCandidate> all = SearchPlans(spec, src.Source());
+  bool saw_gpipe_refused = false;
+  for (const PlanCandidate& c : all) {
+    if (c.schedule == "gpipe" && c.micro_batches == 32) {
+      EXPECT_EQ(c.status.code(), absl::StatusCode::kResourceExhausted) << c.status;
+      saw_gpipe_refused = true;
+    }
+    if (c.status.ok()) EXPECT_LE(c.peak_stage_bytes, (4 + 2 * 4 + 1) << 20);
+  }
+  EXPECT_TRUE(saw_gpipe_refused);
+  absl::StatusOr<PlanCandidate> best = ChoosePlan(all);
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_NE(best->schedule, "gpipe");
+}
+
+TEST(SearchPlansTest, NoFeasiblePlanNamesTheSmallestBudget) {
+  v1::JobSpec spec = Spec(2, 4, 8);
+  spec.mutable_pipeline()->set_memory_budget_mb(1);  // below even one stage's static bytes
+  CountingSource src{0.0, 0.002, {}};
+  const std::vector<PlanCandidate> all = SearchPlans(spec, src.Source());
+  absl::StatusOr<PlanCandidate> best = ChoosePlan(all);
+  ASSERT_EQ(best.status().code(), absl::StatusCode::kResourceExhausted) << best.status();
+  EXPECT_THAT(std::string(best.status().message()),
+              HasSubstr("no schedule or split of the global batch fits"));
+  // The least of the candidates' own smallest budgets (each exact, from the partitioner).
+  int64_t least = 0;
+  for (const PlanCandidate& c : all) {
+    const int64_t b = SmallestBudgetBytes(c.status);
+    ASSERT_GT(b, int64_t{1} << 20) << c.schedule << " M=" << c.micro_batches;
+    if (least == 0 || b < least) least = b;
+  }
+  EXPECT_EQ(SmallestBudgetBytes(best.status()), least);
+  EXPECT_THAT(std::string(best.status().message()), HasSubstr("smallest budget that fits"));
+}
+
+TEST(SearchPlansTest, AProfileThatCannotBeMeasuredMakesItsSplitInfeasible) {
+  const v1::JobSpec spec = Spec(2, 4, 8);
+  ProfileSource src = [](const v1::JobSpec& s) -> absl::StatusOr<v1::ModelProfile> {
+    if (s.pipeline().micro_batch_size() == 1) return absl::UnavailableError("worker w1 is busy");
+    return LinearProfile(s, 0.0, 0.002);
+  };
+  const std::vector<PlanCandidate> all = SearchPlans(spec, src);
+  absl::StatusOr<PlanCandidate> best = ChoosePlan(all);
+  ASSERT_TRUE(best.ok());
+  EXPECT_EQ(best->micro_batches, 16);
+  EXPECT_FALSE(all.back().status.ok());
+  EXPECT_THAT(std::string(all.back().status.message()), HasSubstr("w1 is busy"));
+}
+
+TEST(ChoosePlanTest, NoCandidatesIsAnError) {
+  EXPECT_EQ(ChoosePlan({}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(DescribeChoiceTest, SaysWhatAndHowMuchFaster) {
+  PlanCandidate c;
+  c.schedule = "zb_h1";
+  c.chunks = 1;
+  c.micro_batches = 8;
+  c.micro_batch_size = 4;
+  c.step_seconds = 1.0;
+  c.bubble = 0.061;
+  EXPECT_EQ(DescribeChoice(c, 1.31),
+            "zb_h1, 8 micro-batches of 4, 1 stage per worker: predicted 1.000 s per step "
+            "(bubble 6.1%), 1.31x the spec as written (1.310 s)");
+}
+
+}  // namespace
+}  // namespace tandem
