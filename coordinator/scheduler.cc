@@ -58,6 +58,9 @@ void Scheduler::Tick() {
   }
   // Gang-allocate queued jobs in submission order.
   for (const std::string& id : env_.store->Queued()) {
+    // A job stays QUEUED while its runner plans it (profiling can take a while): it has its
+    // workers already.
+    if (runners_.count(id) > 0) continue;
     auto job = env_.store->Get(id, /*with_history=*/false);
     if (!job.ok()) continue;
     const std::string kind = job->spec().device();
