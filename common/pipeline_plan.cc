@@ -104,19 +104,30 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
     return absl::InvalidArgumentError(absl::StrCat("profile has ", profile->layers_size(),
                                                    " layers, the model ", NumLayers(spec.model())));
   }
-  const std::string& method = spec.pipeline().partition();
+  const std::string& requested = spec.pipeline().partition();
+  // Without a profile, partition: profile cuts by the best estimate there is: parameters.
+  const std::string method =
+      requested == "profile" && profile == nullptr ? "parameters" : requested;
   const int num_stages = plan.num_stages();
   const PartitionProblem problem = ProblemFor(spec, plan.schedule, profile, method == "parameters");
   absl::StatusOr<std::vector<LayerRange>> ranges;
+  plan.partition = method;
   if (method == "profile" || method == "parameters") {
-    if (method == "profile" && profile == nullptr) {
-      return absl::FailedPreconditionError(
-          "partition: profile needs a layer profile (the coordinator measures one on a worker "
-          "before the job starts; `tandem plan` asks the coordinator for it)");
-    }
     absl::StatusOr<Partition> best = MinMaxPartition(problem);
     if (!best.ok()) return best.status();
     ranges = best->ranges;
+    if (method == "profile") {
+      // A near-tie with the uniform cut goes to the uniform cut: profiles are timings, and a
+      // cut that moved with their noise would make a job's numbers run-dependent.
+      absl::StatusOr<std::vector<LayerRange>> uniform = UniformPartition(spec.model(), num_stages);
+      if (uniform.ok() && *uniform != best->ranges) {
+        absl::StatusOr<Partition> u = EvaluatePartition(problem, *uniform);
+        if (u.ok() && u->bottleneck_seconds <= best->bottleneck_seconds * (1 + kUniformTolerance)) {
+          ranges = *uniform;
+          plan.partition = "uniform (within the tolerance of the profile's optimum)";
+        }
+      }
+    }
   } else if (method == "manual") {
     ranges = RangesFromCuts({spec.pipeline().cuts().begin(), spec.pipeline().cuts().end()},
                             NumLayers(spec.model()), num_stages);

@@ -28,6 +28,9 @@ struct PipelinePlan {
   Schedule schedule;               // lowered and validated
   Schedule eval;                   // lowered forward-only program; empty without eval.every
   std::vector<LayerRange> ranges;  // per stage
+  // How the cut was made: the spec's method, "parameters" for partition: profile without a
+  // profile, or "uniform (within the tolerance ...)" when the profile's optimum is a near-tie.
+  std::string partition;
   // With a layer profile: per stage, the measured costs of its layers summed (seconds per
   // micro-batch) and its bytes at the schedule's peak; and the simulator's step time from
   // those costs plus the slowest worker's once-per-step optimizer phase, and the bubble.
@@ -40,12 +43,16 @@ struct PipelinePlan {
   int num_stages() const { return schedule.placement.num_stages(); }
 };
 
+// partition: profile keeps the uniform cut when its slowest stage is within this fraction of
+// the optimum's.
+inline constexpr double kUniformTolerance = 0.03;
+
 // INVALID_ARGUMENT (the schedule's, the validator's or the partition's message) when the spec's
 // pipeline cannot run; RESOURCE_EXHAUSTED when no cut fits pipeline.memory_budget_mb (naming
-// the smallest budget that would); FAILED_PRECONDITION for partition: profile without a
-// profile. The spec must have its defaults filled in (WithDefaults). `profile` (one entry per
-// global layer, as ProfileModel returns it) drives partition: profile and gives every plan
-// its predicted per-stage costs.
+// the smallest budget that would, also as SmallestBudgetBytes). The spec must have its defaults
+// filled in (WithDefaults). `profile` (one entry per global layer, as ProfileModel returns it)
+// drives partition: profile (without one it cuts by parameter counts) and gives every plan its
+// predicted per-stage costs.
 absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
                                           const v1::ModelProfile* profile = nullptr);
 

@@ -141,10 +141,10 @@ absl::StatusOr<PlanCandidate> ChoosePlan(const std::vector<PlanCandidate>& candi
 
 std::string DescribeChoice(const PlanCandidate& c, double as_written_step_seconds) {
   std::string out = absl::StrFormat(
-      "%s, %d micro-batches of %d, %d stage%s per worker: predicted %.3f s per step (bubble "
+      "%s, %d micro-batch%s of %d, %d stage%s per worker: predicted %.3f s per step (bubble "
       "%.1f%%)",
-      c.schedule, c.micro_batches, c.micro_batch_size, c.chunks, c.chunks == 1 ? "" : "s",
-      c.step_seconds, 100 * c.bubble);
+      c.schedule, c.micro_batches, c.micro_batches == 1 ? "" : "es", c.micro_batch_size, c.chunks,
+      c.chunks == 1 ? "" : "s", c.step_seconds, 100 * c.bubble);
   if (as_written_step_seconds > 0 && c.step_seconds > 0) {
     absl::StrAppendFormat(&out, ", %.2fx the spec as written (%.3f s)",
                           as_written_step_seconds / c.step_seconds, as_written_step_seconds);

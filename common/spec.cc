@@ -703,6 +703,16 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = CheckOneOf("pipeline.plan", p.plan(), {"", "auto"}); !s.ok()) return s;
+  if (p.plan() == "auto" && !p.schedule_csv().empty()) {
+    return Invalid("pipeline.plan",
+                   "auto chooses the schedule, so it does not apply with pipeline.schedule_csv");
+  }
+  if (p.plan() == "auto" && p.partition() == "manual") {
+    return Invalid("pipeline.plan",
+                   "auto may change the stages per worker, so manual cut points do not carry "
+                   "over: use partition: profile");
+  }
   if (p.partition() == "manual") {
     absl::StatusOr<std::vector<LayerRange>> ranges = RangesFromCuts(
         {p.cuts().begin(), p.cuts().end()}, static_cast<int>(num_layers), num_stages);

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/model_desc.h"
+#include "common/planner.h"
 #include "common/schedule_check.h"
 #include "common/spec.h"
 #include "common/step_profile.h"
@@ -45,7 +46,7 @@ bool EvalDue(const v1::JobSpec& spec, int64_t step) {
 }
 
 JobRunner::JobRunner(RunnerEnv env, v1::Job job, std::vector<WorkerRecord> workers)
-    : env_(env), job_(std::move(job)), workers_(std::move(workers)) {
+    : env_(env), job_(std::move(job)), spec_(job_.spec()), workers_(std::move(workers)) {
   for (const auto& w : workers_) clients_.push_back(env_.clients->Connect(w.address));
 }
 
@@ -102,10 +103,10 @@ void JobRunner::Run() {
   absl::Status status = Plan();
   if (status.ok()) status = env_.store->Transition(id, v1::RUNNING, "");
   if (status.ok()) status = ConfigureAll();
-  for (int64_t step = first_step_; status.ok() && step < job_.spec().steps(); ++step) {
+  for (int64_t step = first_step_; status.ok() && step < spec_.steps(); ++step) {
     status = InterruptStatus();
     if (status.ok()) status = RunOneStep(step);
-    if (status.ok() && CheckpointDue(job_.spec(), step) && env_.checkpoints != nullptr &&
+    if (status.ok() && CheckpointDue(spec_, step) && env_.checkpoints != nullptr &&
         env_.checkpoints->enabled()) {
       status = SaveCheckpoint(step);
     }
@@ -116,7 +117,7 @@ void JobRunner::Run() {
   if (env_.rendezvous != nullptr) env_.rendezvous->ErasePrefix(absl::StrCat(id, "/"));
   if (status.ok()) {
     (void)env_.store->Transition(id, v1::SUCCEEDED, "");
-    spdlog::info("{}: SUCCEEDED after {} steps", id, job_.spec().steps());
+    spdlog::info("{}: SUCCEEDED after {} steps", id, spec_.steps());
   } else if (status.code() == absl::StatusCode::kCancelled) {
     (void)env_.store->Transition(id, v1::CANCELLED, std::string(status.message()));
     spdlog::info("{}: CANCELLED: {}", id, std::string(status.message()));
@@ -128,12 +129,15 @@ void JobRunner::Run() {
 }
 
 absl::Status JobRunner::Plan() {
-  const v1::JobSpec& spec = job_.spec();
+  if (spec_.pipeline().plan() == "auto") {
+    if (absl::Status s = ChooseAutoPlan(); !s.ok()) return s;
+  }
+  const v1::JobSpec& spec = spec_;
   std::optional<v1::ModelProfile> profile;
   const std::string key = ProfileKey(spec, DeviceKind(workers_[0].device), workers_[0].threads);
   if (env_.profiles != nullptr) profile = env_.profiles->Find(key);
   if (!profile.has_value() && spec.pipeline().partition() == "profile") {
-    absl::StatusOr<v1::ModelProfile> measured = ProfileForJob();
+    absl::StatusOr<v1::ModelProfile> measured = ProfileForJob(spec);
     if (!measured.ok()) return measured.status();
     profile = *std::move(measured);
   }
@@ -203,8 +207,42 @@ absl::Status JobRunner::Plan() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::ModelProfile> JobRunner::ProfileForJob() {
-  return MeasureProfile(job_.spec(), workers_[0], *clients_[0], env_.options.profile_timeout,
+absl::Status JobRunner::ChooseAutoPlan() {
+  const v1::JobSpec written = spec_;
+  const std::vector<PlanCandidate> candidates =
+      SearchPlans(written, [this](const v1::JobSpec& s) { return ProfileAt(s); });
+  absl::StatusOr<PlanCandidate> best = ChoosePlan(candidates);
+  if (!best.ok()) {
+    return absl::Status(best.status().code(),
+                        absl::StrCat("pipeline.plan: auto: ", best.status().message()));
+  }
+  double as_written = 0.0;
+  if (absl::StatusOr<v1::ModelProfile> p = ProfileAt(written); p.ok()) {
+    if (absl::StatusOr<PipelinePlan> plan = PlanPipeline(written, &*p); plan.ok()) {
+      as_written = plan->predicted_step_seconds;
+    }
+  }
+  int feasible = 0;
+  for (const PlanCandidate& c : candidates) feasible += c.status.ok();
+  const std::string note = absl::StrCat(DescribeChoice(*best, as_written), "; best of ", feasible,
+                                        " feasible of ", candidates.size(), " candidates");
+  spec_ = best->spec;
+  env_.store->SetPlan(job_.id(), spec_.pipeline(), note);
+  spdlog::info("{}: planned {}", job_.id(), note);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ModelProfile> JobRunner::ProfileAt(const v1::JobSpec& spec) {
+  if (env_.profiles != nullptr) {
+    std::optional<v1::ModelProfile> cached =
+        env_.profiles->Find(ProfileKey(spec, DeviceKind(workers_[0].device), workers_[0].threads));
+    if (cached.has_value()) return *std::move(cached);
+  }
+  return ProfileForJob(spec);
+}
+
+absl::StatusOr<v1::ModelProfile> JobRunner::ProfileForJob(const v1::JobSpec& spec) {
+  return MeasureProfile(spec, workers_[0], *clients_[0], env_.options.profile_timeout,
                         env_.profiles);
 }
 
@@ -265,7 +303,7 @@ absl::Status JobRunner::CallAll(const std::string& what, absl::Duration timeout,
 }
 
 absl::Status JobRunner::ConfigureAll() {
-  const v1::JobSpec& spec = job_.spec();
+  const v1::JobSpec& spec = spec_;
   const int p = static_cast<int>(workers_.size());
   std::vector<v1::ConfigureResponse> responses(p);
   absl::Status s = CallAll(
@@ -284,7 +322,7 @@ absl::Status JobRunner::ConfigureAll() {
 }
 
 absl::Status JobRunner::RunOneStep(int64_t step) {
-  const v1::JobSpec& spec = job_.spec();
+  const v1::JobSpec& spec = spec_;
   const int p = static_cast<int>(workers_.size());
   const std::string what = absl::StrCat("step ", step);
   const auto t0 = std::chrono::steady_clock::now();
@@ -419,8 +457,7 @@ absl::Status JobRunner::SaveCheckpoint(int64_t step) {
     if (first.ok() && !s.ok()) first = s;
   }
   if (!first.ok()) return absl::Status(first.code(), absl::StrCat(what, ": ", first.message()));
-  if (absl::Status s =
-          env_.checkpoints->Commit(job_.id(), step, p, job_.spec().checkpoint().keep());
+  if (absl::Status s = env_.checkpoints->Commit(job_.id(), step, p, spec_.checkpoint().keep());
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
   }

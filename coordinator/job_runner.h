@@ -80,6 +80,9 @@ class JobRunner {
 
   void Run();
   absl::Status Plan();
+  // pipeline.plan: auto: profiles every split of the global batch, picks the candidate with the
+  // shortest predicted step (SearchPlans / ChoosePlan), makes it spec_ and records it.
+  absl::Status ChooseAutoPlan();
   absl::Status ConfigureAll();
   absl::Status RunOneStep(int64_t step);
   // The validation pass after `step`: RunStep(EVAL) on every worker; returns the loss.
@@ -110,14 +113,17 @@ class JobRunner {
 
   // "stage 2 (worker w-3 at host:port)", or "rank 1 (stages 1, 6; worker ...)".
   std::string WorkerName(int rank) const;
-  // The layer profile of the job's shape on its workers' kind: cached, or measured on the
-  // first worker (which is allocated to the job and idle).
-  absl::StatusOr<v1::ModelProfile> ProfileForJob();
+  // The layer profile of `spec`'s shape on the job's workers' kind: cached, or measured on
+  // the first worker (which is allocated to the job and idle) by ProfileForJob.
+  absl::StatusOr<v1::ModelProfile> ProfileAt(const v1::JobSpec& spec);
+  absl::StatusOr<v1::ModelProfile> ProfileForJob(const v1::JobSpec& spec);
   int LastStageRank() const;
   absl::Status InterruptStatus();
 
   RunnerEnv env_;
   const v1::Job job_;
+  // The spec the job runs: job_.spec() as submitted, or with the planner's pipeline.
+  v1::JobSpec spec_;
   const std::vector<WorkerRecord> workers_;
   std::vector<std::unique_ptr<StageWorkerClient>> clients_;
   PipelinePlan plan_;          // schedule (lowered, validated), eval program, layer ranges

@@ -259,6 +259,19 @@ void JobStore::SetFirstStep(const std::string& job_id, int64_t step) {
   e->job.set_steps_done(step);
 }
 
+void JobStore::SetPlan(const std::string& job_id, const v1::PipelineSpec& pipeline,
+                       const std::string& note) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = Find(job_id);
+  if (e == nullptr) return;
+  *e->job.mutable_spec()->mutable_pipeline() = pipeline;
+  e->job.set_plan(note);
+  e->job.set_effective_batch(EffectiveBatch(e->job.spec()));
+  e->job.set_tokens_per_step(TokensPerStep(e->job.spec()));
+  e->job.set_bubble_fraction_ideal(PredictedBubble(e->job.spec()));
+  Persist(*e);
+}
+
 void JobStore::SetPredictedStep(const std::string& job_id, double seconds) {
   absl::MutexLock lock(&mu_);
   Entry* e = Find(job_id);

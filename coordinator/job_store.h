@@ -56,6 +56,10 @@ class JobStore {
   // A resumed job starts at `step`.
   void SetFirstStep(const std::string& job_id, int64_t step);
   // The step time the plan predicts from the layer profile.
+  // pipeline.plan: auto: the planner's choice replaces the spec's pipeline (which keeps
+  // plan: auto) and `note` says why; the job's derived figures follow the new pipeline.
+  void SetPlan(const std::string& job_id, const v1::PipelineSpec& pipeline,
+               const std::string& note);
   void SetPredictedStep(const std::string& job_id, double seconds);
 
   // Events after `cursor` (0 = from the start of the retained log), waiting up to `timeout`

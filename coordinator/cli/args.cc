@@ -185,6 +185,12 @@ absl::StatusOr<CliOptions> ParseArgs(const std::vector<std::string>& args,
     } else if (name == "--print-actions") {
       if (absl::Status s = no_value(); !s.ok()) return s;
       opts.print_actions = true;
+    } else if (name == "--auto") {
+      if (absl::Status s = no_value(); !s.ok()) return s;
+      opts.auto_plan = true;
+    } else if (name == "--no-search") {
+      if (absl::Status s = no_value(); !s.ok()) return s;
+      opts.no_search = true;
     } else if (name == "--no-profile") {
       if (absl::Status s = no_value(); !s.ok()) return s;
       opts.no_profile = true;
@@ -235,17 +241,21 @@ absl::StatusOr<CliOptions> ParseArgs(const std::vector<std::string>& args,
   if (opts.command == Command::kHelp && n == 1 && FindCommand(opts.args[0]) == nullptr) {
     return UsageError(absl::StrCat("help: unknown command '", opts.args[0], "'"));
   }
-  const bool overrides = !opts.schedule.empty() || !opts.schedule_csv.empty() || opts.chunks >= 0;
+  const bool overrides =
+      !opts.schedule.empty() || !opts.schedule_csv.empty() || opts.chunks >= 0 || opts.auto_plan;
   if (overrides && opts.command != Command::kPlan && opts.command != Command::kSubmit &&
       opts.command != Command::kValidate) {
-    return UsageError("--schedule, --schedule-csv and --chunks apply to plan, submit and validate");
+    return UsageError(
+        "--schedule, --schedule-csv, --chunks and --auto apply to plan, submit and validate");
   }
   if (!opts.schedule.empty() && !opts.schedule_csv.empty()) {
     return UsageError("give --schedule or --schedule-csv, not both");
   }
-  if ((opts.print_actions || opts.compare || !opts.csv_out.empty() || opts.no_profile) &&
+  if ((opts.print_actions || opts.compare || !opts.csv_out.empty() || opts.no_profile ||
+       opts.no_search) &&
       opts.command != Command::kPlan) {
-    return UsageError("--print-actions, --compare, --csv and --no-profile apply to plan only");
+    return UsageError(
+        "--print-actions, --compare, --csv, --no-search and --no-profile apply to plan only");
   }
   if (opts.watch && opts.command != Command::kSubmit) {
     return UsageError("--watch applies to submit only; to follow a job use 'tandem watch JOB'");
@@ -282,11 +292,16 @@ std::string Usage() {
       "                               1f1b, interleaved_1f1b, zb_h1, zb_v)\n"
       "  --schedule-csv FILE          ... or this one, in torch.distributed.pipelining's CSV\n"
       "  --chunks N                   ... with N stages per worker (interleaved_1f1b)\n"
+      "  --auto                       With plan, submit, validate: pipeline.plan: auto (the\n"
+      "                               coordinator runs the planner's fastest schedule, chunks\n"
+      "                               and split of the global batch)\n"
       "  --print-actions              With plan: print every rank's lowered action list\n"
       "  --compare                    With plan: predicted figures of every schedule that fits\n"
       "  --csv FILE                   With plan: write the schedule as CSV (re-importable)\n"
       "  --no-profile                 With plan: do not ask the coordinator for measured layer\n"
       "                               costs (plan with unit costs)\n"
+      "  --no-search                  With plan: skip the planner's search over schedules and\n"
+      "                               splits of the global batch (one profile only)\n"
       "  -h, --help                   Show help\n"
       "  --version                    Print the client version\n"
       "\n"

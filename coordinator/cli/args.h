@@ -49,6 +49,8 @@ struct CliOptions {
   bool print_actions = false;  // --print-actions: the lowered per-rank action lists
   bool compare = false;        // --compare: the figures of every schedule that fits
   std::string csv_out;         // --csv FILE: write the lowered program as schedule CSV
+  bool auto_plan = false;      // --auto: pipeline.plan = auto (plan, submit, validate)
+  bool no_search = false;      // --no-search: plan without searching the batch's splits
   bool no_profile = false;     // --no-profile: do not ask the coordinator for a profile
 };
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "common/pipeline_plan.h"
+#include "common/planner.h"
 #include "common/schedule.h"
 #include "common/spec.h"
 #include "common/version.h"
@@ -99,7 +100,7 @@ absl::Status Submit(const CliOptions& opts, CoordinatorClient& client, CommandIo
       return absl::Status(file.status().code(), absl::StrCat("submit: ", file.status().message()));
     yaml = *std::move(file);
   }
-  if (!opts.schedule.empty() || !opts.schedule_csv.empty() || opts.chunks >= 0) {
+  if (!opts.schedule.empty() || !opts.schedule_csv.empty() || opts.chunks >= 0 || opts.auto_plan) {
     // Overrides: parse here, apply them, and submit the result as JSON (JSON is YAML).
     absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(yaml);
     if (!spec.ok()) {
@@ -328,9 +329,6 @@ absl::Status Plan(const CliOptions& opts, CoordinatorClient& client, CommandIo i
              << ")\n\n";
     }
   }
-  if (!profile.has_value() && spec->pipeline().partition() == "profile") {
-    spec->mutable_pipeline()->set_partition("parameters");
-  }
   const v1::ModelProfile* measured = profile.has_value() ? &*profile : nullptr;
   if (opts.compare) {
     io.out << FormatScheduleComparison(*spec, measured);
@@ -341,6 +339,20 @@ absl::Status Plan(const CliOptions& opts, CoordinatorClient& client, CommandIo i
     return absl::Status(text.status().code(), absl::StrCat("plan: ", text.status().message()));
   }
   io.out << *text;
+  if (measured != nullptr && !opts.no_search) {
+    // Every split of the global batch, each with the coordinator's profile at its shape.
+    const std::vector<PlanCandidate> candidates =
+        SearchPlans(*spec, [&](const v1::JobSpec& s) -> absl::StatusOr<v1::ModelProfile> {
+          if (s.pipeline().micro_batch_size() == spec->pipeline().micro_batch_size()) {
+            return *profile;
+          }
+          return client.ProfileModel(s, /*refresh=*/false);
+        });
+    absl::StatusOr<PipelinePlan> written = PlanPipeline(*spec, measured);
+    io.out << "\n"
+           << FormatPlannerSearch(*spec, candidates,
+                                  written.ok() ? written->predicted_step_seconds : 0.0);
+  }
   if (!opts.csv_out.empty()) {
     absl::StatusOr<PipelinePlan> plan = PlanPipeline(*spec, measured);
     if (!plan.ok()) return plan.status();

@@ -210,6 +210,7 @@ std::string FormatJobDetails(const v1::Job& job) {
       {"Pipeline", absl::StrFormat("%d workers, %s, %s partition; ideal bubble %.1f%%", p.stages(),
                                    p.schedule_csv().empty() ? p.schedule() : "csv", p.partition(),
                                    100 * bubble)});
+  if (!job.plan().empty()) info.AddRow({"Planned", job.plan()});
   info.AddRow(
       {"Model",
        m.arch() == "gpt"

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/pipeline_plan.h"
+#include "common/planner.h"
 #include "common/schedule_check.h"
 #include "coordinator/cli/commands.h"
 #include "coordinator/cli/format.h"
@@ -171,6 +172,7 @@ absl::Status ApplyScheduleOverrides(const CliOptions& opts, v1::JobSpec& spec) {
     p->set_schedule_csv(*csv);
   }
   if (opts.chunks >= 0) p->set_chunks(opts.chunks);
+  if (opts.auto_plan) p->set_plan("auto");
   return absl::OkStatus();
 }
 
@@ -247,6 +249,85 @@ absl::StatusOr<std::string> FormatPlan(const v1::JobSpec& spec, bool print_actio
     for (int r = 0; r < plan->num_ranks(); ++r) {
       absl::StrAppend(&out, "  rank ", r, ": ", ActionsToString(plan->schedule.program[r]), "\n");
     }
+  }
+  return out;
+}
+
+std::string FormatPlannerSearch(const v1::JobSpec& spec,
+                                const std::vector<PlanCandidate>& candidates,
+                                double as_written_step_seconds, int max_rows) {
+  const v1::PipelineSpec& p = spec.pipeline();
+  const int64_t batch = int64_t{p.micro_batch_size()} * p.micro_batches();
+  std::string out = absl::StrFormat(
+      "Planner: %d worker%s, the global batch of %d sequences split every way (a profile per "
+      "micro-batch size; the same gradient for every split):\n",
+      p.stages(), p.stages() == 1 ? "" : "s", batch);
+  Table table({"SCHEDULE", "CHUNKS", "M x SIZE", "STEP", "TOKENS/S", "BUBBLE", "SLOWEST STAGE",
+               "PEAK STAGE MEMORY"});
+  int shown = 0, infeasible = 0;
+  for (const PlanCandidate& c : candidates) {
+    if (!c.status.ok()) {
+      ++infeasible;
+      continue;
+    }
+    if (shown++ >= max_rows) continue;
+    table.AddRow({c.schedule, absl::StrCat(c.chunks),
+                  absl::StrCat(c.micro_batches, " x ", c.micro_batch_size),
+                  absl::StrFormat("%.3f s", c.step_seconds),
+                  absl::StrFormat("%.0f", c.tokens_per_second),
+                  absl::StrFormat("%.1f%%", 100 * c.bubble),
+                  absl::StrFormat("%.1f ms", 1000 * c.slowest_stage_seconds),
+                  absl::StrFormat("%.1f MiB", c.peak_stage_bytes / 1048576.0)});
+  }
+  absl::StrAppend(&out, table.Render());
+  if (shown > max_rows) absl::StrAppend(&out, "  ... and ", shown - max_rows, " slower\n");
+  if (infeasible > 0) {
+    // Name the first reason of each kind once.
+    const PlanCandidate* budget = nullptr;
+    const PlanCandidate* other = nullptr;
+    for (const PlanCandidate& c : candidates) {
+      if (c.status.ok()) continue;
+      if (c.status.code() == absl::StatusCode::kResourceExhausted) {
+        if (budget == nullptr) budget = &c;
+      } else if (other == nullptr) {
+        other = &c;
+      }
+    }
+    absl::StrAppendFormat(&out, "  %d candidate%s do not fit", infeasible,
+                          infeasible == 1 ? "" : "s");
+    if (budget != nullptr) {
+      absl::StrAppendFormat(&out, "; e.g. %s with %d x %d is over the memory budget",
+                            budget->schedule, budget->micro_batches, budget->micro_batch_size);
+    }
+    if (other != nullptr) {
+      absl::StrAppendFormat(&out, "; %s with %d x %d: %s", other->schedule, other->micro_batches,
+                            other->micro_batch_size, other->status.message());
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  absl::StatusOr<PlanCandidate> best = ChoosePlan(candidates);
+  if (!best.ok()) {
+    absl::StrAppend(&out, "Planner: ", best.status().message(), "\n");
+    return out;
+  }
+  absl::StrAppend(&out, "Planner's choice: ", DescribeChoice(*best, as_written_step_seconds), "\n");
+  if (p.plan() == "auto") {
+    absl::StrAppend(&out, "  pipeline.plan is auto: the coordinator runs this choice.\n");
+  } else {
+    absl::StrAppendFormat(
+        &out,
+        "  run it with `--auto` (pipeline.plan: auto), or set schedule: %s%s, "
+        "micro_batch_size: %d, micro_batches: %d\n",
+        best->schedule,
+        best->schedule == "interleaved_1f1b" ? absl::StrCat(", chunks: ", best->chunks) : "",
+        best->micro_batch_size, best->micro_batches);
+  }
+  if (best->micro_batches < 4 * p.stages()) {
+    absl::StrAppendFormat(&out,
+                          "warning: the choice has micro_batches %d < 4 x %d workers: the global "
+                          "batch is too small to hide the bubble (the rule of thumb is M >= 4P, 8P "
+                          "better); a larger batch would pipeline better\n",
+                          best->micro_batches, p.stages());
   }
   return out;
 }

@@ -4,9 +4,11 @@
 #define TANDEM_COORDINATOR_CLI_PLAN_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/planner.h"
 #include "coordinator/cli/args.h"
 #include "tandem/v1/common.pb.h"
 #include "tandem/v1/spec.pb.h"
@@ -32,6 +34,13 @@ absl::StatusOr<std::string> FormatPlan(const v1::JobSpec& spec, bool print_actio
 // With `profile`, the step and bubble are predicted from the measured layer costs (seconds).
 std::string FormatScheduleComparison(const v1::JobSpec& spec,
                                      const v1::ModelProfile* profile = nullptr);
+
+// The planner's search (SearchPlans): the fastest `max_rows` feasible candidates as a table,
+// how many do not fit and why, and the choice (ChoosePlan) against the spec as written
+// (`as_written_step_seconds`, 0 when unknown), with how to run it.
+std::string FormatPlannerSearch(const v1::JobSpec& spec,
+                                const std::vector<PlanCandidate>& candidates,
+                                double as_written_step_seconds, int max_rows = 10);
 
 }  // namespace tandem::cli
 

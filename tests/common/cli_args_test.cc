@@ -36,6 +36,14 @@ TEST(ParseArgs, Defaults) {
   EXPECT_FALSE(opts.watch);
 }
 
+TEST(ParseArgs, AutoAndNoSearch) {
+  EXPECT_TRUE(Parse({"submit", "--auto", "job.yaml"}).auto_plan);
+  EXPECT_TRUE(Parse({"plan", "--auto", "job.yaml"}).auto_plan);
+  EXPECT_TRUE(Parse({"plan", "--no-search", "job.yaml"}).no_search);
+  EXPECT_THAT(UsageError({"list", "--auto"}), HasSubstr("--auto apply to plan, submit"));
+  EXPECT_THAT(UsageError({"submit", "--no-search", "j.yaml"}), HasSubstr("--no-search"));
+}
+
 TEST(ParseArgs, CoordinatorFromEnvironmentThenFlag) {
   EXPECT_EQ(Parse({"list"}, "coord:9000").coordinator, "coord:9000");
   EXPECT_EQ(Parse({"list"}, "").coordinator, "127.0.0.1:7070");

@@ -13,6 +13,7 @@ namespace tandem::cli {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 // Answers from canned values and records what it was asked.
@@ -386,7 +387,9 @@ TEST_F(CommandsTest, PlanWithAProfileCutsByMeasuredTimeAndExplains) {
   client_.profile = HeavyHeadProfile();
   ASSERT_TRUE(Run(Opts(Command::kPlan, {path})).ok()) << out_.str();
   const std::string out = out_.str();
-  EXPECT_EQ(client_.profile_calls, 1);
+  // The job's own shape, then the planner's other splits of 4 x 32 = 128 sequences
+  // (M = 1, 2, 8, 16, 32, 64).
+  EXPECT_EQ(client_.profile_calls, 7);
   EXPECT_THAT(out, HasSubstr("F MS/MB  B MS/MB  MEMORY"));
   EXPECT_THAT(out, HasSubstr("embedding..block_1  7.0      14.0"));  // 21 ms | 30 ms
   EXPECT_THAT(out, HasSubstr("Predicted from the measured profile (cpu, 1 thread)"));
@@ -411,7 +414,46 @@ TEST_F(CommandsTest, PlanWithAProfileCutsByMeasuredTimeAndExplains) {
   CliOptions quiet = Opts(Command::kPlan, {path});
   quiet.no_profile = true;
   ASSERT_TRUE(Run(quiet).ok());
-  EXPECT_EQ(client_.profile_calls, 2);
+  EXPECT_EQ(client_.profile_calls, 8);
+}
+
+// The planner searches schedules, chunks and splits of the global batch with a profile per
+// micro-batch size, shows the fastest and says how to run the choice; --no-search skips it.
+TEST_F(CommandsTest, PlanSearchesSplitsOfTheGlobalBatch) {
+  const std::string path = WriteFile("search.yaml",
+                                     "name: s\nmodel:\n  n_layer: 2\npipeline:\n  stages: 2\n"
+                                     "  micro_batch_size: 4\n  micro_batches: 2\n");
+  client_.profile = HeavyHeadProfile();
+  ASSERT_TRUE(Run(Opts(Command::kPlan, {path})).ok()) << out_.str();
+  std::string out = out_.str();
+  EXPECT_EQ(client_.profile_calls, 4);  // size 4 (the job's), then 8, 2 and 1
+  EXPECT_THAT(out, HasSubstr("Planner: 2 workers, the global batch of 8 sequences split"));
+  EXPECT_THAT(out, HasSubstr("CHUNKS  M x SIZE  STEP     TOKENS/S"));
+  EXPECT_THAT(out, HasSubstr("Planner's choice: "));
+  EXPECT_THAT(out, HasSubstr("run it with `--auto` (pipeline.plan: auto)"));
+  // This fake gives the same profile at every size, so a micro-batch costs the same however
+  // large: the fewest micro-batches win, and the plan warns about the bubble.
+  EXPECT_THAT(out, HasSubstr("gpipe             1       1 x 8     0.051 s"));
+  EXPECT_THAT(out, HasSubstr("Planner's choice: gpipe, 1 micro-batch of 8, 1 stage per worker"));
+  EXPECT_THAT(out, HasSubstr("warning: the choice has micro_batches 1 < 4 x 2 workers"));
+
+  out_.str("");
+  CliOptions opts = Opts(Command::kPlan, {path});
+  opts.no_search = true;
+  ASSERT_TRUE(Run(opts).ok());
+  EXPECT_THAT(out_.str(), Not(HasSubstr("Planner")));
+
+  // --auto: the plan says the coordinator runs the choice, and submit sends plan: auto.
+  out_.str("");
+  opts = Opts(Command::kPlan, {path});
+  opts.auto_plan = true;
+  ASSERT_TRUE(Run(opts).ok());
+  EXPECT_THAT(out_.str(), HasSubstr("pipeline.plan is auto: the coordinator runs this choice"));
+  opts = Opts(Command::kSubmit, {path});
+  opts.auto_plan = true;
+  ASSERT_TRUE(Run(opts).ok()) << out_.str();
+  ASSERT_EQ(client_.submitted.size(), 1u);
+  EXPECT_THAT(client_.submitted[0], HasSubstr("\"plan\":\"auto\""));
 }
 
 TEST_F(CommandsTest, PlanCompareListsEverySchedule) {
@@ -432,7 +474,7 @@ TEST_F(CommandsTest, PlanCompareListsEverySchedule) {
   CliOptions compare = Opts(Command::kPlan, {small});
   compare.compare = true;
   ASSERT_TRUE(Run(compare).ok());
-  EXPECT_THAT(out_.str(), HasSubstr("does not fit: cannot split 3 layers"));
+  EXPECT_THAT(out_.str(), HasSubstr("does not fit: partition: cannot split 3 layers"));
 }
 
 TEST_F(CommandsTest, SubmitWithScheduleOverrideSendsTheSpec) {

@@ -59,7 +59,8 @@ TEST(ParseJobSpecYaml, MinimalSpecGetsEveryDefault) {
   EXPECT_EQ(spec->pipeline().micro_batch_size(), 32);
   EXPECT_EQ(spec->pipeline().micro_batches(), 4);
   EXPECT_EQ(spec->pipeline().schedule(), "1f1b");
-  EXPECT_EQ(spec->pipeline().partition(), "uniform");
+  EXPECT_EQ(spec->pipeline().partition(), "profile");
+  EXPECT_EQ(spec->pipeline().plan(), "");
   EXPECT_EQ(EffectiveBatch(*spec), 128);
 }
 

@@ -255,12 +255,16 @@ class FakeWorker final : public StageWorkerClient {
   absl::StatusOr<v1::ProfileLayersResponse> ProfileLayers(const v1::ProfileLayersRequest& request,
                                                           absl::Duration) override {
     ++profiles;
+    if (profile_delay > absl::ZeroDuration()) absl::SleepFor(profile_delay);
     if (!profile_error.ok()) return profile_error;
     v1::ProfileLayersResponse resp;
     for (int g : request.layers()) {
       v1::LayerProfile* p = resp.add_layers();
       p->set_layer(g);
-      const double s = layer_seconds ? layer_seconds(g) : 0.001;
+      const double s = layer_seconds_by_size
+                           ? layer_seconds_by_size(g, request.spec().pipeline().micro_batch_size())
+                       : layer_seconds ? layer_seconds(g)
+                                       : 0.001;
       p->set_forward_seconds(s / 3);
       p->set_backward_seconds(2 * s / 3);
       p->set_backward_input_seconds(s / 3);
@@ -274,6 +278,8 @@ class FakeWorker final : public StageWorkerClient {
   void CancelPending() override {}
 
   std::function<double(int)> layer_seconds;
+  std::function<double(int, int)> layer_seconds_by_size;  // (layer, micro_batch_size)
+  absl::Duration profile_delay;
   absl::Status profile_error;
   std::atomic<int> profiles{0};
 
@@ -396,6 +402,62 @@ TEST(JobRunnerTest, ProfilePartitionBalancesMeasuredTimeAndCachesTheProfile) {
   ASSERT_EQ(u.state(), v1::SUCCEEDED) << u.reason();
   EXPECT_EQ(u.stages(0).layer_end(), 3);
   EXPECT_NEAR(u.stages(1).predicted_seconds(), 0.012, 1e-9);
+}
+
+// pipeline.plan: auto: the runner profiles each split of the global batch on the first worker,
+// runs the candidate with the shortest predicted step and records the choice.
+TEST(JobRunnerTest, AutoPlanRunsThePlannersChoiceAtTheSameGlobalBatch) {
+  RunnerFixture f;
+  ProfileStore profiles("");
+  f.env.profiles = &profiles;
+  // Cost proportional to the micro-batch, with a small fixed part: finer splits win.
+  f.factory.configure = [](FakeWorker* w) {
+    w->layer_seconds_by_size = [](int, int size) { return 0.0001 + 0.001 * size; };
+  };
+  v1::JobSpec spec = Spec(2, 2);
+  spec.mutable_pipeline()->set_micro_batch_size(4);
+  spec.mutable_pipeline()->set_micro_batches(2);  // 8 sequences
+  spec.mutable_pipeline()->set_plan("auto");
+  auto runner = f.Start(spec);
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  // One profile per split (M = 1, 2, 4, 8), all on the first worker, all cached.
+  EXPECT_EQ(f.factory.made[0]->profiles.load(), 4);
+  EXPECT_EQ(f.factory.made[1]->profiles.load(), 0);
+  const v1::PipelineSpec& p = job.spec().pipeline();
+  EXPECT_EQ(p.plan(), "auto");
+  EXPECT_EQ(p.micro_batch_size() * p.micro_batches(), 8);
+  EXPECT_GT(p.micro_batches(), 2);  // a finer split than written shrinks the bubble
+  EXPECT_THAT(job.plan(), HasSubstr(absl::StrCat(p.micro_batches(), " micro-batches of ",
+                                                 p.micro_batch_size())));
+  EXPECT_THAT(job.plan(), HasSubstr("the spec as written"));
+  EXPECT_EQ(job.effective_batch(), 8);
+  EXPECT_EQ(f.factory.made[0]->program_.micro_batches(), p.micro_batches());
+  EXPECT_EQ(f.factory.made[0]->program_.spec().pipeline().micro_batch_size(), p.micro_batch_size());
+  EXPECT_EQ(f.factory.made[0]->program_.spec().pipeline().schedule(), p.schedule());
+}
+
+// Regression: a job stays QUEUED while its runner profiles it; the scheduler ticking meanwhile
+// must not allocate it a second time (it did, and ran the job twice on four workers).
+TEST(SchedulerTest, AJobThatIsStillPlanningIsNotStartedAgain) {
+  RunnerFixture f;
+  f.factory.configure = [](FakeWorker* w) { w->profile_delay = absl::Milliseconds(300); };
+  for (int i = 0; i < 4; ++i) {
+    (void)f.registry.Register(Worker(absl::StrCat("127.0.0.1:", 2000 + i)));
+  }
+  Scheduler scheduler(f.env, absl::Milliseconds(10));
+  scheduler.Start();
+  const std::string id = *f.store->Add(Spec(2, 2));  // partition: profile, the default
+  scheduler.Notify();
+  for (int i = 0; i < 500; ++i) {
+    auto job = f.store->Get(id);
+    if (job.ok() && job->state() == v1::SUCCEEDED) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(f.store->Get(id)->state(), v1::SUCCEEDED);
+  scheduler.Stop();
+  EXPECT_EQ(f.factory.made.size(), 2u) << "the job was started more than once";
 }
 
 // A worker that cannot profile fails the job with a reason naming it.

@@ -577,6 +577,49 @@ TEST_F(ClusterTest, ProfiledPartitionIsolatesAHeavyHeadAndPlanShowsIt) {
   EXPECT_THAT(status.out, HasSubstr("PREDICTED MS/MB  MEASURED MS/MB"));
 }
 
+// pipeline.plan: auto through the real daemons: the coordinator profiles every split of the
+// global batch on a worker, runs the planner's choice and says so; the global batch is the
+// same, so the losses equal the spec as written.
+TEST_F(ClusterTest, AutoPlanKeepsTheGlobalBatchAndItsLosses) {
+  StartCluster(2);
+  auto spec = [](const std::string& plan) {
+    return absl::StrCat(
+        "name: auto\nsteps: 3\nseed: 9\nmodel:\n  arch: gpt\n  n_layer: 2\n  n_head: 2\n"
+        "  d_model: 16\n  seq_len: 16\n  vocab_size: 4096\n  tie_embeddings: false\n"
+        "optimizer:\n  lr: 0.01\n  lr_schedule: constant\npipeline:\n  stages: 2\n"
+        "  micro_batch_size: 4\n  micro_batches: 2\n  plan: \"",
+        plan, "\"\n");
+  };
+  auto planned = cluster_->Submit(spec("auto"));
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  auto a = cluster_->WaitForEnd(*planned, 120s);
+  ASSERT_TRUE(a.ok() && a->state() == v1::SUCCEEDED) << a->reason();
+  const v1::PipelineSpec& p = a->spec().pipeline();
+  EXPECT_EQ(p.micro_batch_size() * p.micro_batches(), 8);
+  EXPECT_EQ(a->effective_batch(), 8);
+  EXPECT_THAT(a->plan(),
+              HasSubstr(absl::StrCat(p.schedule(), ", ", p.micro_batches(), " micro-batch")));
+  EXPECT_GT(a->predicted_step_seconds(), 0.0);
+  auto written = cluster_->Submit(spec(""));
+  ASSERT_TRUE(written.ok());
+  auto b = cluster_->WaitForEnd(*written, 120s);
+  ASSERT_TRUE(b.ok() && b->state() == v1::SUCCEEDED) << b->reason();
+  EXPECT_TRUE(b->plan().empty());
+  ASSERT_EQ(a->history_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_NEAR(a->history(i).loss(), b->history(i).loss(), 1e-5 * b->history(i).loss()) << i;
+  }
+  CommandResult status = cluster_->Cli({"status", *planned});
+  ASSERT_EQ(status.exit_code, 0) << status.err;
+  EXPECT_THAT(status.out, HasSubstr("Planned"));
+  const std::string path = cluster_->dir() + "/auto.yaml";
+  std::ofstream(path) << spec("");
+  CommandResult plan = cluster_->Cli({"plan", "--auto", path});
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  EXPECT_THAT(plan.out, HasSubstr("Planner's choice: "));
+  EXPECT_THAT(plan.out, HasSubstr("pipeline.plan is auto: the coordinator runs this choice"));
+}
+
 // Every example spec in examples/ runs to SUCCEEDED (shortened to a few steps). The
 // text-file example trains on a file the test writes under the workers' data root.
 TEST_F(ClusterTest, EveryExampleSpecRuns) {
