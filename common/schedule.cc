@@ -440,6 +440,21 @@ Schedule LowerWithTransfers(const Schedule& compute) {
   return out;
 }
 
+TransferMessage MessageOf(const Action& a) {
+  switch (a.kind) {
+    case v1::ACTION_SEND_F:
+      return {v1::ACTION_SEND_F, a.stage, a.stage + 1, a.micro_batch};
+    case v1::ACTION_RECV_F:
+      return {v1::ACTION_SEND_F, a.stage - 1, a.stage, a.micro_batch};
+    case v1::ACTION_SEND_B:
+      return {v1::ACTION_SEND_B, a.stage, a.stage - 1, a.micro_batch};
+    case v1::ACTION_RECV_B:
+      return {v1::ACTION_SEND_B, a.stage + 1, a.stage, a.micro_batch};
+    default:
+      return {v1::ACTION_F, a.stage, a.stage, a.micro_batch};
+  }
+}
+
 std::string ProgramToCsv(const Program& program) {
   std::string out;
   for (const auto& rank : program) {

@@ -146,6 +146,22 @@ absl::StatusOr<Schedule> GenerateSchedule(absl::string_view schedule, int num_ra
 Program LowerWithTransfers(const Program& compute, const Placement& placement);
 Schedule LowerWithTransfers(const Schedule& compute);
 
+// The message a lowered transfer action sends or receives, named as both ends of the link name
+// it: the payload (SEND_F for an activation, SEND_B for an input gradient), the stage that
+// sends it, the stage that receives it and the micro-batch. A send and a receive are the two
+// ends of one message exactly when their messages are equal: SEND_F of stage s and RECV_F of
+// stage s + 1, SEND_B of stage s and RECV_B of stage s - 1, for one micro-batch. Only for
+// transfer actions (IsTransferAction); a compute action gives a message with payload F.
+struct TransferMessage {
+  ActionKind payload = v1::ACTION_SEND_F;
+  int from_stage = 0;
+  int to_stage = 0;
+  int micro_batch = 0;
+
+  auto operator<=>(const TransferMessage&) const = default;
+};
+TransferMessage MessageOf(const Action& transfer);
+
 // CSV in the format torch.distributed.pipelining reads and writes: one row per rank, one
 // action per cell in the notation above ("0F0,0SEND_F0,0F1"). Rows may differ in length.
 std::string ProgramToCsv(const Program& program);

@@ -50,13 +50,9 @@ absl::Status Bad(const Program& p, int rank, size_t index, absl::string_view wha
 // A message: (payload SEND_F or SEND_B, destination stage, micro-batch).
 using Key = std::tuple<int, int, int>;
 
-Key SendKey(const Action& a) {
-  const bool forward = a.kind == v1::ACTION_SEND_F;
-  return {a.kind, a.stage + (forward ? 1 : -1), a.micro_batch};
-}
-Key RecvKey(const Action& a) {
-  return {a.kind == v1::ACTION_RECV_F ? v1::ACTION_SEND_F : v1::ACTION_SEND_B, a.stage,
-          a.micro_batch};
+Key MessageKey(const Action& a) {
+  const TransferMessage m = MessageOf(a);
+  return {m.payload, m.to_stage, m.micro_batch};
 }
 
 // What the validator knows about one (stage, micro-batch).
@@ -244,15 +240,15 @@ class Validator {
     switch (a.kind) {
       case v1::ACTION_SEND_F:
         if (!g.forward_done) return Bad(p_, r, i, "sends an activation not computed yet");
-        posted[SendKey(a)].push_back({r, i});
+        posted[MessageKey(a)].push_back({r, i});
         return true;
       case v1::ACTION_SEND_B:
         if (!g.backward_done) return Bad(p_, r, i, "sends a gradient not computed yet");
-        posted[SendKey(a)].push_back({r, i});
+        posted[MessageKey(a)].push_back({r, i});
         return true;
       case v1::ACTION_RECV_F:
       case v1::ACTION_RECV_B: {
-        auto it = posted.find(RecvKey(a));
+        auto it = posted.find(MessageKey(a));
         if (it == posted.end() || it->second.empty()) return false;
         it->second.pop_front();
         (a.kind == v1::ACTION_RECV_F ? g.input_received : g.gradient_received) = true;
@@ -348,12 +344,12 @@ absl::StatusOr<SimulationResult> SimulateProgram(const Program& p, const Placeme
         const Action& a = p[r][pc[r]];
         const double begin = clock[r];
         if (a.kind == v1::ACTION_RECV_F || a.kind == v1::ACTION_RECV_B) {
-          auto it = arrival.find(RecvKey(a));
+          auto it = arrival.find(MessageKey(a));
           if (it == arrival.end() || it->second.empty()) break;  // its send is not posted yet
           clock[r] = std::max(clock[r], it->second.front());
           it->second.pop_front();
         } else if (a.kind == v1::ACTION_SEND_F || a.kind == v1::ACTION_SEND_B) {
-          arrival[SendKey(a)].push_back(clock[r] + cost_of(a.stage).transfer);
+          arrival[MessageKey(a)].push_back(clock[r] + cost_of(a.stage).transfer);
         } else {
           const double cost = ComputeCost(cost_of(a.stage), a.kind);
           clock[r] += cost;

@@ -541,6 +541,38 @@ TEST(LowerWithTransfers, KeepsTransfersAlreadyThere) {
                           "1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1"));
 }
 
+// Both ends of every lowered message name it alike: each send's message is received exactly
+// once, on the rank of the receiving stage, and names that stage.
+TEST(MessageOf, EverySendHasExactlyOneReceiveWithItsMessage) {
+  for (const Shape& sh : ValidShapes()) {
+    absl::StatusOr<Schedule> s = GenerateSchedule(sh.name, sh.p, sh.m, sh.v);
+    ASSERT_TRUE(s.ok());
+    const Schedule lowered = LowerWithTransfers(*s);
+    std::map<TransferMessage, int> sends, receives;
+    for (int r = 0; r < lowered.placement.num_ranks; ++r) {
+      for (const Action& a : lowered.program[r]) {
+        if (!IsTransferAction(a.kind)) continue;
+        const TransferMessage m = MessageOf(a);
+        const bool send = a.kind == v1::ACTION_SEND_F || a.kind == v1::ACTION_SEND_B;
+        EXPECT_EQ(send ? m.from_stage : m.to_stage, a.stage) << ActionToString(a);
+        if (!send) {
+          EXPECT_EQ(lowered.placement.rank_of_stage[m.to_stage], r) << ActionToString(a);
+        }
+        ++(send ? sends : receives)[m];
+      }
+    }
+    EXPECT_EQ(sends, receives) << sh.name << " P=" << sh.p << " M=" << sh.m << " v=" << sh.v;
+    for (const auto& [m, n] : sends) EXPECT_EQ(n, 1);
+  }
+}
+
+TEST(MessageOf, ForwardGoesUpAndGradientGoesDown) {
+  EXPECT_EQ(MessageOf({2, v1::ACTION_SEND_F, 5}), (TransferMessage{v1::ACTION_SEND_F, 2, 3, 5}));
+  EXPECT_EQ(MessageOf({3, v1::ACTION_RECV_F, 5}), (TransferMessage{v1::ACTION_SEND_F, 2, 3, 5}));
+  EXPECT_EQ(MessageOf({2, v1::ACTION_SEND_B, 1}), (TransferMessage{v1::ACTION_SEND_B, 2, 1, 1}));
+  EXPECT_EQ(MessageOf({1, v1::ACTION_RECV_B, 1}), (TransferMessage{v1::ACTION_SEND_B, 2, 1, 1}));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Notation
 
