@@ -242,6 +242,9 @@ absl::StatusOr<v1::ModelProfile> JobRunner::ProfileAt(const v1::JobSpec& spec) {
 }
 
 absl::StatusOr<v1::ModelProfile> JobRunner::ProfileForJob(const v1::JobSpec& spec) {
+  env_.store->SetReason(
+      job_.id(), absl::StrCat("planning: profiling micro-batches of ",
+                              spec.pipeline().micro_batch_size(), " on worker ", workers_[0].id));
   return MeasureProfile(spec, workers_[0], *clients_[0], env_.options.profile_timeout,
                         env_.profiles);
 }
