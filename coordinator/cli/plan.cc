@@ -132,6 +132,17 @@ std::string ProfiledFigures(const v1::JobSpec& spec, const PipelinePlan& plan,
                         "Communication per step: %d cut%s x %d micro-batches x (activation + "
                         "gradient) = %.1f MiB\n",
                         cuts, cuts == 1 ? "" : "s", p.micro_batches(), bytes / 1048576.0);
+  // The source document's comparison: tensor parallelism all-reduces 4 activations per block.
+  if (spec.model().n_layer() > 0 && profile.layers_size() > 2 && bytes > 0) {
+    const int64_t tp = int64_t{4} * spec.model().n_layer() * p.micro_batches() *
+                       profile.layers(1).output_bytes();
+    absl::StrAppendFormat(&out,
+                          "  (tensor parallelism would all-reduce 4 activations per block: %d "
+                          "blocks x 4 x %.1f MiB = %.1f MiB per step, %.0fx more)\n",
+                          spec.model().n_layer(),
+                          p.micro_batches() * profile.layers(1).output_bytes() / 1048576.0,
+                          tp / 1048576.0, static_cast<double>(tp) / bytes);
+  }
   absl::StrAppendFormat(&out,
                         "Effective batch: %d x %d = %d sequences; the learning rate applies to "
                         "it (changing micro_batches changes the batch: retune lr)\n",

@@ -396,6 +396,8 @@ TEST_F(CommandsTest, PlanWithAProfileCutsByMeasuredTimeAndExplains) {
   EXPECT_THAT(out, HasSubstr("the uniform cut:"));
   EXPECT_THAT(out, HasSubstr("Communication per step: 1 cut x 4 micro-batches"));
   EXPECT_THAT(out, HasSubstr("0.5 MiB"));  // 2 x 4 x 64 KiB
+  // 2 blocks x 4 all-reduces x 4 micro-batches x 64 KiB = 2 MiB, 4x the pipeline's 0.5 MiB.
+  EXPECT_THAT(out, HasSubstr("2 blocks x 4 x 0.2 MiB = 2.0 MiB per step, 4x more"));
   EXPECT_THAT(out, HasSubstr("warning: micro_batches 4 < 4 x 2 workers"));
   EXPECT_THAT(out, HasSubstr("warning: stages imbalanced by 43%"));
   // ZB-H1 fills 1F1B's cool-down: predicted faster at the same micro-batches.
