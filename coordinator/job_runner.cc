@@ -204,8 +204,15 @@ absl::Status JobRunner::Plan() {
 }
 
 absl::StatusOr<v1::ModelProfile> JobRunner::ProfileForJob() {
+  // With a second worker the link between the first two is measured too (keys under the
+  // job's prefix, dropped at its end like the rest).
+  std::optional<LinkPeer> peer;
+  if (workers_.size() >= 2) {
+    peer = LinkPeer{&workers_[1], clients_[1].get(), absl::StrCat(job_.id(), "/link-probe/"),
+                    env_.rendezvous};
+  }
   return MeasureProfile(job_.spec(), workers_[0], *clients_[0], env_.options.profile_timeout,
-                        env_.profiles);
+                        env_.profiles, peer.has_value() ? &*peer : nullptr);
 }
 
 StageWorkerClient::Done JobRunner::Completion(Batch* batch, int rank) {

@@ -111,7 +111,8 @@ class JobRunner {
   // "stage 2 (worker w-3 at host:port)", or "rank 1 (stages 1, 6; worker ...)".
   std::string WorkerName(int rank) const;
   // The layer profile of the job's shape on its workers' kind: cached, or measured on the
-  // first worker (which is allocated to the job and idle).
+  // first worker (which is allocated to the job and idle), with the link to the second when
+  // the job has one.
   absl::StatusOr<v1::ModelProfile> ProfileForJob();
   int LastStageRank() const;
   absl::Status InterruptStatus();
