@@ -87,6 +87,12 @@ class GrpcStageWorkerClient final : public StageWorkerClient {
     return resp;
   }
 
+  void ProbeLink(const v1::ProbeLinkRequest& request, v1::ProbeLinkResponse* response,
+                 absl::Duration timeout, Done done) override {
+    Call(request, response, timeout, std::move(done),
+         [this](auto... args) { stub_->async()->ProbeLink(args...); });
+  }
+
   absl::Status Probe(absl::Duration timeout) override {
     v1::GetStatusRequest req;
     req.set_protocol_version(kProtocolVersion);

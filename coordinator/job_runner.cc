@@ -245,8 +245,15 @@ absl::StatusOr<v1::ModelProfile> JobRunner::ProfileForJob(const v1::JobSpec& spe
   env_.store->SetReason(
       job_.id(), absl::StrCat("planning: profiling micro-batches of ",
                               spec.pipeline().micro_batch_size(), " on worker ", workers_[0].id));
+  // With a second worker the link between the first two is measured too (keys under the
+  // job's prefix, dropped at its end like the rest).
+  std::optional<LinkPeer> peer;
+  if (workers_.size() >= 2) {
+    peer = LinkPeer{&workers_[1], clients_[1].get(), absl::StrCat(job_.id(), "/link-probe/"),
+                    env_.rendezvous};
+  }
   return MeasureProfile(spec, workers_[0], *clients_[0], env_.options.profile_timeout,
-                        env_.profiles);
+                        env_.profiles, peer.has_value() ? &*peer : nullptr);
 }
 
 StageWorkerClient::Done JobRunner::Completion(Batch* batch, int rank) {

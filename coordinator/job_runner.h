@@ -114,7 +114,8 @@ class JobRunner {
   // "stage 2 (worker w-3 at host:port)", or "rank 1 (stages 1, 6; worker ...)".
   std::string WorkerName(int rank) const;
   // The layer profile of `spec`'s shape on the job's workers' kind: cached, or measured on
-  // the first worker (which is allocated to the job and idle) by ProfileForJob.
+  // the first worker (which is allocated to the job and idle) by ProfileForJob, with the link
+  // to the second when the job has one.
   absl::StatusOr<v1::ModelProfile> ProfileAt(const v1::JobSpec& spec);
   absl::StatusOr<v1::ModelProfile> ProfileForJob(const v1::JobSpec& spec);
   int LastStageRank() const;

@@ -1,15 +1,19 @@
-// Getting a model's layer profile (for partition: profile and for `tandem plan`): from the
+// Getting a model's profile (for partition: profile and for `tandem plan`): from the
 // ProfileStore when a profile of the same key exists, else measured on a worker through
-// StageWorker.ProfileLayers (the embedding, one block and the head; blocks cost the same) and
-// kept in the store. No gRPC here: workers are reached through StageWorkerClient.
+// StageWorker.ProfileLayers (the embedding, one block and the head; blocks cost the same) and,
+// when a second worker is at hand, the link between the two through StageWorker.ProbeLink;
+// then kept in the store. No gRPC here: workers are reached through StageWorkerClient.
 #ifndef TANDEM_COORDINATOR_MODEL_PROFILER_H_
 #define TANDEM_COORDINATOR_MODEL_PROFILER_H_
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "coordinator/profile_store.h"
+#include "coordinator/rendezvous_store.h"
 #include "coordinator/worker_client.h"
 #include "coordinator/worker_registry.h"
 #include "tandem/v1/common.pb.h"
@@ -17,20 +21,57 @@
 
 namespace tandem::coordinator {
 
+// Timed round trips per size of a link probe.
+inline constexpr int kLinkProbeRepeats = 5;
+// The longest a link probe may take (a peer that never shows up ends it).
+inline constexpr absl::Duration kLinkProbeTimeout = absl::Seconds(60);
+
+// The message sizes a model's link is timed at: 4 KiB, the activation one micro-batch sends
+// from stage to stage (the embedding's output bytes) and 4 x that, each at most the workers'
+// 1 GiB. `profile` is a measured layer profile of the model.
+std::vector<int64_t> LinkProbeSizes(const v1::ModelProfile& profile);
+
+// Times the link between two idle workers: ProbeLink on both at once (a is rank 0, b rank 1)
+// under `rendezvous_prefix` (unique to this probe), `repeats` round trips of each size, then
+// the fit over the samples of both ends (common/link_model.h). `timeout` bounds the probe on
+// the workers; the calls get a little more. An error names the worker whose call failed,
+// preferring the cause to its peer's DEADLINE_EXCEEDED. With `rendezvous`, the probe's keys
+// are dropped afterwards.
+absl::StatusOr<v1::LinkProfile> MeasureLink(const WorkerRecord& a, StageWorkerClient& a_client,
+                                            const WorkerRecord& b, StageWorkerClient& b_client,
+                                            const std::vector<int64_t>& sizes, int repeats,
+                                            const std::string& rendezvous_prefix,
+                                            absl::Duration timeout, RendezvousStore* rendezvous);
+
+// The second worker of a profile, whose link to the first is measured with it.
+struct LinkPeer {
+  const WorkerRecord* worker = nullptr;
+  StageWorkerClient* client = nullptr;
+  std::string rendezvous_prefix;          // unique to the probe, e.g. "<job>/link-probe/"
+  RendezvousStore* rendezvous = nullptr;  // optional: the probe's keys are dropped afterwards
+};
+
 // Measures the profile of `spec` on `worker` (which must be idle) and puts it in `store`
-// (optional). Errors name the worker.
+// (optional). With `peer` (idle too) it also measures the link from `worker` to it
+// (MeasureLink, sizes from LinkProbeSizes) into ModelProfile.link; a link that cannot be
+// measured is logged and left empty, since the layer timings are still good. Errors name the
+// worker.
 absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec, const WorkerRecord& worker,
                                                 StageWorkerClient& client, absl::Duration timeout,
-                                                ProfileStore* store);
+                                                ProfileStore* store,
+                                                const LinkPeer* peer = nullptr);
 
 // For `tandem plan`: a cached profile for any registered worker of the spec's device kind, or
 // one measured on an idle such worker, which is held (BUSY, job "profile") meanwhile so that
-// the scheduler does not hand it to a job. FAILED_PRECONDITION when no worker of that kind is
-// registered; UNAVAILABLE when none is idle.
+// the scheduler does not hand it to a job. When two such workers are idle both are held and
+// the link between them is measured as well; otherwise the link is left empty (as it is in
+// a cached profile measured on one worker). `rendezvous` (optional) drops the link probe's
+// keys afterwards. FAILED_PRECONDITION when no worker of that kind is registered; UNAVAILABLE
+// when none is idle.
 absl::StatusOr<v1::ModelProfile> ProfileModel(const v1::JobSpec& spec, WorkerRegistry& registry,
                                               StageWorkerClientFactory& clients,
                                               ProfileStore& store, absl::Duration timeout,
-                                              bool refresh);
+                                              bool refresh, RendezvousStore* rendezvous = nullptr);
 
 }  // namespace tandem::coordinator
 

@@ -202,8 +202,9 @@ class CoordinatorServiceImpl final : public v1::Coordinator::Service {
     }
     const v1::JobSpec spec = WithDefaults(req->spec());
     if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return ToGrpcStatus(s);
-    absl::StatusOr<v1::ModelProfile> profile = tandem::coordinator::ProfileModel(
-        spec, *env_.registry, *env_.clients, *env_.profiles, absl::Seconds(300), req->refresh());
+    absl::StatusOr<v1::ModelProfile> profile =
+        tandem::coordinator::ProfileModel(spec, *env_.registry, *env_.clients, *env_.profiles,
+                                          absl::Seconds(300), req->refresh(), env_.rendezvous);
     if (!profile.ok()) return ToGrpcStatus(profile.status());
     *resp = *std::move(profile);
     return grpc::Status::OK;

@@ -36,6 +36,10 @@ class StageWorkerClient {
   // Times and measures layers on the worker (it must be idle); blocking.
   virtual absl::StatusOr<v1::ProfileLayersResponse> ProfileLayers(
       const v1::ProfileLayersRequest& request, absl::Duration timeout) = 0;
+  // Times the link to another worker (StageWorker.ProbeLink); the other end must receive its
+  // ProbeLink (the other rank, the same prefix) at the same time.
+  virtual void ProbeLink(const v1::ProbeLinkRequest& request, v1::ProbeLinkResponse* response,
+                         absl::Duration timeout, Done done) = 0;
   // A cheap liveness probe (GetStatus).
   virtual absl::Status Probe(absl::Duration timeout) = 0;
   // Cancels every outstanding asynchronous call; their `done` runs with CANCELLED.

@@ -241,6 +241,7 @@ void StageManager::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
     shut_down_ = true;
+    if (probe_ != nullptr) probe_->Cancel();
     if (!configuring_job_.empty()) CancelConfigureLocked();
     old = TakeStageLocked();
   }
@@ -293,12 +294,9 @@ absl::StatusOr<std::vector<v1::LayerProfile>> StageManager::ProfileLayers(
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return absl::UnavailableError("profile: the worker is shutting down");
-    if (stage_ != nullptr || !configuring_job_.empty() || profiling_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "profile: the worker is busy (",
-          profiling_ ? std::string("another profile")
-                     : absl::StrCat("job ", stage_ != nullptr ? stage_->job_id : configuring_job_),
-          "); a profile needs the device to itself"));
+    if (const std::string busy = BusyReasonLocked(); !busy.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("profile: the worker is busy (", busy,
+                                                        "); a profile needs the device to itself"));
     }
     profiling_ = true;
   }
@@ -310,6 +308,53 @@ absl::StatusOr<std::vector<v1::LayerProfile>> StageManager::ProfileLayers(
                  full.model().arch(), full.pipeline().micro_batch_size());
   }
   return out;
+}
+
+std::string StageManager::BusyReasonLocked() const {
+  if (stage_ != nullptr) return absl::StrCat("job ", stage_->job_id);
+  if (!configuring_job_.empty()) return absl::StrCat("job ", configuring_job_);
+  if (profiling_) return "a layer profile";
+  if (probe_ != nullptr) return "a link probe";
+  return "";
+}
+
+absl::StatusOr<std::vector<v1::LinkSample>> StageManager::ProbeLink(
+    const v1::ProbeLinkRequest& request) {
+  absl::StatusOr<LinkProbeOptions> options = LinkProbeOptionsFrom(request);
+  if (!options.ok()) return options.status();
+  if (!transport_factory_) {
+    return absl::FailedPreconditionError("probe link: this worker has no transport");
+  }
+  LinkProbe probe(*options);
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return absl::UnavailableError("probe link: the worker is shutting down");
+    if (const std::string busy = BusyReasonLocked(); !busy.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "probe link: the worker is busy (", busy, "); a link probe needs the device to itself"));
+    }
+    probe_ = &probe;
+  }
+  // The same program fields a job's transport is connected from.
+  v1::StageProgram program;
+  program.set_job_id("link-probe");
+  program.set_rank(options->rank);
+  program.set_num_ranks(2);
+  program.set_rendezvous_prefix(request.rendezvous_prefix());
+  absl::StatusOr<std::vector<v1::LinkSample>> samples = probe.Run(
+      [&](const std::atomic<bool>& cancelled) { return transport_factory_(program, cancelled); });
+  {
+    absl::MutexLock lock(&mu_);
+    probe_ = nullptr;
+  }
+  if (samples.ok()) {
+    spdlog::info("probed the link as rank {} under {}: {} size(s), {} B one way in {:.1f} us",
+                 options->rank, request.rendezvous_prefix(), samples->size(),
+                 samples->front().bytes(), samples->front().one_way_seconds() * 1e6);
+  } else {
+    spdlog::warn("{}", samples.status().ToString());
+  }
+  return samples;
 }
 
 }  // namespace tandem::worker

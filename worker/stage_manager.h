@@ -26,6 +26,7 @@
 #include "tandem/v1/worker.pb.h"
 #include "worker/data/corpus.h"
 #include "worker/executor.h"
+#include "worker/link_probe.h"
 #include "worker/transport/transport.h"
 
 namespace tandem::worker {
@@ -78,11 +79,20 @@ class StageManager {
       const std::function<absl::Status(const std::vector<StageExecutor::StateTensor>&)>& write);
 
   // Times and measures single layers at a job's shape (worker/profiler.h). FAILED_PRECONDITION
-  // while a job is configured or configuring here, or another profile runs: a profile must
-  // have the device to itself. INVALID_ARGUMENT for a spec that does not validate.
+  // while a job is configured or configuring here, or another profile or a link probe runs:
+  // a profile must have the device to itself. INVALID_ARGUMENT for a spec that does not
+  // validate.
   absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& spec,
                                                               const std::vector<int>& layers,
                                                               int repeats);
+
+  // Times the link to one other worker (worker/link_probe.h): connects rank request.rank() of
+  // a 2-rank transport under request.rendezvous_prefix() through the transport factory, as a
+  // job does, and tears it down afterwards. INVALID_ARGUMENT naming the bad field;
+  // FAILED_PRECONDITION while the worker is busy (as for ProfileLayers) or has no transport;
+  // UNAVAILABLE after Shutdown(), which also cancels a running probe (ABORTED); otherwise
+  // what LinkProbe::Run returns (DEADLINE_EXCEEDED when the peer does not show up in time).
+  absl::StatusOr<std::vector<v1::LinkSample>> ProbeLink(const v1::ProbeLinkRequest& request);
 
   // Idempotent; OK for a job this worker does not hold. INVALID_ARGUMENT for an empty id.
   absl::Status Abort(const std::string& job_id, const std::string& reason);
@@ -115,6 +125,9 @@ class StageManager {
   // executor stays alive until step_running_ is cleared.
   absl::StatusOr<StageExecutor*> BeginStepLocked(const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What keeps the device from a profile or a link probe ("job j-1", "a layer profile", "a
+  // link probe"), or empty when the worker is idle.
+  std::string BusyReasonLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job's data, reused across configures that ask for the same data and window.
   absl::StatusOr<Dataset> DatasetFor(const v1::StageProgram& program);
 
@@ -129,6 +142,7 @@ class StageManager {
   int64_t last_step_ ABSL_GUARDED_BY(mu_) = -1;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   bool profiling_ ABSL_GUARDED_BY(mu_) = false;
+  LinkProbe* probe_ ABSL_GUARDED_BY(mu_) = nullptr;  // the running link probe, if any
   // A Configure in progress: its job, generation and cancel flag. Abort or a newer Configure
   // bumps the generation so that the older one does not install its stage.
   std::string configuring_job_ ABSL_GUARDED_BY(mu_);

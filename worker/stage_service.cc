@@ -98,6 +98,18 @@ grpc::Status StageWorkerService::ProfileLayers(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
+grpc::Status StageWorkerService::ProbeLink(grpc::ServerContext* ctx,
+                                           const v1::ProbeLinkRequest* req,
+                                           v1::ProbeLinkResponse* resp) {
+  if (absl::Status s = CheckProtocolVersion(req->protocol_version(), kServerName); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  absl::StatusOr<std::vector<v1::LinkSample>> samples = manager_->ProbeLink(*req);
+  if (!samples.ok()) return ToGrpcStatus(samples.status());
+  for (auto& s : *samples) *resp->add_samples() = std::move(s);
+  return grpc::Status::OK;
+}
+
 grpc::Status StageWorkerService::GetStatus(grpc::ServerContext* ctx,
                                            const v1::GetStatusRequest* req,
                                            v1::WorkerStatus* resp) {

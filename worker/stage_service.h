@@ -30,6 +30,8 @@ class StageWorkerService final : public v1::StageWorker::Service {
                      v1::AbortResponse* resp) override;
   grpc::Status ProfileLayers(grpc::ServerContext* ctx, const v1::ProfileLayersRequest* req,
                              v1::ProfileLayersResponse* resp) override;
+  grpc::Status ProbeLink(grpc::ServerContext* ctx, const v1::ProbeLinkRequest* req,
+                         v1::ProbeLinkResponse* resp) override;
   grpc::Status GetStatus(grpc::ServerContext* ctx, const v1::GetStatusRequest* req,
                          v1::WorkerStatus* resp) override;
 

@@ -14,6 +14,7 @@
 #include "coordinator/hf_export.h"
 #include "coordinator/job_runner.h"
 #include "coordinator/job_store.h"
+#include "coordinator/model_profiler.h"
 #include "coordinator/profile_store.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/scheduler.h"
@@ -275,8 +276,28 @@ class FakeWorker final : public StageWorkerClient {
     }
     return resp;
   }
+  // One way = link_latency + bytes x link_seconds_per_byte, exactly.
+  void ProbeLink(const v1::ProbeLinkRequest& request, v1::ProbeLinkResponse* response,
+                 absl::Duration, Done done) override {
+    probe_requests.push_back(request);
+    if (!probe_error.ok()) {
+      done(probe_error);
+      return;
+    }
+    for (int64_t bytes : request.sizes()) {
+      v1::LinkSample* s = response->add_samples();
+      s->set_bytes(bytes);
+      s->set_one_way_seconds(link_latency + static_cast<double>(bytes) * link_seconds_per_byte);
+      s->set_rank(request.rank());
+    }
+    done(absl::OkStatus());
+  }
   void CancelPending() override {}
 
+  double link_latency = 20e-6;
+  double link_seconds_per_byte = 1e-9;
+  absl::Status probe_error;
+  std::vector<v1::ProbeLinkRequest> probe_requests;
   std::function<double(int)> layer_seconds;
   std::function<double(int, int)> layer_seconds_by_size;  // (layer, micro_batch_size)
   absl::Duration profile_delay;
@@ -385,6 +406,23 @@ TEST(JobRunnerTest, ProfilePartitionBalancesMeasuredTimeAndCachesTheProfile) {
   EXPECT_GT(job.predicted_step_seconds(), 0.0);
   EXPECT_EQ(f.factory.made[0]->program_.chunks(0).layer_end(), 5);
   ASSERT_TRUE(profiles.Find(ProfileKey(spec, "cpu", 1)).has_value());
+  // The link between the job's two workers was timed at 4 KiB, the embedding's output (10 B
+  // in the fake) and 4 x that, under the job's prefix, and fitted.
+  const v1::LinkProfile link = profiles.Find(ProfileKey(spec, "cpu", 1))->link();
+  const std::vector<WorkerRecord> workers = f.registry.List();
+  EXPECT_EQ(link.worker_a(), workers[0].id);
+  EXPECT_EQ(link.worker_b(), workers[1].id);
+  EXPECT_NEAR(link.latency_seconds(), 20e-6, 1e-12);
+  EXPECT_NEAR(link.seconds_per_byte(), 1e-9, 1e-15);
+  EXPECT_EQ(link.samples_size(), 6);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(f.factory.made[r]->probe_requests.size(), 1u) << r;
+    const v1::ProbeLinkRequest& req = f.factory.made[r]->probe_requests[0];
+    EXPECT_EQ(req.rank(), r);
+    EXPECT_EQ(req.rendezvous_prefix(), absl::StrCat(runner->job_id(), "/link-probe/"));
+    EXPECT_THAT(req.sizes(), ::testing::ElementsAre(4096, 10, 40));
+    EXPECT_EQ(req.repeats(), kLinkProbeRepeats);
+  }
 
   // The same shape again: planned from the cache.
   auto again = f.Start(spec);
@@ -458,6 +496,98 @@ TEST(SchedulerTest, AJobThatIsStillPlanningIsNotStartedAgain) {
   EXPECT_EQ(f.store->Get(id)->state(), v1::SUCCEEDED);
   scheduler.Stop();
   EXPECT_EQ(f.factory.made.size(), 2u) << "the job was started more than once";
+}
+
+WorkerRecord Record(const std::string& id) {
+  WorkerRecord w;
+  w.id = id;
+  w.address = "127.0.0.1:" + id;
+  w.device = "cpu";
+  w.threads = 1;
+  return w;
+}
+
+// MeasureLink probes both ends at once with one prefix, fits the samples of both and drops
+// the probe's rendezvous keys.
+TEST(MeasureLinkTest, FitsBothEndsAndDropsTheKeys) {
+  FakeWorker a(0), b(1);
+  b.link_latency = 30e-6;  // the two ends saw different times: the fit is over both
+  RendezvousStore rendezvous;
+  ASSERT_TRUE(rendezvous.Set("p-1/link/0", "addr").ok());
+  ASSERT_TRUE(rendezvous.Set("other/0", "addr").ok());
+  auto link = MeasureLink(Record("w-1"), a, Record("w-2"), b, {4096, 65536}, 3, "p-1/link/",
+                          absl::Seconds(5), &rendezvous);
+  ASSERT_TRUE(link.ok()) << link.status();
+  EXPECT_EQ(link->worker_a(), "w-1");
+  EXPECT_EQ(link->worker_b(), "w-2");
+  ASSERT_EQ(link->samples_size(), 4);
+  EXPECT_EQ(link->samples(2).rank(), 1);
+  EXPECT_NEAR(link->latency_seconds(), 25e-6, 1e-12);
+  EXPECT_NEAR(link->seconds_per_byte(), 1e-9, 1e-15);
+  ASSERT_EQ(a.probe_requests.size(), 1u);
+  EXPECT_EQ(a.probe_requests[0].rank(), 0);
+  EXPECT_EQ(b.probe_requests[0].rank(), 1);
+  EXPECT_EQ(b.probe_requests[0].rendezvous_prefix(), "p-1/link/");
+  EXPECT_EQ(b.probe_requests[0].repeats(), 3);
+  EXPECT_EQ(b.probe_requests[0].timeout_ms(), 5000);
+  EXPECT_EQ(rendezvous.size(), 1u);  // only the other prefix's key is left
+}
+
+// The worker that failed is named, rather than its peer that timed out waiting for it.
+TEST(MeasureLinkTest, NamesTheCauseNotThePeerThatTimedOut) {
+  FakeWorker a(0), b(1);
+  a.probe_error = absl::DeadlineExceededError("peer rank 1 did not show up");
+  b.probe_error = absl::UnavailableError("gone");
+  auto link =
+      MeasureLink(Record("w-1"), a, Record("w-2"), b, {4096}, 1, "p/", absl::Seconds(1), nullptr);
+  EXPECT_EQ(link.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(link.status().message(), HasSubstr("worker w-2 at 127.0.0.1:w-2: gone"));
+  b.probe_error = absl::OkStatus();
+  link =
+      MeasureLink(Record("w-1"), a, Record("w-2"), b, {4096}, 1, "p/", absl::Seconds(1), nullptr);
+  EXPECT_EQ(link.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(link.status().message(), HasSubstr("worker w-1"));
+}
+
+TEST(MeasureLinkTest, SizesFollowTheEmbeddingsActivation) {
+  v1::ModelProfile profile;
+  profile.add_layers()->set_output_bytes(8 * 64 * 128 * 4);
+  EXPECT_EQ(LinkProbeSizes(profile), (std::vector<int64_t>{4096, 262144, 1048576}));
+  profile.mutable_layers(0)->set_output_bytes(int64_t{1} << 29);  // 4 x would pass 1 GiB
+  EXPECT_EQ(LinkProbeSizes(profile), (std::vector<int64_t>{4096, 1 << 29, int64_t{1} << 30}));
+  EXPECT_EQ(LinkProbeSizes(v1::ModelProfile()), (std::vector<int64_t>{4096, 4096, 16384}));
+}
+
+// ProfileModel (tandem plan) measures the link when two idle workers exist and leaves it
+// empty with one; a link that fails leaves the profile without one; the workers are released.
+TEST(ProfileModelTest, MeasuresTheLinkWhenTwoWorkersAreIdle) {
+  WorkerRegistry registry(10s);
+  FakeFactory factory;
+  ProfileStore profiles("");
+  RendezvousStore rendezvous;
+  v1::JobSpec spec = Spec(2, 2);
+  ASSERT_TRUE(registry.Register(Worker("127.0.0.1:1000")).ok());
+  auto one = ProfileModel(spec, registry, factory, profiles, absl::Seconds(5), false, &rendezvous);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_FALSE(one->has_link());
+  ASSERT_TRUE(registry.Register(Worker("127.0.0.1:1001")).ok());
+  auto cached = ProfileModel(spec, registry, factory, profiles, absl::Seconds(5), false);
+  ASSERT_TRUE(cached.ok());
+  EXPECT_FALSE(cached->has_link());  // a cached profile without a link is fine
+  EXPECT_EQ(factory.made.size(), 1u);
+  auto two = ProfileModel(spec, registry, factory, profiles, absl::Seconds(5), true, &rendezvous);
+  ASSERT_TRUE(two.ok()) << two.status();
+  ASSERT_TRUE(two->has_link());
+  EXPECT_GT(two->link().latency_seconds(), 0.0);
+  EXPECT_NE(two->link().worker_a(), two->link().worker_b());
+  EXPECT_TRUE(profiles.Find(two->key())->has_link());
+  for (const WorkerRecord& w : registry.List()) EXPECT_EQ(w.state, v1::IDLE) << w.id;
+
+  factory.configure = [](FakeWorker* w) { w->probe_error = absl::UnimplementedError("old"); };
+  auto failed = ProfileModel(spec, registry, factory, profiles, absl::Seconds(5), true);
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_FALSE(failed->has_link());
+  EXPECT_GT(failed->layers_size(), 0);
 }
 
 // A worker that cannot profile fails the job with a reason naming it.

@@ -11,6 +11,7 @@
 #include <future>
 #include <thread>
 
+#include "tests/worker/cancellable_store.h"
 #include "tests/worker/pipeline_test_util.h"
 #include "worker/transport/gloo_transport.h"
 
@@ -39,8 +40,87 @@ class StageManagerTest : public ::testing::Test {
     };
   }
 
+  // As Factory, over a store that gives up when the connect is cancelled (as the daemon's).
+  TransportFactory CancellableFactory() {
+    return
+        [this](const v1::StageProgram& p,
+               const std::atomic<bool>& cancelled) -> absl::StatusOr<std::unique_ptr<Transport>> {
+          gloo::rendezvous::PrefixStore prefixed(p.rendezvous_prefix(), store_);
+          testing::CancellableStore cancellable(prefixed, cancelled);
+          GlooTransportOptions o;
+          o.rank = p.rank();
+          o.size = p.num_ranks();
+          o.connect_timeout = std::chrono::seconds(10);
+          auto t = GlooTransport::Connect(o, cancellable);
+          if (!t.ok()) return t.status();
+          return std::unique_ptr<Transport>(*std::move(t));
+        };
+  }
+
   gloo::rendezvous::HashStore store_;
 };
+
+v1::ProbeLinkRequest ProbeRequest(const std::string& prefix, int rank, int64_t timeout_ms) {
+  v1::ProbeLinkRequest r;
+  r.set_rendezvous_prefix(prefix);
+  r.set_rank(rank);
+  r.add_sizes(4096);
+  r.add_sizes(1 << 16);
+  r.set_repeats(3);
+  r.set_timeout_ms(timeout_ms);
+  return r;
+}
+
+// A link probe between two managers; refused on bad input and while busy; a peer that never
+// comes times out and the manager keeps serving; a profile waits for a running probe, and
+// Shutdown cancels it.
+TEST_F(StageManagerTest, ProbeLinkMeasuresRefusesWhileBusyAndTimesOut) {
+  StageManager w0({}, CancellableFactory()), w1({}, CancellableFactory());
+  auto f1 =
+      std::async(std::launch::async, [&] { return w1.ProbeLink(ProbeRequest("p1/", 1, 10000)); });
+  auto s0 = w0.ProbeLink(ProbeRequest("p1/", 0, 10000));
+  auto s1 = f1.get();
+  ASSERT_TRUE(s0.ok()) << s0.status();
+  ASSERT_TRUE(s1.ok()) << s1.status();
+  ASSERT_EQ(s0->size(), 2u);
+  EXPECT_EQ((*s0)[1].bytes(), 1 << 16);
+  EXPECT_GT((*s1)[0].one_way_seconds(), 0.0);
+
+  v1::ProbeLinkRequest bad = ProbeRequest("p2/", 0, 1000);
+  bad.set_sizes(0, (int64_t{1} << 30) + 1);
+  absl::Status refused = w0.ProbeLink(bad).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("sizes[0]"), std::string::npos) << refused;
+  EXPECT_EQ(StageManager({}, nullptr).ProbeLink(ProbeRequest("p2/", 0, 1000)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status alone = w0.ProbeLink(ProbeRequest("p3/", 0, 500)).status();
+  EXPECT_EQ(alone.code(), absl::StatusCode::kDeadlineExceeded) << alone;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(2500));
+  EXPECT_EQ(w0.GetStatus().state(), v1::IDLE);
+
+  // While a probe waits for its peer the worker is busy for profiles and other probes.
+  auto waiting =
+      std::async(std::launch::async, [&] { return w0.ProbeLink(ProbeRequest("p4/", 0, 20000)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  absl::Status busy = w0.ProbeLink(ProbeRequest("p5/", 1, 1000)).status();
+  EXPECT_EQ(busy.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(busy.message().find("a link probe"), std::string::npos) << busy;
+  v1::JobSpec spec = testing::TinyGptJob(/*tie_embeddings=*/false);
+  spec.mutable_pipeline()->set_stages(1);
+  EXPECT_EQ(w0.ProfileLayers(spec, {0}, 1).status().code(), absl::StatusCode::kFailedPrecondition);
+  const auto t1 = std::chrono::steady_clock::now();
+  w0.Shutdown();
+  EXPECT_EQ(waiting.get().status().code(), absl::StatusCode::kAborted);
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::milliseconds(1000));
+
+  // A configured job holds the device.
+  ASSERT_TRUE(w1.Configure(MakePrograms(TinyJob(), 1, "gpipe")[0]).ok());
+  absl::Status held = w1.ProbeLink(ProbeRequest("p6/", 0, 1000)).status();
+  EXPECT_EQ(held.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(held.message().find("job "), std::string::npos) << held;
+}
 
 // Profiling measures what the layers are: the head's parameters and saved bytes, positive
 // times for F, B, I and W; and refuses while a job holds the worker.

@@ -256,6 +256,75 @@ TEST_F(StageServiceTest, TwoStageJobOverGrpc) {
   w1.server->Shutdown();
 }
 
+// ProbeLink over gRPC, through the real rendezvous store: both ends time every size; a peer
+// that never shows up ends in DEADLINE_EXCEEDED soon after the timeout; bad input is refused;
+// the workers keep serving.
+TEST_F(StageServiceTest, ProbeLinkOverGrpc) {
+  StageManager m0({}, GrpcFactory(channel_)), m1({}, GrpcFactory(channel_));
+  StageWorkerService s0(&m0), s1(&m1);
+  Server w0 = Serve({&s0}), w1 = Serve({&s1});
+  auto stub0 = v1::StageWorker::NewStub(MakeChannel(w0.address()));
+  auto stub1 = v1::StageWorker::NewStub(MakeChannel(w1.address()));
+  auto probe = [](v1::StageWorker::Stub* stub, const std::string& prefix, int rank,
+                  int64_t timeout_ms, v1::ProbeLinkResponse* resp) {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, milliseconds(timeout_ms + 10000));
+    v1::ProbeLinkRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    req.set_rendezvous_prefix(prefix);
+    req.set_rank(rank);
+    for (int64_t bytes : {4096, 1 << 20}) req.add_sizes(bytes);
+    req.set_repeats(3);
+    req.set_timeout_ms(timeout_ms);
+    return stub->ProbeLink(&ctx, req, resp);
+  };
+  v1::ProbeLinkResponse r0, r1;
+  auto f1 = std::async(std::launch::async, probe, stub1.get(), "probe-1/", 1, 10000, &r1);
+  grpc::Status st0 = probe(stub0.get(), "probe-1/", 0, 10000, &r0);
+  grpc::Status st1 = f1.get();
+  ASSERT_TRUE(st0.ok()) << st0.error_message();
+  ASSERT_TRUE(st1.ok()) << st1.error_message();
+  for (const v1::ProbeLinkResponse* r : {&r0, &r1}) {
+    ASSERT_EQ(r->samples_size(), 2);
+    EXPECT_EQ(r->samples(0).bytes(), 4096);
+    EXPECT_EQ(r->samples(1).bytes(), 1 << 20);
+    EXPECT_EQ(r->samples(1).round_trip_seconds_size(), 3);
+    EXPECT_GT(r->samples(0).one_way_seconds(), 0.0);
+  }
+  EXPECT_EQ(r1.samples(0).rank(), 1);
+
+  v1::ProbeLinkResponse none;
+  const auto t0 = std::chrono::steady_clock::now();
+  grpc::Status alone = probe(stub0.get(), "probe-2/", 0, 1000, &none);
+  EXPECT_EQ(alone.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << alone.error_message();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(3500));
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, milliseconds(5000));
+    v1::ProbeLinkRequest req;  // protocol_version 0
+    EXPECT_EQ(stub0->ProbeLink(&ctx, req, &none).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, milliseconds(5000));
+    v1::ProbeLinkRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    req.set_rendezvous_prefix("probe-3/");
+    req.set_rank(3);
+    req.add_sizes(64);
+    grpc::Status bad = stub0->ProbeLink(&ctx, req, &none);
+    EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(bad.error_message().find("rank"), std::string::npos) << bad.error_message();
+  }
+  // Still serving: another probe between the same workers.
+  auto f2 = std::async(std::launch::async, probe, stub1.get(), "probe-4/", 1, 10000, &r1);
+  EXPECT_TRUE(probe(stub0.get(), "probe-4/", 0, 10000, &r0).ok());
+  EXPECT_TRUE(f2.get().ok());
+  w0.server->Shutdown();
+  w1.server->Shutdown();
+}
+
 TEST_F(StageServiceTest, RendezvousStoreWaitsAndCancels) {
   std::atomic<bool> cancelled{false};
   GrpcRendezvousStoreOptions o;

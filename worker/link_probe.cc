@@ -1,0 +1,200 @@
+#include "worker/link_probe.h"
+
+#include <algorithm>
+#include <memory>
+#include <new>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace tandem::worker {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+absl::StatusOr<LinkProbeOptions> LinkProbeOptionsFrom(const v1::ProbeLinkRequest& request) {
+  if (request.rendezvous_prefix().empty()) {
+    return absl::InvalidArgumentError("probe link: rendezvous_prefix is empty");
+  }
+  if (request.rank() != 0 && request.rank() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("probe link: rank is ", request.rank(), "; a link has ranks 0 and 1"));
+  }
+  if (request.sizes_size() == 0 || request.sizes_size() > kMaxProbeSizes) {
+    return absl::InvalidArgumentError(absl::StrCat("probe link: sizes has ", request.sizes_size(),
+                                                   " entries; expected 1 to ", kMaxProbeSizes));
+  }
+  LinkProbeOptions o;
+  o.rank = request.rank();
+  for (int i = 0; i < request.sizes_size(); ++i) {
+    const int64_t bytes = request.sizes(i);
+    if (bytes <= 0 || bytes > kMaxProbeBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("probe link: sizes[", i, "] is ", bytes,
+                                                     " bytes; expected 1 to ", kMaxProbeBytes,
+                                                     " (1 GiB)"));
+    }
+    o.sizes.push_back(bytes);
+  }
+  if (request.repeats() < 0 || request.repeats() > kMaxProbeRepeats) {
+    return absl::InvalidArgumentError(absl::StrCat("probe link: repeats is ", request.repeats(),
+                                                   "; expected 0 (default ", kDefaultProbeRepeats,
+                                                   ") to ", kMaxProbeRepeats));
+  }
+  if (request.repeats() > 0) o.repeats = request.repeats();
+  if (request.timeout_ms() < 0 || request.timeout_ms() > kMaxProbeTimeout.count()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("probe link: timeout_ms is ", request.timeout_ms(), "; expected 0 (default ",
+                     kDefaultProbeTimeout.count(), ") to ", kMaxProbeTimeout.count()));
+  }
+  if (request.timeout_ms() > 0) o.timeout = std::chrono::milliseconds(request.timeout_ms());
+  return o;
+}
+
+LinkProbe::LinkProbe(LinkProbeOptions options) : options_(std::move(options)) {}
+
+void LinkProbe::Cancel() {
+  absl::MutexLock lock(&mu_);
+  StopLocked(Stop::kCancelled);
+}
+
+void LinkProbe::StopLocked(Stop why) {
+  if (stop_ == Stop::kNone) stop_ = why;
+  cancelled_.store(true);
+  if (transport_ != nullptr) transport_->Abort();
+}
+
+absl::Status LinkProbe::Explain(const absl::Status& s, const char* what) {
+  const int peer = 1 - options_.rank;
+  Stop stop;
+  {
+    absl::MutexLock lock(&mu_);
+    stop = stop_;
+  }
+  switch (stop) {
+    case Stop::kTimedOut:
+      return absl::DeadlineExceededError(absl::StrCat(
+          "probe link (rank ", options_.rank, "): ", what, " did not finish within the timeout of ",
+          options_.timeout.count(), " ms (peer rank ", peer,
+          " did not show up or stopped answering): ", s.message()));
+    case Stop::kCancelled:
+      return absl::AbortedError(
+          absl::StrCat("probe link (rank ", options_.rank, "): cancelled while ", what));
+    case Stop::kNone:
+      break;
+  }
+  return absl::Status(
+      s.code(), absl::StrCat("probe link (rank ", options_.rank, "): ", what, ": ", s.message()));
+}
+
+absl::StatusOr<std::vector<v1::LinkSample>> LinkProbe::Run(const LinkConnector& connect) {
+  // The watchdog enforces the timeout on the connect and on every transfer: it stops the
+  // probe, which makes the connector give up and aborts the transport.
+  const absl::Time deadline = absl::Now() + absl::FromChrono(options_.timeout);
+  std::thread watchdog([this, deadline] {
+    absl::MutexLock lock(&mu_);
+    if (!mu_.AwaitWithDeadline(absl::Condition(&finished_), deadline)) {
+      StopLocked(Stop::kTimedOut);
+    }
+  });
+  absl::StatusOr<std::vector<v1::LinkSample>> result = Probe(connect);
+  {
+    absl::MutexLock lock(&mu_);
+    finished_ = true;
+  }
+  watchdog.join();
+  return result;
+}
+
+absl::StatusOr<std::vector<v1::LinkSample>> LinkProbe::Probe(const LinkConnector& connect) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_ != Stop::kNone) return Explain(absl::AbortedError("stopped"), "starting");
+  }
+  // The buffers outlive the transport: after a failure it may still reference them.
+  const int64_t max_bytes = *std::max_element(options_.sizes.begin(), options_.sizes.end());
+  std::unique_ptr<char[]> out, in;
+  try {
+    out = std::make_unique<char[]>(static_cast<size_t>(max_bytes));  // zeroed: pages touched
+    in = std::make_unique<char[]>(static_cast<size_t>(max_bytes));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "probe link (rank ", options_.rank, "): cannot allocate 2 x ", max_bytes, " bytes"));
+  }
+  absl::StatusOr<std::unique_ptr<Transport>> connected = connect(cancelled_);
+  if (!connected.ok()) return Explain(connected.status(), "connecting to the peer");
+  std::unique_ptr<Transport> transport = *std::move(connected);
+  {
+    absl::MutexLock lock(&mu_);
+    transport_ = transport.get();
+    if (stop_ != Stop::kNone) transport->Abort();
+  }
+  absl::StatusOr<std::vector<v1::LinkSample>> samples = PingPong(*transport, out.get(), in.get());
+  {
+    absl::MutexLock lock(&mu_);
+    transport_ = nullptr;
+  }
+  transport.reset();  // torn down before the buffers go
+  return samples;
+}
+
+absl::StatusOr<std::vector<v1::LinkSample>> LinkProbe::PingPong(Transport& t, char* out, char* in) {
+  const int peer = 1 - options_.rank;
+  std::vector<v1::LinkSample> samples;
+  for (size_t i = 0; i < options_.sizes.size(); ++i) {
+    const size_t bytes = static_cast<size_t>(options_.sizes[i]);
+    const std::string what = absl::StrCat("exchanging ", bytes, "-byte messages");
+    auto tag = [&](int exchange) {
+      return MakeTransferTag(Payload::kLinkProbe, static_cast<int>(i), exchange);
+    };
+    std::vector<double> trips;
+    absl::Status s;
+    if (options_.rank == 0) {
+      // Exchange 0 is the warm-up.
+      for (int k = 0; s.ok() && k <= options_.repeats; ++k) {
+        s = t.PostRecv(peer, tag(k), in, bytes);
+        const Clock::time_point t0 = Clock::now();
+        if (s.ok()) s = t.PostSend(peer, tag(k), out, bytes);
+        if (s.ok()) s = t.WaitRecv(peer, tag(k));
+        const Clock::time_point t1 = Clock::now();
+        if (s.ok()) s = t.WaitSends();
+        if (s.ok() && k > 0) trips.push_back(Seconds(t1 - t0));
+      }
+    } else {
+      // The next ping's receive is posted before this pong is sent.
+      s = t.PostRecv(peer, tag(0), in, bytes);
+      Clock::time_point last;
+      for (int k = 0; s.ok() && k <= options_.repeats; ++k) {
+        s = t.WaitRecv(peer, tag(k));
+        const Clock::time_point arrived = Clock::now();
+        if (s.ok() && k > 0) trips.push_back(Seconds(arrived - last));
+        last = arrived;
+        if (s.ok() && k < options_.repeats) s = t.PostRecv(peer, tag(k + 1), in, bytes);
+        if (s.ok()) s = t.PostSend(peer, tag(k), out, bytes);
+        if (s.ok()) s = t.WaitSends();
+      }
+    }
+    if (!s.ok()) return Explain(s, what.c_str());
+    v1::LinkSample sample;
+    sample.set_bytes(options_.sizes[i]);
+    sample.set_one_way_seconds(Median(trips) / 2);
+    for (double trip : trips) sample.add_round_trip_seconds(trip);
+    sample.set_rank(options_.rank);
+    samples.push_back(std::move(sample));
+  }
+  return samples;
+}
+
+}  // namespace tandem::worker
