@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/link_model.h"
 #include "common/schedule_check.h"
 
 namespace tandem {
@@ -47,6 +48,12 @@ PartitionProblem ProblemFor(const v1::JobSpec& spec, const Schedule& lowered,
     problem.live_micro_batches.push_back(std::max(1, (live + v - 1) / v));
   }
   problem.memory_budget_bytes = spec.pipeline().memory_budget_mb() << 20;
+  // Each cut carries one micro-batch's activation forward and its gradient back, over the
+  // measured link (free without one).
+  if (profile != nullptr && profile->has_link() && !by_parameters && profile->layers_size() > 0) {
+    problem.transfer_seconds =
+        2 * TransferSeconds(profile->link(), profile->layers(0).output_bytes());
+  }
   return problem;
 }
 
@@ -153,6 +160,12 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
         c.backward += p.backward_seconds();
         c.backward_input += p.backward_input_seconds();
         c.backward_weight += p.backward_weight_seconds();
+      }
+      // A message from this stage: its activation forward, or its input gradient back.
+      if (profile->has_link()) {
+        int64_t bytes = profile->layers(r.end - 1).output_bytes();
+        if (r.begin > 0) bytes = std::max(bytes, profile->layers(r.begin - 1).output_bytes());
+        c.transfer = TransferSeconds(profile->link(), bytes);
       }
       plan.stage_costs.push_back(c);
     }

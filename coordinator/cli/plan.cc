@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/link_model.h"
 #include "common/pipeline_plan.h"
 #include "common/planner.h"
 #include "common/schedule_check.h"
@@ -102,6 +103,19 @@ std::string ProfiledFigures(const v1::JobSpec& spec, const PipelinePlan& plan,
       "slowest stage %.1f ms per micro-batch\n",
       profile.device(), profile.threads(), profile.threads() == 1 ? "" : "s",
       plan.predicted_step_seconds, 100 * plan.predicted_bubble, 1000 * slowest);
+  absl::StrAppend(&out, "  cut: ", plan.partition, "\n");
+  if (profile.has_link()) {
+    const v1::LinkProfile& link = profile.link();
+    const int64_t activation = profile.layers(0).output_bytes();
+    absl::StrAppendFormat(
+        &out, "  link %s <-> %s: latency %.1f us, %s; one activation (%.1f KiB) %.2f ms each way\n",
+        link.worker_a(), link.worker_b(), 1e6 * link.latency_seconds(),
+        link.seconds_per_byte() > 0 ? absl::StrFormat("%.2f GB/s", 1e-9 / link.seconds_per_byte())
+                                    : std::string("bandwidth not resolved"),
+        activation / 1024.0, 1000 * TransferSeconds(link, activation));
+  } else {
+    absl::StrAppend(&out, "  link: not measured (transfers planned as free)\n");
+  }
   if (p.partition() != "uniform") {
     if (absl::StatusOr<PipelinePlan> u = PlanPipeline(WithUniformCut(spec), &profile); u.ok()) {
       double u_slowest = 0.0;
@@ -134,8 +148,8 @@ std::string ProfiledFigures(const v1::JobSpec& spec, const PipelinePlan& plan,
                         cuts, cuts == 1 ? "" : "s", p.micro_batches(), bytes / 1048576.0);
   // The source document's comparison: tensor parallelism all-reduces 4 activations per block.
   if (spec.model().n_layer() > 0 && profile.layers_size() > 2 && bytes > 0) {
-    const int64_t tp = int64_t{4} * spec.model().n_layer() * p.micro_batches() *
-                       profile.layers(1).output_bytes();
+    const int64_t tp =
+        int64_t{4} * spec.model().n_layer() * p.micro_batches() * profile.layers(1).output_bytes();
     absl::StrAppendFormat(&out,
                           "  (tensor parallelism would all-reduce 4 activations per block: %d "
                           "blocks x 4 x %.1f MiB = %.1f MiB per step, %.0fx more)\n",

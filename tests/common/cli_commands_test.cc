@@ -394,6 +394,8 @@ TEST_F(CommandsTest, PlanWithAProfileCutsByMeasuredTimeAndExplains) {
   EXPECT_THAT(out, HasSubstr("embedding..block_1  7.0      14.0"));  // 21 ms | 30 ms
   EXPECT_THAT(out, HasSubstr("Predicted from the measured profile (cpu, 1 thread)"));
   EXPECT_THAT(out, HasSubstr("the uniform cut:"));
+  EXPECT_THAT(out, HasSubstr("  cut: profile\n"));
+  EXPECT_THAT(out, HasSubstr("  link: not measured (transfers planned as free)"));
   EXPECT_THAT(out, HasSubstr("Communication per step: 1 cut x 4 micro-batches"));
   EXPECT_THAT(out, HasSubstr("0.5 MiB"));  // 2 x 4 x 64 KiB
   // 2 blocks x 4 all-reduces x 4 micro-batches x 64 KiB = 2 MiB, 4x the pipeline's 0.5 MiB.
@@ -421,6 +423,25 @@ TEST_F(CommandsTest, PlanWithAProfileCutsByMeasuredTimeAndExplains) {
 
 // The planner searches schedules, chunks and splits of the global batch with a profile per
 // micro-batch size, shows the fastest and says how to run the choice; --no-search skips it.
+TEST_F(CommandsTest, PlanShowsTheMeasuredLink) {
+  const std::string path = WriteFile("link.yaml",
+                                     "name: l\nmodel:\n  n_layer: 2\npipeline:\n  stages: 2\n"
+                                     "  micro_batches: 4\n");
+  v1::ModelProfile profile = HeavyHeadProfile();
+  v1::LinkProfile* link = profile.mutable_link();
+  link->set_worker_a("w-1");
+  link->set_worker_b("w-2");
+  link->set_latency_seconds(50e-6);
+  link->set_seconds_per_byte(1e-9);  // 1 GB/s
+  client_.profile = profile;
+  CliOptions opts = Opts(Command::kPlan, {path});
+  opts.no_search = true;
+  ASSERT_TRUE(Run(opts).ok()) << out_.str();
+  // 64 KiB: 50 us + 65536 ns = 0.12 ms.
+  EXPECT_THAT(out_.str(), HasSubstr("link w-1 <-> w-2: latency 50.0 us, 1.00 GB/s; one "
+                                    "activation (64.0 KiB) 0.12 ms each way"));
+}
+
 TEST_F(CommandsTest, PlanSearchesSplitsOfTheGlobalBatch) {
   const std::string path = WriteFile("search.yaml",
                                      "name: s\nmodel:\n  n_layer: 2\npipeline:\n  stages: 2\n"

@@ -199,3 +199,59 @@ TEST(DescribeChoiceTest, SaysWhatAndHowMuchFaster) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+TEST(PlanPipelineTest, AMeasuredLinkMakesTransfersCost) {
+  const v1::JobSpec spec = Spec(2, 4, 4);
+  v1::ModelProfile profile = LinearProfile(spec, 0.0, 0.001);
+  absl::StatusOr<PipelinePlan> free = PlanPipeline(spec, &profile);
+  ASSERT_TRUE(free.ok()) << free.status();
+  v1::LinkProfile* link = profile.mutable_link();
+  link->set_latency_seconds(0.001);
+  link->set_seconds_per_byte(0.0);
+  absl::StatusOr<PipelinePlan> linked = PlanPipeline(spec, &profile);
+  ASSERT_TRUE(linked.ok()) << linked.status();
+  EXPECT_NEAR(linked->stage_costs[0].transfer, 0.001, 1e-12);
+  // The first micro-batch's activation goes up and its gradient comes back on the critical
+  // path: at least two transfers longer.
+  EXPECT_GE(linked->predicted_step_seconds, free->predicted_step_seconds + 0.002 - 1e-12);
+}
+
+TEST(PlanPipelineTest, ProfileKeepsTheUniformCutWithinTheTolerance) {
+  const v1::JobSpec spec = Spec(2, 4, 4);  // 8 layers: uniform 4 | 4
+  // Relative to a block: embedding 0.1, head `head`. Uniform: 3.1 | 3 + head; moving block_3
+  // to the first stage: 4.1 | 2 + head.
+  auto plan_with_head = [&](double head) {
+    v1::ModelProfile profile = LinearProfile(spec, 0.0, 0.001);
+    auto scale = [&](int g, double k) {
+      v1::LayerProfile* l = profile.mutable_layers(g);
+      l->set_forward_seconds(l->forward_seconds() * k);
+      l->set_backward_seconds(l->backward_seconds() * k);
+    };
+    scale(0, 0.1);
+    scale(7, head);
+    return PlanPipeline(spec, &profile);
+  };
+  // head 1.15: the optimum 5 | 3 (4.1) is 1.2% better than uniform (4.15): uniform is kept.
+  absl::StatusOr<PipelinePlan> near = plan_with_head(1.15);
+  ASSERT_TRUE(near.ok()) << near.status();
+  EXPECT_EQ(near->ranges[0].end, 4);
+  EXPECT_THAT(near->partition, HasSubstr("uniform (within the tolerance"));
+  // head 1.3: 4.1 against 4.3 is 4.9% better: the profile's cut.
+  absl::StatusOr<PipelinePlan> far = plan_with_head(1.3);
+  ASSERT_TRUE(far.ok()) << far.status();
+  EXPECT_EQ(far->ranges[0].end, 5);
+  EXPECT_EQ(far->partition, "profile");
+}
+
+TEST(PlanPipelineTest, ProfileWithoutAProfileCutsByParameters) {
+  const v1::JobSpec spec = Spec(2, 4, 4);
+  absl::StatusOr<PipelinePlan> plan = PlanPipeline(spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->partition, "parameters");
+}
+
+}  // namespace
+}  // namespace tandem
