@@ -32,8 +32,11 @@ std::vector<int> MicroBatchSplits(const v1::JobSpec& spec) {
   const int64_t eval_sequences = spec.eval().every() > 0 ? int64_t{spec.eval().micro_batches()} *
                                                                spec.pipeline().micro_batch_size()
                                                          : 0;
+  // Fewer micro-batches than workers leave a worker idle during every micro-batch; such a
+  // split is only tried when the batch allows no other.
+  const int least = batch >= spec.pipeline().stages() ? spec.pipeline().stages() : 1;
   std::vector<int> out;
-  for (int m = 1; m <= kMaxPlannedMicroBatches && m <= batch; ++m) {
+  for (int m = least; m <= kMaxPlannedMicroBatches && m <= batch; ++m) {
     if (batch % m != 0) continue;
     const int64_t size = batch / m;
     if (eval_sequences > 0 && eval_sequences % size != 0) continue;

@@ -42,8 +42,9 @@ struct PlanCandidate {
 using ProfileSource = std::function<absl::StatusOr<v1::ModelProfile>(const v1::JobSpec&)>;
 
 // The splits of the spec's global batch the planner tries: every M that divides it into whole
-// micro-batches, from 1 up to kMaxPlannedMicroBatches, such that the evaluation's sequences
-// (eval.micro_batches x micro_batch_size) also divide into whole micro-batches.
+// micro-batches, from the number of workers P (from 1 when the batch is smaller than P) up to
+// kMaxPlannedMicroBatches, such that the evaluation's sequences (eval.micro_batches x
+// micro_batch_size) also divide into whole micro-batches.
 inline constexpr int kMaxPlannedMicroBatches = 64;
 std::vector<int> MicroBatchSplits(const v1::JobSpec& spec);
 

@@ -96,7 +96,8 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& s
     p.set_parameter_count(params);
     p.set_static_bytes(params * state_floats * static_cast<int64_t>(sizeof(float)));
     std::vector<double> fwd, bwd, in, wt;
-    for (int r = 0; r <= repeats; ++r) {
+    double timed = 0.0;  // seconds spent in timed repeats so far
+    for (int r = 0; r <= repeats && timed < kProfileBudgetSeconds; ++r) {
       SavedContext ctx;
       Tensor y, gin;
       absl::Status s;
@@ -115,6 +116,7 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& s
       const double ww = Seconds([&] { s = layer.BackwardWeight(ctx); });
       if (!s.ok()) return s;
       if (r == 0) continue;  // warm-up
+      timed += f + bb + ii + ww;
       fwd.push_back(f);
       bwd.push_back(bb);
       in.push_back(ii);

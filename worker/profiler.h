@@ -13,8 +13,14 @@
 
 namespace tandem::worker {
 
+// Timed repeats of one layer stop early once they have taken this long (after at least one):
+// a layer that runs for seconds has little relative noise, and a planner profiling several
+// micro-batch shapes of a large head would otherwise wait minutes.
+inline constexpr double kProfileBudgetSeconds = 2.0;
+
 // For each global layer index in `layers` (all of the model's when empty): one warm-up run,
-// then `repeats` timed runs (median) of Forward, Backward, BackwardInput and BackwardWeight on
+// then up to `repeats` timed runs (median; fewer once they pass kProfileBudgetSeconds) of
+// Forward, Backward, BackwardInput and BackwardWeight on
 // random inputs of the job's shape (micro_batch_size x seq_len), plus the parameter count,
 // static bytes (parameters, gradients and the optimizer's state) and the bytes a micro-batch
 // saves between its forward and its backward. INVALID_ARGUMENT for a bad model or an index

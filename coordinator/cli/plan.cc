@@ -338,6 +338,13 @@ std::string FormatPlannerSearch(const v1::JobSpec& spec,
   absl::StrAppend(&out, "Planner's choice: ", DescribeChoice(*best, as_written_step_seconds), "\n");
   if (p.plan() == "auto") {
     absl::StrAppend(&out, "  pipeline.plan is auto: the coordinator runs this choice.\n");
+  } else if (best->micro_batches == p.micro_batches()) {
+    absl::StrAppendFormat(
+        &out,
+        "  it keeps the spec's split; run it with `--auto` (pipeline.plan: auto) or "
+        "`--schedule %s%s`\n",
+        best->schedule,
+        best->schedule == "interleaved_1f1b" ? absl::StrCat(" --chunks ", best->chunks) : "");
   } else {
     absl::StrAppendFormat(
         &out,

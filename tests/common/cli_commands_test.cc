@@ -388,8 +388,8 @@ TEST_F(CommandsTest, PlanWithAProfileCutsByMeasuredTimeAndExplains) {
   ASSERT_TRUE(Run(Opts(Command::kPlan, {path})).ok()) << out_.str();
   const std::string out = out_.str();
   // The job's own shape, then the planner's other splits of 4 x 32 = 128 sequences
-  // (M = 1, 2, 8, 16, 32, 64).
-  EXPECT_EQ(client_.profile_calls, 7);
+  // (M = 2, 8, 16, 32, 64).
+  EXPECT_EQ(client_.profile_calls, 6);
   EXPECT_THAT(out, HasSubstr("F MS/MB  B MS/MB  MEMORY"));
   EXPECT_THAT(out, HasSubstr("embedding..block_1  7.0      14.0"));  // 21 ms | 30 ms
   EXPECT_THAT(out, HasSubstr("Predicted from the measured profile (cpu, 1 thread)"));
@@ -418,7 +418,7 @@ TEST_F(CommandsTest, PlanWithAProfileCutsByMeasuredTimeAndExplains) {
   CliOptions quiet = Opts(Command::kPlan, {path});
   quiet.no_profile = true;
   ASSERT_TRUE(Run(quiet).ok());
-  EXPECT_EQ(client_.profile_calls, 8);
+  EXPECT_EQ(client_.profile_calls, 7);
 }
 
 // The planner searches schedules, chunks and splits of the global batch with a profile per
@@ -449,16 +449,18 @@ TEST_F(CommandsTest, PlanSearchesSplitsOfTheGlobalBatch) {
   client_.profile = HeavyHeadProfile();
   ASSERT_TRUE(Run(Opts(Command::kPlan, {path})).ok()) << out_.str();
   std::string out = out_.str();
-  EXPECT_EQ(client_.profile_calls, 4);  // size 4 (the job's), then 8, 2 and 1
+  EXPECT_EQ(client_.profile_calls, 3);  // size 4 (the job's), then 2 and 1 (M >= P = 2)
   EXPECT_THAT(out, HasSubstr("Planner: 2 workers, the global batch of 8 sequences split"));
   EXPECT_THAT(out, HasSubstr("CHUNKS  M x SIZE  STEP     TOKENS/S"));
   EXPECT_THAT(out, HasSubstr("Planner's choice: "));
   EXPECT_THAT(out, HasSubstr("run it with `--auto` (pipeline.plan: auto)"));
   // This fake gives the same profile at every size, so a micro-batch costs the same however
   // large: the fewest micro-batches win, and the plan warns about the bubble.
-  EXPECT_THAT(out, HasSubstr("gpipe             1       1 x 8     0.051 s"));
-  EXPECT_THAT(out, HasSubstr("Planner's choice: gpipe, 1 micro-batch of 8, 1 stage per worker"));
-  EXPECT_THAT(out, HasSubstr("warning: the choice has micro_batches 1 < 4 x 2 workers"));
+  EXPECT_THAT(out, HasSubstr("zb_h1             1       2 x 4     0.067 s"));
+  EXPECT_THAT(out, HasSubstr("Planner's choice: zb_h1, 2 micro-batches of 4, 1 stage per worker"));
+  EXPECT_THAT(out, HasSubstr("it keeps the spec's split; run it with `--auto` (pipeline.plan: "
+                             "auto) or `--schedule zb_h1`"));
+  EXPECT_THAT(out, HasSubstr("warning: the choice has micro_batches 2 < 4 x 2 workers"));
 
   out_.str("");
   CliOptions opts = Opts(Command::kPlan, {path});

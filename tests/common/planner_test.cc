@@ -63,8 +63,9 @@ struct CountingSource {
 };
 
 TEST(MicroBatchSplitsTest, DividesTheGlobalBatchAndTheEvaluation) {
-  v1::JobSpec spec = Spec(2, 4, 8);  // 32 sequences
-  EXPECT_THAT(MicroBatchSplits(spec), ElementsAre(1, 2, 4, 8, 16, 32));
+  v1::JobSpec spec = Spec(2, 4, 8);                                   // 32 sequences
+  EXPECT_THAT(MicroBatchSplits(spec), ElementsAre(2, 4, 8, 16, 32));  // M >= P = 2
+  EXPECT_THAT(MicroBatchSplits(Spec(4, 1, 2)), ElementsAre(1, 2));    // a batch below P
   spec.mutable_eval()->set_every(10);
   spec.mutable_eval()->set_micro_batches(2);  // 8 sequences: micro-batches of 1, 2, 4 or 8
   EXPECT_THAT(MicroBatchSplits(spec), ElementsAre(4, 8, 16, 32));
@@ -94,7 +95,7 @@ TEST(SearchPlansTest, EveryCandidateIsThePlanOfItsOwnSpec) {
   for (const PlanCandidate& c : all) {
     ASSERT_TRUE(c.status.ok()) << c.schedule << " M=" << c.micro_batches << ": " << c.status;
     EXPECT_EQ(c.micro_batches * c.micro_batch_size, 32);
-    if (c.schedule != "gpipe") EXPECT_GE(c.micro_batches, 2) << "1f1b and the others need M >= P";
+    EXPECT_GE(c.micro_batches, 2) << "M >= P";
     const v1::ModelProfile profile = LinearProfile(c.spec, 0.001, 0.002);
     absl::StatusOr<PipelinePlan> plan = PlanPipeline(c.spec, &profile);
     ASSERT_TRUE(plan.ok()) << plan.status();
@@ -106,7 +107,7 @@ TEST(SearchPlansTest, EveryCandidateIsThePlanOfItsOwnSpec) {
   }
   // One profile per micro-batch size, however many schedules use it.
   for (const auto& [size, n] : src.calls) EXPECT_EQ(n, 1) << "size " << size;
-  EXPECT_EQ(src.calls.size(), 6u);  // M = 1 (gpipe alone), 2, 4, 8, 16, 32
+  EXPECT_EQ(src.calls.size(), 5u);  // M = 2, 4, 8, 16, 32
 }
 
 TEST(SearchPlansTest, WithoutPerMicroBatchOverheadMoreMicroBatchesWin) {
