@@ -58,8 +58,8 @@ TEST(WorkerRegistryTest, BadRegistrationIsRefused) {
   EXPECT_EQ(registry.Register(Worker("")).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(registry.Register(Worker("a:1", "tpu")).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(registry.Heartbeat("w-99", 0).code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(registry.Heartbeat("garbage", 0).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.Heartbeat("w-99").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.Heartbeat("garbage").code(), absl::StatusCode::kNotFound);
 }
 
 TEST(WorkerRegistryTest, SilentWorkersAreLostAndBusyOnesReported) {
@@ -68,7 +68,7 @@ TEST(WorkerRegistryTest, SilentWorkersAreLostAndBusyOnesReported) {
   auto b = registry.Register(Worker("b:1"));
   ASSERT_TRUE(registry.Allocate("cpu", 1, "job-1").ok());
   std::this_thread::sleep_for(80ms);
-  ASSERT_TRUE(registry.Heartbeat(*b, 0).ok());
+  ASSERT_TRUE(registry.Heartbeat(*b).ok());
   auto lost = registry.SweepLost();
   ASSERT_EQ(lost.size(), 1u);
   EXPECT_EQ(lost[0].id, *a);
