@@ -13,6 +13,7 @@
 #include "common/spec.h"
 #include "coordinator/hf_export.h"
 #include "coordinator/model_profiler.h"
+#include "coordinator/step_timings.h"
 #include "spdlog/spdlog.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 
@@ -194,6 +195,19 @@ class CoordinatorServiceImpl final : public v1::Coordinator::Service {
       info->set_clock_offset_us(w.clock_offset_us);
       info->set_clock_uncertainty_us(w.clock_uncertainty_us);
     }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetJobTrace(grpc::ServerContext*, const v1::GetJobTraceRequest* req,
+                           v1::GetJobTraceResponse* resp) override {
+    TANDEM_RETURN_IF_BAD_VERSION(req);
+    auto job = env_.store->Get(req->job_id(), /*with_history=*/false);
+    if (!job.ok()) return ToGrpcStatus(job.status());
+    auto timings = env_.store->GetTimings(req->job_id());
+    if (!timings.ok()) return ToGrpcStatus(timings.status());
+    auto trace = RenderJobTrace(*job, *timings, *req);
+    if (!trace.ok()) return ToGrpcStatus(trace.status());
+    *resp = *std::move(trace);
     return grpc::Status::OK;
   }
 
