@@ -15,8 +15,10 @@
 #include "common/schedule_check.h"
 #include "common/spec.h"
 #include "common/step_profile.h"
+#include "common/trace.h"
 #include "coordinator/hf_export.h"
 #include "coordinator/model_profiler.h"
+#include "coordinator/step_timings.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem::coordinator {
@@ -388,6 +390,25 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
     spdlog::warn("{}: {}: cannot profile the step: {}", job_.id(), what,
                  profile.status().ToString());
   }
+  // The step's timings on the coordinator's clock, kept for `tandem trace`; the per-stage busy
+  // time comes from the same record, so that the trace and the summary agree.
+  std::vector<v1::StepReport> step_reports;
+  std::vector<std::string> worker_ids;
+  for (int r = 0; r < p; ++r) {
+    step_reports.push_back(responses[r].report());
+    step_reports.back().set_rank(r);  // the rank the runner asked, whatever the report says
+    worker_ids.push_back(workers_[r].id);
+  }
+  v1::StepTimings timings =
+      StepTimingsOf(step, step_reports, env_.registry->ClockOffsets(worker_ids));
+  if (absl::StatusOr<StepTimeline> t = TimelineOf(plan_.schedule, timings); t.ok()) {
+    for (const StageTimes& st : t->stages) {
+      summary.add_stage_busy_seconds(static_cast<double>(st.busy_us) * 1e-6);
+    }
+  } else {
+    spdlog::warn("{}: {}: cannot build the step's timeline: {}", job_.id(), what,
+                 t.status().ToString());
+  }
 
   // Phase 2: the global gradient norm decides clipping and skipping, the same on every stage.
   const double norm = std::sqrt(norm_sq);
@@ -427,6 +448,8 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
     summary.set_has_val_loss(true);
     summary.set_val_loss(*val);
   }
+  if (step == first_step_) env_.store->SetTraceProgram(job_.id(), TraceProgramOf(plan_.schedule));
+  env_.store->RecordStepTimings(job_.id(), std::move(timings));
   env_.store->RecordStep(job_.id(), summary);
   return absl::OkStatus();
 }

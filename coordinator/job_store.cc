@@ -24,68 +24,13 @@ constexpr size_t kMaxEvents = 20000;
 
 int64_t NowMs() { return UnixMicros() / 1000; }
 
-bool ParseJobId(const std::string& id, int64_t* n) {
-  return id.size() > 4 && id.rfind("job-", 0) == 0 && absl::SimpleAtoi(id.substr(4), n);
-}
-
-}  // namespace
-
-bool IsTerminal(v1::JobState state) {
-  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
-}
-
-absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& data_root) {
-  std::unique_ptr<JobStore> store(new JobStore(data_root));
-  if (!data_root.empty()) {
-    std::error_code ec;
-    fs::create_directories(fs::path(data_root) / "jobs", ec);
-    if (ec) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot create ", data_root, "/jobs: ", ec.message()));
-    }
-    absl::MutexLock lock(&store->mu_);
-    if (absl::Status s = store->Load(); !s.ok()) return s;
-  }
-  return store;
-}
-
-absl::Status JobStore::Load() {
-  for (const auto& file : fs::directory_iterator(fs::path(data_root_) / "jobs")) {
-    if (file.path().extension() != ".json") continue;
-    std::ifstream in(file.path());
-    std::stringstream text;
-    text << in.rdbuf();
-    v1::Job job;
-    if (auto s = google::protobuf::util::JsonStringToMessage(text.str(), &job); !s.ok()) {
-      spdlog::warn("job store: skipping unreadable {}: {}", file.path().string(), s.ToString());
-      continue;
-    }
-    int64_t n = 0;
-    if (!ParseJobId(job.id(), &n)) {
-      spdlog::warn("job store: skipping {}: bad job id '{}'", file.path().string(), job.id());
-      continue;
-    }
-    Entry& e = jobs_[n];
-    e.job = std::move(job);
-    if (e.job.state() == v1::RUNNING) {
-      e.job.set_state(v1::FAILED);
-      e.job.set_reason("interrupted: the coordinator restarted while the job was running");
-      e.job.set_finished_unix_ms(NowMs());
-      Persist(e);
-    }
-    next_id_ = std::max(next_id_, n + 1);
-  }
-  spdlog::info("job store: {} job(s) loaded from {}", jobs_.size(), data_root_);
-  return absl::OkStatus();
-}
-
-void JobStore::Persist(const Entry& e) {
-  if (data_root_.empty()) return;
+// Writes `message` as JSON to `path` through a temporary file, so that a crash leaves the old
+// file or the new one, never half of one.
+void WriteJson(const google::protobuf::Message& message, const fs::path& path) {
   std::string json;
   google::protobuf::util::JsonPrintOptions options;
   options.preserve_proto_field_names = true;
-  if (!google::protobuf::util::MessageToJsonString(e.job, &json, options).ok()) return;
-  const fs::path path = fs::path(data_root_) / "jobs" / (e.job.id() + ".json");
+  if (!google::protobuf::util::MessageToJsonString(message, &json, options).ok()) return;
   const fs::path tmp = path.string() + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
@@ -98,6 +43,87 @@ void JobStore::Persist(const Entry& e) {
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) spdlog::error("job store: cannot rename {}: {}", tmp.string(), ec.message());
+}
+
+std::string ReadText(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+bool ParseJobId(const std::string& id, int64_t* n) {
+  return id.size() > 4 && id.rfind("job-", 0) == 0 && absl::SimpleAtoi(id.substr(4), n);
+}
+
+}  // namespace
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& data_root,
+                                                         const TimingRetention& retention) {
+  std::unique_ptr<JobStore> store(new JobStore(data_root, retention));
+  if (!data_root.empty()) {
+    for (const char* dir : {"jobs", "timings"}) {
+      std::error_code ec;
+      fs::create_directories(fs::path(data_root) / dir, ec);
+      if (ec) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("cannot create ", data_root, "/", dir, ": ", ec.message()));
+      }
+    }
+    absl::MutexLock lock(&store->mu_);
+    if (absl::Status s = store->Load(); !s.ok()) return s;
+  }
+  return store;
+}
+
+absl::Status JobStore::Load() {
+  for (const auto& file : fs::directory_iterator(fs::path(data_root_) / "jobs")) {
+    if (file.path().extension() != ".json") continue;
+    v1::Job job;
+    if (auto s = google::protobuf::util::JsonStringToMessage(ReadText(file.path()), &job);
+        !s.ok()) {
+      spdlog::warn("job store: skipping unreadable {}: {}", file.path().string(), s.ToString());
+      continue;
+    }
+    int64_t n = 0;
+    if (!ParseJobId(job.id(), &n)) {
+      spdlog::warn("job store: skipping {}: bad job id '{}'", file.path().string(), job.id());
+      continue;
+    }
+    Entry& e = jobs_[n];
+    e.job = std::move(job);
+    const fs::path timings = fs::path(data_root_) / "timings" / (e.job.id() + ".json");
+    if (fs::exists(timings)) {
+      if (auto s = google::protobuf::util::JsonStringToMessage(ReadText(timings), &e.timings);
+          !s.ok()) {
+        spdlog::warn("job store: {}: dropping unreadable step timings {}: {}", e.job.id(),
+                     timings.string(), s.ToString());
+        e.timings.Clear();
+      }
+    }
+    if (e.job.state() == v1::RUNNING) {
+      e.job.set_state(v1::FAILED);
+      e.job.set_reason("interrupted: the coordinator restarted while the job was running");
+      e.job.set_finished_unix_ms(NowMs());
+      Persist(e);
+    }
+    next_id_ = std::max(next_id_, n + 1);
+  }
+  spdlog::info("job store: {} job(s) loaded from {}", jobs_.size(), data_root_);
+  return absl::OkStatus();
+}
+
+void JobStore::Persist(Entry& e) {
+  if (data_root_.empty()) return;
+  WriteJson(e.job, fs::path(data_root_) / "jobs" / (e.job.id() + ".json"));
+  if (e.timings_dirty) {
+    WriteJson(e.timings, fs::path(data_root_) / "timings" / (e.job.id() + ".json"));
+    e.timings_dirty = false;
+  }
 }
 
 void JobStore::Append(Entry& e, v1::JobEvent event) {
@@ -277,6 +303,31 @@ void JobStore::SetPredictedStep(const std::string& job_id, double seconds) {
   Entry* e = Find(job_id);
   if (e == nullptr) return;
   e->job.set_predicted_step_seconds(seconds);
+}
+
+void JobStore::SetTraceProgram(const std::string& job_id, const v1::TraceProgram& program) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = Find(job_id);
+  if (e == nullptr) return;
+  e->timings.set_job_id(job_id);
+  *e->timings.mutable_program() = program;
+  e->timings_dirty = true;
+}
+
+void JobStore::RecordStepTimings(const std::string& job_id, v1::StepTimings step) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = Find(job_id);
+  if (e == nullptr) return;
+  e->timings.set_job_id(job_id);
+  KeepStepTimings(&e->timings, std::move(step), retention_);
+  e->timings_dirty = true;
+}
+
+absl::StatusOr<v1::JobTimings> JobStore::GetTimings(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  const Entry* e = Find(job_id);
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  return e->timings;
 }
 
 absl::StatusOr<JobStore::Events> JobStore::WaitEvents(const std::string& job_id, int64_t cursor,

@@ -5,6 +5,11 @@
 // <data_root>/jobs/<id>.json on every state change (and every few steps), and reloaded on
 // start; without one, jobs live in memory only. (SQLite replaces the files in the reliability
 // issue.)
+//
+// Each job's per-action step timings (v1::JobTimings: the lowered program, and the records of
+// the last steps and of steps sampled across the run, bounded by a TimingRetention) are kept
+// apart from the job, so that GetJob stays small, and written with it to
+// <data_root>/timings/<id>.json.
 #ifndef TANDEM_COORDINATOR_JOB_STORE_H_
 #define TANDEM_COORDINATOR_JOB_STORE_H_
 
@@ -20,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/step_timings.h"
 #include "tandem/v1/coordinator.pb.h"
 
 namespace tandem::coordinator {
@@ -33,7 +39,8 @@ class JobStore {
 
   // Opens the store. An empty data_root keeps jobs in memory. Jobs found RUNNING on disk were
   // interrupted by a coordinator restart: they are marked FAILED with that reason.
-  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& data_root);
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& data_root,
+                                                        const TimingRetention& retention = {});
 
   // Stores a validated spec (with defaults filled) as a new QUEUED job; returns its id.
   absl::StatusOr<std::string> Add(const v1::JobSpec& spec);
@@ -62,6 +69,14 @@ class JobStore {
                const std::string& note);
   void SetPredictedStep(const std::string& job_id, double seconds);
 
+  // The lowered program the job's step timings index into (set before its first step).
+  void SetTraceProgram(const std::string& job_id, const v1::TraceProgram& program);
+  // Keeps a step's timings as the retention policy says (KeepStepTimings); they are written
+  // with the job's next persist.
+  void RecordStepTimings(const std::string& job_id, v1::StepTimings step);
+  // The job's program and kept step timings (none kept: no steps). NOT_FOUND for an unknown id.
+  absl::StatusOr<v1::JobTimings> GetTimings(const std::string& job_id) const;
+
   // Events after `cursor` (0 = from the start of the retained log), waiting up to `timeout`
   // for at least one. `cursor` is updated to the position to pass next time. `ended` is set
   // once the job is terminal and every event up to its end has been returned.
@@ -79,17 +94,21 @@ class JobStore {
     std::deque<v1::JobEvent> events;  // the retained tail of the job's event log
     int64_t first_event = 0;          // sequence number of events.front()
     int64_t steps_since_persist = 0;
+    v1::JobTimings timings;
+    bool timings_dirty = false;  // changed since last written
   };
 
-  explicit JobStore(std::string data_root) : data_root_(std::move(data_root)) {}
+  JobStore(std::string data_root, const TimingRetention& retention)
+      : data_root_(std::move(data_root)), retention_(retention) {}
   absl::Status Load() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Persist(const Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Persist(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Append(Entry& e, v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job `job_id` names ("job-N"), or null.
   Entry* Find(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const Entry* Find(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string data_root_;
+  const TimingRetention retention_;
   mutable absl::Mutex mu_;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<int64_t, Entry> jobs_ ABSL_GUARDED_BY(mu_);  // by numeric id: submission order

@@ -8,10 +8,12 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/rpc.h"
 #include "common/spec.h"
 #include "coordinator/hf_export.h"
 #include "coordinator/model_profiler.h"
+#include "coordinator/step_timings.h"
 #include "spdlog/spdlog.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 
@@ -190,7 +192,22 @@ class CoordinatorServiceImpl final : public v1::Coordinator::Service {
           std::chrono::duration<double>(now - w.last_heartbeat).count());
       info->set_version(w.version);
       info->set_hostname(w.hostname);
+      info->set_clock_offset_us(w.clock_offset_us);
+      info->set_clock_uncertainty_us(w.clock_uncertainty_us);
     }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetJobTrace(grpc::ServerContext*, const v1::GetJobTraceRequest* req,
+                           v1::GetJobTraceResponse* resp) override {
+    TANDEM_RETURN_IF_BAD_VERSION(req);
+    auto job = env_.store->Get(req->job_id(), /*with_history=*/false);
+    if (!job.ok()) return ToGrpcStatus(job.status());
+    auto timings = env_.store->GetTimings(req->job_id());
+    if (!timings.ok()) return ToGrpcStatus(timings.status());
+    auto trace = RenderJobTrace(*job, *timings, *req);
+    if (!trace.ok()) return ToGrpcStatus(trace.status());
+    *resp = *std::move(trace);
     return grpc::Status::OK;
   }
 
@@ -233,11 +250,21 @@ class WorkerRegistryServiceImpl final : public v1::WorkerRegistry::Service {
 
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
                          v1::HeartbeatResponse* resp) override {
+    const int64_t received_us = UnixMicros();
     TANDEM_RETURN_IF_BAD_VERSION(req);
-    if (absl::Status s = env_.registry->Heartbeat(req->worker_id(), req->worker_unix_us());
-        !s.ok()) {
+    HeartbeatClock clock;
+    clock.worker_send_us = req->worker_unix_us();
+    clock.coordinator_receive_us = received_us;
+    if (req->has_previous_round()) {
+      const v1::ClockSample& p = req->previous_round();
+      clock.previous_round =
+          ClockRoundTrip{p.worker_send_unix_us(), p.coordinator_receive_unix_us(),
+                         p.coordinator_send_unix_us(), p.worker_receive_unix_us()};
+    }
+    if (absl::Status s = env_.registry->Heartbeat(req->worker_id(), clock); !s.ok()) {
       return ToGrpcStatus(s);
     }
+    resp->set_coordinator_receive_unix_us(received_us);
     resp->set_coordinator_unix_us(UnixMicros());
     return grpc::Status::OK;
   }

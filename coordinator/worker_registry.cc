@@ -2,7 +2,6 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/clock.h"
 
 namespace tandem::coordinator {
 namespace {
@@ -48,7 +47,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterRequest& 
   return w.id;
 }
 
-absl::Status WorkerRegistry::Heartbeat(const std::string& worker_id, int64_t worker_unix_us) {
+absl::Status WorkerRegistry::Heartbeat(const std::string& worker_id, const HeartbeatClock& clock) {
   int64_t n = 0;
   absl::MutexLock lock(&mu_);
   auto it = ParseWorkerId(worker_id, &n) ? workers_.find(n) : workers_.end();
@@ -57,9 +56,30 @@ absl::Status WorkerRegistry::Heartbeat(const std::string& worker_id, int64_t wor
   }
   WorkerRecord& w = it->second;
   w.last_heartbeat = Clock::now();
-  if (worker_unix_us > 0) w.clock_offset_us = worker_unix_us - UnixMicros();
+  ClockOffsetEstimator& estimator = clocks_[n];
+  if (clock.previous_round.has_value()) {
+    // An inconsistent sample (a clock stepped mid-trip) only loses one estimate.
+    (void)estimator.Add(*clock.previous_round);
+  }
+  estimator.AddOneWay(clock.worker_send_us, clock.coordinator_receive_us);
+  if (estimator.has_estimate()) {
+    w.clock_offset_us = estimator.offset_us();
+    w.clock_uncertainty_us = estimator.uncertainty_us();
+  }
   if (w.state == v1::LOST && w.job_id.empty()) w.state = v1::IDLE;
   return absl::OkStatus();
+}
+
+std::vector<int64_t> WorkerRegistry::ClockOffsets(
+    const std::vector<std::string>& worker_ids) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<int64_t> out;
+  for (const std::string& id : worker_ids) {
+    int64_t n = 0;
+    auto it = ParseWorkerId(id, &n) ? workers_.find(n) : workers_.end();
+    out.push_back(it == workers_.end() ? 0 : it->second.clock_offset_us);
+  }
+  return out;
 }
 
 std::vector<WorkerRecord> WorkerRegistry::SweepLost() {

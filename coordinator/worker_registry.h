@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "coordinator/clock_offset.h"
 #include "tandem/v1/coordinator.pb.h"
 
 namespace tandem::coordinator {
@@ -32,8 +34,18 @@ struct WorkerRecord {
   std::string job_id;  // set while allocated
   int stage = -1;
   Clock::time_point last_heartbeat;
-  // Worker clock minus coordinator clock, estimated from the last heartbeat (microseconds).
+  // Coordinator clock minus worker clock (add it to the worker's times), estimated from the
+  // heartbeats' round trips (ClockOffsetEstimator), and its error bound (-1: one-way only).
   int64_t clock_offset_us = 0;
+  int64_t clock_uncertainty_us = -1;
+};
+
+// What a heartbeat tells about the worker's clock.
+struct HeartbeatClock {
+  int64_t worker_send_us = 0;          // this heartbeat's send time, worker clock (0: unknown)
+  int64_t coordinator_receive_us = 0;  // its arrival, coordinator clock
+  // The previous heartbeat's four timestamps, when the worker reported them.
+  std::optional<ClockRoundTrip> previous_round;
 };
 
 // The device kind a worker offers: "cuda:3" -> "cuda", "cpu" -> "cpu".
@@ -47,9 +59,14 @@ class WorkerRegistry {
   // (after a restart) gets a new id; its old record, if still present, is marked LOST.
   absl::StatusOr<std::string> Register(const v1::RegisterRequest& request);
 
-  // Records a heartbeat. NOT_FOUND for an unknown id (the worker re-registers). A LOST worker
-  // that heartbeats again and holds no job becomes IDLE.
-  absl::Status Heartbeat(const std::string& worker_id, int64_t worker_unix_us);
+  // Records a heartbeat and updates the worker's clock offset from it. NOT_FOUND for an
+  // unknown id (the worker re-registers). A LOST worker that heartbeats again and holds no
+  // job becomes IDLE. A round trip whose timestamps are inconsistent is ignored.
+  absl::Status Heartbeat(const std::string& worker_id, const HeartbeatClock& clock = {});
+
+  // The clock offsets (WorkerRecord::clock_offset_us) of `worker_ids`, in their order; 0 for
+  // an unknown id.
+  std::vector<int64_t> ClockOffsets(const std::vector<std::string>& worker_ids) const;
 
   // Marks workers whose last heartbeat is older than the timeout as LOST and returns the
   // records of those that were allocated to a job at that moment.
@@ -77,6 +94,7 @@ class WorkerRegistry {
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   // Keyed by numeric id so iteration is registration order.
   std::map<int64_t, WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, ClockOffsetEstimator> clocks_ ABSL_GUARDED_BY(mu_);  // by worker
 };
 
 }  // namespace tandem::coordinator

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "common/rpc.h"
@@ -73,6 +74,7 @@ grpc::Status RegistrationClient::Register() {
 void RegistrationClient::Run() {
   std::chrono::milliseconds backoff = options_.initial_backoff;
   bool warned = false;
+  std::optional<v1::ClockSample> previous_round;
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -100,11 +102,26 @@ void RegistrationClient::Run() {
     req.set_worker_id(worker_id());
     req.set_state(snap.state);
     req.set_job_id(snap.job_id);
-    req.set_worker_unix_us(UnixMicros());
+    if (previous_round.has_value()) *req.mutable_previous_round() = *previous_round;
     grpc::ClientContext ctx;
     SetDeadline(ctx, options_.rpc_timeout);
     v1::HeartbeatResponse resp;
+    const int64_t sent_us = UnixMicros();
+    req.set_worker_unix_us(sent_us);
     const grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
+    const int64_t received_us = UnixMicros();
+    // This round trip's four timestamps go with the next heartbeat, for the coordinator's
+    // clock-offset estimate (an older coordinator answers only when it sent the response).
+    previous_round.reset();
+    if (s.ok() && resp.coordinator_unix_us() > 0) {
+      previous_round.emplace();
+      previous_round->set_worker_send_unix_us(sent_us);
+      previous_round->set_coordinator_receive_unix_us(resp.coordinator_receive_unix_us() > 0
+                                                          ? resp.coordinator_receive_unix_us()
+                                                          : resp.coordinator_unix_us());
+      previous_round->set_coordinator_send_unix_us(resp.coordinator_unix_us());
+      previous_round->set_worker_receive_unix_us(received_us);
+    }
     if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
       spdlog::warn("coordinator does not know worker {}; registering again", req.worker_id());
       absl::MutexLock lock(&mu_);

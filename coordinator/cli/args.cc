@@ -41,6 +41,10 @@ constexpr CommandInfo kCommands[] = {
      "Show, without running anything, the job's schedule: per-rank actions, timestep grid "
      "and predicted bubble and memory",
      1, 1},
+    {Command::kTrace, "trace", "JOB -o FILE",
+     "Write a step's measured timeline as trace-event JSON for ui.perfetto.dev (--step N, "
+     "default the latest; --steps A..B), or as an SVG Gantt chart (--svg)",
+     1, 1},
     {Command::kVersion, "version", "", "Print the client version", 0, 0},
     {Command::kHelp, "help", "[COMMAND]", "Show this help, or a command's usage", 0, 1},
 };
@@ -83,6 +87,27 @@ absl::Status ParseTimeout(absl::string_view v, absl::Duration* out) {
         absl::StrCat("--timeout: expected a number of seconds in (0, 86400], got '", v, "'"));
   }
   *out = absl::Seconds(seconds);
+  return absl::OkStatus();
+}
+
+absl::Status ParseStep(absl::string_view flag, absl::string_view v, int64_t* out) {
+  if (!absl::SimpleAtoi(v, out) || *out < 0) {
+    return UsageError(absl::StrCat(flag, ": expected a step index (0, 1, ...), got '", v, "'"));
+  }
+  return absl::OkStatus();
+}
+
+// "A..B" with A <= B.
+absl::Status ParseStepRange(absl::string_view v, int64_t* first, int64_t* last) {
+  const size_t dots = v.find("..");
+  if (dots == absl::string_view::npos) {
+    return UsageError(absl::StrCat("--steps: expected A..B (step indices), got '", v, "'"));
+  }
+  if (absl::Status s = ParseStep("--steps", v.substr(0, dots), first); !s.ok()) return s;
+  if (absl::Status s = ParseStep("--steps", v.substr(dots + 2), last); !s.ok()) return s;
+  if (*first > *last) {
+    return UsageError(absl::StrCat("--steps: the range ", v, " is empty; give A..B with A <= B"));
+  }
   return absl::OkStatus();
 }
 
@@ -182,6 +207,19 @@ absl::StatusOr<CliOptions> ParseArgs(const std::vector<std::string>& args,
         return UsageError(
             absl::StrCat("--chunks: expected stages per worker in [0, 64], got '", *v, "'"));
       }
+    } else if (name == "--step") {
+      absl::StatusOr<std::string> v = value();
+      if (!v.ok()) return v.status();
+      if (absl::Status s = ParseStep(name, *v, &opts.trace_step); !s.ok()) return s;
+    } else if (name == "--steps") {
+      absl::StatusOr<std::string> v = value();
+      if (!v.ok()) return v.status();
+      if (absl::Status s = ParseStepRange(*v, &opts.trace_first, &opts.trace_last); !s.ok()) {
+        return s;
+      }
+    } else if (name == "--svg") {
+      if (absl::Status s = no_value(); !s.ok()) return s;
+      opts.svg = true;
     } else if (name == "--print-actions") {
       if (absl::Status s = no_value(); !s.ok()) return s;
       opts.print_actions = true;
@@ -226,6 +264,12 @@ absl::StatusOr<CliOptions> ParseArgs(const std::vector<std::string>& args,
       return UsageError("export: give the file to write with -o FILE.safetensors");
     }
     opts.output_path = *output_value;
+  } else if (opts.command == Command::kTrace) {
+    if (!output_value.has_value() || output_value->empty()) {
+      return UsageError(absl::StrCat("trace: give the file to write with -o ",
+                                     opts.svg ? "FILE.svg" : "FILE.json", " (- for stdout)"));
+    }
+    opts.output_path = *output_value;
   } else if (output_value.has_value()) {
     if (absl::Status s = ParseOutput(*output_value, &opts.output); !s.ok()) return s;
   }
@@ -257,6 +301,18 @@ absl::StatusOr<CliOptions> ParseArgs(const std::vector<std::string>& args,
     return UsageError(
         "--print-actions, --compare, --csv, --no-search and --no-profile apply to plan only");
   }
+  if ((opts.trace_step >= 0 || opts.trace_first >= 0 || opts.svg) &&
+      opts.command != Command::kTrace) {
+    return UsageError("--step, --steps and --svg apply to trace only");
+  }
+  if (opts.trace_step >= 0 && opts.trace_first >= 0) {
+    return UsageError("give --step N or --steps A..B, not both");
+  }
+  if (opts.svg && opts.trace_first >= 0) {
+    return UsageError(
+        "--svg draws one step: give --step N (or none for the latest), or write "
+        "the steps as JSON");
+  }
   if (opts.watch && opts.command != Command::kSubmit) {
     return UsageError("--watch applies to submit only; to follow a job use 'tandem watch JOB'");
   }
@@ -285,7 +341,8 @@ std::string Usage() {
       "                               else ",
       kDefaultCoordinator,
       ")\n"
-      "  -o, --output json|table      Output of status, list, workers, watch (default table)\n"
+      "  -o, --output json|table      Output of status, list, workers, watch (default table);\n"
+      "                               with export and trace: the file to write\n"
       "  --timeout SECONDS            Deadline of each request (default 10)\n"
       "  -w, --watch                  With submit: follow the job after submitting it\n"
       "  --schedule NAME              With plan, submit, validate: use this schedule (gpipe,\n"
@@ -302,6 +359,10 @@ std::string Usage() {
       "                               costs (plan with unit costs)\n"
       "  --no-search                  With plan: skip the planner's search over schedules and\n"
       "                               splits of the global batch (one profile only)\n"
+      "  --step N                     With trace: the step (its index from 0, as in the trace\n"
+      "                               and status -o json; default the latest kept)\n"
+      "  --steps A..B                 With trace: every kept step from A to B, in one JSON file\n"
+      "  --svg                        With trace: an SVG Gantt chart (one row per stage)\n"
       "  -h, --help                   Show help\n"
       "  --version                    Print the client version\n"
       "\n"
@@ -310,6 +371,7 @@ std::string Usage() {
       "  tandem watch $JOB\n"
       "  tandem status $JOB -o json\n"
       "  tandem plan examples/quickstart.yaml --compare\n"
+      "  tandem trace $JOB -o trace.json   # open it at https://ui.perfetto.dev\n"
       "\n"
       "Exit status: 0 on success, 1 on an error (or a watched job that failed or was\n"
       "cancelled), 2 on a usage error.\n");

@@ -3,6 +3,7 @@
 #ifndef TANDEM_COORDINATOR_CLI_ARGS_H_
 #define TANDEM_COORDINATOR_CLI_ARGS_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@ enum class Command {
   kValidate,  // validate JOB.yaml (local: parse, fill defaults, validate)
   kExport,    // export JOB -o FILE.safetensors
   kPlan,      // plan JOB.yaml (local: the schedule, its grid and predicted figures)
+  kTrace,     // trace JOB [--step N | --steps A..B] [--svg] -o FILE
 };
 
 struct CliOptions {
@@ -39,8 +41,16 @@ struct CliOptions {
   // Deadline of each unary call; the watch stream has its own long deadline.
   absl::Duration timeout = absl::Seconds(10);
   bool watch = false;  // submit --watch
-  // export: the file to write (-o FILE); for the other commands -o is the output format.
+  // export, trace: the file to write (-o FILE; trace: - for stdout); for the other commands
+  // -o is the output format.
   std::string output_path;
+  // trace only: the step index (from 0, as the trace and `status -o json` number steps; -1:
+  // the latest kept), or every kept step in [trace_first, trace_last] (--steps A..B, JSON
+  // only); --svg for an SVG Gantt chart instead of trace-event JSON.
+  int64_t trace_step = -1;
+  int64_t trace_first = -1;
+  int64_t trace_last = -1;
+  bool svg = false;
   // Schedule overrides of the job file (plan, submit, validate).
   std::string schedule;      // --schedule NAME
   std::string schedule_csv;  // --schedule-csv FILE (a path; the command reads it)

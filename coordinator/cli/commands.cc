@@ -311,6 +311,50 @@ absl::Status Export(const CliOptions& opts, CoordinatorClient& client, CommandIo
   return absl::OkStatus();
 }
 
+absl::Status Trace(const CliOptions& opts, CoordinatorClient& client, CommandIo io) {
+  v1::GetJobTraceRequest req;
+  req.set_job_id(opts.args[0]);
+  req.set_format(opts.svg ? v1::TRACE_FORMAT_SVG : v1::TRACE_FORMAT_JSON);
+  if (opts.trace_step >= 0) req.set_step(opts.trace_step);
+  if (opts.trace_first >= 0) {
+    req.set_first_step(opts.trace_first);
+    req.set_last_step(opts.trace_last);
+  }
+  absl::StatusOr<v1::GetJobTraceResponse> trace = client.GetJobTrace(req);
+  if (!trace.ok()) return RpcError(Command::kTrace, opts, trace.status());
+  const std::string& path = opts.output_path;
+  if (path == "-") {
+    io.out << trace->content();
+    return absl::OkStatus();
+  }
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << trace->content();
+    out.close();
+    if (!out) {
+      std::remove(tmp.c_str());
+      return absl::FailedPreconditionError(
+          absl::StrCat("trace: cannot write ", tmp, ": ", std::strerror(errno)));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return absl::FailedPreconditionError(absl::StrCat("trace: cannot rename ", tmp, " to ", path));
+  }
+  const auto& steps = trace->steps();
+  std::string shown;
+  if (steps.size() == 1) {
+    shown = absl::StrCat("step ", steps[0]);
+  } else if (!steps.empty()) {
+    shown = absl::StrCat(steps.size(), " steps, ", steps[0], " to ", steps[steps.size() - 1]);
+  }
+  io.out << "wrote " << path << " (" << opts.args[0] << " " << shown << ", "
+         << trace->content().size() << " bytes)"
+         << (opts.svg ? "" : "; open it at https://ui.perfetto.dev") << "\n";
+  return absl::OkStatus();
+}
+
 absl::Status Plan(const CliOptions& opts, CoordinatorClient& client, CommandIo io) {
   absl::StatusOr<v1::JobSpec> spec = LoadJobFile(opts);
   if (!spec.ok()) return spec.status();
@@ -376,7 +420,7 @@ absl::Status RunCommand(const CliOptions& opts, CoordinatorClient& client, Comma
       if (!opts.args.empty()) {
         for (Command c : {Command::kSubmit, Command::kStatus, Command::kWatch, Command::kList,
                           Command::kCancel, Command::kWorkers, Command::kValidate, Command::kExport,
-                          Command::kPlan, Command::kVersion}) {
+                          Command::kPlan, Command::kTrace, Command::kVersion}) {
           if (CommandName(c) == opts.args[0]) about = c;
         }
       }
@@ -404,6 +448,8 @@ absl::Status RunCommand(const CliOptions& opts, CoordinatorClient& client, Comma
       return Export(opts, client, io);
     case Command::kPlan:
       return Plan(opts, client, io);
+    case Command::kTrace:
+      return Trace(opts, client, io);
   }
   return absl::InternalError("unhandled command");
 }

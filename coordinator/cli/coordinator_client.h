@@ -39,6 +39,11 @@ class CoordinatorClient {
   // long deadline).
   virtual absl::StatusOr<v1::ModelProfile> ProfileModel(const v1::JobSpec& spec, bool refresh) = 0;
 
+  // A rendered timeline of kept steps (Coordinator.GetJobTrace); the client sets the
+  // protocol version. NOT_FOUND names the step that is not kept and the steps that are.
+  virtual absl::StatusOr<v1::GetJobTraceResponse> GetJobTrace(
+      const v1::GetJobTraceRequest& request) = 0;
+
   // Streams the export of the job's latest checkpoint to `on_chunk` (an error from it stops
   // the stream and is returned).
   virtual absl::Status ExportModel(

@@ -60,6 +60,13 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     return Unary(&v1::Coordinator::Stub::ListWorkers, req);
   }
 
+  absl::StatusOr<v1::GetJobTraceResponse> GetJobTrace(
+      const v1::GetJobTraceRequest& request) override {
+    v1::GetJobTraceRequest req = request;
+    req.set_protocol_version(kProtocolVersion);
+    return Unary(&v1::Coordinator::Stub::GetJobTrace, req);
+  }
+
   absl::StatusOr<v1::ModelProfile> ProfileModel(const v1::JobSpec& spec, bool refresh) override {
     v1::ProfileModelRequest req;
     req.set_protocol_version(kProtocolVersion);

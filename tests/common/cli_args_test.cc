@@ -155,12 +155,45 @@ TEST(ParseArgs, PlanAndScheduleOverrides) {
   EXPECT_THAT(UsageError({"plan", "j", "--print-actions=1"}), HasSubstr("takes no value"));
 }
 
+TEST(ParseArgs, Trace) {
+  CliOptions opts = Parse({"trace", "job-3", "-o", "t.json"});
+  EXPECT_EQ(opts.command, Command::kTrace);
+  EXPECT_THAT(opts.args, ElementsAre("job-3"));
+  EXPECT_EQ(opts.output_path, "t.json");  // a file, not a format
+  EXPECT_EQ(opts.trace_step, -1);
+  EXPECT_FALSE(opts.svg);
+  opts = Parse({"trace", "job-3", "--step", "7", "--svg", "-o", "t.svg"});
+  EXPECT_EQ(opts.trace_step, 7);
+  EXPECT_TRUE(opts.svg);
+  opts = Parse({"trace", "job-3", "--steps=2..9", "-o", "-"});
+  EXPECT_EQ(opts.trace_first, 2);
+  EXPECT_EQ(opts.trace_last, 9);
+  EXPECT_EQ(opts.output_path, "-");
+
+  EXPECT_THAT(UsageError({"trace", "job-3"}),
+              HasSubstr("give the file to write with -o FILE.json"));
+  EXPECT_THAT(UsageError({"trace", "job-3", "--svg"}), HasSubstr("-o FILE.svg"));
+  EXPECT_THAT(UsageError({"trace", "-o", "t.json"}), HasSubstr("usage: tandem trace JOB"));
+  EXPECT_THAT(UsageError({"trace", "job-3", "--step", "-1", "-o", "t"}),
+              HasSubstr("--step: expected a step index"));
+  EXPECT_THAT(UsageError({"trace", "job-3", "--steps", "9..2", "-o", "t"}), HasSubstr("is empty"));
+  EXPECT_THAT(UsageError({"trace", "job-3", "--steps", "4", "-o", "t"}), HasSubstr("A..B"));
+  EXPECT_THAT(UsageError({"trace", "job-3", "--step", "1", "--steps", "1..2", "-o", "t"}),
+              HasSubstr("not both"));
+  EXPECT_THAT(UsageError({"trace", "job-3", "--steps", "1..2", "--svg", "-o", "t"}),
+              HasSubstr("--svg draws one step"));
+  EXPECT_THAT(UsageError({"status", "job-3", "--svg"}), HasSubstr("apply to trace only"));
+}
+
 TEST(Usage, ListsEveryCommandAndFlag) {
   const std::string usage = Usage();
   for (const char* word :
-       {"submit", "status", "watch", "list", "cancel", "workers", "validate", "plan", "--schedule",
-        "--schedule-csv", "--print-actions", "--compare", "--coordinator", "--output", "--timeout",
-        "TANDEM_COORDINATOR", "127.0.0.1:7070"}) {
+       {"submit",         "status",         "watch",           "list",
+        "cancel",         "workers",        "validate",        "plan",
+        "--schedule",     "--schedule-csv", "--print-actions", "--compare",
+        "--coordinator",  "--output",       "--timeout",       "TANDEM_COORDINATOR",
+        "127.0.0.1:7070", "trace",          "--step",          "--steps",
+        "--svg"}) {
     EXPECT_THAT(usage, HasSubstr(word));
   }
   EXPECT_THAT(CommandUsage(Command::kWatch), HasSubstr("Usage: tandem watch JOB"));

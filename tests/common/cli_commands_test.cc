@@ -45,6 +45,13 @@ class FakeClient : public CoordinatorClient {
     ++profile_calls;
     return profile;
   }
+  absl::StatusOr<v1::GetJobTraceResponse> GetJobTrace(
+      const v1::GetJobTraceRequest& request) override {
+    trace_requests.push_back(request);
+    return trace;
+  }
+  absl::StatusOr<v1::GetJobTraceResponse> trace = v1::GetJobTraceResponse();
+  std::vector<v1::GetJobTraceRequest> trace_requests;
   std::vector<v1::ExportChunk> export_chunks;
   absl::Status export_status;
   absl::StatusOr<v1::ModelProfile> profile = absl::UnavailableError("connection refused");
@@ -521,6 +528,68 @@ TEST_F(CommandsTest, HelpAndVersion) {
   out_.str("");
   ASSERT_TRUE(Run(Opts(Command::kVersion)).ok());
   EXPECT_THAT(out_.str(), StartsWith("tandem 0.1.0"));
+}
+
+TEST_F(CommandsTest, TraceWritesTheCoordinatorsDocument) {
+  v1::GetJobTraceResponse resp;
+  resp.set_content(R"({"traceEvents":[]})");
+  resp.add_steps(7);
+  resp.add_kept_steps(6);
+  resp.add_kept_steps(7);
+  client_.trace = resp;
+  const std::string path = ::testing::TempDir() + "/trace.json";
+  CliOptions opts = Opts(Command::kTrace, {"job-3"});
+  opts.output_path = path;
+  ASSERT_TRUE(Run(opts).ok());
+  std::ifstream in(path);
+  std::stringstream written;
+  written << in.rdbuf();
+  EXPECT_EQ(written.str(), R"({"traceEvents":[]})");
+  EXPECT_EQ(out_.str(),
+            "wrote " + path + " (job-3 step 7, 18 bytes); open it at https://ui.perfetto.dev\n");
+  ASSERT_EQ(client_.trace_requests.size(), 1u);
+  const v1::GetJobTraceRequest& req = client_.trace_requests[0];
+  EXPECT_EQ(req.job_id(), "job-3");
+  EXPECT_EQ(req.format(), v1::TRACE_FORMAT_JSON);
+  EXPECT_FALSE(req.has_step());  // the coordinator picks the latest kept
+  EXPECT_FALSE(req.has_first_step());
+}
+
+TEST_F(CommandsTest, TraceStepRangeAndSvgAreAskedFor) {
+  v1::GetJobTraceResponse resp;
+  resp.set_content("<svg/>");
+  resp.add_steps(4);
+  client_.trace = resp;
+  CliOptions opts = Opts(Command::kTrace, {"job-3"});
+  opts.output_path = "-";  // stdout
+  opts.svg = true;
+  opts.trace_step = 4;
+  ASSERT_TRUE(Run(opts).ok());
+  EXPECT_EQ(out_.str(), "<svg/>");
+  EXPECT_EQ(client_.trace_requests[0].format(), v1::TRACE_FORMAT_SVG);
+  EXPECT_EQ(client_.trace_requests[0].step(), 4);
+
+  opts.svg = false;
+  opts.trace_step = -1;
+  opts.trace_first = 2;
+  opts.trace_last = 9;
+  ASSERT_TRUE(Run(opts).ok());
+  EXPECT_TRUE(client_.trace_requests[1].has_first_step());
+  EXPECT_EQ(client_.trace_requests[1].first_step(), 2);
+  EXPECT_EQ(client_.trace_requests[1].last_step(), 9);
+  EXPECT_FALSE(client_.trace_requests[1].has_step());
+}
+
+TEST_F(CommandsTest, TraceOfAStepNotKeptSaysWhichAre) {
+  client_.trace = absl::NotFoundError("job job-3 keeps no timings of step 3; kept steps: 0, 4..9");
+  CliOptions opts = Opts(Command::kTrace, {"job-3"});
+  opts.output_path = ::testing::TempDir() + "/none.json";
+  opts.trace_step = 3;
+  absl::Status s = Run(opts);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.message(),
+            "trace: NOT_FOUND: job job-3 keeps no timings of step 3; kept steps: 0, 4..9");
+  EXPECT_FALSE(std::ifstream(opts.output_path).good()) << "nothing is written";
 }
 
 TEST(MergeJsonObjects, Cases) {

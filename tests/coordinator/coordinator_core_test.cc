@@ -59,8 +59,8 @@ TEST(WorkerRegistryTest, BadRegistrationIsRefused) {
   EXPECT_EQ(registry.Register(Worker("")).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(registry.Register(Worker("a:1", "tpu")).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(registry.Heartbeat("w-99", 0).code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(registry.Heartbeat("garbage", 0).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.Heartbeat("w-99").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.Heartbeat("garbage").code(), absl::StatusCode::kNotFound);
 }
 
 TEST(WorkerRegistryTest, SilentWorkersAreLostAndBusyOnesReported) {
@@ -69,7 +69,7 @@ TEST(WorkerRegistryTest, SilentWorkersAreLostAndBusyOnesReported) {
   auto b = registry.Register(Worker("b:1"));
   ASSERT_TRUE(registry.Allocate("cpu", 1, "job-1").ok());
   std::this_thread::sleep_for(80ms);
-  ASSERT_TRUE(registry.Heartbeat(*b, 0).ok());
+  ASSERT_TRUE(registry.Heartbeat(*b).ok());
   auto lost = registry.SweepLost();
   ASSERT_EQ(lost.size(), 1u);
   EXPECT_EQ(lost[0].id, *a);
@@ -235,6 +235,15 @@ class FakeWorker final : public StageWorkerClient {
       rep->set_has_loss(true);
       rep->set_loss(5.0 / (1 + request.step()));
     }
+    if (timed) {  // every action 10 us, 1 us apart, on a clock of its own
+      const int64_t base = 1'700'000'000'000'000 + request.step() * 1'000'000 + rank_ * 333;
+      for (int i = 0; i < program_.actions_size(); ++i) {
+        v1::ActionTiming* t = rep->add_timings();
+        t->set_index(i);
+        t->set_start_us(base + i * 11);
+        t->set_end_us(base + i * 11 + 10);
+      }
+    }
     done(absl::OkStatus());
   }
   void ApplyStep(const v1::ApplyStepRequest& request, v1::ApplyStepResponse*, absl::Duration,
@@ -312,6 +321,7 @@ class FakeWorker final : public StageWorkerClient {
   int64_t fail_at_step = -1;
   int64_t hang_at_step = -1;
   int64_t nan_at_step = -1;
+  bool timed = false;  // report per-action timings
   std::vector<v1::ApplyStepRequest> applies;
 };
 
@@ -376,6 +386,28 @@ TEST(JobRunnerTest, OneRunStepPerWorkerPerStepAndProgramsAreLowered) {
   EXPECT_DOUBLE_EQ(job.history(4).loss(), 1.0);
   EXPECT_EQ(job.stages(0).actions(), "0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3");
   EXPECT_EQ(f.registry.List()[0].state, v1::IDLE);
+}
+
+// Each step's timings go to the store (with the lowered program, once), and the summary's
+// per-stage busy time is summed from the same record.
+TEST(JobRunnerTest, StepTimingsAreKeptAndGiveThePerStageBusyTime) {
+  RunnerFixture f;
+  f.factory.configure = [](FakeWorker* w) { w->timed = true; };
+  auto runner = f.Start(Spec(2, 3));
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  absl::StatusOr<v1::JobTimings> timings = f.store->GetTimings(job.id());
+  ASSERT_TRUE(timings.ok()) << timings.status();
+  EXPECT_EQ(timings->program().schedule(), "1f1b");
+  ASSERT_EQ(timings->steps_size(), 3);
+  EXPECT_EQ(timings->steps(2).step(), 2);
+  EXPECT_EQ(timings->steps(2).clock_offsets_us_size(), 2);
+  EXPECT_EQ(timings->steps(2).ranks(1).rank(), 1);
+  ASSERT_EQ(job.history(2).stage_busy_seconds_size(), 2);
+  // 4 forwards and 4 backwards of 10 us per stage.
+  EXPECT_DOUBLE_EQ(job.history(2).stage_busy_seconds(0), 80e-6);
+  EXPECT_DOUBLE_EQ(job.history(2).stage_busy_seconds(1), 80e-6);
 }
 
 // partition: profile: the runner profiles on the first worker (the embedding, one block and

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <regex>
 #include <sstream>
@@ -22,6 +23,8 @@
 #include "common/spec.h"
 #include "common/version.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tandem/v1/coordinator.grpc.pb.h"
@@ -652,6 +655,173 @@ TEST_F(ClusterTest, AutoPlanKeepsTheGlobalBatchAndItsLosses) {
   ASSERT_EQ(plan.exit_code, 0) << plan.err;
   EXPECT_THAT(plan.out, HasSubstr("Planner's choice: "));
   EXPECT_THAT(plan.out, HasSubstr("pipeline.plan is auto: the coordinator runs this choice"));
+}
+
+// One event of a trace-event JSON document, as google.protobuf.Struct parsed it.
+struct TraceEvent {
+  std::string name, ph, cat;
+  double ts = 0, dur = 0;
+  int pid = 0, tid = 0, id = -1;
+  std::string kind;  // args.kind of an action
+  int micro_batch = -1;
+};
+
+std::vector<TraceEvent> ParseTrace(const std::string& json) {
+  google::protobuf::Struct doc;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(json, &doc);
+  EXPECT_TRUE(parsed.ok()) << parsed.ToString();
+  std::vector<TraceEvent> out;
+  if (!parsed.ok() || !doc.fields().contains("traceEvents")) return out;
+  for (const auto& v : doc.fields().at("traceEvents").list_value().values()) {
+    const auto& f = v.struct_value().fields();
+    auto str = [&](const char* k) { return f.contains(k) ? f.at(k).string_value() : ""; };
+    auto num = [&](const char* k) { return f.contains(k) ? f.at(k).number_value() : -1.0; };
+    TraceEvent e;
+    e.name = str("name");
+    e.ph = str("ph");
+    e.cat = str("cat");
+    e.ts = num("ts");
+    e.dur = num("dur");
+    e.pid = static_cast<int>(num("pid"));
+    e.tid = static_cast<int>(num("tid"));
+    e.id = static_cast<int>(num("id"));
+    if (f.contains("args")) {
+      const auto& args = f.at("args").struct_value().fields();
+      if (args.contains("kind")) e.kind = args.at("kind").string_value();
+      if (args.contains("micro_batch")) {
+        e.micro_batch = static_cast<int>(args.at("micro_batch").number_value());
+      }
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+int CountOf(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// `tandem trace` on a real job: the JSON parses, every send has a flow to its receive, slices
+// on one track never overlap, and each stage's compute time in the trace is the busy time
+// GetJob reports for that step; the SVG has a row per stage and a rect per compute action.
+TEST_F(ClusterTest, TraceOfAStepMatchesWhatGetJobReports) {
+  StartCluster(2);
+  auto id = cluster_->Submit(TinyJobYaml(2, 4, 6));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto job = cluster_->WaitForEnd(*id, 120s);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->state(), v1::SUCCEEDED) << job->reason();
+  ASSERT_EQ(job->history_size(), 6);
+
+  const std::string json_path = cluster_->dir() + "/trace.json";
+  CommandResult r = cluster_->Cli({"trace", *id, "-o", json_path});  // the latest: step 5
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("step 5"));
+  const std::vector<TraceEvent> events = ParseTrace(ReadFile(json_path));
+  ASSERT_FALSE(events.empty());
+
+  std::map<std::pair<int, int>, std::vector<const TraceEvent*>> tracks;
+  std::map<int, double> busy_us;  // per process (stage + 1)
+  std::map<int, const TraceEvent*> flow_start, flow_end;
+  int sends = 0, recvs = 0, computes = 0;
+  for (const TraceEvent& e : events) {
+    if (e.ph == "X") {
+      tracks[{e.pid, e.tid}].push_back(&e);
+      if (e.cat == "compute") {
+        busy_us[e.pid] += e.dur;
+        ++computes;
+      }
+      sends += absl::StartsWith(e.kind, "SEND");
+      recvs += absl::StartsWith(e.kind, "RECV");
+    } else if (e.ph == "s") {
+      EXPECT_TRUE(flow_start.emplace(e.id, &e).second) << "flow id " << e.id << " twice";
+    } else if (e.ph == "f") {
+      EXPECT_TRUE(flow_end.emplace(e.id, &e).second) << "flow id " << e.id << " twice";
+    }
+  }
+  // 2 stages, 1F1B, 4 micro-batches: 8 F and 8 B; stage 0 sends 4 activations and receives 4
+  // gradients, stage 1 the other way round.
+  EXPECT_EQ(computes, 16);
+  EXPECT_EQ(sends, 8);
+  EXPECT_EQ(recvs, 8);
+  EXPECT_EQ(flow_start.size(), 8u);
+  EXPECT_EQ(flow_end.size(), 8u);
+
+  for (auto& [track, slices] : tracks) {
+    std::sort(slices.begin(), slices.end(),
+              [](const TraceEvent* a, const TraceEvent* b) { return a->ts < b->ts; });
+    for (size_t i = 1; i < slices.size(); ++i) {
+      EXPECT_LE(slices[i - 1]->ts + slices[i - 1]->dur, slices[i]->ts + 1e-6)
+          << "pid " << track.first << " tid " << track.second << ": " << slices[i - 1]->name
+          << " overlaps " << slices[i]->name;
+    }
+  }
+  // The slice a flow event binds to: the last on its track that starts at or before it, if
+  // the event lies within it (the tracks are sorted by start above).
+  auto slice_at = [&](const TraceEvent& flow) -> const TraceEvent* {
+    const TraceEvent* found = nullptr;
+    for (const TraceEvent* s : tracks[{flow.pid, flow.tid}]) {
+      if (s->ts <= flow.ts + 1e-9) found = s;
+    }
+    if (found == nullptr || flow.ts > found->ts + found->dur + 1e-9) return nullptr;
+    return found;
+  };
+  // Each send starts a flow on its own slice; the flow ends inside the receive of the same
+  // message (a RECV of the same payload and micro-batch) on the neighbouring stage.
+  for (const TraceEvent& e : events) {
+    if (e.ph != "X" || !absl::StartsWith(e.kind, "SEND")) continue;
+    const TraceEvent* start = nullptr;
+    for (const auto& [fid, f] : flow_start) {
+      if (f->pid == e.pid && f->tid == e.tid && f->ts == e.ts) start = f;
+    }
+    ASSERT_NE(start, nullptr) << "no flow from " << e.name << " of pid " << e.pid;
+    ASSERT_TRUE(flow_end.contains(start->id)) << "flow " << start->id << " has no end";
+    const TraceEvent* recv = slice_at(*flow_end.at(start->id));
+    ASSERT_NE(recv, nullptr) << "the flow from " << e.name << " ends outside any slice";
+    EXPECT_EQ(recv->kind, e.kind == "SEND_F" ? "RECV_F" : "RECV_B") << e.name;
+    EXPECT_EQ(recv->micro_batch, e.micro_batch) << e.name;
+    EXPECT_EQ(std::abs(recv->pid - e.pid), 1) << e.name;
+  }
+  // Per-stage busy time: the trace against GetJob's figure for step 5 (the trace nudges a
+  // slice by 1 ns at most where two would start in one microsecond).
+  const v1::StepSummary& step5 = job->history(5);
+  ASSERT_EQ(step5.step(), 5);
+  ASSERT_EQ(step5.stage_busy_seconds_size(), 2);
+  for (int stage = 0; stage < 2; ++stage) {
+    EXPECT_GT(step5.stage_busy_seconds(stage), 0.0);
+    EXPECT_NEAR(busy_us[stage + 1], step5.stage_busy_seconds(stage) * 1e6, 0.02) << stage;
+  }
+
+  // Several steps in one file; a step that is not kept names the kept ones.
+  r = cluster_->Cli({"trace", *id, "--steps", "0..5", "-o", json_path});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  int all_computes = 0;
+  for (const TraceEvent& e : ParseTrace(ReadFile(json_path))) {
+    all_computes += e.ph == "X" && e.cat == "compute";
+  }
+  EXPECT_EQ(all_computes, 6 * 16);
+  r = cluster_->Cli({"trace", *id, "--step", "99", "-o", json_path});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("keeps no timings of step 99; kept steps: 0..5"));
+
+  const std::string svg_path = cluster_->dir() + "/trace.svg";
+  r = cluster_->Cli({"trace", *id, "--step", "3", "--svg", "-o", svg_path});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string svg = ReadFile(svg_path);
+  EXPECT_EQ(CountOf(svg, "<g class=\"row\""), 2) << svg;
+  EXPECT_EQ(CountOf(svg, "<rect class=\"act "), 16);
+  EXPECT_THAT(svg, HasSubstr("step 3: 1f1b, 2 ranks, 4 micro-batches"));
+
+  // The workers' clocks: on one host the true offset is 0, so the estimate is within its
+  // error bound (half the best heartbeat round trip).
+  auto workers = cluster_->Workers();
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  for (const v1::WorkerInfo& w : *workers) {
+    EXPECT_GE(w.clock_uncertainty_us(), 0) << w.worker_id();
+    EXPECT_LE(std::abs(w.clock_offset_us()), w.clock_uncertainty_us()) << w.worker_id();
+  }
 }
 
 // Every example spec in examples/ runs to SUCCEEDED (shortened to a few steps). The
