@@ -8,7 +8,8 @@
 # Starts a real coordinator (with a data root, so the profile is cached after the first job)
 # and two workers on 127.0.0.1, then runs, 3 steps each (the first is a warm-up; figures are
 # medians of the rest): partition profile and partition uniform with 1f1b at M=8, then with
-# the profile: zb_h1 and gpipe at M=8 and 1f1b at M=4 and M=16. Prints per job the cut, the
+# the profile: zb_h1 and gpipe at M=8 and 1f1b at M=4 and M=16, and pipeline.plan: auto at the
+# same global batch as the first (the planner profiles every split of it). Prints per job the cut, the
 # measured step, the step the plan predicted from the profile (Job.predicted_step_seconds), and
 # their ratio; and the profiled cut's speed-up over the uniform one.
 set -euo pipefail
@@ -37,7 +38,7 @@ trap cleanup EXIT
 source scripts/local-cluster.sh
 local_cluster_start "$bin" "$run" "$run" --data-root "$run/store" || [ "$?" = 2 ]
 
-spec() {  # NAME PARTITION SCHEDULE M
+spec() {  # NAME PARTITION SCHEDULE M [PLAN]
   cat <<YAML
 name: $1
 steps: $steps
@@ -61,11 +62,12 @@ pipeline:
   micro_batches: $4
   schedule: $3
   partition: $2
+  plan: "${5:-}"
 YAML
 }
 
 : >"$run/results.jsonl"
-job() {  # NAME PARTITION SCHEDULE M
+job() {  # NAME PARTITION SCHEDULE M [PLAN]
   spec "$@" >"$run/$1.yaml"
   local id
   id="$("$bin/tandem" submit "$run/$1.yaml")"
@@ -83,6 +85,9 @@ print(json.dumps({
     "partition": job["spec"]["pipeline"]["partition"],
     "schedule": job["spec"]["pipeline"]["schedule"],
     "m": int(job["spec"]["pipeline"]["micro_batches"]),
+    "micro_batch_size": int(job["spec"]["pipeline"]["micro_batch_size"]),
+    "chunks": int(job["spec"]["pipeline"].get("chunks", 0)),
+    "plan": job.get("plan", ""),
     "cut": [[int(s.get("layer_begin", 0)), int(s["layer_end"])] for s in stages],
     "step_s": statistics.median(measured),
     "predicted_s": float(job.get("predicted_step_seconds", 0)),
@@ -101,6 +106,8 @@ job profile-zb_h1-m8 profile zb_h1 8
 job profile-gpipe-m8 profile gpipe 8
 job profile-1f1b-m4 profile 1f1b 4
 job profile-1f1b-m16 profile 1f1b 16
+# The planner: the same global batch (8 x 4 sequences) split and scheduled as it predicts best.
+job auto-b32 profile 1f1b 8 auto
 
 "$bin/tandem" plan "$run/profile-1f1b-m8.yaml" >"$run/plan.txt" 2>&1 || true
 echo "== tandem plan (profile, 1f1b, M=8) =="
@@ -127,5 +134,11 @@ print(f"largest |measured / predicted - 1| over the jobs: {worst:.3f}; target <=
       f"{'PASS' if worst <= 0.10 else 'FAIL'}")
 d = max(abs(a - b) / abs(b) for a, b in zip(u["losses"], p["losses"]))
 print(f"losses uniform vs profiled cut: max relative difference {d:.1e}")
+a = next((r for r in rows if r["name"] == "auto-b32"), None)
+if a:
+    print(f"planner (pipeline.plan: auto, global batch 32): {a['plan']}")
+    print(f"  measured {a['step_s']:.3f} s against {p['step_s']:.3f} s for 1f1b 8 x 4 as written: "
+          f"{p['step_s'] / a['step_s']:.2f}x; losses max relative difference "
+          f"{max(abs(x - y) / abs(y) for x, y in zip(a['losses'], p['losses'])):.1e}")
 print(json.dumps({"partition_bench": rows}))
 PY

@@ -1,3 +1,6 @@
+#include <stdlib.h>
+
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -112,11 +115,24 @@ class CommandsTest : public ::testing::Test {
   absl::Status Run(const CliOptions& opts) {
     return RunCommand(opts, client_, {out_, in_, /*live=*/false});
   }
+  // Files live in a directory of this test's own: ctest runs the cases of this binary as
+  // parallel processes, and a shared /tmp/plan.yaml was read half-written by another.
   std::string WriteFile(const std::string& name, const std::string& text) {
-    const std::string path = ::testing::TempDir() + "/" + name;
+    const std::string path = Dir() + "/" + name;
     std::ofstream(path) << text;
     return path;
   }
+  const std::string& Dir() {
+    if (dir_.empty()) {
+      std::string pattern = ::testing::TempDir() + "/tandem-cli-XXXXXX";
+      dir_ = mkdtemp(pattern.data());
+    }
+    return dir_;
+  }
+  void TearDown() override {
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  std::string dir_;
 
   FakeClient client_;
   std::ostringstream out_;
@@ -344,7 +360,7 @@ TEST_F(CommandsTest, PlanScheduleOverrideAndCsvRoundTrip) {
   const std::string path = WriteFile("plan.yaml", kPlanJob);
   CliOptions opts = Opts(Command::kPlan, {path});
   opts.schedule = "interleaved_1f1b";
-  opts.csv_out = ::testing::TempDir() + "/plan.csv";
+  opts.csv_out = Dir() + "/plan.csv";
   ASSERT_TRUE(Run(opts).ok()) << out_.str();
   EXPECT_THAT(out_.str(), HasSubstr("schedule interleaved_1f1b, 4 stages (2 per worker)"));
   EXPECT_THAT(out_.str(), HasSubstr("formula (P-1)/(vM+P-1) = 11.1%"));
@@ -537,7 +553,7 @@ TEST_F(CommandsTest, TraceWritesTheCoordinatorsDocument) {
   resp.add_kept_steps(6);
   resp.add_kept_steps(7);
   client_.trace = resp;
-  const std::string path = ::testing::TempDir() + "/trace.json";
+  const std::string path = Dir() + "/trace.json";
   CliOptions opts = Opts(Command::kTrace, {"job-3"});
   opts.output_path = path;
   ASSERT_TRUE(Run(opts).ok());
@@ -583,7 +599,7 @@ TEST_F(CommandsTest, TraceStepRangeAndSvgAreAskedFor) {
 TEST_F(CommandsTest, TraceOfAStepNotKeptSaysWhichAre) {
   client_.trace = absl::NotFoundError("job job-3 keeps no timings of step 3; kept steps: 0, 4..9");
   CliOptions opts = Opts(Command::kTrace, {"job-3"});
-  opts.output_path = ::testing::TempDir() + "/none.json";
+  opts.output_path = Dir() + "/none.json";
   opts.trace_step = 3;
   absl::Status s = Run(opts);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
