@@ -8,8 +8,10 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/clock.h"
 #include "common/model_desc.h"
 #include "common/schedule.h"
@@ -315,6 +317,38 @@ struct StageExecutor::MicroBatch {
     return n;
   }
 };
+
+absl::StatusOr<InjectedFault> ParseInjectedFault(absl::string_view text) {
+  const std::vector<std::string> parts = absl::StrSplit(text, ':');
+  InjectedFault f;
+  if (parts.size() < 2 || parts.size() > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fault '", text, "': expected STEP:KIND or STEP:KIND:MICRO_BATCH"));
+  }
+  if (!absl::SimpleAtoi(parts[0], &f.step) || f.step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fault '", text, "': step '", parts[0], "' is not a step index >= 0"));
+  }
+  bool known = false;
+  for (int k = v1::ActionKind_MIN; k <= v1::ActionKind_MAX; ++k) {
+    if (!v1::ActionKind_IsValid(k)) continue;
+    const auto kind = static_cast<v1::ActionKind>(k);
+    if (parts[1] == ActionKindName(kind)) {
+      f.kind = kind;
+      known = true;
+    }
+  }
+  if (!known) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fault '", text, "': action kind '", parts[1],
+                     "' is not one of F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B"));
+  }
+  if (parts.size() == 3 && (!absl::SimpleAtoi(parts[2], &f.micro_batch) || f.micro_batch < 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fault '", text, "': micro-batch '", parts[2], "' is not an index >= 0"));
+  }
+  return f;
+}
 
 absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     const v1::StageProgram& program, Dataset data, std::unique_ptr<Transport> transport) {
@@ -721,7 +755,9 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode
     v1::ActionTiming* timing = report.add_timings();
     timing->set_index(i);
     timing->set_start_us(UnixMicros());
-    absl::Status s = RunAction(a, step, eval);
+    absl::Status s = !eval && fault_.Matches(step, a)
+                         ? absl::InternalError("injected fault (tandem-worker --test-fail-at)")
+                         : RunAction(a, step, eval);
     timing->set_end_us(UnixMicros());
     if (!s.ok()) return fail(s, Where(a));
     Account(chunk_of_stage_[a.stage()], a.micro_batch());

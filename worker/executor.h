@@ -61,6 +61,22 @@ int MicroBatchesOf(const v1::StageProgram& program);
 // Whether the worker reads the data (it holds the embedding or the head).
 bool StageNeedsCorpus(const v1::StageProgram& program);
 
+// A test-only fault (tandem-worker --test-fail-at): the action of `kind` on micro-batch
+// `micro_batch` (-1: any) in training step `step` fails with INTERNAL, as a failed kernel
+// would, so that tests can follow a worker's error to the CLI.
+struct InjectedFault {
+  int64_t step = -1;  // -1: none
+  v1::ActionKind kind = v1::ACTION_F;
+  int micro_batch = -1;
+  bool Matches(int64_t s, const v1::Action& a) const {
+    return step >= 0 && s == step && a.kind() == kind &&
+           (micro_batch < 0 || a.micro_batch() == micro_batch);
+  }
+};
+// "STEP:KIND" or "STEP:KIND:MB" (KIND as in the schedule notation: F, B, I, W, SEND_F, ...).
+// INVALID_ARGUMENT naming the part that is wrong.
+absl::StatusOr<InjectedFault> ParseInjectedFault(absl::string_view text);
+
 class StageExecutor {
  public:
   // Builds the worker's layers (initialised from spec.seed by global layer index) and its
@@ -117,6 +133,9 @@ class StageExecutor {
   // RunStep.
   std::vector<Parameter*> Parameters();
 
+  // Arms a test-only fault for later steps (see InjectedFault).
+  void set_fault(const InjectedFault& fault) { fault_ = fault; }
+
  private:
   struct MicroBatch;
   // One stage held by this worker.
@@ -157,6 +176,7 @@ class StageExecutor {
   const Tensor& KeepForSend(Tensor t);
   std::string Where(const v1::Action& a) const;
 
+  InjectedFault fault_;
   const v1::StageProgram program_;
   const int rank_;
   const int num_stages_;

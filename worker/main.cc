@@ -50,6 +50,9 @@ ABSL_FLAG(std::string, data_root, ".", "directory that job data paths resolve un
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file");
 ABSL_FLAG(int, heartbeat_ms, 1000, "heartbeat interval until the coordinator sets one");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
+ABSL_FLAG(std::string, test_fail_at, "",
+          "for tests only: fail the action STEP:KIND[:MICRO_BATCH] of a training step (e.g. "
+          "2:B:1) with an injected error, as a failed kernel would");
 ABSL_FLAG(bool, keep_heap, true,
           "keep freed memory in the process heap instead of returning it to the OS: a training "
           "step allocates the same large activation buffers every time, and re-faulting them "
@@ -177,6 +180,15 @@ int Run() {
   WorkerConfig config;
   config.device = device;
   config.data_root = absl::GetFlag(FLAGS_data_root);
+  if (const std::string fault = absl::GetFlag(FLAGS_test_fail_at); !fault.empty()) {
+    absl::StatusOr<InjectedFault> f = ParseInjectedFault(fault);
+    if (!f.ok()) {
+      spdlog::error("--test-fail-at: {}", std::string(f.status().message()));
+      return 2;
+    }
+    config.fault = *f;
+    spdlog::warn("--test-fail-at {}: this worker will fail that action on purpose", fault);
+  }
   TransportFactory factory =
       [coordinator_channel, data_host](
           const v1::StageProgram& program,

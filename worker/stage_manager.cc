@@ -92,6 +92,7 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
     if (cancelled->load()) return absl::AbortedError("aborted while connecting");
     absl::StatusOr<std::unique_ptr<StageExecutor>> ex =
         StageExecutor::Create(program, std::move(data), std::move(transport));
+    if (ex.ok()) (*ex)->set_fault(config_.fault);
     if (!ex.ok() || program.restore().job_id().empty()) return ex;
     // Resume: parameters and optimizer state by global name from the checkpoint.
     if (!tensor_source_) {

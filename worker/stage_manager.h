@@ -46,6 +46,7 @@ using TensorSource = std::function<absl::Status(const v1::CheckpointRef& checkpo
 struct WorkerConfig {
   std::string device = "cpu";   // reported in status; only "cpu" is supported now
   std::string data_root = ".";  // data.path of a "file" source resolves under it
+  InjectedFault fault;          // test-only (--test-fail-at); none by default
 };
 
 class StageManager {

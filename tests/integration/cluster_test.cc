@@ -295,6 +295,42 @@ TEST_F(ClusterTest, WorkerThatDiesMidJobFailsTheJobNamingIt) {
       5s));
 }
 
+// A worker made to fail on purpose (--test-fail-at): the error reaches the job, `tandem
+// status` and `tandem watch` naming the worker, its stage, the step and the action.
+TEST_F(ClusterTest, AnInjectedWorkerFaultNamesWorkerStageStepAndAction) {
+  StartCluster(0);
+  ASSERT_TRUE(cluster_->AddWorker().ok());
+  ASSERT_TRUE(cluster_->AddWorker({"--test-fail-at=1:B:1"}).ok());
+  auto workers = cluster_->Workers();
+  ASSERT_TRUE(workers.ok() && workers->size() == 2u);
+  auto id = cluster_->Submit(TinyJobYaml(2, 4, 3));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto end = cluster_->WaitForEnd(*id, 60s);
+  ASSERT_TRUE(end.ok()) << end.status();
+  ASSERT_EQ(end->state(), v1::FAILED);
+  // The faulty worker is the second to register; find its stage in the job.
+  const std::string port =
+      absl::StrCat(":", absl::StripAsciiWhitespace(ReadFile(cluster_->dir() + "/worker1.port")));
+  const v1::StageAssignment* faulty = nullptr;
+  for (const v1::StageAssignment& s : end->stages()) {
+    if (absl::EndsWith(s.address(), port)) faulty = &s;
+  }
+  ASSERT_NE(faulty, nullptr);
+  const std::string& reason = end->reason();
+  EXPECT_THAT(reason, HasSubstr("step 1: "));  // the step index, as --test-fail-at takes it
+  EXPECT_THAT(reason, HasSubstr(absl::StrCat("stage ", faulty->stage())));
+  EXPECT_THAT(reason, HasSubstr(faulty->worker_id()));
+  EXPECT_THAT(reason, HasSubstr("B mb 1"));
+  EXPECT_THAT(reason, HasSubstr("injected fault"));
+  CommandResult status = cluster_->Cli({"status", *id});
+  EXPECT_THAT(status.out, HasSubstr("injected fault"));
+  EXPECT_THAT(status.out, HasSubstr(faulty->worker_id()));
+  CommandResult watch = cluster_->Cli({"watch", *id});
+  EXPECT_NE(watch.exit_code, 0);
+  EXPECT_THAT(watch.out + watch.err, HasSubstr("B mb 1"));
+  EXPECT_THAT(watch.out + watch.err, HasSubstr(faulty->worker_id()));
+}
+
 TEST_F(ClusterTest, ProtocolVersionMismatchIsRefused) {
   StartCluster(0);
   v1::ListJobsRequest req;

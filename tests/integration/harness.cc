@@ -170,20 +170,23 @@ absl::Status Cluster::Start() {
   return absl::OkStatus();
 }
 
-absl::Status Cluster::StartWorker() {
+absl::Status Cluster::StartWorker(const std::vector<std::string>& extra_flags) {
   const int i = static_cast<int>(workers_.size());
-  workers_.push_back(std::make_unique<Process>(
-      std::string(TANDEM_BIN_DIR) + "/tandem-worker",
-      std::vector<std::string>{"--coordinator=" + address(), "--listen=127.0.0.1:0", "--device=cpu",
-                               "--threads=1", "--data-root=" + dir_,
-                               absl::StrCat("--port-file=", dir_, "/worker", i, ".port")},
-      absl::StrCat(dir_, "/worker", i, ".log")));
+  std::vector<std::string> args = {"--coordinator=" + address(),
+                                   "--listen=127.0.0.1:0",
+                                   "--device=cpu",
+                                   "--threads=1",
+                                   "--data-root=" + dir_,
+                                   absl::StrCat("--port-file=", dir_, "/worker", i, ".port")};
+  args.insert(args.end(), extra_flags.begin(), extra_flags.end());
+  workers_.push_back(std::make_unique<Process>(std::string(TANDEM_BIN_DIR) + "/tandem-worker", args,
+                                               absl::StrCat(dir_, "/worker", i, ".log")));
   return absl::OkStatus();
 }
 
-absl::Status Cluster::AddWorker() {
+absl::Status Cluster::AddWorker(const std::vector<std::string>& extra_flags) {
   const size_t want = workers_.size() + 1;
-  if (absl::Status s = StartWorker(); !s.ok()) return s;
+  if (absl::Status s = StartWorker(extra_flags); !s.ok()) return s;
   if (!WaitFor(
           [&] {
             auto w = Workers();

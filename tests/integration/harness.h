@@ -67,7 +67,9 @@ class Cluster {
 
   // Starts everything and waits until every worker is registered.
   absl::Status Start();
-  absl::Status AddWorker();
+  // Starts one more worker (with `extra_flags`, e.g. "--test-fail-at=1:B") and waits until it
+  // is registered.
+  absl::Status AddWorker(const std::vector<std::string>& extra_flags = {});
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   const std::string& dir() const { return dir_; }
   Process& worker(int i) { return *workers_[i]; }
@@ -85,7 +87,7 @@ class Cluster {
   CommandResult Cli(const std::vector<std::string>& args);
 
  private:
-  absl::Status StartWorker();
+  absl::Status StartWorker(const std::vector<std::string>& extra_flags = {});
 
   Options options_;
   std::string dir_;

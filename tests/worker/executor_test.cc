@@ -437,5 +437,32 @@ TEST(ValidateStageProgramTest, RejectsBadPrograms) {
   EXPECT_NE(ValidateStageProgram(last).message().find("no such transfer"), std::string::npos);
 }
 
+TEST(InjectedFaultTest, ParsesStepKindAndMicroBatchAndNamesWhatIsWrong) {
+  absl::StatusOr<InjectedFault> f = ParseInjectedFault("2:B:1");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->step, 2);
+  EXPECT_EQ(f->kind, v1::ACTION_B);
+  EXPECT_EQ(f->micro_batch, 1);
+  v1::Action a;
+  a.set_kind(v1::ACTION_B);
+  a.set_micro_batch(1);
+  EXPECT_TRUE(f->Matches(2, a));
+  EXPECT_FALSE(f->Matches(1, a));
+  a.set_micro_batch(0);
+  EXPECT_FALSE(f->Matches(2, a));
+  f = ParseInjectedFault("0:SEND_F");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->micro_batch, -1);
+  a.set_kind(v1::ACTION_SEND_F);
+  EXPECT_TRUE(f->Matches(0, a));
+  EXPECT_FALSE(InjectedFault{}.Matches(0, a));
+  for (const char* bad : {"", "2", "x:B", "-1:B", "2:Q", "2:B:x", "2:B:1:0"}) {
+    absl::StatusOr<InjectedFault> b = ParseInjectedFault(bad);
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(b.status().message().find(absl::StrCat("fault '", bad, "'")), std::string::npos)
+        << b.status();
+  }
+}
+
 }  // namespace
 }  // namespace tandem::worker
