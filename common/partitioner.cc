@@ -414,4 +414,16 @@ std::vector<int64_t> LayerParameterCounts(const v1::ModelSpec& model) {
   return counts;
 }
 
+double ModelFlopsPerToken(const v1::ModelSpec& model) {
+  const std::vector<int64_t> params = LayerParameterCounts(model);
+  if (params.size() < 2) return 0.0;
+  double multiplied = 0.0;  // every layer but the embedding (a lookup, no multiply)
+  for (size_t g = 1; g < params.size(); ++g) multiplied += static_cast<double>(params[g]);
+  double flops = 6.0 * multiplied;
+  if (model.arch() == "gpt") {
+    flops += 12.0 * model.n_layer() * static_cast<double>(model.d_model()) * model.seq_len();
+  }
+  return flops;
+}
+
 }  // namespace tandem

@@ -89,6 +89,13 @@ absl::StatusOr<std::vector<LayerRange>> RangesFromCuts(const std::vector<int>& c
 // for another arch or a negative n_layer.
 std::vector<int64_t> LayerParameterCounts(const v1::ModelSpec& model);
 
+// Model FLOPs of one training token (forward + backward), the convention model-FLOPs
+// utilisation is quoted in (PaLM, Megatron-LM): 6 per parameter a token multiplies through
+// (every layer's but the embedding's lookup tables: the blocks and the head's matrix), plus,
+// for gpt, attention's 12 x n_layer x d_model x seq_len (scores and the weighted sum, forward
+// and backward). 0 for a model LayerParameterCounts does not know.
+double ModelFlopsPerToken(const v1::ModelSpec& model);
+
 }  // namespace tandem
 
 #endif  // TANDEM_COMMON_PARTITIONER_H_

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/model_desc.h"
+#include "common/partitioner.h"
 #include "common/planner.h"
 #include "common/schedule_check.h"
 #include "common/spec.h"
@@ -404,6 +405,8 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
   if (absl::StatusOr<StepTimeline> t = TimelineOf(plan_.schedule, timings); t.ok()) {
     for (const StageTimes& st : t->stages) {
       summary.add_stage_busy_seconds(static_cast<double>(st.busy_us) * 1e-6);
+      summary.add_stage_comm_seconds(static_cast<double>(st.comm_us) * 1e-6);
+      summary.add_stage_idle_seconds(static_cast<double>(st.idle_us) * 1e-6);
     }
   } else {
     spdlog::warn("{}: {}: cannot build the step's timeline: {}", job_.id(), what,
@@ -442,6 +445,17 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
   summary.set_coordinator_overhead_seconds(
       std::max(0.0, run_seconds - summary.max_worker_exec_seconds()));
   summary.set_tokens_per_second(step_seconds > 0 ? job_.tokens_per_step() / step_seconds : 0);
+  // MFU against the sum of the workers' measured peaks; one unknown peak leaves it 0.
+  double peak = 0.0;
+  bool peaks_known = true;
+  for (const WorkerRecord& w : workers_) {
+    peaks_known = peaks_known && w.peak_flops > 0;
+    peak += w.peak_flops;
+  }
+  if (peaks_known && step_seconds > 0) {
+    summary.set_mfu(ModelFlopsPerToken(spec_.model()) *
+                    static_cast<double>(job_.tokens_per_step()) / step_seconds / peak);
+  }
   if (EvalDue(spec, step)) {
     absl::StatusOr<double> val = RunEval(step);
     if (!val.ok()) return val.status();

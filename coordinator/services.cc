@@ -192,6 +192,7 @@ class CoordinatorServiceImpl final : public v1::Coordinator::Service {
           std::chrono::duration<double>(now - w.last_heartbeat).count());
       info->set_version(w.version);
       info->set_hostname(w.hostname);
+      info->set_peak_flops(w.peak_flops);
       info->set_clock_offset_us(w.clock_offset_us);
       info->set_clock_uncertainty_us(w.clock_uncertainty_us);
     }

@@ -29,6 +29,10 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterRequest& 
   if (request.threads() < 0) {
     return absl::InvalidArgumentError("register: threads must be >= 0");
   }
+  if (!(request.peak_flops() >= 0) || request.peak_flops() > 1e18) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "register: peak_flops must be a FLOP/s figure in [0, 1e18], got ", request.peak_flops()));
+  }
   absl::MutexLock lock(&mu_);
   // A worker restarted at the same address replaces its old record.
   for (auto& [n, w] : workers_) {
@@ -42,6 +46,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterRequest& 
   w.threads = request.threads();
   w.hostname = request.hostname();
   w.version = request.version();
+  w.peak_flops = request.peak_flops();
   w.state = v1::IDLE;
   w.last_heartbeat = Clock::now();
   return w.id;

@@ -30,6 +30,7 @@ struct WorkerRecord {
   int threads = 1;
   std::string hostname;
   std::string version;
+  double peak_flops = 0.0;  // measured SGEMM FLOP/s (RegisterRequest.peak_flops); 0 = unknown
   v1::WorkerState state = v1::IDLE;
   std::string job_id;  // set while allocated
   int stage = -1;

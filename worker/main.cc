@@ -33,6 +33,7 @@
 #include "common/rpc.h"
 #include "common/version.h"
 #include "worker/checkpoint_client.h"
+#include "worker/profiler.h"
 #include "worker/registration.h"
 #include "worker/stage_manager.h"
 #include "worker/stage_service.h"
@@ -240,6 +241,9 @@ int Run() {
   reg.device = device;
   reg.threads = threads;
   reg.hostname = Hostname();
+  reg.peak_flops = MeasurePeakFlops();
+  spdlog::info("peak single-precision GEMM: {:.1f} GFLOP/s on {} thread(s)", reg.peak_flops / 1e9,
+               threads);
   reg.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   RegistrationClient registration(coordinator_channel, reg, &manager);
   registration.Start();

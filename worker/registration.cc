@@ -51,6 +51,7 @@ grpc::Status RegistrationClient::Register() {
   req.set_threads(options_.threads);
   req.set_hostname(options_.hostname);
   req.set_version(kVersion);
+  req.set_peak_flops(options_.peak_flops);
   grpc::ClientContext ctx;
   SetDeadline(ctx, options_.rpc_timeout);
   v1::RegisterResponse resp;

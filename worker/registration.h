@@ -27,6 +27,7 @@ struct RegistrationOptions {
   std::string device;   // "cpu"
   int threads = 1;
   std::string hostname;
+  double peak_flops = 0.0;  // MeasurePeakFlops at start
   // Used until the coordinator's RegisterResponse names its own interval.
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds rpc_timeout{5000};

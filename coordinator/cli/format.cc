@@ -159,11 +159,12 @@ std::string FormatJobsTable(const v1::ListJobsResponse& jobs) {
 }
 
 std::string FormatWorkersTable(const v1::ListWorkersResponse& workers) {
-  Table table(
-      {"ID", "ADDRESS", "DEVICE", "THREADS", "STATE", "JOB", "STAGE", "HEARTBEAT", "VERSION"});
+  Table table({"ID", "ADDRESS", "DEVICE", "THREADS", "PEAK GFLOP/S", "STATE", "JOB", "STAGE",
+               "HEARTBEAT", "VERSION"});
   for (const v1::WorkerInfo& w : workers.workers()) {
     const bool has_job = !w.job_id().empty();
     table.AddRow({w.worker_id(), w.address(), w.device(), absl::StrCat(w.threads()),
+                  w.peak_flops() > 0 ? absl::StrFormat("%.1f", w.peak_flops() / 1e9) : "-",
                   WorkerStateName(w.state()), has_job ? w.job_id() : "-",
                   has_job ? absl::StrCat(w.stage()) : "-", FormatAge(w.heartbeat_age_seconds()),
                   w.version().empty() ? "-" : w.version()});
@@ -244,6 +245,11 @@ std::string FormatJobDetails(const v1::Job& job) {
     if (predicted) {
       for (const char* h : {"PREDICTED MS/MB", "MEASURED MS/MB", "MEMORY"}) header.push_back(h);
     }
+    // The last step's time per stage: in compute, in transfers, and idle (its bubble).
+    const bool timed = last != nullptr && last->stage_busy_seconds_size() == job.stages_size() &&
+                       last->stage_comm_seconds_size() == job.stages_size() &&
+                       last->stage_idle_seconds_size() == job.stages_size();
+    if (timed) header.push_back("BUSY / COMM / IDLE S");
     header.push_back("ACTIONS");
     Table stages(header);
     std::vector<std::string> slow;
@@ -259,6 +265,11 @@ std::string FormatJobDetails(const v1::Job& job) {
         row.push_back(measured ? absl::StrFormat("%.1f%s", 1000 * got, flag ? " SLOW" : "") : "-");
         row.push_back(FormatBytes(s.predicted_bytes()));
       }
+      if (timed) {
+        const int i = s.stage();
+        row.push_back(absl::StrFormat("%.3f / %.3f / %.3f", last->stage_busy_seconds(i),
+                                      last->stage_comm_seconds(i), last->stage_idle_seconds(i)));
+      }
       row.push_back(s.actions());
       stages.AddRow(row);
     }
@@ -273,13 +284,14 @@ std::string FormatJobDetails(const v1::Job& job) {
   if (job.history_size() > 0) {
     // BUBBLE: the workers' measured idle share, and in brackets what the simulator predicts
     // from the same step's measured action costs.
-    Table steps({"STEP", "LOSS", "MS/STEP", "TOK/S", "OVERHEAD MS", "BUBBLE (PREDICTED)"});
+    Table steps({"STEP", "LOSS", "MS/STEP", "TOK/S", "MFU", "OVERHEAD MS", "BUBBLE (PREDICTED)"});
     const int first = std::max(0, job.history_size() - kRecentSteps);
     for (int i = first; i < job.history_size(); ++i) {
       const v1::StepSummary& s = job.history(i);
       steps.AddRow({absl::StrCat(StepsDone(s)), FormatLoss(s.loss()),
                     absl::StrFormat("%.1f", s.step_seconds() * 1000),
                     absl::StrFormat("%.0f", s.tokens_per_second()),
+                    s.mfu() > 0 ? absl::StrFormat("%.1f%%", 100 * s.mfu()) : "-",
                     absl::StrFormat("%.1f", s.coordinator_overhead_seconds() * 1000),
                     s.busy_seconds_size() == 0
                         ? "-"

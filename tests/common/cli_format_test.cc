@@ -109,6 +109,7 @@ v1::ListWorkersResponse TwoWorkers() {
   w->set_stage(0);
   w->set_heartbeat_age_seconds(0.42);
   w->set_version("0.1.0");
+  w->set_peak_flops(61.25e9);
   w = workers.add_workers();
   w->set_worker_id("w-2");
   w->set_address("10.0.0.2:7100");
@@ -121,9 +122,12 @@ v1::ListWorkersResponse TwoWorkers() {
 
 TEST(FormatWorkersTable, Literal) {
   EXPECT_EQ(FormatWorkersTable(TwoWorkers()),
-            "ID   ADDRESS        DEVICE  THREADS  STATE  JOB    STAGE  HEARTBEAT  VERSION\n"
-            "w-1  10.0.0.1:7100  cpu     2        BUSY   job-1  0      0.4s       0.1.0\n"
-            "w-2  10.0.0.2:7100  cuda:0  8        LOST   -      -      1:35 ago   -\n");
+            "ID   ADDRESS        DEVICE  THREADS  PEAK GFLOP/S  STATE  JOB    STAGE  HEARTBEAT  "
+            "VERSION\n"
+            "w-1  10.0.0.1:7100  cpu     2        61.2          BUSY   job-1  0      0.4s       "
+            "0.1.0\n"
+            "w-2  10.0.0.2:7100  cuda:0  8        -             LOST   -      -      1:35 ago   "
+            "-\n");
   EXPECT_EQ(FormatWorkersSummary(TwoWorkers()), "2 workers: 0 idle, 1 busy, 1 lost");
   EXPECT_EQ(FormatWorkersSummary({}), "0 workers: 0 idle, 0 busy, 0 lost");
 }
@@ -201,6 +205,25 @@ TEST(FormatJobDetails, PredictedAgainstMeasuredStageTimes) {
   EXPECT_THAT(out, HasSubstr("100.0            105.0           1.5 GiB"));
   EXPECT_THAT(out, HasSubstr("100.0            130.0 SLOW      5.0 MiB"));
   EXPECT_THAT(out, HasSubstr("warning: stage(s) 1 ran more than 20% slower than the profile"));
+}
+
+// The last step's per-stage compute / transfer / idle seconds, its MFU, and the planner's
+// choice.
+TEST(FormatJobDetails, PerStageTimesMfuAndThePlan) {
+  v1::Job job = RunningJob();
+  job.set_plan("zb_h1, 8 micro-batches of 4, 1 stage per worker: predicted 1.000 s per step");
+  v1::StepSummary* last = job.mutable_history(job.history_size() - 1);
+  for (double b : {0.080, 0.090}) last->add_stage_busy_seconds(b);
+  for (double c : {0.002, 0.003}) last->add_stage_comm_seconds(c);
+  for (double i : {0.018, 0.007}) last->add_stage_idle_seconds(i);
+  last->set_mfu(0.4125);
+  const std::string out = FormatJobDetails(job);
+  EXPECT_THAT(out, HasSubstr("Planned    zb_h1, 8 micro-batches of 4"));
+  EXPECT_THAT(out, HasSubstr("BUSY / COMM / IDLE S   ACTIONS"));
+  EXPECT_THAT(out, HasSubstr("0.080 / 0.002 / 0.018  0F0"));
+  EXPECT_THAT(out, HasSubstr("0.090 / 0.003 / 0.007  1RECV_F0"));
+  EXPECT_THAT(out, HasSubstr("MFU"));
+  EXPECT_THAT(out, HasSubstr("41.2%"));
 }
 
 TEST(FormatJobDetails, QueuedJobShowsReasonAndComputesBubble) {

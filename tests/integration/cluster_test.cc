@@ -94,6 +94,20 @@ TEST_F(ClusterTest, TwoStageJobTrainsAndMatchesOneStage) {
   EXPECT_NEAR(l2.front(), std::log(256.0), 0.5);  // starts near uniform over bytes
   EXPECT_LT(l2.back(), l2.front() - 1.0) << "loss did not fall";
   EXPECT_GT(job2->history(0).bytes_sent(), 0);
+  // Status figures: each worker's measured GEMM peak, and the step's MFU against them, a
+  // fraction; per stage, compute + transfers + idle fill the step's span.
+  auto workers = cluster_->Workers();
+  ASSERT_TRUE(workers.ok());
+  for (const v1::WorkerInfo& w : *workers) EXPECT_GT(w.peak_flops(), 1e8) << w.worker_id();
+  const v1::StepSummary& last = job2->history(29);
+  EXPECT_GT(last.mfu(), 0.0);
+  EXPECT_LT(last.mfu(), 1.0);
+  ASSERT_EQ(last.stage_busy_seconds_size(), 2);
+  ASSERT_EQ(last.stage_comm_seconds_size(), 2);
+  ASSERT_EQ(last.stage_idle_seconds_size(), 2);
+  EXPECT_NEAR(last.stage_busy_seconds(0) + last.stage_comm_seconds(0) + last.stage_idle_seconds(0),
+              last.stage_busy_seconds(1) + last.stage_comm_seconds(1) + last.stage_idle_seconds(1),
+              1e-5);
 
   auto one = cluster_->Submit(TinyJobYaml(1, 4, 30));
   ASSERT_TRUE(one.ok()) << one.status();
@@ -576,14 +590,16 @@ TEST_F(ClusterTest, EveryScheduleAndAnExportedCsvTrainTheSameLosses) {
 }
 
 // partition: profile through the real daemons: a head that outweighs the blocks (vocab 8192
-// at d_model 16) is measured on a worker, the cut puts it alone on the last stage, the job
-// trains to the uniform cut's losses, and `tandem plan` shows the same profile (cached).
+// at d_model 64: a block costs ~10% of the head, so the cut matters by more than the 3% within
+// which the uniform cut is kept) is measured on a worker, the cut puts it alone on the last
+// stage, the job trains to the uniform cut's losses, and `tandem plan` shows the same profile
+// (cached).
 TEST_F(ClusterTest, ProfiledPartitionIsolatesAHeavyHeadAndPlanShowsIt) {
   StartCluster(2);
   auto spec = [](const std::string& partition) {
     return absl::StrCat(
-        "name: prof\nsteps: 3\nseed: 5\nmodel:\n  arch: gpt\n  n_layer: 2\n  n_head: 2\n"
-        "  d_model: 16\n  seq_len: 16\n  vocab_size: 8192\n  tie_embeddings: false\n"
+        "name: prof\nsteps: 3\nseed: 5\nmodel:\n  arch: gpt\n  n_layer: 2\n  n_head: 4\n"
+        "  d_model: 64\n  seq_len: 16\n  vocab_size: 8192\n  tie_embeddings: false\n"
         "optimizer:\n  lr: 0.01\n  lr_schedule: constant\npipeline:\n  stages: 2\n"
         "  micro_batch_size: 4\n  micro_batches: 4\n  partition: ",
         partition, "\n");
@@ -627,7 +643,7 @@ TEST_F(ClusterTest, ProfiledPartitionIsolatesAHeavyHeadAndPlanShowsIt) {
   EXPECT_EQ(link.worker_a(), a->stages(0).worker_id());
   EXPECT_EQ(link.worker_b(), a->stages(1).worker_id());
   ASSERT_EQ(link.samples_size(), 6);
-  EXPECT_EQ(link.samples(1).bytes(), 4 * 16 * 16 * 4);  // micro-batch x seq_len x d_model fp32
+  EXPECT_EQ(link.samples(1).bytes(), 4 * 16 * 64 * 4);  // micro-batch x seq_len x d_model fp32
   for (const v1::LinkSample& s : link.samples()) {
     EXPECT_GT(s.one_way_seconds(), 0.0);
     EXPECT_EQ(s.round_trip_seconds_size(), 5);

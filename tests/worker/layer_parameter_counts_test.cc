@@ -104,5 +104,28 @@ TEST(LayerParameterCounts, EmptyForAnotherArch) {
   EXPECT_TRUE(LayerParameterCounts(model).empty());
 }
 
+// 6 per multiplied parameter (blocks and head, not the embedding's lookups) + attention's
+// 12 L C T, worked by hand for a small gpt: C 8, 4C hidden, T 16, V 50, 2 blocks.
+TEST(ModelFlopsPerToken, SixPerMultipliedParameterPlusAttention) {
+  const v1::ModelSpec m = Gpt(2, 2, 8, 0, 16, 50, false);
+  // A block: ln_1 16, qkv 8x24 + 24, proj 8x8 + 8, ln_2 16, fc 8x32 + 32, fc2 32x8 + 8 = 872;
+  // the head: ln_f 16 + 50 x 8 = 416.
+  ASSERT_EQ(LayerParameterCounts(m)[1], 872);
+  ASSERT_EQ(LayerParameterCounts(m).back(), 416);
+  EXPECT_DOUBLE_EQ(ModelFlopsPerToken(m), 6.0 * (2 * 872 + 416) + 12.0 * 2 * 8 * 16);
+  // mlp_lm: no attention term.
+  const v1::ModelSpec mlp = MlpLm(3, 17, 3, 5, 12, 20);
+  EXPECT_DOUBLE_EQ(ModelFlopsPerToken(mlp), 6.0 * (3 * 536 + 245));
+  v1::ModelSpec other;
+  other.set_arch("rnn");
+  EXPECT_EQ(ModelFlopsPerToken(other), 0.0);
+}
+
+// GPT-2 124M at seq 1024: ~0.86 GFLOP per token, the figure nanoGPT and llm.c quote.
+TEST(ModelFlopsPerToken, Gpt2SmallIsAboutPointEightSixGigaflops) {
+  const double f = ModelFlopsPerToken(Gpt(12, 12, 768, 0, 1024, 50257, true));
+  EXPECT_NEAR(f, 0.86e9, 0.02e9);
+}
+
 }  // namespace
 }  // namespace tandem::worker
