@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/rpc.h"
 #include "common/spec.h"
@@ -19,6 +20,24 @@
 
 namespace tandem::coordinator {
 namespace {
+
+v1::WorkerInfo InfoOf(const WorkerRecord& w, Clock::time_point now) {
+  v1::WorkerInfo info;
+  info.set_worker_id(w.id);
+  info.set_address(w.address);
+  info.set_device(w.device);
+  info.set_threads(w.threads);
+  info.set_state(w.state);
+  info.set_job_id(w.job_id);
+  info.set_stage(w.stage);
+  info.set_heartbeat_age_seconds(std::chrono::duration<double>(now - w.last_heartbeat).count());
+  info.set_version(w.version);
+  info.set_hostname(w.hostname);
+  info.set_peak_flops(w.peak_flops);
+  info.set_clock_offset_us(w.clock_offset_us);
+  info.set_clock_uncertainty_us(w.clock_uncertainty_us);
+  return info;
+}
 
 constexpr const char* kServer = "coordinator";
 constexpr size_t kMaxSpecBytes = 1 << 20;
@@ -179,24 +198,24 @@ class CoordinatorServiceImpl final : public v1::Coordinator::Service {
                            v1::ListWorkersResponse* resp) override {
     TANDEM_RETURN_IF_BAD_VERSION(req);
     const auto now = Clock::now();
-    for (const WorkerRecord& w : env_.registry->List()) {
-      v1::WorkerInfo* info = resp->add_workers();
-      info->set_worker_id(w.id);
-      info->set_address(w.address);
-      info->set_device(w.device);
-      info->set_threads(w.threads);
-      info->set_state(w.state);
-      info->set_job_id(w.job_id);
-      info->set_stage(w.stage);
-      info->set_heartbeat_age_seconds(
-          std::chrono::duration<double>(now - w.last_heartbeat).count());
-      info->set_version(w.version);
-      info->set_hostname(w.hostname);
-      info->set_peak_flops(w.peak_flops);
-      info->set_clock_offset_us(w.clock_offset_us);
-      info->set_clock_uncertainty_us(w.clock_uncertainty_us);
-    }
+    for (const WorkerRecord& w : env_.registry->List()) *resp->add_workers() = InfoOf(w, now);
     return grpc::Status::OK;
+  }
+
+  grpc::Status GetWorker(grpc::ServerContext*, const v1::GetWorkerRequest* req,
+                         v1::WorkerInfo* resp) override {
+    TANDEM_RETURN_IF_BAD_VERSION(req);
+    std::vector<std::string> ids;
+    for (const WorkerRecord& w : env_.registry->List()) {
+      if (w.id == req->worker_id()) {
+        *resp = InfoOf(w, Clock::now());
+        return grpc::Status::OK;
+      }
+      ids.push_back(w.id);
+    }
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("no worker '", req->worker_id(), "'; registered: ",
+                                     ids.empty() ? "none" : absl::StrJoin(ids, ", ")));
   }
 
   grpc::Status GetJobTrace(grpc::ServerContext*, const v1::GetJobTraceRequest* req,

@@ -32,7 +32,7 @@ constexpr CommandInfo kCommands[] = {
      "Follow a job step by step until it ends (exit 0 only if it succeeds)", 1, 1},
     {Command::kList, "list", "", "List jobs", 0, 0},
     {Command::kCancel, "cancel", "JOB", "Cancel a queued or running job", 1, 1},
-    {Command::kWorkers, "workers", "", "List registered workers", 0, 0},
+    {Command::kWorkers, "workers", "[WORKER]", "List registered workers, or show one", 0, 1},
     {Command::kValidate, "validate", "JOB.yaml",
      "Check a job file locally and print it with every default filled in", 1, 1},
     {Command::kExport, "export", "JOB -o FILE",

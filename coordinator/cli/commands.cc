@@ -187,6 +187,13 @@ absl::Status Cancel(const CliOptions& opts, CoordinatorClient& client, CommandIo
 }
 
 absl::Status Workers(const CliOptions& opts, CoordinatorClient& client, CommandIo io) {
+  if (!opts.args.empty()) {
+    absl::StatusOr<v1::WorkerInfo> w = client.GetWorker(opts.args[0]);
+    if (!w.ok()) return RpcError(Command::kWorkers, opts, w.status());
+    if (opts.output == OutputFormat::kJson) return PrintJson(*w, io.out);
+    io.out << FormatWorkerDetails(*w);
+    return absl::OkStatus();
+  }
   absl::StatusOr<v1::ListWorkersResponse> workers = client.ListWorkers();
   if (!workers.ok()) return RpcError(Command::kWorkers, opts, workers.status());
   if (opts.output == OutputFormat::kJson) return PrintJson(*workers, io.out);

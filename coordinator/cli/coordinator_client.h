@@ -27,6 +27,7 @@ class CoordinatorClient {
   virtual absl::StatusOr<v1::ListJobsResponse> ListJobs() = 0;
   virtual absl::StatusOr<v1::Job> CancelJob(const std::string& job_id) = 0;
   virtual absl::StatusOr<v1::ListWorkersResponse> ListWorkers() = 0;
+  virtual absl::StatusOr<v1::WorkerInfo> GetWorker(const std::string& worker_id) = 0;
 
   // Streams the job's events to `on_event` until the server ends the stream (OK: the job
   // ended) or `on_event` returns false (OK: the stream is cancelled). A broken stream

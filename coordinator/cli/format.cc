@@ -172,6 +172,28 @@ std::string FormatWorkersTable(const v1::ListWorkersResponse& workers) {
   return table.Render();
 }
 
+std::string FormatWorkerDetails(const v1::WorkerInfo& w) {
+  Table info({"Worker", w.worker_id()});
+  info.AddRow({"Address", w.address()});
+  info.AddRow({"Device", absl::StrCat(w.device(), ", ", w.threads(), " thread",
+                                      w.threads() == 1 ? "" : "s")});
+  info.AddRow({"Peak", w.peak_flops() > 0
+                           ? absl::StrFormat("%.1f GFLOP/s (fp32 GEMM, measured at start)",
+                                             w.peak_flops() / 1e9)
+                           : "-"});
+  info.AddRow({"State", WorkerStateName(w.state())});
+  if (!w.job_id().empty()) info.AddRow({"Job", absl::StrCat(w.job_id(), ", stage ", w.stage())});
+  info.AddRow({"Heartbeat", FormatAge(w.heartbeat_age_seconds())});
+  info.AddRow({"Version", w.version().empty() ? "-" : w.version()});
+  if (!w.hostname().empty()) info.AddRow({"Host", w.hostname()});
+  info.AddRow({"Clock", w.clock_uncertainty_us() >= 0
+                            ? absl::StrFormat("%+d us from the coordinator's (+/- %d us)",
+                                              w.clock_offset_us(), w.clock_uncertainty_us())
+                            : absl::StrFormat("%+d us from the coordinator's (one-way estimate)",
+                                              w.clock_offset_us())});
+  return info.Render();
+}
+
 std::string FormatWorkersSummary(const v1::ListWorkersResponse& workers) {
   int idle = 0, busy = 0, lost = 0;
   for (const v1::WorkerInfo& w : workers.workers()) {

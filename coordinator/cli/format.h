@@ -60,6 +60,9 @@ std::string FormatStateLine(const v1::JobEvent& event, const std::string& job_na
 
 std::string FormatJobsTable(const v1::ListJobsResponse& jobs);
 std::string FormatWorkersTable(const v1::ListWorkersResponse& workers);
+// One worker, a field per line: device, threads, peak, state, job and stage, heartbeat age,
+// version, host, clock offset.
+std::string FormatWorkerDetails(const v1::WorkerInfo& w);
 // "3 workers: 2 idle, 1 busy, 0 lost"
 std::string FormatWorkersSummary(const v1::ListWorkersResponse& workers);
 // Everything `tandem status JOB` shows.

@@ -60,6 +60,13 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     return Unary(&v1::Coordinator::Stub::ListWorkers, req);
   }
 
+  absl::StatusOr<v1::WorkerInfo> GetWorker(const std::string& worker_id) override {
+    v1::GetWorkerRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    req.set_worker_id(worker_id);
+    return Unary(&v1::Coordinator::Stub::GetWorker, req);
+  }
+
   absl::StatusOr<v1::GetJobTraceResponse> GetJobTrace(
       const v1::GetJobTraceRequest& request) override {
     v1::GetJobTraceRequest req = request;

@@ -36,6 +36,13 @@ class FakeClient : public CoordinatorClient {
     return job;
   }
   absl::StatusOr<v1::ListWorkersResponse> ListWorkers() override { return workers; }
+  absl::StatusOr<v1::WorkerInfo> GetWorker(const std::string& id) override {
+    if (!workers.ok()) return workers.status();
+    for (const v1::WorkerInfo& w : workers->workers()) {
+      if (w.worker_id() == id) return w;
+    }
+    return absl::NotFoundError(absl::StrCat("no worker '", id, "'"));
+  }
   absl::Status ExportModel(
       const std::string& job_id,
       absl::FunctionRef<absl::Status(const v1::ExportChunk&)> on_chunk) override {
@@ -613,6 +620,32 @@ TEST(MergeJsonObjects, Cases) {
   EXPECT_EQ(*MergeJsonObjects("{}", "{\"b\":2}"), "{\"b\":2}");
   EXPECT_EQ(*MergeJsonObjects("{\"a\":1}\n", " {}"), "{\"a\":1}");
   EXPECT_FALSE(MergeJsonObjects("[1]", "{}").ok());
+}
+
+TEST_F(CommandsTest, WorkersWithAnIdShowsThatWorker) {
+  v1::ListWorkersResponse list;
+  v1::WorkerInfo* w = list.add_workers();
+  w->set_worker_id("w-3");
+  w->set_address("127.0.0.1:7101");
+  w->set_device("cpu");
+  w->set_threads(2);
+  w->set_peak_flops(48.5e9);
+  w->set_state(v1::BUSY);
+  w->set_job_id("job-4");
+  w->set_stage(1);
+  w->set_version("0.1.0");
+  w->set_clock_offset_us(-120);
+  w->set_clock_uncertainty_us(35);
+  client_.workers = list;
+  ASSERT_TRUE(Run(Opts(Command::kWorkers, {"w-3"})).ok()) << out_.str();
+  const std::string out = out_.str();
+  EXPECT_THAT(out, HasSubstr("Worker     w-3"));
+  EXPECT_THAT(out, HasSubstr("cpu, 2 threads"));
+  EXPECT_THAT(out, HasSubstr("48.5 GFLOP/s"));
+  EXPECT_THAT(out, HasSubstr("job-4, stage 1"));
+  EXPECT_THAT(out, HasSubstr("-120 us from the coordinator's (+/- 35 us)"));
+  absl::Status missing = Run(Opts(Command::kWorkers, {"w-9"}));
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -99,6 +99,12 @@ TEST_F(ClusterTest, TwoStageJobTrainsAndMatchesOneStage) {
   auto workers = cluster_->Workers();
   ASSERT_TRUE(workers.ok());
   for (const v1::WorkerInfo& w : *workers) EXPECT_GT(w.peak_flops(), 1e8) << w.worker_id();
+  CommandResult one_worker = cluster_->Cli({"workers", (*workers)[0].worker_id()});
+  ASSERT_EQ(one_worker.exit_code, 0) << one_worker.err;
+  EXPECT_THAT(one_worker.out, HasSubstr("GFLOP/s"));
+  CommandResult no_worker = cluster_->Cli({"workers", "w-99"});
+  EXPECT_NE(no_worker.exit_code, 0);
+  EXPECT_THAT(no_worker.err, HasSubstr((*workers)[0].worker_id()));  // the registered ids
   const v1::StepSummary& last = job2->history(29);
   EXPECT_GT(last.mfu(), 0.0);
   EXPECT_LT(last.mfu(), 1.0);
