@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "tandem-coordinator --listen HOST:PORT [--data-root DIR]: the Tandem coordinator");
   tandem::NormalizeFlagDashes(argc, argv);
+  tandem::HelpListsFlagsOf("coordinator/main.cc");
   absl::ParseCommandLine(argc, argv);
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
   using tandem::coordinator::JobStore;

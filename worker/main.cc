@@ -257,6 +257,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("tandem-worker --coordinator HOST:PORT [flags]");
   // Accept --data-root as well as --data_root (Abseil flag names are identifiers).
   tandem::NormalizeFlagDashes(argc, argv);
+  tandem::HelpListsFlagsOf("worker/main.cc");
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_keep_heap)) {
     // Serve every allocation from the heap and never trim it, so the step's big buffers are
