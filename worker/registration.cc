@@ -42,6 +42,12 @@ bool RegistrationClient::SleepFor(std::chrono::milliseconds d) {
   return !stop_;
 }
 
+void RegistrationClient::SetConnected(bool connected) {
+  if (connected == connected_) return;
+  connected_ = connected;
+  if (options_.on_connected) options_.on_connected(connected);
+}
+
 grpc::Status RegistrationClient::Register() {
   v1::RegisterRequest req;
   req.set_protocol_version(kProtocolVersion);
@@ -80,6 +86,7 @@ void RegistrationClient::Run() {
     }
     if (worker_id().empty()) {
       const grpc::Status s = Register();
+      SetConnected(s.ok());
       if (s.ok()) {
         backoff = options_.initial_backoff;
         warned = false;
@@ -105,6 +112,7 @@ void RegistrationClient::Run() {
     SetDeadline(ctx, options_.rpc_timeout);
     v1::HeartbeatResponse resp;
     const grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
+    SetConnected(s.ok());
     if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
       spdlog::warn("coordinator does not know worker {}; registering again", req.worker_id());
       absl::MutexLock lock(&mu_);

@@ -172,12 +172,15 @@ absl::Status Cluster::Start() {
 
 absl::Status Cluster::StartWorker() {
   const int i = static_cast<int>(workers_.size());
-  workers_.push_back(std::make_unique<Process>(
-      std::string(TANDEM_BIN_DIR) + "/tandem-worker",
-      std::vector<std::string>{"--coordinator=" + address(), "--listen=127.0.0.1:0", "--device=cpu",
-                               "--threads=1", "--data-root=" + dir_,
-                               absl::StrCat("--port-file=", dir_, "/worker", i, ".port")},
-      absl::StrCat(dir_, "/worker", i, ".log")));
+  std::vector<std::string> args{"--coordinator=" + address(),
+                                "--listen=127.0.0.1:0",
+                                "--device=cpu",
+                                "--threads=1",
+                                "--data-root=" + dir_,
+                                absl::StrCat("--port-file=", dir_, "/worker", i, ".port")};
+  args.insert(args.end(), options_.worker_args.begin(), options_.worker_args.end());
+  workers_.push_back(std::make_unique<Process>(std::string(TANDEM_BIN_DIR) + "/tandem-worker", args,
+                                               absl::StrCat(dir_, "/worker", i, ".log")));
   return absl::OkStatus();
 }
 
