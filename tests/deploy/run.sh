@@ -35,5 +35,7 @@ case "$1" in
       { echo "skip: hadolint is not installed (scripts/install-deps.sh --test installs it)"; exit 77; }
     hadolint --config "$src/deploy/docker/hadolint.yaml" "$src"/deploy/docker/Dockerfile.*
     echo "hadolint: $(ls "$src"/deploy/docker/Dockerfile.* | wc -l) Dockerfiles clean" ;;
+  rehearsal)
+    exec "$src/scripts/cluster-local.sh" ;;
   *) echo "unknown check $1"; exit 2 ;;
 esac
