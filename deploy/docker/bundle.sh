@@ -14,7 +14,8 @@ programs=(tandem-coordinator tandem-worker tandem)
 for p in "${programs[@]}"; do
   if ! readelf -d "$bin/$p" | grep -q '(RPATH).*\[\$ORIGIN/../lib\]'; then
     echo "$bin/$p has no DT_RPATH \$ORIGIN/../lib: build with" \
-      "-DCMAKE_BUILD_RPATH='\$ORIGIN/../lib' -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags" >&2
+      "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH='\$ORIGIN/../lib'" \
+      "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags" >&2
     exit 1
   fi
   install -m 0755 "$bin/$p" "$dest/bin/$p"
