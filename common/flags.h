@@ -3,6 +3,11 @@
 #define TANDEM_COMMON_FLAGS_H_
 
 #include <cstring>
+#include <string>
+
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/string_view.h"
 
 namespace tandem {
 
@@ -17,6 +22,18 @@ inline void NormalizeFlagDashes(int argc, char** argv) {
       if (*c == '-') *c = '_';
     }
   }
+}
+
+// Makes `--help` list the flags defined in the file whose path ends with `main_file` (e.g.
+// "worker/main.cc"). Abseil's default looks for a file named after the program, which
+// tandem-worker's worker/main.cc is not, and so printed no flags at all.
+inline void HelpListsFlagsOf(std::string main_file) {
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = [main_file](absl::string_view path) {
+    return absl::EndsWith(path, main_file);
+  };
+  config.contains_helpshort_flags = config.contains_help_flags;
+  absl::SetFlagsUsageConfig(config);
 }
 
 }  // namespace tandem

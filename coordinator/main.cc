@@ -1,5 +1,6 @@
 // tandem-coordinator: holds jobs, the worker registry and the step driver; serves the client
-// API, worker registration and transport rendezvous over gRPC, plus grpc.health.v1.
+// API, worker registration and transport rendezvous over gRPC, plus grpc.health.v1 (on the
+// API port, and in plaintext on --health-listen for Kubernetes probes).
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
@@ -12,6 +13,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
+#include "common/health.h"
 #include "common/rpc.h"
 #include "common/version.h"
 #include "coordinator/checkpoint_store.h"
@@ -28,6 +30,11 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "HOST:PORT to serve on (port 0:
 ABSL_FLAG(std::string, data_root, "",
           "directory for the job store; empty keeps jobs in memory only");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once serving");
+ABSL_FLAG(std::string, health_listen, "",
+          "also serve grpc.health.v1 in plaintext on this HOST:PORT (for Kubernetes probes): "
+          "\"\" and tandem.v1.Coordinator are SERVING once the job store is loaded and the API "
+          "serves, \"liveness\" while the process runs; empty: no health port");
+ABSL_FLAG(std::string, health_port_file, "", "write the bound health port to this file");
 ABSL_FLAG(int, heartbeat_ms, 1000, "heartbeat interval the workers are told to use");
 ABSL_FLAG(int, worker_timeout_ms, 5000, "a worker silent this long is marked LOST");
 ABSL_FLAG(int, step_timeout_s, 600, "a step that takes longer fails the job");
@@ -46,6 +53,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "tandem-coordinator --listen HOST:PORT [--data-root DIR]: the Tandem coordinator");
   tandem::NormalizeFlagDashes(argc, argv);
+  tandem::HelpListsFlagsOf("coordinator/main.cc");
   absl::ParseCommandLine(argc, argv);
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
   using tandem::coordinator::JobStore;
@@ -63,6 +71,21 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  // The health port first, NOT_SERVING until the rest is up: a probe then sees "not ready"
+  // rather than "refused" while the job store loads.
+  std::unique_ptr<tandem::HealthServer> health;
+  if (const std::string h = absl::GetFlag(FLAGS_health_listen); !h.empty()) {
+    auto started = tandem::HealthServer::Start(h, "tandem.v1.Coordinator");
+    if (!started.ok()) {
+      return Fail(absl::StrCat("--health-listen=", h, ": ", started.status().ToString()));
+    }
+    health = *std::move(started);
+    if (const std::string f = absl::GetFlag(FLAGS_health_port_file); !f.empty()) {
+      if (auto s = tandem::WritePortFile(f, health->port()); !s.ok()) return Fail(s.ToString());
+    }
+    spdlog::info("health (grpc.health.v1, plaintext) on port {}", health->port());
+  }
 
   auto store = JobStore::Open(absl::GetFlag(FLAGS_data_root));
   if (!store.ok()) return Fail(store.status().ToString());
@@ -118,10 +141,12 @@ int main(int argc, char** argv) {
       return Fail(s.ToString());
     }
   }
+  if (health != nullptr) health->SetReady(true);
 
   int sig = 0;
   sigwait(&signals, &sig);
   spdlog::info("signal {}: shutting down", sig);
+  if (health != nullptr) health->Shutdown();  // NOT_SERVING from now on
   scheduler.Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;

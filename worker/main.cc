@@ -1,6 +1,6 @@
-// tandem-worker: the stage-worker daemon. Serves the StageWorker API (and grpc.health.v1),
-// registers with the coordinator and heartbeats. Flags live here only; they become a
-// validated WorkerConfig / RegistrationOptions passed down by value.
+// tandem-worker: the stage-worker daemon. Serves the StageWorker API and grpc.health.v1 (also in
+// plaintext on --health-listen), registers with the coordinator and heartbeats. Flags live here
+// only; they become a validated WorkerConfig / RegistrationOptions passed down by value.
 #include <cblas.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -30,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/flags.h"
+#include "common/health.h"
 #include "common/rpc.h"
 #include "common/version.h"
 #include "worker/checkpoint_client.h"
@@ -40,7 +42,8 @@
 #include "worker/transport/gloo_transport.h"
 #include "worker/transport/grpc_rendezvous_store.h"
 
-ABSL_FLAG(std::string, coordinator, "", "coordinator address HOST:PORT (required)");
+ABSL_FLAG(std::string, coordinator, "",
+          "coordinator address HOST:PORT (required; default: $TANDEM_COORDINATOR)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "address to serve on, HOST:PORT (port 0 = any)");
 ABSL_FLAG(std::string, advertise, "",
           "address the coordinator and peers should use, HOST:PORT (default: the listen host "
@@ -49,6 +52,11 @@ ABSL_FLAG(std::string, device, "cpu", "compute device: cpu (cuda:N is not suppor
 ABSL_FLAG(int, threads, 1, "OpenBLAS threads");
 ABSL_FLAG(std::string, data_root, ".", "directory that job data paths resolve under");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file");
+ABSL_FLAG(std::string, health_listen, "",
+          "also serve grpc.health.v1 in plaintext on this HOST:PORT (for Kubernetes probes): "
+          "\"\" and tandem.v1.StageWorker are SERVING while registered with the coordinator, "
+          "\"liveness\" while the process runs; empty: no health port");
+ABSL_FLAG(std::string, health_port_file, "", "write the bound health port to this file");
 ABSL_FLAG(int, heartbeat_ms, 1000, "heartbeat interval until the coordinator sets one");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
 ABSL_FLAG(std::string, test_fail_at, "",
@@ -118,9 +126,12 @@ int Run() {
   }
   spdlog::set_level(level);
 
-  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (const char* env = std::getenv("TANDEM_COORDINATOR"); coordinator.empty() && env != nullptr) {
+    coordinator = env;
+  }
   if (coordinator.empty()) {
-    spdlog::error("--coordinator HOST:PORT is required");
+    spdlog::error("--coordinator HOST:PORT (or $TANDEM_COORDINATOR) is required");
     return 2;
   }
   const std::string device = absl::GetFlag(FLAGS_device);
@@ -154,6 +165,13 @@ int Run() {
       return 2;
     }
     advertise_flag = *a;
+  }
+  const std::string health_listen = absl::GetFlag(FLAGS_health_listen);
+  if (!health_listen.empty()) {
+    if (absl::StatusOr<HostPort> h = ParseHostPort("health_listen", health_listen); !h.ok()) {
+      spdlog::error("{}", std::string(h.status().message()));
+      return 2;
+    }
   }
   openblas_set_num_threads(threads);
 
@@ -236,6 +254,27 @@ int Run() {
   spdlog::info("tandem-worker {} serving on port {} (advertised as {}), device {}, {} thread(s)",
                kVersion, bound_port, advertise, device, threads);
 
+  // Health on its own plaintext port: ready while registered with the coordinator.
+  std::unique_ptr<HealthServer> health;
+  if (!health_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<HealthServer>> h =
+        HealthServer::Start(health_listen, "tandem.v1.StageWorker");
+    if (!h.ok()) {
+      spdlog::error("--health_listen={}: {}", health_listen, h.status().ToString());
+      server->Shutdown();
+      return 1;
+    }
+    health = *std::move(h);
+    if (const std::string f = absl::GetFlag(FLAGS_health_port_file); !f.empty()) {
+      if (absl::Status s = WritePortFile(f, health->port()); !s.ok()) {
+        spdlog::error("{}", s.ToString());
+        server->Shutdown();
+        return 1;
+      }
+    }
+    spdlog::info("health (grpc.health.v1, plaintext) on port {}", health->port());
+  }
+
   RegistrationOptions reg;
   reg.address = advertise;
   reg.device = device;
@@ -245,6 +284,9 @@ int Run() {
   spdlog::info("peak single-precision GEMM: {:.1f} GFLOP/s on {} thread(s)", reg.peak_flops / 1e9,
                threads);
   reg.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
+  if (health != nullptr) {
+    reg.on_connected = [h = health.get()](bool connected) { h->SetReady(connected); };
+  }
   RegistrationClient registration(coordinator_channel, reg, &manager);
   registration.Start();
 
@@ -254,6 +296,7 @@ int Run() {
     }
     if (sig == 0) return;  // the pipe closed: Run() is ending without a signal
     spdlog::info("received {}, shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    if (health != nullptr) health->Shutdown();  // NOT_SERVING from now on
     // Unblock a running step first so that the server's handlers can finish.
     manager.Shutdown();
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
@@ -273,6 +316,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("tandem-worker --coordinator HOST:PORT [flags]");
   // Accept --data-root as well as --data_root (Abseil flag names are identifiers).
   tandem::NormalizeFlagDashes(argc, argv);
+  tandem::HelpListsFlagsOf("worker/main.cc");
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_keep_heap)) {
     // Serve every allocation from the heap and never trim it, so the step's big buffers are

@@ -43,6 +43,12 @@ bool RegistrationClient::SleepFor(std::chrono::milliseconds d) {
   return !stop_;
 }
 
+void RegistrationClient::SetConnected(bool connected) {
+  if (connected == connected_) return;
+  connected_ = connected;
+  if (options_.on_connected) options_.on_connected(connected);
+}
+
 grpc::Status RegistrationClient::Register() {
   v1::RegisterRequest req;
   req.set_protocol_version(kProtocolVersion);
@@ -83,6 +89,7 @@ void RegistrationClient::Run() {
     }
     if (worker_id().empty()) {
       const grpc::Status s = Register();
+      SetConnected(s.ok());
       if (s.ok()) {
         backoff = options_.initial_backoff;
         warned = false;
@@ -123,6 +130,7 @@ void RegistrationClient::Run() {
       previous_round->set_coordinator_send_unix_us(resp.coordinator_unix_us());
       previous_round->set_worker_receive_unix_us(received_us);
     }
+    SetConnected(s.ok());
     if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
       spdlog::warn("coordinator does not know worker {}; registering again", req.worker_id());
       absl::MutexLock lock(&mu_);

@@ -4,12 +4,15 @@
 // coordinator answers), stores the worker id in the StageManager, then heartbeats at the
 // interval the coordinator asked for with the manager's state (IDLE / BUSY + job id). A
 // NOT_FOUND heartbeat (the coordinator forgot the worker, e.g. after a restart) triggers a
-// fresh registration. Every RPC carries a deadline.
+// fresh registration. Every RPC carries a deadline. `on_connected` (optional) hears, from the
+// client's thread, each change between connected (the last Register or Heartbeat succeeded)
+// and not (it failed, or the coordinator forgot this worker); it starts out not connected.
 // Thread-safety: Start/Stop from one owner thread; worker_id() from any thread.
 #ifndef TANDEM_WORKER_REGISTRATION_H_
 #define TANDEM_WORKER_REGISTRATION_H_
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -33,6 +36,7 @@ struct RegistrationOptions {
   std::chrono::milliseconds rpc_timeout{5000};
   std::chrono::milliseconds initial_backoff{100};
   std::chrono::milliseconds max_backoff{5000};
+  std::function<void(bool connected)> on_connected;
 };
 
 class RegistrationClient {
@@ -54,11 +58,14 @@ class RegistrationClient {
   grpc::Status Register();
   // Sleeps up to `d`; false when stopping.
   bool SleepFor(std::chrono::milliseconds d);
+  // Calls options_.on_connected when `connected` differs from the last state told.
+  void SetConnected(bool connected);
 
   std::unique_ptr<v1::WorkerRegistry::Stub> stub_;
   const RegistrationOptions options_;
   StageManager* const manager_;
   std::thread thread_;
+  bool connected_ = false;  // only the client's thread touches it
 
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

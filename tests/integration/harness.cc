@@ -178,6 +178,7 @@ absl::Status Cluster::StartWorker(const std::vector<std::string>& extra_flags) {
                                    "--threads=1",
                                    "--data-root=" + dir_,
                                    absl::StrCat("--port-file=", dir_, "/worker", i, ".port")};
+  args.insert(args.end(), options_.worker_args.begin(), options_.worker_args.end());
   args.insert(args.end(), extra_flags.begin(), extra_flags.end());
   workers_.push_back(std::make_unique<Process>(std::string(TANDEM_BIN_DIR) + "/tandem-worker", args,
                                                absl::StrCat(dir_, "/worker", i, ".log")));

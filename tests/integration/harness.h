@@ -61,6 +61,7 @@ class Cluster {
     int workers = 2;
     int heartbeat_ms = 200;
     int worker_timeout_ms = 1500;
+    std::vector<std::string> worker_args;  // appended to every worker's flags
   };
   explicit Cluster(Options options);
   ~Cluster();
