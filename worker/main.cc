@@ -320,7 +320,11 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_keep_heap)) {
     // Serve every allocation from the heap and never trim it, so the step's big buffers are
-    // reused instead of being mmapped and page-faulted afresh on every forward pass.
+    // reused instead of being mmapped and page-faulted afresh on every forward pass. One arena:
+    // steps run on whichever gRPC thread takes the RunStep, and with an arena per thread each
+    // new thread grew (and faulted in) its own copy of the step's peak; a thread arena also
+    // cannot hold a buffer over 64 MiB (the head's logits) and mmaps it on every use.
+    mallopt(M_ARENA_MAX, 1);
     mallopt(M_MMAP_MAX, 0);
     mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
   }
