@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages Tandem builds with (idempotent; needs root or sudo).
-#   --test  also the Python safetensors package, with which the tests check exported files
+#   --test  also what only the tests use: the Python safetensors package, with which they check
+#           exported files, and Chromium, in which they load the coordinator's dashboard
 set -euo pipefail
 want_test_tools=0
 [ "${1:-}" = "--test" ] && want_test_tools=1
@@ -10,7 +11,7 @@ packages=(
   libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libopenblas-dev libgloo-dev
   libsqlite3-dev libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev
 )
-[ "$want_test_tools" = 1 ] && packages+=(python3 python3-numpy python3-pip)
+[ "$want_test_tools" = 1 ] && packages+=(python3 python3-numpy python3-pip chromium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
