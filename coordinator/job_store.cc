@@ -323,11 +323,33 @@ void JobStore::RecordStepTimings(const std::string& job_id, v1::StepTimings step
   e->timings_dirty = true;
 }
 
-absl::StatusOr<v1::JobTimings> JobStore::GetTimings(const std::string& job_id) const {
+absl::StatusOr<v1::JobTimings> JobStore::GetTimings(const std::string& job_id,
+                                                    TimingSteps steps) const {
   absl::MutexLock lock(&mu_);
   const Entry* e = Find(job_id);
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
-  return e->timings;
+  if (steps == TimingSteps::kAll) return e->timings;
+  v1::JobTimings out;
+  out.set_job_id(e->timings.job_id());
+  *out.mutable_program() = e->timings.program();
+  out.set_sample_stride(e->timings.sample_stride());
+  *out.mutable_rank_bytes_sent() = e->timings.rank_bytes_sent();
+  *out.mutable_rank_bytes_received() = e->timings.rank_bytes_received();
+  if (steps == TimingSteps::kLatest && !e->timings.steps().empty()) {
+    *out.add_steps() = *e->timings.steps().rbegin();
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::StepSummary>> JobStore::StepsAfter(const std::string& job_id,
+                                                                  int64_t after_step) const {
+  absl::MutexLock lock(&mu_);
+  const Entry* e = Find(job_id);
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  const auto& history = e->job.history();
+  int first = history.size();
+  while (first > 0 && history.Get(first - 1).step() > after_step) --first;
+  return std::vector<v1::StepSummary>(history.begin() + first, history.end());
 }
 
 absl::StatusOr<JobStore::Events> JobStore::WaitEvents(const std::string& job_id, int64_t cursor,

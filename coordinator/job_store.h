@@ -74,8 +74,18 @@ class JobStore {
   // Keeps a step's timings as the retention policy says (KeepStepTimings); they are written
   // with the job's next persist.
   void RecordStepTimings(const std::string& job_id, v1::StepTimings step);
-  // The job's program and kept step timings (none kept: no steps). NOT_FOUND for an unknown id.
-  absl::StatusOr<v1::JobTimings> GetTimings(const std::string& job_id) const;
+  // Which kept step records GetTimings copies: all, only the latest (what a trace of the
+  // latest step needs), or none (the program and the byte totals only).
+  enum class TimingSteps { kAll, kLatest, kNone };
+  // The job's program, byte totals and kept step timings (none kept: no steps). NOT_FOUND for
+  // an unknown id.
+  absl::StatusOr<v1::JobTimings> GetTimings(const std::string& job_id,
+                                            TimingSteps steps = TimingSteps::kAll) const;
+  // The job's retained step summaries after `after_step` (-1: all retained), ascending; cheap
+  // when there are few, so that pollers (metrics, the dashboard) can follow a job's steps.
+  // NOT_FOUND for an unknown id.
+  absl::StatusOr<std::vector<v1::StepSummary>> StepsAfter(const std::string& job_id,
+                                                          int64_t after_step) const;
 
   // Events after `cursor` (0 = from the start of the retained log), waiting up to `timeout`
   // for at least one. `cursor` is updated to the position to pass next time. `ended` is set

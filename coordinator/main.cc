@@ -1,6 +1,7 @@
 // tandem-coordinator: holds jobs, the worker registry and the step driver; serves the client
 // API, worker registration and transport rendezvous over gRPC, plus grpc.health.v1 (on the
-// API port, and in plaintext on --health-listen for Kubernetes probes).
+// API port, and in plaintext on --health-listen for Kubernetes probes); with --metrics-listen,
+// Prometheus metrics and the dashboard over plain HTTP.
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
@@ -17,11 +18,14 @@
 #include "common/rpc.h"
 #include "common/version.h"
 #include "coordinator/checkpoint_store.h"
+#include "coordinator/http_server.h"
 #include "coordinator/job_store.h"
+#include "coordinator/metrics.h"
 #include "coordinator/profile_store.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/services.h"
+#include "coordinator/web_handlers.h"
 #include "coordinator/worker_client.h"
 #include "coordinator/worker_registry.h"
 #include "spdlog/spdlog.h"
@@ -39,6 +43,10 @@ ABSL_FLAG(int, heartbeat_ms, 1000, "heartbeat interval the workers are told to u
 ABSL_FLAG(int, worker_timeout_ms, 5000, "a worker silent this long is marked LOST");
 ABSL_FLAG(int, step_timeout_s, 600, "a step that takes longer fails the job");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT to serve plain HTTP on: Prometheus metrics at /metrics, the dashboard at /, "
+          "its JSON under /api/ (port 0: ephemeral); empty: none");
+ABSL_FLAG(std::string, metrics_port_file, "", "write the bound metrics port to this file");
 
 namespace {
 
@@ -51,7 +59,9 @@ int Fail(const std::string& message) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "tandem-coordinator --listen HOST:PORT [--data-root DIR]: the Tandem coordinator");
+      "tandem-coordinator --listen HOST:PORT [--data-root DIR] [--metrics-listen HOST:PORT]: "
+      "the Tandem coordinator. With --metrics-listen it also serves plain HTTP: Prometheus "
+      "metrics at /metrics and the dashboard at /. --helpon=main lists its flags.");
   tandem::NormalizeFlagDashes(argc, argv);
   tandem::HelpListsFlagsOf("coordinator/main.cc");
   absl::ParseCommandLine(argc, argv);
@@ -120,6 +130,23 @@ int main(int argc, char** argv) {
   auto rendezvous_service = tc::MakeRendezvousService(env);
   auto checkpoints_service = tc::MakeCheckpointsService(env);
 
+  // Metrics and the dashboard read the same state as the services.
+  tc::CoordinatorMetrics metrics(store->get(), &registry);
+  const tc::WebHandlers web({store->get(), &registry, &metrics});
+  std::unique_ptr<tc::HttpServer> http;
+  if (const std::string m = absl::GetFlag(FLAGS_metrics_listen); !m.empty()) {
+    auto started =
+        tc::HttpServer::Start(m, [&web](const tc::HttpRequest& r) { return web.Handle(r); });
+    if (!started.ok()) {
+      return Fail(absl::StrCat("--metrics-listen=", m, ": ", started.status().ToString()));
+    }
+    http = *std::move(started);
+    spdlog::info("metrics and dashboard (HTTP) on port {}", http->port());
+    if (const std::string f = absl::GetFlag(FLAGS_metrics_port_file); !f.empty()) {
+      if (auto s = tandem::WritePortFile(f, http->port()); !s.ok()) return Fail(s.ToString());
+    }
+  }
+
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
@@ -147,6 +174,7 @@ int main(int argc, char** argv) {
   sigwait(&signals, &sig);
   spdlog::info("signal {}: shutting down", sig);
   if (health != nullptr) health->Shutdown();  // NOT_SERVING from now on
+  http.reset();
   scheduler.Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;

@@ -57,6 +57,8 @@ v1::StepTimings StepTimingsOf(int64_t step, const std::vector<v1::StepReport>& r
   for (const v1::StepReport* report : by_rank) {
     v1::RankTimings* rank = out.add_ranks();
     rank->set_rank(report->rank());
+    rank->set_bytes_sent(report->bytes_sent());
+    rank->set_bytes_received(report->bytes_received());
     int64_t origin = std::numeric_limits<int64_t>::max();
     for (const v1::ActionTiming& t : report->timings()) origin = std::min(origin, t.start_us());
     if (report->timings().empty()) origin = 0;
@@ -96,6 +98,18 @@ size_t TimingCount(const v1::StepTimings& step) {
 void KeepStepTimings(v1::JobTimings* timings, v1::StepTimings step, const TimingRetention& policy) {
   auto* steps = timings->mutable_steps();
   if (timings->sample_stride() <= 0) timings->set_sample_stride(1);
+  // The byte counters count every step recorded, before retention drops any.
+  for (const v1::RankTimings& rank : step.ranks()) {
+    if (rank.rank() < 0 || rank.rank() >= (1 << 16)) continue;
+    while (timings->rank_bytes_sent_size() <= rank.rank()) timings->add_rank_bytes_sent(0);
+    while (timings->rank_bytes_received_size() <= rank.rank()) {
+      timings->add_rank_bytes_received(0);
+    }
+    timings->set_rank_bytes_sent(rank.rank(),
+                                 timings->rank_bytes_sent(rank.rank()) + rank.bytes_sent());
+    timings->set_rank_bytes_received(
+        rank.rank(), timings->rank_bytes_received(rank.rank()) + rank.bytes_received());
+  }
   // A step recorded again (rerun after a failure) supersedes what was kept of it and after it.
   int keep = steps->size();
   while (keep > 0 && steps->Get(keep - 1).step() >= step.step()) --keep;

@@ -29,7 +29,7 @@ v1::TraceProgram TraceProgramOf(const Schedule& lowered);
 absl::StatusOr<Schedule> ScheduleOf(const v1::TraceProgram& program);
 
 // One step's record from its reports (any order) and the ranks' clock offsets (one per rank,
-// or empty for none).
+// or empty for none), with each rank's bytes sent and received.
 v1::StepTimings StepTimingsOf(int64_t step, const std::vector<v1::StepReport>& reports,
                               const std::vector<int64_t>& clock_offsets_us);
 // The reports again, with only the step, rank and timings (as BuildStepTimeline reads them).
@@ -46,6 +46,7 @@ struct TimingRetention {
 
 // Adds `step` to `timings` (replacing any records of that step or later, which a rerun
 // supersedes) and drops what `policy` no longer keeps. Records stay in ascending step order.
+// Every step adds its ranks' bytes to the per-rank byte totals, whether it is kept or not.
 void KeepStepTimings(v1::JobTimings* timings, v1::StepTimings step,
                      const TimingRetention& policy = {});
 

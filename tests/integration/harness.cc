@@ -142,18 +142,24 @@ Cluster::~Cluster() {
 
 absl::Status Cluster::Start() {
   const std::string port_file = dir_ + "/coordinator.port";
-  coordinator_ = std::make_unique<Process>(
-      std::string(TANDEM_BIN_DIR) + "/tandem-coordinator",
-      std::vector<std::string>{"--listen=127.0.0.1:0", "--port-file=" + port_file,
-                               "--data-root=" + dir_ + "/store",
-                               absl::StrCat("--heartbeat-ms=", options_.heartbeat_ms),
-                               absl::StrCat("--worker-timeout-ms=", options_.worker_timeout_ms)},
-      dir_ + "/coordinator.log");
+  const std::string http_port_file = dir_ + "/coordinator-http.port";
+  std::vector<std::string> args{"--listen=127.0.0.1:0", "--port-file=" + port_file,
+                                "--data-root=" + dir_ + "/store",
+                                absl::StrCat("--heartbeat-ms=", options_.heartbeat_ms),
+                                absl::StrCat("--worker-timeout-ms=", options_.worker_timeout_ms)};
+  if (options_.http) {
+    args.push_back("--metrics-listen=127.0.0.1:0");
+    args.push_back("--metrics-port-file=" + http_port_file);
+  }
+  coordinator_ = std::make_unique<Process>(std::string(TANDEM_BIN_DIR) + "/tandem-coordinator",
+                                           args, dir_ + "/coordinator.log");
   if (!WaitFor([&] { return !ReadFile(port_file).empty(); }, std::chrono::seconds(20))) {
     return absl::DeadlineExceededError("coordinator did not start: " +
                                        ReadFile(dir_ + "/coordinator.log"));
   }
   port_ = std::stoi(ReadFile(port_file));
+  // The HTTP port is written before the gRPC one.
+  if (options_.http) http_port_ = std::stoi(ReadFile(http_port_file));
   client_ = cli::NewGrpcCoordinatorClient(address(), absl::Seconds(10), absl::Hours(1));
   for (int i = 0; i < options_.workers; ++i) {
     if (absl::Status s = StartWorker(); !s.ok()) return s;

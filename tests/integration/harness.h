@@ -62,6 +62,8 @@ class Cluster {
     int heartbeat_ms = 200;
     int worker_timeout_ms = 1500;
     std::vector<std::string> worker_args;  // appended to every worker's flags
+    // Serve metrics and the dashboard on an ephemeral 127.0.0.1 port (http_port()).
+    bool http = false;
   };
   explicit Cluster(Options options);
   ~Cluster();
@@ -72,6 +74,8 @@ class Cluster {
   // is registered.
   absl::Status AddWorker(const std::vector<std::string>& extra_flags = {});
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  // The coordinator's metrics and dashboard port (Options::http), else 0.
+  int http_port() const { return http_port_; }
   const std::string& dir() const { return dir_; }
   Process& worker(int i) { return *workers_[i]; }
   Process& coordinator() { return *coordinator_; }
@@ -93,6 +97,7 @@ class Cluster {
   Options options_;
   std::string dir_;
   int port_ = 0;
+  int http_port_ = 0;
   std::unique_ptr<Process> coordinator_;
   std::vector<std::unique_ptr<Process>> workers_;
   std::unique_ptr<cli::CoordinatorClient> client_;
