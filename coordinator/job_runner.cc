@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <future>
+#include <map>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -212,15 +213,23 @@ absl::Status JobRunner::Plan() {
 
 absl::Status JobRunner::ChooseAutoPlan() {
   const v1::JobSpec written = spec_;
-  const std::vector<PlanCandidate> candidates =
-      SearchPlans(written, [this](const v1::JobSpec& s) { return ProfileAt(s); });
+  // One profile per micro-batch size, kept here too: the spec as written is costed from the
+  // one the search already got, even when there is no profile store to cache it.
+  std::map<int, absl::StatusOr<v1::ModelProfile>> by_size;
+  auto profile_at = [&](const v1::JobSpec& s) -> const absl::StatusOr<v1::ModelProfile>& {
+    const int size = s.pipeline().micro_batch_size();
+    auto it = by_size.find(size);
+    if (it == by_size.end()) it = by_size.emplace(size, ProfileAt(s)).first;
+    return it->second;
+  };
+  const std::vector<PlanCandidate> candidates = SearchPlans(written, profile_at);
   absl::StatusOr<PlanCandidate> best = ChoosePlan(candidates);
   if (!best.ok()) {
     return absl::Status(best.status().code(),
                         absl::StrCat("pipeline.plan: auto: ", best.status().message()));
   }
   double as_written = 0.0;
-  if (absl::StatusOr<v1::ModelProfile> p = ProfileAt(written); p.ok()) {
+  if (const absl::StatusOr<v1::ModelProfile>& p = profile_at(written); p.ok()) {
     if (absl::StatusOr<PipelinePlan> plan = PlanPipeline(written, &*p); plan.ok()) {
       as_written = plan->predicted_step_seconds;
     }
