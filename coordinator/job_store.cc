@@ -1,5 +1,6 @@
 #include "coordinator/job_store.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -241,11 +242,40 @@ void JobStore::SetStages(const std::string& job_id,
   Persist(*e);
 }
 
+namespace {
+
+// Drops the history records of steps at or after `from` (a rerun supersedes them) and brings
+// the job's progress figures back to what the rest says.
+void RollBackTo(v1::Job& job, int64_t from) {
+  auto* history = job.mutable_history();
+  int keep = history->size();
+  while (keep > 0 && history->Get(keep - 1).step() >= from) --keep;
+  if (keep == history->size()) return;
+  for (int i = keep; i < history->size(); ++i) {
+    if (history->Get(i).skipped()) job.set_skipped_steps(job.skipped_steps() - 1);
+  }
+  history->DeleteSubrange(keep, history->size() - keep);
+  job.set_steps_done(std::max<int64_t>(job.first_step(), from));
+  job.set_last_loss(keep > 0 ? history->Get(keep - 1).loss() : 0.0);
+  job.set_has_val_loss(false);
+  job.set_last_val_loss(0.0);
+  for (int i = keep - 1; i >= 0; --i) {
+    if (history->Get(i).has_val_loss()) {
+      job.set_has_val_loss(true);
+      job.set_last_val_loss(history->Get(i).val_loss());
+      break;
+    }
+  }
+}
+
+}  // namespace
+
 void JobStore::RecordStep(const std::string& job_id, const v1::StepSummary& step) {
   absl::MutexLock lock(&mu_);
   Entry* found = Find(job_id);
   if (found == nullptr) return;
   Entry& e = *found;
+  RollBackTo(e.job, step.step());  // a step run again replaces its record and later ones
   e.job.set_steps_done(step.step() + 1);
   e.job.set_last_loss(step.loss());
   if (step.skipped()) e.job.set_skipped_steps(e.job.skipped_steps() + 1);
@@ -267,6 +297,16 @@ void JobStore::RecordStep(const std::string& job_id, const v1::StepSummary& step
     e.steps_since_persist = 0;
     Persist(e);
   }
+}
+
+void JobStore::RecordRestart(const std::string& job_id, const std::string& cause) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = Find(job_id);
+  if (e == nullptr) return;
+  e->job.set_restarts(e->job.restarts() + 1);
+  if (e->job.first_failure().empty()) e->job.set_first_failure(cause);
+  RollBackTo(e->job, e->job.checkpoint_step() + 1);
+  Persist(*e);
 }
 
 void JobStore::SetCheckpoint(const std::string& job_id, int64_t step) {

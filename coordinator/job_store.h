@@ -58,6 +58,11 @@ class JobStore {
   void SetReason(const std::string& job_id, const std::string& reason);
   void SetStages(const std::string& job_id, const std::vector<v1::StageAssignment>& stages);
   void RecordStep(const std::string& job_id, const v1::StepSummary& step);
+  // A fault ends the job's current run and it will be restarted: counts the restart, keeps
+  // the first cause, and rolls the job's progress back to its latest checkpoint (the steps
+  // after it run again, and their earlier records are dropped so that none counts twice).
+  // The caller then moves it to QUEUED.
+  void RecordRestart(const std::string& job_id, const std::string& cause);
   // The job's latest complete checkpoint (persisted at once).
   void SetCheckpoint(const std::string& job_id, int64_t step);
   // A resumed job starts at `step`.

@@ -42,7 +42,11 @@ ABSL_FLAG(std::string, health_listen, "",
 ABSL_FLAG(std::string, health_port_file, "", "write the bound health port to this file");
 ABSL_FLAG(int, heartbeat_ms, 1000, "heartbeat interval the workers are told to use");
 ABSL_FLAG(int, worker_timeout_ms, 5000, "a worker silent this long is marked LOST");
-ABSL_FLAG(int, step_timeout_s, 600, "a step that takes longer fails the job");
+ABSL_FLAG(int, step_timeout_s, 600,
+          "a step that takes longer fails the run (the job restarts up to its max_restarts)");
+ABSL_FLAG(int, step_deadline_floor_ms, 10000,
+          "once a run has measured steps, a step fails after 5x its slowest step so far, but "
+          "never sooner than this");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
 ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT to serve plain HTTP on: Prometheus metrics at /metrics, the dashboard at /, "
@@ -76,6 +80,9 @@ int main(int argc, char** argv) {
     return Fail("--worker-timeout-ms must exceed --heartbeat-ms, which must be >= 10");
   }
   if (absl::GetFlag(FLAGS_step_timeout_s) < 1) return Fail("--step-timeout-s must be >= 1");
+  if (absl::GetFlag(FLAGS_step_deadline_floor_ms) < 100) {
+    return Fail("--step-deadline-floor-ms must be >= 100");
+  }
 
   // Block the shutdown signals before any thread starts; main waits for them below.
   sigset_t signals;
@@ -116,6 +123,8 @@ int main(int argc, char** argv) {
   runner_env.profiles = &profiles;
   runner_env.models_root = data_root.empty() ? "" : data_root + "/models";
   runner_env.options.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
+  runner_env.options.step_deadline_floor =
+      absl::Milliseconds(absl::GetFlag(FLAGS_step_deadline_floor_ms));
   tc::Scheduler scheduler(runner_env);
 
   tc::ServiceEnv env;

@@ -416,6 +416,10 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
                               : 0;
     ex->chunk_static_bytes_.push_back(2 * elements * static_cast<int64_t>(sizeof(float)) + share);
   }
+  // A run resumed from a checkpoint continues after its step.
+  if (!program.restore().job_id().empty() && !program.restore().weights_only()) {
+    ex->last_applied_step_ = program.restore().step();
+  }
   ex->chunk_live_bytes_.assign(ex->chunks_.size(), 0);
   ex->chunk_peak_bytes_.assign(ex->chunks_.size(), 0);
   return ex;
@@ -727,6 +731,11 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode
     return absl::FailedPreconditionError(
         absl::StrCat(prefix, ": the stage program has no eval actions (eval.every is 0)"));
   }
+  if (!eval && step <= last_applied_step_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        prefix, ": step ", StepNumber(step), " was already applied (the stage is at step ",
+        StepNumber(last_applied_step_), "); a late or repeated call"));
+  }
   if (!eval && pending_step_ >= 0) {
     return absl::FailedPreconditionError(
         absl::StrCat(prefix, ": the gradients of step ", StepNumber(pending_step_),
@@ -991,6 +1000,7 @@ absl::Status StageExecutor::ApplyStep(int64_t step, float learning_rate, float g
     optimizer_->Step(learning_rate);
   }
   pending_step_ = -1;
+  last_applied_step_ = step;
   return absl::OkStatus();
 }
 

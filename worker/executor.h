@@ -217,6 +217,10 @@ class StageExecutor {
   size_t send_bytes_ = 0;
   double loss_ = 0.0;
   int64_t pending_step_ = -1;  // the step whose gradients await ApplyStep
+  // The latest step whose update was applied (or skipped), or the restored checkpoint's step:
+  // a training step at or before it is refused, so that a late or repeated RunStep can never
+  // lead to a second update.
+  int64_t last_applied_step_ = -1;
 
   std::atomic<bool> running_{false};
   std::atomic<bool> aborted_{false};

@@ -163,18 +163,25 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
   }
   spdlog::info("configured job {} rank {}: {}; {} actions, {} parameters", job, program.rank(),
                held, program.actions_size(), resp.parameter_count());
-  stage_ = std::make_unique<Stage>(Stage{job, *std::move(executor), StagesOf(program)});
+  stage_ = std::make_unique<Stage>(
+      Stage{job, *std::move(executor), StagesOf(program), program.attempt()});
   last_step_ = -1;
   return resp;
 }
 
-absl::StatusOr<StageExecutor*> StageManager::BeginStepLocked(const std::string& job_id) {
+absl::StatusOr<StageExecutor*> StageManager::BeginStepLocked(const std::string& job_id,
+                                                             int32_t attempt) {
   if (shut_down_) return absl::UnavailableError("worker is shutting down");
   if (stage_ == nullptr || stage_->job_id != job_id) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_id, " is not configured on this worker",
                      stage_ == nullptr ? std::string(" (it holds no job)")
                                        : absl::StrCat(" (it holds job ", stage_->job_id, ")")));
+  }
+  if (stage_->attempt != attempt) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, ": the call is for attempt ", attempt, ", but this worker runs attempt ",
+        stage_->attempt, " (a late call from an earlier run of the job)"));
   }
   if (step_running_) {
     return absl::FailedPreconditionError(
@@ -185,18 +192,19 @@ absl::StatusOr<StageExecutor*> StageManager::BeginStepLocked(const std::string& 
 }
 
 absl::StatusOr<StageExecutor*> StageManager::BeginStep(
-    const std::string& job_id, int64_t step, std::optional<ScopedLogContext>* log_context) {
+    const std::string& job_id, int32_t attempt, int64_t step,
+    std::optional<ScopedLogContext>* log_context) {
   absl::MutexLock lock(&mu_);
   const bool holds = stage_ != nullptr && stage_->job_id == job_id;
   log_context->emplace(
       LogContext{.job = job_id, .stage = holds ? stage_->stages : "", .step = step});
-  return BeginStepLocked(job_id);
+  return BeginStepLocked(job_id, attempt);
 }
 
 absl::Status StageManager::ApplyStep(const v1::ApplyStepRequest& request) {
   std::optional<ScopedLogContext> log_context;
   absl::StatusOr<StageExecutor*> executor =
-      BeginStep(request.job_id(), request.step(), &log_context);
+      BeginStep(request.job_id(), request.attempt(), request.step(), &log_context);
   if (!executor.ok()) return executor.status();
   absl::Status s = (*executor)->ApplyStep(request.step(), request.learning_rate(),
                                           request.grad_scale(), request.skip());
@@ -206,9 +214,9 @@ absl::Status StageManager::ApplyStep(const v1::ApplyStepRequest& request) {
 }
 
 absl::StatusOr<v1::StepReport> StageManager::RunStep(const std::string& job_id, int64_t step,
-                                                     v1::StepMode mode) {
+                                                     v1::StepMode mode, int32_t attempt) {
   std::optional<ScopedLogContext> log_context;
-  absl::StatusOr<StageExecutor*> executor = BeginStep(job_id, step, &log_context);
+  absl::StatusOr<StageExecutor*> executor = BeginStep(job_id, attempt, step, &log_context);
   if (!executor.ok()) return executor.status();
   absl::StatusOr<v1::StepReport> report = (*executor)->RunStep(step, mode);
   if (!report.ok() && report.status().code() != absl::StatusCode::kAborted) {
@@ -223,9 +231,10 @@ absl::StatusOr<v1::StepReport> StageManager::RunStep(const std::string& job_id, 
 
 absl::Status StageManager::SaveCheckpoint(
     const std::string& job_id, int64_t step,
-    const std::function<absl::Status(const std::vector<StageExecutor::StateTensor>&)>& write) {
+    const std::function<absl::Status(const std::vector<StageExecutor::StateTensor>&)>& write,
+    int32_t attempt) {
   std::optional<ScopedLogContext> log_context;
-  absl::StatusOr<StageExecutor*> executor = BeginStep(job_id, step, &log_context);
+  absl::StatusOr<StageExecutor*> executor = BeginStep(job_id, attempt, step, &log_context);
   if (!executor.ok()) return executor.status();
   absl::Status s = (*executor)->has_pending_gradients()
                        ? absl::FailedPreconditionError(absl::StrCat(
