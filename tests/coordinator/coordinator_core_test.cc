@@ -102,12 +102,13 @@ TEST(JobStoreTest, StatesAreFinalAndPersisted) {
               absl::StatusCode::kFailedPrecondition);
     EXPECT_EQ((*store)->Queued(), std::vector<std::string>{queued_id});
   }
-  // Reopen: finished history kept, queued stays queued, running was interrupted.
+  // Reopen: finished history kept, queued stays queued, running was interrupted and is queued
+  // again (job_store_test.cc has the details).
   auto store = JobStore::Open(dir);
   ASSERT_TRUE(store.ok());
   EXPECT_EQ((*store)->Get(done_id)->state(), v1::SUCCEEDED);
   EXPECT_EQ((*store)->Get(queued_id)->state(), v1::QUEUED);
-  EXPECT_EQ((*store)->Get(running_id)->state(), v1::FAILED);
+  EXPECT_EQ((*store)->Get(running_id)->state(), v1::QUEUED);
   EXPECT_THAT((*store)->Get(running_id)->reason(), HasSubstr("restarted"));
   auto next = (*store)->Add(Spec(1, 1));
   EXPECT_EQ(*next, "job-4");
