@@ -78,6 +78,21 @@ TEST(WorkerRegistryTest, SilentWorkersAreLostAndBusyOnesReported) {
   EXPECT_EQ(registry.Get(*b)->state, v1::IDLE);
 }
 
+// After a coordinator restart a worker may heartbeat with the id the old coordinator gave it
+// before it learns it must register again: the new one must not take it for the worker it
+// gave that id to.
+TEST(WorkerRegistryTest, IdsOfTheLastStartAreRefusedAfterARestart) {
+  EXPECT_EQ(FirstWorkerId(0), 1);
+  EXPECT_EQ(FirstWorkerId(1), 1);
+  EXPECT_EQ(FirstWorkerId(3), 2000001);
+  WorkerRegistry before(1000ms, FirstWorkerId(1));
+  EXPECT_EQ(*before.Register(Worker("a:1")), "w-1");
+  WorkerRegistry after(1000ms, FirstWorkerId(2));
+  EXPECT_EQ(*after.Register(Worker("b:1")), "w-1000001");
+  EXPECT_EQ(after.Heartbeat("w-1").code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(after.Heartbeat("w-1000001").ok());
+}
+
 v1::JobSpec Spec(int stages, int steps) {
   auto spec = LoadJobSpecYaml(
       absl::StrCat("steps: ", steps, "\npipeline:\n  stages: ", stages, "\n  micro_batches: 4\n"));
