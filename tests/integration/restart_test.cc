@@ -110,5 +110,47 @@ TEST_F(RestartTest, QueuedAndFinishedJobsSurviveASigkilledCoordinator) {
   }
 }
 
+// The acceptance check of the store's side: a job running when the coordinator is SIGKILLed
+// goes back to the queue at its checkpoint and runs to the end, and its history has each step
+// once with the losses of an uninterrupted run (a step applied twice, or lost, would change
+// them). It holds whether the runner restarts the job from its checkpoint or from its first
+// step.
+TEST_F(RestartTest, ARunningJobSurvivesASigkilledCoordinatorWithEachStepOnce) {
+  Cluster::Options options;
+  options.workers = 2;
+  cluster_ = std::make_unique<Cluster>(options);
+  ASSERT_TRUE(cluster_->Start().ok());
+  const int kSteps = 200;
+  const std::string yaml = TinyJobYaml(2, 4, kSteps, "1f1b", "checkpoint:\n  every: 10\n");
+  auto reference_id = cluster_->Submit(yaml);
+  ASSERT_TRUE(reference_id.ok()) << reference_id.status();
+  auto reference = cluster_->WaitForEnd(*reference_id, 120s);
+  ASSERT_TRUE(reference.ok() && reference->state() == v1::SUCCEEDED) << reference->reason();
+
+  auto id = cluster_->Submit(yaml);
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto j = cluster_->GetJob(*id);
+        return j.ok() && j->steps_done() >= 25;
+      },
+      60s));
+  ASSERT_TRUE(cluster_->RestartCoordinator(SIGKILL).ok());
+  // (The scheduler may have started it again already: the log says where it was put back.)
+  EXPECT_THAT(ReadFile(cluster_->coordinator().log_path()),
+              HasSubstr(*id + " was interrupted by the restart: coordinator restarted; resumes "
+                              "from the checkpoint after step "));
+  auto end = cluster_->WaitForEnd(*id, 120s);
+  ASSERT_TRUE(end.ok()) << end.status();
+  ASSERT_EQ(end->state(), v1::SUCCEEDED) << end->reason();
+  ASSERT_EQ(end->history_size(), kSteps);
+  for (int i = 0; i < kSteps; ++i) {
+    ASSERT_EQ(end->history(i).step(), i);
+    EXPECT_EQ(end->history(i).loss(), reference->history(i).loss()) << "step " << i;
+  }
+  EXPECT_EQ(end->steps_done(), kSteps);
+  EXPECT_EQ(end->checkpoint_step(), kSteps - 1);
+}
+
 }  // namespace
 }  // namespace tandem::testing
