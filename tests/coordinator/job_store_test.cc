@@ -308,6 +308,25 @@ TEST_F(JobStorePersistenceTest, ARecordedStepSupersedesItselfAndEveryLaterStep) 
   EXPECT_EQ(job->history(4).loss(), 40.0);
 }
 
+TEST_F(JobStorePersistenceTest, TheDatabaseKeepsTheSameLatestStepsAsMemory) {
+  const int64_t steps = static_cast<int64_t>(JobStore::kMaxHistory) + 3;
+  std::string id;
+  {
+    auto store = Open();
+    id = *store->Add(Spec(static_cast<int>(steps)));
+    ASSERT_TRUE(store->Transition(id, v1::RUNNING, "").ok());
+    for (int64_t s = 0; s < steps; ++s) store->RecordStep(id, Step(s, static_cast<double>(s)));
+    ASSERT_TRUE(store->Transition(id, v1::SUCCEEDED, "").ok());
+    EXPECT_EQ(store->Get(id)->history(0).step(), 3);
+  }
+  auto store = Open();
+  auto job = store->Get(id);
+  ASSERT_EQ(job->history_size(), static_cast<int>(JobStore::kMaxHistory));
+  EXPECT_EQ(job->history(0).step(), 3);
+  EXPECT_EQ(job->history(job->history_size() - 1).step(), steps - 1);
+  EXPECT_EQ(job->steps_done(), steps);
+}
+
 TEST_F(JobStorePersistenceTest, ASecondStoreOnTheSameDataRootIsRefusedUntilTheFirstCloses) {
   auto first = Open();
   ASSERT_NE(first, nullptr);
