@@ -11,11 +11,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
+#include "common/log_context.h"
 #include "common/model_desc.h"
 #include "common/partitioner.h"
 #include "common/planner.h"
 #include "common/schedule_check.h"
 #include "common/spec.h"
+#include "common/step_number.h"
 #include "common/step_profile.h"
 #include "common/trace.h"
 #include "coordinator/hf_export.h"
@@ -104,6 +106,7 @@ absl::Status JobRunner::InterruptStatus() {
 
 void JobRunner::Run() {
   const std::string& id = job_.id();
+  ScopedLogContext log_context({.job = id});
   absl::Status status = Plan();
   if (status.ok()) status = env_.store->Transition(id, v1::RUNNING, "");
   if (status.ok()) status = ConfigureAll();
@@ -179,11 +182,12 @@ absl::Status JobRunner::Plan() {
     first_step_ = *latest + 1;
     if (first_step_ >= spec.steps()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "init.from_job: the checkpoint of ", from, " is after step ", *latest,
+          "init.from_job: the checkpoint of ", from, " is after step ", StepNumber(*latest),
           ", but this job has only ", spec.steps(), " steps; raise steps to continue training"));
     }
     env_.store->SetFirstStep(job_.id(), first_step_);
-    spdlog::info("{}: resuming from {} step {}", job_.id(), from, *latest);
+    spdlog::info("{}: resuming from the checkpoint of {} after step {}", job_.id(), from,
+                 StepNumber(*latest));
   }
   // One row per stage: its worker, its layers and its actions in its worker's order.
   std::vector<v1::StageAssignment> stages;
@@ -344,9 +348,10 @@ absl::Status JobRunner::ConfigureAll() {
 }
 
 absl::Status JobRunner::RunOneStep(int64_t step) {
+  ScopedLogContext log_context({.step = step});
   const v1::JobSpec& spec = spec_;
   const int p = static_cast<int>(workers_.size());
-  const std::string what = absl::StrCat("step ", step);
+  const std::string what = absl::StrCat("step ", StepNumber(step));
   const auto t0 = std::chrono::steady_clock::now();
 
   // Phase 1: forward and backward on every stage; gradients stay on the workers.
@@ -382,6 +387,16 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
         std::max(summary.peak_activation_bytes(), rep.peak_activation_bytes()));
     summary.add_rank_peak_activation_bytes(rep.peak_activation_bytes());
   }
+  // Per stage: static + peak activations, as each stage's worker measured them.
+  std::vector<int64_t> stage_peak(static_cast<size_t>(plan_.num_stages()), 0);
+  for (const auto& resp : responses) {
+    for (const v1::StageMemory& m : resp.report().stage_memory()) {
+      if (m.stage() >= 0 && m.stage() < plan_.num_stages()) {
+        stage_peak[static_cast<size_t>(m.stage())] = m.static_bytes() + m.peak_activation_bytes();
+      }
+    }
+  }
+  for (int64_t b : stage_peak) summary.add_stage_peak_bytes(b);
   if (!has_loss) {
     return absl::InternalError(
         absl::StrCat(what, ": ", WorkerName(LastStageRank()), " reported no loss"));
@@ -478,8 +493,9 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
 }
 
 absl::Status JobRunner::SaveCheckpoint(int64_t step) {
+  ScopedLogContext log_context({.step = step});
   const int p = static_cast<int>(workers_.size());
-  const std::string what = absl::StrCat("checkpoint after step ", step);
+  const std::string what = absl::StrCat("checkpoint after step ", StepNumber(step));
   std::vector<std::future<absl::Status>> saves;
   for (int r = 0; r < p; ++r) {
     saves.push_back(std::async(std::launch::async, [this, r, step]() -> absl::Status {
@@ -528,8 +544,8 @@ absl::StatusOr<double> JobRunner::RunEval(int64_t step) {
   req.set_job_id(job_.id());
   req.set_step(step);
   req.set_mode(v1::STEP_MODE_EVAL);
-  absl::Status s = CallAll(absl::StrCat("validation after step ", step), env_.options.step_timeout,
-                           [&](int r, auto done) {
+  absl::Status s = CallAll(absl::StrCat("validation after step ", StepNumber(step)),
+                           env_.options.step_timeout, [&](int r, auto done) {
                              clients_[r]->RunStep(req, &responses[r], env_.options.step_timeout,
                                                   std::move(done));
                            });
@@ -537,7 +553,7 @@ absl::StatusOr<double> JobRunner::RunEval(int64_t step) {
   for (const auto& resp : responses) {
     if (resp.report().has_loss()) return resp.report().loss();
   }
-  return absl::InternalError(absl::StrCat("validation after step ", step, ": ",
+  return absl::InternalError(absl::StrCat("validation after step ", StepNumber(step), ": ",
                                           WorkerName(LastStageRank()), " reported no loss"));
 }
 

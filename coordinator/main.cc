@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
 #include "common/health.h"
+#include "common/log_context.h"
 #include "common/rpc.h"
 #include "common/version.h"
 #include "coordinator/checkpoint_store.h"
@@ -66,6 +67,7 @@ int main(int argc, char** argv) {
   tandem::HelpListsFlagsOf("coordinator/main.cc");
   absl::ParseCommandLine(argc, argv);
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+  tandem::InstallLogFormat();
   using tandem::coordinator::JobStore;
   namespace tc = tandem::coordinator;
 

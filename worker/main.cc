@@ -32,6 +32,7 @@
 #include "absl/strings/strip.h"
 #include "common/flags.h"
 #include "common/health.h"
+#include "common/log_context.h"
 #include "common/rpc.h"
 #include "common/version.h"
 #include "worker/checkpoint_client.h"
@@ -61,7 +62,8 @@ ABSL_FLAG(int, heartbeat_ms, 1000, "heartbeat interval until the coordinator set
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
 ABSL_FLAG(std::string, test_fail_at, "",
           "for tests only: fail the action STEP:KIND[:MICRO_BATCH] of a training step (e.g. "
-          "2:B:1) with an injected error, as a failed kernel would");
+          "2:B:1: the second step's backward of micro-batch 1; steps count from 1) with an "
+          "injected error, as a failed kernel would");
 ABSL_FLAG(bool, keep_heap, true,
           "keep freed memory in the process heap instead of returning it to the OS: a training "
           "step allocates the same large activation buffers every time, and re-faulting them "
@@ -125,6 +127,7 @@ int Run() {
     return 2;
   }
   spdlog::set_level(level);
+  InstallLogFormat();
 
   std::string coordinator = absl::GetFlag(FLAGS_coordinator);
   if (const char* env = std::getenv("TANDEM_COORDINATOR"); coordinator.empty() && env != nullptr) {

@@ -17,12 +17,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/log_context.h"
 #include "tandem/v1/worker.pb.h"
 #include "worker/data/corpus.h"
 #include "worker/executor.h"
@@ -116,6 +118,7 @@ class StageManager {
   struct Stage {
     std::string job_id;
     std::unique_ptr<StageExecutor> executor;
+    std::string stages;  // its stage indices, for log lines ("1", "0,2")
   };
 
   // Aborts the stage, waits for its step to end, and hands it to the caller (to destroy
@@ -126,6 +129,10 @@ class StageManager {
   // executor stays alive until step_running_ is cleared.
   absl::StatusOr<StageExecutor*> BeginStepLocked(const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // BeginStepLocked under the lock, with the log context set to the job, its stages and `step`
+  // (-1: none) for the caller's scope.
+  absl::StatusOr<StageExecutor*> BeginStep(const std::string& job_id, int64_t step,
+                                           std::optional<ScopedLogContext>* log_context);
   // What keeps the device from a profile or a link probe ("job j-1", "a layer profile", "a
   // link probe"), or empty when the worker is idle.
   std::string BusyReasonLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -91,8 +91,9 @@ absl::Status ParseTimeout(absl::string_view v, absl::Duration* out) {
 }
 
 absl::Status ParseStep(absl::string_view flag, absl::string_view v, int64_t* out) {
-  if (!absl::SimpleAtoi(v, out) || *out < 0) {
-    return UsageError(absl::StrCat(flag, ": expected a step index (0, 1, ...), got '", v, "'"));
+  if (!absl::SimpleAtoi(v, out) || *out < 1) {
+    return UsageError(
+        absl::StrCat(flag, ": expected a step number (1 for the first step), got '", v, "'"));
   }
   return absl::OkStatus();
 }
@@ -101,7 +102,7 @@ absl::Status ParseStep(absl::string_view flag, absl::string_view v, int64_t* out
 absl::Status ParseStepRange(absl::string_view v, int64_t* first, int64_t* last) {
   const size_t dots = v.find("..");
   if (dots == absl::string_view::npos) {
-    return UsageError(absl::StrCat("--steps: expected A..B (step indices), got '", v, "'"));
+    return UsageError(absl::StrCat("--steps: expected A..B (step numbers, from 1), got '", v, "'"));
   }
   if (absl::Status s = ParseStep("--steps", v.substr(0, dots), first); !s.ok()) return s;
   if (absl::Status s = ParseStep("--steps", v.substr(dots + 2), last); !s.ok()) return s;

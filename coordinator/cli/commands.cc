@@ -16,6 +16,7 @@
 #include "common/planner.h"
 #include "common/schedule.h"
 #include "common/spec.h"
+#include "common/step_number.h"
 #include "common/version.h"
 #include "coordinator/cli/format.h"
 #include "coordinator/cli/plan.h"
@@ -322,10 +323,11 @@ absl::Status Trace(const CliOptions& opts, CoordinatorClient& client, CommandIo 
   v1::GetJobTraceRequest req;
   req.set_job_id(opts.args[0]);
   req.set_format(opts.svg ? v1::TRACE_FORMAT_SVG : v1::TRACE_FORMAT_JSON);
-  if (opts.trace_step >= 0) req.set_step(opts.trace_step);
+  // The flags take step numbers (from 1); the RPC takes indices.
+  if (opts.trace_step >= 0) req.set_step(StepIndex(opts.trace_step));
   if (opts.trace_first >= 0) {
-    req.set_first_step(opts.trace_first);
-    req.set_last_step(opts.trace_last);
+    req.set_first_step(StepIndex(opts.trace_first));
+    req.set_last_step(StepIndex(opts.trace_last));
   }
   absl::StatusOr<v1::GetJobTraceResponse> trace = client.GetJobTrace(req);
   if (!trace.ok()) return RpcError(Command::kTrace, opts, trace.status());
@@ -352,9 +354,10 @@ absl::Status Trace(const CliOptions& opts, CoordinatorClient& client, CommandIo 
   const auto& steps = trace->steps();
   std::string shown;
   if (steps.size() == 1) {
-    shown = absl::StrCat("step ", steps[0]);
+    shown = absl::StrCat("step ", StepNumber(steps[0]));
   } else if (!steps.empty()) {
-    shown = absl::StrCat(steps.size(), " steps, ", steps[0], " to ", steps[steps.size() - 1]);
+    shown = absl::StrCat(steps.size(), " steps, ", StepNumber(steps[0]), " to ",
+                         StepNumber(steps[steps.size() - 1]));
   }
   io.out << "wrote " << path << " (" << opts.args[0] << " " << shown << ", "
          << trace->content().size() << " bytes)"

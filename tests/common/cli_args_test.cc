@@ -175,7 +175,9 @@ TEST(ParseArgs, Trace) {
   EXPECT_THAT(UsageError({"trace", "job-3", "--svg"}), HasSubstr("-o FILE.svg"));
   EXPECT_THAT(UsageError({"trace", "-o", "t.json"}), HasSubstr("usage: tandem trace JOB"));
   EXPECT_THAT(UsageError({"trace", "job-3", "--step", "-1", "-o", "t"}),
-              HasSubstr("--step: expected a step index"));
+              HasSubstr("--step: expected a step number (1 for the first step)"));
+  EXPECT_THAT(UsageError({"trace", "job-3", "--step", "0", "-o", "t"}),
+              HasSubstr("--step: expected a step number"));
   EXPECT_THAT(UsageError({"trace", "job-3", "--steps", "9..2", "-o", "t"}), HasSubstr("is empty"));
   EXPECT_THAT(UsageError({"trace", "job-3", "--steps", "4", "-o", "t"}), HasSubstr("A..B"));
   EXPECT_THAT(UsageError({"trace", "job-3", "--step", "1", "--steps", "1..2", "-o", "t"}),

@@ -569,7 +569,7 @@ TEST_F(CommandsTest, TraceWritesTheCoordinatorsDocument) {
   written << in.rdbuf();
   EXPECT_EQ(written.str(), R"({"traceEvents":[]})");
   EXPECT_EQ(out_.str(),
-            "wrote " + path + " (job-3 step 7, 18 bytes); open it at https://ui.perfetto.dev\n");
+            "wrote " + path + " (job-3 step 8, 18 bytes); open it at https://ui.perfetto.dev\n");
   ASSERT_EQ(client_.trace_requests.size(), 1u);
   const v1::GetJobTraceRequest& req = client_.trace_requests[0];
   EXPECT_EQ(req.job_id(), "job-3");
@@ -590,7 +590,7 @@ TEST_F(CommandsTest, TraceStepRangeAndSvgAreAskedFor) {
   ASSERT_TRUE(Run(opts).ok());
   EXPECT_EQ(out_.str(), "<svg/>");
   EXPECT_EQ(client_.trace_requests[0].format(), v1::TRACE_FORMAT_SVG);
-  EXPECT_EQ(client_.trace_requests[0].step(), 4);
+  EXPECT_EQ(client_.trace_requests[0].step(), 3);  // step 4 is the one at index 3
 
   opts.svg = false;
   opts.trace_step = -1;
@@ -598,8 +598,8 @@ TEST_F(CommandsTest, TraceStepRangeAndSvgAreAskedFor) {
   opts.trace_last = 9;
   ASSERT_TRUE(Run(opts).ok());
   EXPECT_TRUE(client_.trace_requests[1].has_first_step());
-  EXPECT_EQ(client_.trace_requests[1].first_step(), 2);
-  EXPECT_EQ(client_.trace_requests[1].last_step(), 9);
+  EXPECT_EQ(client_.trace_requests[1].first_step(), 1);
+  EXPECT_EQ(client_.trace_requests[1].last_step(), 8);
   EXPECT_FALSE(client_.trace_requests[1].has_step());
 }
 

@@ -702,7 +702,7 @@ TEST(JobRunnerTest, AStepErrorFailsTheJobNamingStageAndWorker) {
   f.WaitFinished(*runner);
   auto job = *f.store->Get(runner->job_id());
   EXPECT_EQ(job.state(), v1::FAILED);
-  EXPECT_THAT(job.reason(), HasSubstr("step 2"));
+  EXPECT_THAT(job.reason(), HasSubstr("step 3: "));  // index 2, numbered from 1
   EXPECT_THAT(job.reason(), HasSubstr("stage 1 (worker w-2 at 127.0.0.1:1001)"));
   EXPECT_THAT(job.reason(), HasSubstr("boom"));
   EXPECT_EQ(job.steps_done(), 2);
