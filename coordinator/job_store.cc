@@ -12,6 +12,7 @@
 #include "common/pipeline_plan.h"
 #include "common/schedule.h"
 #include "common/spec.h"
+#include "common/step_number.h"
 #include "coordinator/checkpoint_store.h"
 #include "google/protobuf/util/json_util.h"
 #include "spdlog/spdlog.h"
@@ -244,7 +245,7 @@ absl::Status JobStore::Load() {
       v1::StepSummary step;
       if (!step.ParseFromString((*q)->ColumnBlob(2))) {
         spdlog::warn("job store: job-{}: skipping the unreadable row of step {}", it->first,
-                     (*q)->ColumnInt(1));
+                     StepNumber((*q)->ColumnInt(1)));
         continue;
       }
       auto& history = it->second.history;
@@ -351,14 +352,17 @@ absl::Status JobStore::Recover() {
       if (latest > job.checkpoint_step()) {
         spdlog::warn(
             "job store: {}: adopting the checkpoint after step {}: its manifest was "
-            "committed but its record (after step {}) was not updated",
-            job.id(), latest, job.checkpoint_step());
+            "committed but its record was not written (the last recorded was {})",
+            job.id(), StepNumber(latest),
+            job.checkpoint_step() >= 0
+                ? absl::StrCat("after step ", StepNumber(job.checkpoint_step()))
+                : "none");
       } else {
         spdlog::warn(
             "job store: {}: ignoring the checkpoint after step {}: its manifest is "
             "missing; using {}",
-            job.id(), job.checkpoint_step(),
-            latest >= 0 ? absl::StrCat("the one after step ", latest) : "none");
+            job.id(), StepNumber(job.checkpoint_step()),
+            latest >= 0 ? absl::StrCat("the one after step ", StepNumber(latest)) : "none");
       }
       job.set_checkpoint_step(latest);
       changed = true;
@@ -381,7 +385,7 @@ absl::Status JobStore::Recover() {
       job.set_state(v1::QUEUED);
       job.set_reason(latest >= 0 ? absl::StrCat("coordinator restarted; resumes from the "
                                                 "checkpoint after step ",
-                                                latest)
+                                                StepNumber(latest))
                                  : "coordinator restarted; runs again from the start (no "
                                    "checkpoint)");
       job.clear_stages();
@@ -617,7 +621,7 @@ void JobStore::RecordStep(const std::string& job_id, const v1::StepSummary& step
   Append(e, std::move(event));
   if (db_ == nullptr) return;
   ++e.steps_since_timings_write;
-  const std::string purpose = absl::StrCat(job_id, ": recording step ", step.step());
+  const std::string purpose = absl::StrCat(job_id, ": recording step ", StepNumber(step.step()));
   const int64_t oldest = e.history.front().step();
   (void)Persist(e, /*durable=*/false, purpose, TimingsWrite::kIfDue, [&]() -> absl::Status {
     // (Nothing to delete but on a rerun; an index probe otherwise.)
@@ -650,7 +654,8 @@ void JobStore::SetCheckpoint(const std::string& job_id, int64_t step) {
   if (e == nullptr) return;
   e->job.set_checkpoint_step(step);
   const int num_stages = NumRanks(e->job);
-  const std::string purpose = absl::StrCat(job_id, ": recording the checkpoint after step ", step);
+  const std::string purpose =
+      absl::StrCat(job_id, ": recording the checkpoint after step ", StepNumber(step));
   (void)Persist(*e, /*durable=*/true, purpose, TimingsWrite::kIfDirty,
                 [&] { return PutCheckpoint(*e, step, num_stages, purpose); });
 }

@@ -197,7 +197,8 @@ TEST_F(JobStorePersistenceTest, ARunningJobComesBackQueuedAtItsLatestCheckpoint)
   auto job = store->Get(running);
   ASSERT_TRUE(job.ok());
   EXPECT_EQ(job->state(), v1::QUEUED);
-  EXPECT_EQ(job->reason(), "coordinator restarted; resumes from the checkpoint after step 4");
+  // Numbered from 1 for people: the checkpoint after the 5th step (index 4).
+  EXPECT_EQ(job->reason(), "coordinator restarted; resumes from the checkpoint after step 5");
   EXPECT_EQ(job->checkpoint_step(), 4);
   EXPECT_EQ(job->steps_done(), 5);
   EXPECT_THAT(Steps(*job), ElementsAre(0, 1, 2, 3, 4));
