@@ -161,7 +161,7 @@ absl::Status CheckpointStore::Commit(const std::string& job_id, int64_t step, in
 std::vector<int64_t> CheckpointStore::CompleteSteps(const std::string& job_id) const {
   std::vector<int64_t> steps;
   std::error_code ec;
-  if (!SafeJobId(job_id)) return steps;
+  if (!enabled() || !SafeJobId(job_id)) return steps;
   for (const auto& entry : fs::directory_iterator(fs::path(root_) / job_id, ec)) {
     int64_t n = 0;
     const std::string name = entry.path().filename().string();

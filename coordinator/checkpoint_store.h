@@ -66,11 +66,12 @@ class CheckpointStore {
                                                                int64_t step) const;
   // The directory of checkpoint (job, step).
   std::string Dir(const std::string& job_id, int64_t step) const;
+  // The steps of the job's complete checkpoints (those with a manifest), ascending; none when
+  // disabled.
+  std::vector<int64_t> CompleteSteps(const std::string& job_id) const;
 
  private:
   absl::Status CheckEnabled() const;
-  // Complete checkpoints' steps, ascending.
-  std::vector<int64_t> CompleteSteps(const std::string& job_id) const;
 
   const std::string root_;
 };

@@ -108,7 +108,8 @@ int main(int argc, char** argv) {
 
   auto store = JobStore::Open(absl::GetFlag(FLAGS_data_root));
   if (!store.ok()) return Fail(store.status().ToString());
-  tc::WorkerRegistry registry(std::chrono::milliseconds(absl::GetFlag(FLAGS_worker_timeout_ms)));
+  tc::WorkerRegistry registry(std::chrono::milliseconds(absl::GetFlag(FLAGS_worker_timeout_ms)),
+                              tc::FirstWorkerId((*store)->incarnation()));
   tc::RendezvousStore rendezvous;
   const std::string data_root = absl::GetFlag(FLAGS_data_root);
   tc::CheckpointStore checkpoints(data_root.empty() ? "" : data_root + "/checkpoints");

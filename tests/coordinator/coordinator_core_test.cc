@@ -79,6 +79,21 @@ TEST(WorkerRegistryTest, SilentWorkersAreLostAndBusyOnesReported) {
   EXPECT_EQ(registry.Get(*b)->state, v1::IDLE);
 }
 
+// After a coordinator restart a worker may heartbeat with the id the old coordinator gave it
+// before it learns it must register again: the new one must not take it for the worker it
+// gave that id to.
+TEST(WorkerRegistryTest, IdsOfTheLastStartAreRefusedAfterARestart) {
+  EXPECT_EQ(FirstWorkerId(0), 1);
+  EXPECT_EQ(FirstWorkerId(1), 1);
+  EXPECT_EQ(FirstWorkerId(3), 2000001);
+  WorkerRegistry before(1000ms, FirstWorkerId(1));
+  EXPECT_EQ(*before.Register(Worker("a:1")), "w-1");
+  WorkerRegistry after(1000ms, FirstWorkerId(2));
+  EXPECT_EQ(*after.Register(Worker("b:1")), "w-1000001");
+  EXPECT_EQ(after.Heartbeat("w-1").code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(after.Heartbeat("w-1000001").ok());
+}
+
 v1::JobSpec Spec(int stages, int steps, int max_restarts = 0) {
   auto spec =
       LoadJobSpecYaml(absl::StrCat("steps: ", steps, "\nmax_restarts: ", max_restarts,
@@ -104,12 +119,13 @@ TEST(JobStoreTest, StatesAreFinalAndPersisted) {
               absl::StatusCode::kFailedPrecondition);
     EXPECT_EQ((*store)->Queued(), std::vector<std::string>{queued_id});
   }
-  // Reopen: finished history kept, queued stays queued, running was interrupted.
+  // Reopen: finished history kept, queued stays queued, running was interrupted and is queued
+  // again (job_store_test.cc has the details).
   auto store = JobStore::Open(dir);
   ASSERT_TRUE(store.ok());
   EXPECT_EQ((*store)->Get(done_id)->state(), v1::SUCCEEDED);
   EXPECT_EQ((*store)->Get(queued_id)->state(), v1::QUEUED);
-  EXPECT_EQ((*store)->Get(running_id)->state(), v1::FAILED);
+  EXPECT_EQ((*store)->Get(running_id)->state(), v1::QUEUED);
   EXPECT_THAT((*store)->Get(running_id)->reason(), HasSubstr("restarted"));
   auto next = (*store)->Add(Spec(1, 1));
   EXPECT_EQ(*next, "job-4");

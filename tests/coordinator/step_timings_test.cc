@@ -187,7 +187,7 @@ TEST(StepTimingsTest, TheStoreKeepsTimingsApartAndPersistsThemWithTheJob) {
     // GetJob stays small: no timings in the job.
     EXPECT_THAT((*store)->Get(id)->DebugString(), Not(HasSubstr("origin_us")));
   }
-  EXPECT_TRUE(std::filesystem::exists(dir + "/timings/" + id + ".json"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/coordinator.db"));
   auto store = JobStore::Open(dir, policy);
   ASSERT_TRUE(store.ok()) << store.status();
   absl::StatusOr<v1::JobTimings> t = (*store)->GetTimings(id);

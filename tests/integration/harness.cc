@@ -140,40 +140,72 @@ Cluster::~Cluster() {
   }
 }
 
-absl::Status Cluster::Start() {
+absl::Status Cluster::StartCoordinator(int port) {
   const std::string port_file = dir_ + "/coordinator.port";
   const std::string http_port_file = dir_ + "/coordinator-http.port";
-  std::vector<std::string> args{"--listen=127.0.0.1:0", "--port-file=" + port_file,
-                                "--data-root=" + dir_ + "/store",
+  std::remove(port_file.c_str());
+  std::remove(http_port_file.c_str());
+  std::vector<std::string> args{absl::StrCat("--listen=127.0.0.1:", port),
+                                "--port-file=" + port_file, "--data-root=" + data_root(),
                                 absl::StrCat("--heartbeat-ms=", options_.heartbeat_ms),
                                 absl::StrCat("--worker-timeout-ms=", options_.worker_timeout_ms)};
   if (options_.http) {
-    args.push_back("--metrics-listen=127.0.0.1:0");
+    args.push_back(absl::StrCat("--metrics-listen=127.0.0.1:", http_port_));
     args.push_back("--metrics-port-file=" + http_port_file);
   }
-  coordinator_ = std::make_unique<Process>(std::string(TANDEM_BIN_DIR) + "/tandem-coordinator",
-                                           args, dir_ + "/coordinator.log");
+  const std::string log = restarts_ == 0 ? dir_ + "/coordinator.log"
+                                         : absl::StrCat(dir_, "/coordinator.", restarts_, ".log");
+  coordinator_ =
+      std::make_unique<Process>(std::string(TANDEM_BIN_DIR) + "/tandem-coordinator", args, log);
   if (!WaitFor([&] { return !ReadFile(port_file).empty(); }, std::chrono::seconds(20))) {
-    return absl::DeadlineExceededError("coordinator did not start: " +
-                                       ReadFile(dir_ + "/coordinator.log"));
+    return absl::DeadlineExceededError("coordinator did not start: " + ReadFile(log));
   }
   port_ = std::stoi(ReadFile(port_file));
   // The HTTP port is written before the gRPC one.
   if (options_.http) http_port_ = std::stoi(ReadFile(http_port_file));
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::Start() {
+  if (absl::Status s = StartCoordinator(0); !s.ok()) return s;
   client_ = cli::NewGrpcCoordinatorClient(address(), absl::Seconds(10), absl::Hours(1));
   for (int i = 0; i < options_.workers; ++i) {
     if (absl::Status s = StartWorker(); !s.ok()) return s;
   }
-  const size_t want = workers_.size();
+  return WaitForWorkers();
+}
+
+absl::Status Cluster::WaitForWorkers() {
+  size_t want = 0;
+  for (auto& w : workers_) want += w->Running();
+  std::vector<v1::WorkerInfo> seen;
   if (!WaitFor(
           [&] {
             auto w = Workers();
-            return w.ok() && w->size() >= want;
+            if (!w.ok()) return false;
+            seen = *w;
+            size_t alive = 0;
+            for (const auto& info : *w) alive += info.state() != v1::LOST;
+            return alive >= want;
           },
           std::chrono::seconds(20))) {
-    return absl::DeadlineExceededError("workers did not register");
+    return absl::DeadlineExceededError(
+        absl::StrCat("workers did not register: ", seen.size(), " registered, ", want, " running"));
   }
   return absl::OkStatus();
+}
+
+absl::Status Cluster::RestartCoordinator(int signal) {
+  coordinator_->Kill(signal);
+  coordinator_->Wait();
+  ++restarts_;
+  const int port = port_;
+  if (absl::Status s = StartCoordinator(port); !s.ok()) return s;
+  if (port_ != port) {
+    return absl::InternalError(
+        absl::StrCat("the coordinator came back on port ", port_, ", not ", port));
+  }
+  return WaitForWorkers();
 }
 
 absl::Status Cluster::StartWorker(const std::vector<std::string>& extra_flags) {

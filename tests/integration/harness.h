@@ -70,6 +70,13 @@ class Cluster {
 
   // Starts everything and waits until every worker is registered.
   absl::Status Start();
+  // Kills the coordinator with `signal` (SIGKILL: no chance to clean up), waits for it to
+  // exit, and starts a new one on the same data root and the same ports; then waits until
+  // every running worker has registered again (they do when their heartbeat is refused).
+  // The new coordinator's log is coordinator.<restarts>.log (coordinator().log_path()).
+  absl::Status RestartCoordinator(int signal);
+  // The coordinator's data root (--data-root).
+  std::string data_root() const { return dir_ + "/store"; }
   // Starts one more worker (with `extra_flags`, e.g. "--test-fail-at=1:B") and waits until it
   // is registered.
   absl::Status AddWorker(const std::vector<std::string>& extra_flags = {});
@@ -93,11 +100,16 @@ class Cluster {
 
  private:
   absl::Status StartWorker(const std::vector<std::string>& extra_flags = {});
+  // Starts the coordinator on `port` (0: an ephemeral one) and waits until it serves.
+  absl::Status StartCoordinator(int port);
+  // Waits until every running worker is registered and not LOST.
+  absl::Status WaitForWorkers();
 
   Options options_;
   std::string dir_;
   int port_ = 0;
   int http_port_ = 0;
+  int restarts_ = 0;
   std::unique_ptr<Process> coordinator_;
   std::vector<std::unique_ptr<Process>> workers_;
   std::unique_ptr<cli::CoordinatorClient> client_;
