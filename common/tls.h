@@ -91,8 +91,9 @@ struct ChannelSecurity {
 };
 
 // A channel to HOST:PORT with the project's channel arguments (rpc.h's MakeChannel is this
-// with plaintext). With a token but no TLS it returns a channel whose calls all fail
-// UNAUTHENTICATED, rather than leak the token.
+// with plaintext). A token is never sent without TLS: the callers' flag checks refuse that
+// configuration, and should one slip through, the channel is dialled without the token (and
+// an error logged), so that the server refuses the calls rather than the token leaking.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
                                            const ChannelSecurity& security);
 
