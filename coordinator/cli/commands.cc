@@ -30,14 +30,27 @@ bool IsTerminal(v1::JobState state) {
 
 // Turns a failed call into the one line the user sees.
 absl::Status RpcError(Command command, const CliOptions& opts, const absl::Status& s) {
+  const bool tls = !opts.tls_ca.empty();
   if (s.code() == absl::StatusCode::kUnavailable) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot reach coordinator at ", opts.coordinator, ": ", s.message()));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot reach coordinator at ", opts.coordinator, ": ", s.message(),
+        tls ? " (with TLS, check that --tls-ca signs the coordinator's certificate and that the "
+              "certificate names the host dialled, or give --tls-server-name)"
+            : " (if the coordinator serves TLS, give --tls-ca FILE)"));
   }
   std::string hint;
   if (s.code() == absl::StatusCode::kDeadlineExceeded && command != Command::kWatch) {
     hint = absl::StrCat(" (no answer from ", opts.coordinator, " within ",
                         absl::FormatDuration(opts.timeout), "; raise --timeout)");
+  } else if (s.code() == absl::StatusCode::kUnauthenticated) {
+    hint = tls ? " (authenticate with --token-file FILE or $TANDEM_TOKEN, or with a client "
+                 "certificate: --tls-cert FILE --tls-key FILE)"
+               : " (the coordinator requires TLS and credentials: --tls-ca FILE, and "
+                 "--token-file FILE or --tls-cert FILE --tls-key FILE)";
+  } else if (s.code() == absl::StatusCode::kPermissionDenied) {
+    hint =
+        " (the client API takes a certificate with CN=tandem-client or the coordinator's "
+        "bearer token)";
   }
   return absl::Status(
       s.code(), absl::StrCat(CommandName(command), ": ", absl::StatusCodeToString(s.code()), ": ",

@@ -183,8 +183,27 @@ TEST_F(CommandsTest, SubmitRejectedNamesCodeAndField) {
 TEST_F(CommandsTest, UnreachableCoordinator) {
   client_.jobs = absl::UnavailableError("failed to connect to all addresses");
   absl::Status s = Run(Opts(Command::kList));
-  EXPECT_EQ(s.message(),
-            "cannot reach coordinator at coord:7070: failed to connect to all addresses");
+  EXPECT_THAT(std::string(s.message()),
+              StartsWith("cannot reach coordinator at coord:7070: failed to connect to all "
+                         "addresses (if the coordinator serves TLS, give --tls-ca FILE)"));
+  CliOptions tls = Opts(Command::kList);
+  tls.tls_ca = "ca.crt";
+  s = Run(tls);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("or give --tls-server-name"));
+}
+
+TEST_F(CommandsTest, RefusedCredentialsSayWhatToGive) {
+  client_.jobs = absl::UnauthenticatedError("the bearer token is not valid");
+  CliOptions tls = Opts(Command::kList);
+  tls.tls_ca = "ca.crt";
+  absl::Status s = Run(tls);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(std::string(s.message()),
+              StartsWith("list: UNAUTHENTICATED: the bearer token is not valid (authenticate "
+                         "with --token-file FILE or $TANDEM_TOKEN"));
+  client_.jobs = absl::PermissionDeniedError("is for tandem-client only");
+  s = Run(tls);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("CN=tandem-client"));
 }
 
 TEST_F(CommandsTest, DeadlineSuggestsTimeout) {
