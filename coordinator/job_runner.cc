@@ -87,11 +87,19 @@ bool JobRunner::InterruptIs(Interrupt kind) {
   return interrupt_ == kind;
 }
 
+bool JobRunner::RankLost(int rank) {
+  absl::MutexLock lock(&mu_);
+  return lost_ranks_.count(rank) > 0;
+}
+
 void JobRunner::OnWorkerLost(const WorkerRecord& worker) {
   const double age = std::chrono::duration<double>(Clock::now() - worker.last_heartbeat).count();
   absl::MutexLock lock(&mu_);
   if (interrupt_ != Interrupt::kNone) return;
   interrupt_ = Interrupt::kWorkerLost;
+  for (size_t r = 0; r < workers_.size(); ++r) {
+    if (workers_[r].id == worker.id) lost_ranks_.insert(static_cast<int>(r));
+  }
   interrupt_reason_ =
       absl::StrCat("worker ", worker.id, " (", worker.address, ", stage ", worker.stage,
                    ") was lost: no heartbeat for ", absl::StrFormat("%.1f", age), " s");
@@ -368,8 +376,12 @@ absl::Status JobRunner::AwaitBatch(Batch* batch, absl::Duration timeout, const s
       abort_reason = absl::StrCat(what, " timed out after ", absl::FormatDuration(timeout));
     }
   }
-  // Abort makes the workers return promptly; cancel the calls if they still do not.
+  // Abort makes the workers return promptly; cancel the calls if they still do not (at once
+  // for a worker known lost).
   AbortAll(abort_reason);
+  for (size_t r = 0; r < clients_.size(); ++r) {
+    if (RankLost(static_cast<int>(r))) clients_[r]->CancelPending();
+  }
   auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return batch->pending == 0; };
   bool all_done;
   {
@@ -648,6 +660,11 @@ absl::Status JobRunner::Diagnose(const std::string& what, const Batch& batch) {
   for (int r = 0; r < p; ++r) {
     absl::Status probe = probes[r].get();
     if (!probe.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        lost_ranks_.insert(r);
+      }
+      env_.registry->MarkLost(workers_[r].id);
       return absl::UnavailableError(absl::StrCat(what, ": ", WorkerName(r), " is unreachable (",
                                                  probe.ToString(),
                                                  "); first error: ", first_error));
@@ -661,9 +678,13 @@ void JobRunner::AbortAll(const std::string& reason) {
   req.set_job_id(job_.id());
   req.set_reason(reason);
   std::vector<std::future<absl::Status>> calls;
-  for (auto& c : clients_) {
-    calls.push_back(std::async(std::launch::async, [&c, &req, this] {
-      return c->Abort(req, env_.options.abort_timeout);
+  for (size_t r = 0; r < clients_.size(); ++r) {
+    if (RankLost(static_cast<int>(r))) {
+      calls.push_back(std::async(std::launch::deferred, [] { return absl::OkStatus(); }));
+      continue;
+    }
+    calls.push_back(std::async(std::launch::async, [this, r, &req] {
+      return clients_[r]->Abort(req, env_.options.abort_timeout);
     }));
   }
   for (size_t r = 0; r < calls.size(); ++r) {

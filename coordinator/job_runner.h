@@ -12,6 +12,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -148,6 +149,11 @@ class JobRunner {
   absl::Mutex mu_;
   Interrupt interrupt_ ABSL_GUARDED_BY(mu_) = Interrupt::kNone;
   std::string interrupt_reason_ ABSL_GUARDED_BY(mu_);
+  // Ranks whose worker was lost (no heartbeat) or found unreachable: not waited for, not
+  // aborted (a dead or hung worker cannot answer; when it comes back, the next Configure
+  // replaces its stage and its calls of this attempt are refused).
+  std::set<int> lost_ranks_ ABSL_GUARDED_BY(mu_);
+  bool RankLost(int rank);
 
   std::atomic<bool> finished_{false};
   std::thread thread_;

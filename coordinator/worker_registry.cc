@@ -103,6 +103,13 @@ std::vector<WorkerRecord> WorkerRegistry::SweepLost() {
   return lost_busy;
 }
 
+void WorkerRegistry::MarkLost(const std::string& worker_id) {
+  int64_t n = 0;
+  absl::MutexLock lock(&mu_);
+  auto it = ParseWorkerId(worker_id, &n) ? workers_.find(n) : workers_.end();
+  if (it != workers_.end()) it->second.state = v1::LOST;
+}
+
 absl::StatusOr<std::vector<WorkerRecord>> WorkerRegistry::Allocate(const std::string& device_kind,
                                                                    int count,
                                                                    const std::string& job_id) {

@@ -80,6 +80,9 @@ class WorkerRegistry {
   // Marks workers whose last heartbeat is older than the timeout as LOST and returns the
   // records of those that were allocated to a job at that moment.
   std::vector<WorkerRecord> SweepLost();
+  // A job found the worker unreachable: LOST now, so that the job's restart does not pick it
+  // (a heartbeat brings it back, IDLE, once it no longer serves a job).
+  void MarkLost(const std::string& worker_id);
 
   // Gang allocation: atomically takes `count` IDLE workers of `device_kind` for `job_id`, in
   // registration order, and marks them BUSY with stages 0..count-1. UNAVAILABLE (with how

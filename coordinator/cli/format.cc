@@ -218,6 +218,10 @@ std::string FormatJobDetails(const v1::Job& job) {
                                         "  ", Percent(job.steps_done(), job.total_steps()), "%")});
   info.AddRow({"Last loss", job.steps_done() > 0 ? FormatLoss(job.last_loss()) : "-"});
   if (job.has_val_loss()) info.AddRow({"Val loss", FormatLoss(job.last_val_loss())});
+  if (job.restarts() > 0) {
+    info.AddRow({"Restarts", absl::StrCat(job.restarts(), " of ", job.spec().max_restarts(),
+                                          " after faults; first cause: ", job.first_failure())});
+  }
   if (job.skipped_steps() > 0) {
     info.AddRow({"Skipped", absl::StrCat(job.skipped_steps(), " steps (non-finite gradient)")});
   }

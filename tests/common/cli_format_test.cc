@@ -191,6 +191,17 @@ TEST(FormatJobDetails, ShowsBatchBubbleStagesAndRecentSteps) {
 
 // With a profile, each stage shows its predicted and measured time per micro-batch and its
 // memory; a stage more than 20% slower than predicted is flagged.
+TEST(FormatJobDetails, RestartsShowTheirCountAndFirstCause) {
+  v1::Job job = RunningJob();
+  EXPECT_THAT(FormatJobDetails(job), Not(HasSubstr("Restarts")));
+  job.mutable_spec()->set_max_restarts(3);
+  job.set_restarts(2);
+  job.set_first_failure("step 36: stage 1 (worker w-2 at 10.0.0.2:7100) is unreachable");
+  EXPECT_THAT(FormatJobDetails(job),
+              HasSubstr("Restarts   2 of 3 after faults; first cause: step 36: stage 1 (worker "
+                        "w-2 at 10.0.0.2:7100) is unreachable"));
+}
+
 TEST(FormatJobDetails, PredictedAgainstMeasuredStageTimes) {
   v1::Job job = RunningJob();
   job.mutable_stages(0)->set_predicted_seconds(0.100);

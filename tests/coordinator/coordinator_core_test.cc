@@ -319,7 +319,8 @@ class FakeWorker final : public StageWorkerClient {
     }
     done(absl::OkStatus());
   }
-  void CancelPending() override {}
+  // As the gRPC client cancels its calls: a hanging step returns.
+  void CancelPending() override { aborted.store(true); }
 
   double link_latency = 20e-6;
   double link_seconds_per_byte = 1e-9;

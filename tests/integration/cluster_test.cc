@@ -61,8 +61,9 @@ class ClusterTest : public ::testing::Test {
     }
   }
   // Submits a 2-stage job too long to finish and waits until it has run `steps` steps.
+  // A job that would run for hours; it fails at its first fault (max_restarts: 0).
   absl::StatusOr<std::string> SubmitLongJobAndWaitForSteps(int steps) {
-    auto id = cluster_->Submit(TinyJobYaml(2, 4, 100000));
+    auto id = cluster_->Submit(TinyJobYaml(2, 4, 100000, "1f1b", "max_restarts: 0\n"));
     if (!id.ok()) return id;
     if (!WaitFor(
             [&] {

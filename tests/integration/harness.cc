@@ -13,7 +13,9 @@
 #include <thread>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace tandem::testing {
 namespace {
@@ -271,18 +273,26 @@ absl::Status Cluster::StartWorker(const std::vector<std::string>& extra_flags) {
 }
 
 absl::Status Cluster::AddWorker(const std::vector<std::string>& extra_flags) {
-  const size_t want = workers_.size() + 1;
+  const int i = static_cast<int>(workers_.size());
   if (absl::Status s = StartWorker(extra_flags); !s.ok()) return s;
+  // Registered: the coordinator lists a live worker at the new process's port.
+  const std::string port_file = absl::StrCat(dir_, "/worker", i, ".port");
   if (!WaitFor(
           [&] {
+            const std::string port(absl::StripAsciiWhitespace(ReadFile(port_file)));
+            if (port.empty()) return false;
             auto w = Workers();
             if (!w.ok()) return false;
-            size_t alive = 0;
-            for (const auto& info : *w) alive += info.state() != v1::LOST;
-            return alive >= want;
+            for (const auto& info : *w) {
+              if (info.state() != v1::LOST && absl::EndsWith(info.address(), ":" + port)) {
+                return true;
+              }
+            }
+            return false;
           },
           std::chrono::seconds(20))) {
-    return absl::DeadlineExceededError("worker did not register");
+    return absl::DeadlineExceededError(
+        absl::StrCat("worker did not register: ", ReadFile(workers_.back()->log_path())));
   }
   return absl::OkStatus();
 }

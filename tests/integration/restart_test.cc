@@ -150,6 +150,9 @@ TEST_F(RestartTest, ARunningJobSurvivesASigkilledCoordinatorWithEachStepOnce) {
   }
   EXPECT_EQ(end->steps_done(), kSteps);
   EXPECT_EQ(end->checkpoint_step(), kSteps - 1);
+  // The new coordinator resumed it from its checkpoint rather than from the start.
+  EXPECT_THAT(ReadFile(cluster_->coordinator().log_path()),
+              HasSubstr(*id + ": attempt 0 resumes from its checkpoint after step "));
 }
 
 }  // namespace

@@ -1,0 +1,229 @@
+// Worker faults with real processes on 127.0.0.1: a worker killed (SIGKILL) or hung (SIGSTOP)
+// mid-run is detected, the job's run is aborted on every worker, and the job restarts by itself
+// from its latest checkpoint on the workers available (a spare here). Its losses after
+// recovery equal an uninterrupted run's (the same data, the same restored state), no step is
+// recorded twice, and a bounded chaos loop ends with the fault-free run's parameters.
+#include <signal.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/safetensors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/harness.h"
+
+namespace tandem::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+constexpr int kSteps = 200;
+
+// A 2-stage job that checkpoints every 10 steps; restarts as the spec allows.
+std::string Job(int max_restarts) {
+  return TinyJobYaml(
+      2, 4, kSteps, "1f1b",
+      absl::StrCat("checkpoint:\n  every: 10\n  keep: 2\nmax_restarts: ", max_restarts, "\n"));
+}
+
+class RecoveryTest : public ::testing::Test {
+ protected:
+  void StartCluster(int workers) {
+    Cluster::Options options;
+    options.workers = workers;
+    // A hang with live heartbeats is caught by the step deadline; keep its floor short here.
+    options.coordinator_args = {"--step-deadline-floor-ms=2000"};
+    cluster_ = std::make_unique<Cluster>(options);
+    ASSERT_TRUE(cluster_->Start().ok());
+  }
+
+  void TearDown() override {
+    if (HasFailure() && cluster_) {
+      std::cerr << "coordinator log:\n" << ReadFile(cluster_->dir() + "/coordinator.log");
+    }
+  }
+
+  // The fault-free run every test compares with.
+  v1::Job Reference() {
+    auto id = cluster_->Submit(Job(0));
+    EXPECT_TRUE(id.ok()) << id.status();
+    auto job = cluster_->WaitForEnd(*id, 120s);
+    EXPECT_TRUE(job.ok() && job->state() == v1::SUCCEEDED) << job->reason();
+    return *job;
+  }
+
+  // The harness index of the worker serving `stage` of the job.
+  int WorkerOfStage(const std::string& job_id, int stage) {
+    auto job = cluster_->GetJob(job_id);
+    if (!job.ok()) return -1;
+    for (const v1::StageAssignment& s : job->stages()) {
+      if (s.stage() != stage) continue;
+      for (int i = 0;; ++i) {
+        const std::string port = std::string(absl::StripAsciiWhitespace(
+            ReadFile(absl::StrCat(cluster_->dir(), "/worker", i, ".port"))));
+        if (port.empty()) return -1;
+        if (absl::EndsWith(s.address(), ":" + port)) return i;
+      }
+    }
+    return -1;
+  }
+
+  bool WaitForSteps(const std::string& id, int64_t steps, std::chrono::seconds timeout = 60s) {
+    return WaitFor(
+        [&] {
+          auto j = cluster_->GetJob(id);
+          return j.ok() && j->state() == v1::RUNNING && j->steps_done() >= steps;
+        },
+        timeout, 5ms);
+  }
+
+  // Every step once, in order, with the reference's loss.
+  static void ExpectTheReferenceRun(const v1::Job& job, const v1::Job& reference) {
+    ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+    ASSERT_EQ(job.history_size(), kSteps);
+    for (int i = 0; i < kSteps; ++i) {
+      ASSERT_EQ(job.history(i).step(), i);
+      EXPECT_EQ(job.history(i).loss(), reference.history(i).loss()) << "step " << i + 1;
+    }
+    EXPECT_EQ(job.steps_done(), kSteps);
+  }
+
+  std::unique_ptr<Cluster> cluster_;
+};
+
+TEST_F(RecoveryTest, AKilledWorkerIsReplacedAndTheJobResumesFromItsCheckpoint) {
+  StartCluster(3);  // two for the job, one spare
+  const v1::Job reference = Reference();
+  auto id = cluster_->Submit(Job(3));
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(WaitForSteps(*id, 35));
+  const int victim = WorkerOfStage(*id, 1);
+  ASSERT_GE(victim, 0);
+  cluster_->worker(victim).Kill(SIGKILL);
+
+  auto end = cluster_->WaitForEnd(*id, 120s);
+  ASSERT_TRUE(end.ok()) << end.status();
+  ExpectTheReferenceRun(*end, reference);
+  EXPECT_EQ(end->restarts(), 1);
+  EXPECT_THAT(end->first_failure(), HasSubstr("stage 1"));
+  // It resumed from a checkpoint, not from the start.
+  EXPECT_THAT(ReadFile(cluster_->dir() + "/coordinator.log"),
+              HasSubstr(*id + ": attempt 1 resumes from its checkpoint after step "));
+  for (const v1::StageAssignment& s : end->stages()) {
+    EXPECT_NE(WorkerOfStage(*id, s.stage()), victim) << "the dead worker serves no stage";
+  }
+}
+
+TEST_F(RecoveryTest, AHungWorkerIsDetectedInTimeAndWakingItCorruptsNothing) {
+  StartCluster(3);
+  const v1::Job reference = Reference();
+  auto id = cluster_->Submit(Job(3));
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(WaitForSteps(*id, 35));
+  const int victim = WorkerOfStage(*id, 0);
+  ASSERT_GE(victim, 0);
+  cluster_->worker(victim).Kill(SIGSTOP);
+  const auto stopped = std::chrono::steady_clock::now();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto j = cluster_->GetJob(*id);
+        return j.ok() && j->restarts() >= 1;
+      },
+      20s, 10ms));
+  const double detected =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+  EXPECT_LT(detected, 10.0) << "a hang is detected within 10 s";
+  // Let the job get going on the spare, then wake the hung worker: its late answers belong
+  // to the aborted run and are refused.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto j = cluster_->GetJob(*id);
+        return j.ok() && j->state() == v1::RUNNING && j->steps_done() > 45;
+      },
+      60s, 5ms));
+  cluster_->worker(victim).Kill(SIGCONT);
+
+  auto end = cluster_->WaitForEnd(*id, 120s);
+  ASSERT_TRUE(end.ok()) << end.status();
+  ExpectTheReferenceRun(*end, reference);
+  EXPECT_EQ(end->restarts(), 1);
+  EXPECT_THAT(end->first_failure(), HasSubstr("no heartbeat"));
+  // The woken worker registers as idle again and can take work.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto workers = cluster_->Workers();
+        if (!workers.ok()) return false;
+        int idle = 0;
+        for (const auto& w : *workers) idle += w.state() == v1::IDLE;
+        return idle == 3;
+      },
+      10s));
+}
+
+// The tensors of the job's latest checkpoint, by name (stage files merged).
+std::map<std::string, std::string> FinalTensors(const std::string& data_root, const v1::Job& job) {
+  std::map<std::string, std::string> out;
+  const std::string dir =
+      absl::StrCat(data_root, "/checkpoints/", job.id(), "/step-", job.checkpoint_step());
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".safetensors") continue;
+    auto file = SafetensorsFile::Open(entry.path().string());
+    EXPECT_TRUE(file.ok()) << file.status();
+    if (!file.ok()) continue;
+    for (const TensorInfo& t : (*file)->tensors()) {
+      auto data = (*file)->Data(t.name);
+      out[t.name] = std::string(reinterpret_cast<const char*>(data->data()), data->size());
+    }
+  }
+  return out;
+}
+
+TEST_F(RecoveryTest, AChaosLoopEndsSucceededWithTheFaultFreeParameters) {
+  StartCluster(4);  // two for the job, two spares
+  const v1::Job reference = Reference();
+  auto id = cluster_->Submit(Job(6));
+  ASSERT_TRUE(id.ok()) << id.status();
+  constexpr int kFaults = 4;
+  for (int fault = 0; fault < kFaults; ++fault) {
+    // A fault every few steps of progress: kill one of the job's workers, alternately each
+    // stage's, and start a fresh worker so that a spare is always there.
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          auto j = cluster_->GetJob(*id);
+          return j.ok() && j->state() == v1::RUNNING && j->restarts() == fault &&
+                 j->steps_done() >= j->checkpoint_step() + 8;
+        },
+        60s, 5ms))
+        << "fault " << fault;
+    const int victim = WorkerOfStage(*id, fault % 2);
+    ASSERT_GE(victim, 0);
+    cluster_->worker(victim).Kill(SIGKILL);
+    ASSERT_TRUE(cluster_->AddWorker().ok());
+  }
+  auto end = cluster_->WaitForEnd(*id, 180s);
+  ASSERT_TRUE(end.ok()) << end.status();
+  ExpectTheReferenceRun(*end, reference);
+  EXPECT_EQ(end->restarts(), kFaults);
+  // The final parameters and optimizer state are the fault-free run's, bit for bit.
+  const auto got = FinalTensors(cluster_->data_root(), *end);
+  const auto want = FinalTensors(cluster_->data_root(), reference);
+  ASSERT_FALSE(want.empty());
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, bytes] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    EXPECT_TRUE(got.at(name) == bytes) << name << " differs";
+  }
+}
+
+}  // namespace
+}  // namespace tandem::testing
