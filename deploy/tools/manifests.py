@@ -261,6 +261,7 @@ class Checker:
         services = self.services_targeting(coordinator, api)
         if not services:
             self.fail(coordinator.name, f"no Service selects it on its API port {api}")
+        self.check_metrics(coordinator, api)
         worker_api = self.check_daemon(worker, "listen")
         self.check_worker(worker, worker_api)
         self.check_coordinator_address(worker, services)
@@ -357,6 +358,25 @@ class Checker:
         if own is not None and own != f"127.0.0.1:{api}":
             self.fail(c.name, f"TANDEM_COORDINATOR={own}: inside the coordinator's pod it "
                       f"should be 127.0.0.1:{api}")
+
+    def check_metrics(self, c, api):
+        """--metrics-listen: a container port of its own, reached by a Service."""
+        flags, _ = c.flags(c.pod_names()[0])
+        if "metrics_listen" not in flags:
+            return
+        host, port = split_host_port(flags["metrics_listen"])
+        if port is None:
+            self.fail(c.name, f"--metrics-listen={flags['metrics_listen']}: expected HOST:PORT")
+            return
+        if host not in WILDCARD_HOSTS:
+            self.fail(c.name, "--metrics-listen must listen on every address, or nothing "
+                      "outside the pod reaches it")
+        if port == api:
+            self.fail(c.name, "the metrics port must not be the API port")
+        if port not in c.ports():
+            self.fail(c.name, f"--metrics-listen opens port {port}, which is not a container port")
+        elif not self.services_targeting(c, port):
+            self.fail(c.name, f"no Service selects it on its metrics port {port}")
 
     def services_targeting(self, c, port):
         """[(service name, service port)] of Services that reach container port `port`."""
