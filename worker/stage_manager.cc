@@ -1,21 +1,55 @@
 #include "worker/stage_manager.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/partitioner.h"
 #include "common/spec.h"
 #include "common/version.h"
 #include "worker/profiler.h"
 
 namespace tandem::worker {
 
+namespace {
+
+int64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return std::numeric_limits<int64_t>::max();
+  return static_cast<int64_t>(pages) * page;
+}
+
+}  // namespace
+
+int64_t EstimateStageBytes(const v1::StageProgram& program) {
+  const v1::ModelSpec& model = program.spec().model();
+  const std::vector<int64_t> params = LayerParameterCounts(model);
+  // In double: a hostile program must not overflow the estimate into something small.
+  double bytes = 0;
+  const double rows = static_cast<double>(program.spec().pipeline().micro_batch_size()) *
+                      (model.arch() == "gpt" ? model.seq_len() : 1);
+  for (const v1::StageChunk& c : program.chunks()) {
+    for (int g = c.layer_begin(); g < c.layer_end(); ++g) {
+      if (g >= 0 && static_cast<size_t>(g) < params.size()) {
+        bytes += 16.0 * static_cast<double>(params[g]);
+      }
+      bytes += 4.0 * rows * model.d_model();
+    }
+  }
+  if (bytes >= 9.0e18) return std::numeric_limits<int64_t>::max();
+  return static_cast<int64_t>(bytes);
+}
+
 StageManager::StageManager(WorkerConfig config, TransportFactory transport_factory,
                            TensorSource tensor_source)
     : config_(std::move(config)),
       transport_factory_(std::move(transport_factory)),
-      tensor_source_(std::move(tensor_source)) {}
+      tensor_source_(std::move(tensor_source)),
+      memory_bytes_(config_.memory_bytes > 0 ? config_.memory_bytes : PhysicalMemoryBytes()) {}
 
 StageManager::~StageManager() { Shutdown(); }
 
@@ -55,6 +89,20 @@ absl::StatusOr<Dataset> StageManager::DatasetFor(const v1::StageProgram& program
 absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StageProgram& program) {
   if (absl::Status s = ValidateStageProgram(program); !s.ok()) return s;
   const std::string& job = program.job_id();
+  if (const int64_t need = EstimateStageBytes(program); need > memory_bytes_) {
+    std::string layers;
+    for (const v1::StageChunk& c : program.chunks()) {
+      absl::StrAppend(&layers, layers.empty() ? "" : ", ", "[", c.layer_begin(), ", ",
+                      c.layer_end(), ")");
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "configure of job ", job, " rank ", program.rank(), ": its stage (layers ", layers,
+        ") needs at least ", need, " bytes (", need >> 20,
+        " MiB: parameters, gradients, optimizer state and one micro-batch's activations), but "
+        "this worker has ",
+        memory_bytes_, " bytes (", memory_bytes_ >> 20,
+        " MiB); use more pipeline.stages, a smaller model or pipeline.micro_batch_size"));
+  }
   std::unique_ptr<Stage> old;
   uint64_t generation = 0;
   std::shared_ptr<std::atomic<bool>> cancelled;
@@ -190,6 +238,20 @@ absl::StatusOr<v1::StepReport> StageManager::RunStep(const std::string& job_id, 
   {
     absl::MutexLock lock(&mu_);
     executor = BeginStepLocked(job_id);
+    if (executor.ok() && step < 0) {
+      step_running_ = false;
+      return absl::InvalidArgumentError(
+          absl::StrCat("job ", job_id, ": step must be >= 0, got ", step));
+    }
+    // Within one configuration training steps only move forward: a repeated or earlier step
+    // would train on data already seen (a resumed job is configured afresh).
+    if (executor.ok() && mode == v1::STEP_MODE_TRAIN && last_step_ >= 0 && step <= last_step_) {
+      step_running_ = false;
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job_id, ": step ", step, " is not after step ", last_step_,
+                       ", the last this worker ran; steps must increase (a duplicate or "
+                       "out-of-order RunStep)"));
+    }
   }
   if (!executor.ok()) return executor.status();
   absl::StatusOr<v1::StepReport> report = (*executor)->RunStep(step, mode);

@@ -47,7 +47,16 @@ struct WorkerConfig {
   std::string device = "cpu";   // reported in status; only "cpu" is supported now
   std::string data_root = ".";  // data.path of a "file" source resolves under it
   InjectedFault fault;          // test-only (--test-fail-at); none by default
+  // Bytes a stage may take (parameters, gradients, optimizer state and one micro-batch's
+  // activations, estimated before anything is allocated); 0 = the machine's physical memory.
+  int64_t memory_bytes = 0;
 };
+
+// A lower bound of what the program's stages take on a worker: 16 bytes per parameter (fp32
+// value, gradient, AdamW's two moments) plus 4 bytes per activation element of one
+// micro-batch per layer (micro_batch_size x seq_len (or 1) x d_model). The program must have
+// passed ValidateStageProgram.
+int64_t EstimateStageBytes(const v1::StageProgram& program);
 
 class StageManager {
  public:
@@ -59,13 +68,17 @@ class StageManager {
   StageManager(const StageManager&) = delete;
   StageManager& operator=(const StageManager&) = delete;
 
-  // INVALID_ARGUMENT for a bad program, NOT_FOUND for missing data, UNAVAILABLE /
+  // INVALID_ARGUMENT for a bad program, RESOURCE_EXHAUSTED when its stages cannot fit the
+  // worker's memory (EstimateStageBytes over WorkerConfig::memory_bytes, checked before any
+  // allocation), NOT_FOUND for missing data, UNAVAILABLE /
   // DEADLINE_EXCEEDED when the transport cannot connect, ABORTED when an Abort (or a newer
   // Configure) overtook it, UNAVAILABLE after Shutdown().
   absl::StatusOr<v1::ConfigureResponse> Configure(const v1::StageProgram& program);
 
-  // FAILED_PRECONDITION when `job_id` is not the configured job or a step is running;
-  // otherwise what the executor returns (ABORTED when aborted meanwhile).
+  // FAILED_PRECONDITION when `job_id` is not the configured job, a step is running, or a
+  // TRAIN step is not after the last one this configuration ran (a duplicate or out-of-order
+  // step); INVALID_ARGUMENT for a negative step; otherwise what the executor returns (ABORTED
+  // when aborted meanwhile).
   absl::StatusOr<v1::StepReport> RunStep(const std::string& job_id, int64_t step,
                                          v1::StepMode mode = v1::STEP_MODE_TRAIN);
 
@@ -135,6 +148,7 @@ class StageManager {
   const WorkerConfig config_;
   const TransportFactory transport_factory_;
   const TensorSource tensor_source_;
+  const int64_t memory_bytes_;  // config_.memory_bytes, or the physical memory
 
   mutable absl::Mutex mu_;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
