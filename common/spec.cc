@@ -1,5 +1,6 @@
 #include "common/spec.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <set>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -44,6 +46,36 @@ constexpr int64_t kMaxScheduleSlots = int64_t{1} << 18;
 
 // ---------------------------------------------------------------------------------------------
 // YAML -> JobSpec, generically through the descriptor.
+
+// Records where a document's first node starts; builds nothing.
+class DocumentProbe final : public YAML::EventHandler {
+ public:
+  YAML::Mark first = YAML::Mark::null_mark();
+
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { See(mark); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { See(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    See(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    See(mark);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    See(mark);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void See(const YAML::Mark& mark) {
+    if (first.is_null()) first = mark;
+  }
+};
 
 std::string Where(const YAML::Node& node) {
   const YAML::Mark mark = node.Mark();
@@ -837,28 +869,74 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml) {
     return absl::InvalidArgumentError(
         absl::StrCat("job spec: ", yaml.size(), " bytes is over the limit of ", kMaxSpecBytes));
   }
-  std::vector<YAML::Node> docs;
-  try {
-    docs = YAML::LoadAll(std::string(yaml));
-  } catch (const YAML::Exception& e) {
+  // YAML allows no C0 control character but tab, line feed and carriage return (nor DEL);
+  // refuse them here, naming where, rather than leave them to yaml-cpp.
+  int line = 1, column = 1;
+  for (const char c : yaml) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if ((u < 0x20 && c != '\t' && c != '\n' && c != '\r') || u == 0x7f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job spec: invalid YAML at line ", line, ", column ", column,
+                       ": control character 0x", absl::Hex(u, absl::kZeroPad2), " is not allowed"));
+    }
+    if (c == '\n') {
+      ++line;
+      column = 1;
+    } else {
+      ++column;
+    }
+  }
+  auto invalid_yaml = [](const YAML::Exception& e) {
     std::string where;
     if (!e.mark.is_null()) {
       where = absl::StrCat(" at line ", e.mark.line + 1, ", column ", e.mark.column + 1);
     }
     return absl::InvalidArgumentError(absl::StrCat("job spec: invalid YAML", where, ": ", e.msg));
+  };
+  // Count the documents first, without YAML::LoadAll: in yaml-cpp 0.7 it loops forever,
+  // allocating, on a token its parser leaves unconsumed (a stray ',': ", b" or "# c\n, b"),
+  // because each pass yields another empty document at the same place (jbeder/yaml-cpp#1040,
+  // fixed upstream after 0.8; found here by tests/fuzz/spec_fuzz). A document that starts
+  // where the previous one did is that loop, and is refused.
+  int num_docs = 0;
+  try {
+    std::istringstream in{std::string(yaml)};
+    YAML::Parser parser(in);
+    DocumentProbe previous;
+    constexpr int kMaxDocuments = 64;
+    while (num_docs <= kMaxDocuments) {
+      DocumentProbe probe;
+      if (!parser.HandleNextDocument(probe)) break;
+      if (num_docs > 0 && !probe.first.is_null() && probe.first.pos == previous.first.pos) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "job spec: invalid YAML at line ", probe.first.line + 1, ", column ",
+            probe.first.column + 1, ": unexpected token (a ',' outside a [list] or {map}?)"));
+      }
+      previous = probe;
+      ++num_docs;
+    }
+  } catch (const YAML::Exception& e) {
+    return invalid_yaml(e);
   }
-  if (docs.empty() || docs[0].IsNull()) {
+  if (num_docs > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job spec: expected one YAML document, got ", num_docs > 64 ? "more than 64" : "",
+        num_docs > 64 ? "" : absl::StrCat(num_docs), " (remove the '---' lines)"));
+  }
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml));
+  } catch (const YAML::Exception& e) {
+    return invalid_yaml(e);
+  }
+  if (num_docs == 0 || root.IsNull()) {
     return absl::InvalidArgumentError(
         absl::StrCat("job spec: the document is empty; expected a map with fields ",
                      FieldNames(v1::JobSpec::descriptor())));
   }
-  if (docs.size() > 1) {
-    return absl::InvalidArgumentError(absl::StrCat("job spec: expected one YAML document, got ",
-                                                   docs.size(), " (remove the '---' lines)"));
-  }
   v1::JobSpec spec;
   try {
-    if (absl::Status s = ParseMessage(docs[0], "", &spec); !s.ok()) return s;
+    if (absl::Status s = ParseMessage(root, "", &spec); !s.ok()) return s;
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("job spec: ", e.msg));
   }

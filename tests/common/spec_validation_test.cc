@@ -232,6 +232,39 @@ TEST(MalformedSpecTable, ValidateAgreesWithLoadForParsedSpecs) {
   }
 }
 
+// Found by tests/fuzz/spec_fuzz: a stray ',' made yaml-cpp 0.7's LoadAll loop forever,
+// allocating an empty document per pass until the coordinator ran out of memory
+// (jbeder/yaml-cpp#1040). Now: INVALID_ARGUMENT at once, naming the place.
+TEST(MalformedSpecText, StrayCommaDoesNotHangTheParser) {
+  for (const char* yaml : {",", ", b\n", "# c\n, b\n", "name: a\n, steps: 3\n", "# x\n  , y\n"}) {
+    absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(yaml);
+    ASSERT_FALSE(spec.ok()) << yaml;
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << yaml;
+    EXPECT_THAT(std::string(spec.status().message()), StartsWith("job spec: invalid YAML")) << yaml;
+  }
+  // Documents are still counted.
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml("name: a\n---\nname: b\n---\n{}\n");
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("expected one YAML document, got 3"));
+}
+
+// YAML allows no control characters but tab, LF and CR: refused before the parser, naming
+// where they are.
+TEST(MalformedSpecText, ControlCharactersAreRefused) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(std::string("# a\0\nname: b\n", 13));
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()),
+              AllOf(StartsWith("job spec: invalid YAML at line 1, column 4"),
+                    HasSubstr("control character 0x00")));
+  spec = ParseJobSpecYaml("name: a\nsteps: 3\x1b[2J\n");
+  EXPECT_THAT(std::string(spec.status().message()),
+              AllOf(HasSubstr("line 2, column 9"), HasSubstr("0x1b")));
+  EXPECT_FALSE(ParseJobSpecYaml("name: a\x7f\n").ok());
+  // Tabs, CR LF line ends and UTF-8 stay fine.
+  spec = ParseJobSpecYaml("name: \"caf\xc3\xa9\"\r\nsteps: 3\t# tab before a comment\r\n");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+}
+
 // A model that cannot fit: a worker's memory budget too small for any cut is refused at
 // plan time (what the coordinator's runner and `tandem plan` call) with RESOURCE_EXHAUSTED
 // naming the budget and the smallest one that fits; the status carries that figure too.
