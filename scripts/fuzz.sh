@@ -69,8 +69,11 @@ for t in "${targets[@]}"; do
   fi
   # Output goes to a log; its tail is printed (all of it on a failure).
   log="build-fuzz/$t.log"
-  if "$bin" "${args[@]}" "${dict[@]}" -timeout=25 -rss_limit_mb=2048 -max_len=65536 \
-      -artifact_prefix="$artifacts/" "$work" "$seeds" >"$log" 2>&1; then
+  # The outer timeout bounds the whole run: libFuzzer's out-of-memory report walks the heap
+  # and can take minutes on a big one.
+  if timeout -k 10 $((seconds + 180)) "$bin" "${args[@]}" "${dict[@]}" -timeout=25 \
+      -rss_limit_mb=2048 -max_len=65536 -artifact_prefix="$artifacts/" "$work" "$seeds" \
+      >"$log" 2>&1; then
     grep -E "^(stat::number_of_executed_units|stat::peak_rss_mb|#[0-9]+.*(DONE|INITED))" "$log" |
       tail -4 || true
     echo "fuzz: $t: ok"
