@@ -25,23 +25,40 @@ int64_t PhysicalMemoryBytes() {
 
 }  // namespace
 
-int64_t EstimateStageBytes(const v1::StageProgram& program) {
-  const v1::ModelSpec& model = program.spec().model();
-  const std::vector<int64_t> params = LayerParameterCounts(model);
-  // In double: a hostile program must not overflow the estimate into something small.
-  double bytes = 0;
-  const double rows = static_cast<double>(program.spec().pipeline().micro_batch_size()) *
+namespace {
+
+// Bytes of global layer `g` of `spec`'s model, in double (a hostile spec must not overflow
+// the estimate into something small): see EstimateStageBytes.
+double LayerBytes(const v1::JobSpec& spec, const std::vector<int64_t>& params, int g) {
+  const v1::ModelSpec& model = spec.model();
+  const double rows = static_cast<double>(spec.pipeline().micro_batch_size()) *
                       (model.arch() == "gpt" ? model.seq_len() : 1);
+  double bytes = 4.0 * rows * model.d_model();
+  if (g >= 0 && static_cast<size_t>(g) < params.size()) {
+    bytes += 16.0 * static_cast<double>(params[g]);
+  }
+  return bytes;
+}
+
+int64_t Saturate(double bytes) {
+  return bytes >= 9.0e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(bytes);
+}
+
+}  // namespace
+
+int64_t EstimateStageBytes(const v1::StageProgram& program) {
+  const std::vector<int64_t> params = LayerParameterCounts(program.spec().model());
+  double bytes = 0;
   for (const v1::StageChunk& c : program.chunks()) {
     for (int g = c.layer_begin(); g < c.layer_end(); ++g) {
-      if (g >= 0 && static_cast<size_t>(g) < params.size()) {
-        bytes += 16.0 * static_cast<double>(params[g]);
-      }
-      bytes += 4.0 * rows * model.d_model();
+      bytes += LayerBytes(program.spec(), params, g);
     }
   }
-  if (bytes >= 9.0e18) return std::numeric_limits<int64_t>::max();
-  return static_cast<int64_t>(bytes);
+  return Saturate(bytes);
+}
+
+int64_t EstimateLayerBytes(const v1::JobSpec& spec, int layer) {
+  return Saturate(LayerBytes(spec, LayerParameterCounts(spec.model()), layer));
 }
 
 StageManager::StageManager(WorkerConfig config, TransportFactory transport_factory,
@@ -353,6 +370,13 @@ absl::StatusOr<std::vector<v1::LayerProfile>> StageManager::ProfileLayers(
   const v1::JobSpec full = WithDefaults(spec);
   if (absl::Status s = ValidateJobSpec(full); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("profile: ", s.message()));
+  }
+  for (int layer : layers) {
+    if (const int64_t need = EstimateLayerBytes(full, layer); need > memory_bytes_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "profile: layer ", layer, " needs at least ", need, " bytes (", need >> 20,
+          " MiB), but this worker has ", memory_bytes_, " bytes (", memory_bytes_ >> 20, " MiB)"));
+    }
   }
   {
     absl::MutexLock lock(&mu_);

@@ -57,6 +57,8 @@ struct WorkerConfig {
 // micro-batch per layer (micro_batch_size x seq_len (or 1) x d_model). The program must have
 // passed ValidateStageProgram.
 int64_t EstimateStageBytes(const v1::StageProgram& program);
+// The same for one global layer of `spec`'s model (what ProfileLayers builds at a time).
+int64_t EstimateLayerBytes(const v1::JobSpec& spec, int layer);
 
 class StageManager {
  public:
@@ -95,7 +97,7 @@ class StageManager {
   // Times and measures single layers at a job's shape (worker/profiler.h). FAILED_PRECONDITION
   // while a job is configured or configuring here, or another profile or a link probe runs:
   // a profile must have the device to itself. INVALID_ARGUMENT for a spec that does not
-  // validate.
+  // validate; RESOURCE_EXHAUSTED for a layer bigger than the worker's memory.
   absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& spec,
                                                               const std::vector<int>& layers,
                                                               int repeats);

@@ -373,6 +373,16 @@ TEST_F(StageManagerTest, StageLargerThanTheWorkerMemoryIsResourceExhausted) {
   EXPECT_NE(r.status().message().find("needs at least"), std::string::npos);
   EXPECT_EQ(w.GetStatus().state(), v1::IDLE);
   EXPECT_TRUE(w.Configure(MakePrograms(TinyJob(), 1, "gpipe")[0]).ok());
+  // A layer profile is refused the same way, before building the layer.
+  StageManager idle(config, Factory());
+  v1::JobSpec wide = testing::TinyGptJob(/*tie_embeddings=*/false);
+  wide.mutable_pipeline()->set_stages(1);
+  wide.mutable_model()->set_d_model(1024);
+  wide.mutable_model()->set_n_head(8);
+  auto profile = idle.ProfileLayers(wide, {1}, 1);
+  EXPECT_EQ(profile.status().code(), absl::StatusCode::kResourceExhausted) << profile.status();
+  EXPECT_NE(profile.status().message().find("profile: layer 1 needs at least"), std::string::npos)
+      << profile.status();
   // The estimate counts 16 bytes per parameter: a wide model's stage is tens of GiB.
   v1::StageProgram huge = MakePrograms(TinyJob(), 1, "gpipe")[0];
   huge.mutable_spec()->mutable_model()->set_d_model(16384);
