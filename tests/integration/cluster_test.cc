@@ -34,6 +34,7 @@
 namespace tandem::testing {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
@@ -579,6 +580,14 @@ TEST_F(ClusterTest, GptTrainsEvaluatesAndResumesOnAnotherStageCount) {
   ASSERT_TRUE(m.ok());
   EXPECT_EQ(m->state(), v1::FAILED);
   EXPECT_THAT(m->reason(), HasSubstr("init.hf_file"));
+  // A symlink under models/ that leads out of it (to the exported file) is refused.
+  std::filesystem::create_symlink(exported, cluster_->dir() + "/store/models/escape.safetensors");
+  auto escape = cluster_->Submit(spec(2, 2, "init:\n  hf_file: escape.safetensors\n"));
+  ASSERT_TRUE(escape.ok());
+  auto e = cluster_->WaitForEnd(*escape, 60s);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->state(), v1::FAILED);
+  EXPECT_THAT(e->reason(), AllOf(HasSubstr("init.hf_file"), HasSubstr("outside")));
 
   auto head = cluster_->Submit(spec(2, 5, ""));
   ASSERT_TRUE(head.ok());
