@@ -30,13 +30,18 @@ absl::Status CheckProtocolVersion(uint32_t version, const char* server_name) {
                    " speaks tandem.v1 protocol ", kProtocolVersion));
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+grpc::ChannelArguments DefaultChannelArguments() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   // Fail fast on a dead peer instead of backing off for seconds.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return args;
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+                                   DefaultChannelArguments());
 }
 
 absl::Status WritePortFile(const std::string& path, int port) {

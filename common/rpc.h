@@ -26,7 +26,11 @@ inline void SetDeadline(grpc::ClientContext& ctx, std::chrono::milliseconds time
   ctx.set_deadline(std::chrono::system_clock::now() + timeout);
 }
 
-// An insecure channel to HOST:PORT (TLS arrives with the security issue).
+// The arguments of every channel the project makes: message size, fast reconnects.
+grpc::ChannelArguments DefaultChannelArguments();
+
+// A plaintext channel to HOST:PORT. The daemons and the CLI dial through common/tls.h's
+// MakeChannel(address, ChannelSecurity), which is this one when TLS is off.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
 
 // Writes `port` to `path` atomically (tmp + rename), for tests and scripts that start a daemon

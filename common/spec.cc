@@ -546,6 +546,7 @@ absl::Status ValidateTop(const v1::JobSpec& spec) {
                                         name, "\""));
   }
   if (absl::Status s = CheckRange("steps", spec.steps(), 1, 10'000'000); !s.ok()) return s;
+  if (absl::Status s = CheckRange("max_restarts", spec.max_restarts(), 0, 1000); !s.ok()) return s;
   return CheckOneOf("device", spec.device(), {"cpu", "cuda"});
 }
 

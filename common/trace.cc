@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/step_number.h"
 
 namespace tandem {
 namespace {
@@ -157,13 +158,13 @@ void AppendStep(const StepTimeline& t, int64_t base_ns, int64_t* next_id,
   for (size_t i = 0; i < t.slices.size(); ++i) {
     const TimelineSlice& s = t.slices[i];
     const bool compute = IsComputeAction(s.kind);
-    out->push_back(
-        absl::StrCat(R"({"name":")", ActionKindName(s.kind), s.micro_batch, R"(","cat":")",
-                     compute ? "compute" : "communication", R"(","ph":"X","ts":)",
-                     Micros(times[i].ts_ns), R"(,"dur":)", Micros(times[i].dur_ns), R"(,"pid":)",
-                     Pid(s.stage), R"(,"tid":)", Tid(s.stage, compute), R"(,"args":{"stage":)",
-                     s.stage, R"(,"micro_batch":)", s.micro_batch, R"(,"kind":")",
-                     ActionKindName(s.kind), R"(","step":)", t.step, R"(,"rank":)", s.rank, "}}"));
+    out->push_back(absl::StrCat(
+        R"({"name":")", ActionKindName(s.kind), s.micro_batch, R"(","cat":")",
+        compute ? "compute" : "communication", R"(","ph":"X","ts":)", Micros(times[i].ts_ns),
+        R"(,"dur":)", Micros(times[i].dur_ns), R"(,"pid":)", Pid(s.stage), R"(,"tid":)",
+        Tid(s.stage, compute), R"(,"args":{"stage":)", s.stage, R"(,"micro_batch":)", s.micro_batch,
+        R"(,"kind":")", ActionKindName(s.kind), R"(","step":)", StepNumber(t.step), R"(,"rank":)",
+        s.rank, "}}"));
     // The flow starts right after its send, so that at an equal timestamp the viewer has
     // already opened the send and binds the flow to it.
     if (auto it = link_of_send.find(i); it != link_of_send.end()) {
@@ -298,8 +299,9 @@ absl::StatusOr<StepTimeline> BuildStepTimeline(const Schedule& lowered,
   for (int r = 0; r < num_ranks; ++r) {
     if (by_rank[r] == nullptr) return Bad(absl::StrCat("no report from rank ", r));
     if (by_rank[r]->step() != by_rank[0]->step()) {
-      return Bad(absl::StrCat("rank ", r, " reports step ", by_rank[r]->step(), ", rank 0 step ",
-                              by_rank[0]->step(), "; the reports must be of one step"));
+      return Bad(absl::StrCat("rank ", r, " reports step ", StepNumber(by_rank[r]->step()),
+                              ", rank 0 step ", StepNumber(by_rank[0]->step()),
+                              "; the reports must be of one step"));
     }
   }
 
@@ -426,8 +428,8 @@ std::string GanttSvg(const StepTimeline& t, const GanttOptions& options) {
   const std::string title =
       !options.title.empty()
           ? options.title
-          : absl::StrCat("step ", t.step, ": ", t.schedule, ", ", t.num_ranks, " ranks, ",
-                         t.num_micro_batches, " micro-batches, ", Ms(t.span_us), " ms");
+          : absl::StrCat("step ", StepNumber(t.step), ": ", t.schedule, ", ", t.num_ranks,
+                         " ranks, ", t.num_micro_batches, " micro-batches, ", Ms(t.span_us), " ms");
   absl::StrAppend(&out, "<text x=\"8\" y=\"22\" font-size=\"15\">", XmlText(title), "</text>\n");
   absl::StrAppend(&out, "<text x=\"", kLeftPx + chart_px + 10, "\" y=\"", kTopPx - 6,
                   "\" font-size=\"11\" fill=\"#555555\">bubble</text>\n");

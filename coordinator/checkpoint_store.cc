@@ -2,11 +2,13 @@
 
 #include <fcntl.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -18,6 +20,30 @@ namespace {
 
 namespace fs = std::filesystem;
 constexpr char kManifest[] = "manifest.json";
+
+struct FileDigest {
+  int64_t bytes = 0;
+  uint32_t crc32 = 0;
+};
+
+// The size and CRC-32 (zlib's) of a file, read in 1 MiB blocks.
+absl::StatusOr<FileDigest> DigestOf(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::DataLossError(absl::StrCat("cannot read ", path.string()));
+  FileDigest d;
+  uLong crc = crc32(0L, Z_NULL, 0);
+  std::vector<char> block(1 << 20);
+  while (in) {
+    in.read(block.data(), static_cast<std::streamsize>(block.size()));
+    const std::streamsize n = in.gcount();
+    if (n <= 0) break;
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(block.data()), static_cast<uInt>(n));
+    d.bytes += n;
+  }
+  if (in.bad()) return absl::DataLossError(absl::StrCat("error reading ", path.string()));
+  d.crc32 = static_cast<uint32_t>(crc);
+  return d;
+}
 constexpr char kFormat[] = "tandem-checkpoint-v1";
 
 std::string StageFile(int stage) { return absl::StrCat("stage-", stage, ".safetensors"); }
@@ -108,7 +134,11 @@ absl::Status CheckpointStore::Commit(const std::string& job_id, int64_t step, in
       return absl::FailedPreconditionError(
           absl::StrCat("checkpoint ", dir.string(), ": ", StageFile(s), " is missing"));
     }
-    manifest["files"].push_back(StageFile(s));
+    // Each file's size and CRC-32, verified whenever the checkpoint is opened.
+    absl::StatusOr<FileDigest> digest = DigestOf(dir / StageFile(s));
+    if (!digest.ok()) return digest.status();
+    manifest["files"].push_back(
+        {{"name", StageFile(s)}, {"bytes", digest->bytes}, {"crc32", digest->crc32}});
   }
   if (absl::Status s = WriteFileAtomically(dir / kManifest, manifest.dump(2)); !s.ok()) return s;
   // Retention: keep the newest `keep` complete checkpoints; drop torn ones older than this.
@@ -131,7 +161,7 @@ absl::Status CheckpointStore::Commit(const std::string& job_id, int64_t step, in
 std::vector<int64_t> CheckpointStore::CompleteSteps(const std::string& job_id) const {
   std::vector<int64_t> steps;
   std::error_code ec;
-  if (!SafeJobId(job_id)) return steps;
+  if (!enabled() || !SafeJobId(job_id)) return steps;
   for (const auto& entry : fs::directory_iterator(fs::path(root_) / job_id, ec)) {
     int64_t n = 0;
     const std::string name = entry.path().filename().string();
@@ -151,6 +181,19 @@ absl::StatusOr<int64_t> CheckpointStore::Latest(const std::string& job_id) const
     return absl::NotFoundError(absl::StrCat("job ", job_id, " has no complete checkpoint"));
   }
   return steps.back();
+}
+
+absl::StatusOr<int64_t> CheckpointStore::LatestReadable(const std::string& job_id) const {
+  if (absl::Status s = CheckEnabled(); !s.ok()) return s;
+  std::vector<int64_t> steps = CompleteSteps(job_id);
+  std::string skipped;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    absl::StatusOr<std::shared_ptr<const CheckpointReader>> r = Open(job_id, *it);
+    if (r.ok()) return *it;
+    absl::StrAppend(&skipped, skipped.empty() ? "" : "; ", r.status().message());
+  }
+  return absl::NotFoundError(absl::StrCat("job ", job_id, " has no readable checkpoint",
+                                          skipped.empty() ? "" : ": ", skipped));
 }
 
 absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointStore::Open(
@@ -174,9 +217,23 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointStore::Open(
       return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": bad manifest"));
     }
     for (const auto& f : manifest.at("files")) {
-      const std::string file = f.get<std::string>();
+      // {"name", "bytes", "crc32"}; a bare name is a checkpoint from before checksums.
+      const std::string file =
+          f.is_string() ? f.get<std::string>() : f.at("name").get<std::string>();
       if (file.find('/') != std::string::npos) {
         return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": bad file name"));
+      }
+      if (f.is_object()) {
+        absl::StatusOr<FileDigest> digest = DigestOf(dir / file);
+        if (!digest.ok()) return digest.status();
+        if (digest->bytes != f.at("bytes").get<int64_t>() ||
+            digest->crc32 != f.at("crc32").get<uint32_t>()) {
+          return absl::DataLossError(absl::StrCat(
+              "checkpoint ", dir.string(), ": ", file, " does not match its manifest (",
+              digest->bytes, " bytes, crc32 ", digest->crc32, "; the manifest says ",
+              f.at("bytes").get<int64_t>(), " bytes, crc32 ", f.at("crc32").get<uint32_t>(),
+              "): the file is corrupt"));
+        }
       }
       auto st = SafetensorsFile::Open((dir / file).string());
       if (!st.ok()) return st.status();

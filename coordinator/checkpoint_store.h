@@ -1,6 +1,7 @@
 // Checkpoints kept by the coordinator under <data-root>/checkpoints/<job>/step-<N>/: one
 // safetensors file per stage (stage-<s>.safetensors, tensors keyed by global names, so any
-// partition can read them) and manifest.json, written last. A checkpoint exists only once its
+// partition can read them) and manifest.json, written last, with each file's size and CRC-32
+// (verified on every Open: DATA_LOSS names a corrupt file). A checkpoint exists only once its
 // manifest does: a torn one (a stage file or the manifest missing) is never read, and is
 // removed when the next checkpoint of the job commits.
 //
@@ -58,15 +59,19 @@ class CheckpointStore {
   absl::Status Commit(const std::string& job_id, int64_t step, int num_stages, int keep);
   // The latest complete checkpoint's step; NOT_FOUND if the job has none.
   absl::StatusOr<int64_t> Latest(const std::string& job_id) const;
+  // The latest complete checkpoint whose files match their manifest's sizes and checksums
+  // (each is opened and verified, newest first); NOT_FOUND naming what was skipped.
+  absl::StatusOr<int64_t> LatestReadable(const std::string& job_id) const;
   absl::StatusOr<std::shared_ptr<const CheckpointReader>> Open(const std::string& job_id,
                                                                int64_t step) const;
   // The directory of checkpoint (job, step).
   std::string Dir(const std::string& job_id, int64_t step) const;
+  // The steps of the job's complete checkpoints (those with a manifest), ascending; none when
+  // disabled.
+  std::vector<int64_t> CompleteSteps(const std::string& job_id) const;
 
  private:
   absl::Status CheckEnabled() const;
-  // Complete checkpoints' steps, ascending.
-  std::vector<int64_t> CompleteSteps(const std::string& job_id) const;
 
   const std::string root_;
 };

@@ -6,6 +6,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/rpc.h"
+#include "common/tls.h"
 #include "common/version.h"
 #include "coordinator/worker_client.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -19,8 +20,8 @@ std::chrono::milliseconds ToChrono(absl::Duration d) {
 
 class GrpcStageWorkerClient final : public StageWorkerClient {
  public:
-  explicit GrpcStageWorkerClient(const std::string& address)
-      : stub_(v1::StageWorker::NewStub(MakeChannel(address))) {}
+  GrpcStageWorkerClient(const std::string& address, const ChannelSecurity& security)
+      : stub_(v1::StageWorker::NewStub(MakeChannel(address, security))) {}
 
   ~GrpcStageWorkerClient() override {
     CancelPending();
@@ -145,15 +146,21 @@ class GrpcStageWorkerClient final : public StageWorkerClient {
 
 class GrpcFactory final : public StageWorkerClientFactory {
  public:
+  explicit GrpcFactory(ChannelSecurity security) : security_(std::move(security)) {}
+
   std::unique_ptr<StageWorkerClient> Connect(const std::string& address) override {
-    return std::make_unique<GrpcStageWorkerClient>(address);
+    return std::make_unique<GrpcStageWorkerClient>(address, security_);
   }
+
+ private:
+  const ChannelSecurity security_;
 };
 
 }  // namespace
 
-std::unique_ptr<StageWorkerClientFactory> MakeGrpcStageWorkerClientFactory() {
-  return std::make_unique<GrpcFactory>();
+std::unique_ptr<StageWorkerClientFactory> MakeGrpcStageWorkerClientFactory(
+    ChannelSecurity security) {
+  return std::make_unique<GrpcFactory>(std::move(security));
 }
 
 }  // namespace tandem::coordinator

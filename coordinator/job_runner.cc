@@ -12,11 +12,13 @@
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/confined_path.h"
+#include "common/log_context.h"
 #include "common/model_desc.h"
 #include "common/partitioner.h"
 #include "common/planner.h"
 #include "common/schedule_check.h"
 #include "common/spec.h"
+#include "common/step_number.h"
 #include "common/step_profile.h"
 #include "common/trace.h"
 #include "coordinator/hf_export.h"
@@ -51,7 +53,11 @@ bool EvalDue(const v1::JobSpec& spec, int64_t step) {
 }
 
 JobRunner::JobRunner(RunnerEnv env, v1::Job job, std::vector<WorkerRecord> workers)
-    : env_(env), job_(std::move(job)), spec_(job_.spec()), workers_(std::move(workers)) {
+    : env_(env),
+      job_(std::move(job)),
+      spec_(job_.spec()),
+      workers_(std::move(workers)),
+      attempt_(job_.restarts()) {
   for (const auto& w : workers_) clients_.push_back(env_.clients->Connect(w.address));
 }
 
@@ -68,6 +74,18 @@ void JobRunner::Cancel(const std::string& reason) {
   if (interrupt_ != Interrupt::kNone) return;
   interrupt_ = Interrupt::kCancel;
   interrupt_reason_ = reason;
+}
+
+void JobRunner::Shutdown(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  if (interrupt_ != Interrupt::kNone) return;
+  interrupt_ = Interrupt::kShutdown;
+  interrupt_reason_ = reason;
+}
+
+bool JobRunner::InterruptIs(Interrupt kind) {
+  absl::MutexLock lock(&mu_);
+  return interrupt_ == kind;
 }
 
 void JobRunner::OnWorkerLost(const WorkerRecord& worker) {
@@ -99,13 +117,25 @@ absl::Status JobRunner::InterruptStatus() {
       return absl::CancelledError(interrupt_reason_);
     case Interrupt::kWorkerLost:
       return absl::UnavailableError(interrupt_reason_);
+    case Interrupt::kShutdown:
+      return absl::UnavailableError(interrupt_reason_);
   }
   return absl::OkStatus();
 }
 
+absl::Duration JobRunner::StepDeadline() const {
+  if (slowest_step_seconds_ <= 0) return env_.options.step_timeout;
+  const absl::Duration derived = absl::Seconds(kStepDeadlineFactor * slowest_step_seconds_);
+  return std::min(env_.options.step_timeout, std::max(env_.options.step_deadline_floor, derived));
+}
+
 void JobRunner::Run() {
   const std::string& id = job_.id();
+  ScopedLogContext log_context({.job = id});
   absl::Status status = Plan();
+  // Only a fault after planning (configure, a step, a checkpoint, a lost worker) is worth a
+  // restart; a plan that fails fails the same way again.
+  const bool planned = status.ok();
   if (status.ok()) status = env_.store->Transition(id, v1::RUNNING, "");
   if (status.ok()) status = ConfigureAll();
   for (int64_t step = first_step_; status.ok() && step < spec_.steps(); ++step) {
@@ -120,15 +150,40 @@ void JobRunner::Run() {
   AbortAll(status.ok() ? "job finished" : std::string(status.message()));
   env_.registry->Release(id);
   if (env_.rendezvous != nullptr) env_.rendezvous->ErasePrefix(absl::StrCat(id, "/"));
-  if (status.ok()) {
+  const bool shutting_down = !status.ok() && InterruptIs(Interrupt::kShutdown);
+  if (shutting_down) {
+    // The job stays RUNNING in the store: the next coordinator on this data root resumes it
+    // from its latest checkpoint.
+    spdlog::info("{}: left for the next coordinator to resume: {}", id,
+                 std::string(status.message()));
+  } else if (!status.ok() && status.code() != absl::StatusCode::kCancelled && planned &&
+             job_.restarts() < spec_.max_restarts()) {
+    const std::string cause = std::string(status.message());
+    const int restart = job_.restarts() + 1;
+    env_.store->RecordRestart(id, cause);
+    const int64_t ckpt = env_.checkpoints != nullptr ? job_.checkpoint_step() : -1;
+    auto now = env_.store->Get(id, /*with_history=*/false);
+    const int64_t resume = now.ok() ? now->checkpoint_step() : ckpt;
+    const std::string reason = absl::StrCat(
+        "restart ", restart, " of ", spec_.max_restarts(), " after: ", cause, "; resumes ",
+        resume >= 0 ? absl::StrCat("from the checkpoint after step ", StepNumber(resume))
+                    : std::string("from the start (no checkpoint yet)"));
+    (void)env_.store->Transition(id, v1::QUEUED, reason);
+    spdlog::warn("{}: {}", id, reason);
+  } else if (status.ok()) {
     (void)env_.store->Transition(id, v1::SUCCEEDED, "");
     spdlog::info("{}: SUCCEEDED after {} steps", id, spec_.steps());
   } else if (status.code() == absl::StatusCode::kCancelled) {
     (void)env_.store->Transition(id, v1::CANCELLED, std::string(status.message()));
     spdlog::info("{}: CANCELLED: {}", id, std::string(status.message()));
   } else {
-    (void)env_.store->Transition(id, v1::FAILED, std::string(status.message()));
-    spdlog::warn("{}: FAILED: {}", id, std::string(status.message()));
+    std::string reason(status.message());
+    if (job_.restarts() > 0) {
+      reason = absl::StrCat("failed after ", job_.restarts(),
+                            " restart(s); first cause: ", job_.first_failure(), "; last: ", reason);
+    }
+    (void)env_.store->Transition(id, v1::FAILED, reason);
+    spdlog::warn("{}: FAILED: {}", id, reason);
   }
   finished_.store(true);
 }
@@ -184,11 +239,28 @@ absl::Status JobRunner::Plan() {
     first_step_ = *latest + 1;
     if (first_step_ >= spec.steps()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "init.from_job: the checkpoint of ", from, " is after step ", *latest,
+          "init.from_job: the checkpoint of ", from, " is after step ", StepNumber(*latest),
           ", but this job has only ", spec.steps(), " steps; raise steps to continue training"));
     }
     env_.store->SetFirstStep(job_.id(), first_step_);
-    spdlog::info("{}: resuming from {} step {}", job_.id(), from, *latest);
+    spdlog::info("{}: resuming from the checkpoint of {} after step {}", job_.id(), from,
+                 StepNumber(*latest));
+  }
+  // A restart (after a fault, or of a coordinator) continues from the job's own latest
+  // complete checkpoint; without one it starts again as the spec says.
+  if (job_.checkpoint_step() >= 0 && env_.checkpoints != nullptr && env_.checkpoints->enabled()) {
+    absl::StatusOr<int64_t> own = env_.checkpoints->LatestReadable(job_.id());
+    if (own.ok()) {
+      restore_.set_job_id(job_.id());
+      restore_.set_step(*own);
+      restore_.set_weights_only(false);
+      first_step_ = *own + 1;
+      spdlog::info("{}: attempt {} resumes from its checkpoint after step {}", job_.id(), attempt_,
+                   StepNumber(*own));
+    } else {
+      spdlog::warn("{}: its checkpoint after step {} cannot be read ({}); starting again",
+                   job_.id(), StepNumber(job_.checkpoint_step()), own.status().ToString());
+    }
   }
   // One row per stage: its worker, its layers and its actions in its worker's order.
   std::vector<v1::StageAssignment> stages;
@@ -336,8 +408,9 @@ absl::Status JobRunner::ConfigureAll() {
   absl::Status s = CallAll(
       "configure", env_.options.configure_timeout, [&](int r, StageWorkerClient::Done done) {
         v1::ConfigureRequest req;
-        *req.mutable_program() =
-            StageProgramFor(plan_, spec, r, job_.id(), absl::StrCat(job_.id(), "/attempt-0/"));
+        *req.mutable_program() = StageProgramFor(
+            plan_, spec, r, job_.id(), absl::StrCat(job_.id(), "/attempt-", attempt_, "/"));
+        req.mutable_program()->set_attempt(attempt_);
         if (!restore_.job_id().empty()) *req.mutable_program()->mutable_restore() = restore_;
         clients_[r]->Configure(req, &responses[r], env_.options.configure_timeout, std::move(done));
       });
@@ -349,9 +422,10 @@ absl::Status JobRunner::ConfigureAll() {
 }
 
 absl::Status JobRunner::RunOneStep(int64_t step) {
+  ScopedLogContext log_context({.step = step});
   const v1::JobSpec& spec = spec_;
   const int p = static_cast<int>(workers_.size());
-  const std::string what = absl::StrCat("step ", step);
+  const std::string what = absl::StrCat("step ", StepNumber(step));
   const auto t0 = std::chrono::steady_clock::now();
 
   // Phase 1: forward and backward on every stage; gradients stay on the workers.
@@ -360,8 +434,10 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
   req.set_job_id(job_.id());
   req.set_step(step);
   req.set_mode(v1::STEP_MODE_TRAIN);
-  absl::Status s = CallAll(what, env_.options.step_timeout, [&](int r, auto done) {
-    clients_[r]->RunStep(req, &responses[r], env_.options.step_timeout, std::move(done));
+  req.set_attempt(attempt_);
+  const absl::Duration deadline = StepDeadline();
+  absl::Status s = CallAll(what, deadline, [&](int r, auto done) {
+    clients_[r]->RunStep(req, &responses[r], deadline, std::move(done));
   });
   if (!s.ok()) return s;
   const double run_seconds =
@@ -387,6 +463,16 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
         std::max(summary.peak_activation_bytes(), rep.peak_activation_bytes()));
     summary.add_rank_peak_activation_bytes(rep.peak_activation_bytes());
   }
+  // Per stage: static + peak activations, as each stage's worker measured them.
+  std::vector<int64_t> stage_peak(static_cast<size_t>(plan_.num_stages()), 0);
+  for (const auto& resp : responses) {
+    for (const v1::StageMemory& m : resp.report().stage_memory()) {
+      if (m.stage() >= 0 && m.stage() < plan_.num_stages()) {
+        stage_peak[static_cast<size_t>(m.stage())] = m.static_bytes() + m.peak_activation_bytes();
+      }
+    }
+  }
+  for (int64_t b : stage_peak) summary.add_stage_peak_bytes(b);
   if (!has_loss) {
     return absl::InternalError(
         absl::StrCat(what, ": ", WorkerName(LastStageRank()), " reported no loss"));
@@ -437,9 +523,10 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
   apply.set_learning_rate(LearningRateAt(spec.optimizer(), step, spec.steps()));
   apply.set_grad_scale(finite && clip > 0 && norm > clip ? static_cast<float>(clip / norm) : 1.0f);
   apply.set_skip(!finite);
+  apply.set_attempt(attempt_);
   std::vector<v1::ApplyStepResponse> applied(p);
-  s = CallAll(absl::StrCat(what, " apply"), env_.options.step_timeout, [&](int r, auto done) {
-    clients_[r]->ApplyStep(apply, &applied[r], env_.options.step_timeout, std::move(done));
+  s = CallAll(absl::StrCat(what, " apply"), deadline, [&](int r, auto done) {
+    clients_[r]->ApplyStep(apply, &applied[r], deadline, std::move(done));
   });
   if (!s.ok()) return s;
   if (!finite) {
@@ -453,6 +540,7 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
   summary.set_learning_rate(apply.learning_rate());
   summary.set_skipped(!finite);
   summary.set_step_seconds(step_seconds);
+  slowest_step_seconds_ = std::max(slowest_step_seconds_, step_seconds);
   summary.set_max_worker_exec_seconds(static_cast<double>(max_exec_us) * 1e-6);
   // The RunStep phase's wall time minus the slowest worker's execution: what the coordinator
   // adds to the critical path of the pipeline itself.
@@ -483,14 +571,16 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
 }
 
 absl::Status JobRunner::SaveCheckpoint(int64_t step) {
+  ScopedLogContext log_context({.step = step});
   const int p = static_cast<int>(workers_.size());
-  const std::string what = absl::StrCat("checkpoint after step ", step);
+  const std::string what = absl::StrCat("checkpoint after step ", StepNumber(step));
   std::vector<std::future<absl::Status>> saves;
   for (int r = 0; r < p; ++r) {
     saves.push_back(std::async(std::launch::async, [this, r, step]() -> absl::Status {
       v1::SaveCheckpointRequest req;
       req.set_job_id(job_.id());
       req.set_step(step);
+      req.set_attempt(attempt_);
       std::unique_ptr<SafetensorsWriter> writer;
       absl::Status s = clients_[r]->SaveCheckpoint(
           req, env_.options.step_timeout, [&](const v1::TensorChunk& chunk) -> absl::Status {
@@ -533,8 +623,9 @@ absl::StatusOr<double> JobRunner::RunEval(int64_t step) {
   req.set_job_id(job_.id());
   req.set_step(step);
   req.set_mode(v1::STEP_MODE_EVAL);
-  absl::Status s = CallAll(absl::StrCat("validation after step ", step), env_.options.step_timeout,
-                           [&](int r, auto done) {
+  req.set_attempt(attempt_);
+  absl::Status s = CallAll(absl::StrCat("validation after step ", StepNumber(step)),
+                           env_.options.step_timeout, [&](int r, auto done) {
                              clients_[r]->RunStep(req, &responses[r], env_.options.step_timeout,
                                                   std::move(done));
                            });
@@ -542,7 +633,7 @@ absl::StatusOr<double> JobRunner::RunEval(int64_t step) {
   for (const auto& resp : responses) {
     if (resp.report().has_loss()) return resp.report().loss();
   }
-  return absl::InternalError(absl::StrCat("validation after step ", step, ": ",
+  return absl::InternalError(absl::StrCat("validation after step ", StepNumber(step), ": ",
                                           WorkerName(LastStageRank()), " reported no loss"));
 }
 

@@ -37,7 +37,13 @@ struct RunnerOptions {
   absl::Duration step_timeout = absl::Seconds(600);
   absl::Duration abort_timeout = absl::Seconds(5);
   absl::Duration profile_timeout = absl::Seconds(300);
+  // Once a run has measured steps, a step's deadline is kStepDeadlineFactor x its slowest
+  // step so far, at least this floor (and at most step_timeout): a worker that hangs while its
+  // heartbeats still arrive is caught within it.
+  absl::Duration step_deadline_floor = absl::Seconds(10);
 };
+
+inline constexpr double kStepDeadlineFactor = 5.0;
 
 // What a runner needs from the coordinator, passed explicitly.
 struct RunnerEnv {
@@ -71,12 +77,18 @@ class JobRunner {
   void Cancel(const std::string& reason);
   // Tells the runner that one of its workers missed its heartbeats.
   void OnWorkerLost(const WorkerRecord& worker);
+  // The coordinator is stopping: the job's workers are aborted and the job stays RUNNING in
+  // the store, for the next coordinator to resume from its checkpoint.
+  void Shutdown(const std::string& reason);
   bool finished() const { return finished_.load(); }
   const std::string& job_id() const { return job_.id(); }
 
  private:
   // How a running job was interrupted from outside.
-  enum class Interrupt { kNone, kCancel, kWorkerLost };
+  enum class Interrupt { kNone, kCancel, kWorkerLost, kShutdown };
+  bool InterruptIs(Interrupt kind);
+  // The deadline of the next step's calls (RunnerOptions.step_deadline_floor).
+  absl::Duration StepDeadline() const;
 
   void Run();
   absl::Status Plan();
@@ -130,6 +142,8 @@ class JobRunner {
   PipelinePlan plan_;          // schedule (lowered, validated), eval program, layer ranges
   v1::CheckpointRef restore_;  // set when the job resumes from a checkpoint
   int64_t first_step_ = 0;
+  const int32_t attempt_;              // job_.restarts(): this run's StageProgram.attempt
+  double slowest_step_seconds_ = 0.0;  // over this run's steps
 
   absl::Mutex mu_;
   Interrupt interrupt_ ABSL_GUARDED_BY(mu_) = Interrupt::kNone;

@@ -1,8 +1,9 @@
 #include "coordinator/job_store.h"
 
-#include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
@@ -11,6 +12,8 @@
 #include "common/pipeline_plan.h"
 #include "common/schedule.h"
 #include "common/spec.h"
+#include "common/step_number.h"
+#include "coordinator/checkpoint_store.h"
 #include "google/protobuf/util/json_util.h"
 #include "spdlog/spdlog.h"
 
@@ -18,32 +21,58 @@ namespace tandem::coordinator {
 namespace {
 
 namespace fs = std::filesystem;
+using Sync = SqliteDb::Sync;
 
-constexpr int64_t kPersistEverySteps = 25;
 constexpr size_t kMaxEvents = 20000;
+constexpr char kDatabaseFile[] = "coordinator.db";
+constexpr char kLockFile[] = "coordinator.lock";
+
+// The schema, as migrations: [i] takes PRAGMA user_version i to i + 1. A shipped migration is
+// never edited; a change of schema appends one. The v1::Job and v1::StepSummary blobs are the
+// records; the other columns of `jobs` and `steps` repeat a few of their fields for indexes
+// and for people reading the database with the sqlite3 shell.
+const std::vector<std::string>& Migrations() {
+  static const auto* migrations = new std::vector<std::string>{
+      R"sql(
+CREATE TABLE jobs (
+  seq INTEGER PRIMARY KEY,           -- the N of job-N: the submission order
+  id TEXT NOT NULL UNIQUE,
+  name TEXT NOT NULL,
+  state TEXT NOT NULL,               -- v1::JobState name
+  reason TEXT NOT NULL,
+  steps_done INTEGER NOT NULL,
+  total_steps INTEGER NOT NULL,
+  checkpoint_step INTEGER NOT NULL,  -- -1: none
+  created_unix_ms INTEGER NOT NULL,
+  updated_unix_ms INTEGER NOT NULL,
+  job BLOB NOT NULL                  -- v1::Job without history
+);
+CREATE INDEX jobs_by_state ON jobs (state, seq);
+CREATE TABLE steps (                 -- the step history: one row per v1::StepSummary
+  job_seq INTEGER NOT NULL REFERENCES jobs (seq),
+  step INTEGER NOT NULL,
+  loss REAL NOT NULL,
+  summary BLOB NOT NULL,             -- v1::StepSummary
+  PRIMARY KEY (job_seq, step)
+) WITHOUT ROWID;
+CREATE TABLE timings (               -- each job's kept per-action step timings
+  job_seq INTEGER PRIMARY KEY REFERENCES jobs (seq),
+  timings BLOB NOT NULL              -- v1::JobTimings
+);
+CREATE TABLE checkpoints (           -- checkpoints committed (their manifest written)
+  job_seq INTEGER NOT NULL REFERENCES jobs (seq),
+  step INTEGER NOT NULL,             -- the step after which
+  num_stages INTEGER NOT NULL,       -- stage files: one per worker rank
+  committed_unix_ms INTEGER NOT NULL,
+  PRIMARY KEY (job_seq, step)
+) WITHOUT ROWID;
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+)sql",
+  };
+  return *migrations;
+}
 
 int64_t NowMs() { return UnixMicros() / 1000; }
-
-// Writes `message` as JSON to `path` through a temporary file, so that a crash leaves the old
-// file or the new one, never half of one.
-void WriteJson(const google::protobuf::Message& message, const fs::path& path) {
-  std::string json;
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  if (!google::protobuf::util::MessageToJsonString(message, &json, options).ok()) return;
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << json;
-    if (!out) {
-      spdlog::error("job store: cannot write {}", tmp.string());
-      return;
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) spdlog::error("job store: cannot rename {}: {}", tmp.string(), ec.message());
-}
 
 std::string ReadText(const fs::path& path) {
   std::ifstream in(path);
@@ -56,6 +85,18 @@ bool ParseJobId(const std::string& id, int64_t* n) {
   return id.size() > 4 && id.rfind("job-", 0) == 0 && absl::SimpleAtoi(id.substr(4), n);
 }
 
+// Stage files a checkpoint of the job has: one per worker rank.
+int NumRanks(const v1::Job& job) {
+  int ranks = 0;
+  for (const auto& s : job.stages()) ranks = std::max(ranks, s.rank() + 1);
+  return ranks;
+}
+
+#define TANDEM_RETURN_IF_ERROR(expr)                   \
+  do {                                                 \
+    if (absl::Status _s = (expr); !_s.ok()) return _s; \
+  } while (0)
+
 }  // namespace
 
 bool IsTerminal(v1::JobState state) {
@@ -66,64 +107,365 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& data
                                                          const TimingRetention& retention) {
   std::unique_ptr<JobStore> store(new JobStore(data_root, retention));
   if (!data_root.empty()) {
-    for (const char* dir : {"jobs", "timings"}) {
-      std::error_code ec;
-      fs::create_directories(fs::path(data_root) / dir, ec);
-      if (ec) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("cannot create ", data_root, "/", dir, ": ", ec.message()));
-      }
+    std::error_code ec;
+    fs::create_directories(data_root, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create the data root ", data_root, ": ", ec.message()));
     }
     absl::MutexLock lock(&store->mu_);
-    if (absl::Status s = store->Load(); !s.ok()) return s;
+    TANDEM_RETURN_IF_ERROR(store->OpenDatabase());
   }
   return store;
 }
 
-absl::Status JobStore::Load() {
-  for (const auto& file : fs::directory_iterator(fs::path(data_root_) / "jobs")) {
-    if (file.path().extension() != ".json") continue;
-    v1::Job job;
-    if (auto s = google::protobuf::util::JsonStringToMessage(ReadText(file.path()), &job);
-        !s.ok()) {
-      spdlog::warn("job store: skipping unreadable {}: {}", file.path().string(), s.ToString());
-      continue;
-    }
-    int64_t n = 0;
-    if (!ParseJobId(job.id(), &n)) {
-      spdlog::warn("job store: skipping {}: bad job id '{}'", file.path().string(), job.id());
-      continue;
-    }
-    Entry& e = jobs_[n];
-    e.job = std::move(job);
-    const fs::path timings = fs::path(data_root_) / "timings" / (e.job.id() + ".json");
-    if (fs::exists(timings)) {
-      if (auto s = google::protobuf::util::JsonStringToMessage(ReadText(timings), &e.timings);
-          !s.ok()) {
-        spdlog::warn("job store: {}: dropping unreadable step timings {}: {}", e.job.id(),
-                     timings.string(), s.ToString());
-        e.timings.Clear();
-      }
-    }
-    if (e.job.state() == v1::RUNNING) {
-      e.job.set_state(v1::FAILED);
-      e.job.set_reason("interrupted: the coordinator restarted while the job was running");
-      e.job.set_finished_unix_ms(NowMs());
-      Persist(e);
-    }
-    next_id_ = std::max(next_id_, n + 1);
-  }
-  spdlog::info("job store: {} job(s) loaded from {}", jobs_.size(), data_root_);
+absl::Status JobStore::OpenDatabase() {
+  const fs::path root(data_root_);
+  absl::StatusOr<std::unique_ptr<FileLock>> lock =
+      FileLock::Acquire((root / kLockFile).string(), absl::StrCat("the data root ", data_root_));
+  if (!lock.ok()) return lock.status();
+  lock_ = *std::move(lock);
+  absl::StatusOr<std::unique_ptr<SqliteDb>> db = SqliteDb::Open((root / kDatabaseFile).string());
+  if (!db.ok()) return db.status();
+  db_ = *std::move(db);
+  absl::StatusOr<int> found = db_->Migrate(Migrations());
+  if (!found.ok()) return found.status();
+  TANDEM_RETURN_IF_ERROR(ImportJsonFiles());
+  TANDEM_RETURN_IF_ERROR(Load());
+  TANDEM_RETURN_IF_ERROR(Recover());
+  spdlog::info("job store: {} job(s) loaded from {}", jobs_.size(), db_->path());
   return absl::OkStatus();
 }
 
-void JobStore::Persist(Entry& e) {
-  if (data_root_.empty()) return;
-  WriteJson(e.job, fs::path(data_root_) / "jobs" / (e.job.id() + ".json"));
-  if (e.timings_dirty) {
-    WriteJson(e.timings, fs::path(data_root_) / "timings" / (e.job.id() + ".json"));
-    e.timings_dirty = false;
+// Earlier versions kept <data_root>/jobs/<id>.json (history included) and
+// <data_root>/timings/<id>.json. A database that has not imported them yet (a new one) takes
+// them over once, in one transaction; the files are left as they were and no longer read.
+absl::Status JobStore::ImportJsonFiles() {
+  absl::StatusOr<SqliteStatement*> q =
+      db_->Prepare("SELECT value FROM meta WHERE key = 'json_import'", "reading meta");
+  if (!q.ok()) return q.status();
+  absl::StatusOr<bool> done = (*q)->Next();
+  if (!done.ok()) return done.status();
+  TANDEM_RETURN_IF_ERROR((*q)->Run());
+  if (*done) return absl::OkStatus();
+
+  const std::string purpose = "importing the jobs/*.json files";
+  absl::StatusOr<SqliteDb::Transaction> txn = db_->Begin(Sync::kFull, purpose);
+  if (!txn.ok()) return txn.status();
+  const fs::path dir = fs::path(data_root_) / "jobs";
+  int imported = 0;
+  std::error_code ec;
+  for (const auto& file : fs::directory_iterator(dir, ec)) {
+    if (file.path().extension() != ".json") continue;
+    Entry e;
+    if (auto s = google::protobuf::util::JsonStringToMessage(ReadText(file.path()), &e.job);
+        !s.ok()) {
+      spdlog::warn("job store: import: skipping unreadable {}: {}", file.path().string(),
+                   s.ToString());
+      continue;
+    }
+    if (!ParseJobId(e.job.id(), &e.seq)) {
+      spdlog::warn("job store: import: skipping {}: bad job id '{}'", file.path().string(),
+                   e.job.id());
+      continue;
+    }
+    for (auto& step : *e.job.mutable_history()) e.history.push_back(std::move(step));
+    e.job.clear_history();
+    const fs::path timings = fs::path(data_root_) / "timings" / (e.job.id() + ".json");
+    if (fs::exists(timings) &&
+        !google::protobuf::util::JsonStringToMessage(ReadText(timings), &e.timings).ok()) {
+      spdlog::warn("job store: import: {}: dropping unreadable step timings {}", e.job.id(),
+                   timings.string());
+      e.timings.Clear();
+    }
+    TANDEM_RETURN_IF_ERROR(PutJob(e, purpose));
+    for (const v1::StepSummary& step : e.history) {
+      absl::StatusOr<SqliteStatement*> st = db_->Prepare(
+          "INSERT OR REPLACE INTO steps (job_seq, step, loss, summary) VALUES (?1, ?2, ?3, ?4)",
+          purpose);
+      if (!st.ok()) return st.status();
+      TANDEM_RETURN_IF_ERROR((*st)
+                                 ->Bind(1, e.seq)
+                                 .Bind(2, step.step())
+                                 .Bind(3, step.loss())
+                                 .BindBlob(4, step.SerializeAsString())
+                                 .Run());
+    }
+    if (e.timings.ByteSizeLong() > 0) TANDEM_RETURN_IF_ERROR(PutTimings(e, purpose));
+    if (e.job.checkpoint_step() >= 0) {
+      TANDEM_RETURN_IF_ERROR(PutCheckpoint(e, e.job.checkpoint_step(), NumRanks(e.job), purpose));
+    }
+    ++imported;
   }
+  absl::StatusOr<SqliteStatement*> st =
+      db_->Prepare("INSERT OR REPLACE INTO meta (key, value) VALUES ('json_import', ?1)", purpose);
+  if (!st.ok()) return st.status();
+  TANDEM_RETURN_IF_ERROR(
+      (*st)->BindText(1, absl::StrCat(imported, " job(s) at unix ms ", NowMs())).Run());
+  TANDEM_RETURN_IF_ERROR(txn->Commit());
+  if (imported > 0) {
+    spdlog::info("job store: imported {} job(s) from {}/*.json (the files are no longer used)",
+                 imported, dir.string());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::Load() {
+  {
+    absl::StatusOr<SqliteStatement*> q =
+        db_->Prepare("SELECT seq, job FROM jobs ORDER BY seq", "loading jobs");
+    if (!q.ok()) return q.status();
+    while (true) {
+      absl::StatusOr<bool> row = (*q)->Next();
+      if (!row.ok()) return row.status();
+      if (!*row) break;
+      const int64_t seq = (*q)->ColumnInt(0);
+      v1::Job job;
+      int64_t n = 0;
+      if (!job.ParseFromString((*q)->ColumnBlob(1)) || !ParseJobId(job.id(), &n) || n != seq) {
+        spdlog::warn("job store: skipping the unreadable row of job-{}", seq);
+        continue;
+      }
+      Entry& e = jobs_[seq];
+      e.seq = seq;
+      e.job = std::move(job);
+      next_id_ = std::max(next_id_, seq + 1);
+    }
+  }
+  {
+    absl::StatusOr<SqliteStatement*> q = db_->Prepare(
+        "SELECT job_seq, step, summary FROM steps ORDER BY job_seq, step", "loading step history");
+    if (!q.ok()) return q.status();
+    while (true) {
+      absl::StatusOr<bool> row = (*q)->Next();
+      if (!row.ok()) return row.status();
+      if (!*row) break;
+      auto it = jobs_.find((*q)->ColumnInt(0));
+      if (it == jobs_.end()) continue;
+      v1::StepSummary step;
+      if (!step.ParseFromString((*q)->ColumnBlob(2))) {
+        spdlog::warn("job store: job-{}: skipping the unreadable row of step {}", it->first,
+                     StepNumber((*q)->ColumnInt(1)));
+        continue;
+      }
+      auto& history = it->second.history;
+      history.push_back(std::move(step));
+      if (history.size() > kMaxHistory) history.pop_front();
+    }
+  }
+  {
+    absl::StatusOr<SqliteStatement*> q =
+        db_->Prepare("SELECT job_seq, timings FROM timings", "loading step timings");
+    if (!q.ok()) return q.status();
+    while (true) {
+      absl::StatusOr<bool> row = (*q)->Next();
+      if (!row.ok()) return row.status();
+      if (!*row) break;
+      auto it = jobs_.find((*q)->ColumnInt(0));
+      if (it == jobs_.end()) continue;
+      if (!it->second.timings.ParseFromString((*q)->ColumnBlob(1))) {
+        spdlog::warn("job store: job-{}: dropping unreadable step timings", it->first);
+        it->second.timings.Clear();
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The latest validation loss and training loss after the history changed.
+void RefreshLatest(v1::Job& job, const std::deque<v1::StepSummary>& history) {
+  job.set_last_loss(history.empty() ? 0.0 : history.back().loss());
+  job.set_has_val_loss(false);
+  job.set_last_val_loss(0.0);
+  for (auto it = history.rbegin(); it != history.rend(); ++it) {
+    if (it->has_val_loss()) {
+      job.set_has_val_loss(true);
+      job.set_last_val_loss(it->val_loss());
+      break;
+    }
+  }
+}
+
+// Drops the steps from `first` on from the history (they are to be run again); returns how
+// many went.
+int64_t DropStepsFrom(v1::Job& job, std::deque<v1::StepSummary>& history, int64_t first) {
+  int64_t dropped = 0;
+  while (!history.empty() && history.back().step() >= first) {
+    if (history.back().skipped())
+      job.set_skipped_steps(std::max<int64_t>(0, job.skipped_steps() - 1));
+    history.pop_back();
+    ++dropped;
+  }
+  if (dropped > 0) RefreshLatest(job, history);
+  return dropped;
+}
+
+}  // namespace
+
+absl::Status JobStore::Recover() {
+  const CheckpointStore checkpoints((fs::path(data_root_) / "checkpoints").string());
+  std::map<int64_t, std::set<int64_t>> recorded;  // job seq -> checkpoint steps in the database
+  {
+    absl::StatusOr<SqliteStatement*> q =
+        db_->Prepare("SELECT job_seq, step FROM checkpoints", "loading checkpoint records");
+    if (!q.ok()) return q.status();
+    while (true) {
+      absl::StatusOr<bool> row = (*q)->Next();
+      if (!row.ok()) return row.status();
+      if (!*row) break;
+      recorded[(*q)->ColumnInt(0)].insert((*q)->ColumnInt(1));
+    }
+  }
+  const std::string purpose = "recovering jobs after a restart";
+  absl::StatusOr<SqliteDb::Transaction> txn = db_->Begin(Sync::kFull, purpose);
+  if (!txn.ok()) return txn.status();
+  {
+    absl::StatusOr<SqliteStatement*> st = db_->Prepare(
+        "INSERT INTO meta (key, value) VALUES ('incarnation', '1') ON CONFLICT (key) DO UPDATE "
+        "SET value = CAST(value AS INTEGER) + 1 RETURNING CAST(value AS INTEGER)",
+        "counting the coordinator's starts");
+    if (!st.ok()) return st.status();
+    absl::StatusOr<bool> row = (*st)->Next();
+    if (!row.ok()) return row.status();
+    incarnation_ = *row ? (*st)->ColumnInt(0) : 0;
+    TANDEM_RETURN_IF_ERROR((*st)->Run());
+  }
+  for (auto& [seq, e] : jobs_) {
+    v1::Job& job = e.job;
+    bool changed = false;
+    // The checkpoint to resume from: the latest complete one (its manifest on disk) whose
+    // step the job had recorded. A record whose manifest is gone is ignored; a manifest
+    // committed just before a crash took the record with it is adopted.
+    const std::vector<int64_t> complete = checkpoints.CompleteSteps(job.id());
+    int64_t latest = -1;
+    for (int64_t step : complete) {
+      if (step < job.steps_done()) latest = std::max(latest, step);
+    }
+    for (int64_t step : complete) {
+      if (step <= latest && !recorded[seq].count(step)) {
+        TANDEM_RETURN_IF_ERROR(PutCheckpoint(e, step, NumRanks(job), purpose));
+      }
+    }
+    if (latest != job.checkpoint_step()) {
+      if (latest > job.checkpoint_step()) {
+        spdlog::warn(
+            "job store: {}: adopting the checkpoint after step {}: its manifest was "
+            "committed but its record was not written (the last recorded was {})",
+            job.id(), StepNumber(latest),
+            job.checkpoint_step() >= 0
+                ? absl::StrCat("after step ", StepNumber(job.checkpoint_step()))
+                : "none");
+      } else {
+        spdlog::warn(
+            "job store: {}: ignoring the checkpoint after step {}: its manifest is "
+            "missing; using {}",
+            job.id(), StepNumber(job.checkpoint_step()),
+            latest >= 0 ? absl::StrCat("the one after step ", StepNumber(latest)) : "none");
+      }
+      job.set_checkpoint_step(latest);
+      changed = true;
+    }
+    // An unfinished job runs again from the step after its checkpoint: the steps recorded
+    // after it are dropped, to be recorded again when they are rerun.
+    const int64_t resume = latest >= 0 ? latest + 1 : job.first_step();
+    if (!IsTerminal(job.state()) &&
+        (job.steps_done() != resume || (!e.history.empty() && e.history.back().step() >= resume))) {
+      DropStepsFrom(job, e.history, resume);
+      absl::StatusOr<SqliteStatement*> st =
+          db_->Prepare("DELETE FROM steps WHERE job_seq = ?1 AND step >= ?2", purpose);
+      if (!st.ok()) return st.status();
+      TANDEM_RETURN_IF_ERROR((*st)->Bind(1, seq).Bind(2, resume).Run());
+      job.set_steps_done(resume);
+      changed = true;
+    }
+    if (!IsTerminal(job.state()) && job.state() != v1::QUEUED) {
+      // Interrupted: back to the queue, ahead of the jobs submitted after it.
+      job.set_state(v1::QUEUED);
+      job.set_reason(latest >= 0 ? absl::StrCat("coordinator restarted; resumes from the "
+                                                "checkpoint after step ",
+                                                StepNumber(latest))
+                                 : "coordinator restarted; runs again from the start (no "
+                                   "checkpoint)");
+      job.clear_stages();
+      spdlog::info("job store: {} was interrupted by the restart: {}", job.id(), job.reason());
+      changed = true;
+    }
+    if (changed) TANDEM_RETURN_IF_ERROR(PutJob(e, purpose));
+    v1::JobEvent event;
+    event.set_kind(v1::JobEvent::STATE);
+    event.set_state(job.state());
+    event.set_reason(job.reason());
+    Append(e, std::move(event));
+  }
+  return txn->Commit();
+}
+
+absl::Status JobStore::PutJob(const Entry& e, const std::string& purpose) {
+  absl::StatusOr<SqliteStatement*> st = db_->Prepare(
+      "INSERT INTO jobs (seq, id, name, state, reason, steps_done, total_steps, checkpoint_step, "
+      "created_unix_ms, updated_unix_ms, job) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, "
+      "?11) ON CONFLICT (seq) DO UPDATE SET name = excluded.name, state = excluded.state, "
+      "reason = excluded.reason, steps_done = excluded.steps_done, total_steps = "
+      "excluded.total_steps, checkpoint_step = excluded.checkpoint_step, updated_unix_ms = "
+      "excluded.updated_unix_ms, job = excluded.job",
+      purpose);
+  if (!st.ok()) return st.status();
+  const v1::Job& job = e.job;
+  return (*st)
+      ->Bind(1, e.seq)
+      .BindText(2, job.id())
+      .BindText(3, job.name())
+      .BindText(4, v1::JobState_Name(job.state()))
+      .BindText(5, job.reason())
+      .Bind(6, job.steps_done())
+      .Bind(7, job.total_steps())
+      .Bind(8, job.checkpoint_step())
+      .Bind(9, job.created_unix_ms())
+      .Bind(10, NowMs())
+      .BindBlob(11, job.SerializeAsString())
+      .Run();
+}
+
+absl::Status JobStore::PutTimings(const Entry& e, const std::string& purpose) {
+  absl::StatusOr<SqliteStatement*> st =
+      db_->Prepare("INSERT OR REPLACE INTO timings (job_seq, timings) VALUES (?1, ?2)", purpose);
+  if (!st.ok()) return st.status();
+  return (*st)->Bind(1, e.seq).BindBlob(2, e.timings.SerializeAsString()).Run();
+}
+
+absl::Status JobStore::PutCheckpoint(const Entry& e, int64_t step, int num_stages,
+                                     const std::string& purpose) {
+  absl::StatusOr<SqliteStatement*> st = db_->Prepare(
+      "INSERT OR REPLACE INTO checkpoints (job_seq, step, num_stages, committed_unix_ms) "
+      "VALUES (?1, ?2, ?3, ?4)",
+      purpose);
+  if (!st.ok()) return st.status();
+  return (*st)->Bind(1, e.seq).Bind(2, step).Bind(3, num_stages).Bind(4, NowMs()).Run();
+}
+
+absl::Status JobStore::Persist(Entry& e, bool durable, const std::string& purpose,
+                               TimingsWrite timings, const std::function<absl::Status()>& also) {
+  if (db_ == nullptr) return absl::OkStatus();
+  const bool write_timings = e.timings_dirty && (timings == TimingsWrite::kIfDirty ||
+                                                 e.steps_since_timings_write >= kTimingsEverySteps);
+  absl::Status s = [&]() -> absl::Status {
+    absl::StatusOr<SqliteDb::Transaction> txn =
+        db_->Begin(durable ? Sync::kFull : Sync::kNormal, purpose);
+    if (!txn.ok()) return txn.status();
+    if (also) TANDEM_RETURN_IF_ERROR(also());
+    TANDEM_RETURN_IF_ERROR(PutJob(e, purpose));
+    if (write_timings) TANDEM_RETURN_IF_ERROR(PutTimings(e, purpose));
+    return txn->Commit();
+  }();
+  if (!s.ok()) {
+    spdlog::error("job store: {}", s.ToString());
+  } else if (write_timings) {
+    e.timings_dirty = false;
+    e.steps_since_timings_write = 0;
+  }
+  return s;
 }
 
 void JobStore::Append(Entry& e, v1::JobEvent event) {
@@ -140,6 +482,7 @@ absl::StatusOr<std::string> JobStore::Add(const v1::JobSpec& spec) {
   absl::MutexLock lock(&mu_);
   const int64_t n = next_id_++;
   Entry& e = jobs_[n];
+  e.seq = n;
   v1::Job& job = e.job;
   job.set_id(absl::StrCat("job-", n));
   job.set_name(spec.name());
@@ -152,13 +495,18 @@ absl::StatusOr<std::string> JobStore::Add(const v1::JobSpec& spec) {
   job.set_effective_batch(EffectiveBatch(spec));
   job.set_tokens_per_step(TokensPerStep(spec));
   job.set_bubble_fraction_ideal(PredictedBubble(spec));
+  if (absl::Status s = Persist(e, /*durable=*/true, absl::StrCat("submitting ", job.id()));
+      !s.ok()) {
+    jobs_.erase(n);
+    return absl::Status(s.code(), absl::StrCat("the job was not stored: ", s.message()));
+  }
+  const std::string id = job.id();
   v1::JobEvent event;
   event.set_kind(v1::JobEvent::STATE);
   event.set_state(v1::QUEUED);
   event.set_reason(job.reason());
   Append(e, std::move(event));
-  Persist(e);
-  return job.id();
+  return id;
 }
 
 JobStore::Entry* JobStore::Find(const std::string& job_id) {
@@ -176,17 +524,17 @@ absl::StatusOr<v1::Job> JobStore::Get(const std::string& job_id, bool with_histo
   const Entry* e = Find(job_id);
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   v1::Job job = e->job;
-  if (!with_history) job.clear_history();
+  if (with_history) {
+    job.mutable_history()->Reserve(static_cast<int>(e->history.size()));
+    for (const auto& step : e->history) *job.add_history() = step;
+  }
   return job;
 }
 
 std::vector<v1::Job> JobStore::List() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::Job> out;
-  for (const auto& [n, e] : jobs_) {
-    out.push_back(e.job);
-    out.back().clear_history();
-  }
+  for (const auto& [n, e] : jobs_) out.push_back(e.job);
   return out;
 }
 
@@ -209,6 +557,7 @@ absl::Status JobStore::Transition(const std::string& job_id, v1::JobState state,
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_id, " already ended (", v1::JobState_Name(e.job.state()), ")"));
   }
+  const v1::JobState from = e.job.state();
   e.job.set_state(state);
   e.job.set_reason(reason);
   if (state == v1::RUNNING) e.job.set_started_unix_ms(NowMs());
@@ -218,8 +567,11 @@ absl::Status JobStore::Transition(const std::string& job_id, v1::JobState state,
   event.set_state(state);
   event.set_reason(reason);
   Append(e, std::move(event));
-  Persist(e);
-  return absl::OkStatus();
+  // The state stands in memory either way (the process goes on with it); the error says it
+  // may not survive a restart.
+  return Persist(
+      e, /*durable=*/true,
+      absl::StrCat(job_id, ": ", v1::JobState_Name(from), " -> ", v1::JobState_Name(state)));
 }
 
 void JobStore::SetReason(const std::string& job_id, const std::string& reason) {
@@ -238,7 +590,7 @@ void JobStore::SetStages(const std::string& job_id,
   auto* field = e->job.mutable_stages();
   field->Clear();
   for (const auto& s : stages) *field->Add() = s;
-  Persist(*e);
+  (void)Persist(*e, /*durable=*/false, absl::StrCat(job_id, ": recording its stages"));
 }
 
 void JobStore::RecordStep(const std::string& job_id, const v1::StepSummary& step) {
@@ -246,6 +598,9 @@ void JobStore::RecordStep(const std::string& job_id, const v1::StepSummary& step
   Entry* found = Find(job_id);
   if (found == nullptr) return;
   Entry& e = *found;
+  // A step recorded again (the job was rerun from a checkpoint) replaces its earlier record
+  // and every later one: each step counts once.
+  DropStepsFrom(e.job, e.history, step.step());
   e.job.set_steps_done(step.step() + 1);
   e.job.set_last_loss(step.loss());
   if (step.skipped()) e.job.set_skipped_steps(e.job.skipped_steps() + 1);
@@ -253,20 +608,65 @@ void JobStore::RecordStep(const std::string& job_id, const v1::StepSummary& step
     e.job.set_has_val_loss(true);
     e.job.set_last_val_loss(step.val_loss());
   }
-  auto* history = e.job.mutable_history();
-  *history->Add() = step;
-  if (static_cast<size_t>(history->size()) > kMaxHistory) {
-    history->DeleteSubrange(0, history->size() - static_cast<int>(kMaxHistory));
+  e.history.push_back(step);
+  bool trimmed = false;
+  while (e.history.size() > kMaxHistory) {
+    e.history.pop_front();
+    trimmed = true;
   }
   v1::JobEvent event;
   event.set_kind(v1::JobEvent::STEP);
   event.set_state(e.job.state());
   *event.mutable_step() = step;
   Append(e, std::move(event));
-  if (++e.steps_since_persist >= kPersistEverySteps) {
-    e.steps_since_persist = 0;
-    Persist(e);
-  }
+  if (db_ == nullptr) return;
+  ++e.steps_since_timings_write;
+  const std::string purpose = absl::StrCat(job_id, ": recording step ", StepNumber(step.step()));
+  const int64_t oldest = e.history.front().step();
+  (void)Persist(e, /*durable=*/false, purpose, TimingsWrite::kIfDue, [&]() -> absl::Status {
+    // (Nothing to delete but on a rerun; an index probe otherwise.)
+    absl::StatusOr<SqliteStatement*> del =
+        db_->Prepare("DELETE FROM steps WHERE job_seq = ?1 AND step >= ?2", purpose);
+    if (!del.ok()) return del.status();
+    TANDEM_RETURN_IF_ERROR((*del)->Bind(1, e.seq).Bind(2, step.step()).Run());
+    if (trimmed) {
+      absl::StatusOr<SqliteStatement*> st =
+          db_->Prepare("DELETE FROM steps WHERE job_seq = ?1 AND step < ?2", purpose);
+      if (!st.ok()) return st.status();
+      TANDEM_RETURN_IF_ERROR((*st)->Bind(1, e.seq).Bind(2, oldest).Run());
+    }
+    absl::StatusOr<SqliteStatement*> st = db_->Prepare(
+        "INSERT OR REPLACE INTO steps (job_seq, step, loss, summary) VALUES (?1, ?2, ?3, ?4)",
+        purpose);
+    if (!st.ok()) return st.status();
+    return (*st)
+        ->Bind(1, e.seq)
+        .Bind(2, step.step())
+        .Bind(3, step.loss())
+        .BindBlob(4, step.SerializeAsString())
+        .Run();
+  });
+}
+
+void JobStore::RecordRestart(const std::string& job_id, const std::string& cause) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = Find(job_id);
+  if (e == nullptr) return;
+  e->job.set_restarts(e->job.restarts() + 1);
+  if (e->job.first_failure().empty()) e->job.set_first_failure(cause);
+  // The next run starts after the checkpoint: what was recorded after it runs again.
+  const int64_t resume =
+      e->job.checkpoint_step() >= 0 ? e->job.checkpoint_step() + 1 : e->job.first_step();
+  DropStepsFrom(e->job, e->history, resume);
+  e->job.set_steps_done(resume);
+  const std::string purpose = absl::StrCat(job_id, ": recording restart ", e->job.restarts());
+  (void)Persist(*e, /*durable=*/true, purpose, TimingsWrite::kIfDirty, [&]() -> absl::Status {
+    if (db_ == nullptr) return absl::OkStatus();
+    absl::StatusOr<SqliteStatement*> del =
+        db_->Prepare("DELETE FROM steps WHERE job_seq = ?1 AND step >= ?2", purpose);
+    if (!del.ok()) return del.status();
+    return (*del)->Bind(1, e->seq).Bind(2, resume).Run();
+  });
 }
 
 void JobStore::SetCheckpoint(const std::string& job_id, int64_t step) {
@@ -274,7 +674,11 @@ void JobStore::SetCheckpoint(const std::string& job_id, int64_t step) {
   Entry* e = Find(job_id);
   if (e == nullptr) return;
   e->job.set_checkpoint_step(step);
-  Persist(*e);
+  const int num_stages = NumRanks(e->job);
+  const std::string purpose =
+      absl::StrCat(job_id, ": recording the checkpoint after step ", StepNumber(step));
+  (void)Persist(*e, /*durable=*/true, purpose, TimingsWrite::kIfDirty,
+                [&] { return PutCheckpoint(*e, step, num_stages, purpose); });
 }
 
 void JobStore::SetFirstStep(const std::string& job_id, int64_t step) {
@@ -283,6 +687,7 @@ void JobStore::SetFirstStep(const std::string& job_id, int64_t step) {
   if (e == nullptr) return;
   e->job.set_first_step(step);
   e->job.set_steps_done(step);
+  (void)Persist(*e, /*durable=*/false, absl::StrCat(job_id, ": recording its first step"));
 }
 
 void JobStore::SetPlan(const std::string& job_id, const v1::PipelineSpec& pipeline,
@@ -295,7 +700,7 @@ void JobStore::SetPlan(const std::string& job_id, const v1::PipelineSpec& pipeli
   e->job.set_effective_batch(EffectiveBatch(e->job.spec()));
   e->job.set_tokens_per_step(TokensPerStep(e->job.spec()));
   e->job.set_bubble_fraction_ideal(PredictedBubble(e->job.spec()));
-  Persist(*e);
+  (void)Persist(*e, /*durable=*/false, absl::StrCat(job_id, ": recording its plan"));
 }
 
 void JobStore::SetPredictedStep(const std::string& job_id, double seconds) {
@@ -303,6 +708,7 @@ void JobStore::SetPredictedStep(const std::string& job_id, double seconds) {
   Entry* e = Find(job_id);
   if (e == nullptr) return;
   e->job.set_predicted_step_seconds(seconds);
+  (void)Persist(*e, /*durable=*/false, absl::StrCat(job_id, ": recording its predicted step"));
 }
 
 void JobStore::SetTraceProgram(const std::string& job_id, const v1::TraceProgram& program) {
@@ -346,10 +752,11 @@ absl::StatusOr<std::vector<v1::StepSummary>> JobStore::StepsAfter(const std::str
   absl::MutexLock lock(&mu_);
   const Entry* e = Find(job_id);
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
-  const auto& history = e->job.history();
-  int first = history.size();
-  while (first > 0 && history.Get(first - 1).step() > after_step) --first;
-  return std::vector<v1::StepSummary>(history.begin() + first, history.end());
+  const auto& history = e->history;
+  size_t first = history.size();
+  while (first > 0 && history[first - 1].step() > after_step) --first;
+  return std::vector<v1::StepSummary>(history.begin() + static_cast<ptrdiff_t>(first),
+                                      history.end());
 }
 
 absl::StatusOr<JobStore::Events> JobStore::WaitEvents(const std::string& job_id, int64_t cursor,
@@ -372,5 +779,7 @@ absl::StatusOr<JobStore::Events> JobStore::WaitEvents(const std::string& job_id,
   out.ended = IsTerminal(e.job.state());
   return out;
 }
+
+#undef TANDEM_RETURN_IF_ERROR
 
 }  // namespace tandem::coordinator

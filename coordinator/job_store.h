@@ -1,20 +1,25 @@
 // The coordinator's job store: every job's spec, state, reason, stage assignment and step
-// history, and the event log that WatchJob streams.
+// history, its checkpoint records, and the event log that WatchJob streams.
 //
-// The single owner of job state. Thread-safe. With a data root, each job is also written to
-// <data_root>/jobs/<id>.json on every state change (and every few steps), and reloaded on
-// start; without one, jobs live in memory only. (SQLite replaces the files in the reliability
-// issue.)
+// The single owner of job state. Thread-safe. Without a data root, jobs live in memory only.
+// With one, the store holds <data_root>/coordinator.lock (flock: a second coordinator on the
+// same data root is refused) and persists everything in the SQLite database
+// <data_root>/coordinator.db (WAL mode; coordinator/sqlite_db.h): one row per job (the v1::Job
+// without its history, as a serialized proto, with indexed id, state and submission order),
+// one row per step summary (appended by RecordStep: O(1) per step), each job's step timings,
+// and one row per committed checkpoint. The in-memory copy answers every read; the database is
+// written before each mutating call returns. What is durable when, and what Open does with
+// jobs a killed coordinator left running: docs/architecture.md, "Persistence".
 //
 // Each job's per-action step timings (v1::JobTimings: the lowered program, and the records of
 // the last steps and of steps sampled across the run, bounded by a TimingRetention) are kept
-// apart from the job, so that GetJob stays small, and written with it to
-// <data_root>/timings/<id>.json.
+// apart from the job, so that GetJob stays small.
 #ifndef TANDEM_COORDINATOR_JOB_STORE_H_
 #define TANDEM_COORDINATOR_JOB_STORE_H_
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -25,6 +30,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/file_lock.h"
+#include "coordinator/sqlite_db.h"
 #include "coordinator/step_timings.h"
 #include "tandem/v1/coordinator.pb.h"
 
@@ -36,11 +43,23 @@ class JobStore {
  public:
   // Step summaries kept per job (the oldest are dropped first).
   static constexpr size_t kMaxHistory = 10000;
+  // How often (in steps) a running job's step timings are written.
+  static constexpr int64_t kTimingsEverySteps = 25;
 
-  // Opens the store. An empty data_root keeps jobs in memory. Jobs found RUNNING on disk were
-  // interrupted by a coordinator restart: they are marked FAILED with that reason.
+  // Opens the store. An empty data_root keeps jobs in memory. Otherwise locks the data root
+  // (FAILED_PRECONDITION naming the lock and its holder if another store holds it), opens or
+  // creates the database (migrating its schema; a new database first imports the jobs/*.json
+  // and timings/*.json files of earlier versions) and loads every job. A job found RUNNING was
+  // interrupted by a coordinator restart: it goes back to QUEUED, ahead of jobs submitted after
+  // it, at its latest complete checkpoint (one whose manifest exists under
+  // <data_root>/checkpoints), its history cut after that step, so that the steps after it are
+  // run again; QUEUED and finished jobs stay as they were.
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& data_root,
                                                         const TimingRetention& retention = {});
+
+  // How many times a store has opened this data root, this time included (1 for a new one);
+  // 0 without a data root.
+  int64_t incarnation() const { return incarnation_; }
 
   // Stores a validated spec (with defaults filled) as a new QUEUED job; returns its id.
   absl::StatusOr<std::string> Add(const v1::JobSpec& spec);
@@ -54,11 +73,20 @@ class JobStore {
   // Moves a job to `state`. FAILED_PRECONDITION if the job already ended (terminal states
   // are final); NOT_FOUND for an unknown id.
   absl::Status Transition(const std::string& job_id, v1::JobState state, const std::string& reason);
-  // Updates the reason of a queued job without an event (the scheduler refreshes it often).
+  // Updates the reason of a queued job without an event (the scheduler refreshes it often;
+  // it is not written to the database by itself, only with the job's next write).
   void SetReason(const std::string& job_id, const std::string& reason);
   void SetStages(const std::string& job_id, const std::vector<v1::StageAssignment>& stages);
+  // Appends a step to the job's history. A step recorded again (a job rerun from a
+  // checkpoint) supersedes the one recorded before and every later one.
   void RecordStep(const std::string& job_id, const v1::StepSummary& step);
-  // The job's latest complete checkpoint (persisted at once).
+  // A fault ends the job's current run and it will be restarted: counts the restart, keeps
+  // the first cause, and rolls the job's progress back to its latest checkpoint (the steps
+  // after it run again, and their earlier records are dropped so that none counts twice).
+  // The caller then moves it to QUEUED.
+  void RecordRestart(const std::string& job_id, const std::string& cause);
+  // The job's latest complete checkpoint, recorded once its manifest is committed (durable
+  // before the call returns).
   void SetCheckpoint(const std::string& job_id, int64_t step);
   // A resumed job starts at `step`.
   void SetFirstStep(const std::string& job_id, int64_t step);
@@ -72,7 +100,7 @@ class JobStore {
   // The lowered program the job's step timings index into (set before its first step).
   void SetTraceProgram(const std::string& job_id, const v1::TraceProgram& program);
   // Keeps a step's timings as the retention policy says (KeepStepTimings); they are written
-  // with the job's next persist.
+  // to the database every kTimingsEverySteps steps and with every state change and checkpoint.
   void RecordStepTimings(const std::string& job_id, v1::StepTimings step);
   // Which kept step records GetTimings copies: all, only the latest (what a trace of the
   // latest step needs), or none (the program and the byte totals only).
@@ -100,18 +128,39 @@ class JobStore {
 
  private:
   struct Entry {
-    v1::Job job;
-    std::deque<v1::JobEvent> events;  // the retained tail of the job's event log
-    int64_t first_event = 0;          // sequence number of events.front()
-    int64_t steps_since_persist = 0;
+    int64_t seq = 0;                      // the N of job-N: submission order
+    v1::Job job;                          // without history
+    std::deque<v1::StepSummary> history;  // the retained step summaries, ascending
+    std::deque<v1::JobEvent> events;      // the retained tail of the job's event log
+    int64_t first_event = 0;              // sequence number of events.front()
     v1::JobTimings timings;
-    bool timings_dirty = false;  // changed since last written
+    bool timings_dirty = false;             // changed since last written
+    int64_t steps_since_timings_write = 0;  // steps recorded since
   };
 
   JobStore(std::string data_root, const TimingRetention& retention)
       : data_root_(std::move(data_root)), retention_(retention) {}
+  // Opening with a data root: the lock, the schema, the import of JSON files, the load.
+  absl::Status OpenDatabase() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ImportJsonFiles() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Load() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Persist(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reconciles each job's checkpoint with the manifests on disk and requeues interrupted jobs.
+  absl::Status Recover() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Writes the job's row (and its timings when dirty and `timings` allows) in one
+  // transaction with whatever `also` writes; logs and returns the error. A no-op in memory.
+  enum class TimingsWrite { kIfDirty, kIfDue };
+  absl::Status Persist(Entry& e, bool durable, const std::string& purpose,
+                       TimingsWrite timings = TimingsWrite::kIfDirty,
+                       const std::function<absl::Status()>& also = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PutJob(const Entry& e, const std::string& purpose)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PutTimings(const Entry& e, const std::string& purpose)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PutCheckpoint(const Entry& e, int64_t step, int num_stages,
+                             const std::string& purpose) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   void Append(Entry& e, v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job `job_id` names ("job-N"), or null.
   Entry* Find(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -120,8 +169,11 @@ class JobStore {
   const std::string data_root_;
   const TimingRetention retention_;
   mutable absl::Mutex mu_;
+  std::unique_ptr<FileLock> lock_;                     // held while open, with a data root
+  int64_t incarnation_ = 0;                            // set by Open
+  std::unique_ptr<SqliteDb> db_ ABSL_GUARDED_BY(mu_);  // null: memory only
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<int64_t, Entry> jobs_ ABSL_GUARDED_BY(mu_);  // by numeric id: submission order
+  std::map<int64_t, Entry> jobs_ ABSL_GUARDED_BY(mu_);  // by seq: submission order
 };
 
 }  // namespace tandem::coordinator

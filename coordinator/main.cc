@@ -15,7 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
 #include "common/health.h"
+#include "common/log_context.h"
 #include "common/rpc.h"
+#include "common/tls.h"
 #include "common/version.h"
 #include "coordinator/checkpoint_store.h"
 #include "coordinator/http_server.h"
@@ -41,12 +43,26 @@ ABSL_FLAG(std::string, health_listen, "",
 ABSL_FLAG(std::string, health_port_file, "", "write the bound health port to this file");
 ABSL_FLAG(int, heartbeat_ms, 1000, "heartbeat interval the workers are told to use");
 ABSL_FLAG(int, worker_timeout_ms, 5000, "a worker silent this long is marked LOST");
-ABSL_FLAG(int, step_timeout_s, 600, "a step that takes longer fails the job");
+ABSL_FLAG(int, step_timeout_s, 600,
+          "a step that takes longer fails the run (the job restarts up to its max_restarts)");
+ABSL_FLAG(int, step_deadline_floor_ms, 10000,
+          "once a run has measured steps, a step fails after 5x its slowest step so far, but "
+          "never sooner than this");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
 ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT to serve plain HTTP on: Prometheus metrics at /metrics, the dashboard at /, "
           "its JSON under /api/ (port 0: ephemeral); empty: none");
 ABSL_FLAG(std::string, metrics_port_file, "", "write the bound metrics port to this file");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate (chain) of this coordinator, subject CN=tandem-coordinator: served "
+          "on --listen and presented to workers; with --tls-key and --tls-ca turns on TLS with "
+          "mutual authentication (none of the three: plaintext, for one trusted machine only)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA certificate(s) that sign the workers' and clients' certificates");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "with TLS: a file holding a bearer token (one line, >= 16 characters); a client that "
+          "sends 'authorization: Bearer TOKEN' may call the client API without a certificate");
 
 namespace {
 
@@ -59,13 +75,16 @@ int Fail(const std::string& message) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "tandem-coordinator --listen HOST:PORT [--data-root DIR] [--metrics-listen HOST:PORT]: "
-      "the Tandem coordinator. With --metrics-listen it also serves plain HTTP: Prometheus "
-      "metrics at /metrics and the dashboard at /. --helpon=main lists its flags.");
+      "tandem-coordinator --listen HOST:PORT [--data-root DIR] [--metrics-listen HOST:PORT] "
+      "[--tls-cert FILE --tls-key FILE --tls-ca FILE [--auth-token-file FILE]]: the Tandem "
+      "coordinator. With --metrics-listen it also serves plain HTTP: Prometheus metrics at "
+      "/metrics and the dashboard at /. Without the --tls-* flags its API is plaintext and "
+      "unauthenticated (one trusted machine only). --helpon=main lists its flags.");
   tandem::NormalizeFlagDashes(argc, argv);
   tandem::HelpListsFlagsOf("coordinator/main.cc");
   absl::ParseCommandLine(argc, argv);
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+  tandem::InstallLogFormat();
   using tandem::coordinator::JobStore;
   namespace tc = tandem::coordinator;
 
@@ -74,6 +93,31 @@ int main(int argc, char** argv) {
     return Fail("--worker-timeout-ms must exceed --heartbeat-ms, which must be >= 10");
   }
   if (absl::GetFlag(FLAGS_step_timeout_s) < 1) return Fail("--step-timeout-s must be >= 1");
+  if (absl::GetFlag(FLAGS_step_deadline_floor_ms) < 100) {
+    return Fail("--step-deadline-floor-ms must be >= 100");
+  }
+
+  // Transport security, checked before anything starts: a half configuration or an unreadable
+  // file is refused here, naming the flag and the file.
+  tandem::ServerSecurity security;
+  security.policy = tandem::CoordinatorAccessPolicy();
+  {
+    auto tls = tandem::LoadTls({absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                                absl::GetFlag(FLAGS_tls_ca), ""},
+                               tandem::TlsUse::kDaemon, tandem::Role::kCoordinator);
+    if (!tls.ok()) return Fail(std::string(tls.status().message()));
+    security.tls = *std::move(tls);
+  }
+  if (const std::string f = absl::GetFlag(FLAGS_auth_token_file); !f.empty()) {
+    if (!security.tls.has_value()) {
+      return Fail(
+          "--auth-token-file needs TLS (--tls-cert, --tls-key, --tls-ca): a bearer token sent "
+          "in plaintext is readable by anyone on the path");
+    }
+    auto token = tandem::ReadTokenFile(f);
+    if (!token.ok()) return Fail("--auth-token-file: " + std::string(token.status().message()));
+    security.token = *std::move(token);
+  }
 
   // Block the shutdown signals before any thread starts; main waits for them below.
   sigset_t signals;
@@ -99,12 +143,14 @@ int main(int argc, char** argv) {
 
   auto store = JobStore::Open(absl::GetFlag(FLAGS_data_root));
   if (!store.ok()) return Fail(store.status().ToString());
-  tc::WorkerRegistry registry(std::chrono::milliseconds(absl::GetFlag(FLAGS_worker_timeout_ms)));
+  tc::WorkerRegistry registry(std::chrono::milliseconds(absl::GetFlag(FLAGS_worker_timeout_ms)),
+                              tc::FirstWorkerId((*store)->incarnation()));
   tc::RendezvousStore rendezvous;
   const std::string data_root = absl::GetFlag(FLAGS_data_root);
   tc::CheckpointStore checkpoints(data_root.empty() ? "" : data_root + "/checkpoints");
   tc::ProfileStore profiles(data_root.empty() ? "" : data_root + "/profiles");
-  auto clients = tc::MakeGrpcStageWorkerClientFactory();
+  // Workers are dialled with the coordinator's certificate (their StageWorker API requires it).
+  auto clients = tc::MakeGrpcStageWorkerClientFactory({security.tls, ""});
   tc::RunnerEnv runner_env;
   runner_env.store = store->get();
   runner_env.registry = &registry;
@@ -114,6 +160,8 @@ int main(int argc, char** argv) {
   runner_env.profiles = &profiles;
   runner_env.models_root = data_root.empty() ? "" : data_root + "/models";
   runner_env.options.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
+  runner_env.options.step_deadline_floor =
+      absl::Milliseconds(absl::GetFlag(FLAGS_step_deadline_floor_ms));
   tc::Scheduler scheduler(runner_env);
 
   tc::ServiceEnv env;
@@ -142,6 +190,13 @@ int main(int argc, char** argv) {
     }
     http = *std::move(started);
     spdlog::info("metrics and dashboard (HTTP) on port {}", http->port());
+    if (security.tls.has_value()) {
+      spdlog::warn(
+          "--metrics-listen serves plain HTTP without authentication, TLS or not: whoever "
+          "reaches port {} reads job names, losses and worker addresses (no call changes "
+          "anything); bind it to 127.0.0.1 or fence it",
+          http->port());
+    }
     if (const std::string f = absl::GetFlag(FLAGS_metrics_port_file); !f.empty()) {
       if (auto s = tandem::WritePortFile(f, http->port()); !s.ok()) return Fail(s.ToString());
     }
@@ -150,7 +205,8 @@ int main(int argc, char** argv) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), tandem::MakeServerCredentials(security),
+                           &port);
   builder.SetMaxReceiveMessageSize(8 << 20);
   builder.RegisterService(coordinator_service.get());
   builder.RegisterService(registry_service.get());
@@ -163,6 +219,7 @@ int main(int argc, char** argv) {
   scheduler.Start();
   spdlog::info("tandem-coordinator {} serving on port {} (protocol {})", tandem::kVersion, port,
                tandem::kProtocolVersion);
+  tandem::LogSecurity("tandem-coordinator", security);
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
     if (auto s = tandem::WritePortFile(absl::GetFlag(FLAGS_port_file), port); !s.ok()) {
       return Fail(s.ToString());

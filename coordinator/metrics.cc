@@ -264,6 +264,13 @@ void RenderJobs(ExpositionWriter& w, const MetricsSnapshot& s) {
              const auto& b = j.totals.last.stage_seconds();
              return std::vector<double>(b.begin(), b.end());
            });
+  PerStage(w, s, "tandem_job_stage_peak_memory_bytes", Type::kGauge,
+           "Peak memory of each stage in the latest step: parameters, gradients, optimizer "
+           "state and the peak of its saved activations.",
+           [](const JobMetrics& j) {
+             const auto& b = j.totals.last.stage_peak_bytes();
+             return std::vector<double>(b.begin(), b.end());
+           });
   PerStage(w, s, "tandem_job_stage_predicted_microbatch_seconds", Type::kGauge,
            "Forward + backward seconds per micro-batch of each stage, as the layer profile "
            "predicts (jobs with a profile).",

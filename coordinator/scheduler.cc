@@ -19,7 +19,7 @@ void Scheduler::Stop() {
     absl::MutexLock lock(&mu_);
     if (stop_) return;
     stop_ = true;
-    for (auto& [id, runner] : runners_) runner->Cancel("the coordinator is shutting down");
+    for (auto& [id, runner] : runners_) runner->Shutdown("the coordinator is shutting down");
   }
   if (thread_.joinable()) thread_.join();
   absl::MutexLock lock(&mu_);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/step_number.h"
 
 namespace tandem::coordinator {
 
@@ -157,9 +158,9 @@ std::string FormatSteps(const std::vector<int64_t>& steps) {
     size_t j = i;
     while (j + 1 < steps.size() && steps[j + 1] == steps[j] + 1) ++j;
     if (j - i >= 2) {
-      parts.push_back(absl::StrCat(steps[i], "..", steps[j]));
+      parts.push_back(absl::StrCat(StepNumber(steps[i]), "..", StepNumber(steps[j])));
     } else {
-      for (size_t k = i; k <= j; ++k) parts.push_back(absl::StrCat(steps[k]));
+      for (size_t k = i; k <= j; ++k) parts.push_back(absl::StrCat(StepNumber(steps[k])));
     }
     i = j + 1;
   }
@@ -185,8 +186,9 @@ absl::StatusOr<v1::GetJobTraceResponse> RenderJobTrace(const v1::Job& job,
     return absl::InvalidArgumentError("a range of steps needs both first_step and last_step");
   }
   if (request.has_first_step() && request.first_step() > request.last_step()) {
-    return absl::InvalidArgumentError(absl::StrCat("the range of steps ", request.first_step(),
-                                                   "..", request.last_step(), " is empty"));
+    return absl::InvalidArgumentError(absl::StrCat("the range of steps ",
+                                                   StepNumber(request.first_step()), "..",
+                                                   StepNumber(request.last_step()), " is empty"));
   }
   const std::vector<int64_t> kept = KeptSteps(timings);
   if (kept.empty()) {
@@ -202,7 +204,7 @@ absl::StatusOr<v1::GetJobTraceResponse> RenderJobTrace(const v1::Job& job,
     }
     if (chosen.empty()) {
       return absl::NotFoundError(absl::StrCat("job ", job.id(), " keeps no timings of step ",
-                                              request.step(), "; ", kept_text));
+                                              StepNumber(request.step()), "; ", kept_text));
     }
   } else if (request.has_first_step()) {
     for (const v1::StepTimings& s : timings.steps()) {
@@ -210,18 +212,18 @@ absl::StatusOr<v1::GetJobTraceResponse> RenderJobTrace(const v1::Job& job,
     }
     if (chosen.empty()) {
       return absl::NotFoundError(absl::StrCat("job ", job.id(), " keeps no timings of steps ",
-                                              request.first_step(), "..", request.last_step(), "; ",
-                                              kept_text));
+                                              StepNumber(request.first_step()), "..",
+                                              StepNumber(request.last_step()), "; ", kept_text));
     }
   } else {
     chosen.push_back(&timings.steps(timings.steps_size() - 1));
   }
   if (svg && chosen.size() > 1) {
-    return absl::InvalidArgumentError(absl::StrCat("an SVG chart shows one step, and steps ",
-                                                   request.first_step(), "..", request.last_step(),
-                                                   " hold ", chosen.size(),
-                                                   " kept steps; ask for one "
-                                                   "step, or for JSON"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("an SVG chart shows one step, and steps ", StepNumber(request.first_step()),
+                     "..", StepNumber(request.last_step()), " hold ", chosen.size(),
+                     " kept steps; ask for one "
+                     "step, or for JSON"));
   }
 
   absl::StatusOr<Schedule> lowered = ScheduleOf(timings.program());
@@ -247,8 +249,8 @@ absl::StatusOr<v1::GetJobTraceResponse> RenderJobTrace(const v1::Job& job,
     }
     absl::StatusOr<StepTimeline> t = TimelineOf(*lowered, *s, labels);
     if (!t.ok()) {
-      return absl::DataLossError(
-          absl::StrCat("job ", job.id(), " step ", s->step(), ": ", t.status().message()));
+      return absl::DataLossError(absl::StrCat("job ", job.id(), " step ", StepNumber(s->step()),
+                                              ": ", t.status().message()));
     }
     timelines.push_back(*std::move(t));
   }
@@ -257,9 +259,10 @@ absl::StatusOr<v1::GetJobTraceResponse> RenderJobTrace(const v1::Job& job,
   if (svg) {
     const StepTimeline& t = timelines[0];
     GanttOptions options;
-    options.title = absl::StrFormat("%s (%s) step %d: %s, %d ranks, %d micro-batches, %.3f ms",
-                                    job.id(), job.name(), t.step, t.schedule, t.num_ranks,
-                                    t.num_micro_batches, static_cast<double>(t.span_us) / 1000.0);
+    options.title =
+        absl::StrFormat("%s (%s) step %d: %s, %d ranks, %d micro-batches, %.3f ms", job.id(),
+                        job.name(), StepNumber(t.step), t.schedule, t.num_ranks,
+                        t.num_micro_batches, static_cast<double>(t.span_us) / 1000.0);
     out.set_content(GanttSvg(t, options));
   } else {
     out.set_content(TraceEventJson(timelines));

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/step_number.h"
 #include "coordinator/dashboard_assets.h"
 #include "coordinator/step_timings.h"
 #include "nlohmann/json.hpp"
@@ -109,7 +110,7 @@ json JobSummaryJson(const v1::Job& job) {
 
 json StepJson(const v1::StepSummary& s) {
   json j;
-  j["step"] = s.step();
+  j["step"] = StepNumber(s.step());
   j["loss"] = Num(s.loss());
   j["step_seconds"] = s.step_seconds();
   j["tokens_per_second"] = s.tokens_per_second();
@@ -203,7 +204,8 @@ HttpResponse WebHandlers::Job(const std::string& id, const HttpRequest& request)
   if (!after.ok()) return FromStatus(after.status());
   auto job = env_.store->Get(id, /*with_history=*/false);
   if (!job.ok()) return FromStatus(job.status());
-  const int64_t since = after->value_or(-1);
+  // ?after=N: the steps after step number N (numbers from 1, as the series gives them).
+  const int64_t since = StepIndex(after->value_or(0));
   auto steps = env_.store->StepsAfter(id, since);
   if (!steps.ok()) return FromStatus(steps.status());
   // The latest step, for the per-stage figures: the last of the new ones, or else looked up.
@@ -236,6 +238,7 @@ HttpResponse WebHandlers::Job(const std::string& id, const HttpRequest& request)
     st["layer_begin"] = s.layer_begin();
     st["layer_end"] = s.layer_end();
     st["predicted_microbatch_seconds"] = s.predicted_seconds();
+    st["predicted_bytes"] = s.predicted_bytes();
     if (last.has_value() && s.stage() >= 0) {
       if (s.stage() < last->stage_busy_seconds_size()) {
         const double busy = last->stage_busy_seconds(s.stage());
@@ -245,6 +248,9 @@ HttpResponse WebHandlers::Job(const std::string& id, const HttpRequest& request)
       }
       if (s.stage() < last->stage_seconds_size()) {
         st["microbatch_seconds"] = last->stage_seconds(s.stage());
+      }
+      if (s.stage() < last->stage_peak_bytes_size()) {
+        st["peak_bytes"] = last->stage_peak_bytes(s.stage());
       }
     }
     stages.push_back(st);
@@ -261,7 +267,7 @@ HttpResponse WebHandlers::Job(const std::string& id, const HttpRequest& request)
   json validation{{"step", json::array()}, {"loss", json::array()}};
   for (size_t i : Thin(steps->size(), kMaxSeriesPoints)) {
     const v1::StepSummary& s = (*steps)[i];
-    series["step"].push_back(s.step());
+    series["step"].push_back(StepNumber(s.step()));
     series["loss"].push_back(Num(s.loss()));
     series["step_seconds"].push_back(s.step_seconds());
     series["tokens_per_second"].push_back(s.tokens_per_second());
@@ -269,7 +275,7 @@ HttpResponse WebHandlers::Job(const std::string& id, const HttpRequest& request)
   }
   for (const v1::StepSummary& s : *steps) {
     if (!s.has_val_loss()) continue;
-    validation["step"].push_back(s.step());
+    validation["step"].push_back(StepNumber(s.step()));
     validation["loss"].push_back(Num(s.val_loss()));
   }
   out["series"] = series;
@@ -288,14 +294,14 @@ HttpResponse WebHandlers::Trace(const std::string& id, const HttpRequest& reques
   v1::GetJobTraceRequest req;
   req.set_job_id(id);
   req.set_format(v1::TRACE_FORMAT_SVG);
-  if (step->has_value()) req.set_step(**step);
+  if (step->has_value()) req.set_step(StepIndex(**step));  // ?step=N: the N-th step, from 1
   auto trace = RenderJobTrace(*job, *timings, req);
   if (!trace.ok()) return FromStatus(trace.status());
   HttpResponse r;
   r.content_type = "image/svg+xml";
   r.body = std::move(*trace->mutable_content());
   if (!trace->steps().empty())
-    r.headers.emplace_back("X-Tandem-Step", absl::StrCat(trace->steps(0)));
+    r.headers.emplace_back("X-Tandem-Step", absl::StrCat(StepNumber(trace->steps(0))));
   NoCache(&r);
   return r;
 }

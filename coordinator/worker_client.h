@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/tls.h"
 #include "tandem/v1/worker.pb.h"
 
 namespace tandem::coordinator {
@@ -52,8 +53,10 @@ class StageWorkerClientFactory {
   virtual std::unique_ptr<StageWorkerClient> Connect(const std::string& address) = 0;
 };
 
-// The factory that dials workers over gRPC.
-std::unique_ptr<StageWorkerClientFactory> MakeGrpcStageWorkerClientFactory();
+// The factory that dials workers over gRPC, with `security` (plaintext, or TLS with the
+// coordinator's certificate, which workers require for StageWorker calls).
+std::unique_ptr<StageWorkerClientFactory> MakeGrpcStageWorkerClientFactory(
+    ChannelSecurity security = {});
 
 }  // namespace tandem::coordinator
 

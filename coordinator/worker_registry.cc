@@ -14,8 +14,12 @@ bool ParseWorkerId(const std::string& id, int64_t* n) {
 
 std::string DeviceKind(const std::string& device) { return device.substr(0, device.find(':')); }
 
-WorkerRegistry::WorkerRegistry(std::chrono::milliseconds heartbeat_timeout)
-    : heartbeat_timeout_(heartbeat_timeout) {}
+int64_t FirstWorkerId(int64_t incarnation) {
+  return incarnation <= 1 ? 1 : (incarnation - 1) * 1000000 + 1;
+}
+
+WorkerRegistry::WorkerRegistry(std::chrono::milliseconds heartbeat_timeout, int64_t first_id)
+    : heartbeat_timeout_(heartbeat_timeout), next_id_(first_id) {}
 
 absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterRequest& request) {
   if (request.address().empty()) {

@@ -52,9 +52,17 @@ struct HeartbeatClock {
 // The device kind a worker offers: "cuda:3" -> "cuda", "cpu" -> "cpu".
 std::string DeviceKind(const std::string& device);
 
+// The first worker id number of a coordinator's `incarnation`-th start on its data root
+// (JobStore::incarnation(); 0 or 1: 1). Each start issues ids from its own range of 10^6
+// (w-1, ...; then w-1000001, ...), so that a worker still heartbeating with an id the previous
+// coordinator gave it is refused (NOT_FOUND) and registers again, rather than being taken for
+// the worker the new coordinator gave the same id.
+int64_t FirstWorkerId(int64_t incarnation);
+
 class WorkerRegistry {
  public:
-  explicit WorkerRegistry(std::chrono::milliseconds heartbeat_timeout);
+  // Ids are issued from "w-<first_id>" on; see FirstWorkerId.
+  explicit WorkerRegistry(std::chrono::milliseconds heartbeat_timeout, int64_t first_id = 1);
 
   // Adds a worker and returns its new id ("w-1", "w-2", ...). A worker that registers again
   // (after a restart) gets a new id; its old record, if still present, is marked LOST.

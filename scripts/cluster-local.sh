@@ -3,6 +3,10 @@
 #
 #   scripts/cluster-local.sh [OVERLAY]      (default deploy/k8s/overlays/cpu)
 #
+# An overlay that mounts Secrets (deploy/k8s/secure/*: TLS) gets them from
+# scripts/dev-certs.sh, as docs/deploy.md creates them: tandem-{coordinator,worker,client}-tls
+# (tls.crt, tls.key, ca.crt) and tandem-api-token (token).
+#
 # Renders the overlay and runs its pods as processes: the coordinator, every worker of the
 # StatefulSet and the submit Job, each in a network namespace of its own (its own address on
 # 192.0.2.0/24, a documentation range), joined by a bridge that lives in one more namespace
@@ -81,8 +85,23 @@ ip netns add "$node" 2>/dev/null || skip "cannot create a network namespace here
 namespaces+=("$node")
 
 echo "== rendering $overlay"
-"$python" "$tool" rehearsal --bin "$bin" --run "$run" --subnet 192.0.2.0/24 "$overlay" \
-  >"$run/pods.tsv"
+secrets=()
+if "$python" "$tool" render "$overlay" | grep -q 'secretName:'; then
+  echo "== the Secrets, from scripts/dev-certs.sh"
+  "$src/scripts/dev-certs.sh" "$run/certs" --days 2
+  for role in coordinator worker client; do
+    d="$run/secrets/tandem-$role-tls"
+    mkdir -p "$d"
+    cp "$run/certs/$role.crt" "$d/tls.crt"
+    cp "$run/certs/$role.key" "$d/tls.key"
+    cp "$run/certs/ca.crt" "$d/ca.crt"
+  done
+  mkdir -p "$run/secrets/tandem-api-token"
+  cp "$run/certs/token" "$run/secrets/tandem-api-token/token"
+  secrets=(--secrets "$run/secrets")
+fi
+"$python" "$tool" rehearsal --bin "$bin" --run "$run" --subnet 192.0.2.0/24 "${secrets[@]}" \
+  "$overlay" >"$run/pods.tsv"
 node_ip="$("$python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["node_ip"])' \
   "$run/plan.json")"
 
@@ -206,6 +225,17 @@ if [ -n "$last" ]; then
   wait "${pid_of[$last]}" 2>/dev/null || true
   start_pod "$last"
   wait_ready "$last"
+fi
+
+if [ ${#secrets[@]} -gt 0 ]; then
+  # With the Secrets, every daemon serves mutual TLS and none says it is plaintext.
+  for name in "${order[@]}"; do
+    [ "${role_of[$name]}" = client ] && continue
+    grep -q "TLS with mutual authentication" "$run/logs/$name.log" ||
+      { echo "$name does not serve TLS"; exit 1; }
+    if grep -q "PLAINTEXT" "$run/logs/$name.log"; then echo "$name runs in plaintext"; exit 1; fi
+  done
+  echo "   every daemon serves mutual TLS (certificates from the Secrets)"
 fi
 
 echo "== stopping the pods (SIGTERM, as the kubelet does)"

@@ -16,6 +16,7 @@
 #include "common/model_desc.h"
 #include "common/schedule.h"
 #include "common/spec.h"
+#include "common/step_number.h"
 #include "worker/model/gpt.h"
 #include "worker/model/mlp_lm.h"
 
@@ -325,10 +326,12 @@ absl::StatusOr<InjectedFault> ParseInjectedFault(absl::string_view text) {
     return absl::InvalidArgumentError(
         absl::StrCat("fault '", text, "': expected STEP:KIND or STEP:KIND:MICRO_BATCH"));
   }
-  if (!absl::SimpleAtoi(parts[0], &f.step) || f.step < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("fault '", text, "': step '", parts[0], "' is not a step index >= 0"));
+  int64_t number = 0;
+  if (!absl::SimpleAtoi(parts[0], &number) || number < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("fault '", text, "': step '", parts[0],
+                                                   "' is not a step number >= 1 (the first is 1)"));
   }
+  f.step = StepIndex(number);
   bool known = false;
   for (int k = v1::ActionKind_MIN; k <= v1::ActionKind_MAX; ++k) {
     if (!v1::ActionKind_IsValid(k)) continue;
@@ -397,6 +400,28 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
       MakeOptimizer(program.spec().optimizer(), std::move(params));
   if (!opt.ok()) return Annotate(opt.status(), ex->prefix_);
   ex->optimizer_ = std::move(*opt);
+  // Each chunk's static bytes: value and gradient of its parameters, and the optimizer state
+  // in proportion (AdamW and SGD keep the same floats for every parameter element).
+  const size_t state_bytes = ex->optimizer_->StateBytes();
+  for (const Chunk& c : ex->chunks_) {
+    int64_t elements = 0;
+    for (const auto& layer : c.layers) {
+      for (const Parameter* p : layer->Parameters())
+        elements += static_cast<int64_t>(p->value.size());
+    }
+    const int64_t share = ex->parameter_count_ > 0
+                              ? static_cast<int64_t>(static_cast<double>(state_bytes) *
+                                                     static_cast<double>(elements) /
+                                                     static_cast<double>(ex->parameter_count_))
+                              : 0;
+    ex->chunk_static_bytes_.push_back(2 * elements * static_cast<int64_t>(sizeof(float)) + share);
+  }
+  // A run resumed from a checkpoint continues after its step.
+  if (!program.restore().job_id().empty() && !program.restore().weights_only()) {
+    ex->last_applied_step_ = program.restore().step();
+  }
+  ex->chunk_live_bytes_.assign(ex->chunks_.size(), 0);
+  ex->chunk_peak_bytes_.assign(ex->chunks_.size(), 0);
   return ex;
 }
 
@@ -495,8 +520,12 @@ void StageExecutor::Account(int chunk, int mb) {
   const size_t i = static_cast<size_t>(chunk) * mb_slots_ + static_cast<size_t>(mb);
   const size_t now = mbs_[i].Bytes();
   live_bytes_ = live_bytes_ - mb_bytes_[i] + now;
+  size_t& chunk_live = chunk_live_bytes_[static_cast<size_t>(chunk)];
+  chunk_live = chunk_live - mb_bytes_[i] + now;
   mb_bytes_[i] = now;
   peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+  chunk_peak_bytes_[static_cast<size_t>(chunk)] =
+      std::max(chunk_peak_bytes_[static_cast<size_t>(chunk)], chunk_live);
 }
 
 const Tensor& StageExecutor::KeepForSend(Tensor t) {
@@ -702,9 +731,15 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode
     return absl::FailedPreconditionError(
         absl::StrCat(prefix, ": the stage program has no eval actions (eval.every is 0)"));
   }
-  if (!eval && pending_step_ >= 0) {
+  if (!eval && step <= last_applied_step_) {
     return absl::FailedPreconditionError(absl::StrCat(
-        prefix, ": the gradients of step ", pending_step_, " await ApplyStep before step ", step));
+        prefix, ": step ", StepNumber(step), " was already applied (the stage is at step ",
+        StepNumber(last_applied_step_), "); a late or repeated call"));
+  }
+  if (!eval && pending_step_ >= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(prefix, ": the gradients of step ", StepNumber(pending_step_),
+                     " await ApplyStep before step ", StepNumber(step)));
   }
   if (running_.exchange(true)) {
     return absl::FailedPreconditionError(absl::StrCat(prefix, ": a step is already running"));
@@ -729,6 +764,8 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode
   loss_ = 0.0;
   live_bytes_ = 0;
   peak_bytes_ = 0;
+  std::fill(chunk_live_bytes_.begin(), chunk_live_bytes_.end(), 0);
+  std::fill(chunk_peak_bytes_.begin(), chunk_peak_bytes_.end(), 0);
   send_bytes_ = 0;
   std::fill(mb_bytes_.begin(), mb_bytes_.end(), 0);
 
@@ -791,6 +828,12 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode
   report.set_bytes_sent(transport_ ? transport_->bytes_sent() - sent0 : 0);
   report.set_bytes_received(transport_ ? transport_->bytes_received() - recv0 : 0);
   report.set_peak_activation_bytes(static_cast<int64_t>(peak_bytes_));
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    v1::StageMemory* m = report.add_stage_memory();
+    m->set_stage(chunks_[c].stage);
+    m->set_static_bytes(chunk_static_bytes_[c]);
+    m->set_peak_activation_bytes(static_cast<int64_t>(chunk_peak_bytes_[c]));
+  }
   report.set_peak_send_buffer_bytes(static_cast<int64_t>(send_bytes_));
   report.set_exec_us(
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
@@ -930,9 +973,10 @@ absl::Status StageExecutor::ApplyStep(int64_t step, float learning_rate, float g
   if (pending_step_ != step) {
     return absl::FailedPreconditionError(
         pending_step_ < 0
-            ? absl::StrCat(prefix, ": no gradients are pending (apply of step ", step, ")")
-            : absl::StrCat(prefix, ": the pending gradients are step ", pending_step_,
-                           "'s, not step ", step, "'s"));
+            ? absl::StrCat(prefix, ": no gradients are pending (apply of step ", StepNumber(step),
+                           ")")
+            : absl::StrCat(prefix, ": the pending gradients are step ", StepNumber(pending_step_),
+                           "'s, not step ", StepNumber(step), "'s"));
   }
   if (!skip) {
     if (!std::isfinite(learning_rate) || learning_rate < 0.0f) {
@@ -956,6 +1000,7 @@ absl::Status StageExecutor::ApplyStep(int64_t step, float learning_rate, float g
     optimizer_->Step(learning_rate);
   }
   pending_step_ = -1;
+  last_applied_step_ = step;
   return absl::OkStatus();
 }
 

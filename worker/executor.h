@@ -65,7 +65,7 @@ bool StageNeedsCorpus(const v1::StageProgram& program);
 // `micro_batch` (-1: any) in training step `step` fails with INTERNAL, as a failed kernel
 // would, so that tests can follow a worker's error to the CLI.
 struct InjectedFault {
-  int64_t step = -1;  // -1: none
+  int64_t step = -1;  // the step's index (0-based); -1: none
   v1::ActionKind kind = v1::ACTION_F;
   int micro_batch = -1;
   bool Matches(int64_t s, const v1::Action& a) const {
@@ -73,7 +73,8 @@ struct InjectedFault {
            (micro_batch < 0 || a.micro_batch() == micro_batch);
   }
 };
-// "STEP:KIND" or "STEP:KIND:MB" (KIND as in the schedule notation: F, B, I, W, SEND_F, ...).
+// "STEP:KIND" or "STEP:KIND:MB": STEP numbered from 1 as users see steps (common/step_number.h),
+// KIND as in the schedule notation (F, B, I, W, SEND_F, ...), MB a micro-batch index.
 // INVALID_ARGUMENT naming the part that is wrong.
 absl::StatusOr<InjectedFault> ParseInjectedFault(absl::string_view text);
 
@@ -207,10 +208,19 @@ class StageExecutor {
   std::vector<size_t> mb_bytes_;  // bytes held by each micro-batch, as last accounted
   size_t live_bytes_ = 0;
   size_t peak_bytes_ = 0;
+  // Per chunk: live and peak activation bytes in the step, and its static bytes (parameters,
+  // gradients and its share of the optimizer state).
+  std::vector<size_t> chunk_live_bytes_;
+  std::vector<size_t> chunk_peak_bytes_;
+  std::vector<int64_t> chunk_static_bytes_;
   std::vector<Tensor> send_buffers_;  // read by posted sends; freed after WaitSends
   size_t send_bytes_ = 0;
   double loss_ = 0.0;
   int64_t pending_step_ = -1;  // the step whose gradients await ApplyStep
+  // The latest step whose update was applied (or skipped), or the restored checkpoint's step:
+  // a training step at or before it is refused, so that a late or repeated RunStep can never
+  // lead to a second update.
+  int64_t last_applied_step_ = -1;
 
   std::atomic<bool> running_{false};
   std::atomic<bool> aborted_{false};

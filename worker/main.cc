@@ -32,7 +32,9 @@
 #include "absl/strings/strip.h"
 #include "common/flags.h"
 #include "common/health.h"
+#include "common/log_context.h"
 #include "common/rpc.h"
+#include "common/tls.h"
 #include "common/version.h"
 #include "worker/checkpoint_client.h"
 #include "worker/profiler.h"
@@ -61,11 +63,22 @@ ABSL_FLAG(int, heartbeat_ms, 1000, "heartbeat interval until the coordinator set
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
 ABSL_FLAG(std::string, test_fail_at, "",
           "for tests only: fail the action STEP:KIND[:MICRO_BATCH] of a training step (e.g. "
-          "2:B:1) with an injected error, as a failed kernel would");
+          "2:B:1: the second step's backward of micro-batch 1; steps count from 1) with an "
+          "injected error, as a failed kernel would");
 ABSL_FLAG(bool, keep_heap, true,
           "keep freed memory in the process heap instead of returning it to the OS: a training "
           "step allocates the same large activation buffers every time, and re-faulting them "
           "in costs ~10% of a transformer block's time");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate (chain) of this worker, subject CN=tandem-worker, with a "
+          "subjectAltName for the --advertise host: served on --listen and presented to the "
+          "coordinator; with --tls-key and --tls-ca turns on TLS with mutual authentication "
+          "(none of the three: plaintext, for one trusted machine only)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA certificate(s) that sign the coordinator's certificate");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "the name the coordinator's certificate must carry, when it is not the host of "
+          "--coordinator (e.g. dialling it by IP address)");
 // Flags may be written with dashes (--data-root) or underscores (--data_root).
 
 namespace tandem::worker {
@@ -125,6 +138,7 @@ int Run() {
     return 2;
   }
   spdlog::set_level(level);
+  InstallLogFormat();
 
   std::string coordinator = absl::GetFlag(FLAGS_coordinator);
   if (const char* env = std::getenv("TANDEM_COORDINATOR"); coordinator.empty() && env != nullptr) {
@@ -173,6 +187,21 @@ int Run() {
       return 2;
     }
   }
+  // Transport security: the StageWorker API for the coordinator's certificate only, and this
+  // worker's certificate on the channel to the coordinator.
+  ServerSecurity security;
+  security.policy = WorkerAccessPolicy();
+  {
+    absl::StatusOr<std::optional<TlsMaterial>> tls =
+        LoadTls({absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                 absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_server_name)},
+                TlsUse::kDaemon, Role::kWorker);
+    if (!tls.ok()) {
+      spdlog::error("{}", std::string(tls.status().message()));
+      return 2;
+    }
+    security.tls = *std::move(tls);
+  }
   openblas_set_num_threads(threads);
 
   // Shutdown signals go through a self-pipe: the handler (which may run on any thread,
@@ -190,7 +219,8 @@ int Run() {
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
 
-  std::shared_ptr<grpc::Channel> coordinator_channel = MakeChannel(coordinator);
+  std::shared_ptr<grpc::Channel> coordinator_channel =
+      MakeChannel(coordinator, ChannelSecurity{security.tls, ""});
 
   // The data-plane host: the advertised host, else the listen host, else this machine's name.
   std::string data_host = advertise_flag ? advertise_flag->host : listen->host;
@@ -231,7 +261,7 @@ int Run() {
   grpc::ServerBuilder builder;
   int bound_port = 0;
   builder.AddListeningPort(JoinHostPort(listen->host, listen->port),
-                           grpc::InsecureServerCredentials(), &bound_port);
+                           MakeServerCredentials(security), &bound_port);
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -253,6 +283,11 @@ int Run() {
   }
   spdlog::info("tandem-worker {} serving on port {} (advertised as {}), device {}, {} thread(s)",
                kVersion, bound_port, advertise, device, threads);
+  LogSecurity("tandem-worker", security);
+  if (security.tls.has_value()) {
+    spdlog::info(
+        "tandem-worker: the Gloo data plane to the other workers stays plain TCP (no TLS)");
+  }
 
   // Health on its own plaintext port: ready while registered with the coordinator.
   std::unique_ptr<HealthServer> health;
@@ -284,6 +319,13 @@ int Run() {
   spdlog::info("peak single-precision GEMM: {:.1f} GFLOP/s on {} thread(s)", reg.peak_flops / 1e9,
                threads);
   reg.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
+  if (security.tls.has_value()) {
+    reg.unavailable_hint =
+        " (with TLS, a failed handshake looks like this: check that the coordinator's --tls-ca "
+        "signs this worker's certificate, that this worker's --tls-ca signs the coordinator's, "
+        "and that the coordinator's certificate names the host of --coordinator, or give "
+        "--tls-server-name)";
+  }
   if (health != nullptr) {
     reg.on_connected = [h = health.get()](bool connected) { h->SetReady(connected); };
   }
@@ -313,7 +355,10 @@ int Run() {
 }  // namespace tandem::worker
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("tandem-worker --coordinator HOST:PORT [flags]");
+  absl::SetProgramUsageMessage(
+      "tandem-worker --coordinator HOST:PORT [--tls-cert FILE --tls-key FILE --tls-ca FILE] "
+      "[flags]: without the --tls-* flags its API is plaintext and unauthenticated (one trusted "
+      "machine only)");
   // Accept --data-root as well as --data_root (Abseil flag names are identifiers).
   tandem::NormalizeFlagDashes(argc, argv);
   tandem::HelpListsFlagsOf("worker/main.cc");

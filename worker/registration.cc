@@ -96,8 +96,10 @@ void RegistrationClient::Run() {
         continue;
       }
       if (!warned) {
-        spdlog::warn("registration with the coordinator failed ({}); retrying with backoff",
-                     FromGrpcStatus(s).ToString());
+        spdlog::warn("registration with the coordinator failed ({}){}; retrying with backoff",
+                     FromGrpcStatus(s).ToString(),
+                     s.error_code() == grpc::StatusCode::UNAVAILABLE ? options_.unavailable_hint
+                                                                     : std::string());
         warned = true;
       }
       if (!SleepFor(backoff)) return;

@@ -37,6 +37,9 @@ struct RegistrationOptions {
   std::chrono::milliseconds initial_backoff{100};
   std::chrono::milliseconds max_backoff{5000};
   std::function<void(bool connected)> on_connected;
+  // Appended to the warning of a registration that fails UNAVAILABLE (e.g. what to check when
+  // a TLS handshake may be the cause).
+  std::string unavailable_hint;
 };
 
 class RegistrationClient {

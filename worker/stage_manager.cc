@@ -103,7 +103,21 @@ absl::StatusOr<Dataset> StageManager::DatasetFor(const v1::StageProgram& program
   return data_;
 }
 
+namespace {
+
+// "1" or "0,2": the stages a program holds.
+std::string StagesOf(const v1::StageProgram& program) {
+  std::string out;
+  for (const v1::StageChunk& c : program.chunks()) {
+    absl::StrAppend(&out, out.empty() ? "" : ",", c.stage());
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StageProgram& program) {
+  ScopedLogContext log_context({.job = program.job_id(), .stage = StagesOf(program)});
   if (absl::Status s = ValidateStageProgram(program); !s.ok()) return s;
   const std::string& job = program.job_id();
   if (const int64_t need = EstimateStageBytes(program); need > memory_bytes_) {
@@ -214,18 +228,25 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
   }
   spdlog::info("configured job {} rank {}: {}; {} actions, {} parameters", job, program.rank(),
                held, program.actions_size(), resp.parameter_count());
-  stage_ = std::make_unique<Stage>(Stage{job, *std::move(executor)});
+  stage_ = std::make_unique<Stage>(
+      Stage{job, *std::move(executor), StagesOf(program), program.attempt()});
   last_step_ = -1;
   return resp;
 }
 
-absl::StatusOr<StageExecutor*> StageManager::BeginStepLocked(const std::string& job_id) {
+absl::StatusOr<StageExecutor*> StageManager::BeginStepLocked(const std::string& job_id,
+                                                             int32_t attempt) {
   if (shut_down_) return absl::UnavailableError("worker is shutting down");
   if (stage_ == nullptr || stage_->job_id != job_id) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_id, " is not configured on this worker",
                      stage_ == nullptr ? std::string(" (it holds no job)")
                                        : absl::StrCat(" (it holds job ", stage_->job_id, ")")));
+  }
+  if (stage_->attempt != attempt) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, ": the call is for attempt ", attempt, ", but this worker runs attempt ",
+        stage_->attempt, " (a late call from an earlier run of the job)"));
   }
   if (step_running_) {
     return absl::FailedPreconditionError(
@@ -235,12 +256,20 @@ absl::StatusOr<StageExecutor*> StageManager::BeginStepLocked(const std::string& 
   return stage_->executor.get();  // kept alive until step_running_ is false
 }
 
+absl::StatusOr<StageExecutor*> StageManager::BeginStep(
+    const std::string& job_id, int32_t attempt, int64_t step,
+    std::optional<ScopedLogContext>* log_context) {
+  absl::MutexLock lock(&mu_);
+  const bool holds = stage_ != nullptr && stage_->job_id == job_id;
+  log_context->emplace(
+      LogContext{.job = job_id, .stage = holds ? stage_->stages : "", .step = step});
+  return BeginStepLocked(job_id, attempt);
+}
+
 absl::Status StageManager::ApplyStep(const v1::ApplyStepRequest& request) {
-  absl::StatusOr<StageExecutor*> executor;
-  {
-    absl::MutexLock lock(&mu_);
-    executor = BeginStepLocked(request.job_id());
-  }
+  std::optional<ScopedLogContext> log_context;
+  absl::StatusOr<StageExecutor*> executor =
+      BeginStep(request.job_id(), request.attempt(), request.step(), &log_context);
   if (!executor.ok()) return executor.status();
   absl::Status s = (*executor)->ApplyStep(request.step(), request.learning_rate(),
                                           request.grad_scale(), request.skip());
@@ -250,28 +279,15 @@ absl::Status StageManager::ApplyStep(const v1::ApplyStepRequest& request) {
 }
 
 absl::StatusOr<v1::StepReport> StageManager::RunStep(const std::string& job_id, int64_t step,
-                                                     v1::StepMode mode) {
-  absl::StatusOr<StageExecutor*> executor;
-  {
-    absl::MutexLock lock(&mu_);
-    executor = BeginStepLocked(job_id);
-    if (executor.ok() && step < 0) {
-      step_running_ = false;
-      return absl::InvalidArgumentError(
-          absl::StrCat("job ", job_id, ": step must be >= 0, got ", step));
-    }
-    // Within one configuration training steps only move forward: a repeated or earlier step
-    // would train on data already seen (a resumed job is configured afresh).
-    if (executor.ok() && mode == v1::STEP_MODE_TRAIN && last_step_ >= 0 && step <= last_step_) {
-      step_running_ = false;
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", job_id, ": step ", step, " is not after step ", last_step_,
-                       ", the last this worker ran; steps must increase (a duplicate or "
-                       "out-of-order RunStep)"));
-    }
-  }
+                                                     v1::StepMode mode, int32_t attempt) {
+  std::optional<ScopedLogContext> log_context;
+  absl::StatusOr<StageExecutor*> executor = BeginStep(job_id, attempt, step, &log_context);
   if (!executor.ok()) return executor.status();
   absl::StatusOr<v1::StepReport> report = (*executor)->RunStep(step, mode);
+  if (!report.ok() && report.status().code() != absl::StatusCode::kAborted) {
+    spdlog::error("{} step failed: {}", mode == v1::STEP_MODE_EVAL ? "validation" : "training",
+                  report.status().ToString());
+  }
   absl::MutexLock lock(&mu_);
   step_running_ = false;
   if (report.ok() && mode == v1::STEP_MODE_TRAIN) last_step_ = step;
@@ -280,12 +296,10 @@ absl::StatusOr<v1::StepReport> StageManager::RunStep(const std::string& job_id, 
 
 absl::Status StageManager::SaveCheckpoint(
     const std::string& job_id, int64_t step,
-    const std::function<absl::Status(const std::vector<StageExecutor::StateTensor>&)>& write) {
-  absl::StatusOr<StageExecutor*> executor;
-  {
-    absl::MutexLock lock(&mu_);
-    executor = BeginStepLocked(job_id);
-  }
+    const std::function<absl::Status(const std::vector<StageExecutor::StateTensor>&)>& write,
+    int32_t attempt) {
+  std::optional<ScopedLogContext> log_context;
+  absl::StatusOr<StageExecutor*> executor = BeginStep(job_id, attempt, step, &log_context);
   if (!executor.ok()) return executor.status();
   absl::Status s = (*executor)->has_pending_gradients()
                        ? absl::FailedPreconditionError(absl::StrCat(
@@ -299,6 +313,7 @@ absl::Status StageManager::SaveCheckpoint(
 
 absl::Status StageManager::Abort(const std::string& job_id, const std::string& reason) {
   if (job_id.empty()) return absl::InvalidArgumentError("abort: job_id is empty");
+  ScopedLogContext log_context({.job = job_id});
   std::unique_ptr<Stage> old;
   bool cancelled_configure = false;
   {

@@ -17,12 +17,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/log_context.h"
 #include "tandem/v1/worker.pb.h"
 #include "worker/data/corpus.h"
 #include "worker/executor.h"
@@ -77,12 +79,15 @@ class StageManager {
   // Configure) overtook it, UNAVAILABLE after Shutdown().
   absl::StatusOr<v1::ConfigureResponse> Configure(const v1::StageProgram& program);
 
-  // FAILED_PRECONDITION when `job_id` is not the configured job, a step is running, or a
-  // TRAIN step is not after the last one this configuration ran (a duplicate or out-of-order
-  // step); INVALID_ARGUMENT for a negative step; otherwise what the executor returns (ABORTED
-  // when aborted meanwhile).
+  // FAILED_PRECONDITION when `job_id` is not the configured job or a step is running;
+  // otherwise what the executor returns (ABORTED when aborted meanwhile; FAILED_PRECONDITION
+  // for a training step already applied, i.e. a duplicate or out-of-order step, or one
+  // before the pending step's apply; INVALID_ARGUMENT for a negative step).
+  // `attempt` must be the configured program's (StageProgram.attempt): a call from an earlier
+  // run of the job gets FAILED_PRECONDITION.
   absl::StatusOr<v1::StepReport> RunStep(const std::string& job_id, int64_t step,
-                                         v1::StepMode mode = v1::STEP_MODE_TRAIN);
+                                         v1::StepMode mode = v1::STEP_MODE_TRAIN,
+                                         int32_t attempt = 0);
 
   // Applies (or skips) the pending update of `step`; same preconditions as RunStep, then
   // what StageExecutor::ApplyStep returns.
@@ -92,7 +97,8 @@ class StageManager {
   // when the job is not configured, a step is running or gradients are pending.
   absl::Status SaveCheckpoint(
       const std::string& job_id, int64_t step,
-      const std::function<absl::Status(const std::vector<StageExecutor::StateTensor>&)>& write);
+      const std::function<absl::Status(const std::vector<StageExecutor::StateTensor>&)>& write,
+      int32_t attempt = 0);
 
   // Times and measures single layers at a job's shape (worker/profiler.h). FAILED_PRECONDITION
   // while a job is configured or configuring here, or another profile or a link probe runs:
@@ -131,6 +137,8 @@ class StageManager {
   struct Stage {
     std::string job_id;
     std::unique_ptr<StageExecutor> executor;
+    std::string stages;   // its stage indices, for log lines ("1", "0,2")
+    int32_t attempt = 0;  // StageProgram.attempt
   };
 
   // Aborts the stage, waits for its step to end, and hands it to the caller (to destroy
@@ -139,8 +147,12 @@ class StageManager {
   void CancelConfigureLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks that `job_id` is configured and idle and marks a step running; the returned
   // executor stays alive until step_running_ is cleared.
-  absl::StatusOr<StageExecutor*> BeginStepLocked(const std::string& job_id)
+  absl::StatusOr<StageExecutor*> BeginStepLocked(const std::string& job_id, int32_t attempt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // BeginStepLocked under the lock, with the log context set to the job, its stages and `step`
+  // (-1: none) for the caller's scope.
+  absl::StatusOr<StageExecutor*> BeginStep(const std::string& job_id, int32_t attempt, int64_t step,
+                                           std::optional<ScopedLogContext>* log_context);
   // What keeps the device from a profile or a link probe ("job j-1", "a layer profile", "a
   // link probe"), or empty when the worker is idle.
   std::string BusyReasonLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

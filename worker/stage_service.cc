@@ -28,7 +28,8 @@ grpc::Status StageWorkerService::RunStep(grpc::ServerContext* ctx, const v1::Run
   if (absl::Status s = CheckProtocolVersion(req->protocol_version(), kServerName); !s.ok()) {
     return ToGrpcStatus(s);
   }
-  absl::StatusOr<v1::StepReport> r = manager_->RunStep(req->job_id(), req->step(), req->mode());
+  absl::StatusOr<v1::StepReport> r =
+      manager_->RunStep(req->job_id(), req->step(), req->mode(), req->attempt());
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp->mutable_report() = *std::move(r);
   return grpc::Status::OK;
@@ -71,7 +72,7 @@ grpc::Status StageWorkerService::SaveCheckpoint(grpc::ServerContext* ctx,
     }
     return absl::OkStatus();
   };
-  return ToGrpcStatus(manager_->SaveCheckpoint(req->job_id(), req->step(), stream));
+  return ToGrpcStatus(manager_->SaveCheckpoint(req->job_id(), req->step(), stream, req->attempt()));
 }
 
 grpc::Status StageWorkerService::Abort(grpc::ServerContext* ctx, const v1::AbortRequest* req,

@@ -91,8 +91,9 @@ absl::Status ParseTimeout(absl::string_view v, absl::Duration* out) {
 }
 
 absl::Status ParseStep(absl::string_view flag, absl::string_view v, int64_t* out) {
-  if (!absl::SimpleAtoi(v, out) || *out < 0) {
-    return UsageError(absl::StrCat(flag, ": expected a step index (0, 1, ...), got '", v, "'"));
+  if (!absl::SimpleAtoi(v, out) || *out < 1) {
+    return UsageError(
+        absl::StrCat(flag, ": expected a step number (1 for the first step), got '", v, "'"));
   }
   return absl::OkStatus();
 }
@@ -101,7 +102,7 @@ absl::Status ParseStep(absl::string_view flag, absl::string_view v, int64_t* out
 absl::Status ParseStepRange(absl::string_view v, int64_t* first, int64_t* last) {
   const size_t dots = v.find("..");
   if (dots == absl::string_view::npos) {
-    return UsageError(absl::StrCat("--steps: expected A..B (step indices), got '", v, "'"));
+    return UsageError(absl::StrCat("--steps: expected A..B (step numbers, from 1), got '", v, "'"));
   }
   if (absl::Status s = ParseStep("--steps", v.substr(0, dots), first); !s.ok()) return s;
   if (absl::Status s = ParseStep("--steps", v.substr(dots + 2), last); !s.ok()) return s;
@@ -122,9 +123,25 @@ absl::Status CheckAddress(absl::string_view v) {
 
 absl::StatusOr<CliOptions> ParseArgs(const std::vector<std::string>& args,
                                      const char* env_coordinator) {
+  CliEnvironment env;
+  env.coordinator = env_coordinator;
+  return ParseArgs(args, env);
+}
+
+absl::StatusOr<CliOptions> ParseArgs(const std::vector<std::string>& args,
+                                     const CliEnvironment& env) {
   CliOptions opts;
-  if (env_coordinator != nullptr && *env_coordinator != '\0') {
-    opts.coordinator = env_coordinator;
+  const auto from_env = [](const char* value, std::string* out) {
+    if (value != nullptr && *value != '\0') *out = value;
+  };
+  from_env(env.tls_ca, &opts.tls_ca);
+  from_env(env.tls_cert, &opts.tls_cert);
+  from_env(env.tls_key, &opts.tls_key);
+  from_env(env.tls_server_name, &opts.tls_server_name);
+  from_env(env.token_file, &opts.token_file);
+  from_env(env.token, &opts.token);
+  if (env.coordinator != nullptr && *env.coordinator != '\0') {
+    opts.coordinator = env.coordinator;
     if (absl::Status s = CheckAddress(opts.coordinator); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("$TANDEM_COORDINATOR: ", s.message()));
     }
@@ -200,6 +217,16 @@ absl::StatusOr<CliOptions> ParseArgs(const std::vector<std::string>& args,
       (name == "--schedule" ? opts.schedule
        : name == "--csv"    ? opts.csv_out
                             : opts.schedule_csv) = *v;
+    } else if (name == "--tls-ca" || name == "--tls-cert" || name == "--tls-key" ||
+               name == "--tls-server-name" || name == "--token-file") {
+      absl::StatusOr<std::string> v = value();
+      if (!v.ok()) return v.status();
+      if (v->empty()) return UsageError(absl::StrCat(name, ": missing value"));
+      (name == "--tls-ca"            ? opts.tls_ca
+       : name == "--tls-cert"        ? opts.tls_cert
+       : name == "--tls-key"         ? opts.tls_key
+       : name == "--tls-server-name" ? opts.tls_server_name
+                                     : opts.token_file) = *v;
     } else if (name == "--chunks") {
       absl::StatusOr<std::string> v = value();
       if (!v.ok()) return v.status();
@@ -344,6 +371,14 @@ std::string Usage() {
       "  -o, --output json|table      Output of status, list, workers, watch (default table);\n"
       "                               with export and trace: the file to write\n"
       "  --timeout SECONDS            Deadline of each request (default 10)\n"
+      "  --tls-ca FILE                TLS: the CA that signs the coordinator's certificate\n"
+      "                               (default $TANDEM_TLS_CA; without it: plaintext)\n"
+      "  --token-file FILE            TLS: send the bearer token in FILE (default\n"
+      "                               $TANDEM_TOKEN_FILE, else the token in $TANDEM_TOKEN)\n"
+      "  --tls-cert FILE --tls-key FILE  TLS: authenticate with a client certificate\n"
+      "                               (CN=tandem-client; default $TANDEM_TLS_CERT, _KEY)\n"
+      "  --tls-server-name NAME       TLS: the name the coordinator's certificate carries, if\n"
+      "                               not the host dialled ($TANDEM_TLS_SERVER_NAME)\n"
       "  -w, --watch                  With submit: follow the job after submitting it\n"
       "  --schedule NAME              With plan, submit, validate: use this schedule (gpipe,\n"
       "                               1f1b, interleaved_1f1b, zb_h1, zb_v)\n"

@@ -62,6 +62,25 @@ struct CliOptions {
   bool auto_plan = false;      // --auto: pipeline.plan = auto (plan, submit, validate)
   bool no_search = false;      // --no-search: plan without searching the batch's splits
   bool no_profile = false;     // --no-profile: do not ask the coordinator for a profile
+  // Transport security (files; main.cc reads them). TLS is on when tls_ca is set; a token is
+  // sent only over TLS. Each flag defaults to its environment variable (CliEnvironment).
+  std::string tls_ca;           // --tls-ca FILE: the CA that signs the coordinator's cert
+  std::string tls_cert;         // --tls-cert FILE: a client certificate (CN=tandem-client)
+  std::string tls_key;          // --tls-key FILE: its key
+  std::string tls_server_name;  // --tls-server-name NAME: expected in the server's certificate
+  std::string token_file;       // --token-file FILE: a bearer token
+  std::string token;            // $TANDEM_TOKEN: a bearer token itself (the file wins)
+};
+
+// The environment variables the CLI reads (nullptr or empty: unset). Flags win over them.
+struct CliEnvironment {
+  const char* coordinator = nullptr;      // $TANDEM_COORDINATOR
+  const char* tls_ca = nullptr;           // $TANDEM_TLS_CA
+  const char* tls_cert = nullptr;         // $TANDEM_TLS_CERT
+  const char* tls_key = nullptr;          // $TANDEM_TLS_KEY
+  const char* tls_server_name = nullptr;  // $TANDEM_TLS_SERVER_NAME
+  const char* token_file = nullptr;       // $TANDEM_TOKEN_FILE
+  const char* token = nullptr;            // $TANDEM_TOKEN
 };
 
 // Parses argv[1..] (without the program name). Flags may come before or after the command;
@@ -70,6 +89,8 @@ struct CliOptions {
 // INVALID_ARGUMENT (a usage error: exit 2) names the bad flag, command or argument.
 absl::StatusOr<CliOptions> ParseArgs(const std::vector<std::string>& args,
                                      const char* env_coordinator);
+absl::StatusOr<CliOptions> ParseArgs(const std::vector<std::string>& args,
+                                     const CliEnvironment& env);
 
 // The command's name as typed ("submit"), for error messages.
 absl::string_view CommandName(Command command);

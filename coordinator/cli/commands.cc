@@ -16,6 +16,7 @@
 #include "common/planner.h"
 #include "common/schedule.h"
 #include "common/spec.h"
+#include "common/step_number.h"
 #include "common/version.h"
 #include "coordinator/cli/format.h"
 #include "coordinator/cli/plan.h"
@@ -29,14 +30,27 @@ bool IsTerminal(v1::JobState state) {
 
 // Turns a failed call into the one line the user sees.
 absl::Status RpcError(Command command, const CliOptions& opts, const absl::Status& s) {
+  const bool tls = !opts.tls_ca.empty();
   if (s.code() == absl::StatusCode::kUnavailable) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot reach coordinator at ", opts.coordinator, ": ", s.message()));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot reach coordinator at ", opts.coordinator, ": ", s.message(),
+        tls ? " (with TLS, check that --tls-ca signs the coordinator's certificate and that the "
+              "certificate names the host dialled, or give --tls-server-name)"
+            : " (if the coordinator serves TLS, give --tls-ca FILE)"));
   }
   std::string hint;
   if (s.code() == absl::StatusCode::kDeadlineExceeded && command != Command::kWatch) {
     hint = absl::StrCat(" (no answer from ", opts.coordinator, " within ",
                         absl::FormatDuration(opts.timeout), "; raise --timeout)");
+  } else if (s.code() == absl::StatusCode::kUnauthenticated) {
+    hint = tls ? " (authenticate with --token-file FILE or $TANDEM_TOKEN, or with a client "
+                 "certificate: --tls-cert FILE --tls-key FILE)"
+               : " (the coordinator requires TLS and credentials: --tls-ca FILE, and "
+                 "--token-file FILE or --tls-cert FILE --tls-key FILE)";
+  } else if (s.code() == absl::StatusCode::kPermissionDenied) {
+    hint =
+        " (the client API takes a certificate with CN=tandem-client or the coordinator's "
+        "bearer token)";
   }
   return absl::Status(
       s.code(), absl::StrCat(CommandName(command), ": ", absl::StatusCodeToString(s.code()), ": ",
@@ -322,10 +336,11 @@ absl::Status Trace(const CliOptions& opts, CoordinatorClient& client, CommandIo 
   v1::GetJobTraceRequest req;
   req.set_job_id(opts.args[0]);
   req.set_format(opts.svg ? v1::TRACE_FORMAT_SVG : v1::TRACE_FORMAT_JSON);
-  if (opts.trace_step >= 0) req.set_step(opts.trace_step);
+  // The flags take step numbers (from 1); the RPC takes indices.
+  if (opts.trace_step >= 0) req.set_step(StepIndex(opts.trace_step));
   if (opts.trace_first >= 0) {
-    req.set_first_step(opts.trace_first);
-    req.set_last_step(opts.trace_last);
+    req.set_first_step(StepIndex(opts.trace_first));
+    req.set_last_step(StepIndex(opts.trace_last));
   }
   absl::StatusOr<v1::GetJobTraceResponse> trace = client.GetJobTrace(req);
   if (!trace.ok()) return RpcError(Command::kTrace, opts, trace.status());
@@ -352,9 +367,10 @@ absl::Status Trace(const CliOptions& opts, CoordinatorClient& client, CommandIo 
   const auto& steps = trace->steps();
   std::string shown;
   if (steps.size() == 1) {
-    shown = absl::StrCat("step ", steps[0]);
+    shown = absl::StrCat("step ", StepNumber(steps[0]));
   } else if (!steps.empty()) {
-    shown = absl::StrCat(steps.size(), " steps, ", steps[0], " to ", steps[steps.size() - 1]);
+    shown = absl::StrCat(steps.size(), " steps, ", StepNumber(steps[0]), " to ",
+                         StepNumber(steps[steps.size() - 1]));
   }
   io.out << "wrote " << path << " (" << opts.args[0] << " " << shown << ", "
          << trace->content().size() << " bytes)"

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/tls.h"
 #include "tandem/v1/coordinator.pb.h"
 
 namespace tandem::cli {
@@ -52,11 +53,13 @@ class CoordinatorClient {
       absl::FunctionRef<absl::Status(const v1::ExportChunk&)> on_chunk) = 0;
 };
 
-// A client of the coordinator at `address` (HOST:PORT). Unary calls time out after
-// `timeout`; the watch stream after `watch_timeout`.
+// A client of the coordinator at `address` (HOST:PORT), plaintext or with `security` (TLS,
+// and a client certificate or a bearer token). Unary calls time out after `timeout`; the
+// watch stream after `watch_timeout`.
 std::unique_ptr<CoordinatorClient> NewGrpcCoordinatorClient(const std::string& address,
                                                             absl::Duration timeout,
-                                                            absl::Duration watch_timeout);
+                                                            absl::Duration watch_timeout,
+                                                            const ChannelSecurity& security = {});
 
 }  // namespace tandem::cli
 

@@ -265,8 +265,13 @@ std::string FormatJobDetails(const v1::Job& job) {
     const bool predicted = job.stages(0).predicted_seconds() > 0;
     std::vector<std::string> header = {"STAGE", "WORKER", "ADDRESS", "LAYERS"};
     if (predicted) {
-      for (const char* h : {"PREDICTED MS/MB", "MEASURED MS/MB", "MEMORY"}) header.push_back(h);
+      for (const char* h : {"PREDICTED MS/MB", "MEASURED MS/MB"}) header.push_back(h);
     }
+    // Memory: the last step's peak (static + activations) against the plan's prediction.
+    const bool peaks = last != nullptr && last->stage_peak_bytes_size() == job.stages_size();
+    if (predicted || peaks)
+      header.push_back(predicted && peaks ? "PEAK / PREDICTED MEM" : "PEAK MEM");
+    if (predicted && !peaks) header.back() = "PREDICTED MEM";
     // The last step's time per stage: in compute, in transfers, and idle (its bubble).
     const bool timed = last != nullptr && last->stage_busy_seconds_size() == job.stages_size() &&
                        last->stage_comm_seconds_size() == job.stages_size() &&
@@ -285,7 +290,13 @@ std::string FormatJobDetails(const v1::Job& job) {
         if (flag) slow.push_back(absl::StrCat(s.stage()));
         row.push_back(absl::StrFormat("%.1f", 1000 * s.predicted_seconds()));
         row.push_back(measured ? absl::StrFormat("%.1f%s", 1000 * got, flag ? " SLOW" : "") : "-");
-        row.push_back(FormatBytes(s.predicted_bytes()));
+      }
+      if (predicted || peaks) {
+        std::string mem = peaks ? FormatBytes(last->stage_peak_bytes(s.stage())) : "";
+        if (predicted) {
+          absl::StrAppend(&mem, peaks ? " / " : "", FormatBytes(s.predicted_bytes()));
+        }
+        row.push_back(mem);
       }
       if (timed) {
         const int i = s.stage();

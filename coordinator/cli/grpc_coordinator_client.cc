@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc.h"
+#include "common/tls.h"
 #include "common/version.h"
 #include "coordinator/cli/coordinator_client.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
@@ -18,8 +19,8 @@ namespace {
 class GrpcCoordinatorClient final : public CoordinatorClient {
  public:
   GrpcCoordinatorClient(const std::string& address, absl::Duration timeout,
-                        absl::Duration watch_timeout)
-      : stub_(v1::Coordinator::NewStub(MakeChannel(address))),
+                        absl::Duration watch_timeout, const ChannelSecurity& security)
+      : stub_(v1::Coordinator::NewStub(MakeChannel(address, security))),
         timeout_(absl::ToChronoMilliseconds(timeout)),
         watch_timeout_(absl::ToChronoMilliseconds(watch_timeout)) {}
 
@@ -151,8 +152,9 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
 
 std::unique_ptr<CoordinatorClient> NewGrpcCoordinatorClient(const std::string& address,
                                                             absl::Duration timeout,
-                                                            absl::Duration watch_timeout) {
-  return std::make_unique<GrpcCoordinatorClient>(address, timeout, watch_timeout);
+                                                            absl::Duration watch_timeout,
+                                                            const ChannelSecurity& security) {
+  return std::make_unique<GrpcCoordinatorClient>(address, timeout, watch_timeout, security);
 }
 
 }  // namespace tandem::cli

@@ -12,7 +12,7 @@ const jobId = jobMatch ? jobMatch[1] : null;
 // The selected job's step series, extended by each poll (?after=last step seen).
 const series = {step: [], loss: [], tokens_per_second: [], step_seconds: []};
 const validation = {step: [], loss: []};
-let lastStep = -1;
+let lastStep = 0;  // step numbers start at 1
 let timelineStep = null;
 let jobEnded = false;
 let refreshes = 0;
@@ -45,6 +45,17 @@ function fmtRate(v) {
 function fmtSeconds(s) {
   if (!Number.isFinite(s)) return '-';
   return s < 1 ? (1000 * s).toFixed(1) + ' ms' : s.toFixed(2) + ' s';
+}
+
+function fmtBytes(b) {
+  if (!Number.isFinite(b)) return '-';
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let i = 0;
+  while (b >= 1024 && i < units.length - 1) {
+    b /= 1024;
+    i++;
+  }
+  return (i === 0 ? b.toFixed(0) : b.toFixed(1)) + ' ' + units[i];
 }
 
 function fmtPercent(r) { return Number.isFinite(r) ? (100 * r).toFixed(1) + '%' : '-'; }
@@ -216,7 +227,8 @@ function renderJob(data) {
                    st.layer_begin + '..' + (st.layer_end - 1), fmtSeconds(st.busy_seconds),
                    fmtSeconds(st.microbatch_seconds),
                    st.predicted_microbatch_seconds > 0 ? fmtSeconds(st.predicted_microbatch_seconds)
-                                                       : '-'];
+                                                       : '-',
+                   fmtBytes(st.peak_bytes)];
     for (const c of cells) tr.appendChild(el('td', {class: 'num'}, c));
     tr.appendChild(utilCell);
     body.appendChild(tr);

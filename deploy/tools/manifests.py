@@ -13,9 +13,10 @@
       the NetworkPolicies against the traffic Tandem needs
   manifests.py dockerfiles DIR
       the Dockerfiles build with the README's commands and run as a non-root user
-  manifests.py rehearsal --bin DIR --run DIR --subnet PREFIX OVERLAY
+  manifests.py rehearsal --bin DIR --run DIR --subnet PREFIX [--secrets DIR] OVERLAY
       for scripts/cluster-local.sh: the coordinator, worker and client pods of the overlay as
-      processes, with the manifests' commands, arguments and environment
+      processes, with the manifests' commands, arguments and environment (the files of the
+      Secrets they mount from DIR/<secretName>/<key>)
   manifests.py probe --plan FILE --pod NAME --probe readiness|liveness
       one gRPC health probe as the kubelet sends it (exit 0 when SERVING)
 
@@ -266,6 +267,7 @@ class Checker:
         self.check_coordinator_address(client, services)
         self.check_client(client)
         self.check_network(coordinator, worker, client, api, worker_api)
+        self.check_security(coordinator, worker, client, services)
         return self.errors
 
     def check_flags(self, c):
@@ -502,6 +504,123 @@ class Checker:
                           f"{'admitted' if want else 'refused'}")
 
 
+    # ---- TLS and mutual authentication (common/tls.h; deploy/k8s/secure) ----
+
+    def check_security(self, coordinator, worker, client, services):
+        """TLS on every side or on none; each side's credentials complete; every file a flag
+        (or the CLI's environment) names on a read-only Secret mount the container can read,
+        keys not world-readable; the names the pods dial in the certificates
+        scripts/dev-certs.sh makes for this namespace."""
+        def settings(c):
+            pod = c.pod_names()[0]
+            flags, _ = c.flags(pod)
+            env = c.env(pod)
+            out = {k: flags[k] for k in TLS_FILE_FLAGS if k in flags}
+            for var, flag in CLI_ENV_FLAGS.items():  # the CLI's environment defaults
+                if c.program == "tandem" or var in env:
+                    if var in env and flag not in out:
+                        out[flag] = env[var]
+            return out
+        co, wo, cl = settings(coordinator), settings(worker), settings(client)
+        for c, f in ((coordinator, co), (worker, wo)):
+            have = [k for k in ("tls_cert", "tls_key", "tls_ca") if k in f]
+            if have and len(have) != 3:
+                self.fail(c.name, "--tls-cert, --tls-key and --tls-ca go together (mutual TLS); "
+                          f"it has only {', '.join('--' + k.replace('_', '-') for k in have)}")
+        co_tls, wo_tls, cl_tls = "tls_cert" in co, "tls_cert" in wo, "tls_ca" in cl
+        if co_tls != wo_tls:
+            self.fail(worker.name, "the coordinator serves TLS but the workers dial it in "
+                      "plaintext (they would never register)" if co_tls else
+                      "the workers have TLS flags but the coordinator serves plaintext")
+        if co_tls != cl_tls:
+            self.fail(client.name, "the coordinator serves TLS but the client dials it in "
+                      "plaintext (give it --tls-ca)" if co_tls else
+                      "the client has --tls-ca but the coordinator serves plaintext")
+        if "auth_token_file" in co and not co_tls:
+            self.fail(coordinator.name, "--auth-token-file without TLS: the coordinator refuses it")
+        if co_tls and cl_tls:
+            has_cert = "tls_cert" in cl and "tls_key" in cl
+            has_token = "token_file" in cl or "TANDEM_TOKEN" in \
+                {e["name"] for e in client.spec.get("env") or []}
+            if not has_cert and not has_token:
+                self.fail(client.name, "TLS without credentials: the coordinator answers "
+                          "UNAUTHENTICATED (give --tls-cert and --tls-key, or a token)")
+            if has_token and not has_cert and "auth_token_file" not in co:
+                self.fail(client.name, "sends a token, but the coordinator has no "
+                          "--auth-token-file to check it against")
+        for c, f in ((coordinator, co), (worker, wo), (client, cl)):
+            for flag, path in sorted(f.items()):
+                self.check_secret_file(c, flag, path)
+        if co_tls and wo_tls and not self.errors:
+            self.check_certificate_names(coordinator, worker, client, services)
+
+    def check_secret_file(self, c, flag, path):
+        what = f"--{flag.replace('_', '-')}={path}"
+        mount = c.mount_of(path) if path.startswith("/") else None
+        if mount is None or "secret" not in mount[1]:
+            self.fail(c.name, f"{what} is not on a Secret volume mount")
+            return
+        mount_path, volume, m = mount
+        if not m.get("readOnly"):
+            self.fail(c.name, f"{what}: mount {mount_path} read-only")
+        key = os.path.relpath(path, mount_path)
+        items = volume["secret"].get("items")
+        if items and key not in [i["path"] for i in items]:
+            self.fail(c.name, f"{what}: Secret {volume['secret'].get('secretName')}'s items do "
+                      f"not project {key}")
+        mode = volume["secret"].get("defaultMode", 0o644)
+        pod_sc = c.pod_spec.get("securityContext") or {}
+        user = (c.spec.get("securityContext") or {}).get("runAsUser", pod_sc.get("runAsUser", 0))
+        readable = user == 0 or mode & 0o004 or (pod_sc.get("fsGroup") is not None and mode & 0o040)
+        if not readable:
+            self.fail(c.name, f"{what}: Secret files are mode {mode:o}, owned by root"
+                      f"{' and group ' + str(pod_sc['fsGroup']) if 'fsGroup' in pod_sc else ''}"
+                      f"; user {user} cannot read them (defaultMode 0440 with the pod's fsGroup)")
+        if flag in ("tls_key", "auth_token_file", "token_file") and mode & 0o004:
+            self.fail(c.name, f"{what}: a key or token must not be world-readable (Secret "
+                      f"defaultMode {mode:o}; use 0440 with the pod's fsGroup)")
+
+    def check_certificate_names(self, coordinator, worker, client, services):
+        """Every name a pod dials is in the certificate of the pod it dials, as
+        scripts/dev-certs.sh makes them for the overlay's namespace and cluster domain."""
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
+                              "dev-certs.sh")
+        if shutil.which("openssl") is None:
+            self.notes.append("certificate names not checked: openssl is not installed")
+            return
+        pod = worker.pod_names()[0]
+        domain = worker.env(pod).get("TANDEM_CLUSTER_DOMAIN", "cluster.local")
+        with tempfile.TemporaryDirectory() as tmp:
+            out = run([script, tmp, "--namespace", worker.namespace, "--cluster-domain", domain])
+            if out.returncode != 0:
+                self.fail("scripts/dev-certs.sh", out.stderr.strip())
+                return
+            dials = []  # (who, the name dialled, the certificate that must carry it)
+            for c in (worker, client, coordinator):
+                p = c.pod_names()[0]
+                flags, _ = c.flags(p)
+                address = flags.get("coordinator") or c.env(p).get("TANDEM_COORDINATOR")
+                if address:
+                    dials.append((c.name, split_host_port(address)[0], "coordinator"))
+            for p in worker.pod_names():
+                host, _ = split_host_port(worker.flags(p)[0].get("advertise", ""))
+                if host:
+                    dials.append((f"{coordinator.name} -> {p}", host, "worker"))
+            for who, host, cert in dials:
+                is_ip = re.fullmatch(r"[0-9.]+|.*:.*", host) is not None
+                check = run(["openssl", "x509", "-in", os.path.join(tmp, f"{cert}.crt"), "-noout",
+                             "-checkip" if is_ip else "-checkhost", host])
+                if "does match" not in check.stdout:
+                    self.fail(who, f"dials {host}, which the {cert} certificate of "
+                              "scripts/dev-certs.sh does not name (a TLS handshake would fail)")
+
+
+# What the CLI reads from its environment when the flag is not given (coordinator/cli/args.h).
+CLI_ENV_FLAGS = {"TANDEM_TLS_CA": "tls_ca", "TANDEM_TLS_CERT": "tls_cert",
+                 "TANDEM_TLS_KEY": "tls_key", "TANDEM_TOKEN_FILE": "token_file"}
+TLS_FILE_FLAGS = ("tls_cert", "tls_key", "tls_ca", "auth_token_file", "token_file")
+
+
 def admits(policies, dst, src_labels, port):
     """Whether ingress policies admit `src_labels` (same namespace) to `dst` on TCP `port`;
     None when no policy selects `dst` (everything is admitted then)."""
@@ -606,12 +725,26 @@ def rehearsal(args):
                     for key, value in (cm.get("data") or {}).items():
                         with open(os.path.join(local, key), "w") as f:
                             f.write(value)
+                if "secret" in volume:
+                    # Secrets are not in the manifests: their files come from --secrets
+                    # DIR/<secretName>/<key>, with the volume's mode, as the kubelet writes them.
+                    name = volume["secret"]["secretName"]
+                    given = os.path.join(args.secrets or "", name)
+                    if not args.secrets or not os.path.isdir(given):
+                        raise SystemExit(f"{c.name} mounts Secret {name}: give its files in "
+                                         f"--secrets DIR/{name}/")
+                    for key in sorted(os.listdir(given)):
+                        shutil.copyfile(os.path.join(given, key), os.path.join(local, key))
+                        os.chmod(os.path.join(local, key),
+                                 volume["secret"].get("defaultMode", 0o644))
 
             def local_path(p):
                 for mount_path, _, _ in sorted(mounts, key=lambda m: -len(m[0])):
                     if p == mount_path or p.startswith(mount_path.rstrip("/") + "/"):
                         return os.path.join(root, p.lstrip("/"))
                 return p
+            # File names in the environment (TANDEM_TLS_CA=...) are mapped as arguments are.
+            env = {k: local_path(v) for k, v in env.items()}
             for a in c.args(pod, ip):
                 if a.startswith("--") and "=" in a:
                     name, _, value = a.partition("=")
@@ -702,6 +835,8 @@ def main():
     p.add_argument("--bin", required=True)
     p.add_argument("--run", required=True)
     p.add_argument("--subnet", required=True)
+    p.add_argument("--secrets", help="DIR/<secretName>/<key>: the files of the Secrets that "
+                   "the pods mount")
     p.add_argument("overlay")
     p = sub.add_parser("probe")
     p.add_argument("--plan", required=True)

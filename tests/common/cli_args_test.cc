@@ -175,7 +175,9 @@ TEST(ParseArgs, Trace) {
   EXPECT_THAT(UsageError({"trace", "job-3", "--svg"}), HasSubstr("-o FILE.svg"));
   EXPECT_THAT(UsageError({"trace", "-o", "t.json"}), HasSubstr("usage: tandem trace JOB"));
   EXPECT_THAT(UsageError({"trace", "job-3", "--step", "-1", "-o", "t"}),
-              HasSubstr("--step: expected a step index"));
+              HasSubstr("--step: expected a step number (1 for the first step)"));
+  EXPECT_THAT(UsageError({"trace", "job-3", "--step", "0", "-o", "t"}),
+              HasSubstr("--step: expected a step number"));
   EXPECT_THAT(UsageError({"trace", "job-3", "--steps", "9..2", "-o", "t"}), HasSubstr("is empty"));
   EXPECT_THAT(UsageError({"trace", "job-3", "--steps", "4", "-o", "t"}), HasSubstr("A..B"));
   EXPECT_THAT(UsageError({"trace", "job-3", "--step", "1", "--steps", "1..2", "-o", "t"}),
@@ -183,6 +185,32 @@ TEST(ParseArgs, Trace) {
   EXPECT_THAT(UsageError({"trace", "job-3", "--steps", "1..2", "--svg", "-o", "t"}),
               HasSubstr("--svg draws one step"));
   EXPECT_THAT(UsageError({"status", "job-3", "--svg"}), HasSubstr("apply to trace only"));
+}
+
+TEST(ParseArgs, TlsFlagsAndTheirEnvironment) {
+  CliOptions none = Parse({"list"});
+  EXPECT_EQ(none.tls_ca, "");
+  EXPECT_EQ(none.token_file, "");
+  CliOptions flags = Parse({"--tls-ca", "ca.crt", "--tls-cert=c.crt", "--tls-key", "c.key",
+                            "--tls-server-name", "tandem-coordinator", "--token-file=t", "list"});
+  EXPECT_EQ(flags.tls_ca, "ca.crt");
+  EXPECT_EQ(flags.tls_cert, "c.crt");
+  EXPECT_EQ(flags.tls_key, "c.key");
+  EXPECT_EQ(flags.tls_server_name, "tandem-coordinator");
+  EXPECT_EQ(flags.token_file, "t");
+  CliEnvironment env;
+  env.coordinator = "coord:7070";
+  env.tls_ca = "env-ca.crt";
+  env.token_file = "env-token";
+  env.token = "secret-token-from-env";
+  absl::StatusOr<CliOptions> from_env = ParseArgs({"list", "--token-file", "flag-token"}, env);
+  ASSERT_TRUE(from_env.ok()) << from_env.status();
+  EXPECT_EQ(from_env->coordinator, "coord:7070");
+  EXPECT_EQ(from_env->tls_ca, "env-ca.crt");
+  EXPECT_EQ(from_env->token_file, "flag-token");  // the flag wins
+  EXPECT_EQ(from_env->token, "secret-token-from-env");
+  EXPECT_THAT(UsageError({"list", "--tls-ca"}), HasSubstr("--tls-ca: missing value"));
+  EXPECT_THAT(UsageError({"list", "--token-file="}), HasSubstr("--token-file: missing value"));
 }
 
 TEST(Usage, ListsEveryCommandAndFlag) {
@@ -194,6 +222,10 @@ TEST(Usage, ListsEveryCommandAndFlag) {
         "--coordinator",  "--output",       "--timeout",       "TANDEM_COORDINATOR",
         "127.0.0.1:7070", "trace",          "--step",          "--steps",
         "--svg"}) {
+    EXPECT_THAT(usage, HasSubstr(word));
+  }
+  for (const char* word : {"--tls-ca", "--tls-cert", "--tls-key", "--tls-server-name",
+                           "--token-file", "TANDEM_TOKEN", "TANDEM_TLS_CA"}) {
     EXPECT_THAT(usage, HasSubstr(word));
   }
   EXPECT_THAT(CommandUsage(Command::kWatch), HasSubstr("Usage: tandem watch JOB"));

@@ -183,8 +183,27 @@ TEST_F(CommandsTest, SubmitRejectedNamesCodeAndField) {
 TEST_F(CommandsTest, UnreachableCoordinator) {
   client_.jobs = absl::UnavailableError("failed to connect to all addresses");
   absl::Status s = Run(Opts(Command::kList));
-  EXPECT_EQ(s.message(),
-            "cannot reach coordinator at coord:7070: failed to connect to all addresses");
+  EXPECT_THAT(std::string(s.message()),
+              StartsWith("cannot reach coordinator at coord:7070: failed to connect to all "
+                         "addresses (if the coordinator serves TLS, give --tls-ca FILE)"));
+  CliOptions tls = Opts(Command::kList);
+  tls.tls_ca = "ca.crt";
+  s = Run(tls);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("or give --tls-server-name"));
+}
+
+TEST_F(CommandsTest, RefusedCredentialsSayWhatToGive) {
+  client_.jobs = absl::UnauthenticatedError("the bearer token is not valid");
+  CliOptions tls = Opts(Command::kList);
+  tls.tls_ca = "ca.crt";
+  absl::Status s = Run(tls);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(std::string(s.message()),
+              StartsWith("list: UNAUTHENTICATED: the bearer token is not valid (authenticate "
+                         "with --token-file FILE or $TANDEM_TOKEN"));
+  client_.jobs = absl::PermissionDeniedError("is for tandem-client only");
+  s = Run(tls);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("CN=tandem-client"));
 }
 
 TEST_F(CommandsTest, DeadlineSuggestsTimeout) {
@@ -569,7 +588,7 @@ TEST_F(CommandsTest, TraceWritesTheCoordinatorsDocument) {
   written << in.rdbuf();
   EXPECT_EQ(written.str(), R"({"traceEvents":[]})");
   EXPECT_EQ(out_.str(),
-            "wrote " + path + " (job-3 step 7, 18 bytes); open it at https://ui.perfetto.dev\n");
+            "wrote " + path + " (job-3 step 8, 18 bytes); open it at https://ui.perfetto.dev\n");
   ASSERT_EQ(client_.trace_requests.size(), 1u);
   const v1::GetJobTraceRequest& req = client_.trace_requests[0];
   EXPECT_EQ(req.job_id(), "job-3");
@@ -590,7 +609,7 @@ TEST_F(CommandsTest, TraceStepRangeAndSvgAreAskedFor) {
   ASSERT_TRUE(Run(opts).ok());
   EXPECT_EQ(out_.str(), "<svg/>");
   EXPECT_EQ(client_.trace_requests[0].format(), v1::TRACE_FORMAT_SVG);
-  EXPECT_EQ(client_.trace_requests[0].step(), 4);
+  EXPECT_EQ(client_.trace_requests[0].step(), 3);  // step 4 is the one at index 3
 
   opts.svg = false;
   opts.trace_step = -1;
@@ -598,8 +617,8 @@ TEST_F(CommandsTest, TraceStepRangeAndSvgAreAskedFor) {
   opts.trace_last = 9;
   ASSERT_TRUE(Run(opts).ok());
   EXPECT_TRUE(client_.trace_requests[1].has_first_step());
-  EXPECT_EQ(client_.trace_requests[1].first_step(), 2);
-  EXPECT_EQ(client_.trace_requests[1].last_step(), 9);
+  EXPECT_EQ(client_.trace_requests[1].first_step(), 1);
+  EXPECT_EQ(client_.trace_requests[1].last_step(), 8);
   EXPECT_FALSE(client_.trace_requests[1].has_step());
 }
 

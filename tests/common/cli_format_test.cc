@@ -201,10 +201,17 @@ TEST(FormatJobDetails, PredictedAgainstMeasuredStageTimes) {
   last->add_stage_seconds(0.105);
   last->add_stage_seconds(0.130);
   const std::string out = FormatJobDetails(job);
-  EXPECT_THAT(out, HasSubstr("PREDICTED MS/MB  MEASURED MS/MB  MEMORY"));
+  EXPECT_THAT(out, HasSubstr("PREDICTED MS/MB  MEASURED MS/MB  PREDICTED MEM"));
   EXPECT_THAT(out, HasSubstr("100.0            105.0           1.5 GiB"));
   EXPECT_THAT(out, HasSubstr("100.0            130.0 SLOW      5.0 MiB"));
   EXPECT_THAT(out, HasSubstr("warning: stage(s) 1 ran more than 20% slower than the profile"));
+  // Once a step reports each stage's peak memory, it stands beside the prediction.
+  last->add_stage_peak_bytes(int64_t{1} << 30);
+  last->add_stage_peak_bytes(int64_t{6} << 20);
+  const std::string with_peaks = FormatJobDetails(job);
+  EXPECT_THAT(with_peaks, HasSubstr("MEASURED MS/MB  PEAK / PREDICTED MEM"));
+  EXPECT_THAT(with_peaks, HasSubstr("105.0           1.0 GiB / 1.5 GiB"));
+  EXPECT_THAT(with_peaks, HasSubstr("130.0 SLOW      6.0 MiB / 5.0 MiB"));
 }
 
 // The last step's per-stage compute / transfer / idle seconds, its MFU, and the planner's

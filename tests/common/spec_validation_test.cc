@@ -63,6 +63,8 @@ const Malformed kCases[] = {
     {"name: \"a/b\"\n", "name", "1 to 63 characters of A-Z a-z 0-9 . _ -"},
     {"steps: -3\n", "steps", "must be in [1, 10000000], got -3"},
     {"device: tpu\n", "device", "expected \"cpu\" or \"cuda\", got \"tpu\""},
+    {"max_restarts: -1\n", "max_restarts", "must be in [0, 1000], got -1"},
+    {"max_restarts: many\n", "max_restarts", "expected an integer, got 'many'"},
     // --- model: negative or zero sizes, divisibility, size
     {"model:\n  n_layer: -1\n", "model.n_layer", "must be in [1, 1024], got -1"},
     {"model:\n  d_model: 0\n", "model.d_model", "must be in [1, 65536], got 0"},

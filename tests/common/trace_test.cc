@@ -213,7 +213,7 @@ TEST(BuildStepTimeline, RejectsReportsThatDoNotFitTheSchedule) {
   EXPECT_THAT(message(reports), HasSubstr("two reports from rank 0"));
   reports = TwoStageReports();
   reports[0].set_step(8);
-  EXPECT_THAT(message(reports), HasSubstr("rank 1 reports step 8, rank 0 step 7"));
+  EXPECT_THAT(message(reports), HasSubstr("rank 1 reports step 9, rank 0 step 8"));
   reports = TwoStageReports();
   *reports[0].add_timings() = reports[0].timings(1);
   EXPECT_THAT(message(reports), HasSubstr("rank 1 reports action 1 (1F0) twice"));
@@ -443,8 +443,9 @@ TEST(TraceEventJson, LaysSeveralStepsEndToEnd) {
   double first_of_b = 1e18, last_of_a = 0;
   for (const auto& [track, slices] : trace.tracks) {
     for (const JsonSlice& s : slices) {
-      if (s.step == 4) first_of_b = std::min(first_of_b, s.ts);
-      if (s.step == 3) last_of_a = std::max(last_of_a, s.ts + s.dur);
+      // The file numbers steps from 1: indices 3 and 4 are steps 4 and 5.
+      if (s.step == 5) first_of_b = std::min(first_of_b, s.ts);
+      if (s.step == 4) last_of_a = std::max(last_of_a, s.ts + s.dur);
     }
   }
   EXPECT_DOUBLE_EQ(first_of_b, static_cast<double>(a.span_us));

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -78,9 +79,25 @@ TEST(WorkerRegistryTest, SilentWorkersAreLostAndBusyOnesReported) {
   EXPECT_EQ(registry.Get(*b)->state, v1::IDLE);
 }
 
-v1::JobSpec Spec(int stages, int steps) {
-  auto spec = LoadJobSpecYaml(
-      absl::StrCat("steps: ", steps, "\npipeline:\n  stages: ", stages, "\n  micro_batches: 4\n"));
+// After a coordinator restart a worker may heartbeat with the id the old coordinator gave it
+// before it learns it must register again: the new one must not take it for the worker it
+// gave that id to.
+TEST(WorkerRegistryTest, IdsOfTheLastStartAreRefusedAfterARestart) {
+  EXPECT_EQ(FirstWorkerId(0), 1);
+  EXPECT_EQ(FirstWorkerId(1), 1);
+  EXPECT_EQ(FirstWorkerId(3), 2000001);
+  WorkerRegistry before(1000ms, FirstWorkerId(1));
+  EXPECT_EQ(*before.Register(Worker("a:1")), "w-1");
+  WorkerRegistry after(1000ms, FirstWorkerId(2));
+  EXPECT_EQ(*after.Register(Worker("b:1")), "w-1000001");
+  EXPECT_EQ(after.Heartbeat("w-1").code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(after.Heartbeat("w-1000001").ok());
+}
+
+v1::JobSpec Spec(int stages, int steps, int max_restarts = 0) {
+  auto spec =
+      LoadJobSpecYaml(absl::StrCat("steps: ", steps, "\nmax_restarts: ", max_restarts,
+                                   "\npipeline:\n  stages: ", stages, "\n  micro_batches: 4\n"));
   EXPECT_TRUE(spec.ok()) << spec.status();
   return *spec;
 }
@@ -102,12 +119,13 @@ TEST(JobStoreTest, StatesAreFinalAndPersisted) {
               absl::StatusCode::kFailedPrecondition);
     EXPECT_EQ((*store)->Queued(), std::vector<std::string>{queued_id});
   }
-  // Reopen: finished history kept, queued stays queued, running was interrupted.
+  // Reopen: finished history kept, queued stays queued, running was interrupted and is queued
+  // again (job_store_test.cc has the details).
   auto store = JobStore::Open(dir);
   ASSERT_TRUE(store.ok());
   EXPECT_EQ((*store)->Get(done_id)->state(), v1::SUCCEEDED);
   EXPECT_EQ((*store)->Get(queued_id)->state(), v1::QUEUED);
-  EXPECT_EQ((*store)->Get(running_id)->state(), v1::FAILED);
+  EXPECT_EQ((*store)->Get(running_id)->state(), v1::QUEUED);
   EXPECT_THAT((*store)->Get(running_id)->reason(), HasSubstr("restarted"));
   auto next = (*store)->Add(Spec(1, 1));
   EXPECT_EQ(*next, "job-4");
@@ -353,6 +371,7 @@ struct RunnerFixture {
     }
     auto gang = registry.Allocate("cpu", spec.pipeline().stages(), id);
     EXPECT_TRUE(gang.ok());
+    workers = *gang;
     auto runner = std::make_unique<JobRunner>(env, *store->Get(id), *gang);
     runner->Start();
     return runner;
@@ -365,6 +384,7 @@ struct RunnerFixture {
   WorkerRegistry registry;
   FakeFactory factory;
   RunnerEnv env;
+  std::vector<WorkerRecord> workers;  // the last gang allocated
 };
 
 TEST(JobRunnerTest, OneRunStepPerWorkerPerStepAndProgramsAreLowered) {
@@ -686,7 +706,7 @@ TEST(JobRunnerTest, AStepErrorFailsTheJobNamingStageAndWorker) {
   f.WaitFinished(*runner);
   auto job = *f.store->Get(runner->job_id());
   EXPECT_EQ(job.state(), v1::FAILED);
-  EXPECT_THAT(job.reason(), HasSubstr("step 2"));
+  EXPECT_THAT(job.reason(), HasSubstr("step 3: "));  // index 2, numbered from 1
   EXPECT_THAT(job.reason(), HasSubstr("stage 1 (worker w-2 at 127.0.0.1:1001)"));
   EXPECT_THAT(job.reason(), HasSubstr("boom"));
   EXPECT_EQ(job.steps_done(), 2);
@@ -715,6 +735,79 @@ TEST(JobRunnerTest, ALostWorkerFailsTheJob) {
   auto job = *f.store->Get(runner->job_id());
   EXPECT_EQ(job.state(), v1::FAILED);
   EXPECT_THAT(job.reason(), HasSubstr("worker w-2 (127.0.0.1:1001, stage 1) was lost"));
+}
+
+// A fault after planning ends the run; with restarts left the job goes back to the queue
+// (the scheduler starts it again), its progress rolled back to its checkpoint (none here).
+TEST(JobRunnerTest, AFaultWithRestartsLeftRequeuesTheJob) {
+  RunnerFixture f;
+  f.factory.configure = [](FakeWorker* w) {
+    if (w->rank_ % 2 == 1) w->fail_at_step = 2;  // stage 1 of every run (clients are per run)
+  };
+  auto runner = f.Start(Spec(2, 10, /*max_restarts=*/1));
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  EXPECT_EQ(job.state(), v1::QUEUED);
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_THAT(job.first_failure(), HasSubstr("step 3: stage 1"));
+  EXPECT_THAT(job.reason(), HasSubstr("restart 1 of 1 after: step 3: stage 1"));
+  EXPECT_THAT(job.reason(), HasSubstr("resumes from the start (no checkpoint yet)"));
+  EXPECT_EQ(job.steps_done(), 0) << "the steps after the checkpoint run again";
+  EXPECT_EQ(job.history_size(), 0);
+
+  // The second run fails the same way and has no restart left: FAILED with the first cause.
+  auto again = std::make_unique<JobRunner>(f.env, job, f.workers);
+  again->Start();
+  f.WaitFinished(*again);
+  job = *f.store->Get(runner->job_id());
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("failed after 1 restart(s); first cause: step 3: stage 1"));
+}
+
+// A cancelled job is never restarted, whatever max_restarts says.
+TEST(JobRunnerTest, ACancelIsNotRestarted) {
+  RunnerFixture f;
+  f.factory.configure = [](FakeWorker* w) { w->hang_at_step = 1; };
+  auto runner = f.Start(Spec(2, 10, /*max_restarts=*/3));
+  std::this_thread::sleep_for(50ms);
+  runner->Cancel("cancelled by the user");
+  f.WaitFinished(*runner);
+  EXPECT_EQ(f.store->Get(runner->job_id())->state(), v1::CANCELLED);
+}
+
+// A rerun step supersedes its record and every later one; a restart rolls back to the
+// checkpoint, so that no step is counted twice.
+TEST(JobStoreTest, ARestartRollsBackToTheCheckpointAndRerunStepsReplaceTheirRecords) {
+  auto store = *JobStore::Open("");
+  const std::string id = *store->Add(Spec(2, 10));
+  for (int64_t s = 0; s < 6; ++s) {
+    v1::StepSummary step;
+    step.set_step(s);
+    step.set_loss(10.0 - static_cast<double>(s));
+    step.set_skipped(s == 4);
+    store->RecordStep(id, step);
+  }
+  store->SetCheckpoint(id, 2);
+  store->RecordRestart(id, "step 6: boom");
+  auto job = *store->Get(id);
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_EQ(job.first_failure(), "step 6: boom");
+  EXPECT_EQ(job.steps_done(), 3);
+  ASSERT_EQ(job.history_size(), 3);
+  EXPECT_EQ(job.history(2).step(), 2);
+  EXPECT_EQ(job.last_loss(), 8.0);
+  EXPECT_EQ(job.skipped_steps(), 0);
+  store->RecordRestart(id, "later");
+  EXPECT_EQ(store->Get(id)->first_failure(), "step 6: boom") << "the first cause stays";
+  // Steps 3.. run again; recording step 1 again (a rerun) drops what came after it.
+  v1::StepSummary rerun;
+  rerun.set_step(1);
+  rerun.set_loss(42.0);
+  store->RecordStep(id, rerun);
+  job = *store->Get(id);
+  ASSERT_EQ(job.history_size(), 2);
+  EXPECT_EQ(job.history(1).loss(), 42.0);
+  EXPECT_EQ(job.steps_done(), 2);
 }
 
 }  // namespace
@@ -766,6 +859,45 @@ TEST(CheckpointStoreTest, ATornCheckpointIsNeverLoadedAndRetentionKeepsTheNewest
   CheckpointStore none("");
   EXPECT_EQ(none.Latest("job-1").status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(store.Open("../etc", 1).status().code(), absl::StatusCode::kInvalidArgument);
+  std::filesystem::remove_all(dir);
+}
+
+// Every stage file's size and CRC-32 are in the manifest and verified on open: a corrupt
+// file is DATA_LOSS naming it, and LatestReadable falls back to the newest intact checkpoint.
+// A crash between the stage files and the manifest leaves the previous checkpoint the one
+// loaded.
+TEST(CheckpointStoreTest, ChecksumsCatchACorruptFileAndACrashBeforeTheManifestKeepsThePrevious) {
+  char dir_template[] = "/tmp/tandem-ckpt-XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  CheckpointStore store(dir);
+  for (int64_t step : {3, 7}) {
+    WriteStage(store, "job-1", step, 0);
+    WriteStage(store, "job-1", step, 1);
+    ASSERT_TRUE(store.Commit("job-1", step, 2, /*keep=*/3).ok());
+  }
+  // The crash: step 11's files are written, its manifest never is.
+  WriteStage(store, "job-1", 11, 0);
+  WriteStage(store, "job-1", 11, 1);
+  EXPECT_EQ(*store.Latest("job-1"), 7);
+  EXPECT_EQ(*store.LatestReadable("job-1"), 7);
+  // Flip one byte of step 7's stage 1 (its tensor data, at the end of the file).
+  const std::string victim = dir + "/job-1/step-7/stage-1.safetensors";
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-1, std::ios::end);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x5a);
+    f.seekp(-1, std::ios::end);
+    f.write(&c, 1);
+  }
+  auto opened = store.Open("job-1", 7);
+  EXPECT_EQ(opened.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(opened.status().message(),
+              HasSubstr("stage-1.safetensors does not match its manifest"));
+  EXPECT_EQ(*store.LatestReadable("job-1"), 3);
+  std::filesystem::resize_file(dir + "/job-1/step-3/stage-0.safetensors", 8);
+  EXPECT_EQ(store.LatestReadable("job-1").status().code(), absl::StatusCode::kNotFound);
   std::filesystem::remove_all(dir);
 }
 

@@ -39,6 +39,8 @@ v1::StepSummary Step(int64_t step, double seconds, double loss) {
   s.add_stage_busy_seconds(0.25 * seconds);
   s.add_stage_seconds(0.001);
   s.add_stage_seconds(0.002);
+  s.add_stage_peak_bytes(3 << 20);
+  s.add_stage_peak_bytes(5 << 20);
   return s;
 }
 
@@ -153,6 +155,7 @@ TEST_F(CoordinatorMetricsTest, EveryFamilyHasItsTypeHelpAndPrometheusName) {
       {"tandem_job_stage_busy_seconds_total", "counter"},
       {"tandem_job_stage_last_step_busy_seconds", "gauge"},
       {"tandem_job_stage_microbatch_seconds", "gauge"},
+      {"tandem_job_stage_peak_memory_bytes", "gauge"},
       {"tandem_job_stage_predicted_microbatch_seconds", "gauge"},
       {"tandem_worker_bytes_sent_total", "counter"},
       {"tandem_worker_bytes_received_total", "counter"},
@@ -249,6 +252,8 @@ TEST_F(CoordinatorMetricsTest, PerStageAndPerWorkerFiguresNameTheirWorker) {
       Near(1.5));
   EXPECT_THAT(e.Value("tandem_job_stage_microbatch_seconds", {{"job", running_}, {"stage", "1"}}),
               Near(0.002));
+  EXPECT_THAT(e.Value("tandem_job_stage_peak_memory_bytes", {{"job", running_}, {"stage", "1"}}),
+              Near(5 << 20));
   EXPECT_THAT(
       e.Value("tandem_job_stage_predicted_microbatch_seconds", {{"job", running_}, {"stage", "0"}}),
       Near(0.0011));

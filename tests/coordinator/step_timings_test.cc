@@ -130,7 +130,9 @@ TEST(StepTimingsTest, KeepsTheRecentStepsAndASampleAcrossTheRun) {
     }
   }
   EXPECT_GE(older.back() + 2 * stride, 4980) << "the sample reaches the recent steps";
-  EXPECT_THAT(FormatSteps(steps), StartsWith(absl::StrCat("0, ", stride, ", ", 2 * stride, ", ")));
+  // Numbered from 1 for people.
+  EXPECT_THAT(FormatSteps(steps),
+              StartsWith(absl::StrCat("1, ", stride + 1, ", ", 2 * stride + 1, ", ")));
 }
 
 TEST(StepTimingsTest, BigStepsAreKeptFewerWithinTheBudget) {
@@ -155,8 +157,9 @@ TEST(StepTimingsTest, ARerunStepReplacesItsRecordAndTheLaterOnes) {
 
 TEST(StepTimingsTest, FormatStepsWritesRuns) {
   EXPECT_EQ(FormatSteps({}), "");
-  EXPECT_EQ(FormatSteps({4}), "4");
-  EXPECT_EQ(FormatSteps({0, 1, 4, 8, 9, 10, 11}), "0, 1, 4, 8..11");
+  // Indices in, step numbers (from 1) out.
+  EXPECT_EQ(FormatSteps({4}), "5");
+  EXPECT_EQ(FormatSteps({0, 1, 4, 8, 9, 10, 11}), "1, 2, 5, 9..12");
 }
 
 TEST(StepTimingsTest, TheStoreKeepsTimingsApartAndPersistsThemWithTheJob) {
@@ -184,7 +187,7 @@ TEST(StepTimingsTest, TheStoreKeepsTimingsApartAndPersistsThemWithTheJob) {
     // GetJob stays small: no timings in the job.
     EXPECT_THAT((*store)->Get(id)->DebugString(), Not(HasSubstr("origin_us")));
   }
-  EXPECT_TRUE(std::filesystem::exists(dir + "/timings/" + id + ".json"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/coordinator.db"));
   auto store = JobStore::Open(dir, policy);
   ASSERT_TRUE(store.ok()) << store.status();
   absl::StatusOr<v1::JobTimings> t = (*store)->GetTimings(id);
@@ -339,7 +342,7 @@ TEST_F(RenderJobTraceTest, AnSvgOfOneStep) {
   auto trace = Render(req);
   ASSERT_TRUE(trace.ok()) << trace.status();
   EXPECT_THAT(trace->content(), HasSubstr("<svg xmlns"));
-  EXPECT_THAT(trace->content(), HasSubstr("job-3 (tiny) step 2: 1f1b, 2 ranks, 4 micro-batches"));
+  EXPECT_THAT(trace->content(), HasSubstr("job-3 (tiny) step 3: 1f1b, 2 ranks, 4 micro-batches"));
   req.clear_step();
   req.set_first_step(0);
   req.set_last_step(5);
@@ -352,11 +355,11 @@ TEST_F(RenderJobTraceTest, WhatIsNotKeptIsNotFoundAndNamesWhatIs) {
   auto trace = Render(req);
   EXPECT_EQ(trace.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(trace.status().message(),
-            "job job-3 keeps no timings of step 3; kept steps: 0, 2, 4, 5");
+            "job job-3 keeps no timings of step 4; kept steps: 1, 3, 5, 6");
   req.clear_step();
   req.set_first_step(6);
   req.set_last_step(9);
-  EXPECT_THAT(Render(req).status().message(), HasSubstr("no timings of steps 6..9; kept steps"));
+  EXPECT_THAT(Render(req).status().message(), HasSubstr("no timings of steps 7..10; kept steps"));
   timings_.clear_steps();
   job_.set_state(v1::QUEUED);
   job_.set_steps_done(0);

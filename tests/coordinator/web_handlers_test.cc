@@ -132,12 +132,13 @@ TEST_F(WebHandlersTest, AJobHasItsSeriesStagesAndLatestStep) {
   const json j = GetJson("/api/jobs/" + job_);
   EXPECT_EQ(j["job"]["id"], job_);
   EXPECT_EQ(j["job"]["state"], "RUNNING");
-  EXPECT_EQ(j["series"]["step"], json::array({0, 1, 2}));
+  // Step numbers, from 1 (the store's indices 0, 1, 2).
+  EXPECT_EQ(j["series"]["step"], json::array({1, 2, 3}));
   EXPECT_EQ(j["series"]["loss"], json::array({5.0, 4.0, 3.0}));
   EXPECT_EQ(j["series"]["tokens_per_second"], json::array({2000.0, 2000.0, 2000.0}));
-  EXPECT_EQ(j["validation"]["step"], json::array({1}));
+  EXPECT_EQ(j["validation"]["step"], json::array({2}));
   EXPECT_EQ(j["validation"]["loss"], json::array({4.5}));
-  EXPECT_EQ(j["last_step"]["step"], 2);
+  EXPECT_EQ(j["last_step"]["step"], 3);
   ASSERT_EQ(j["stages"].size(), 2u);
   EXPECT_EQ(j["stages"][0]["worker_id"], "w-1");
   EXPECT_EQ(j["stages"][1]["layer_begin"], 2);
@@ -148,12 +149,12 @@ TEST_F(WebHandlersTest, AJobHasItsSeriesStagesAndLatestStep) {
 }
 
 TEST_F(WebHandlersTest, AfterGivesOnlyNewerStepsButStillTheLatestStep) {
-  json j = GetJson("/api/jobs/" + job_, {{"after", "1"}});
-  EXPECT_EQ(j["series"]["step"], json::array({2}));
+  json j = GetJson("/api/jobs/" + job_, {{"after", "2"}});
+  EXPECT_EQ(j["series"]["step"], json::array({3}));
   EXPECT_EQ(j["validation"]["step"], json::array());
-  j = GetJson("/api/jobs/" + job_, {{"after", "2"}});
+  j = GetJson("/api/jobs/" + job_, {{"after", "3"}});
   EXPECT_EQ(j["series"]["step"], json::array());
-  EXPECT_EQ(j["last_step"]["step"], 2);
+  EXPECT_EQ(j["last_step"]["step"], 3);
   EXPECT_DOUBLE_EQ(j["stages"][0]["utilisation"].get<double>(), 0.5);
 
   EXPECT_EQ(Get("/api/jobs/" + job_, {{"after", "two"}}).status, 400);
@@ -174,9 +175,9 @@ TEST_F(WebHandlersTest, LongHistoriesAreThinnedKeepingTheLatestStep) {
   const json j = GetJson("/api/jobs/" + job_);
   EXPECT_LE(j["series"]["step"].size(), kMaxSeriesPoints + 1);
   EXPECT_GE(j["series"]["step"].size(), kMaxSeriesPoints / 2);
-  EXPECT_EQ(j["series"]["step"].back(), 4999);
+  EXPECT_EQ(j["series"]["step"].back(), 5000);
   EXPECT_EQ(j["series"]["step"].size(), j["series"]["loss"].size());
-  EXPECT_EQ(j["validation"]["step"], json::array({1}));
+  EXPECT_EQ(j["validation"]["step"], json::array({2}));
 }
 
 TEST_F(WebHandlersTest, TraceIsTheLatestStepsSvgWithARowPerStage) {
@@ -184,15 +185,15 @@ TEST_F(WebHandlersTest, TraceIsTheLatestStepsSvgWithARowPerStage) {
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.content_type, "image/svg+xml");
   EXPECT_THAT(r.body, StartsWith("<?xml"));
-  EXPECT_THAT(r.body, HasSubstr("step 2:"));
+  EXPECT_THAT(r.body, HasSubstr("step 3:"));
   size_t rows = 0;
   for (size_t pos = 0; (pos = r.body.find("<g class=\"row\"", pos)) != std::string::npos; ++pos) {
     ++rows;
   }
   EXPECT_EQ(rows, 2u);
   EXPECT_THAT(r.headers,
-              ::testing::Contains(std::pair<std::string, std::string>("X-Tandem-Step", "2")));
-  EXPECT_THAT(Get("/api/jobs/" + job_ + "/trace.svg", {{"step", "1"}}).body, HasSubstr("step 1:"));
+              ::testing::Contains(std::pair<std::string, std::string>("X-Tandem-Step", "3")));
+  EXPECT_THAT(Get("/api/jobs/" + job_ + "/trace.svg", {{"step", "2"}}).body, HasSubstr("step 2:"));
   // Not kept, not a number, no timings at all.
   EXPECT_EQ(Get("/api/jobs/" + job_ + "/trace.svg", {{"step", "7"}}).status, 404);
   EXPECT_EQ(Get("/api/jobs/" + job_ + "/trace.svg", {{"step", "-"}}).status, 400);

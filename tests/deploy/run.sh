@@ -12,7 +12,10 @@ command -v "$python" >/dev/null || { echo "skip: no python3"; exit 77; }
 tool=("$python" "$src/deploy/tools/manifests.py")
 bin="${TANDEM_BIN_DIR:-$src/build/bin}"
 overlays=()
-for d in "$src"/deploy/k8s/overlays/*/; do overlays+=("${d%/}"); done
+# The overlays, and the secure ones (deploy/k8s/secure/*; its tls/ is a Component, not one).
+for d in "$src"/deploy/k8s/overlays/*/ "$src"/deploy/k8s/secure/*/; do
+  grep -q '^kind: Component' "$d/kustomization.yaml" || overlays+=("${d%/}")
+done
 
 case "$1" in
   render)  # every overlay renders with kubectl kustomize
@@ -37,5 +40,7 @@ case "$1" in
     echo "hadolint: $(ls "$src"/deploy/docker/Dockerfile.* | wc -l) Dockerfiles clean" ;;
   rehearsal)
     exec "$src/scripts/cluster-local.sh" ;;
+  rehearsal-secure)  # the same with TLS: the secure overlay, Secrets from dev-certs.sh
+    exec "$src/scripts/cluster-local.sh" "$src/deploy/k8s/secure/cpu" ;;
   *) echo "unknown check $1"; exit 2 ;;
 esac

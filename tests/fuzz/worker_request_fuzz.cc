@@ -270,7 +270,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case kRunStep: {
         v1::RunStepRequest req;
         if (!req.ParseFromArray(payload, static_cast<int>(length))) break;
-        absl::StatusOr<v1::StepReport> r = manager.RunStep(req.job_id(), req.step(), req.mode());
+        absl::StatusOr<v1::StepReport> r =
+            manager.RunStep(req.job_id(), req.step(), req.mode(), req.attempt());
         Log("RunStep", r.status());
         Check(r.ok() || !r.status().message().empty(), "RunStep failed without a message");
         break;
@@ -284,17 +285,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case kSaveCheckpoint: {
         v1::SaveCheckpointRequest req;
         if (!req.ParseFromArray(payload, static_cast<int>(length))) break;
-        absl::Status saved =
-            manager.SaveCheckpoint(req.job_id(), req.step(),
-                                   [](const std::vector<tw::StageExecutor::StateTensor>& tensors) {
-                                     // Touch every byte, as the adapter streams them.
-                                     volatile uint8_t sum = 0;
-                                     for (const auto& t : tensors) {
-                                       const auto* p = static_cast<const uint8_t*>(t.data);
-                                       for (size_t i = 0; i < t.bytes; ++i) sum = sum + p[i];
-                                     }
-                                     return absl::OkStatus();
-                                   });
+        absl::Status saved = manager.SaveCheckpoint(
+            req.job_id(), req.step(),
+            [](const std::vector<tw::StageExecutor::StateTensor>& tensors) {
+              // Touch every byte, as the adapter streams them.
+              volatile uint8_t sum = 0;
+              for (const auto& t : tensors) {
+                const auto* p = static_cast<const uint8_t*>(t.data);
+                for (size_t i = 0; i < t.bytes; ++i) sum = sum + p[i];
+              }
+              return absl::OkStatus();
+            },
+            req.attempt());
         Log("SaveCheckpoint", saved);
         break;
       }

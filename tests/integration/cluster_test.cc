@@ -322,7 +322,7 @@ TEST_F(ClusterTest, WorkerThatDiesMidJobFailsTheJobNamingIt) {
 TEST_F(ClusterTest, AnInjectedWorkerFaultNamesWorkerStageStepAndAction) {
   StartCluster(0);
   ASSERT_TRUE(cluster_->AddWorker().ok());
-  ASSERT_TRUE(cluster_->AddWorker({"--test-fail-at=1:B:1"}).ok());
+  ASSERT_TRUE(cluster_->AddWorker({"--test-fail-at=2:B:1"}).ok());
   auto workers = cluster_->Workers();
   ASSERT_TRUE(workers.ok() && workers->size() == 2u);
   auto id = cluster_->Submit(TinyJobYaml(2, 4, 3));
@@ -339,7 +339,7 @@ TEST_F(ClusterTest, AnInjectedWorkerFaultNamesWorkerStageStepAndAction) {
   }
   ASSERT_NE(faulty, nullptr);
   const std::string& reason = end->reason();
-  EXPECT_THAT(reason, HasSubstr("step 1: "));  // the step index, as --test-fail-at takes it
+  EXPECT_THAT(reason, HasSubstr("step 2: "));  // numbered from 1, as --test-fail-at takes it
   EXPECT_THAT(reason, HasSubstr(absl::StrCat("stage ", faulty->stage())));
   EXPECT_THAT(reason, HasSubstr(faulty->worker_id()));
   EXPECT_THAT(reason, HasSubstr("B mb 1"));
@@ -842,9 +842,9 @@ TEST_F(ClusterTest, TraceOfAStepMatchesWhatGetJobReports) {
   ASSERT_EQ(job->history_size(), 6);
 
   const std::string json_path = cluster_->dir() + "/trace.json";
-  CommandResult r = cluster_->Cli({"trace", *id, "-o", json_path});  // the latest: step 5
+  CommandResult r = cluster_->Cli({"trace", *id, "-o", json_path});  // the latest: step 6
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_THAT(r.out, HasSubstr("step 5"));
+  EXPECT_THAT(r.out, HasSubstr("step 6"));
   const std::vector<TraceEvent> events = ParseTrace(ReadFile(json_path));
   ASSERT_FALSE(events.empty());
 
@@ -910,7 +910,7 @@ TEST_F(ClusterTest, TraceOfAStepMatchesWhatGetJobReports) {
     EXPECT_EQ(recv->micro_batch, e.micro_batch) << e.name;
     EXPECT_EQ(std::abs(recv->pid - e.pid), 1) << e.name;
   }
-  // Per-stage busy time: the trace against GetJob's figure for step 5 (the trace nudges a
+  // Per-stage busy time: the trace against GetJob's figure for step 6, index 5 (the trace nudges a
   // slice by 1 ns at most where two would start in one microsecond).
   const v1::StepSummary& step5 = job->history(5);
   ASSERT_EQ(step5.step(), 5);
@@ -921,7 +921,7 @@ TEST_F(ClusterTest, TraceOfAStepMatchesWhatGetJobReports) {
   }
 
   // Several steps in one file; a step that is not kept names the kept ones.
-  r = cluster_->Cli({"trace", *id, "--steps", "0..5", "-o", json_path});
+  r = cluster_->Cli({"trace", *id, "--steps", "1..6", "-o", json_path});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   int all_computes = 0;
   for (const TraceEvent& e : ParseTrace(ReadFile(json_path))) {
@@ -930,7 +930,7 @@ TEST_F(ClusterTest, TraceOfAStepMatchesWhatGetJobReports) {
   EXPECT_EQ(all_computes, 6 * 16);
   r = cluster_->Cli({"trace", *id, "--step", "99", "-o", json_path});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.err, HasSubstr("keeps no timings of step 99; kept steps: 0..5"));
+  EXPECT_THAT(r.err, HasSubstr("keeps no timings of step 99; kept steps: 1..6"));
 
   const std::string svg_path = cluster_->dir() + "/trace.svg";
   r = cluster_->Cli({"trace", *id, "--step", "3", "--svg", "-o", svg_path});

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 
 namespace tandem::testing {
@@ -140,40 +141,116 @@ Cluster::~Cluster() {
   }
 }
 
-absl::Status Cluster::Start() {
+absl::Status MakeDevCerts(const std::string& dir) {
+  const CommandResult r =
+      RunCommand({std::string(TANDEM_SOURCE_DIR) + "/scripts/dev-certs.sh", dir, "--days", "2"},
+                 std::chrono::seconds(60));
+  if (r.exit_code != 0) {
+    return absl::InternalError(absl::StrCat("scripts/dev-certs.sh ", dir, ": ", r.err));
+  }
+  return absl::OkStatus();
+}
+
+ChannelSecurity Cluster::ClientSecurity() const {
+  ChannelSecurity security;
+  if (!options_.tls) return security;
+  TlsMaterial tls;
+  tls.ca_pem = ReadFile(certs_dir() + "/ca.crt");
+  security.tls = tls;
+  security.bearer_token = std::string(absl::StripAsciiWhitespace(ReadFile(certs_dir() + "/token")));
+  return security;
+}
+
+std::vector<std::string> Cluster::WorkerTlsFlags() const {
+  if (!options_.tls) return {};
+  return {"--tls-cert=" + certs_dir() + "/worker.crt", "--tls-key=" + certs_dir() + "/worker.key",
+          "--tls-ca=" + certs_dir() + "/ca.crt"};
+}
+
+absl::Status Cluster::StartCoordinator(int port) {
   const std::string port_file = dir_ + "/coordinator.port";
   const std::string http_port_file = dir_ + "/coordinator-http.port";
-  std::vector<std::string> args{"--listen=127.0.0.1:0", "--port-file=" + port_file,
-                                "--data-root=" + dir_ + "/store",
+  const std::string health_port_file = dir_ + "/coordinator-health.port";
+  std::remove(port_file.c_str());
+  std::remove(http_port_file.c_str());
+  std::remove(health_port_file.c_str());
+  std::vector<std::string> args{absl::StrCat("--listen=127.0.0.1:", port),
+                                "--port-file=" + port_file, "--data-root=" + data_root(),
                                 absl::StrCat("--heartbeat-ms=", options_.heartbeat_ms),
                                 absl::StrCat("--worker-timeout-ms=", options_.worker_timeout_ms)};
   if (options_.http) {
-    args.push_back("--metrics-listen=127.0.0.1:0");
+    args.push_back(absl::StrCat("--metrics-listen=127.0.0.1:", http_port_));
     args.push_back("--metrics-port-file=" + http_port_file);
   }
-  coordinator_ = std::make_unique<Process>(std::string(TANDEM_BIN_DIR) + "/tandem-coordinator",
-                                           args, dir_ + "/coordinator.log");
+  if (options_.health) {
+    args.push_back(absl::StrCat("--health-listen=127.0.0.1:", health_port_));
+    args.push_back("--health-port-file=" + health_port_file);
+  }
+  if (options_.tls) {
+    if (restarts_ == 0) {
+      if (absl::Status s = MakeDevCerts(certs_dir()); !s.ok()) return s;
+    }
+    args.push_back("--tls-cert=" + certs_dir() + "/coordinator.crt");
+    args.push_back("--tls-key=" + certs_dir() + "/coordinator.key");
+    args.push_back("--tls-ca=" + certs_dir() + "/ca.crt");
+    args.push_back("--auth-token-file=" + certs_dir() + "/token");
+  }
+  args.insert(args.end(), options_.coordinator_args.begin(), options_.coordinator_args.end());
+  const std::string log = restarts_ == 0 ? dir_ + "/coordinator.log"
+                                         : absl::StrCat(dir_, "/coordinator.", restarts_, ".log");
+  coordinator_ =
+      std::make_unique<Process>(std::string(TANDEM_BIN_DIR) + "/tandem-coordinator", args, log);
   if (!WaitFor([&] { return !ReadFile(port_file).empty(); }, std::chrono::seconds(20))) {
-    return absl::DeadlineExceededError("coordinator did not start: " +
-                                       ReadFile(dir_ + "/coordinator.log"));
+    return absl::DeadlineExceededError("coordinator did not start: " + ReadFile(log));
   }
   port_ = std::stoi(ReadFile(port_file));
   // The HTTP port is written before the gRPC one.
   if (options_.http) http_port_ = std::stoi(ReadFile(http_port_file));
-  client_ = cli::NewGrpcCoordinatorClient(address(), absl::Seconds(10), absl::Hours(1));
+  if (options_.health) health_port_ = std::stoi(ReadFile(health_port_file));
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::Start() {
+  if (absl::Status s = StartCoordinator(0); !s.ok()) return s;
+  client_ =
+      cli::NewGrpcCoordinatorClient(address(), absl::Seconds(10), absl::Hours(1), ClientSecurity());
   for (int i = 0; i < options_.workers; ++i) {
     if (absl::Status s = StartWorker(); !s.ok()) return s;
   }
-  const size_t want = workers_.size();
+  return WaitForWorkers();
+}
+
+absl::Status Cluster::WaitForWorkers() {
+  size_t want = 0;
+  for (auto& w : workers_) want += w->Running();
+  std::vector<v1::WorkerInfo> seen;
   if (!WaitFor(
           [&] {
             auto w = Workers();
-            return w.ok() && w->size() >= want;
+            if (!w.ok()) return false;
+            seen = *w;
+            size_t alive = 0;
+            for (const auto& info : *w) alive += info.state() != v1::LOST;
+            return alive >= want;
           },
           std::chrono::seconds(20))) {
-    return absl::DeadlineExceededError("workers did not register");
+    return absl::DeadlineExceededError(
+        absl::StrCat("workers did not register: ", seen.size(), " registered, ", want, " running"));
   }
   return absl::OkStatus();
+}
+
+absl::Status Cluster::RestartCoordinator(int signal) {
+  coordinator_->Kill(signal);
+  coordinator_->Wait();
+  ++restarts_;
+  const int port = port_;
+  if (absl::Status s = StartCoordinator(port); !s.ok()) return s;
+  if (port_ != port) {
+    return absl::InternalError(
+        absl::StrCat("the coordinator came back on port ", port_, ", not ", port));
+  }
+  return WaitForWorkers();
 }
 
 absl::Status Cluster::StartWorker(const std::vector<std::string>& extra_flags) {
@@ -184,6 +261,8 @@ absl::Status Cluster::StartWorker(const std::vector<std::string>& extra_flags) {
                                    "--threads=1",
                                    "--data-root=" + dir_,
                                    absl::StrCat("--port-file=", dir_, "/worker", i, ".port")};
+  const std::vector<std::string> tls = WorkerTlsFlags();
+  args.insert(args.end(), tls.begin(), tls.end());
   args.insert(args.end(), options_.worker_args.begin(), options_.worker_args.end());
   args.insert(args.end(), extra_flags.begin(), extra_flags.end());
   workers_.push_back(std::make_unique<Process>(std::string(TANDEM_BIN_DIR) + "/tandem-worker", args,
@@ -234,9 +313,13 @@ absl::StatusOr<v1::Job> Cluster::WaitForEnd(const std::string& id, std::chrono::
   return job;
 }
 
-CommandResult Cluster::Cli(const std::vector<std::string>& args) {
+CommandResult Cluster::Cli(const std::vector<std::string>& args, bool with_credentials) {
   std::vector<std::string> argv{std::string(TANDEM_BIN_DIR) + "/tandem",
                                 "--coordinator=" + address()};
+  if (options_.tls && with_credentials) {
+    argv.push_back("--tls-ca=" + certs_dir() + "/ca.crt");
+    argv.push_back("--token-file=" + certs_dir() + "/token");
+  }
   argv.insert(argv.end(), args.begin(), args.end());
   return RunCommand(argv);
 }

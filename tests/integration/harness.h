@@ -61,21 +61,44 @@ class Cluster {
     int workers = 2;
     int heartbeat_ms = 200;
     int worker_timeout_ms = 1500;
-    std::vector<std::string> worker_args;  // appended to every worker's flags
+    std::vector<std::string> worker_args;       // appended to every worker's flags
+    std::vector<std::string> coordinator_args;  // appended to the coordinator's flags
     // Serve metrics and the dashboard on an ephemeral 127.0.0.1 port (http_port()).
     bool http = false;
+    // The coordinator's plaintext health port on an ephemeral 127.0.0.1 port (health_port()).
+    bool health = false;
+    // TLS with mutual authentication: Start() makes a CA, certificates and a token with
+    // scripts/dev-certs.sh in certs_dir(); the daemons get the --tls-* flags, the coordinator
+    // --auth-token-file, and client() and Cli() authenticate with the token.
+    bool tls = false;
   };
   explicit Cluster(Options options);
   ~Cluster();
 
   // Starts everything and waits until every worker is registered.
   absl::Status Start();
+  // Kills the coordinator with `signal` (SIGKILL: no chance to clean up), waits for it to
+  // exit, and starts a new one on the same data root and the same ports; then waits until
+  // every running worker has registered again (they do when their heartbeat is refused).
+  // The new coordinator's log is coordinator.<restarts>.log (coordinator().log_path()).
+  absl::Status RestartCoordinator(int signal);
+  // The coordinator's data root (--data-root).
+  std::string data_root() const { return dir_ + "/store"; }
   // Starts one more worker (with `extra_flags`, e.g. "--test-fail-at=1:B") and waits until it
   // is registered.
   absl::Status AddWorker(const std::vector<std::string>& extra_flags = {});
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   // The coordinator's metrics and dashboard port (Options::http), else 0.
   int http_port() const { return http_port_; }
+  // The coordinator's health port (Options::health), else 0.
+  int health_port() const { return health_port_; }
+  // Options::tls: where the certificates are (ca.crt, coordinator/worker/client .crt .key,
+  // token), and the security of a client that sends the token.
+  std::string certs_dir() const { return dir_ + "/certs"; }
+  ChannelSecurity ClientSecurity() const;
+  // The flags a worker needs to reach this coordinator: plaintext none, with TLS the worker
+  // certificate's.
+  std::vector<std::string> WorkerTlsFlags() const;
   const std::string& dir() const { return dir_; }
   Process& worker(int i) { return *workers_[i]; }
   Process& coordinator() { return *coordinator_; }
@@ -88,20 +111,30 @@ class Cluster {
   absl::Status Cancel(const std::string& id);
   // Waits until the job reaches a terminal state (or `timeout`); returns the final job.
   absl::StatusOr<v1::Job> WaitForEnd(const std::string& id, std::chrono::seconds timeout);
-  // Runs the `tandem` CLI against this cluster.
-  CommandResult Cli(const std::vector<std::string>& args);
+  // Runs the `tandem` CLI against this cluster; with TLS, with --tls-ca and the token unless
+  // `with_credentials` is false (then only --coordinator is added).
+  CommandResult Cli(const std::vector<std::string>& args, bool with_credentials = true);
 
  private:
   absl::Status StartWorker(const std::vector<std::string>& extra_flags = {});
+  // Starts the coordinator on `port` (0: an ephemeral one) and waits until it serves.
+  absl::Status StartCoordinator(int port);
+  // Waits until every running worker is registered and not LOST.
+  absl::Status WaitForWorkers();
 
   Options options_;
   std::string dir_;
   int port_ = 0;
   int http_port_ = 0;
+  int restarts_ = 0;
+  int health_port_ = 0;
   std::unique_ptr<Process> coordinator_;
   std::vector<std::unique_ptr<Process>> workers_;
   std::unique_ptr<cli::CoordinatorClient> client_;
 };
+
+// Makes a development CA, certificates and a token in `dir` with scripts/dev-certs.sh.
+absl::Status MakeDevCerts(const std::string& dir);
 
 // A small mlp_lm job spec for tests: `stages` stages, M micro-batches, `steps` steps.
 // `extra` is appended as top-level YAML (e.g. "checkpoint:\n  every: 4\n").

@@ -325,6 +325,12 @@ TEST_F(ExecutorTest, ReportsTimingsBytesAndMemory) {
   EXPECT_EQ(r.bytes_sent(), 4 * act_bytes);
   EXPECT_EQ(r.bytes_received(), 4 * act_bytes);
   EXPECT_GT(r.peak_activation_bytes(), 0);
+  // One stage on this rank: its peak is the rank's, and its static bytes are at least the
+  // values and gradients of its parameters (plus the optimizer's moments).
+  ASSERT_EQ(r.stage_memory_size(), 1);
+  EXPECT_EQ(r.stage_memory(0).stage(), 0);
+  EXPECT_EQ(r.stage_memory(0).peak_activation_bytes(), r.peak_activation_bytes());
+  EXPECT_GT(r.stage_memory(0).static_bytes(), 0);
   EXPECT_GT(r.exec_us(), 0);
   EXPECT_LE(r.start_us(), r.end_us());
   EXPECT_EQ(r.step(), 0);
@@ -438,7 +444,8 @@ TEST(ValidateStageProgramTest, RejectsBadPrograms) {
 }
 
 TEST(InjectedFaultTest, ParsesStepKindAndMicroBatchAndNamesWhatIsWrong) {
-  absl::StatusOr<InjectedFault> f = ParseInjectedFault("2:B:1");
+  // Steps count from 1 as users see them: "3" is the step at index 2.
+  absl::StatusOr<InjectedFault> f = ParseInjectedFault("3:B:1");
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ(f->step, 2);
   EXPECT_EQ(f->kind, v1::ACTION_B);
@@ -450,13 +457,13 @@ TEST(InjectedFaultTest, ParsesStepKindAndMicroBatchAndNamesWhatIsWrong) {
   EXPECT_FALSE(f->Matches(1, a));
   a.set_micro_batch(0);
   EXPECT_FALSE(f->Matches(2, a));
-  f = ParseInjectedFault("0:SEND_F");
+  f = ParseInjectedFault("1:SEND_F");
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ(f->micro_batch, -1);
   a.set_kind(v1::ACTION_SEND_F);
   EXPECT_TRUE(f->Matches(0, a));
   EXPECT_FALSE(InjectedFault{}.Matches(0, a));
-  for (const char* bad : {"", "2", "x:B", "-1:B", "2:Q", "2:B:x", "2:B:1:0"}) {
+  for (const char* bad : {"", "2", "x:B", "0:B", "-1:B", "2:Q", "2:B:x", "2:B:1:0"}) {
     absl::StatusOr<InjectedFault> b = ParseInjectedFault(bad);
     EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(b.status().message().find(absl::StrCat("fault '", bad, "'")), std::string::npos)

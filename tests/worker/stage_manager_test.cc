@@ -5,6 +5,7 @@
 #include <cblas.h>
 #include <gloo/rendezvous/hash_store.h>
 #include <gloo/rendezvous/prefix_store.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -208,6 +209,47 @@ TEST_F(StageManagerTest, ConfigureRunAbortLifecycle) {
   EXPECT_TRUE(w0.Abort("job-1", "test").ok());
 }
 
+// Steps are idempotent by (job, attempt, step): a call from an earlier run of the job is
+// refused, and a step once applied can neither run nor apply again.
+TEST_F(StageManagerTest, LateOrRepeatedCallsAreRefused) {
+  const v1::JobSpec spec = TinyJob();
+  auto programs = MakePrograms(spec, 2, "1f1b");
+  for (auto& p : programs) p.set_attempt(2);
+  StageManager w0({}, Factory()), w1({}, Factory());
+  auto c1 = std::async(std::launch::async, [&] { return w1.Configure(programs[1]); });
+  ASSERT_TRUE(w0.Configure(programs[0]).ok());
+  ASSERT_TRUE(c1.get().ok());
+
+  auto stale = w0.RunStep("job-1", 0, v1::STEP_MODE_TRAIN, /*attempt=*/1);
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(stale.status().message()),
+              ::testing::HasSubstr("the call is for attempt 1, but this worker runs attempt 2"));
+
+  auto s1 = std::async(std::launch::async,
+                       [&] { return w1.RunStep("job-1", 0, v1::STEP_MODE_TRAIN, 2); });
+  ASSERT_TRUE(w0.RunStep("job-1", 0, v1::STEP_MODE_TRAIN, 2).ok());
+  ASSERT_TRUE(s1.get().ok());
+  v1::ApplyStepRequest apply;
+  apply.set_job_id("job-1");
+  apply.set_step(0);
+  apply.set_learning_rate(0.01f);
+  apply.set_grad_scale(1.0f);
+  apply.set_attempt(1);
+  EXPECT_EQ(w0.ApplyStep(apply).code(), absl::StatusCode::kFailedPrecondition);
+  apply.set_attempt(2);
+  ASSERT_TRUE(w0.ApplyStep(apply).ok());
+  ASSERT_TRUE(w1.ApplyStep(apply).ok());
+  // A duplicate apply, and a late RunStep of the applied step: refused, nothing changes.
+  EXPECT_EQ(w0.ApplyStep(apply).code(), absl::StatusCode::kFailedPrecondition);
+  auto again = w0.RunStep("job-1", 0, v1::STEP_MODE_TRAIN, 2);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(again.status().message()),
+              ::testing::HasSubstr("step 1 was already applied"));
+  EXPECT_EQ(w0.GetStatus().last_step(), 0);
+  EXPECT_TRUE(w0.Abort("job-1", "test").ok());
+  EXPECT_TRUE(w1.Abort("job-1", "test").ok());
+}
+
 TEST_F(StageManagerTest, AbortCancelsConfigureInProgress) {
   const auto programs = MakePrograms(TinyJob(), 2, "1f1b", "job-9");
   StageManager w0({}, Factory(std::chrono::milliseconds(1000)));
@@ -292,7 +334,7 @@ TEST_F(StageManagerTest, OutOfOrderCallsAreRefusedAndTheWorkerKeepsServing) {
   apply.set_step(2);  // the wrong step's apply
   a = w.ApplyStep(apply);
   EXPECT_EQ(a.code(), absl::StatusCode::kFailedPrecondition) << a;
-  EXPECT_NE(a.message().find("step 3's, not step 2's"), std::string::npos) << a;
+  EXPECT_NE(a.message().find("step 4's, not step 3's"), std::string::npos) << a;  // 1-based
   apply.set_step(3);
   ASSERT_TRUE(w.ApplyStep(apply).ok());
   EXPECT_EQ(w.ApplyStep(apply).code(), absl::StatusCode::kFailedPrecondition);
@@ -300,7 +342,9 @@ TEST_F(StageManagerTest, OutOfOrderCallsAreRefusedAndTheWorkerKeepsServing) {
   for (int64_t step : {3, 1}) {
     r = w.RunStep("job-1", step);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << step;
-    EXPECT_NE(r.status().message().find("is not after step 3"), std::string::npos) << r.status();
+    EXPECT_NE(r.status().message().find("was already applied (the stage is at step 4)"),
+              std::string::npos)
+        << r.status();
   }
   // Bad apply arguments.
   apply.set_step(4);
