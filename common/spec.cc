@@ -1,5 +1,6 @@
 #include "common/spec.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <set>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -37,8 +39,43 @@ using google::protobuf::Reflection;
 // coordinator's memory), not a spec.
 constexpr size_t kMaxSpecBytes = 1 << 20;
 
+// At most this many (stage, micro-batch) pairs in one step's program (stages x chunks x
+// micro-batches): 64 stages of 4096 micro-batches, far beyond any real pipeline, and a program
+// the coordinator builds, validates and simulates in well under a second.
+constexpr int64_t kMaxScheduleSlots = int64_t{1} << 18;
+
 // ---------------------------------------------------------------------------------------------
 // YAML -> JobSpec, generically through the descriptor.
+
+// Records where a document's first node starts; builds nothing.
+class DocumentProbe final : public YAML::EventHandler {
+ public:
+  YAML::Mark first = YAML::Mark::null_mark();
+
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { See(mark); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { See(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    See(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    See(mark);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    See(mark);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void See(const YAML::Mark& mark) {
+    if (first.is_null()) first = mark;
+  }
+};
 
 std::string Where(const YAML::Node& node) {
   const YAML::Mark mark = node.Mark();
@@ -457,6 +494,49 @@ absl::Status CheckOneOf(absl::string_view path, const std::string& v,
                  absl::StrCat("expected ", absl::StrJoin(quoted, " or "), ", got \"", v, "\""));
 }
 
+// What a worker builds at most (worker/model/gpt.cc and mlp_lm.cc refuse more): no weight
+// matrix over 2^31 - 1 elements, no model over 2^32 parameters (16 GiB of fp32 weights, 64 GiB
+// with gradients and AdamW state). Checked here so that such a job is refused at submit,
+// naming the fields, instead of failing on every worker at configure.
+constexpr double kMaxTensorElements = 2147483647.0;
+constexpr double kMaxModelParameters = 4294967296.0;
+
+absl::Status CheckModelSize(const v1::ModelSpec& m) {
+  const double d = m.d_model();
+  const double h = m.d_hidden() == 0 ? 4.0 * d : m.d_hidden();
+  const double v = m.vocab_size();
+  struct Matrix {
+    const char* what;
+    double rows, cols;
+  };
+  std::vector<Matrix> matrices = {{"model.vocab_size x model.d_model (the token embedding)", v, d},
+                                  {"model.d_hidden x model.d_model (a block's MLP)", h, d}};
+  if (m.arch() == "gpt") {
+    matrices.push_back({"model.seq_len x model.d_model (the position embedding)",
+                        static_cast<double>(m.seq_len()), d});
+    matrices.push_back({"3 model.d_model x model.d_model (a block's attention)", 3 * d, d});
+  } else {
+    matrices.push_back({"model.d_model x model.context x model.d_embed (the input projection)", d,
+                        static_cast<double>(m.context()) * m.d_embed()});
+  }
+  for (const Matrix& x : matrices) {
+    if (x.rows * x.cols > kMaxTensorElements) {
+      return Invalid("model",
+                     absl::StrCat("too large: ", x.what, " is ", x.rows * x.cols,
+                                  " elements; a worker holds at most ",
+                                  static_cast<int64_t>(kMaxTensorElements), " per weight matrix"));
+    }
+  }
+  double total = 0;
+  for (int64_t n : LayerParameterCounts(m)) total += static_cast<double>(n);
+  if (total > kMaxModelParameters) {
+    return Invalid("model", absl::StrCat("too large: ", total, " parameters (model.n_layer = ",
+                                         m.n_layer(), ", model.d_model = ", m.d_model(),
+                                         "); a worker builds at most 4294967296 (2^32)"));
+  }
+  return absl::OkStatus();
+}
+
 bool IsNameChar(char c) { return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-'; }
 
 absl::Status ValidateTop(const v1::JobSpec& spec) {
@@ -489,16 +569,18 @@ absl::Status ValidateModel(const v1::JobSpec& spec) {
     }
     if (absl::Status s = CheckRange("model.seq_len", m.seq_len(), 1, 1 << 16); !s.ok()) return s;
   } else {
-    if (m.d_hidden() < 0) {
-      return Invalid("model.d_hidden",
-                     absl::StrCat("must be >= 0 (0 means 4 x d_model), got ", m.d_hidden()));
-    }
-    if (absl::Status s = CheckRange("model.d_hidden", m.d_hidden(), 0, 4 * 65536); !s.ok()) {
-      return s;
-    }
     if (absl::Status s = CheckRange("model.d_embed", m.d_embed(), 1, 65536); !s.ok()) return s;
     if (absl::Status s = CheckRange("model.context", m.context(), 1, 4096); !s.ok()) return s;
   }
+  // Both architectures read d_hidden (the MLP's inner width).
+  if (m.d_hidden() < 0) {
+    return Invalid("model.d_hidden",
+                   absl::StrCat("must be >= 0 (0 means 4 x d_model), got ", m.d_hidden()));
+  }
+  if (absl::Status s = CheckRange("model.d_hidden", m.d_hidden(), 0, 4 * 65536); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckModelSize(m); !s.ok()) return s;
   // Byte data yields tokens 0..255; token files are checked against vocab_size when loaded.
   const bool bytes = spec.data().source() == "synthetic" || spec.data().format() == "bytes";
   if (bytes && m.vocab_size() < 256) {
@@ -510,27 +592,40 @@ absl::Status ValidateModel(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateDataPath(const std::string& field, const std::string& path) {
+// A path the spec names, relative to `root` (how the error names it): not empty, not
+// absolute, no '..' component, no NUL; for data files (`pattern`), wildcards only in the last
+// component. The side that opens the file resolves it again (realpath) against its root, which
+// also refuses symlinks that lead outside.
+absl::Status ValidateRelativePath(const std::string& field, const std::string& path,
+                                  absl::string_view root, bool pattern) {
   if (path.empty()) {
     return Invalid(field,
-                   "required with data.source \"file\": a file relative to the worker's "
-                   "--data-root");
+                   absl::StrCat("required with data.source \"file\": a file relative to ", root));
   }
   if (path[0] == '/') {
-    return Invalid(
-        field, absl::StrCat("must be relative to the worker's --data-root, got \"", path, "\""));
+    return Invalid(field, absl::StrCat("must be relative to ", root, ", got \"", path, "\""));
   }
   if (path.find('\0') != std::string::npos) {
     return Invalid(field, "must not contain NUL characters");
   }
-  for (absl::string_view part : absl::StrSplit(path, absl::ByAnyChar("/\\"))) {
-    if (part == "..") {
-      return Invalid(field, absl::StrCat("must stay inside the worker's --data-root; '..' is not "
-                                         "allowed, got \"",
+  const std::vector<absl::string_view> parts = absl::StrSplit(path, absl::ByAnyChar("/\\"));
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i] == "..") {
+      return Invalid(field, absl::StrCat("must stay inside ", root, "; '..' is not allowed, got \"",
+                                         path, "\""));
+    }
+    if (pattern && i + 1 < parts.size() &&
+        parts[i].find_first_of("*?") != absl::string_view::npos) {
+      return Invalid(field, absl::StrCat("only the last path component may hold the wildcards '*' "
+                                         "and '?', got \"",
                                          path, "\""));
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status ValidateDataPath(const std::string& field, const std::string& path) {
+  return ValidateRelativePath(field, path, "the worker's --data-root", /*pattern=*/true);
 }
 
 absl::Status ValidateData(const v1::JobSpec& spec) {
@@ -611,16 +706,37 @@ absl::Status ValidateOptimizer(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateCheckpoint(const v1::JobSpec& spec) {
+  const v1::CheckpointSpec& c = spec.checkpoint();
+  if (c.every() < 0) {
+    return Invalid(
+        "checkpoint.every",
+        absl::StrCat("must be >= 0 (0 saves after the last step only), got ", c.every()));
+  }
+  return CheckRange("checkpoint.keep", c.keep(), 1, 1000);
+}
+
+// A job id as the coordinator hands them out: "job-" and digits.
+bool IsJobId(const std::string& id) {
+  return id.size() > 4 && id.size() <= 24 && id.rfind("job-", 0) == 0 &&
+         std::all_of(id.begin() + 4, id.end(), absl::ascii_isdigit);
+}
+
 absl::Status ValidateInit(const v1::JobSpec& spec) {
   const v1::InitSpec& init = spec.init();
   if (!init.from_job().empty() && !init.hf_file().empty()) {
     return Invalid("init", "set from_job (resume) or hf_file (fine-tune), not both");
   }
+  if (!init.from_job().empty() && !IsJobId(init.from_job())) {
+    return Invalid("init.from_job", absl::StrCat("must be a job id such as \"job-3\", got \"",
+                                                 init.from_job(), "\""));
+  }
   if (!init.hf_file().empty()) {
     if (spec.model().arch() != "gpt") {
       return Invalid("init.hf_file", "fine-tuning from a GPT-2 file needs model.arch gpt");
     }
-    return ValidateDataPath("init.hf_file", init.hf_file());
+    return ValidateRelativePath("init.hf_file", init.hf_file(),
+                                "the coordinator's <data-root>/models", /*pattern=*/false);
   }
   return absl::OkStatus();
 }
@@ -667,6 +783,30 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
       return s;
     }
   }
+  const int64_t num_layers = int64_t{spec.model().n_layer()} + 2;
+  if (p.stages() > num_layers) {
+    return Invalid("pipeline.stages",
+                   absl::StrCat(p.stages(), " stages but the model has only ", num_layers,
+                                " layers (embedding, ", spec.model().n_layer(),
+                                " blocks, head); every stage needs at least one layer, so stages "
+                                "must be <= model.n_layer + 2 = ",
+                                num_layers));
+  }
+  // Bound the work of building, checking and simulating the step's program (and the
+  // coordinator's memory for it) before generating it: a spec may not ask for millions of
+  // actions. Chunks 0 counts as 2, the most any schedule picks by itself.
+  const int64_t chunks = p.chunks() > 0 ? p.chunks() : 2;
+  for (const auto& [field, m] :
+       {std::pair<const char*, int64_t>{"pipeline.micro_batches", p.micro_batches()},
+        {"eval.micro_batches", spec.eval().every() > 0 ? spec.eval().micro_batches() : 0}}) {
+    if (const int64_t slots = p.stages() * chunks * m; slots > kMaxScheduleSlots) {
+      return Invalid(field,
+                     absl::StrCat("pipeline.stages x chunks x ", m, " micro-batches = ", slots,
+                                  " (stage, micro-batch) pairs per step, over the "
+                                  "limit of ",
+                                  kMaxScheduleSlots));
+    }
+  }
   // The schedule's own constraints (1f1b: M >= P; interleaved: M a multiple of P; ...) and,
   // for a CSV, the whole program: complete and deadlock-free.
   absl::StatusOr<Schedule> schedule = ScheduleForSpec(spec);
@@ -675,7 +815,6 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
                    schedule.status().message());
   }
   const int num_stages = schedule->placement.num_stages();
-  const int64_t num_layers = int64_t{spec.model().n_layer()} + 2;
   if (num_stages > num_layers) {
     return Invalid(
         "pipeline.stages",
@@ -731,28 +870,74 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml) {
     return absl::InvalidArgumentError(
         absl::StrCat("job spec: ", yaml.size(), " bytes is over the limit of ", kMaxSpecBytes));
   }
-  std::vector<YAML::Node> docs;
-  try {
-    docs = YAML::LoadAll(std::string(yaml));
-  } catch (const YAML::Exception& e) {
+  // YAML allows no C0 control character but tab, line feed and carriage return (nor DEL);
+  // refuse them here, naming where, rather than leave them to yaml-cpp.
+  int line = 1, column = 1;
+  for (const char c : yaml) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if ((u < 0x20 && c != '\t' && c != '\n' && c != '\r') || u == 0x7f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job spec: invalid YAML at line ", line, ", column ", column,
+                       ": control character 0x", absl::Hex(u, absl::kZeroPad2), " is not allowed"));
+    }
+    if (c == '\n') {
+      ++line;
+      column = 1;
+    } else {
+      ++column;
+    }
+  }
+  auto invalid_yaml = [](const YAML::Exception& e) {
     std::string where;
     if (!e.mark.is_null()) {
       where = absl::StrCat(" at line ", e.mark.line + 1, ", column ", e.mark.column + 1);
     }
     return absl::InvalidArgumentError(absl::StrCat("job spec: invalid YAML", where, ": ", e.msg));
+  };
+  // Count the documents first, without YAML::LoadAll: in yaml-cpp 0.7 it loops forever,
+  // allocating, on a token its parser leaves unconsumed (a stray ',': ", b" or "# c\n, b"),
+  // because each pass yields another empty document at the same place (jbeder/yaml-cpp#1040,
+  // fixed upstream after 0.8; found here by tests/fuzz/spec_fuzz). A document that starts
+  // where the previous one did is that loop, and is refused.
+  int num_docs = 0;
+  try {
+    std::istringstream in{std::string(yaml)};
+    YAML::Parser parser(in);
+    DocumentProbe previous;
+    constexpr int kMaxDocuments = 64;
+    while (num_docs <= kMaxDocuments) {
+      DocumentProbe probe;
+      if (!parser.HandleNextDocument(probe)) break;
+      if (num_docs > 0 && !probe.first.is_null() && probe.first.pos == previous.first.pos) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "job spec: invalid YAML at line ", probe.first.line + 1, ", column ",
+            probe.first.column + 1, ": unexpected token (a ',' outside a [list] or {map}?)"));
+      }
+      previous = probe;
+      ++num_docs;
+    }
+  } catch (const YAML::Exception& e) {
+    return invalid_yaml(e);
   }
-  if (docs.empty() || docs[0].IsNull()) {
+  if (num_docs > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job spec: expected one YAML document, got ", num_docs > 64 ? "more than 64" : "",
+        num_docs > 64 ? "" : absl::StrCat(num_docs), " (remove the '---' lines)"));
+  }
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml));
+  } catch (const YAML::Exception& e) {
+    return invalid_yaml(e);
+  }
+  if (num_docs == 0 || root.IsNull()) {
     return absl::InvalidArgumentError(
         absl::StrCat("job spec: the document is empty; expected a map with fields ",
                      FieldNames(v1::JobSpec::descriptor())));
   }
-  if (docs.size() > 1) {
-    return absl::InvalidArgumentError(absl::StrCat("job spec: expected one YAML document, got ",
-                                                   docs.size(), " (remove the '---' lines)"));
-  }
   v1::JobSpec spec;
   try {
-    if (absl::Status s = ParseMessage(docs[0], "", &spec); !s.ok()) return s;
+    if (absl::Status s = ParseMessage(root, "", &spec); !s.ok()) return s;
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("job spec: ", e.msg));
   }
@@ -768,7 +953,7 @@ v1::JobSpec WithDefaults(const v1::JobSpec& spec) {
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   for (auto check : {ValidateTop, ValidateModel, ValidateData, ValidateOptimizer, ValidateEval,
-                     ValidateInit, ValidatePipeline}) {
+                     ValidateCheckpoint, ValidateInit, ValidatePipeline}) {
     if (absl::Status s = check(spec); !s.ok()) return s;
   }
   return absl::OkStatus();

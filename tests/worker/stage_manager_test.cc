@@ -9,7 +9,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <future>
+#include <limits>
 #include <thread>
 
 #include "tests/worker/cancellable_store.h"
@@ -290,6 +292,145 @@ TEST_F(StageManagerTest, ConfigureRejectsBadPrograms) {
   EXPECT_EQ(w.RunStep("job-1", 1).status().code(), absl::StatusCode::kFailedPrecondition);
   w.Shutdown();
   EXPECT_EQ(w.RunStep("job-2", 0).status().code(), absl::StatusCode::kUnavailable);
+}
+
+// Out-of-order and misdirected calls get their code and the manager keeps serving: a step
+// or an apply before any Configure, for another job, with a negative, repeated or earlier
+// step index, an apply of a step that has no pending gradients.
+TEST_F(StageManagerTest, OutOfOrderCallsAreRefusedAndTheWorkerKeepsServing) {
+  StageManager w({}, Factory());
+  v1::ApplyStepRequest apply;
+  apply.set_job_id("job-1");
+  apply.set_step(0);
+  apply.set_learning_rate(0.01f);
+  apply.set_grad_scale(1.0f);
+  // Before Configure.
+  auto r = w.RunStep("job-1", 0);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_NE(r.status().message().find("holds no job"), std::string::npos) << r.status();
+  EXPECT_EQ(w.ApplyStep(apply).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(w.Abort("job-1", "nothing to abort").code(), absl::StatusCode::kOk);
+  EXPECT_EQ(w.Abort("", "").code(), absl::StatusCode::kInvalidArgument);
+
+  ASSERT_TRUE(w.Configure(MakePrograms(TinyJob(), 1, "gpipe")[0]).ok());
+  // Another job's step: FAILED_PRECONDITION naming both jobs.
+  r = w.RunStep("job-7", 0);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("job job-7 is not configured"), std::string::npos);
+  EXPECT_NE(r.status().message().find("it holds job job-1"), std::string::npos);
+  // Apply before the step ran: nothing pending.
+  absl::Status a = w.ApplyStep(apply);
+  EXPECT_EQ(a.code(), absl::StatusCode::kFailedPrecondition) << a;
+  EXPECT_NE(a.message().find("no gradients are pending"), std::string::npos) << a;
+  // A negative step.
+  r = w.RunStep("job-1", -1);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("step must be >= 0"), std::string::npos);
+  // Step 3, then its apply; applying it twice is refused.
+  ASSERT_TRUE(w.RunStep("job-1", 3).ok());
+  // A second step while step 3's gradients wait for their apply.
+  r = w.RunStep("job-1", 4);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  apply.set_step(2);  // the wrong step's apply
+  a = w.ApplyStep(apply);
+  EXPECT_EQ(a.code(), absl::StatusCode::kFailedPrecondition) << a;
+  EXPECT_NE(a.message().find("step 4's, not step 3's"), std::string::npos) << a;  // 1-based
+  apply.set_step(3);
+  ASSERT_TRUE(w.ApplyStep(apply).ok());
+  EXPECT_EQ(w.ApplyStep(apply).code(), absl::StatusCode::kFailedPrecondition);
+  // Duplicate and earlier steps.
+  for (int64_t step : {3, 1}) {
+    r = w.RunStep("job-1", step);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << step;
+    EXPECT_NE(r.status().message().find("was already applied (the stage is at step 4)"),
+              std::string::npos)
+        << r.status();
+  }
+  // Bad apply arguments.
+  apply.set_step(4);
+  ASSERT_TRUE(w.RunStep("job-1", 4).ok());
+  apply.set_learning_rate(std::numeric_limits<float>::quiet_NaN());
+  EXPECT_EQ(w.ApplyStep(apply).code(), absl::StatusCode::kInvalidArgument);
+  apply.set_learning_rate(0.01f);
+  apply.set_grad_scale(-std::numeric_limits<float>::infinity());
+  EXPECT_EQ(w.ApplyStep(apply).code(), absl::StatusCode::kInvalidArgument);
+  apply.set_grad_scale(1.0f);
+  // After all that the worker still serves the job: the pending step applies, the next runs.
+  ASSERT_TRUE(w.ApplyStep(apply).ok());
+  auto ok = w.RunStep("job-1", 5);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  // An evaluation after step 5 is not a training step: it may name the last step.
+  EXPECT_EQ(w.GetStatus().last_step(), 5);
+}
+
+// Malformed programs in Configure are INVALID_ARGUMENT; the worker stays idle and a good
+// program configures after each.
+TEST_F(StageManagerTest, MalformedProgramsAreInvalidArgument) {
+  StageManager w({}, Factory());
+  const v1::StageProgram good = MakePrograms(TinyJob(), 1, "gpipe")[0];
+  const std::vector<std::pair<const char*, std::function<void(v1::StageProgram&)>>> cases = {
+      {"negative rank", [](auto& p) { p.set_rank(-1); }},
+      {"rank past num_ranks", [](auto& p) { p.set_rank(1); }},
+      {"zero ranks", [](auto& p) { p.set_num_ranks(0); }},
+      {"stage index", [](auto& p) { p.mutable_chunks(0)->set_stage(7); }},
+      {"negative stage", [](auto& p) { p.mutable_chunks(0)->set_stage(-1); }},
+      {"layers reversed", [](auto& p) { p.mutable_chunks(0)->set_layer_end(0); }},
+      {"no actions", [](auto& p) { p.clear_actions(); }},
+      {"action micro-batch", [](auto& p) { p.mutable_actions(0)->set_micro_batch(-2); }},
+      {"action stage", [](auto& p) { p.mutable_actions(0)->set_stage(3); }},
+      {"action kind",
+       [](auto& p) { p.mutable_actions(0)->set_kind(static_cast<v1::ActionKind>(99)); }},
+      {"micro_batches", [](auto& p) { p.set_micro_batches(-3); }},
+      {"no job id", [](auto& p) { p.clear_job_id(); }},
+      {"eval micro-batches",
+       [](auto& p) {
+         *p.add_eval_actions() = p.actions(0);
+         p.set_eval_micro_batches(-1);
+       }},
+      {"model", [](auto& p) { p.mutable_spec()->mutable_model()->set_n_layer(-5); }},
+  };
+  for (const auto& [name, mutate] : cases) {
+    v1::StageProgram p = good;
+    mutate(p);
+    auto r = w.Configure(p);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << name << ": " << r.status();
+    EXPECT_EQ(w.GetStatus().state(), v1::IDLE) << name;
+  }
+  auto r = w.Configure(good);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(w.RunStep("job-1", 0).ok());
+}
+
+// A stage that cannot fit the worker's memory is refused before anything is allocated,
+// naming both figures; the worker keeps serving smaller programs.
+TEST_F(StageManagerTest, StageLargerThanTheWorkerMemoryIsResourceExhausted) {
+  WorkerConfig config;
+  config.memory_bytes = 1 << 20;  // 1 MiB
+  StageManager w(config, Factory());
+  v1::JobSpec big = TinyJob();
+  big.mutable_model()->set_d_model(512);
+  auto r = w.Configure(MakePrograms(big, 1, "gpipe")[0]);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_NE(r.status().message().find("this worker has 1048576 bytes"), std::string::npos)
+      << r.status();
+  EXPECT_NE(r.status().message().find("needs at least"), std::string::npos);
+  EXPECT_EQ(w.GetStatus().state(), v1::IDLE);
+  EXPECT_TRUE(w.Configure(MakePrograms(TinyJob(), 1, "gpipe")[0]).ok());
+  // A layer profile is refused the same way, before building the layer.
+  StageManager idle(config, Factory());
+  v1::JobSpec wide = testing::TinyGptJob(/*tie_embeddings=*/false);
+  wide.mutable_pipeline()->set_stages(1);
+  wide.mutable_model()->set_d_model(1024);
+  wide.mutable_model()->set_n_head(8);
+  auto profile = idle.ProfileLayers(wide, {1}, 1);
+  EXPECT_EQ(profile.status().code(), absl::StatusCode::kResourceExhausted) << profile.status();
+  EXPECT_NE(profile.status().message().find("profile: layer 1 needs at least"), std::string::npos)
+      << profile.status();
+  // The estimate counts 16 bytes per parameter: a wide model's stage is tens of GiB.
+  v1::StageProgram huge = MakePrograms(TinyJob(), 1, "gpipe")[0];
+  huge.mutable_spec()->mutable_model()->set_d_model(16384);
+  EXPECT_GT(EstimateStageBytes(huge), int64_t{1} << 34);
 }
 
 }  // namespace

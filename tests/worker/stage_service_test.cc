@@ -114,9 +114,10 @@ struct Server {
   std::string address() const { return "127.0.0.1:" + std::to_string(port); }
 };
 
-Server Serve(std::vector<grpc::Service*> services) {
+Server Serve(std::vector<grpc::Service*> services, int max_receive_bytes = 0) {
   grpc::ServerBuilder b;
   Server s;
+  if (max_receive_bytes > 0) b.SetMaxReceiveMessageSize(max_receive_bytes);
   b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &s.port);
   for (auto* svc : services) b.RegisterService(svc);
   s.server = b.BuildAndStart();
@@ -370,6 +371,172 @@ TEST_F(StageServiceTest, RegistersHeartbeatsAndReRegisters) {
   client.Stop();
 }
 
+// Sends `bytes` as the raw request of `method` (e.g. "/tandem.v1.StageWorker/Configure").
+grpc::Status RawCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+                     const std::string& bytes) {
+  grpc::GenericStub generic(channel);
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, milliseconds(10000));
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1), response;
+  std::promise<grpc::Status> done;
+  generic.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
+                    [&](grpc::Status st) { done.set_value(st); });
+  return done.get_future().get();
+}
+
+grpc::Status CallGetStatus(v1::StageWorker::Stub* stub, v1::WorkerStatus* ws) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, milliseconds(5000));
+  v1::GetStatusRequest req;
+  req.set_protocol_version(kProtocolVersion);
+  return stub->GetStatus(&ctx, req, ws);
+}
+
+// Every kind of bad request a worker can get over gRPC, each answered with its code while the
+// worker keeps serving: the next valid call succeeds.
+void ExpectBadRequestsRefused(const std::shared_ptr<grpc::Channel>& channel, size_t oversized,
+                              bool check_malformed_program) {
+  auto stub = v1::StageWorker::NewStub(channel);
+  auto still_serving = [&](const char* after) {
+    v1::WorkerStatus ws;
+    grpc::Status st = CallGetStatus(stub.get(), &ws);
+    EXPECT_TRUE(st.ok()) << "after " << after << ": " << st.error_message();
+  };
+  auto run = [&](const std::string& job, int64_t step, uint32_t version) {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, milliseconds(10000));
+    v1::RunStepRequest req;
+    req.set_protocol_version(version);
+    req.set_job_id(job);
+    req.set_step(step);
+    v1::RunStepResponse resp;
+    return stub->RunStep(&ctx, req, &resp);
+  };
+  // A RunStep and an ApplyStep before any Configure.
+  grpc::Status st = run("job-1", 0, kProtocolVersion);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+  EXPECT_NE(st.error_message().find("not configured"), std::string::npos) << st.error_message();
+  still_serving("RunStep before Configure");
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, milliseconds(5000));
+    v1::ApplyStepRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    req.set_job_id("job-1");
+    v1::ApplyStepResponse resp;
+    EXPECT_EQ(stub->ApplyStep(&ctx, req, &resp).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  still_serving("ApplyStep before Configure");
+  // Wrong protocol versions, named both ways.
+  st = run("job-1", 0, kProtocolVersion + 7);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(st.error_message().find("protocol version " + std::to_string(kProtocolVersion + 7)),
+            std::string::npos)
+      << st.error_message();
+  EXPECT_NE(
+      st.error_message().find("speaks tandem.v1 protocol " + std::to_string(kProtocolVersion)),
+      std::string::npos)
+      << st.error_message();
+  st = run("job-1", 0, 0);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(st.error_message().find("no protocol_version"), std::string::npos);
+  still_serving("a wrong protocol version");
+  // Bytes that are no protobuf message at all.
+  for (const char* method : {"/tandem.v1.StageWorker/Configure", "/tandem.v1.StageWorker/RunStep",
+                             "/tandem.v1.StageWorker/ApplyStep"}) {
+    st = RawCall(channel, method, std::string("\xff\xff\xff\xff\x0f garbage", 14));
+    EXPECT_FALSE(st.ok()) << method;
+    EXPECT_NE(st.error_code(), grpc::StatusCode::UNAVAILABLE) << method << st.error_message();
+    still_serving(method);
+  }
+  // An unknown method.
+  st = RawCall(channel, "/tandem.v1.StageWorker/Explode", "");
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  // Oversized: over the server's receive limit.
+  st = run(std::string(oversized, 'j'), 0, kProtocolVersion);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  still_serving("an oversized request");
+  if (check_malformed_program) {
+    v1::StageProgram bad = MakePrograms(TinyJob(), 1, "gpipe")[0];
+    bad.set_rank(3);
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, milliseconds(5000));
+    v1::ConfigureRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    *req.mutable_program() = bad;
+    v1::ConfigureResponse resp;
+    st = stub->Configure(&ctx, req, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+    EXPECT_NE(st.error_message().find("program.rank 3"), std::string::npos) << st.error_message();
+    still_serving("a malformed program");
+  }
+}
+
+// In process, with an explicit receive limit as the daemon sets one: then a configured job's
+// misdirected and out-of-order calls.
+TEST_F(StageServiceTest, BadRequestsGetTheirCodesAndTheWorkerKeepsServing) {
+  StageManager m({}, GrpcFactory(channel_));
+  StageWorkerService service(&m);
+  constexpr int kLimit = 1 << 20;
+  Server w = Serve({&service}, kLimit);
+  auto channel = MakeChannel(w.address());
+  ExpectBadRequestsRefused(channel, kLimit + 1024, /*check_malformed_program=*/true);
+
+  auto stub = v1::StageWorker::NewStub(channel);
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, milliseconds(20000));
+    v1::ConfigureRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    *req.mutable_program() = MakePrograms(TinyJob(), 1, "gpipe")[0];
+    v1::ConfigureResponse resp;
+    grpc::Status st = stub->Configure(&ctx, req, &resp);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+  }
+  auto run = [&](const std::string& job, int64_t step) {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, milliseconds(20000));
+    v1::RunStepRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    req.set_job_id(job);
+    req.set_step(step);
+    v1::RunStepResponse resp;
+    return stub->RunStep(&ctx, req, &resp);
+  };
+  auto apply = [&](const std::string& job, int64_t step) {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, milliseconds(5000));
+    v1::ApplyStepRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    req.set_job_id(job);
+    req.set_step(step);
+    req.set_learning_rate(0.01f);
+    req.set_grad_scale(1.0f);
+    v1::ApplyStepResponse resp;
+    return stub->ApplyStep(&ctx, req, &resp);
+  };
+  // A step for another job: FAILED_PRECONDITION naming the job this worker holds.
+  grpc::Status st = run("job-2", 0);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(st.error_message().find("it holds job job-1"), std::string::npos);
+  EXPECT_EQ(apply("job-2", 0).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  // Negative, then a step, a duplicate and an earlier one.
+  EXPECT_EQ(run("job-1", -4).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ASSERT_TRUE(run("job-1", 2).ok());
+  EXPECT_EQ(apply("job-1", 1).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  ASSERT_TRUE(apply("job-1", 2).ok());
+  EXPECT_EQ(apply("job-1", 2).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(run("job-1", 2).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(run("job-1", 0).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  // The job goes on.
+  st = run("job-1", 3);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  m.Shutdown();
+  w.server->Shutdown();
+}
+
 // The real binary: registers, serves health, exits cleanly on SIGTERM.
 TEST_F(StageServiceTest, BinaryRegistersAndStopsOnSigterm) {
   const std::string bin = std::string(TANDEM_BIN_DIR) + "/tandem-worker";
@@ -427,6 +594,47 @@ TEST_F(StageServiceTest, BinaryRegistersAndStopsOnSigterm) {
     EXPECT_EQ(ws.state(), v1::IDLE);
     EXPECT_EQ(ws.device(), "cpu");
   }
+  kill(pid, SIGTERM);
+  int status = 0;
+  pid_t waited = 0;
+  for (int i = 0; i < 100 && waited == 0; ++i) {
+    waited = waitpid(pid, &status, WNOHANG);
+    if (waited == 0) std::this_thread::sleep_for(milliseconds(50));
+  }
+  if (waited != pid) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    FAIL() << "tandem-worker did not exit within 5 s of SIGTERM";
+  }
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  std::filesystem::remove(port_file);
+}
+
+// The real daemon answers the same bad requests (its receive limit is 64 MiB) and keeps
+// serving; it is still alive and exits cleanly afterwards.
+TEST_F(StageServiceTest, BinaryRefusesBadRequestsAndKeepsServing) {
+  const std::string bin = std::string(TANDEM_BIN_DIR) + "/tandem-worker";
+  if (!std::filesystem::exists(bin)) GTEST_SKIP() << bin << " not built";
+  const std::string port_file = std::filesystem::temp_directory_path() /
+                                ("tandem_worker_bad_port_" + std::to_string(getpid()));
+  std::filesystem::remove(port_file);
+  const std::string coord = "--coordinator=" + coordinator_.address();
+  const std::string pf = "--port-file=" + port_file;
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    execl(bin.c_str(), bin.c_str(), coord.c_str(), pf.c_str(), "--log-level=error",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  ASSERT_TRUE(registry_.WaitFor([](const FakeRegistry& r) { return r.heartbeats_ >= 1; }));
+  int port = 0;
+  std::ifstream(port_file) >> port;
+  ASSERT_GT(port, 0);
+  auto channel = MakeChannel("127.0.0.1:" + std::to_string(port));
+  ExpectBadRequestsRefused(channel, (64 << 20) + 4096, /*check_malformed_program=*/true);
+  EXPECT_EQ(waitpid(pid, nullptr, WNOHANG), 0) << "tandem-worker died";
   kill(pid, SIGTERM);
   int status = 0;
   pid_t waited = 0;

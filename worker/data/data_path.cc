@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/confined_path.h"
 
 namespace tandem::worker {
 namespace {
@@ -69,22 +70,49 @@ absl::StatusOr<std::vector<std::string>> ResolveDataFiles(const std::string& dat
                                                           absl::string_view field) {
   absl::StatusOr<std::string> full = ResolveDataPath(data_root, path, field);
   if (!full.ok()) return full.status();
+  // Confinement on the file system: every file handed out is a real path (symlinks followed)
+  // inside the root's real path.
+  const std::string root = data_root.empty() ? "." : data_root;
+  absl::StatusOr<std::string> real_root = RealPath(root);
+  if (!real_root.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, " '", path,
+        "': the worker's data root cannot be resolved: ", real_root.status().message()));
+  }
+  auto outside = [&](const std::string& real) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(field, " '", path, "' resolves to ", real, ", outside the worker's data root ",
+                     *real_root, "; a symlink under the root may not lead out of it"));
+  };
   const std::filesystem::path full_path(*full);
   const std::string pattern = full_path.filename().string();
   std::error_code ec;
   if (!HasWildcard(pattern)) {
-    if (std::filesystem::is_regular_file(full_path, ec)) return std::vector<std::string>{*full};
-    if (!std::filesystem::exists(full_path, ec)) {
-      return absl::NotFoundError(absl::StrCat(field, " '", path, "': ", *full,
-                                              " does not exist under the worker's data root"));
+    absl::StatusOr<std::string> real = RealPath(*full);
+    if (!real.ok()) {
+      if (real.status().code() == absl::StatusCode::kNotFound) {
+        return absl::NotFoundError(absl::StrCat(field, " '", path, "': ", *full,
+                                                " does not exist under the worker's data root"));
+      }
+      return absl::Status(real.status().code(),
+                          absl::StrCat(field, " '", path, "': ", real.status().message()));
     }
+    if (!IsWithin(*real, *real_root)) return outside(*real);
+    if (std::filesystem::is_regular_file(*real, ec)) return std::vector<std::string>{*real};
     return absl::InvalidArgumentError(
         absl::StrCat(field, " '", path, "': ", *full, " is not a regular file"));
   }
 
   const std::filesystem::path dir = full_path.parent_path();
+  absl::StatusOr<std::string> real_dir = RealPath(dir.string());
+  if (!real_dir.ok()) {
+    return absl::Status(real_dir.status().code(),
+                        absl::StrCat(field, " '", path, "': cannot list directory ", dir.string(),
+                                     ": ", real_dir.status().message()));
+  }
+  if (!IsWithin(*real_dir, *real_root)) return outside(*real_dir);
   std::vector<std::string> names;
-  std::filesystem::directory_iterator it(dir, ec);
+  std::filesystem::directory_iterator it(*real_dir, ec);
   if (ec) {
     const auto code = ec == std::errc::no_such_file_or_directory ? absl::StatusCode::kNotFound
                                                                  : absl::StatusCode::kUnavailable;
@@ -102,7 +130,17 @@ absl::StatusOr<std::vector<std::string>> ResolveDataFiles(const std::string& dat
   std::sort(names.begin(), names.end());
   std::vector<std::string> files;
   files.reserve(names.size());
-  for (const std::string& name : names) files.push_back((dir / name).string());
+  for (const std::string& name : names) {
+    absl::StatusOr<std::string> real = RealPath((std::filesystem::path(*real_dir) / name).string());
+    if (!real.ok()) {
+      return absl::Status(real.status().code(),
+                          absl::StrCat(field, " '", path, "': ", real.status().message()));
+    }
+    // A matching shard that is a symlink out of the root refuses the whole pattern: silently
+    // skipping it would train on other data than the user listed.
+    if (!IsWithin(*real, *real_root)) return outside(*real);
+    files.push_back(*real);
+  }
   return files;
 }
 

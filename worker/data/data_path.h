@@ -25,10 +25,13 @@ bool MatchesDataPattern(absl::string_view pattern, absl::string_view name);
 absl::StatusOr<std::string> ResolveDataPath(const std::string& data_root, absl::string_view path,
                                             absl::string_view field = "data.path");
 
-// The files `path` names: the one regular file, or the sorted matches of a pattern.
-// Errors name `field`: those of ResolveDataPath; NOT_FOUND for a missing file or a pattern
-// without a match (naming the pattern and the directory); INVALID_ARGUMENT for a path that
-// is not a regular file.
+// The files `path` names: the one regular file, or the sorted matches of a pattern, as real
+// paths (symlinks followed) inside the real path of `data_root`. Errors name `field`: those
+// of ResolveDataPath; NOT_FOUND for a missing file or a pattern without a match (naming the
+// pattern and the directory); INVALID_ARGUMENT for a path that is not a regular file;
+// PERMISSION_DENIED when the file, or a matching shard, or the pattern's directory resolves
+// outside the root (a symlink leading out); FAILED_PRECONDITION when the root itself does not
+// resolve.
 absl::StatusOr<std::vector<std::string>> ResolveDataFiles(const std::string& data_root,
                                                           absl::string_view path,
                                                           absl::string_view field);
