@@ -157,7 +157,10 @@ TEST_F(RecoveryTest, AHungWorkerIsDetectedInTimeAndWakingItCorruptsNothing) {
   ASSERT_TRUE(end.ok()) << end.status();
   ExpectTheReferenceRun(*end, reference);
   EXPECT_EQ(end->restarts(), 1);
-  EXPECT_THAT(end->first_failure(), HasSubstr("no heartbeat"));
+  // Its heartbeats stop (1.5 s here) or its step passes the deadline (2 s floor here): either
+  // may see it first on a loaded machine.
+  EXPECT_THAT(end->first_failure(),
+              ::testing::AnyOf(HasSubstr("no heartbeat"), HasSubstr("timed out")));
   // The woken worker registers as idle again and can take work.
   EXPECT_TRUE(WaitFor(
       [&] {
