@@ -426,44 +426,16 @@ TEST_F(ClusterTest, ProtocolVersionMismatchIsRefused) {
                                                         " is not supported")));
 }
 
-// grpc.health.v1.Health/Check with an empty request (service ""), through the generic stub
-// so that the test needs no copy of health.proto: SERVING is field 1 = 1 (bytes 08 01).
-int HealthCheck(const std::string& address) {
-  auto channel = MakeChannel(address);
-  grpc::GenericStub stub(channel);
-  grpc::ClientContext ctx;
-  SetDeadline(ctx, 5s);
-  grpc::ByteBuffer request;  // empty message
-  grpc::Slice empty("");
-  request = grpc::ByteBuffer(&empty, 1);
-  grpc::ByteBuffer response;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  grpc::Status status;
-  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
-                 [&](grpc::Status s) {
-                   std::lock_guard<std::mutex> lock(mu);
-                   status = s;
-                   done = true;
-                   cv.notify_one();
-                 });
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return done; });
-  if (!status.ok()) return -1;
-  std::vector<grpc::Slice> slices;
-  (void)response.Dump(&slices);
-  std::string bytes;
-  for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
-  return bytes == std::string("\x08\x01", 2) ? 1 : 0;
-}
-
 TEST_F(ClusterTest, BothDaemonsServeGrpcHealth) {
   StartCluster(1);
-  EXPECT_EQ(HealthCheck(cluster_->address()), 1);
+  const HealthAnswer coordinator = CheckHealth(MakeChannel(cluster_->address()));
+  EXPECT_EQ(coordinator.code, grpc::StatusCode::OK);
+  EXPECT_EQ(coordinator.status, 1);  // SERVING
   const std::string port =
       std::string(absl::StripAsciiWhitespace(ReadFile(cluster_->dir() + "/worker0.port")));
-  EXPECT_EQ(HealthCheck("127.0.0.1:" + port), 1);
+  const HealthAnswer worker = CheckHealth(MakeChannel("127.0.0.1:" + port));
+  EXPECT_EQ(worker.code, grpc::StatusCode::OK);
+  EXPECT_EQ(worker.status, 1);
 }
 
 // A job resumed from another's checkpoint continues its loss sequence exactly, with the same

@@ -23,58 +23,12 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// What grpc.health.v1.Health/Check answered: the gRPC code and, when OK, the ServingStatus
-// (1 SERVING, 2 NOT_SERVING).
-struct HealthAnswer {
-  grpc::StatusCode code = grpc::StatusCode::UNKNOWN;
-  int status = 0;
-};
-
-// A real health client over the wire, through the generic stub so that the test needs no
-// copy of health.proto: HealthCheckRequest is {1: string service}, HealthCheckResponse is
-// {1: enum status}.
-HealthAnswer CheckHealth(const std::string& address, const std::string& service) {
-  grpc::GenericStub stub(MakeChannel(address));
-  grpc::ClientContext ctx;
-  SetDeadline(ctx, 5s);
-  std::string request_bytes;
-  if (!service.empty()) {
-    request_bytes = std::string("\x0a", 1) + static_cast<char>(service.size()) + service;
-  }
-  grpc::Slice slice(request_bytes);
-  grpc::ByteBuffer request(&slice, 1);
-  grpc::ByteBuffer response;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  grpc::Status status;
-  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
-                 [&](grpc::Status s) {
-                   std::lock_guard<std::mutex> lock(mu);
-                   status = s;
-                   done = true;
-                   cv.notify_one();
-                 });
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return done; });
-  HealthAnswer answer;
-  answer.code = status.error_code();
-  if (!status.ok()) return answer;
-  std::vector<grpc::Slice> slices;
-  (void)response.Dump(&slices);
-  std::string bytes;
-  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  // An empty message is status 0 (UNKNOWN); otherwise field 1, varint: 08 NN.
-  answer.status = bytes.size() == 2 && bytes[0] == '\x08' ? bytes[1] : 0;
-  return answer;
-}
-
 constexpr int kServing = 1;
 constexpr int kNotServing = 2;
 
 bool HealthIs(const std::string& address, const std::string& service, grpc::StatusCode code,
               int status = 0) {
-  const HealthAnswer a = CheckHealth(address, service);
+  const HealthAnswer a = CheckHealth(MakeChannel(address), service);
   return a.code == code && a.status == status;
 }
 

@@ -7,8 +7,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdio>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -16,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "grpcpp/generic/generic_stub.h"
 
 namespace tandem::testing {
 namespace {
@@ -87,6 +90,42 @@ std::string ReadFile(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+HealthAnswer CheckHealth(std::shared_ptr<grpc::Channel> channel, const std::string& service) {
+  grpc::GenericStub stub(std::move(channel));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  std::string request_bytes;
+  if (!service.empty()) {
+    request_bytes = std::string("\x0a", 1) + static_cast<char>(service.size()) + service;
+  }
+  grpc::Slice slice(request_bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  grpc::Status status;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
+                   std::lock_guard<std::mutex> lock(mu);
+                   status = s;
+                   done = true;
+                   cv.notify_one();
+                 });
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done; });
+  HealthAnswer answer;
+  answer.code = status.error_code();
+  if (!status.ok()) return answer;
+  std::vector<grpc::Slice> slices;
+  (void)response.Dump(&slices);
+  std::string bytes;
+  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  // An empty message is status 0 (UNKNOWN); otherwise field 1, varint: 08 NN.
+  answer.status = bytes.size() == 2 && bytes[0] == '\x08' ? bytes[1] : 0;
+  return answer;
 }
 
 CommandResult RunCommand(const std::vector<std::string>& argv, std::chrono::seconds timeout) {

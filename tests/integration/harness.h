@@ -3,6 +3,7 @@
 #ifndef TANDEM_TESTS_INTEGRATION_HARNESS_H_
 #define TANDEM_TESTS_INTEGRATION_HARNESS_H_
 
+#include <grpcpp/grpcpp.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -50,6 +51,17 @@ CommandResult RunCommand(const std::vector<std::string>& argv,
                          std::chrono::seconds timeout = std::chrono::seconds(120));
 
 std::string ReadFile(const std::string& path);
+
+// What grpc.health.v1.Health/Check answered: the gRPC code and, when OK, the ServingStatus
+// (1 SERVING, 2 NOT_SERVING; 0 for an empty answer).
+struct HealthAnswer {
+  grpc::StatusCode code = grpc::StatusCode::UNKNOWN;
+  int status = 0;
+};
+// A real health client over the wire (5 s deadline), through the generic stub so that tests
+// need no copy of health.proto: HealthCheckRequest is {1: string service},
+// HealthCheckResponse is {1: enum status}.
+HealthAnswer CheckHealth(std::shared_ptr<grpc::Channel> channel, const std::string& service = "");
 // Polls until `pred` holds or `timeout` passes.
 bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout,
              std::chrono::milliseconds every = std::chrono::milliseconds(50));

@@ -44,36 +44,6 @@ ChannelSecurity Tls(const std::string& dir, const std::string& identity = "",
   return security;
 }
 
-// grpc.health.v1.Health/Check for "" through the generic stub; the gRPC code and, when OK,
-// the serving status (1 SERVING).
-std::pair<grpc::StatusCode, int> CheckHealth(std::shared_ptr<grpc::Channel> channel) {
-  grpc::GenericStub stub(std::move(channel));
-  grpc::ClientContext ctx;
-  SetDeadline(ctx, 5s);
-  grpc::Slice slice(std::string{});
-  grpc::ByteBuffer request(&slice, 1);
-  grpc::ByteBuffer response;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  grpc::Status status;
-  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
-                 [&](grpc::Status s) {
-                   std::lock_guard<std::mutex> lock(mu);
-                   status = s;
-                   done = true;
-                   cv.notify_one();
-                 });
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return done; });
-  if (!status.ok()) return {status.error_code(), 0};
-  std::vector<grpc::Slice> slices;
-  (void)response.Dump(&slices);
-  std::string bytes;
-  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  return {grpc::StatusCode::OK, bytes.size() == 2 && bytes[0] == '\x08' ? bytes[1] : 0};
-}
-
 grpc::Status ListJobs(std::shared_ptr<grpc::Channel> channel) {
   auto stub = v1::Coordinator::NewStub(std::move(channel));
   grpc::ClientContext ctx;
@@ -290,14 +260,18 @@ TEST_F(SecurityTest, OnlyTheCoordinatorMayCallTheWorkerApi) {
 
 TEST_F(SecurityTest, TheHealthPortAnswersWithoutCredentialsWhileTheApiPortRequiresTls) {
   const std::string health = absl::StrCat("127.0.0.1:", cluster_->health_port());
-  EXPECT_EQ(CheckHealth(MakeChannel(health)), std::make_pair(grpc::StatusCode::OK, 1));
+  const HealthAnswer open = CheckHealth(MakeChannel(health));
+  EXPECT_EQ(open.code, grpc::StatusCode::OK);
+  EXPECT_EQ(open.status, 1);
   // The API port: plaintext cannot connect; TLS without credentials is UNAUTHENTICATED; any
   // authenticated caller may ask.
-  EXPECT_EQ(CheckHealth(MakeChannel(cluster_->address())).first, grpc::StatusCode::UNAVAILABLE);
-  EXPECT_EQ(CheckHealth(MakeChannel(cluster_->address(), Tls(Certs()))).first,
+  EXPECT_EQ(CheckHealth(MakeChannel(cluster_->address())).code, grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(CheckHealth(MakeChannel(cluster_->address(), Tls(Certs()))).code,
             grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_EQ(CheckHealth(MakeChannel(cluster_->address(), Tls(Certs(), "worker"))),
-            std::make_pair(grpc::StatusCode::OK, 1));
+  const HealthAnswer authenticated =
+      CheckHealth(MakeChannel(cluster_->address(), Tls(Certs(), "worker")));
+  EXPECT_EQ(authenticated.code, grpc::StatusCode::OK);
+  EXPECT_EQ(authenticated.status, 1);
 }
 
 TEST(PlaintextTest, PlaintextModeWorksAndLogsItsWarning) {
