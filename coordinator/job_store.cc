@@ -373,10 +373,7 @@ absl::Status JobStore::Recover() {
     if (!IsTerminal(job.state()) &&
         (job.steps_done() != resume || (!e.history.empty() && e.history.back().step() >= resume))) {
       DropStepsFrom(job, e.history, resume);
-      absl::StatusOr<SqliteStatement*> st =
-          db_->Prepare("DELETE FROM steps WHERE job_seq = ?1 AND step >= ?2", purpose);
-      if (!st.ok()) return st.status();
-      TANDEM_RETURN_IF_ERROR((*st)->Bind(1, seq).Bind(2, resume).Run());
+      TANDEM_RETURN_IF_ERROR(DeleteStepRows(seq, resume, purpose));
       job.set_steps_done(resume);
       changed = true;
     }
@@ -625,10 +622,7 @@ void JobStore::RecordStep(const std::string& job_id, const v1::StepSummary& step
   const int64_t oldest = e.history.front().step();
   (void)Persist(e, /*durable=*/false, purpose, TimingsWrite::kIfDue, [&]() -> absl::Status {
     // (Nothing to delete but on a rerun; an index probe otherwise.)
-    absl::StatusOr<SqliteStatement*> del =
-        db_->Prepare("DELETE FROM steps WHERE job_seq = ?1 AND step >= ?2", purpose);
-    if (!del.ok()) return del.status();
-    TANDEM_RETURN_IF_ERROR((*del)->Bind(1, e.seq).Bind(2, step.step()).Run());
+    TANDEM_RETURN_IF_ERROR(DeleteStepRows(e.seq, step.step(), purpose));
     if (trimmed) {
       absl::StatusOr<SqliteStatement*> st =
           db_->Prepare("DELETE FROM steps WHERE job_seq = ?1 AND step < ?2", purpose);
@@ -648,6 +642,13 @@ void JobStore::RecordStep(const std::string& job_id, const v1::StepSummary& step
   });
 }
 
+absl::Status JobStore::DeleteStepRows(int64_t seq, int64_t from, const std::string& purpose) {
+  absl::StatusOr<SqliteStatement*> del =
+      db_->Prepare("DELETE FROM steps WHERE job_seq = ?1 AND step >= ?2", purpose);
+  if (!del.ok()) return del.status();
+  return (*del)->Bind(1, seq).Bind(2, from).Run();
+}
+
 void JobStore::RecordRestart(const std::string& job_id, const std::string& cause) {
   absl::MutexLock lock(&mu_);
   Entry* e = Find(job_id);
@@ -662,10 +663,7 @@ void JobStore::RecordRestart(const std::string& job_id, const std::string& cause
   const std::string purpose = absl::StrCat(job_id, ": recording restart ", e->job.restarts());
   (void)Persist(*e, /*durable=*/true, purpose, TimingsWrite::kIfDirty, [&]() -> absl::Status {
     if (db_ == nullptr) return absl::OkStatus();
-    absl::StatusOr<SqliteStatement*> del =
-        db_->Prepare("DELETE FROM steps WHERE job_seq = ?1 AND step >= ?2", purpose);
-    if (!del.ok()) return del.status();
-    return (*del)->Bind(1, e->seq).Bind(2, resume).Run();
+    return DeleteStepRows(e->seq, resume, purpose);
   });
 }
 

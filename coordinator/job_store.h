@@ -154,6 +154,9 @@ class JobStore {
                        TimingsWrite timings = TimingsWrite::kIfDirty,
                        const std::function<absl::Status()>& also = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deletes the database's step rows of job `seq` from step `from` on (a rerun or a restart
+  // supersedes them).
+  absl::Status DeleteStepRows(int64_t seq, int64_t from, const std::string& purpose);
   absl::Status PutJob(const Entry& e, const std::string& purpose)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PutTimings(const Entry& e, const std::string& purpose)
