@@ -125,6 +125,8 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A write to a socket its peer closed fails with EPIPE instead of ending the daemon.
+  signal(SIGPIPE, SIG_IGN);
 
   // The health port first, NOT_SERVING until the rest is up: a probe then sees "not ready"
   // rather than "refused" while the job store loads.

@@ -218,6 +218,9 @@ int Run() {
   sigemptyset(&action.sa_mask);
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
+  // A write to a socket its peer closed (a Gloo pair whose job was aborted while this worker
+  // hung, a client gone mid-stream) must fail with EPIPE, not end the daemon.
+  signal(SIGPIPE, SIG_IGN);
 
   std::shared_ptr<grpc::Channel> coordinator_channel =
       MakeChannel(coordinator, ChannelSecurity{security.tls, ""});

@@ -113,6 +113,7 @@ class Cluster {
   std::vector<std::string> WorkerTlsFlags() const;
   const std::string& dir() const { return dir_; }
   Process& worker(int i) { return *workers_[i]; }
+  int num_workers() const { return static_cast<int>(workers_.size()); }
   Process& coordinator() { return *coordinator_; }
   cli::CoordinatorClient& client() { return *client_; }
 

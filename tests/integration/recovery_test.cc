@@ -50,6 +50,9 @@ class RecoveryTest : public ::testing::Test {
   void TearDown() override {
     if (HasFailure() && cluster_) {
       std::cerr << "coordinator log:\n" << ReadFile(cluster_->dir() + "/coordinator.log");
+      for (int i = 0; i < cluster_->num_workers(); ++i) {
+        std::cerr << "worker " << i << " log:\n" << ReadFile(cluster_->worker(i).log_path());
+      }
     }
   }
 
@@ -171,6 +174,23 @@ TEST_F(RecoveryTest, AHungWorkerIsDetectedInTimeAndWakingItCorruptsNothing) {
         return idle == 3;
       },
       10s));
+}
+
+// A worker woken after its job moved on writes to Gloo sockets its peers have closed; the
+// write must fail with EPIPE, not kill the daemon with SIGPIPE (the default disposition).
+TEST_F(RecoveryTest, ABrokenPipeKillsNoDaemon) {
+  StartCluster(2);
+  cluster_->coordinator().Kill(SIGPIPE);
+  for (int i = 0; i < cluster_->num_workers(); ++i) cluster_->worker(i).Kill(SIGPIPE);
+  auto id = cluster_->Submit(TinyJobYaml(2, 2, 3, "1f1b"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto end = cluster_->WaitForEnd(*id, 60s);
+  ASSERT_TRUE(end.ok()) << end.status();
+  EXPECT_EQ(end->state(), v1::SUCCEEDED) << end->reason();
+  EXPECT_TRUE(cluster_->coordinator().Running());
+  for (int i = 0; i < cluster_->num_workers(); ++i) {
+    EXPECT_TRUE(cluster_->worker(i).Running()) << "worker " << i;
+  }
 }
 
 // The tensors of the job's latest checkpoint, by name (stage files merged).
