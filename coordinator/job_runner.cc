@@ -131,6 +131,15 @@ absl::Status JobRunner::InterruptStatus() {
   return absl::OkStatus();
 }
 
+absl::Duration RestartBackoff(const RunnerOptions& options, int restarts) {
+  if (restarts <= 0 || options.restart_backoff <= absl::ZeroDuration()) {
+    return absl::ZeroDuration();
+  }
+  absl::Duration wait = options.restart_backoff;
+  for (int i = 1; i < restarts && wait < options.restart_backoff_max; ++i) wait *= 2;
+  return std::min(wait, options.restart_backoff_max);
+}
+
 absl::Duration JobRunner::StepDeadline() const {
   if (slowest_step_seconds_ <= 0) return env_.options.step_timeout;
   const absl::Duration derived = absl::Seconds(kStepDeadlineFactor * slowest_step_seconds_);
@@ -405,6 +414,7 @@ absl::Status JobRunner::CallAll(const std::string& what, absl::Duration timeout,
                                 const std::function<void(int, StageWorkerClient::Done)>& issue) {
   const int p = static_cast<int>(workers_.size());
   Batch batch(p);
+  batch.deadline = timeout;
   for (int r = 0; r < p; ++r) issue(r, Completion(&batch, r));
   if (absl::Status s = AwaitBatch(&batch, timeout + absl::Seconds(5), what); !s.ok()) return s;
   for (int r = 0; r < p; ++r) {
@@ -660,7 +670,15 @@ absl::Status JobRunner::Diagnose(const std::string& what, const Batch& batch) {
   std::string first_error;
   if (batch.first_failure >= 0) {
     const int r = batch.first_failure;
-    first_error = absl::StrCat(WorkerName(r), ": ", batch.results[r].ToString());
+    const absl::Status& e = batch.results[r];
+    if (e.code() == absl::StatusCode::kDeadlineExceeded) {
+      // The call's own deadline passed: say which, and what that usually means.
+      first_error = absl::StrCat(WorkerName(r), " timed out: no answer within ",
+                                 absl::FormatDuration(batch.deadline), " (", e.message(),
+                                 "); it may be hung, or waiting on a peer or a link that is down");
+    } else {
+      first_error = absl::StrCat(WorkerName(r), ": ", e.ToString());
+    }
   }
   for (int r = 0; r < p; ++r) {
     absl::Status probe = probes[r].get();

@@ -42,7 +42,16 @@ struct RunnerOptions {
   // step so far, at least this floor (and at most step_timeout): a worker that hangs while its
   // heartbeats still arrive is caught within it.
   absl::Duration step_deadline_floor = absl::Seconds(10);
+  // A job requeued after a fault waits before it is allocated again: restart_backoff after
+  // its first restart, doubling with each further one, at most restart_backoff_max. A fault
+  // that lasts a while (a link down, a node rebooting) then does not spend every restart in a
+  // second. Zero: no wait.
+  absl::Duration restart_backoff = absl::Seconds(1);
+  absl::Duration restart_backoff_max = absl::Seconds(60);
 };
+
+// How long a job waits before its run after `restarts` restarts starts (zero for none).
+absl::Duration RestartBackoff(const RunnerOptions& options, int restarts);
 
 inline constexpr double kStepDeadlineFactor = 5.0;
 
@@ -109,7 +118,8 @@ class JobRunner {
     std::vector<absl::Status> results;
     int pending;
     int failed = 0;
-    int first_failure = -1;  // the rank whose call failed first (later ones may be our aborts)
+    int first_failure = -1;   // the rank whose call failed first (later ones may be our aborts)
+    absl::Duration deadline;  // of each call (for the message when one passes it)
   };
   StageWorkerClient::Done Completion(Batch* batch, int rank);
   // Issues one call per worker (issue(rank, done)) and waits for all (AwaitBatch); a failed

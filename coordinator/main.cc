@@ -48,6 +48,9 @@ ABSL_FLAG(int, step_timeout_s, 600,
 ABSL_FLAG(int, step_deadline_floor_ms, 10000,
           "once a run has measured steps, a step fails after 5x its slowest step so far, but "
           "never sooner than this");
+ABSL_FLAG(int, restart_backoff_ms, 1000,
+          "a job restarted after a fault waits this long before its next run, doubling with "
+          "each further restart up to 60 s (0: no wait)");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
 ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT to serve plain HTTP on: Prometheus metrics at /metrics, the dashboard at /, "
@@ -96,6 +99,7 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_step_deadline_floor_ms) < 100) {
     return Fail("--step-deadline-floor-ms must be >= 100");
   }
+  if (absl::GetFlag(FLAGS_restart_backoff_ms) < 0) return Fail("--restart-backoff-ms must be >= 0");
 
   // Transport security, checked before anything starts: a half configuration or an unreadable
   // file is refused here, naming the flag and the file.
@@ -164,6 +168,7 @@ int main(int argc, char** argv) {
   runner_env.options.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
   runner_env.options.step_deadline_floor =
       absl::Milliseconds(absl::GetFlag(FLAGS_step_deadline_floor_ms));
+  runner_env.options.restart_backoff = absl::Milliseconds(absl::GetFlag(FLAGS_restart_backoff_ms));
   tc::Scheduler scheduler(runner_env);
 
   tc::ServiceEnv env;

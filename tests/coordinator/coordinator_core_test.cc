@@ -551,6 +551,60 @@ TEST(SchedulerTest, AJobThatIsStillPlanningIsNotStartedAgain) {
   EXPECT_EQ(f.factory.made.size(), 2u) << "the job was started more than once";
 }
 
+TEST(RestartBackoffTest, DoublesFromTheBaseUpToTheCap) {
+  RunnerOptions o;
+  o.restart_backoff = absl::Seconds(1);
+  o.restart_backoff_max = absl::Seconds(5);
+  EXPECT_EQ(RestartBackoff(o, 0), absl::ZeroDuration());
+  EXPECT_EQ(RestartBackoff(o, 1), absl::Seconds(1));
+  EXPECT_EQ(RestartBackoff(o, 2), absl::Seconds(2));
+  EXPECT_EQ(RestartBackoff(o, 3), absl::Seconds(4));
+  EXPECT_EQ(RestartBackoff(o, 4), absl::Seconds(5));
+  EXPECT_EQ(RestartBackoff(o, 1000), absl::Seconds(5));
+  o.restart_backoff = absl::ZeroDuration();
+  EXPECT_EQ(RestartBackoff(o, 3), absl::ZeroDuration());
+}
+
+// A job requeued after a fault is not allocated again before its backoff has passed, then is.
+TEST(SchedulerTest, ARestartedJobWaitsOutItsBackoff) {
+  RunnerFixture f;
+  f.env.options.restart_backoff = absl::Milliseconds(400);
+  absl::Mutex mu;
+  std::vector<absl::Time> connected;  // when each worker client was made (configure hook)
+  f.factory.configure = [&](FakeWorker* w) {
+    absl::MutexLock lock(&mu);
+    connected.push_back(absl::Now());
+    if (connected.size() <= 2) w->fail_at_step = 2;  // the first run's workers fail once
+  };
+  for (int i = 0; i < 2; ++i) {
+    (void)f.registry.Register(Worker(absl::StrCat("127.0.0.1:", 2000 + i)));
+  }
+  Scheduler scheduler(f.env, absl::Milliseconds(10));
+  scheduler.Start();
+  v1::JobSpec spec = Spec(2, 4, /*max_restarts=*/1);
+  spec.mutable_pipeline()->set_partition("uniform");
+  const std::string id = *f.store->Add(spec);
+  scheduler.Notify();
+  absl::Time requeued;
+  for (int i = 0; i < 500 && requeued == absl::Time(); ++i) {
+    auto job = f.store->Get(id);
+    if (job.ok() && job->restarts() == 1) requeued = absl::Now();
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_NE(requeued, absl::Time()) << "the job was not restarted";
+  for (int i = 0; i < 500; ++i) {
+    auto job = f.store->Get(id);
+    if (job.ok() && IsTerminal(job->state())) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  scheduler.Stop();
+  auto job = f.store->Get(id);
+  EXPECT_EQ(job->state(), v1::SUCCEEDED) << job->reason();
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(connected.size(), 4u);
+  EXPECT_GE(connected[2] - requeued, absl::Milliseconds(350)) << "the second run came too soon";
+}
+
 WorkerRecord Record(const std::string& id) {
   WorkerRecord w;
   w.id = id;
