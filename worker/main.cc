@@ -50,6 +50,10 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0", "address to serve on, HOST:PORT (p
 ABSL_FLAG(std::string, advertise, "",
           "address the coordinator and peers should use, HOST:PORT (default: the listen host "
           "with the bound port)");
+ABSL_FLAG(std::string, data_host, "",
+          "host (name or IP) of the data plane: the address this worker's transport listens on "
+          "and gives its peers for activations and gradients, e.g. that of a separate fast "
+          "network (default: the advertised host, else the listen host)");
 ABSL_FLAG(std::string, device, "cpu", "compute device: cpu (cuda:N is not supported yet)");
 ABSL_FLAG(int, threads, 1, "OpenBLAS threads");
 ABSL_FLAG(std::string, data_root, ".", "directory that job data paths resolve under");
@@ -225,9 +229,16 @@ int Run() {
   std::shared_ptr<grpc::Channel> coordinator_channel =
       MakeChannel(coordinator, ChannelSecurity{security.tls, ""});
 
-  // The data-plane host: the advertised host, else the listen host, else this machine's name.
-  std::string data_host = advertise_flag ? advertise_flag->host : listen->host;
+  // The data-plane host: --data-host, else the advertised host, else the listen host, else
+  // this machine's name.
+  std::string data_host = absl::GetFlag(FLAGS_data_host);
+  if (data_host.empty()) data_host = advertise_flag ? advertise_flag->host : listen->host;
   if (IsWildcard(data_host)) data_host = Hostname();
+  if (data_host.find_first_of(" :/") != std::string::npos) {
+    spdlog::error("--data-host={}: expected a host name or an IPv4 address, without a port",
+                  data_host);
+    return 2;
+  }
 
   WorkerConfig config;
   config.device = device;

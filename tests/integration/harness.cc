@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "gtest/gtest.h"
 
 namespace tandem::testing {
 namespace {
@@ -215,10 +216,11 @@ absl::Status Cluster::StartCoordinator(int port) {
   std::remove(port_file.c_str());
   std::remove(http_port_file.c_str());
   std::remove(health_port_file.c_str());
-  std::vector<std::string> args{absl::StrCat("--listen=127.0.0.1:", port),
-                                "--port-file=" + port_file, "--data-root=" + data_root(),
-                                absl::StrCat("--heartbeat-ms=", options_.heartbeat_ms),
-                                absl::StrCat("--worker-timeout-ms=", options_.worker_timeout_ms)};
+  std::vector<std::string> args{
+      absl::StrCat("--listen=", options_.coordinator_listen_host, ":", port),
+      "--port-file=" + port_file, "--data-root=" + data_root(),
+      absl::StrCat("--heartbeat-ms=", options_.heartbeat_ms),
+      absl::StrCat("--worker-timeout-ms=", options_.worker_timeout_ms)};
   if (options_.http) {
     args.push_back(absl::StrCat("--metrics-listen=127.0.0.1:", http_port_));
     args.push_back("--metrics-port-file=" + http_port_file);
@@ -296,18 +298,29 @@ absl::Status Cluster::RestartCoordinator(int signal) {
 
 absl::Status Cluster::StartWorker(const std::vector<std::string>& extra_flags) {
   const int i = static_cast<int>(workers_.size());
-  std::vector<std::string> args = {"--coordinator=" + address(),
-                                   "--listen=127.0.0.1:0",
-                                   "--device=cpu",
-                                   "--threads=1",
-                                   "--data-root=" + dir_,
-                                   absl::StrCat("--port-file=", dir_, "/worker", i, ".port")};
+  Options::Placement place;
+  place.coordinator_host = "127.0.0.1";
+  if (options_.place_worker) place = options_.place_worker(i);
+  std::vector<std::string> args = {
+      absl::StrCat("--coordinator=", place.coordinator_host, ":", port_),
+      absl::StrCat("--listen=", place.listen_host, ":0"),
+      "--device=cpu",
+      "--threads=1",
+      "--data-root=" + dir_,
+      absl::StrCat("--port-file=", dir_, "/worker", i, ".port")};
   const std::vector<std::string> tls = WorkerTlsFlags();
   args.insert(args.end(), tls.begin(), tls.end());
   args.insert(args.end(), options_.worker_args.begin(), options_.worker_args.end());
+  args.insert(args.end(), place.args.begin(), place.args.end());
   args.insert(args.end(), extra_flags.begin(), extra_flags.end());
-  workers_.push_back(std::make_unique<Process>(std::string(TANDEM_BIN_DIR) + "/tandem-worker", args,
-                                               absl::StrCat(dir_, "/worker", i, ".log")));
+  std::string binary = std::string(TANDEM_BIN_DIR) + "/tandem-worker";
+  if (!place.prefix.empty()) {
+    args.insert(args.begin(), binary);
+    args.insert(args.begin(), place.prefix.begin() + 1, place.prefix.end());
+    binary = place.prefix[0];
+  }
+  workers_.push_back(
+      std::make_unique<Process>(binary, args, absl::StrCat(dir_, "/worker", i, ".log")));
   return absl::OkStatus();
 }
 
@@ -371,6 +384,17 @@ CommandResult Cluster::Cli(const std::vector<std::string>& args, bool with_crede
   }
   argv.insert(argv.end(), args.begin(), args.end());
   return RunCommand(argv);
+}
+
+void ExpectTheReferenceRun(const v1::Job& job, const v1::Job& reference, int steps) {
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  ASSERT_EQ(job.history_size(), steps);
+  ASSERT_EQ(reference.history_size(), steps);
+  for (int i = 0; i < steps; ++i) {
+    ASSERT_EQ(job.history(i).step(), i);
+    EXPECT_EQ(job.history(i).loss(), reference.history(i).loss()) << "step " << i + 1;
+  }
+  EXPECT_EQ(job.steps_done(), steps);
 }
 
 std::string TinyJobYaml(int stages, int micro_batches, int steps, const std::string& schedule,

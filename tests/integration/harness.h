@@ -83,6 +83,17 @@ class Cluster {
     // scripts/dev-certs.sh in certs_dir(); the daemons get the --tls-* flags, the coordinator
     // --auth-token-file, and client() and Cli() authenticate with the token.
     bool tls = false;
+    // The host the coordinator listens on: 0.0.0.0 makes it reachable from network namespaces
+    // a test joined to its own (clients still use 127.0.0.1).
+    std::string coordinator_listen_host = "127.0.0.1";
+    // Where worker i runs, for tests that make network namespaces; unset: on 127.0.0.1.
+    struct Placement {
+      std::vector<std::string> prefix;  // its command line follows, e.g. ip netns exec NS
+      std::string coordinator_host;     // the coordinator's host as seen from there
+      std::string listen_host = "127.0.0.1";
+      std::vector<std::string> args;  // flags of its own, e.g. --data-host
+    };
+    std::function<Placement(int worker)> place_worker;
   };
   explicit Cluster(Options options);
   ~Cluster();
@@ -151,6 +162,10 @@ absl::Status MakeDevCerts(const std::string& dir);
 
 // A small mlp_lm job spec for tests: `stages` stages, M micro-batches, `steps` steps.
 // `extra` is appended as top-level YAML (e.g. "checkpoint:\n  every: 4\n").
+// The job ended SUCCEEDED with every one of its `steps` steps recorded once, in order, each
+// with the reference run's loss (bit for bit: the same data and the same restored state).
+void ExpectTheReferenceRun(const v1::Job& job, const v1::Job& reference, int steps);
+
 std::string TinyJobYaml(int stages, int micro_batches, int steps,
                         const std::string& schedule = "1f1b", const std::string& extra = "",
                         const std::string& lr_schedule = "cosine");
