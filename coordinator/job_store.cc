@@ -516,15 +516,39 @@ const JobStore::Entry* JobStore::Find(const std::string& job_id) const {
   return it == jobs_.end() ? nullptr : &it->second;
 }
 
+namespace {
+
+// The position of the first summary of a step after `after_step` in an ascending history
+// (its size when there is none); a poller asks for the few latest, so search from the end.
+size_t FirstAfter(const std::deque<v1::StepSummary>& history, int64_t after_step) {
+  size_t first = history.size();
+  while (first > 0 && history[first - 1].step() > after_step) --first;
+  return first;
+}
+
+}  // namespace
+
 absl::StatusOr<v1::Job> JobStore::Get(const std::string& job_id, bool with_history) const {
+  if (with_history) return Get(job_id, HistoryWindow{});
+  absl::MutexLock lock(&mu_);
+  const Entry* e = Find(job_id);
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  return e->job;
+}
+
+absl::StatusOr<v1::Job> JobStore::Get(const std::string& job_id,
+                                      const HistoryWindow& window) const {
   absl::MutexLock lock(&mu_);
   const Entry* e = Find(job_id);
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   v1::Job job = e->job;
-  if (with_history) {
-    job.mutable_history()->Reserve(static_cast<int>(e->history.size()));
-    for (const auto& step : e->history) *job.add_history() = step;
+  const auto& history = e->history;
+  size_t first = FirstAfter(history, window.after_step);
+  if (window.limit > 0 && history.size() - first > window.limit) {
+    first = history.size() - window.limit;
   }
+  job.mutable_history()->Reserve(static_cast<int>(history.size() - first));
+  for (size_t i = first; i < history.size(); ++i) *job.add_history() = history[i];
   return job;
 }
 
@@ -751,8 +775,7 @@ absl::StatusOr<std::vector<v1::StepSummary>> JobStore::StepsAfter(const std::str
   const Entry* e = Find(job_id);
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   const auto& history = e->history;
-  size_t first = history.size();
-  while (first > 0 && history[first - 1].step() > after_step) --first;
+  const size_t first = FirstAfter(history, after_step);
   return std::vector<v1::StepSummary>(history.begin() + static_cast<ptrdiff_t>(first),
                                       history.end());
 }

@@ -65,6 +65,13 @@ class JobStore {
   absl::StatusOr<std::string> Add(const v1::JobSpec& spec);
 
   absl::StatusOr<v1::Job> Get(const std::string& job_id, bool with_history = true) const;
+  // Which retained step summaries Get copies into Job.history: those after `after_step`
+  // (-1: all), and of them at most the latest `limit` (0: no limit).
+  struct HistoryWindow {
+    int64_t after_step = -1;
+    size_t limit = 0;
+  };
+  absl::StatusOr<v1::Job> Get(const std::string& job_id, const HistoryWindow& window) const;
   // All jobs in submission order, without history.
   std::vector<v1::Job> List() const;
   // Ids of QUEUED jobs in submission order.

@@ -100,7 +100,10 @@ class CoordinatorServiceImpl final : public v1::Coordinator::Service {
 
   grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* req, v1::Job* resp) override {
     TANDEM_RETURN_IF_BAD_VERSION(req);
-    auto job = env_.store->Get(req->job_id());
+    JobStore::HistoryWindow window;
+    window.limit = req->history_limit();
+    if (req->has_history_after_step()) window.after_step = req->history_after_step();
+    auto job = env_.store->Get(req->job_id(), window);
     if (!job.ok()) return ToGrpcStatus(job.status());
     *resp = *std::move(job);
     return grpc::Status::OK;

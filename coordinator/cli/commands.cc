@@ -169,7 +169,9 @@ absl::Status StatusAll(const CliOptions& opts, CoordinatorClient& client, Comman
 }
 
 absl::Status StatusOne(const CliOptions& opts, CoordinatorClient& client, CommandIo io) {
-  absl::StatusOr<v1::Job> job = client.GetJob(opts.args[0]);
+  // The table lists the recent steps only; JSON is the whole job.
+  const uint32_t history = opts.output == OutputFormat::kJson ? 0 : kRecentSteps;
+  absl::StatusOr<v1::Job> job = client.GetJob(opts.args[0], history);
   if (!job.ok()) return RpcError(Command::kStatus, opts, job.status());
   if (opts.output == OutputFormat::kJson) return PrintJson(*job, io.out);
   io.out << FormatJobDetails(*job);

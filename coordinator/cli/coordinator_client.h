@@ -24,7 +24,10 @@ class CoordinatorClient {
 
   // Returns the new job's id; INVALID_ARGUMENT names the bad field of the spec.
   virtual absl::StatusOr<std::string> SubmitJob(const std::string& spec_yaml) = 0;
-  virtual absl::StatusOr<v1::Job> GetJob(const std::string& job_id) = 0;
+  // The job with every retained step summary in its history.
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id) { return GetJob(job_id, 0); }
+  // The job with at most the latest `history_limit` step summaries (0: all retained).
+  virtual absl::StatusOr<v1::Job> GetJob(const std::string& job_id, uint32_t history_limit) = 0;
   virtual absl::StatusOr<v1::ListJobsResponse> ListJobs() = 0;
   virtual absl::StatusOr<v1::Job> CancelJob(const std::string& job_id) = 0;
   virtual absl::StatusOr<v1::ListWorkersResponse> ListWorkers() = 0;

@@ -28,7 +28,6 @@ std::string FormatBytes(int64_t bytes) {
 }
 
 constexpr int kBarWidth = 20;
-constexpr int kRecentSteps = 10;
 
 std::string StateName(v1::JobState state) {
   if (state == v1::JOB_STATE_UNSPECIFIED) return "UNKNOWN";

@@ -65,7 +65,9 @@ std::string FormatWorkersTable(const v1::ListWorkersResponse& workers);
 std::string FormatWorkerDetails(const v1::WorkerInfo& w);
 // "3 workers: 2 idle, 1 busy, 0 lost"
 std::string FormatWorkersSummary(const v1::ListWorkersResponse& workers);
-// Everything `tandem status JOB` shows.
+// How many of the latest steps `tandem status JOB` lists (and asks the coordinator for).
+inline constexpr int kRecentSteps = 10;
+// Everything `tandem status JOB` shows; of the history, the last kRecentSteps steps.
 std::string FormatJobDetails(const v1::Job& job);
 
 // Renders a WatchJob stream: a line per step (redrawn in place when `live`, i.e. on a

@@ -35,10 +35,11 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     return resp.job_id();
   }
 
-  absl::StatusOr<v1::Job> GetJob(const std::string& job_id) override {
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id, uint32_t history_limit) override {
     v1::GetJobRequest req;
     req.set_protocol_version(kProtocolVersion);
     req.set_job_id(job_id);
+    req.set_history_limit(history_limit);
     return Unary(&v1::Coordinator::Stub::GetJob, req);
   }
 

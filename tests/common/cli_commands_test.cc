@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "coordinator/cli/commands.h"
+#include "coordinator/cli/format.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -26,8 +27,10 @@ class FakeClient : public CoordinatorClient {
     submitted.push_back(spec_yaml);
     return submit_result;
   }
-  absl::StatusOr<v1::Job> GetJob(const std::string& job_id) override {
+  using CoordinatorClient::GetJob;
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id, uint32_t history_limit) override {
     asked_job = job_id;
+    asked_history_limit = history_limit;
     return job;
   }
   absl::StatusOr<v1::ListJobsResponse> ListJobs() override { return jobs; }
@@ -84,6 +87,7 @@ class FakeClient : public CoordinatorClient {
   absl::Status watch_end;
   std::vector<std::string> submitted;
   std::string asked_job, cancelled, watched;
+  uint32_t asked_history_limit = 0;
   int delivered = 0;
 };
 
@@ -318,6 +322,12 @@ TEST_F(CommandsTest, StatusOfOneJob) {
   ASSERT_TRUE(Run(Opts(Command::kStatus, {"job-3"})).ok());
   EXPECT_EQ(client_.asked_job, "job-3");
   EXPECT_THAT(out_.str(), HasSubstr("waiting for 3 idle cpu workers"));
+  // The table shows the recent steps only, so only they are asked for; JSON gets everything.
+  EXPECT_EQ(client_.asked_history_limit, static_cast<uint32_t>(kRecentSteps));
+  CliOptions json = Opts(Command::kStatus, {"job-3"});
+  json.output = OutputFormat::kJson;
+  ASSERT_TRUE(Run(json).ok());
+  EXPECT_EQ(client_.asked_history_limit, 0u);
 
   client_.job = absl::NotFoundError("no job 'job-4'");
   EXPECT_EQ(Run(Opts(Command::kStatus, {"job-4"})).message(), "status: NOT_FOUND: no job 'job-4'");

@@ -300,6 +300,15 @@ TEST_F(JobStorePersistenceTest, ARecordedStepSupersedesItselfAndEveryLaterStep) 
   EXPECT_EQ(job->steps_done(), 4);
   EXPECT_EQ(job->skipped_steps(), 0);
   EXPECT_EQ((*store->StepsAfter(id, 1)).size(), 2u);
+  // A window of the history: after a step, at most the latest N.
+  EXPECT_THAT(Steps(*store->Get(id, JobStore::HistoryWindow{.after_step = -1, .limit = 2})),
+              ElementsAre(2, 3));
+  EXPECT_THAT(Steps(*store->Get(id, JobStore::HistoryWindow{.after_step = 0})),
+              ElementsAre(1, 2, 3));
+  EXPECT_THAT(Steps(*store->Get(id, JobStore::HistoryWindow{.after_step = 1, .limit = 1})),
+              ElementsAre(3));
+  EXPECT_THAT(Steps(*store->Get(id, JobStore::HistoryWindow{.after_step = 3})), ElementsAre());
+  EXPECT_EQ(store->Get(id, JobStore::HistoryWindow{.limit = 2})->steps_done(), 4);
   store->RecordStep(id, Step(4, 40.0));
   ASSERT_TRUE(store->Transition(id, v1::SUCCEEDED, "").ok());
   store.reset();
