@@ -1,10 +1,22 @@
 // Status load while a job trains: 50 concurrent WatchJob streams and a target rate of status
-// RPCs (GetJob, ListJobs, ListWorkers in turn) against a real coordinator with two real
-// workers on 127.0.0.1, for a fixed time. Prints the job's mean step time before, during and
-// after the load (the ratio is taken in the same run: the machine is shared and noisy), the
-// status RPCs per second reached, and every error.
+// RPCs (GetJob as `tandem status` asks for it, ListJobs, ListWorkers in turn) against a real
+// coordinator with two real workers on 127.0.0.1. The job's step time is measured in windows
+// that alternate, unloaded and loaded (U L U L U L U), so that each loaded window is compared
+// with the unloaded ones on either side of it in the same run: the machine is shared and
+// noisy, and its speed drifts over minutes. Prints every window, the status RPCs per second
+// reached, the watch events delivered, and every error.
 //
-//   build/bin/bench_status_load [--seconds 60] [--rate 500] [--watchers 50]
+//   build/bin/bench_status_load [--seconds 60] [--rate 500] [--watchers 50] [--client-nice N]
+//
+// --seconds is the total loaded time (three windows); each unloaded window is a third of it.
+// --client-nice N runs the load generator's threads at nice N: on a machine with few cores
+// the generator (which stands for clients on other machines) otherwise competes with the
+// workers itself. The coordinator's side of every call runs at normal priority either way.
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -15,6 +27,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/cli/coordinator_client.h"
+#include "coordinator/cli/format.h"
 #include "tests/integration/harness.h"
 
 namespace {
@@ -36,16 +49,22 @@ double MeasureStepSeconds(tandem::testing::Cluster& cluster, const std::string& 
   return s1 > s0 ? elapsed / static_cast<double>(s1 - s0) : 0.0;
 }
 
+void NiceThisThread(int nice) {
+  if (nice != 0) (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), nice);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   double seconds = 60;
   int rate = 500;
   int watchers = 50;
+  int client_nice = 0;
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--seconds") == 0) seconds = std::atof(argv[i + 1]);
     if (std::strcmp(argv[i], "--rate") == 0) rate = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--watchers") == 0) watchers = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--client-nice") == 0) client_nice = std::atoi(argv[i + 1]);
   }
   tandem::testing::Cluster::Options options;
   options.workers = 2;
@@ -70,35 +89,48 @@ int main(int argc, char** argv) {
     if (j.ok() && j->steps_done() >= 20) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  const double quiet = std::max(10.0, seconds / 3);
-  const double before = MeasureStepSeconds(cluster, *id, quiet);
 
-  std::atomic<bool> stop{false};
+  std::atomic<bool> stop{false}, loaded{false};
   std::atomic<int64_t> rpcs{0}, rpc_errors{0}, events{0}, watch_errors{0};
   std::vector<std::thread> threads;
+  // Each watcher holds a stream open while the load is on, and closes it when it goes off.
   for (int w = 0; w < watchers; ++w) {
     threads.emplace_back([&] {
+      NiceThisThread(client_nice);
       auto client = tandem::cli::NewGrpcCoordinatorClient(cluster.address(), absl::Seconds(10),
                                                           absl::Hours(1));
-      absl::Status s = client->WatchJob(*id, [&](const tandem::v1::JobEvent&) {
-        events.fetch_add(1);
-        return !stop.load();
-      });
-      if (!s.ok()) watch_errors.fetch_add(1);
+      while (!stop.load()) {
+        if (!loaded.load()) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          continue;
+        }
+        absl::Status s = client->WatchJob(*id, [&](const tandem::v1::JobEvent&) {
+          events.fetch_add(1);
+          return loaded.load() && !stop.load();
+        });
+        if (!s.ok()) watch_errors.fetch_add(1);
+      }
     });
   }
   constexpr int kCallers = 10;
   for (int c = 0; c < kCallers; ++c) {
     threads.emplace_back([&, c] {
+      NiceThisThread(client_nice);
       auto client = tandem::cli::NewGrpcCoordinatorClient(cluster.address(), absl::Seconds(10),
                                                           absl::Hours(1));
-      const auto every = std::chrono::duration<double>(kCallers / static_cast<double>(rate));
+      const auto every = std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(kCallers / static_cast<double>(rate)));
       auto next = Clock::now();
       for (int64_t n = c; !stop.load(); ++n) {
+        if (!loaded.load()) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          next = Clock::now();
+          continue;
+        }
         absl::Status s;
         switch (n % 3) {
-          case 0:
-            s = client->GetJob(*id).status();
+          case 0:  // what `tandem status JOB` asks for
+            s = client->GetJob(*id, tandem::cli::kRecentSteps).status();
             break;
           case 1:
             s = client->ListJobs().status();
@@ -108,31 +140,47 @@ int main(int argc, char** argv) {
         }
         rpcs.fetch_add(1);
         if (!s.ok()) rpc_errors.fetch_add(1);
-        next += std::chrono::duration_cast<Clock::duration>(every);
+        next += every;
         std::this_thread::sleep_until(next);
       }
     });
   }
-  const auto load_start = Clock::now();
-  const double loaded = MeasureStepSeconds(cluster, *id, seconds);
-  const double load_seconds = std::chrono::duration<double>(Clock::now() - load_start).count();
+
+  constexpr int kLoadedWindows = 3;
+  const double window = seconds / kLoadedWindows;
+  std::vector<double> unloaded_s, loaded_s;
+  double load_seconds = 0;
+  unloaded_s.push_back(MeasureStepSeconds(cluster, *id, window));
+  for (int w = 0; w < kLoadedWindows; ++w) {
+    loaded.store(true);
+    const auto t0 = Clock::now();
+    loaded_s.push_back(MeasureStepSeconds(cluster, *id, window));
+    load_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    loaded.store(false);
+    unloaded_s.push_back(MeasureStepSeconds(cluster, *id, window));
+  }
   const int64_t calls = rpcs.load();
   stop.store(true);
   for (auto& t : threads) t.join();
-  const double after = MeasureStepSeconds(cluster, *id, quiet);
   (void)cluster.Cancel(*id);
 
-  const double unloaded = (before + after) / 2;
-  std::printf("status load: %d WatchJob streams + %d status RPC/s target for %.0f s\n", watchers,
-              rate, seconds);
+  std::printf(
+      "status load: %d WatchJob streams + %d status RPC/s target, %d x %.0f s loaded, "
+      "client nice %d\n",
+      watchers, rate, kLoadedWindows, window, client_nice);
   std::printf("  status RPCs: %lld in %.1f s = %.0f/s, errors %lld\n",
               static_cast<long long>(calls), load_seconds, calls / load_seconds,
               static_cast<long long>(rpc_errors.load()));
   std::printf("  watch events delivered: %lld, broken streams %lld\n",
               static_cast<long long>(events.load()), static_cast<long long>(watch_errors.load()));
-  std::printf("  step time: before %.2f ms, during %.2f ms, after %.2f ms\n", before * 1e3,
-              loaded * 1e3, after * 1e3);
-  std::printf("  loaded / unloaded (mean of before and after): %.3f\n",
-              unloaded > 0 ? loaded / unloaded : 0.0);
+  double ratio_sum = 0;
+  for (int w = 0; w < kLoadedWindows; ++w) {
+    const double around = (unloaded_s[w] + unloaded_s[w + 1]) / 2;
+    const double ratio = around > 0 ? loaded_s[w] / around : 0.0;
+    ratio_sum += ratio;
+    std::printf("  window %d: step %.2f ms unloaded before, %.2f ms loaded, %.2f ms after: %.3f\n",
+                w + 1, unloaded_s[w] * 1e3, loaded_s[w] * 1e3, unloaded_s[w + 1] * 1e3, ratio);
+  }
+  std::printf("  loaded / unloaded, mean over the windows: %.3f\n", ratio_sum / kLoadedWindows);
   return rpc_errors.load() == 0 && watch_errors.load() == 0 ? 0 : 1;
 }
