@@ -3,8 +3,9 @@
 // Created only through Create(), which returns RESOURCE_EXHAUSTED (or the runtime's error) in
 // place of throwing; move-only; the destructor frees the memory (its result is ignored: a
 // destructor has no error channel, and a failing cudaFree means the context is already lost).
-// The copy helpers are synchronous with respect to the host (cudaMemcpy), for tests and setup;
-// the training path uses cudaMemcpyAsync on its own streams.
+// The copy helpers are synchronous with respect to the host and to every stream (cudaMemcpy,
+// then the legacy stream is synchronised), for tests and setup; the training path uses
+// cudaMemcpyAsync on its own streams.
 // Thread-safety: thread-compatible.
 #ifndef TANDEM_WORKER_BACKEND_CUDA_DEVICE_BUFFER_H_
 #define TANDEM_WORKER_BACKEND_CUDA_DEVICE_BUFFER_H_
@@ -72,6 +73,10 @@ class DeviceBuffer {
     if (count > count_) return TooMany(count);
     if (count == 0) return absl::OkStatus();
     TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpy(data_, host, count * sizeof(T), cudaMemcpyHostToDevice));
+    // From pageable memory cudaMemcpy may return once the data is staged, before the DMA lands,
+    // and a cudaStreamNonBlocking stream is not ordered after the legacy stream that carries it:
+    // wait for the legacy stream so that work on any stream sees the data.
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cudaStreamLegacy));
     return absl::OkStatus();
   }
   absl::Status CopyToHost(T* host, size_t count) const {
