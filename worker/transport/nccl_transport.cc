@@ -179,8 +179,31 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Connect(
       e != cudaSuccess) {
     return cleanup(cuda::CudaError(e, "cudaMallocHost(&host_headers, ...)", __FILE__, __LINE__));
   }
-  return std::unique_ptr<NcclTransport>(
+  std::unique_ptr<NcclTransport> transport(
       new NcclTransport(options, comm, stream, device_headers, host_headers));
+  // 4. Connections (the destructor aborts the communicator on failure).
+  if (absl::Status s = transport->WarmUp(); !s.ok()) return Prefixed(me, s);
+  return transport;
+}
+
+absl::Status NcclTransport::WarmUp() {
+  if (options_.size == 1) return absl::OkStatus();
+  std::vector<Op> ops;
+  for (int peer = 0; peer < options_.size; ++peer) {
+    if (peer == options_.rank) continue;
+    ops.push_back({Op::Kind::kSend, peer, kWarmUpTag, nullptr, 0, nullptr});
+    ops.push_back({Op::Kind::kRecv, peer, kWarmUpTag, nullptr, 0, nullptr});
+  }
+  if (absl::Status s = PostBatch(ops); !s.ok()) return s;
+  for (int peer = 0; peer < options_.size; ++peer) {
+    if (peer == options_.rank) continue;
+    if (absl::Status s = WaitRecv(peer, kWarmUpTag); !s.ok()) return s;
+  }
+  if (absl::Status s = WaitSends(); !s.ok()) return s;
+  // The warm-up's headers are not payload.
+  bytes_sent_.store(0);
+  bytes_received_.store(0);
+  return absl::OkStatus();
 }
 
 NcclTransport::NcclTransport(const NcclTransportOptions& options, ncclComm_t comm,
@@ -307,7 +330,7 @@ absl::Status NcclTransport::Recv(int peer, uint64_t tag, void* data, size_t byte
 }
 
 absl::Status NcclTransport::PostBatch(absl::Span<const Op> ops) {
-  if (aborted_.load()) return absl::AbortedError("nccl transport: post: transport aborted");
+  // Bad arguments first (as GlooTransport), then the aborted state.
   for (const Op& op : ops) {
     if (absl::Status s = CheckPeer(op.peer); !s.ok()) return s;
     if (op.data == nullptr && op.bytes > 0) {
@@ -315,6 +338,7 @@ absl::Status NcclTransport::PostBatch(absl::Span<const Op> ops) {
           absl::StrCat("rank ", options_.rank, ": null buffer for ", op.bytes, " bytes"));
     }
   }
+  if (aborted_.load()) return absl::AbortedError("nccl transport: post: transport aborted");
   // The calling thread's current device may not be this rank's (Connect may have run on
   // another thread); the stream, events and header slots live on options_.device.
   TANDEM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
@@ -391,14 +415,14 @@ absl::Status NcclTransport::PostBatch(absl::Span<const Op> ops) {
     if (op.kind == Op::Kind::kSend) {
       issue = ncclSend(header, sizeof(uint64_t), ncclUint8, op.peer, comm_, stream_);
       failed_call = "ncclSend(header)";
-      if (issue == ncclSuccess) {
+      if (issue == ncclSuccess && op.bytes > 0) {  // both ends skip an empty payload
         issue = ncclSend(op.data, op.bytes, ncclUint8, op.peer, comm_, stream_);
         failed_call = "ncclSend(data, bytes, ncclUint8, peer, comm_, stream_)";
       }
     } else {
       issue = ncclRecv(header, sizeof(uint64_t), ncclUint8, op.peer, comm_, stream_);
       failed_call = "ncclRecv(header)";
-      if (issue == ncclSuccess) {
+      if (issue == ncclSuccess && op.bytes > 0) {
         issue = ncclRecv(op.data, op.bytes, ncclUint8, op.peer, comm_, stream_);
         failed_call = "ncclRecv(data, bytes, ncclUint8, peer, comm_, stream_)";
       }

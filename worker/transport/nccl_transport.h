@@ -9,7 +9,12 @@
 // rank then creates the communicator NON-BLOCKING (ncclConfig_t.blocking = 0,
 // ncclCommInitRankConfig) and polls ncclCommGetAsyncError until it is ready, fails, or
 // connect_timeout passes (then ncclCommAbort and DEADLINE_EXCEEDED), so a missing peer never
-// hangs a worker.
+// hangs a worker. Connect() ends with a warm-up: one group holding a header-only send to and a
+// receive from every other rank (waited for with op_timeout). NCCL sets up point-to-point
+// connections lazily, on the first transfer between two ranks, and that setup pairs a send with
+// the peer's receive; done here, for all pairs at once, it cannot deadlock two ranks that later
+// post sends to each other before their receives, and PostSend never waits on its peer. (The
+// warm-up connects every pair, not only pipeline neighbours: fine for pipeline-sized jobs.)
 //
 // Transfers run on a dedicated communication stream (cudaStreamNonBlocking): each post is one
 // ncclGroupStart / ncclGroupEnd group, and PostBatch() puts several sends and receives in one
@@ -139,6 +144,11 @@ class NcclTransport final : public Transport {
 
   NcclTransport(const NcclTransportOptions& options, ncclComm_t comm, cudaStream_t stream,
                 uint64_t* device_headers, uint64_t* host_headers);
+  // The tag of Connect()'s warm-up exchange (no transfer tag has payload 0xFF).
+  static constexpr uint64_t kWarmUpTag = ~uint64_t{0};
+
+  // Connects every pair now (see the header comment). Called once, by Connect().
+  absl::Status WarmUp();
   absl::Status CheckPeer(int peer) const;
   // Sleeps a poll interval. Returns ABORTED after Abort(), the communicator's asynchronous
   // error, or DEADLINE_EXCEEDED at `deadline`; OK to keep polling.
