@@ -1,0 +1,689 @@
+#include <climits>
+#include <cmath>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "worker/backend/cuda/cuda_kernels.h"
+#include "worker/backend/cuda/cuda_status.h"
+
+namespace tandem::worker::cuda {
+namespace {
+
+// Same value as kernels::kLayerNormEps (worker/model/kernels.h, not included here: nvcc need
+// not see the CPU headers).
+constexpr float kLayerNormEps = 1e-5f;
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr int kThreads = 256;
+constexpr int kMaxBlocks = 65535;
+constexpr int kReduceThreads = 1024;
+
+// ---- Argument checks (INVALID_ARGUMENT, never a launch with bad shapes).
+
+absl::Status CheckCount(const char* what, int64_t count) {
+  if (count < 0) return absl::InvalidArgumentError(absl::StrCat(what, ": count ", count, " < 0"));
+  return absl::OkStatus();
+}
+
+// cuBLAS takes int dimensions and leading dimensions.
+absl::Status CheckGemmDims(const char* what, int64_t n, int64_t c, int64_t oc) {
+  if (n < 0 || c < 0 || oc < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": negative shape n=", n, " c=", c, " oc=", oc));
+  }
+  if (n > INT_MAX || c > INT_MAX || oc > INT_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": shape n=", n, " c=", c, " oc=", oc, " exceeds cuBLAS's int range"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAttention(const char* what, int64_t b, int64_t t, int64_t c, int64_t nh) {
+  if (b < 0 || t < 0 || c < 0 || nh < 1 || c % nh != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": bad shape b=", b, " t=", t, " c=", c,
+                                                   " nh=", nh, " (need nh >= 1 dividing c)"));
+  }
+  if (3 * c > INT_MAX || t * t > INT_MAX || t > INT_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": shape t=", t, " c=", c, " exceeds cuBLAS's int range"));
+  }
+  return absl::OkStatus();
+}
+
+int Blocks(int64_t count) {
+  const int64_t blocks = (count + kThreads - 1) / kThreads;
+  return static_cast<int>(blocks < kMaxBlocks ? (blocks > 0 ? blocks : 1) : kMaxBlocks);
+}
+
+// ---- Row-major GEMMs on column-major cuBLAS: a row-major (M, N) matrix with leading dimension
+// ld is, in memory, its column-major transpose, so C = op(A) op(B) is computed as
+// C^T = op(B)^T op(A)^T: swap the operands and M with N, keep the transpose flags.
+
+cublasOperation_t Op(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+absl::Status Sgemm(cublasHandle_t h, cudaStream_t s, bool ta, bool tb, int64_t m, int64_t n,
+                   int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
+                   float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return absl::OkStatus();
+  TANDEM_CUBLAS_RETURN_IF_ERROR(cublasSetStream(h, s));
+  const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+  TANDEM_CUBLAS_RETURN_IF_ERROR(cublasSgemm(h, Op(tb), Op(ta), ni, mi, ki, &alpha, b,
+                                            static_cast<int>(ldb), a, static_cast<int>(lda), &beta,
+                                            c, static_cast<int>(ldc)));
+  return absl::OkStatus();
+}
+
+absl::Status SgemmStridedBatched(cublasHandle_t h, cudaStream_t s, bool ta, bool tb, int64_t m,
+                                 int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                                 int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b,
+                                 float beta, float* c, int64_t ldc, int64_t stride_c,
+                                 int64_t batch) {
+  if (m == 0 || n == 0 || batch == 0) return absl::OkStatus();
+  TANDEM_CUBLAS_RETURN_IF_ERROR(cublasSetStream(h, s));
+  TANDEM_CUBLAS_RETURN_IF_ERROR(cublasSgemmStridedBatched(
+      h, Op(tb), Op(ta), static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
+      static_cast<int>(ldb), stride_b, a, static_cast<int>(lda), stride_a, &beta, c,
+      static_cast<int>(ldc), stride_c, static_cast<int>(batch)));
+  return absl::OkStatus();
+}
+
+// bf16 A and B, fp32 accumulation, C of type c_type (CUDA_R_32F or CUDA_R_16BF).
+absl::Status GemmBf16(cublasHandle_t h, cudaStream_t s, bool ta, bool tb, int64_t m, int64_t n,
+                      int64_t k, float alpha, const bf16* a, int64_t lda, const bf16* b,
+                      int64_t ldb, float beta, void* c, cudaDataType_t c_type, int64_t ldc) {
+  if (m == 0 || n == 0) return absl::OkStatus();
+  TANDEM_CUBLAS_RETURN_IF_ERROR(cublasSetStream(h, s));
+  TANDEM_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
+      h, Op(tb), Op(ta), static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
+      CUDA_R_16BF, static_cast<int>(ldb), a, CUDA_R_16BF, static_cast<int>(lda), &beta, c, c_type,
+      static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return absl::OkStatus();
+}
+
+// ---- Device helpers.
+
+__device__ __forceinline__ float ToF(float x) { return x; }
+__device__ __forceinline__ float ToF(bf16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T WarpSum(T v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  return v;  // complete in lane 0
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;  // in every lane
+}
+
+__device__ __forceinline__ float WarpAllSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;  // in every lane
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024), returned to every thread.
+// `shared` holds 32 elements; it may be reused after the call returns.
+template <typename T>
+__device__ T BlockSum(T v, T* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = WarpSum(v);
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x >> 5;
+  if (warp == 0) {
+    v = lane < warps ? shared[lane] : T(0);
+    v = WarpSum(v);
+    if (lane == 0) shared[0] = v;
+  }
+  __syncthreads();
+  const T r = shared[0];
+  __syncthreads();
+  return r;
+}
+
+__device__ float BlockMax(float v, float* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = WarpMax(v);
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x >> 5;
+  if (warp == 0) {
+    v = lane < warps ? shared[lane] : -INFINITY;
+    v = WarpMax(v);
+    if (lane == 0) shared[0] = v;
+  }
+  __syncthreads();
+  const float r = shared[0];
+  __syncthreads();
+  return r;
+}
+
+// ---- Kernels.
+
+template <typename T>
+__global__ void AddBiasKernel(T* out, const float* b, int64_t n, int64_t oc) {
+  const int64_t total = n * oc;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    if constexpr (std::is_same_v<T, float>) {
+      out[i] += b[i % oc];
+    } else {
+      out[i] = __float2bfloat16(__bfloat162float(out[i]) + b[i % oc]);
+    }
+  }
+}
+
+// db[j] += sum_i dout[i, j]: one thread per column, rows in order (coalesced across threads).
+template <typename T>
+__global__ void ColumnSumKernel(const T* dout, float* db, int64_t n, int64_t oc) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= oc) return;
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; ++i) s += ToF(dout[i * oc + j]);
+  db[j] += s;
+}
+
+__global__ void LayerNormForwardKernel(const float* in, const float* gain, const float* bias,
+                                       float* out, float* mean, float* rstd, int64_t c) {
+  __shared__ float shared[32];
+  const int64_t row = blockIdx.x;
+  const float* x = in + row * c;
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) sum += x[j];
+  const float m = BlockSum(sum, shared) / static_cast<float>(c);
+  float var = 0.0f;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+    const float d = x[j] - m;
+    var += d * d;
+  }
+  var = BlockSum(var, shared) / static_cast<float>(c);
+  const float s = 1.0f / sqrtf(var + kLayerNormEps);
+  float* y = out + row * c;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) y[j] = (x[j] - m) * s * gain[j] + bias[j];
+  if (threadIdx.x == 0) {
+    mean[row] = m;
+    rstd[row] = s;
+  }
+}
+
+__global__ void LayerNormBackwardInputKernel(const float* dout, const float* in, const float* gain,
+                                             const float* mean, const float* rstd, float* din,
+                                             int64_t c) {
+  __shared__ float shared[32];
+  const int64_t row = blockIdx.x;
+  const float* dy = dout + row * c;
+  const float* x = in + row * c;
+  float* dx = din + row * c;
+  const float m = mean[row], s = rstd[row];
+  float sum_dxhat = 0.0f, sum_dxhat_xhat = 0.0f;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+    const float xhat = (x[j] - m) * s;
+    const float dxhat = dy[j] * gain[j];
+    sum_dxhat += dxhat;
+    sum_dxhat_xhat += dxhat * xhat;
+  }
+  const float mean_dxhat = BlockSum(sum_dxhat, shared) / static_cast<float>(c);
+  const float mean_dxhat_xhat = BlockSum(sum_dxhat_xhat, shared) / static_cast<float>(c);
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+    const float xhat = (x[j] - m) * s;
+    const float dxhat = dy[j] * gain[j];
+    dx[j] += s * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
+  }
+}
+
+// dgain[j] += sum_i dy[i, j] xhat[i, j]; dbias[j] += sum_i dy[i, j]: one thread per column.
+__global__ void LayerNormBackwardParamsKernel(const float* dout, const float* in, const float* mean,
+                                              const float* rstd, float* dgain, float* dbias,
+                                              int64_t n, int64_t c) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= c) return;
+  float sg = 0.0f, sb = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float dy = dout[i * c + j];
+    sb += dy;
+    sg += dy * (in[i * c + j] - mean[i]) * rstd[i];
+  }
+  dgain[j] += sg;
+  dbias[j] += sb;
+}
+
+__global__ void GeluForwardKernel(const float* in, float* out, int64_t count) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float x = in[i];
+    const float u = kGeluScale * (x + 0.044715f * x * x * x);
+    out[i] = 0.5f * x * (1.0f + tanhf(u));
+  }
+}
+
+__global__ void GeluBackwardKernel(const float* in, const float* dout, float* din, int64_t count) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float x = in[i];
+    const float u = kGeluScale * (x + 0.044715f * x * x * x);
+    const float t = tanhf(u);
+    const float du = kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+    const float grad = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+    din[i] += grad * dout[i];
+  }
+}
+
+__global__ void AddKernel(const float* a, const float* b, float* out, int64_t count) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = a[i] + b[i];
+  }
+}
+
+// One warp per row of `rows` rows of length t (row r is query position r % t): softmax over
+// positions [0, r % t], zeros after, in place.
+__global__ void CausalSoftmaxKernel(float* att, int64_t rows, int64_t t) {
+  const int64_t row = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  float* p = att + row * t;
+  const int64_t len = row % t + 1;
+  float m = -INFINITY;
+  for (int64_t j = lane; j < len; j += 32) m = fmaxf(m, p[j]);
+  m = WarpMax(m);
+  float sum = 0.0f;
+  for (int64_t j = lane; j < len; j += 32) {
+    const float e = expf(p[j] - m);
+    p[j] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / WarpAllSum(sum);
+  for (int64_t j = lane; j < len; j += 32) p[j] *= inv;
+  for (int64_t j = len + lane; j < t; j += 32) p[j] = 0.0f;
+}
+
+// ds = p * (ds - sum_j p ds) over the visible positions, zero after; one warp per row.
+__global__ void CausalSoftmaxBackwardKernel(const float* att, float* ds, int64_t rows, int64_t t) {
+  const int64_t row = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const float* p = att + row * t;
+  float* d = ds + row * t;
+  const int64_t len = row % t + 1;
+  float dot = 0.0f;
+  for (int64_t j = lane; j < len; j += 32) dot += p[j] * d[j];
+  dot = WarpAllSum(dot);
+  for (int64_t j = lane; j < len; j += 32) d[j] = p[j] * (d[j] - dot);
+  for (int64_t j = len + lane; j < t; j += 32) d[j] = 0.0f;
+}
+
+__global__ void SoftmaxCrossEntropyInPlaceKernel(float* logits, const int32_t* targets,
+                                                 float* losses, int64_t v) {
+  __shared__ float shared[32];
+  const int64_t row = blockIdx.x;
+  float* z = logits + row * v;
+  const int32_t target = targets[row];
+  const bool valid = target >= 0 && target < v;
+  const float zt = valid ? z[target] : NAN;  // read by every thread before any write
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, z[j]);
+  m = BlockMax(m, shared);
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) sum += expf(z[j] - m);
+  sum = BlockSum(sum, shared);
+  const float inv = 1.0f / sum;
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
+    z[j] = expf(z[j] - m) * inv - (j == target ? 1.0f : 0.0f);
+  }
+  if (threadIdx.x == 0) losses[row] = static_cast<float>(log(static_cast<double>(sum)) - (zt - m));
+}
+
+// One block: out (= or +=) the sum of in[i] (squared when `square`), in double, each thread
+// over a fixed stride, then a fixed tree: the same order every run.
+template <bool kSquare, bool kAccumulate>
+__global__ void ReduceKernel(const float* in, int64_t count, double* out) {
+  __shared__ double shared[32];
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
+    const double x = in[i];
+    s += kSquare ? x * x : x;
+  }
+  s = BlockSum(s, shared);
+  if (threadIdx.x == 0) *out = kAccumulate ? *out + s : s;
+}
+
+__global__ void AdamWKernel(float* w, float* g, float* m, float* v, int64_t count, float lr,
+                            float b1, float b2, float eps, float wd, float c1, float c2) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float gi = g[i];
+    const float mi = b1 * m[i] + (1.0f - b1) * gi;
+    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    const float mhat = mi / c1;
+    const float vhat = vi / c2;
+    w[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * w[i]);
+    g[i] = 0.0f;
+  }
+}
+
+__global__ void ToBf16Kernel(const float* in, bf16* out, int64_t count) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = __float2bfloat16_rn(in[i]);
+  }
+}
+
+__global__ void ToFloatKernel(const bf16* in, float* out, int64_t count) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = __bfloat162float(in[i]);
+  }
+}
+
+// The error of the launch just made (configuration errors surface here, not at the next sync).
+absl::Status LaunchStatus(const char* kernel) {
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
+    return CudaError(e, kernel, __FILE__, __LINE__);
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status AddBias(cudaStream_t stream, T* out, const float* b, int64_t n, int64_t oc) {
+  if (b == nullptr || n == 0 || oc == 0) return absl::OkStatus();
+  AddBiasKernel<T><<<Blocks(n * oc), kThreads, 0, stream>>>(out, b, n, oc);
+  return LaunchStatus("AddBiasKernel<<<>>>");
+}
+
+template <typename T>
+absl::Status ColumnSum(cudaStream_t stream, const T* dout, float* db, int64_t n, int64_t oc) {
+  if (db == nullptr || oc == 0) return absl::OkStatus();
+  ColumnSumKernel<T><<<Blocks(oc), kThreads, 0, stream>>>(dout, db, n, oc);
+  return LaunchStatus("ColumnSumKernel<<<>>>");
+}
+
+}  // namespace
+
+// ---- Linear.
+
+absl::Status LinearForward(cublasHandle_t blas, cudaStream_t stream, const float* in,
+                           const float* w, const float* b, float* out, int64_t n, int64_t c,
+                           int64_t oc) {
+  if (absl::Status s = CheckGemmDims("LinearForward", n, c, oc); !s.ok()) return s;
+  if (absl::Status s = Sgemm(blas, stream, false, true, n, oc, c, 1.0f, in, c, w, c, 0.0f, out, oc);
+      !s.ok()) {
+    return s;
+  }
+  return AddBias(stream, out, b, n, oc);
+}
+
+absl::Status LinearBackward(cublasHandle_t blas, cudaStream_t stream, const float* dout,
+                            const float* in, const float* w, float* din, float* dw, float* db,
+                            int64_t n, int64_t c, int64_t oc) {
+  if (absl::Status s = ScaledLinearBackward(blas, stream, dout, in, w, 1.0f, din, dw, n, c, oc);
+      !s.ok()) {
+    return s;
+  }
+  return ColumnSum(stream, dout, db, n, oc);
+}
+
+absl::Status ScaledLinearBackward(cublasHandle_t blas, cudaStream_t stream, const float* dout,
+                                  const float* in, const float* w, float scale, float* din,
+                                  float* dw, int64_t n, int64_t c, int64_t oc) {
+  if (absl::Status s = CheckGemmDims("LinearBackward", n, c, oc); !s.ok()) return s;
+  if (din != nullptr) {
+    // din (N, C) += scale * dout (N, OC) * w (OC, C)
+    if (absl::Status s =
+            Sgemm(blas, stream, false, false, n, c, oc, scale, dout, oc, w, c, 1.0f, din, c);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (dw != nullptr) {
+    // dw (OC, C) += scale * dout^T (OC, N) * in (N, C)
+    if (absl::Status s =
+            Sgemm(blas, stream, true, false, oc, c, n, scale, dout, oc, in, c, 1.0f, dw, c);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LinearForward(cublasHandle_t blas, cudaStream_t stream, const bf16* in, const bf16* w,
+                           const float* b, float* out, int64_t n, int64_t c, int64_t oc) {
+  if (absl::Status s = CheckGemmDims("LinearForward(bf16)", n, c, oc); !s.ok()) return s;
+  if (absl::Status s = GemmBf16(blas, stream, false, true, n, oc, c, 1.0f, in, c, w, c, 0.0f, out,
+                                CUDA_R_32F, oc);
+      !s.ok()) {
+    return s;
+  }
+  return AddBias(stream, out, b, n, oc);
+}
+
+absl::Status LinearForward(cublasHandle_t blas, cudaStream_t stream, const bf16* in, const bf16* w,
+                           const float* b, bf16* out, int64_t n, int64_t c, int64_t oc) {
+  if (absl::Status s = CheckGemmDims("LinearForward(bf16 out)", n, c, oc); !s.ok()) return s;
+  if (absl::Status s = GemmBf16(blas, stream, false, true, n, oc, c, 1.0f, in, c, w, c, 0.0f, out,
+                                CUDA_R_16BF, oc);
+      !s.ok()) {
+    return s;
+  }
+  return AddBias(stream, out, b, n, oc);
+}
+
+absl::Status LinearBackward(cublasHandle_t blas, cudaStream_t stream, const bf16* dout,
+                            const bf16* in, const bf16* w, float* din, float* dw, float* db,
+                            int64_t n, int64_t c, int64_t oc) {
+  if (absl::Status s = CheckGemmDims("LinearBackward(bf16)", n, c, oc); !s.ok()) return s;
+  if (din != nullptr) {
+    if (absl::Status s = GemmBf16(blas, stream, false, false, n, c, oc, 1.0f, dout, oc, w, c, 1.0f,
+                                  din, CUDA_R_32F, c);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (dw != nullptr) {
+    if (absl::Status s = GemmBf16(blas, stream, true, false, oc, c, n, 1.0f, dout, oc, in, c, 1.0f,
+                                  dw, CUDA_R_32F, c);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return ColumnSum(stream, dout, db, n, oc);
+}
+
+// ---- Elementwise and row kernels.
+
+absl::Status LayerNormForward(cudaStream_t stream, const float* in, const float* gain,
+                              const float* bias, float* out, float* mean, float* rstd, int64_t n,
+                              int64_t c) {
+  if (n < 0 || c < 1 || n > INT_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("LayerNormForward: bad shape n=", n, " c=", c));
+  }
+  if (n == 0) return absl::OkStatus();
+  LayerNormForwardKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(in, gain, bias, out,
+                                                                            mean, rstd, c);
+  return LaunchStatus("LayerNormForwardKernel<<<>>>");
+}
+
+absl::Status LayerNormBackward(cudaStream_t stream, const float* dout, const float* in,
+                               const float* gain, const float* mean, const float* rstd, float* din,
+                               float* dgain, float* dbias, int64_t n, int64_t c) {
+  if (n < 0 || c < 1 || n > INT_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("LayerNormBackward: bad shape n=", n, " c=", c));
+  }
+  if (n == 0) return absl::OkStatus();
+  LayerNormBackwardInputKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
+      dout, in, gain, mean, rstd, din, c);
+  if (absl::Status s = LaunchStatus("LayerNormBackwardInputKernel<<<>>>"); !s.ok()) return s;
+  LayerNormBackwardParamsKernel<<<Blocks(c), kThreads, 0, stream>>>(dout, in, mean, rstd, dgain,
+                                                                    dbias, n, c);
+  return LaunchStatus("LayerNormBackwardParamsKernel<<<>>>");
+}
+
+absl::Status GeluForward(cudaStream_t stream, const float* in, float* out, int64_t count) {
+  if (absl::Status s = CheckCount("GeluForward", count); !s.ok()) return s;
+  if (count == 0) return absl::OkStatus();
+  GeluForwardKernel<<<Blocks(count), kThreads, 0, stream>>>(in, out, count);
+  return LaunchStatus("GeluForwardKernel<<<>>>");
+}
+
+absl::Status GeluBackward(cudaStream_t stream, const float* in, const float* dout, float* din,
+                          int64_t count) {
+  if (absl::Status s = CheckCount("GeluBackward", count); !s.ok()) return s;
+  if (count == 0) return absl::OkStatus();
+  GeluBackwardKernel<<<Blocks(count), kThreads, 0, stream>>>(in, dout, din, count);
+  return LaunchStatus("GeluBackwardKernel<<<>>>");
+}
+
+absl::Status Add(cudaStream_t stream, const float* a, const float* b, float* out, int64_t count) {
+  if (absl::Status s = CheckCount("Add", count); !s.ok()) return s;
+  if (count == 0) return absl::OkStatus();
+  AddKernel<<<Blocks(count), kThreads, 0, stream>>>(a, b, out, count);
+  return LaunchStatus("AddKernel<<<>>>");
+}
+
+// ---- Attention.
+
+absl::Status CausalAttentionForward(cublasHandle_t blas, cudaStream_t stream, const float* qkv,
+                                    float* att, float* out, int64_t b, int64_t t, int64_t c,
+                                    int64_t nh) {
+  if (absl::Status s = CheckAttention("CausalAttentionForward", b, t, c, nh); !s.ok()) return s;
+  if (b == 0 || t == 0 || c == 0) return absl::OkStatus();
+  const int64_t hd = c / nh;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const int64_t tt = t * t;
+  for (int64_t bi = 0; bi < b; ++bi) {
+    const float* q = qkv + bi * t * 3 * c;  // head h at + h * hd, (T, hd), ld 3C
+    const float* k = q + c;
+    const float* v = q + 2 * c;
+    float* p = att + bi * nh * tt;  // (NH, T, T)
+    float* y = out + bi * t * c;    // head h at + h * hd, (T, hd), ld C
+    // scores (T, T) = scale * q (T, hd) k^T (hd, T), per head
+    if (absl::Status s = SgemmStridedBatched(blas, stream, false, true, t, t, hd, scale, q, 3 * c,
+                                             hd, k, 3 * c, hd, 0.0f, p, t, tt, nh);
+        !s.ok()) {
+      return s;
+    }
+    const int64_t rows = nh * t;
+    const int64_t rows_per_block = kThreads / 32;
+    CausalSoftmaxKernel<<<static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block),
+                          kThreads, 0, stream>>>(p, rows, t);
+    if (absl::Status s = LaunchStatus("CausalSoftmaxKernel<<<>>>"); !s.ok()) return s;
+    // y (T, hd) = p (T, T) v (T, hd), per head
+    if (absl::Status s = SgemmStridedBatched(blas, stream, false, false, t, hd, t, 1.0f, p, t, tt,
+                                             v, 3 * c, hd, 0.0f, y, c, hd, nh);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CausalAttentionBackward(cublasHandle_t blas, cudaStream_t stream, const float* dout,
+                                     const float* qkv, const float* att, float* dqkv,
+                                     float* scratch, int64_t b, int64_t t, int64_t c, int64_t nh) {
+  if (absl::Status s = CheckAttention("CausalAttentionBackward", b, t, c, nh); !s.ok()) return s;
+  if (b == 0 || t == 0 || c == 0) return absl::OkStatus();
+  const int64_t hd = c / nh;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const int64_t tt = t * t, c3 = 3 * c;
+  for (int64_t bi = 0; bi < b; ++bi) {
+    const float* q = qkv + bi * t * c3;
+    const float* k = q + c;
+    const float* v = q + 2 * c;
+    float* dq = dqkv + bi * t * c3;
+    float* dk = dq + c;
+    float* dv = dq + 2 * c;
+    const float* dy = dout + bi * t * c;
+    const float* p = att + bi * nh * tt;
+    float* ds = scratch;  // (NH, T, T)
+    // d att (T, T) = dy (T, hd) v^T
+    if (absl::Status s = SgemmStridedBatched(blas, stream, false, true, t, t, hd, 1.0f, dy, c, hd,
+                                             v, c3, hd, 0.0f, ds, t, tt, nh);
+        !s.ok()) {
+      return s;
+    }
+    const int64_t rows = nh * t;
+    const int64_t rows_per_block = kThreads / 32;
+    CausalSoftmaxBackwardKernel<<<
+        static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block), kThreads, 0, stream>>>(
+        p, ds, rows, t);
+    if (absl::Status s = LaunchStatus("CausalSoftmaxBackwardKernel<<<>>>"); !s.ok()) return s;
+    // dq (T, hd) += scale ds (T, T) k (T, hd)
+    if (absl::Status s = SgemmStridedBatched(blas, stream, false, false, t, hd, t, scale, ds, t, tt,
+                                             k, c3, hd, 1.0f, dq, c3, hd, nh);
+        !s.ok()) {
+      return s;
+    }
+    // dv (T, hd) += p^T (T, T) dy (T, hd)
+    if (absl::Status s = SgemmStridedBatched(blas, stream, true, false, t, hd, t, 1.0f, p, t, tt,
+                                             dy, c, hd, 1.0f, dv, c3, hd, nh);
+        !s.ok()) {
+      return s;
+    }
+    // dk (T, hd) += scale ds^T (T, T) q (T, hd)
+    if (absl::Status s = SgemmStridedBatched(blas, stream, true, false, t, hd, t, scale, ds, t, tt,
+                                             q, c3, hd, 1.0f, dk, c3, hd, nh);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---- Loss.
+
+absl::Status SoftmaxCrossEntropyInPlace(cudaStream_t stream, float* logits, const int32_t* targets,
+                                        float* losses, double* loss_sum, int64_t n, int64_t v) {
+  if (n < 0 || v < 1 || n > INT_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SoftmaxCrossEntropyInPlace: bad shape n=", n, " v=", v));
+  }
+  if (n > 0) {
+    SoftmaxCrossEntropyInPlaceKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
+        logits, targets, losses, v);
+    if (absl::Status s = LaunchStatus("SoftmaxCrossEntropyInPlaceKernel<<<>>>"); !s.ok()) return s;
+  }
+  ReduceKernel<false, false><<<1, kReduceThreads, 0, stream>>>(losses, n, loss_sum);
+  return LaunchStatus("ReduceKernel<<<>>>");
+}
+
+// ---- Optimizer.
+
+absl::Status AdamWStep(cudaStream_t stream, float* w, float* g, float* m, float* v, int64_t count,
+                       const AdamWHyper& hyper, bool decay, int64_t step) {
+  if (absl::Status s = CheckCount("AdamWStep", count); !s.ok()) return s;
+  if (step < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("AdamWStep: step ", step, " < 1"));
+  }
+  if (count == 0) return absl::OkStatus();
+  // As worker/model/optimizer.cc: the corrections in double, then rounded to float.
+  const float c1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(hyper.beta1), step));
+  const float c2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(hyper.beta2), step));
+  const float wd = decay ? hyper.weight_decay : 0.0f;
+  AdamWKernel<<<Blocks(count), kThreads, 0, stream>>>(w, g, m, v, count, hyper.lr, hyper.beta1,
+                                                      hyper.beta2, hyper.eps, wd, c1, c2);
+  return LaunchStatus("AdamWKernel<<<>>>");
+}
+
+absl::Status GradSquaredNorm(cudaStream_t stream, const float* g, int64_t count, double* sum_sq) {
+  if (absl::Status s = CheckCount("GradSquaredNorm", count); !s.ok()) return s;
+  ReduceKernel<true, true><<<1, kReduceThreads, 0, stream>>>(g, count, sum_sq);
+  return LaunchStatus("ReduceKernel<<<>>>");
+}
+
+// ---- Conversions.
+
+absl::Status ConvertToBf16(cudaStream_t stream, const float* in, bf16* out, int64_t count) {
+  if (absl::Status s = CheckCount("ConvertToBf16", count); !s.ok()) return s;
+  if (count == 0) return absl::OkStatus();
+  ToBf16Kernel<<<Blocks(count), kThreads, 0, stream>>>(in, out, count);
+  return LaunchStatus("ToBf16Kernel<<<>>>");
+}
+
+absl::Status ConvertToFloat(cudaStream_t stream, const bf16* in, float* out, int64_t count) {
+  if (absl::Status s = CheckCount("ConvertToFloat", count); !s.ok()) return s;
+  if (count == 0) return absl::OkStatus();
+  ToFloatKernel<<<Blocks(count), kThreads, 0, stream>>>(in, out, count);
+  return LaunchStatus("ToFloatKernel<<<>>>");
+}
+
+}  // namespace tandem::worker::cuda
