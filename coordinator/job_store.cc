@@ -473,6 +473,7 @@ void JobStore::Append(Entry& e, v1::JobEvent event) {
     e.events.pop_front();
     ++e.first_event;
   }
+  events_cv_.SignalAll();
 }
 
 absl::StatusOr<std::string> JobStore::Add(const v1::JobSpec& spec) {
@@ -788,10 +789,10 @@ absl::StatusOr<JobStore::Events> JobStore::WaitEvents(const std::string& job_id,
   auto it = jobs_.find(n);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   const Entry& e = it->second;
-  auto has_new = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return e.first_event + static_cast<int64_t>(e.events.size()) > cursor;
-  };
-  mu_.AwaitWithTimeout(absl::Condition(&has_new), timeout);
+  const absl::Time deadline = absl::Now() + timeout;
+  while (e.first_event + static_cast<int64_t>(e.events.size()) <= cursor) {
+    if (events_cv_.WaitWithDeadline(&mu_, deadline)) break;  // timed out
+  }
   Events out;
   int64_t from = std::max(cursor, e.first_event);
   const int64_t end = e.first_event + static_cast<int64_t>(e.events.size());

@@ -179,6 +179,10 @@ class JobStore {
   const std::string data_root_;
   const TimingRetention retention_;
   mutable absl::Mutex mu_;
+  // Signalled when any job's event log grows. WaitEvents waits on it rather than on a
+  // Condition of mu_: a Condition is evaluated at every release of mu_ (every RPC), for every
+  // waiting watcher.
+  mutable absl::CondVar events_cv_;
   std::unique_ptr<FileLock> lock_;                     // held while open, with a data root
   int64_t incarnation_ = 0;                            // set by Open
   std::unique_ptr<SqliteDb> db_ ABSL_GUARDED_BY(mu_);  // null: memory only
