@@ -363,6 +363,30 @@ absl::StatusOr<std::vector<v1::WorkerInfo>> Cluster::Workers() {
 
 absl::Status Cluster::Cancel(const std::string& id) { return client_->CancelJob(id).status(); }
 
+bool Cluster::WaitForSteps(const std::string& id, int64_t steps, std::chrono::seconds timeout) {
+  return WaitFor(
+      [&] {
+        auto j = GetJob(id);
+        return j.ok() && j->state() == v1::RUNNING && j->steps_done() >= steps;
+      },
+      timeout, std::chrono::milliseconds(5));
+}
+
+absl::StatusOr<double> Cluster::SecondsUntilRestart(const std::string& id,
+                                                    std::chrono::seconds timeout) {
+  const auto start = std::chrono::steady_clock::now();
+  if (!WaitFor(
+          [&] {
+            auto j = GetJob(id);
+            return j.ok() && j->restarts() >= 1;
+          },
+          timeout, std::chrono::milliseconds(10))) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(id, " was not restarted within ", timeout.count(), " s"));
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 absl::StatusOr<v1::Job> Cluster::WaitForEnd(const std::string& id, std::chrono::seconds timeout) {
   absl::StatusOr<v1::Job> job;
   WaitFor(

@@ -135,6 +135,12 @@ class Cluster {
   absl::Status Cancel(const std::string& id);
   // Waits until the job reaches a terminal state (or `timeout`); returns the final job.
   absl::StatusOr<v1::Job> WaitForEnd(const std::string& id, std::chrono::seconds timeout);
+  // Whether the job is RUNNING with at least `steps` steps done within `timeout`.
+  bool WaitForSteps(const std::string& id, int64_t steps,
+                    std::chrono::seconds timeout = std::chrono::seconds(60));
+  // Waits until the job has been restarted at least once; returns the seconds that took
+  // (DEADLINE_EXCEEDED after `timeout`). For "detected within N s" after a fault.
+  absl::StatusOr<double> SecondsUntilRestart(const std::string& id, std::chrono::seconds timeout);
   // Runs the `tandem` CLI against this cluster; with TLS, with --tls-ca and the token unless
   // `with_credentials` is false (then only --coordinator is added).
   CommandResult Cli(const std::vector<std::string>& args, bool with_credentials = true);

@@ -81,15 +81,6 @@ class RecoveryTest : public ::testing::Test {
     return -1;
   }
 
-  bool WaitForSteps(const std::string& id, int64_t steps, std::chrono::seconds timeout = 60s) {
-    return WaitFor(
-        [&] {
-          auto j = cluster_->GetJob(id);
-          return j.ok() && j->state() == v1::RUNNING && j->steps_done() >= steps;
-        },
-        timeout, 5ms);
-  }
-
   static void ExpectTheReferenceRun(const v1::Job& job, const v1::Job& reference) {
     testing::ExpectTheReferenceRun(job, reference, kSteps);
   }
@@ -102,7 +93,7 @@ TEST_F(RecoveryTest, AKilledWorkerIsReplacedAndTheJobResumesFromItsCheckpoint) {
   const v1::Job reference = Reference();
   auto id = cluster_->Submit(Job(3));
   ASSERT_TRUE(id.ok()) << id.status();
-  ASSERT_TRUE(WaitForSteps(*id, 35));
+  ASSERT_TRUE(cluster_->WaitForSteps(*id, 35));
   const int victim = WorkerOfStage(*id, 1);
   ASSERT_GE(victim, 0);
   cluster_->worker(victim).Kill(SIGKILL);
@@ -125,20 +116,13 @@ TEST_F(RecoveryTest, AHungWorkerIsDetectedInTimeAndWakingItCorruptsNothing) {
   const v1::Job reference = Reference();
   auto id = cluster_->Submit(Job(3));
   ASSERT_TRUE(id.ok()) << id.status();
-  ASSERT_TRUE(WaitForSteps(*id, 35));
+  ASSERT_TRUE(cluster_->WaitForSteps(*id, 35));
   const int victim = WorkerOfStage(*id, 0);
   ASSERT_GE(victim, 0);
   cluster_->worker(victim).Kill(SIGSTOP);
-  const auto stopped = std::chrono::steady_clock::now();
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        auto j = cluster_->GetJob(*id);
-        return j.ok() && j->restarts() >= 1;
-      },
-      20s, 10ms));
-  const double detected =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
-  EXPECT_LT(detected, 10.0) << "a hang is detected within 10 s";
+  absl::StatusOr<double> detected = cluster_->SecondsUntilRestart(*id, 20s);
+  ASSERT_TRUE(detected.ok()) << detected.status();
+  EXPECT_LT(*detected, 10.0) << "a hang is detected within 10 s";
   // Let the job get going on the spare, then wake the hung worker: its late answers belong
   // to the aborted run and are refused.
   ASSERT_TRUE(WaitFor(
