@@ -38,12 +38,6 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-std::vector<double> Losses(const v1::Job& job) {
-  std::vector<double> out;
-  for (const auto& s : job.history()) out.push_back(s.loss());
-  return out;
-}
-
 class ClusterTest : public ::testing::Test {
  protected:
   void StartCluster(int workers) {

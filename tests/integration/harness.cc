@@ -410,6 +410,12 @@ CommandResult Cluster::Cli(const std::vector<std::string>& args, bool with_crede
   return RunCommand(argv);
 }
 
+std::vector<double> Losses(const v1::Job& job) {
+  std::vector<double> out;
+  for (const auto& s : job.history()) out.push_back(s.loss());
+  return out;
+}
+
 void ExpectTheReferenceRun(const v1::Job& job, const v1::Job& reference, int steps) {
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
   ASSERT_EQ(job.history_size(), steps);

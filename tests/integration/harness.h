@@ -168,6 +168,9 @@ absl::Status MakeDevCerts(const std::string& dir);
 
 // A small mlp_lm job spec for tests: `stages` stages, M micro-batches, `steps` steps.
 // `extra` is appended as top-level YAML (e.g. "checkpoint:\n  every: 4\n").
+// The loss of each step in the job's history, in order.
+std::vector<double> Losses(const v1::Job& job);
+
 // The job ended SUCCEEDED with every one of its `steps` steps recorded once, in order, each
 // with the reference run's loss (bit for bit: the same data and the same restored state).
 void ExpectTheReferenceRun(const v1::Job& job, const v1::Job& reference, int steps);

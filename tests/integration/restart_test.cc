@@ -16,12 +16,6 @@ namespace {
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-std::vector<double> Losses(const v1::Job& job) {
-  std::vector<double> out;
-  for (const auto& s : job.history()) out.push_back(s.loss());
-  return out;
-}
-
 class RestartTest : public ::testing::Test {
  protected:
   void TearDown() override {

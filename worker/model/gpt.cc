@@ -385,7 +385,8 @@ absl::Status GptBlock::BackwardInput(const Tensor& grad_output, SavedContext& ct
 }
 
 absl::Status GptBlock::BackwardWeight(SavedContext& ctx) {
-  if (ctx.tensors.size() != kNumBlockSaved + kNumBlockDouts) {
+  if (ctx.tensors.size() !=
+      static_cast<size_t>(kNumBlockSaved) + static_cast<size_t>(kNumBlockDouts)) {
     return absl::InternalError(absl::StrCat(name_, ": weight gradient before input gradient"));
   }
   WeightGradients(ctx.tensors, ctx.tensors.data() + kNumBlockSaved);
