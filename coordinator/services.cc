@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "common/clock.h"
 #include "common/rpc.h"
 #include "common/spec.h"
@@ -47,6 +48,9 @@ constexpr size_t kMaxSpecBytes = 1 << 20;
     if (absl::Status _s = CheckProtocolVersion((req)->protocol_version(), kServer); !_s.ok()) \
       return ToGrpcStatus(_s);                                                                \
   } while (0)
+
+// The shortest time between two writes to one WatchJob stream (see WatchJob).
+constexpr absl::Duration kWatchBatchInterval = absl::Milliseconds(100);
 
 class CoordinatorServiceImpl final : public v1::Coordinator::Service {
  public:
@@ -145,12 +149,24 @@ class CoordinatorServiceImpl final : public v1::Coordinator::Service {
     if (!writer->Write(snapshot)) return grpc::Status::OK;
     if (IsTerminal(job->state())) return grpc::Status::OK;
     int64_t cursor = head->cursor;
+    absl::Time last_write = absl::InfinitePast();
     while (!ctx->IsCancelled()) {
+      // At most one write batch per kWatchBatchInterval per stream: a job that steps many
+      // times a second sends its events in batches instead of waking every watcher (and its
+      // client) for each step.
+      if (absl::Duration wait = last_write + kWatchBatchInterval - absl::Now();
+          wait > absl::ZeroDuration()) {
+        absl::SleepFor(wait);
+        if (ctx->IsCancelled()) break;
+      }
       auto batch = env_.store->WaitEvents(req->job_id(), cursor, absl::Milliseconds(500));
       if (!batch.ok()) return ToGrpcStatus(batch.status());
-      for (const auto& event : batch->events) {
-        if (!writer->Write(event)) return grpc::Status::OK;
+      for (size_t i = 0; i < batch->events.size(); ++i) {
+        grpc::WriteOptions options;
+        if (i + 1 < batch->events.size()) options.set_buffer_hint();  // one flush per batch
+        if (!writer->Write(batch->events[i], options)) return grpc::Status::OK;
       }
+      if (!batch->events.empty()) last_write = absl::Now();
       cursor = batch->cursor;
       if (batch->ended) return grpc::Status::OK;
     }
