@@ -6,6 +6,7 @@
 //
 //   build/bin/bench_gpu_gpt [--batch 8] [--seq 1024] [--accum 1] [--warmup 3] [--steps 10]
 //                           [--precision bf16|fp32] [--lr 6e-4] [--peak-tflops 989] [--seed 1]
+//                           [--weight-decay <spec default 0>]
 //
 // A step is `accum` micro-batches of (batch, seq) tokens (ForwardBackward each) and one AdamW
 // Step; it is timed on the host clock, and each phase on CUDA events.
@@ -50,6 +51,7 @@ struct Flags {
   int steps = 10;
   std::string precision = "bf16";
   double lr = 6e-4;
+  double weight_decay = -1.0;  // < 0: the spec's default
   double peak_tflops = 989.0;
   uint64_t seed = 1;
 };
@@ -78,6 +80,9 @@ bool ParseFlags(int argc, char** argv, Flags& f) {
       ok = f.precision == "bf16" || f.precision == "fp32";
     } else if (a == "--lr") {
       ok = absl::SimpleAtod(v, &f.lr) && std::isfinite(f.lr);
+    } else if (a == "--weight-decay") {
+      ok = absl::SimpleAtod(v, &f.weight_decay) && f.weight_decay >= 0 &&
+           std::isfinite(f.weight_decay);
     } else if (a == "--peak-tflops") {
       ok = absl::SimpleAtod(v, &f.peak_tflops) && f.peak_tflops > 0;
     } else if (a == "--seed") {
@@ -128,7 +133,8 @@ int main(int argc, char** argv) {
   hyper.beta1 = o.beta1();
   hyper.beta2 = o.beta2();
   hyper.eps = o.eps();
-  hyper.weight_decay = o.weight_decay();
+  hyper.weight_decay =
+      flags.weight_decay >= 0 ? static_cast<float>(flags.weight_decay) : o.weight_decay();
 
   // The plan needs no device: print it first.
   absl::StatusOr<GpuGptMemory> plan = tandem::worker::cuda::PlanGpuGptMemory(cfg);
