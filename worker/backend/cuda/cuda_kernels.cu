@@ -172,14 +172,29 @@ __global__ void AddBiasKernel(T* out, const float* b, int64_t n, int64_t oc) {
   }
 }
 
-// db[j] += sum_i dout[i, j]: one thread per column, rows in order (coalesced across threads).
+// Column reductions over N rows: a block of kTile x kTile threads owns kTile columns;
+// threadIdx.x is the column (a warp reads kTile consecutive floats of a row: coalesced),
+// threadIdx.y a row lane that sums rows y, y + kTile, ... in order; the lanes' partials are then
+// added in lane order. A fixed order, so bit-reproducible, with N / kTile sequential steps per
+// thread instead of N.
+constexpr int kTile = 32;
+
+// db[j] += sum_i dout[i, j].
 template <typename T>
 __global__ void ColumnSumKernel(const T* dout, float* db, int64_t n, int64_t oc) {
-  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (j >= oc) return;
+  __shared__ float part[kTile][kTile + 1];
+  const int64_t j = blockIdx.x * int64_t{kTile} + threadIdx.x;
   float s = 0.0f;
-  for (int64_t i = 0; i < n; ++i) s += ToF(dout[i * oc + j]);
-  db[j] += s;
+  if (j < oc) {
+    for (int64_t i = threadIdx.y; i < n; i += kTile) s += ToF(dout[i * oc + j]);
+  }
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < oc) {
+    float t = 0.0f;
+    for (int r = 0; r < kTile; ++r) t += part[r][threadIdx.x];
+    db[j] += t;
+  }
 }
 
 __global__ void LayerNormForwardKernel(const float* in, const float* gain, const float* bias,
@@ -230,20 +245,33 @@ __global__ void LayerNormBackwardInputKernel(const float* dout, const float* in,
   }
 }
 
-// dgain[j] += sum_i dy[i, j] xhat[i, j]; dbias[j] += sum_i dy[i, j]: one thread per column.
+// dgain[j] += sum_i dy[i, j] xhat[i, j]; dbias[j] += sum_i dy[i, j]; tiled as ColumnSumKernel.
 __global__ void LayerNormBackwardParamsKernel(const float* dout, const float* in, const float* mean,
                                               const float* rstd, float* dgain, float* dbias,
                                               int64_t n, int64_t c) {
-  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (j >= c) return;
+  __shared__ float part_g[kTile][kTile + 1];
+  __shared__ float part_b[kTile][kTile + 1];
+  const int64_t j = blockIdx.x * int64_t{kTile} + threadIdx.x;
   float sg = 0.0f, sb = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float dy = dout[i * c + j];
-    sb += dy;
-    sg += dy * (in[i * c + j] - mean[i]) * rstd[i];
+  if (j < c) {
+    for (int64_t i = threadIdx.y; i < n; i += kTile) {
+      const float dy = dout[i * c + j];
+      sb += dy;
+      sg += dy * (in[i * c + j] - mean[i]) * rstd[i];
+    }
   }
-  dgain[j] += sg;
-  dbias[j] += sb;
+  part_g[threadIdx.y][threadIdx.x] = sg;
+  part_b[threadIdx.y][threadIdx.x] = sb;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < c) {
+    float tg = 0.0f, tb = 0.0f;
+    for (int r = 0; r < kTile; ++r) {
+      tg += part_g[r][threadIdx.x];
+      tb += part_b[r][threadIdx.x];
+    }
+    dgain[j] += tg;
+    dbias[j] += tb;
+  }
 }
 
 __global__ void GeluForwardKernel(const float* in, float* out, int64_t count) {
@@ -376,6 +404,8 @@ __global__ void ToFloatKernel(const bf16* in, float* out, int64_t count) {
   }
 }
 
+unsigned ColumnTiles(int64_t cols) { return static_cast<unsigned>((cols + kTile - 1) / kTile); }
+
 // The error of the launch just made (configuration errors surface here, not at the next sync).
 absl::Status LaunchStatus(const char* kernel) {
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
@@ -394,7 +424,7 @@ absl::Status AddBias(cudaStream_t stream, T* out, const float* b, int64_t n, int
 template <typename T>
 absl::Status ColumnSum(cudaStream_t stream, const T* dout, float* db, int64_t n, int64_t oc) {
   if (db == nullptr || oc == 0) return absl::OkStatus();
-  ColumnSumKernel<T><<<Blocks(oc), kThreads, 0, stream>>>(dout, db, n, oc);
+  ColumnSumKernel<T><<<ColumnTiles(oc), dim3(kTile, kTile), 0, stream>>>(dout, db, n, oc);
   return LaunchStatus("ColumnSumKernel<<<>>>");
 }
 
@@ -513,8 +543,8 @@ absl::Status LayerNormBackward(cudaStream_t stream, const float* dout, const flo
   LayerNormBackwardInputKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
       dout, in, gain, mean, rstd, din, c);
   if (absl::Status s = LaunchStatus("LayerNormBackwardInputKernel<<<>>>"); !s.ok()) return s;
-  LayerNormBackwardParamsKernel<<<Blocks(c), kThreads, 0, stream>>>(dout, in, mean, rstd, dgain,
-                                                                    dbias, n, c);
+  LayerNormBackwardParamsKernel<<<ColumnTiles(c), dim3(kTile, kTile), 0, stream>>>(
+      dout, in, mean, rstd, dgain, dbias, n, c);
   return LaunchStatus("LayerNormBackwardParamsKernel<<<>>>");
 }
 

@@ -1,0 +1,176 @@
+// GpuGpt: the whole GPT-2 model of worker/model/gpt.h (embedding, L pre-LN blocks, head with a
+// tied or untied LM head and cross-entropy) trained on one CUDA device with the kernels of
+// cuda_kernels.h: forward + backward of a micro-batch of token ids, gradient accumulation over
+// micro-batches, the global gradient norm and AdamW (the formula of worker/model/optimizer.cc).
+//
+// Parameters: one flat fp32 buffer of master weights in the CPU layers' order and shapes
+// (GpuGptParameterLayout: the embedding's wte, wpe; per block the 12 tensors of
+// GptBlock::Parameters(); the head's ln_f gain and bias and, when not tied, lm_head.weight).
+// With tie_embeddings there is ONE wte, read by the embedding and by the head; its gradient is
+// the sum of what the CPU's two copies receive. Initial values are bit-identical to the CPU
+// layers' for the same seed (InitGpuGptParameters, tested without a GPU), and a test can also
+// copy any values in (SetParameter).
+//
+// Precision: kFp32 runs every GEMM in fp32 (cuBLAS sgemm). kBf16 keeps fp32 master weights,
+// gradients and optimizer state, and a bf16 compute copy of each GEMM weight (the blocks' four
+// linears and the LM head), refreshed after each optimizer step; the GEMMs take bf16 operands
+// and accumulate in fp32; LayerNorm, GELU, attention, softmax and the residual stream stay
+// fp32, and the inputs of the linears are saved in bf16 for the weight gradients.
+//
+// Memory: everything is allocated once in Create for the micro-batch shape (B, T): parameters,
+// gradients, optimizer moments, saved activations (all layers of one micro-batch, nothing
+// recomputed) and a workspace reused by every layer. PlanGpuGptMemory gives the same figures
+// without a device. cuBLAS's own workspace (inside its handle) is not counted.
+//
+// Errors: every call returns absl::Status / StatusOr; device failures come through the
+// TANDEM_*_RETURN_IF_ERROR macros (never exit). After a device error the object should be
+// dropped (its buffers may hold partial results).
+// Determinism: every reduction is in a fixed order except the token-embedding gradient, which
+// scatters rows with atomicAdd (two positions holding the same token add in either order).
+// Thread-safety: thread-compatible; one owner calls it at a time.
+#ifndef TANDEM_WORKER_BACKEND_CUDA_GPU_GPT_H_
+#define TANDEM_WORKER_BACKEND_CUDA_GPU_GPT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/backend/cuda/cuda_kernels.h"
+
+namespace tandem::worker::cuda {
+
+enum class GpuPrecision { kFp32, kBf16 };
+
+struct GpuGptConfig {
+  // The model (the fields of worker::GptConfig).
+  int64_t n_layer = 0;   // L
+  int64_t n_head = 0;    // NH
+  int64_t d_model = 0;   // C, a multiple of NH
+  int64_t d_hidden = 0;  // MLP width H; 0 means 4 C
+  int64_t seq_len = 0;   // maximum T (rows of wpe)
+  int64_t vocab = 0;     // V
+  bool tie_embeddings = true;
+  // The micro-batch every call runs: B sequences of T tokens, 1 <= T <= seq_len.
+  int64_t batch = 0;
+  int64_t seq = 0;
+  GpuPrecision precision = GpuPrecision::kBf16;
+  uint64_t seed = 0;  // the CPU layers' init seed
+};
+
+// The config with d_hidden resolved, or INVALID_ARGUMENT naming the field: dimensions in
+// [1, 2^20] (n_layer in [0, 4096]), d_model a multiple of n_head, 1 <= seq <= seq_len,
+// batch >= 1, and every GEMM and kernel dimension (B*T rows, T*T, the weight matrices) within
+// the int range cuBLAS and the kernels take.
+absl::StatusOr<GpuGptConfig> ValidateGpuGptConfig(const GpuGptConfig& config);
+
+// One parameter tensor in the flat buffers.
+struct GpuGptTensor {
+  std::string name;            // GPT2LMHeadModel's, as in worker/model/gpt.h
+  std::vector<int64_t> shape;  // as the CPU Parameter's
+  size_t offset = 0;           // into the fp32 parameter / gradient / moment buffers
+  size_t count = 0;            // elements
+  bool decay = false;          // weight decay applies (2-D weights), as Parameter::decay
+  bool compute_copy = false;   // has a bf16 compute copy (GEMM weights, in kBf16 only)
+  size_t compute_offset = 0;   // into the bf16 buffer, when compute_copy
+};
+
+// The tensors of a validated config, in the order described above.
+std::vector<GpuGptTensor> GpuGptParameterLayout(const GpuGptConfig& config);
+
+// The flat initial parameters (layout order), drawn exactly as the CPU layers draw them for
+// config.seed. Host only.
+std::vector<float> InitGpuGptParameters(const GpuGptConfig& config,
+                                        const std::vector<GpuGptTensor>& layout);
+
+// Device memory, in bytes, by purpose.
+struct GpuGptMemory {
+  size_t parameters = 0;       // fp32 master weights
+  size_t compute_weights = 0;  // bf16 copies of the GEMM weights (0 in kFp32)
+  size_t gradients = 0;        // fp32, one per parameter
+  size_t optimizer_state = 0;  // AdamW m and v, fp32
+  size_t activations = 0;      // saved for backward, one micro-batch, all layers
+  size_t workspace = 0;        // scratch reused by every layer, token ids, loss, norm
+  size_t total() const {
+    return parameters + compute_weights + gradients + optimizer_state + activations + workspace;
+  }
+};
+
+// What Create allocates for `config` (validated first; INVALID_ARGUMENT as above). Host only.
+absl::StatusOr<GpuGptMemory> PlanGpuGptMemory(const GpuGptConfig& config);
+
+// Per-phase device times of the latest ForwardBackward and Step, from CUDA events on the
+// model's stream, in milliseconds.
+struct GpuGptTimes {
+  float forward_ms = 0.0f;
+  float backward_ms = 0.0f;
+  float optimizer_ms = 0.0f;
+};
+
+class GpuGpt {
+ public:
+  // Validates `config`, allocates every buffer on the current device, initialises the
+  // parameters (InitGpuGptParameters) and zeroes gradients and moments. INVALID_ARGUMENT for a
+  // bad config, FAILED_PRECONDITION without a usable device, RESOURCE_EXHAUSTED when the
+  // memory does not fit. `hyper.lr` is ignored (each Step passes its own).
+  static absl::StatusOr<std::unique_ptr<GpuGpt>> Create(const GpuGptConfig& config,
+                                                        const AdamWHyper& hyper);
+  ~GpuGpt();
+  GpuGpt(const GpuGpt&) = delete;
+  GpuGpt& operator=(const GpuGpt&) = delete;
+
+  // One micro-batch: tokens and targets are host arrays of B*T ids (row-major (B, T)) in
+  // [0, V), checked before anything is enqueued (INVALID_ARGUMENT). Runs forward and backward
+  // and ADDS into the gradients d(loss / accumulation)/d(params), where loss is the micro-
+  // batch's mean cross-entropy over its B*T positions: over `accumulation` micro-batches the
+  // gradients sum to those of the mean over all of them. Returns the micro-batch's mean loss
+  // (it waits for the device).
+  absl::StatusOr<float> ForwardBackward(const int32_t* tokens, const int32_t* targets,
+                                        int64_t accumulation = 1);
+
+  // The L2 norm of all gradients (the tied wte once), reduced in double. Waits for the device.
+  absl::StatusOr<float> GradNorm();
+
+  // One AdamW update of every parameter with learning rate `lr` (weight decay only where
+  // GpuGptTensor::decay), then zeroes the gradients and, in kBf16, refreshes the compute
+  // copies. Returns the global gradient norm before the update. Waits for the device.
+  absl::StatusOr<float> Step(float lr);
+
+  // Zeroes the gradients (without an update).
+  absl::Status ZeroGradients();
+
+  // Host copies of one tensor (index into layout()); `count` must equal its element count
+  // (INVALID_ARGUMENT otherwise). SetParameter also refreshes its compute copy.
+  absl::Status SetParameter(size_t index, const float* host, size_t count);
+  absl::Status GetParameter(size_t index, float* host, size_t count) const;
+  absl::Status GetGradient(size_t index, float* host, size_t count) const;
+
+  const GpuGptConfig& config() const { return config_; }
+  const std::vector<GpuGptTensor>& layout() const { return layout_; }
+  // Parameter count, the tied wte once.
+  int64_t num_parameters() const { return static_cast<int64_t>(num_params_); }
+  const GpuGptMemory& memory() const { return memory_; }
+  const GpuGptTimes& last_times() const { return times_; }
+  int64_t steps() const { return step_; }
+
+ private:
+  struct Impl;  // device buffers, handles and the forward / backward passes (gpu_gpt.cc)
+  GpuGpt();
+  absl::Status CheckIndex(size_t index, size_t count) const;
+
+  GpuGptConfig config_;
+  AdamWHyper hyper_;
+  std::vector<GpuGptTensor> layout_;
+  size_t num_params_ = 0;
+  GpuGptMemory memory_;
+  GpuGptTimes times_;
+  int64_t step_ = 0;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem::worker::cuda
+
+#endif  // TANDEM_WORKER_BACKEND_CUDA_GPU_GPT_H_
