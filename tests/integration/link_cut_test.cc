@@ -11,7 +11,9 @@
 // back, with the losses of an uninterrupted run. Only documentation ranges inside these
 // namespaces are used; everything is removed when the test ends.
 //
-// Needs root and network namespaces; skips (and says why) where either is missing.
+// Needs root and network namespaces; skips (and says why) where either is missing. The
+// namespaces are held by processes (unshare --net) and entered with nsenter --net, which
+// touches no mounts: `ip netns` needs /run/netns and mount propagation, which a chroot lacks.
 #include <sched.h>
 #include <unistd.h>
 
@@ -43,17 +45,17 @@ std::string& SkipReason() {
   return reason;
 }
 
-std::string IpBinary() {
-  for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
-    if (access(p, X_OK) == 0) return p;
+// The path of a system program, or "" when it is not installed.
+std::string FindBinary(const std::string& name) {
+  for (const char* dir : {"/usr/sbin/", "/sbin/", "/usr/bin/", "/bin/"}) {
+    const std::string p = dir + name;
+    if (access(p.c_str(), X_OK) == 0) return p;
   }
   return "";
 }
 
-// Runs `ip ARGS...`; a failure names the command and what it printed.
-absl::Status Ip(const std::vector<std::string>& args) {
-  std::vector<std::string> argv{IpBinary()};
-  argv.insert(argv.end(), args.begin(), args.end());
+// Runs `argv`; a failure names the command and what it printed.
+absl::Status Run(const std::vector<std::string>& argv) {
   const CommandResult r = RunCommand(argv, 30s);
   if (r.exit_code != 0) {
     return absl::InternalError(
@@ -62,54 +64,105 @@ absl::Status Ip(const std::vector<std::string>& args) {
   return absl::OkStatus();
 }
 
+// `ip ARGS...` in this process's namespace.
+absl::Status Ip(const std::vector<std::string>& args) {
+  std::vector<std::string> argv{FindBinary("ip")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return Run(argv);
+}
+
+std::string NetNamespaceOf(const std::string& pid) {
+  char buf[128] = {};
+  const std::string link = "/proc/" + pid + "/ns/net";
+  const ssize_t n = readlink(link.c_str(), buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+// A network namespace held by a process of its own (unshare --net sleep). Unlike `ip netns
+// add` it needs no /run/netns mount, and entering it (nsenter --net) changes no mounts, so it
+// also works in a chroot. The namespace, with its links, goes when the holder is killed.
+class NetNamespace {
+ public:
+  static absl::StatusOr<std::unique_ptr<NetNamespace>> Make(const std::string& log_path) {
+    auto ns = std::unique_ptr<NetNamespace>(new NetNamespace());
+    ns->holder_ = std::make_unique<Process>(
+        FindBinary("unshare"), std::vector<std::string>{"--net", FindBinary("sleep"), "100000"},
+        log_path);
+    ns->pid_ = std::to_string(ns->holder_->pid());
+    const std::string own = NetNamespaceOf("self");
+    if (!WaitFor(
+            [&] {
+              const std::string theirs = NetNamespaceOf(ns->pid_);
+              return !theirs.empty() && theirs != own;
+            },
+            5s, 10ms)) {
+      return absl::UnavailableError(
+          absl::StrCat("unshare --net did not make a namespace: ", ReadFile(log_path)));
+    }
+    return ns;
+  }
+  const std::string& pid() const { return pid_; }
+  // The prefix that runs a command inside.
+  std::vector<std::string> Enter() const {
+    return {FindBinary("nsenter"), "--net=/proc/" + pid_ + "/ns/net"};
+  }
+  // `ip ARGS...` inside.
+  absl::Status Ip(const std::vector<std::string>& args) const {
+    std::vector<std::string> argv = Enter();
+    argv.push_back(FindBinary("ip"));
+    argv.insert(argv.end(), args.begin(), args.end());
+    return Run(argv);
+  }
+
+ private:
+  NetNamespace() = default;
+  std::unique_ptr<Process> holder_;
+  std::string pid_;
+};
+
 class LinkCutTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!SkipReason().empty()) GTEST_SKIP() << SkipReason();
-    const std::string tag = absl::StrCat("tlc", getpid());
-    for (const char* w : {"a", "b"}) {
-      const std::string ns = absl::StrCat(tag, "-", w);
-      if (absl::Status s = Ip({"netns", "add", ns}); !s.ok()) {
-        GTEST_SKIP() << "cannot create a network namespace here: " << s.message();
-      }
-      namespaces_.push_back(ns);
+    for (int i = 0; i < 2; ++i) {
+      auto ns = NetNamespace::Make(absl::StrCat(::testing::TempDir(), "/netns-", getpid(), "-", i));
+      if (!ns.ok()) GTEST_SKIP() << "cannot create a network namespace here: " << ns.status();
+      namespaces_.push_back(*std::move(ns));
     }
     // Control links: the test's namespace (the coordinator) to each worker's.
     const char* coordinator_ip[] = {"192.0.2.1", "192.0.2.5"};
     const char* worker_ip[] = {"192.0.2.2", "192.0.2.6"};
     for (int i = 0; i < 2; ++i) {
-      const std::string& ns = namespaces_[i];
+      const NetNamespace& ns = *namespaces_[i];
       const std::string host_end = absl::StrCat("c", i, "-", getpid() % 100000);
-      for (const auto& cmd : std::vector<std::vector<std::string>>{
-               {"link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", ns},
-               {"addr", "add", absl::StrCat(coordinator_ip[i], "/30"), "dev", host_end},
-               {"link", "set", host_end, "up"},
-               {"-n", ns, "addr", "add", absl::StrCat(worker_ip[i], "/30"), "dev", "eth0"},
-               {"-n", ns, "link", "set", "eth0", "up"},
-               {"-n", ns, "link", "set", "lo", "up"}}) {
-        ASSERT_TRUE(Ip(cmd).ok()) << Ip(cmd);
-      }
+      absl::Status s =
+          Ip({"link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", ns.pid()});
+      if (s.ok()) s = Ip({"addr", "add", absl::StrCat(coordinator_ip[i], "/30"), "dev", host_end});
+      if (s.ok()) s = Ip({"link", "set", host_end, "up"});
+      if (s.ok()) s = ns.Ip({"addr", "add", absl::StrCat(worker_ip[i], "/30"), "dev", "eth0"});
+      if (s.ok()) s = ns.Ip({"link", "set", "eth0", "up"});
+      if (s.ok()) s = ns.Ip({"link", "set", "lo", "up"});
+      ASSERT_TRUE(s.ok()) << s;
     }
     // The data link: worker a's d0 to worker b's d0.
-    for (const auto& cmd : std::vector<std::vector<std::string>>{
-             {"-n", namespaces_[0], "link", "add", "d0", "type", "veth", "peer", "name", "d0",
-              "netns", namespaces_[1]},
-             {"-n", namespaces_[0], "addr", "add", "198.51.100.1/30", "dev", "d0"},
-             {"-n", namespaces_[1], "addr", "add", "198.51.100.2/30", "dev", "d0"},
-             {"-n", namespaces_[0], "link", "set", "d0", "up"},
-             {"-n", namespaces_[1], "link", "set", "d0", "up"}}) {
-      ASSERT_TRUE(Ip(cmd).ok()) << Ip(cmd);
-    }
+    const NetNamespace& a = *namespaces_[0];
+    const NetNamespace& b = *namespaces_[1];
+    absl::Status s =
+        a.Ip({"link", "add", "d0", "type", "veth", "peer", "name", "d0", "netns", b.pid()});
+    if (s.ok()) s = a.Ip({"addr", "add", "198.51.100.1/30", "dev", "d0"});
+    if (s.ok()) s = b.Ip({"addr", "add", "198.51.100.2/30", "dev", "d0"});
+    if (s.ok()) s = a.Ip({"link", "set", "d0", "up"});
+    if (s.ok()) s = b.Ip({"link", "set", "d0", "up"});
+    ASSERT_TRUE(s.ok()) << s;
 
     Cluster::Options options;
     options.workers = 2;
     options.coordinator_listen_host = "0.0.0.0";
     options.coordinator_args = {"--step-deadline-floor-ms=2000", "--restart-backoff-ms=1000"};
-    const std::vector<std::string> ns = namespaces_;
-    const std::string ip = IpBinary();
-    options.place_worker = [ns, ip](int i) {
+    const std::vector<std::vector<std::string>> enter = {a.Enter(), b.Enter()};
+    options.place_worker = [enter](int i) {
       Cluster::Options::Placement p;
-      p.prefix = {ip, "netns", "exec", ns[i]};
+      p.prefix = enter[i];
       p.coordinator_host = i == 0 ? "192.0.2.1" : "192.0.2.5";
       p.listen_host = i == 0 ? "192.0.2.2" : "192.0.2.6";
       p.args = {i == 0 ? "--data-host=198.51.100.1" : "--data-host=198.51.100.2"};
@@ -127,8 +180,8 @@ class LinkCutTest : public ::testing::Test {
         std::cerr << "worker " << i << " log:\n" << ReadFile(cluster_->worker(i).log_path());
       }
     }
-    cluster_.reset();  // the processes first, then their namespaces
-    for (const std::string& ns : namespaces_) (void)Ip({"netns", "del", ns});
+    cluster_.reset();     // the processes first,
+    namespaces_.clear();  // then their namespaces (and every link in them)
   }
 
   // A 2-stage job that checkpoints every 10 steps.
@@ -139,10 +192,10 @@ class LinkCutTest : public ::testing::Test {
   }
 
   absl::Status SetDataLink(bool up) {
-    return Ip({"-n", namespaces_[0], "link", "set", "d0", up ? "up" : "down"});
+    return namespaces_[0]->Ip({"link", "set", "d0", up ? "up" : "down"});
   }
 
-  std::vector<std::string> namespaces_;
+  std::vector<std::unique_ptr<NetNamespace>> namespaces_;
   std::unique_ptr<Cluster> cluster_;
 };
 
@@ -191,8 +244,11 @@ int main(int argc, char** argv) {
   std::string& reason = tandem::testing::SkipReason();
   if (geteuid() != 0) {
     reason = "needs root (network namespaces and veth links)";
-  } else if (tandem::testing::IpBinary().empty()) {
+  } else if (tandem::testing::FindBinary("ip").empty()) {
     reason = "ip (iproute2) is not installed";
+  } else if (tandem::testing::FindBinary("unshare").empty() ||
+             tandem::testing::FindBinary("nsenter").empty()) {
+    reason = "unshare and nsenter (util-linux) are not installed";
   } else if (unshare(CLONE_NEWNET) != 0) {
     reason = absl::StrCat("cannot make a network namespace: unshare: ", strerror(errno));
   } else if (absl::Status s = tandem::testing::Ip({"link", "set", "lo", "up"}); !s.ok()) {
