@@ -215,59 +215,50 @@ absl::Status JobStore::Load() {
     absl::StatusOr<SqliteStatement*> q =
         db_->Prepare("SELECT seq, job FROM jobs ORDER BY seq", "loading jobs");
     if (!q.ok()) return q.status();
-    while (true) {
-      absl::StatusOr<bool> row = (*q)->Next();
-      if (!row.ok()) return row.status();
-      if (!*row) break;
-      const int64_t seq = (*q)->ColumnInt(0);
+    TANDEM_RETURN_IF_ERROR((*q)->ForEachRow([&](const SqliteStatement& r) {
+      const int64_t seq = r.ColumnInt(0);
       v1::Job job;
       int64_t n = 0;
-      if (!job.ParseFromString((*q)->ColumnBlob(1)) || !ParseJobId(job.id(), &n) || n != seq) {
+      if (!job.ParseFromString(r.ColumnBlob(1)) || !ParseJobId(job.id(), &n) || n != seq) {
         spdlog::warn("job store: skipping the unreadable row of job-{}", seq);
-        continue;
+        return;
       }
       Entry& e = jobs_[seq];
       e.seq = seq;
       e.job = std::move(job);
       next_id_ = std::max(next_id_, seq + 1);
-    }
+    }));
   }
   {
     absl::StatusOr<SqliteStatement*> q = db_->Prepare(
         "SELECT job_seq, step, summary FROM steps ORDER BY job_seq, step", "loading step history");
     if (!q.ok()) return q.status();
-    while (true) {
-      absl::StatusOr<bool> row = (*q)->Next();
-      if (!row.ok()) return row.status();
-      if (!*row) break;
-      auto it = jobs_.find((*q)->ColumnInt(0));
-      if (it == jobs_.end()) continue;
+    TANDEM_RETURN_IF_ERROR((*q)->ForEachRow([&](const SqliteStatement& r) {
+      auto it = jobs_.find(r.ColumnInt(0));
+      if (it == jobs_.end()) return;
       v1::StepSummary step;
-      if (!step.ParseFromString((*q)->ColumnBlob(2))) {
+      if (!step.ParseFromString(r.ColumnBlob(2))) {
         spdlog::warn("job store: job-{}: skipping the unreadable row of step {}", it->first,
-                     StepNumber((*q)->ColumnInt(1)));
-        continue;
+                     StepNumber(r.ColumnInt(1)));
+        return;
       }
       auto& history = it->second.history;
       history.push_back(std::move(step));
       if (history.size() > kMaxHistory) history.pop_front();
-    }
+    }));
   }
   {
     absl::StatusOr<SqliteStatement*> q =
         db_->Prepare("SELECT job_seq, timings FROM timings", "loading step timings");
     if (!q.ok()) return q.status();
-    while (true) {
-      absl::StatusOr<bool> row = (*q)->Next();
-      if (!row.ok()) return row.status();
-      if (!*row) break;
-      auto it = jobs_.find((*q)->ColumnInt(0));
-      if (it == jobs_.end()) continue;
-      if (!it->second.timings.ParseFromString((*q)->ColumnBlob(1))) {
+    TANDEM_RETURN_IF_ERROR((*q)->ForEachRow([&](const SqliteStatement& r) {
+      auto it = jobs_.find(r.ColumnInt(0));
+      if (it == jobs_.end()) return;
+      if (!it->second.timings.ParseFromString(r.ColumnBlob(1))) {
         spdlog::warn("job store: job-{}: dropping unreadable step timings", it->first);
         it->second.timings.Clear();
       }
-    }
+    }));
   }
   return absl::OkStatus();
 }
@@ -311,12 +302,8 @@ absl::Status JobStore::Recover() {
     absl::StatusOr<SqliteStatement*> q =
         db_->Prepare("SELECT job_seq, step FROM checkpoints", "loading checkpoint records");
     if (!q.ok()) return q.status();
-    while (true) {
-      absl::StatusOr<bool> row = (*q)->Next();
-      if (!row.ok()) return row.status();
-      if (!*row) break;
-      recorded[(*q)->ColumnInt(0)].insert((*q)->ColumnInt(1));
-    }
+    TANDEM_RETURN_IF_ERROR((*q)->ForEachRow(
+        [&](const SqliteStatement& r) { recorded[r.ColumnInt(0)].insert(r.ColumnInt(1)); }));
   }
   const std::string purpose = "recovering jobs after a restart";
   absl::StatusOr<SqliteDb::Transaction> txn = db_->Begin(Sync::kFull, purpose);

@@ -142,6 +142,15 @@ absl::StatusOr<bool> SqliteStatement::Next() {
   return db_->Error(rc, purpose_);
 }
 
+absl::Status SqliteStatement::ForEachRow(const std::function<void(const SqliteStatement&)>& row) {
+  while (true) {
+    absl::StatusOr<bool> more = Next();
+    if (!more.ok()) return more.status();
+    if (!*more) return absl::OkStatus();
+    row(*this);
+  }
+}
+
 absl::Status SqliteStatement::Run() {
   while (true) {
     absl::StatusOr<bool> row = Next();

@@ -25,6 +25,7 @@
 #define TANDEM_COORDINATOR_SQLITE_DB_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -62,6 +63,8 @@ class SqliteStatement {
   absl::Status Run();
   // Steps to the next row: true while there is one, false at the end.
   absl::StatusOr<bool> Next();
+  // Steps through every row, calling `row` with the statement on it (read its columns).
+  absl::Status ForEachRow(const std::function<void(const SqliteStatement&)>& row);
 
   int64_t ColumnInt(int column) const;
   double ColumnDouble(int column) const;

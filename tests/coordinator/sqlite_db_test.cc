@@ -129,6 +129,19 @@ TEST_F(SqliteDbTest, StatementsBindAndReadEveryTypeAndAreReused) {
   EXPECT_EQ(types, (std::vector<std::string>{"blob", "blob", "blob"}));
   // Past the end it stays at the end.
   EXPECT_FALSE(*(*q)->Next());
+
+  // ForEachRow visits the same rows in order; a statement's error comes back, with no row.
+  q = (*db)->Prepare("SELECT i FROM t ORDER BY rowid", "reading");
+  ASSERT_TRUE(q.ok());
+  std::vector<int64_t> visited;
+  ASSERT_TRUE(
+      (*q)->ForEachRow([&](const SqliteStatement& r) { visited.push_back(r.ColumnInt(0)); }).ok());
+  EXPECT_EQ(visited, ints);
+  q = (*db)->Prepare("SELECT i FROM t WHERE i > ?1", "reading with a bad binding");
+  ASSERT_TRUE(q.ok());
+  absl::Status bad = (*q)->Bind(9, 1).ForEachRow([&](const SqliteStatement&) { ADD_FAILURE(); });
+  EXPECT_FALSE(bad.ok());
+  EXPECT_THAT(bad.message(), HasSubstr("reading with a bad binding"));
 }
 
 TEST_F(SqliteDbTest, ATransactionIsRolledBackUnlessCommitted) {
