@@ -177,10 +177,7 @@ void JobRunner::Run() {
              job_.restarts() < spec_.max_restarts()) {
     const std::string cause = std::string(status.message());
     const int restart = job_.restarts() + 1;
-    env_.store->RecordRestart(id, cause);
-    const int64_t ckpt = env_.checkpoints != nullptr ? job_.checkpoint_step() : -1;
-    auto now = env_.store->Get(id, /*with_history=*/false);
-    const int64_t resume = now.ok() ? now->checkpoint_step() : ckpt;
+    const int64_t resume = env_.store->RecordRestart(id, cause);
     const std::string reason = absl::StrCat(
         "restart ", restart, " of ", spec_.max_restarts(), " after: ", cause, "; resumes ",
         resume >= 0 ? absl::StrCat("from the checkpoint after step ", StepNumber(resume))

@@ -661,10 +661,10 @@ absl::Status JobStore::DeleteStepRows(int64_t seq, int64_t from, const std::stri
   return (*del)->Bind(1, seq).Bind(2, from).Run();
 }
 
-void JobStore::RecordRestart(const std::string& job_id, const std::string& cause) {
+int64_t JobStore::RecordRestart(const std::string& job_id, const std::string& cause) {
   absl::MutexLock lock(&mu_);
   Entry* e = Find(job_id);
-  if (e == nullptr) return;
+  if (e == nullptr) return -1;
   e->job.set_restarts(e->job.restarts() + 1);
   if (e->job.first_failure().empty()) e->job.set_first_failure(cause);
   // The next run starts after the checkpoint: what was recorded after it runs again.
@@ -677,6 +677,7 @@ void JobStore::RecordRestart(const std::string& job_id, const std::string& cause
     if (db_ == nullptr) return absl::OkStatus();
     return DeleteStepRows(e->seq, resume, purpose);
   });
+  return e->job.checkpoint_step();
 }
 
 void JobStore::SetCheckpoint(const std::string& job_id, int64_t step) {

@@ -90,8 +90,9 @@ class JobStore {
   // A fault ends the job's current run and it will be restarted: counts the restart, keeps
   // the first cause, and rolls the job's progress back to its latest checkpoint (the steps
   // after it run again, and their earlier records are dropped so that none counts twice).
-  // The caller then moves it to QUEUED.
-  void RecordRestart(const std::string& job_id, const std::string& cause);
+  // The caller then moves it to QUEUED. Returns the checkpoint step the next run resumes
+  // after (-1: none, it starts again; also for an unknown job).
+  int64_t RecordRestart(const std::string& job_id, const std::string& cause);
   // The job's latest complete checkpoint, recorded once its manifest is committed (durable
   // before the call returns).
   void SetCheckpoint(const std::string& job_id, int64_t step);

@@ -843,7 +843,7 @@ TEST(JobStoreTest, ARestartRollsBackToTheCheckpointAndRerunStepsReplaceTheirReco
     store->RecordStep(id, step);
   }
   store->SetCheckpoint(id, 2);
-  store->RecordRestart(id, "step 6: boom");
+  EXPECT_EQ(store->RecordRestart(id, "step 6: boom"), 2) << "resumes after the checkpoint";
   auto job = *store->Get(id);
   EXPECT_EQ(job.restarts(), 1);
   EXPECT_EQ(job.first_failure(), "step 6: boom");
