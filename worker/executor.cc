@@ -17,6 +17,7 @@
 #include "common/schedule.h"
 #include "common/spec.h"
 #include "common/step_number.h"
+#include "worker/cpu_stage_compute.h"
 #include "worker/model/gpt.h"
 #include "worker/model/mlp_lm.h"
 
@@ -29,6 +30,14 @@ constexpr int64_t kMaxMicroBatchSize = 1 << 20;
 absl::Status Annotate(const absl::Status& s, absl::string_view prefix) {
   if (s.ok()) return s;
   return absl::Status(s.code(), absl::StrCat(prefix, ": ", s.message()));
+}
+
+// "stage 2", or "rank 1 (stages 1, 6)" for a worker of several stages: prefixes messages.
+std::string PrefixOf(const v1::StageProgram& p) {
+  if (p.chunks_size() == 1) return absl::StrCat("stage ", p.chunks(0).stage());
+  std::vector<int> stages;
+  for (const v1::StageChunk& c : p.chunks()) stages.push_back(c.stage());
+  return absl::StrCat("rank ", p.rank(), " (stages ", absl::StrJoin(stages, ", "), ")");
 }
 
 // What the stages of one worker look like to the replay: where each stage's neighbours are.
@@ -301,20 +310,21 @@ absl::Status ValidateStageProgram(const v1::StageProgram& p) {
   return absl::OkStatus();
 }
 
-// Everything one micro-batch of one chunk holds during a step.
+// Everything one micro-batch of one chunk holds during a step, besides what the compute saved
+// from its forward for its backward (StageCompute::SavedBytes). Buffers are the compute's.
 struct StageExecutor::MicroBatch {
-  IntTensor tokens;                 // (B, T) gpt or (B, K) mlp_lm; first stage only
-  IntTensor targets;                // (B, T) gpt or (B,) mlp_lm; last stage only
-  Tensor input;                     // (B, T, D) or (B, D) received activation, until F
-  std::vector<SavedContext> saved;  // one per layer, from F to B (or to W when split)
-  Tensor output;                    // forward output, until sent or handed to the next stage
-  Tensor grad_output;               // received output gradient, until B or I
-  Tensor grad_input;                // input gradient, until sent or handed to stage - 1
+  IntTensor tokens;            // (B, T) gpt or (B, K) mlp_lm; first stage only
+  IntTensor targets;           // (B, T) gpt or (B,) mlp_lm; last stage only
+  StageBufferPtr input;        // (B, T, D) or (B, D) received activation, until F
+  StageBufferPtr output;       // forward output, until sent or handed to the next stage
+  StageBufferPtr grad_output;  // received output gradient, until B or I
+  StageBufferPtr grad_input;   // input gradient, until sent or handed to stage - 1
 
   size_t Bytes() const {
-    size_t n = tokens.bytes() + targets.bytes() + input.bytes() + output.bytes() +
-               grad_output.bytes() + grad_input.bytes();
-    for (const SavedContext& c : saved) n += c.Bytes();
+    size_t n = tokens.bytes() + targets.bytes();
+    for (const StageBufferPtr* b : {&input, &output, &grad_output, &grad_input}) {
+      if (*b != nullptr) n += (*b)->bytes();
+    }
     return n;
   }
 };
@@ -353,10 +363,28 @@ absl::StatusOr<InjectedFault> ParseInjectedFault(absl::string_view text) {
   return f;
 }
 
+size_t StageExecutor::MicroBatchSlots(const v1::StageProgram& program) {
+  const int eval = program.eval_actions_size() > 0 ? program.eval_micro_batches() : 0;
+  return static_cast<size_t>(std::max(MicroBatchesOf(program), eval));
+}
+
 absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     const v1::StageProgram& program, Dataset data, std::unique_ptr<Transport> transport) {
   if (absl::Status s = ValidateStageProgram(program); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<CpuStageCompute>> compute =
+      CpuStageCompute::Create(program, MicroBatchSlots(program));
+  if (!compute.ok()) return Annotate(compute.status(), PrefixOf(program));
+  return Create(program, std::move(data), std::move(transport), *std::move(compute));
+}
+
+absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
+    const v1::StageProgram& program, Dataset data, std::unique_ptr<Transport> transport,
+    std::unique_ptr<StageCompute> compute) {
+  if (absl::Status s = ValidateStageProgram(program); !s.ok()) return s;
   const std::string prefix = absl::StrCat("rank ", program.rank());
+  if (compute == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, ": no compute backend"));
+  }
   if (program.num_ranks() > 1) {
     if (transport == nullptr) {
       return absl::InvalidArgumentError(
@@ -384,38 +412,7 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     data = Dataset{};
   }
   std::unique_ptr<StageExecutor> ex(
-      new StageExecutor(program, std::move(data), std::move(transport)));
-  const v1::ModelSpec& model = program.spec().model();
-  for (Chunk& c : ex->chunks_) {
-    absl::StatusOr<std::vector<std::unique_ptr<Layer>>> layers =
-        model.arch() == "gpt"
-            ? BuildGptLayers(model, program.spec().seed(), c.layer_begin, c.layer_end)
-            : BuildMlpLmLayers(model, program.spec().seed(), c.layer_begin, c.layer_end);
-    if (!layers.ok()) return Annotate(layers.status(), ex->prefix_);
-    c.layers = std::move(*layers);
-  }
-  std::vector<Parameter*> params = ex->Parameters();
-  for (const Parameter* p : params) ex->parameter_count_ += static_cast<int64_t>(p->value.size());
-  absl::StatusOr<std::unique_ptr<Optimizer>> opt =
-      MakeOptimizer(program.spec().optimizer(), std::move(params));
-  if (!opt.ok()) return Annotate(opt.status(), ex->prefix_);
-  ex->optimizer_ = std::move(*opt);
-  // Each chunk's static bytes: value and gradient of its parameters, and the optimizer state
-  // in proportion (AdamW and SGD keep the same floats for every parameter element).
-  const size_t state_bytes = ex->optimizer_->StateBytes();
-  for (const Chunk& c : ex->chunks_) {
-    int64_t elements = 0;
-    for (const auto& layer : c.layers) {
-      for (const Parameter* p : layer->Parameters())
-        elements += static_cast<int64_t>(p->value.size());
-    }
-    const int64_t share = ex->parameter_count_ > 0
-                              ? static_cast<int64_t>(static_cast<double>(state_bytes) *
-                                                     static_cast<double>(elements) /
-                                                     static_cast<double>(ex->parameter_count_))
-                              : 0;
-    ex->chunk_static_bytes_.push_back(2 * elements * static_cast<int64_t>(sizeof(float)) + share);
-  }
+      new StageExecutor(program, std::move(data), std::move(transport), std::move(compute)));
   // A run resumed from a checkpoint continues after its step.
   if (!program.restore().job_id().empty() && !program.restore().weights_only()) {
     ex->last_applied_step_ = program.restore().step();
@@ -437,17 +434,11 @@ std::vector<int> NextReceives(const google::protobuf::RepeatedPtrField<v1::Actio
   return next;
 }
 
-std::string PrefixOf(const v1::StageProgram& p) {
-  if (p.chunks_size() == 1) return absl::StrCat("stage ", p.chunks(0).stage());
-  std::vector<int> stages;
-  for (const v1::StageChunk& c : p.chunks()) stages.push_back(c.stage());
-  return absl::StrCat("rank ", p.rank(), " (stages ", absl::StrJoin(stages, ", "), ")");
-}
-
 }  // namespace
 
 StageExecutor::StageExecutor(const v1::StageProgram& program, Dataset data,
-                             std::unique_ptr<Transport> transport)
+                             std::unique_ptr<Transport> transport,
+                             std::unique_ptr<StageCompute> compute)
     : program_(program),
       rank_(program.rank()),
       num_stages_(program.num_stages()),
@@ -460,7 +451,8 @@ StageExecutor::StageExecutor(const v1::StageProgram& program, Dataset data,
       d_model_(program.spec().model().d_model()),
       prefix_(PrefixOf(program)),
       chunk_of_stage_(program.num_stages(), -1),
-      mb_slots_(static_cast<size_t>(std::max(micro_batches_, eval_micro_batches_))),
+      mb_slots_(MicroBatchSlots(program)),
+      compute_(std::move(compute)),
       transport_(std::move(transport)) {
   for (const v1::StageChunk& pc : program.chunks()) {
     Chunk c;
@@ -497,16 +489,6 @@ StageExecutor::~StageExecutor() {
   if (transport_ != nullptr) transport_->Abort();
 }
 
-std::vector<Parameter*> StageExecutor::Parameters() {
-  std::vector<Parameter*> out;
-  for (const Chunk& c : chunks_) {
-    for (const auto& layer : c.layers) {
-      for (Parameter* p : layer->Parameters()) out.push_back(p);
-    }
-  }
-  return out;
-}
-
 void StageExecutor::Abort() {
   aborted_.store(true);
   if (transport_ != nullptr) transport_->Abort();
@@ -518,7 +500,7 @@ StageExecutor::MicroBatch& StageExecutor::Mb(int chunk, int mb) {
 
 void StageExecutor::Account(int chunk, int mb) {
   const size_t i = static_cast<size_t>(chunk) * mb_slots_ + static_cast<size_t>(mb);
-  const size_t now = mbs_[i].Bytes();
+  const size_t now = mbs_[i].Bytes() + compute_->SavedBytes(chunk, mb);
   live_bytes_ = live_bytes_ - mb_bytes_[i] + now;
   size_t& chunk_live = chunk_live_bytes_[static_cast<size_t>(chunk)];
   chunk_live = chunk_live - mb_bytes_[i] + now;
@@ -528,10 +510,10 @@ void StageExecutor::Account(int chunk, int mb) {
       std::max(chunk_peak_bytes_[static_cast<size_t>(chunk)], chunk_live);
 }
 
-const Tensor& StageExecutor::KeepForSend(Tensor t) {
-  send_bytes_ += t.bytes();
-  send_buffers_.push_back(std::move(t));
-  return send_buffers_.back();
+StageBuffer& StageExecutor::KeepForSend(StageBufferPtr b) {
+  send_bytes_ += b->bytes();
+  send_buffers_.push_back(std::move(b));
+  return *send_buffers_.back();
 }
 
 absl::Status StageExecutor::Forward(int chunk, int mb, int64_t step, bool eval) {
@@ -570,72 +552,37 @@ absl::Status StageExecutor::Forward(int chunk, int mb, int64_t step, bool eval) 
   data.tokens = &m.tokens;
   data.targets = &m.targets;
   data.loss_normalizer = global_batch * seq_len_;
-  m.saved.assign(c.layers.size(), SavedContext{});
   // The input: received, or handed over by the previous stage on this worker.
-  Tensor x;
+  StageBufferPtr x;
   if (c.prev >= 0) {
-    MicroBatch& from = Mb(c.prev, mb);
-    x = std::move(from.output);
-    from.output.Clear();
+    x = std::move(Mb(c.prev, mb).output);
     Account(c.prev, mb);
   } else {
     x = std::move(m.input);
   }
-  Tensor y;
-  for (size_t l = 0; l < c.layers.size(); ++l) {
-    if (absl::Status s = c.layers[l]->Forward(x, data, m.saved[l], y); !s.ok()) return s;
-    std::swap(x, y);
-  }
-  // The layers saved what their backward needs.
-  m.input.Clear();
+  // The compute saves what the backward needs (nothing in evaluation: no backward follows).
+  absl::StatusOr<double> loss = compute_->Forward(chunk, mb, std::move(x), data, !eval, &m.output);
   m.tokens.Clear();
   m.targets.Clear();
-  if (c.last) {
-    loss_ += static_cast<double>(x[0]);
-  } else {
-    m.output = std::move(x);
-  }
-  if (eval) m.saved.clear();  // no backward follows
+  if (!loss.ok()) return loss.status();
+  if (c.last) loss_ += *loss;
   return absl::OkStatus();
 }
 
 absl::Status StageExecutor::Backward(int chunk, int mb, v1::ActionKind kind) {
-  Chunk& c = chunks_[chunk];
+  const Chunk& c = chunks_[chunk];
   MicroBatch& m = Mb(chunk, mb);
-  if (m.saved.size() != c.layers.size()) {
-    return absl::InternalError("backward without a saved forward");
-  }
-  if (kind == v1::ACTION_W) {
-    for (size_t l = c.layers.size(); l-- > 0;) {
-      if (absl::Status s = c.layers[l]->BackwardWeight(m.saved[l]); !s.ok()) return s;
-    }
-    m.saved.clear();
-    return absl::OkStatus();
-  }
+  if (kind == v1::ACTION_W) return compute_->Backward(chunk, mb, kind, nullptr, nullptr);
   // The output gradient: received, handed over by the next stage on this worker, or (last
-  // stage) empty: the loss's gradient is 1.
-  Tensor g;
+  // stage) none: the loss's gradient is 1.
+  StageBufferPtr g;
   if (c.next >= 0) {
-    MicroBatch& from = Mb(c.next, mb);
-    g = std::move(from.grad_input);
-    from.grad_input.Clear();
+    g = std::move(Mb(c.next, mb).grad_input);
     Account(c.next, mb);
   } else {
     g = std::move(m.grad_output);
   }
-  m.grad_output.Clear();
-  Tensor gin;
-  const bool split = kind == v1::ACTION_I;
-  for (size_t l = c.layers.size(); l-- > 0;) {
-    absl::Status s = split ? c.layers[l]->BackwardInput(g, m.saved[l], gin)
-                           : c.layers[l]->Backward(g, m.saved[l], gin);
-    if (!s.ok()) return s;
-    if (!split) m.saved[l].Clear();
-    std::swap(g, gin);
-  }
-  if (!split) m.saved.clear();
-  if (!c.first) m.grad_input = std::move(g);
-  return absl::OkStatus();
+  return compute_->Backward(chunk, mb, kind, std::move(g), c.first ? nullptr : &m.grad_input);
 }
 
 StageExecutor::RecvEnds StageExecutor::RecvEndsOf(const v1::Action& a) const {
@@ -651,10 +598,13 @@ absl::Status StageExecutor::PostRecv(const v1::Action& a) {
   if (transport_->posted_recv(ends.peer, ends.tag)) return absl::OkStatus();
   const int chunk = chunk_of_stage_[a.stage()];
   MicroBatch& m = Mb(chunk, a.micro_batch());
-  Tensor& buffer = a.kind() == v1::ACTION_RECV_F ? m.input : m.grad_output;
-  buffer.Reset(gpt_ ? std::vector<int64_t>{micro_batch_size_, seq_len_, d_model_}
-                    : std::vector<int64_t>{micro_batch_size_, d_model_});
-  absl::Status s = transport_->PostRecv(ends.peer, ends.tag, buffer.data(), buffer.bytes());
+  StageBufferPtr& buffer = a.kind() == v1::ACTION_RECV_F ? m.input : m.grad_output;
+  absl::StatusOr<StageBufferPtr> b =
+      compute_->NewBuffer(gpt_ ? std::vector<int64_t>{micro_batch_size_, seq_len_, d_model_}
+                               : std::vector<int64_t>{micro_batch_size_, d_model_});
+  if (!b.ok()) return b.status();
+  buffer = *std::move(b);
+  absl::Status s = transport_->PostRecv(ends.peer, ends.tag, buffer->data(), buffer->bytes());
   Account(chunk, a.micro_batch());
   return s;
 }
@@ -698,8 +648,8 @@ absl::Status StageExecutor::RunAction(const v1::Action& a, int64_t step, bool ev
     case v1::ACTION_F:
       return Forward(chunk, mb, step, eval);
     case v1::ACTION_SEND_F: {
-      const Tensor& out = KeepForSend(std::move(m.output));
-      m.output.Clear();
+      if (m.output == nullptr) return absl::InternalError("no forward output to send");
+      StageBuffer& out = KeepForSend(std::move(m.output));
       return transport_->PostSend(c.next_rank, MakeTransferTag(Payload::kActivation, c.stage, mb),
                                   out.data(), out.bytes());
     }
@@ -708,8 +658,8 @@ absl::Status StageExecutor::RunAction(const v1::Action& a, int64_t step, bool ev
     case v1::ACTION_W:
       return Backward(chunk, mb, a.kind());
     case v1::ACTION_SEND_B: {
-      const Tensor& gin = KeepForSend(std::move(m.grad_input));
-      m.grad_input.Clear();
+      if (m.grad_input == nullptr) return absl::InternalError("no input gradient to send");
+      StageBuffer& gin = KeepForSend(std::move(m.grad_input));
       return transport_->PostSend(c.prev_rank, MakeTransferTag(Payload::kGradient, c.stage, mb),
                                   gin.data(), gin.bytes());
     }
@@ -771,6 +721,7 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode
 
   auto fail = [&](absl::Status s, absl::string_view what) {
     broken_.store(true);
+    compute_->DropSaved();
     if (aborted_.load() && s.code() != absl::StatusCode::kAborted) {
       s = absl::AbortedError(s.message());
     }
@@ -804,22 +755,15 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode
   }
   if (aborted_.load()) return fail(absl::AbortedError("the stage was aborted"), "step");
   for (MicroBatch& m : mbs_) m = MicroBatch{};
+  compute_->DropSaved();
   send_buffers_.clear();
   if (!eval) {
     if (absl::Status s = SumTiedGradients(); !s.ok()) return fail(s, "tied gradients");
-    double sum_sq = 0.0;
-    bool finite = true;
-    std::set<std::string> tied_counted;
-    for (const Parameter* p : Parameters()) {
-      // A tied parameter counts once in the global norm: on the first stage's worker, one copy.
-      if (p->tied && (!holds_first_ || !tied_counted.insert(p->name).second)) continue;
-      for (float g : p->grad.vec()) {
-        finite = finite && std::isfinite(g);
-        sum_sq += static_cast<double>(g) * g;
-      }
-    }
-    report.set_grad_norm_sq(sum_sq);
-    report.set_grads_finite(finite && std::isfinite(sum_sq));
+    // A tied parameter counts once in the global norm: on the first stage's worker.
+    absl::StatusOr<StageCompute::GradStats> stats = compute_->GradientStats(holds_first_);
+    if (!stats.ok()) return fail(stats.status(), "gradient norm");
+    report.set_grad_norm_sq(stats->sum_sq);
+    report.set_grads_finite(stats->finite);
     pending_step_ = step;
   }
 
@@ -831,7 +775,7 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode
   for (size_t c = 0; c < chunks_.size(); ++c) {
     v1::StageMemory* m = report.add_stage_memory();
     m->set_stage(chunks_[c].stage);
-    m->set_static_bytes(chunk_static_bytes_[c]);
+    m->set_static_bytes(compute_->static_bytes(static_cast<int>(c)));
     m->set_peak_activation_bytes(static_cast<int64_t>(chunk_peak_bytes_[c]));
   }
   report.set_peak_send_buffer_bytes(static_cast<int64_t>(send_bytes_));
@@ -843,96 +787,43 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode
 }
 
 absl::Status StageExecutor::SumTiedGradients() {
-  std::map<std::string, std::vector<Parameter*>> tied;
-  for (Parameter* p : Parameters()) {
-    if (p->tied) tied[p->name].push_back(p);
-  }
+  std::vector<TiedGradient> tied = compute_->TiedGradients();
   if (tied.empty()) return absl::OkStatus();
   const int first_rank = program_.stage_ranks(0);
   const int last_rank = program_.stage_ranks(num_stages_ - 1);
-  if (first_rank == last_rank) {
-    // Both copies are here: each gets the sum.
-    for (auto& [name, copies] : tied) {
-      if (copies.size() != 2) continue;
-      std::vector<float>& a = copies[0]->grad.vec();
-      std::vector<float>& b = copies[1]->grad.vec();
-      for (size_t i = 0; i < a.size(); ++i) a[i] = b[i] = a[i] + b[i];
-    }
-    return absl::OkStatus();
-  }
+  // Both copies are here: each gets the sum.
+  if (first_rank == last_rank) return compute_->SumLocalTiedGradients();
   if (!holds_first_ && !holds_last_) return absl::OkStatus();
   // The first stage's worker holds the embedding's copy, the last stage's the head's: swap
-  // and add. a + b is exactly b + a in IEEE arithmetic, so both copies stay bit-identical.
+  // and add (a + b is exactly b + a, so both copies stay bit-identical).
   const int peer = holds_first_ ? last_rank : first_rank;
-  std::vector<std::vector<float>> received;
-  int index = 0;
-  for (auto& [name, copies] : tied) {
-    for (Parameter* p : copies) {
-      const uint64_t tag = MakeTransferTag(Payload::kTiedGradient, 0, index++);
-      if (absl::Status s = transport_->PostSend(peer, tag, p->grad.vec().data(), p->grad.bytes());
-          !s.ok()) {
-        return s;
-      }
-      received.emplace_back(p->grad.size());
-      if (absl::Status s = transport_->Recv(peer, tag, received.back().data(), p->grad.bytes());
-          !s.ok()) {
-        return s;
-      }
+  std::vector<StageBufferPtr> received;
+  for (size_t i = 0; i < tied.size(); ++i) {
+    const uint64_t tag = MakeTransferTag(Payload::kTiedGradient, 0, static_cast<int>(i));
+    absl::StatusOr<StageBufferPtr> other =
+        compute_->NewBuffer({static_cast<int64_t>(tied[i].bytes / sizeof(float))});
+    if (!other.ok()) return other.status();
+    received.push_back(*std::move(other));
+    if (absl::Status s =
+            transport_->SendRecv(peer, tag, tied[i].data, received.back()->data(), tied[i].bytes);
+        !s.ok()) {
+      return s;
     }
   }
   if (absl::Status s = transport_->WaitSends(); !s.ok()) return s;
-  index = 0;
-  for (auto& [name, copies] : tied) {
-    for (Parameter* p : copies) {
-      std::vector<float>& g = p->grad.vec();
-      const std::vector<float>& other = received[index++];
-      for (size_t i = 0; i < g.size(); ++i) g[i] += other[i];
-    }
+  for (size_t i = 0; i < tied.size(); ++i) {
+    if (absl::Status s = compute_->AddToTiedGradient(i, *received[i]); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
 
-std::vector<StageExecutor::StateTensor> StageExecutor::CheckpointTensors() {
-  std::vector<StateTensor> out;
-  std::vector<Parameter*> params = Parameters();
-  // A tied parameter is saved once: by the first stage, one copy.
-  std::set<const Parameter*> skip;
-  std::set<std::string> seen;
-  for (const Parameter* p : params) {
-    if (p->tied && (!holds_first_ || !seen.insert(p->name).second)) skip.insert(p);
-  }
-  auto listed = [&](const Parameter* p) { return !skip.contains(p); };
-  for (Parameter* p : params) {
-    if (!listed(p)) continue;
-    out.push_back({p->name, "F32", p->value.shape(), p->value.vec().data(), p->value.bytes()});
-  }
-  for (const OptimizerSlot& slot : optimizer_->Slots()) {
-    const Parameter* p = params[slot.param];
-    if (!listed(p)) continue;
-    const std::string name = absl::StrCat(p->name, ".", slot.key);
-    if (slot.f32 != nullptr) {
-      out.push_back(
-          {name, "F32", p->value.shape(), slot.f32->data(), slot.f32->size() * sizeof(float)});
-    } else {
-      out.push_back({name, "I64", {1}, slot.i64, sizeof(int64_t)});
-    }
-  }
-  return out;
+absl::StatusOr<std::vector<StageExecutor::StateTensor>> StageExecutor::CheckpointTensors() {
+  // A tied parameter is saved once: by the first stage.
+  return compute_->CheckpointTensors(holds_first_);
 }
 
 std::vector<std::string> StageExecutor::RestoreNames(bool weights_only) {
-  std::vector<std::string> names;
-  std::set<std::string> seen;  // both copies of a tied parameter read the same tensor
-  auto add = [&](std::string n) {
-    if (seen.insert(n).second) names.push_back(std::move(n));
-  };
-  std::vector<Parameter*> params = Parameters();
-  for (const Parameter* p : params) add(p->name);
-  if (weights_only) return names;
-  for (const OptimizerSlot& slot : optimizer_->Slots()) {
-    add(absl::StrCat(params[slot.param]->name, ".", slot.key));
-  }
-  return names;
+  return compute_->RestoreNames(weights_only);
 }
 
 absl::Status StageExecutor::Restore(const TensorLookup& lookup, bool weights_only) {
@@ -940,31 +831,7 @@ absl::Status StageExecutor::Restore(const TensorLookup& lookup, bool weights_onl
   if (pending_step_ >= 0) {
     return absl::FailedPreconditionError(absl::StrCat(prefix, ": gradients are pending"));
   }
-  auto copy = [&](const std::string& name, void* dst, size_t bytes) -> absl::Status {
-    absl::StatusOr<absl::Span<const uint8_t>> src = lookup(name);
-    if (!src.ok()) return Annotate(src.status(), prefix);
-    if (src->size() != bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(prefix, ": tensor ", name, " has ",
-                                                     src->size(), " bytes, this stage needs ",
-                                                     bytes, " (a different model shape?)"));
-    }
-    std::memcpy(dst, src->data(), bytes);
-    return absl::OkStatus();
-  };
-  std::vector<Parameter*> params = Parameters();
-  for (Parameter* p : params) {
-    if (absl::Status s = copy(p->name, p->value.vec().data(), p->value.bytes()); !s.ok()) return s;
-    p->grad.Fill(0.0f);
-  }
-  if (weights_only) return absl::OkStatus();
-  for (const OptimizerSlot& slot : optimizer_->Slots()) {
-    const std::string name = absl::StrCat(params[slot.param]->name, ".", slot.key);
-    absl::Status s = slot.f32 != nullptr
-                         ? copy(name, slot.f32->data(), slot.f32->size() * sizeof(float))
-                         : copy(name, slot.i64, sizeof(int64_t));
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
+  return compute_->Restore(lookup, weights_only, prefix);
 }
 
 absl::Status StageExecutor::ApplyStep(int64_t step, float learning_rate, float grad_scale,
@@ -988,16 +855,9 @@ absl::Status StageExecutor::ApplyStep(int64_t step, float learning_rate, float g
           absl::StrCat(prefix, ": grad_scale must be in (0, 1], got ", grad_scale));
     }
   }
-  std::vector<Parameter*> params = Parameters();
-  if (skip) {
-    for (Parameter* p : params) p->grad.Fill(0.0f);
-  } else {
-    if (grad_scale != 1.0f) {
-      for (Parameter* p : params) {
-        for (float& g : p->grad.vec()) g *= grad_scale;
-      }
-    }
-    optimizer_->Step(learning_rate);
+  if (absl::Status s = compute_->Apply(learning_rate, grad_scale, skip); !s.ok()) {
+    broken_.store(true);
+    return Annotate(s, prefix);
   }
   pending_step_ = -1;
   last_applied_step_ = step;

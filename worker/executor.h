@@ -6,6 +6,9 @@
 // RECV_F, SEND_B and RECV_B to and from the rank holding the neighbouring stage; between two
 // stages of this worker the activation or gradient is handed over in memory.
 //
+// The compute (layers, parameters, optimizer state and what forwards save for backwards) is a
+// StageCompute (worker/stage_compute.h): the CPU backend by default, or one given to Create.
+//
 // A training step has two phases: RunStep(TRAIN) accumulates the gradients and reports their
 // squared norm; the coordinator combines the norms of all workers and calls ApplyStep with
 // the clipping scale (or skip, when the global norm is not finite). RunStep(EVAL) runs the
@@ -43,7 +46,7 @@
 #include "tandem/v1/common.pb.h"
 #include "worker/data/corpus.h"
 #include "worker/model/layer.h"
-#include "worker/model/optimizer.h"
+#include "worker/stage_compute.h"
 #include "worker/transport/transport.h"
 
 namespace tandem::worker {
@@ -80,12 +83,20 @@ absl::StatusOr<InjectedFault> ParseInjectedFault(absl::string_view text);
 
 class StageExecutor {
  public:
-  // Builds the worker's layers (initialised from spec.seed by global layer index) and its
-  // optimizer. `data` is required when StageNeedsCorpus(program) (its validation split too
-  // when the program has eval actions); `transport` is required when num_ranks > 1 (its rank
-  // is program.rank; peers are the ranks of program.stage_ranks).
+  // Builds the worker's layers on the CPU backend (CpuStageCompute: initialised from spec.seed
+  // by global layer index) and its optimizer. `data` is required when StageNeedsCorpus(program)
+  // (its validation split too when the program has eval actions); `transport` is required when
+  // num_ranks > 1 (its rank is program.rank; peers are the ranks of program.stage_ranks), and
+  // moves the buffers of the compute's device.
   static absl::StatusOr<std::unique_ptr<StageExecutor>> Create(
       const v1::StageProgram& program, Dataset data, std::unique_ptr<Transport> transport);
+  // The same on a given compute backend, built for `program` with MicroBatchSlots(program)
+  // slots.
+  static absl::StatusOr<std::unique_ptr<StageExecutor>> Create(
+      const v1::StageProgram& program, Dataset data, std::unique_ptr<Transport> transport,
+      std::unique_ptr<StageCompute> compute);
+  // Micro-batch slots per chunk a compute backend needs for `program`.
+  static size_t MicroBatchSlots(const v1::StageProgram& program);
   ~StageExecutor();
 
   // TRAIN: runs the action list for `step`; the gradients stay pending for ApplyStep(step)
@@ -101,26 +112,19 @@ class StageExecutor {
   absl::Status ApplyStep(int64_t step, float learning_rate, float grad_scale = 1.0f,
                          bool skip = false);
 
-  // One tensor of the stage's state for a checkpoint, viewed in place (valid until the next
+  // The stage's state for a checkpoint, in host memory, viewed in place (valid until the next
   // RunStep/ApplyStep/Restore). Names are global: "<parameter name>" and
   // "<parameter name>.<optimizer key>"; a tied parameter and its state are listed by the first
-  // stage only.
-  struct StateTensor {
-    std::string name;
-    std::string dtype;  // "F32" or "I64"
-    std::vector<int64_t> shape;
-    const void* data = nullptr;
-    size_t bytes = 0;
-  };
-  std::vector<StateTensor> CheckpointTensors();
+  // stage only. A device backend's copy can fail (its error).
+  using StateTensor = worker::StateTensor;
+  absl::StatusOr<std::vector<StateTensor>> CheckpointTensors();
   bool has_pending_gradients() const { return pending_step_ >= 0; }
   // The names Restore() reads (every parameter copy, tied ones included, and their state).
   std::vector<std::string> RestoreNames(bool weights_only = false);
   // Loads the state from `lookup` (name -> bytes): INVALID_ARGUMENT naming a tensor whose size
   // disagrees with this stage's; the lookup's own error (e.g. NOT_FOUND) otherwise. Refused
   // while gradients are pending.
-  using TensorLookup =
-      std::function<absl::StatusOr<absl::Span<const uint8_t>>(const std::string& name)>;
+  using TensorLookup = worker::TensorLookup;
   // With `weights_only` the optimizer state is left fresh.
   absl::Status Restore(const TensorLookup& lookup, bool weights_only = false);
 
@@ -128,11 +132,15 @@ class StageExecutor {
   void Abort();
 
   const v1::StageProgram& program() const { return program_; }
-  int64_t parameter_count() const { return parameter_count_; }
-  int64_t parameter_bytes() const { return parameter_count_ * static_cast<int64_t>(sizeof(float)); }
-  // The stage's parameters in layer order (for tests and checkpoints); not thread-safe with
-  // RunStep.
-  std::vector<Parameter*> Parameters();
+  int64_t parameter_count() const { return compute_->parameter_count(); }
+  int64_t parameter_bytes() const {
+    return parameter_count() * static_cast<int64_t>(sizeof(float));
+  }
+  // "cpu" or "cuda:N".
+  std::string device() const { return compute_->device(); }
+  // The stage's parameters in layer order, when the backend keeps them on the host (for
+  // tests); not thread-safe with RunStep.
+  std::vector<Parameter*> Parameters() { return compute_->HostParameters(); }
 
   // Arms a test-only fault for later steps (see InjectedFault).
   void set_fault(const InjectedFault& fault) { fault_ = fault; }
@@ -150,11 +158,10 @@ class StageExecutor {
     int next = -1;       // chunk index of stage + 1 when it is on this worker, else -1
     int prev_rank = -1;  // rank of stage - 1 (-1 on the first stage)
     int next_rank = -1;  // rank of stage + 1 (-1 on the last stage)
-    std::vector<std::unique_ptr<Layer>> layers;
   };
 
-  StageExecutor(const v1::StageProgram& program, Dataset data,
-                std::unique_ptr<Transport> transport);
+  StageExecutor(const v1::StageProgram& program, Dataset data, std::unique_ptr<Transport> transport,
+                std::unique_ptr<StageCompute> compute);
   // Makes the copies of every tied parameter equal to their summed gradient: locally when
   // both copies are here, else by exchanging with the worker holding the other copy.
   absl::Status SumTiedGradients();
@@ -173,8 +180,8 @@ class StageExecutor {
   absl::Status PostRecv(const v1::Action& a);
   MicroBatch& Mb(int chunk, int mb);
   void Account(int chunk, int mb);
-  // Moves a tensor that a posted send reads into the buffers kept until the step's end.
-  const Tensor& KeepForSend(Tensor t);
+  // Moves a buffer that a posted send reads into the buffers kept until the step's end.
+  StageBuffer& KeepForSend(StageBufferPtr b);
   std::string Where(const v1::Action& a) const;
 
   InjectedFault fault_;
@@ -193,14 +200,12 @@ class StageExecutor {
   // Per action of the training (eval) list: the first receive after it, or -1.
   std::vector<int> next_recv_;
   std::vector<int> eval_next_recv_;
-  std::vector<int> chunk_of_stage_;  // per global stage: index into chunks_, or -1
-  bool holds_first_ = false;         // some chunk holds the embedding
-  bool holds_last_ = false;          // some chunk holds the head
-  std::unique_ptr<Optimizer> optimizer_;
+  std::vector<int> chunk_of_stage_;             // per global stage: index into chunks_, or -1
+  bool holds_first_ = false;                    // some chunk holds the embedding
+  bool holds_last_ = false;                     // some chunk holds the head
   std::unique_ptr<WindowSampler> sampler_;      // training split; null without first/last
   std::unique_ptr<WindowSampler> val_sampler_;  // validation split, when evaluating
   std::vector<int32_t> windows_;                // (B, window) scratch for sampling
-  int64_t parameter_count_ = 0;
 
   // Step state, used by the RunStep thread only.
   size_t mb_slots_ = 0;           // micro-batch slots per chunk
@@ -208,12 +213,10 @@ class StageExecutor {
   std::vector<size_t> mb_bytes_;  // bytes held by each micro-batch, as last accounted
   size_t live_bytes_ = 0;
   size_t peak_bytes_ = 0;
-  // Per chunk: live and peak activation bytes in the step, and its static bytes (parameters,
-  // gradients and its share of the optimizer state).
+  // Per chunk: live and peak activation bytes in the step.
   std::vector<size_t> chunk_live_bytes_;
   std::vector<size_t> chunk_peak_bytes_;
-  std::vector<int64_t> chunk_static_bytes_;
-  std::vector<Tensor> send_buffers_;  // read by posted sends; freed after WaitSends
+  std::vector<StageBufferPtr> send_buffers_;  // read by posted sends; freed after WaitSends
   size_t send_bytes_ = 0;
   double loss_ = 0.0;
   int64_t pending_step_ = -1;  // the step whose gradients await ApplyStep
@@ -225,6 +228,7 @@ class StageExecutor {
   std::atomic<bool> running_{false};
   std::atomic<bool> aborted_{false};
   std::atomic<bool> broken_{false};
+  std::unique_ptr<StageCompute> compute_;
   // Declared last so it is destroyed first, while the send buffers in mbs_ still exist.
   std::unique_ptr<Transport> transport_;
 };

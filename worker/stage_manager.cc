@@ -301,11 +301,16 @@ absl::Status StageManager::SaveCheckpoint(
   std::optional<ScopedLogContext> log_context;
   absl::StatusOr<StageExecutor*> executor = BeginStep(job_id, attempt, step, &log_context);
   if (!executor.ok()) return executor.status();
-  absl::Status s = (*executor)->has_pending_gradients()
-                       ? absl::FailedPreconditionError(absl::StrCat(
-                             "job ", job_id, ": checkpoint of step ", step,
-                             " requested while gradients are pending (ApplyStep first)"))
-                       : write((*executor)->CheckpointTensors());
+  absl::Status s;
+  if ((*executor)->has_pending_gradients()) {
+    s = absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, ": checkpoint of step ", step,
+                     " requested while gradients are pending (ApplyStep first)"));
+  } else {
+    absl::StatusOr<std::vector<StageExecutor::StateTensor>> tensors =
+        (*executor)->CheckpointTensors();
+    s = tensors.ok() ? write(*tensors) : tensors.status();
+  }
   absl::MutexLock lock(&mu_);
   step_running_ = false;
   return s;

@@ -544,6 +544,14 @@ absl::Status NcclTransport::WaitRecv(int peer, uint64_t tag) {
   return absl::OkStatus();
 }
 
+absl::Status NcclTransport::SendRecv(int peer, uint64_t tag, const void* send, void* recv,
+                                     size_t bytes) {
+  const Op ops[2] = {{Op::Kind::kSend, peer, tag, const_cast<void*>(send), bytes, nullptr},
+                     {Op::Kind::kRecv, peer, tag, recv, bytes, nullptr}};
+  if (absl::Status s = PostBatch(ops); !s.ok()) return s;
+  return WaitRecv(peer, tag);
+}
+
 absl::Status NcclTransport::WaitSends() {
   if (aborted_.load()) return absl::AbortedError("wait for sends: transport aborted");
   std::vector<std::pair<int, cudaEvent_t>> sends;

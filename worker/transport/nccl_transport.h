@@ -116,6 +116,9 @@ class NcclTransport final : public Transport {
   absl::Status WaitRecv(int peer, uint64_t tag) override;
   bool posted_recv(int peer, uint64_t tag) const override;
   absl::Status WaitSends() override;
+  // The send and the receive in one group (PostBatch), then WaitRecv.
+  absl::Status SendRecv(int peer, uint64_t tag, const void* send, void* recv,
+                        size_t bytes) override;
   void Abort() override;
   bool aborted() const override { return aborted_.load(); }
   int64_t bytes_sent() const override { return bytes_sent_.load(); }

@@ -61,6 +61,17 @@ class Transport {
   // FAILED_PRECONDITION when none is posted.
   virtual absl::Status WaitRecv(int peer, uint64_t tag) = 0;
 
+  // An exchange with `peer`: sends `bytes` bytes from `send` and receives as many into `recv`,
+  // both under `tag`, as a pair that progresses together (both ends call it); returns when
+  // `recv` holds the data, and the send completes by WaitSends(). The default posts the send
+  // and then receives (PostSend never blocks); a transport whose sends wait for the peer's
+  // receive (NCCL) posts the two in one group.
+  virtual absl::Status SendRecv(int peer, uint64_t tag, const void* send, void* recv,
+                                size_t bytes) {
+    if (absl::Status s = PostSend(peer, tag, send, bytes); !s.ok()) return s;
+    return Recv(peer, tag, recv, bytes);
+  }
+
   // Blocks until every posted send has completed (then their buffers may be reused).
   // Same errors as Recv. After a failure the transport may still reference the buffers of
   // posted sends: keep them until the transport is destroyed.

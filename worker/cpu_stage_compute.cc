@@ -1,0 +1,291 @@
+#include "worker/cpu_stage_compute.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "worker/model/gpt.h"
+#include "worker/model/mlp_lm.h"
+
+namespace tandem::worker {
+namespace {
+
+class HostBuffer final : public StageBuffer {
+ public:
+  explicit HostBuffer(Tensor t) : tensor_(std::move(t)) {}
+  void* data() override { return tensor_.data(); }
+  size_t bytes() const override { return tensor_.bytes(); }
+  Tensor& tensor() { return tensor_; }
+
+ private:
+  Tensor tensor_;
+};
+
+StageBufferPtr Wrap(Tensor t) { return std::make_unique<HostBuffer>(std::move(t)); }
+
+// The tensor of a buffer this backend made (an empty one for null).
+Tensor Unwrap(StageBufferPtr b) {
+  if (b == nullptr) return Tensor{};
+  return std::move(static_cast<HostBuffer&>(*b).tensor());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CpuStageCompute>> CpuStageCompute::Create(
+    const v1::StageProgram& program, size_t slots) {
+  std::unique_ptr<CpuStageCompute> c(new CpuStageCompute());
+  const v1::ModelSpec& model = program.spec().model();
+  for (const v1::StageChunk& pc : program.chunks()) {
+    absl::StatusOr<std::vector<std::unique_ptr<Layer>>> layers =
+        model.arch() == "gpt"
+            ? BuildGptLayers(model, program.spec().seed(), pc.layer_begin(), pc.layer_end())
+            : BuildMlpLmLayers(model, program.spec().seed(), pc.layer_begin(), pc.layer_end());
+    if (!layers.ok()) return layers.status();
+    c->chunks_.push_back(std::move(*layers));
+  }
+  std::vector<Parameter*> params = c->HostParameters();
+  for (const Parameter* p : params) c->parameter_count_ += static_cast<int64_t>(p->value.size());
+  absl::StatusOr<std::unique_ptr<Optimizer>> opt =
+      MakeOptimizer(program.spec().optimizer(), std::move(params));
+  if (!opt.ok()) return opt.status();
+  c->optimizer_ = std::move(*opt);
+  // Each chunk's static bytes: value and gradient of its parameters, and the optimizer state
+  // in proportion (AdamW and SGD keep the same floats for every parameter element).
+  const size_t state_bytes = c->optimizer_->StateBytes();
+  for (const auto& layers : c->chunks_) {
+    int64_t elements = 0;
+    for (const auto& layer : layers) {
+      for (const Parameter* p : layer->Parameters()) {
+        elements += static_cast<int64_t>(p->value.size());
+      }
+    }
+    const int64_t share = c->parameter_count_ > 0
+                              ? static_cast<int64_t>(static_cast<double>(state_bytes) *
+                                                     static_cast<double>(elements) /
+                                                     static_cast<double>(c->parameter_count_))
+                              : 0;
+    c->static_bytes_.push_back(2 * elements * static_cast<int64_t>(sizeof(float)) + share);
+  }
+  c->slots_ = slots;
+  c->saved_.resize(c->chunks_.size() * slots);
+  return c;
+}
+
+absl::StatusOr<StageBufferPtr> CpuStageCompute::NewBuffer(const std::vector<int64_t>& shape) {
+  return Wrap(Tensor(shape));
+}
+
+absl::StatusOr<double> CpuStageCompute::Forward(int chunk, int mb, StageBufferPtr input,
+                                                const MicroBatchData& data, bool save,
+                                                StageBufferPtr* output) {
+  const auto& layers = chunks_[chunk];
+  std::vector<SavedContext>& saved = Saved(chunk, mb);
+  saved.assign(layers.size(), SavedContext{});
+  Tensor x = Unwrap(std::move(input));
+  Tensor y;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    if (absl::Status s = layers[l]->Forward(x, data, saved[l], y); !s.ok()) return s;
+    std::swap(x, y);
+  }
+  if (!save) saved.clear();
+  if (layers.back()->is_loss()) return static_cast<double>(x[0]);
+  *output = Wrap(std::move(x));
+  return 0.0;
+}
+
+absl::Status CpuStageCompute::Backward(int chunk, int mb, v1::ActionKind kind,
+                                       StageBufferPtr grad_output, StageBufferPtr* grad_input) {
+  const auto& layers = chunks_[chunk];
+  std::vector<SavedContext>& saved = Saved(chunk, mb);
+  if (saved.size() != layers.size()) {
+    return absl::InternalError("backward without a saved forward");
+  }
+  if (kind == v1::ACTION_W) {
+    for (size_t l = layers.size(); l-- > 0;) {
+      if (absl::Status s = layers[l]->BackwardWeight(saved[l]); !s.ok()) return s;
+    }
+    saved.clear();
+    return absl::OkStatus();
+  }
+  Tensor g = Unwrap(std::move(grad_output));
+  Tensor gin;
+  const bool split = kind == v1::ACTION_I;
+  for (size_t l = layers.size(); l-- > 0;) {
+    absl::Status s =
+        split ? layers[l]->BackwardInput(g, saved[l], gin) : layers[l]->Backward(g, saved[l], gin);
+    if (!s.ok()) return s;
+    if (!split) saved[l].Clear();
+    std::swap(g, gin);
+  }
+  if (!split) saved.clear();
+  if (!layers.front()->reads_tokens()) *grad_input = Wrap(std::move(g));
+  return absl::OkStatus();
+}
+
+size_t CpuStageCompute::SavedBytes(int chunk, int mb) const {
+  size_t n = 0;
+  for (const SavedContext& c : saved_[static_cast<size_t>(chunk) * slots_ + mb]) n += c.Bytes();
+  return n;
+}
+
+void CpuStageCompute::DropSaved() {
+  for (auto& s : saved_) s.clear();
+}
+
+std::vector<Parameter*> CpuStageCompute::HostParameters() {
+  std::vector<Parameter*> out;
+  for (const auto& layers : chunks_) {
+    for (const auto& layer : layers) {
+      for (Parameter* p : layer->Parameters()) out.push_back(p);
+    }
+  }
+  return out;
+}
+
+std::vector<Parameter*> CpuStageCompute::TiedCopies() {
+  std::map<std::string, std::vector<Parameter*>> tied;
+  for (Parameter* p : HostParameters()) {
+    if (p->tied) tied[p->name].push_back(p);
+  }
+  std::vector<Parameter*> out;
+  for (auto& [name, copies] : tied) out.insert(out.end(), copies.begin(), copies.end());
+  return out;
+}
+
+std::vector<TiedGradient> CpuStageCompute::TiedGradients() {
+  std::vector<TiedGradient> out;
+  for (Parameter* p : TiedCopies()) out.push_back({p->name, p->grad.data(), p->grad.bytes()});
+  return out;
+}
+
+absl::Status CpuStageCompute::SumLocalTiedGradients() {
+  std::map<std::string, std::vector<Parameter*>> tied;
+  for (Parameter* p : TiedCopies()) tied[p->name].push_back(p);
+  for (auto& [name, copies] : tied) {
+    if (copies.size() != 2) continue;
+    std::vector<float>& a = copies[0]->grad.vec();
+    std::vector<float>& b = copies[1]->grad.vec();
+    for (size_t i = 0; i < a.size(); ++i) a[i] = b[i] = a[i] + b[i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuStageCompute::AddToTiedGradient(size_t index, StageBuffer& other) {
+  std::vector<Parameter*> copies = TiedCopies();
+  if (index >= copies.size() || other.bytes() != copies[index]->grad.bytes()) {
+    return absl::InternalError(
+        absl::StrCat("tied gradient ", index, " of ", copies.size(), ": wrong index or size"));
+  }
+  // a + b is exactly b + a in IEEE arithmetic, so both workers' copies stay bit-identical.
+  std::vector<float>& g = copies[index]->grad.vec();
+  const float* o = static_cast<const float*>(other.data());
+  for (size_t i = 0; i < g.size(); ++i) g[i] += o[i];
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StageCompute::GradStats> CpuStageCompute::GradientStats(bool count_tied) {
+  GradStats stats;
+  std::set<std::string> tied_counted;
+  for (const Parameter* p : HostParameters()) {
+    if (p->tied && (!count_tied || !tied_counted.insert(p->name).second)) continue;
+    for (float g : p->grad.vec()) {
+      stats.finite = stats.finite && std::isfinite(g);
+      stats.sum_sq += static_cast<double>(g) * g;
+    }
+  }
+  stats.finite = stats.finite && std::isfinite(stats.sum_sq);
+  return stats;
+}
+
+absl::Status CpuStageCompute::Apply(float learning_rate, float grad_scale, bool skip) {
+  std::vector<Parameter*> params = HostParameters();
+  if (skip) {
+    for (Parameter* p : params) p->grad.Fill(0.0f);
+    return absl::OkStatus();
+  }
+  if (grad_scale != 1.0f) {
+    for (Parameter* p : params) {
+      for (float& g : p->grad.vec()) g *= grad_scale;
+    }
+  }
+  optimizer_->Step(learning_rate);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<StateTensor>> CpuStageCompute::CheckpointTensors(bool list_tied) {
+  std::vector<StateTensor> out;
+  std::vector<Parameter*> params = HostParameters();
+  std::set<const Parameter*> skip;
+  std::set<std::string> seen;
+  for (const Parameter* p : params) {
+    if (p->tied && (!list_tied || !seen.insert(p->name).second)) skip.insert(p);
+  }
+  for (Parameter* p : params) {
+    if (skip.contains(p)) continue;
+    out.push_back({p->name, "F32", p->value.shape(), p->value.vec().data(), p->value.bytes()});
+  }
+  for (const OptimizerSlot& slot : optimizer_->Slots()) {
+    const Parameter* p = params[slot.param];
+    if (skip.contains(p)) continue;
+    const std::string name = absl::StrCat(p->name, ".", slot.key);
+    if (slot.f32 != nullptr) {
+      out.push_back(
+          {name, "F32", p->value.shape(), slot.f32->data(), slot.f32->size() * sizeof(float)});
+    } else {
+      out.push_back({name, "I64", {1}, slot.i64, sizeof(int64_t)});
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> CpuStageCompute::RestoreNames(bool weights_only) {
+  std::vector<std::string> names;
+  std::set<std::string> seen;  // both copies of a tied parameter read the same tensor
+  auto add = [&](std::string n) {
+    if (seen.insert(n).second) names.push_back(std::move(n));
+  };
+  std::vector<Parameter*> params = HostParameters();
+  for (const Parameter* p : params) add(p->name);
+  if (weights_only) return names;
+  for (const OptimizerSlot& slot : optimizer_->Slots()) {
+    add(absl::StrCat(params[slot.param]->name, ".", slot.key));
+  }
+  return names;
+}
+
+absl::Status CpuStageCompute::Restore(const TensorLookup& lookup, bool weights_only,
+                                      absl::string_view where) {
+  auto copy = [&](const std::string& name, void* dst, size_t bytes) -> absl::Status {
+    absl::StatusOr<absl::Span<const uint8_t>> src = lookup(name);
+    if (!src.ok()) {
+      return absl::Status(src.status().code(), absl::StrCat(where, ": ", src.status().message()));
+    }
+    if (src->size() != bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": tensor ", name, " has ", src->size(),
+                                                     " bytes, this stage needs ", bytes,
+                                                     " (a different model shape?)"));
+    }
+    std::memcpy(dst, src->data(), bytes);
+    return absl::OkStatus();
+  };
+  std::vector<Parameter*> params = HostParameters();
+  for (Parameter* p : params) {
+    if (absl::Status s = copy(p->name, p->value.vec().data(), p->value.bytes()); !s.ok()) return s;
+    p->grad.Fill(0.0f);
+  }
+  if (weights_only) return absl::OkStatus();
+  for (const OptimizerSlot& slot : optimizer_->Slots()) {
+    const std::string name = absl::StrCat(params[slot.param]->name, ".", slot.key);
+    absl::Status s = slot.f32 != nullptr
+                         ? copy(name, slot.f32->data(), slot.f32->size() * sizeof(float))
+                         : copy(name, slot.i64, sizeof(int64_t));
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::worker

@@ -1,0 +1,68 @@
+// CpuStageCompute: the StageCompute of the CPU backend. Each chunk runs the layers of
+// worker/model (gpt or mlp_lm, initialised from spec.seed by global layer index) on host
+// tensors, one Optimizer (worker/model/optimizer.h) covers every chunk's parameters, and each
+// micro-batch keeps one SavedContext per layer from its forward to its backward.
+// Thread-safety: as StageCompute.
+#ifndef TANDEM_WORKER_CPU_STAGE_COMPUTE_H_
+#define TANDEM_WORKER_CPU_STAGE_COMPUTE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tandem/v1/common.pb.h"
+#include "worker/model/layer.h"
+#include "worker/model/optimizer.h"
+#include "worker/stage_compute.h"
+
+namespace tandem::worker {
+
+class CpuStageCompute final : public StageCompute {
+ public:
+  // The layers of every chunk of a program that ValidateStageProgram accepted, with `slots`
+  // micro-batch slots per chunk; INVALID_ARGUMENT from the layers or the optimizer spec.
+  static absl::StatusOr<std::unique_ptr<CpuStageCompute>> Create(const v1::StageProgram& program,
+                                                                 size_t slots);
+
+  std::string device() const override { return "cpu"; }
+  absl::StatusOr<StageBufferPtr> NewBuffer(const std::vector<int64_t>& shape) override;
+  absl::StatusOr<double> Forward(int chunk, int mb, StageBufferPtr input,
+                                 const MicroBatchData& data, bool save,
+                                 StageBufferPtr* output) override;
+  absl::Status Backward(int chunk, int mb, v1::ActionKind kind, StageBufferPtr grad_output,
+                        StageBufferPtr* grad_input) override;
+  size_t SavedBytes(int chunk, int mb) const override;
+  void DropSaved() override;
+  int64_t parameter_count() const override { return parameter_count_; }
+  int64_t static_bytes(int chunk) const override { return static_bytes_[chunk]; }
+  std::vector<TiedGradient> TiedGradients() override;
+  absl::Status SumLocalTiedGradients() override;
+  absl::Status AddToTiedGradient(size_t index, StageBuffer& other) override;
+  absl::StatusOr<GradStats> GradientStats(bool count_tied) override;
+  absl::Status Apply(float learning_rate, float grad_scale, bool skip) override;
+  absl::StatusOr<std::vector<StateTensor>> CheckpointTensors(bool list_tied) override;
+  std::vector<std::string> RestoreNames(bool weights_only) override;
+  absl::Status Restore(const TensorLookup& lookup, bool weights_only,
+                       absl::string_view where) override;
+  std::vector<Parameter*> HostParameters() override;
+
+ private:
+  CpuStageCompute() = default;
+  std::vector<SavedContext>& Saved(int chunk, int mb) {
+    return saved_[static_cast<size_t>(chunk) * slots_ + static_cast<size_t>(mb)];
+  }
+  // The tied parameters' copies here, by name then layer order.
+  std::vector<Parameter*> TiedCopies();
+
+  std::vector<std::vector<std::unique_ptr<Layer>>> chunks_;  // the layers of each chunk
+  std::unique_ptr<Optimizer> optimizer_;
+  size_t slots_ = 0;
+  std::vector<std::vector<SavedContext>> saved_;  // chunk * slots_ + mb: one per layer
+  int64_t parameter_count_ = 0;
+  std::vector<int64_t> static_bytes_;
+};
+
+}  // namespace tandem::worker
+
+#endif  // TANDEM_WORKER_CPU_STAGE_COMPUTE_H_

@@ -1,0 +1,144 @@
+// StageCompute: the compute backend of a stage executor. The executor (worker/executor.h) owns
+// the stage program, the data, the transport and the step's bookkeeping; a StageCompute owns
+// what lives on the compute device: the layers of every stage (chunk) the worker holds, their
+// parameters, gradients and optimizer state, and what each micro-batch's forward saved for its
+// backward. The CPU backend (worker/cpu_stage_compute.h) runs the layers of worker/model; a
+// CUDA backend implements the same interface on a device, so that the executor, the schedules
+// and the coordinator do not care which one runs.
+//
+// Buffers: activations and gradients cross the interface as StageBuffers in the backend's
+// memory (host memory for the CPU, device memory for CUDA), moved, never copied: the executor
+// hands a received buffer to Forward, a Forward's output to the next stage's Forward (same
+// worker) or to the transport (whose data pointers are then the backend's), and so on. When a
+// call returns, its outputs are complete (a device backend has synchronised its stream), so the
+// transport may read them at once.
+//
+// Chunks are numbered as the program lists them (program.chunks(i) is chunk i); micro-batches
+// as in the schedule, in [0, slots) where slots is what Create was given.
+//
+// Thread-safety: one thread at a time (the executor's).
+#ifndef TANDEM_WORKER_STAGE_COMPUTE_H_
+#define TANDEM_WORKER_STAGE_COMPUTE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "tandem/v1/common.pb.h"
+#include "worker/model/layer.h"
+
+namespace tandem::worker {
+
+// An activation or gradient tensor of (B, T, D) or (B, D) floats in the backend's memory.
+class StageBuffer {
+ public:
+  virtual ~StageBuffer() = default;
+  virtual void* data() = 0;
+  virtual size_t bytes() const = 0;
+};
+using StageBufferPtr = std::unique_ptr<StageBuffer>;
+
+// One tensor of the stage's state for a checkpoint, in host memory, viewed in place (valid
+// until the next call that changes the state).
+struct StateTensor {
+  std::string name;
+  std::string dtype;  // "F32" or "I64"
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
+
+// name -> the tensor's bytes, for Restore.
+using TensorLookup =
+    std::function<absl::StatusOr<absl::Span<const uint8_t>>(const std::string& name)>;
+
+// One copy of a tied parameter's gradient held by this worker (see Parameter::tied).
+struct TiedGradient {
+  std::string name;
+  void* data = nullptr;  // the backend's memory
+  size_t bytes = 0;
+};
+
+class StageCompute {
+ public:
+  virtual ~StageCompute() = default;
+
+  // "cpu" or "cuda:N": where the buffers live.
+  virtual std::string device() const = 0;
+
+  // A float tensor of `shape` (contents undefined), for a receive.
+  virtual absl::StatusOr<StageBufferPtr> NewBuffer(const std::vector<int64_t>& shape) = 0;
+
+  // F of `chunk` for micro-batch `mb`: `input` is null on the first stage (which reads
+  // data.tokens). On the last stage `output` stays null and the micro-batch's loss (its
+  // summed cross-entropy / data.loss_normalizer) is returned; elsewhere 0 and *output is set.
+  // With `save` false (evaluation) nothing is kept for a backward.
+  virtual absl::StatusOr<double> Forward(int chunk, int mb, StageBufferPtr input,
+                                         const MicroBatchData& data, bool save,
+                                         StageBufferPtr* output) = 0;
+
+  // B (input and weight gradients), I (input gradient only, leaving what W needs) or W (the
+  // weight gradients of a micro-batch whose I ran) of `chunk` for `mb`, ADDING the parameter
+  // gradients. `grad_output` is null on the last stage (d loss = 1) and for W; *grad_input is
+  // set except on the first stage and for W. INTERNAL when no saved forward is there.
+  virtual absl::Status Backward(int chunk, int mb, v1::ActionKind kind, StageBufferPtr grad_output,
+                                StageBufferPtr* grad_input) = 0;
+
+  // Bytes saved by `mb`'s forward of `chunk` and not yet released by its backward.
+  virtual size_t SavedBytes(int chunk, int mb) const = 0;
+  // Drops every micro-batch's saved state (end of a step, or after a failure).
+  virtual void DropSaved() = 0;
+
+  // Parameter elements of this worker (every copy of a tied parameter counted).
+  virtual int64_t parameter_count() const = 0;
+  // The chunk's parameters, their gradients and its share of the optimizer state, in bytes.
+  virtual int64_t static_bytes(int chunk) const = 0;
+
+  // Tied parameters: this worker's copies of their gradients, by name, then by copy (the
+  // embedding's before the head's).
+  virtual std::vector<TiedGradient> TiedGradients() = 0;
+  // Makes both local copies of every tied gradient their sum (both stages on this worker).
+  virtual absl::Status SumLocalTiedGradients() = 0;
+  // Adds `other` (a buffer of this backend, from NewBuffer) into the copy `index` of
+  // TiedGradients().
+  virtual absl::Status AddToTiedGradient(size_t index, StageBuffer& other) = 0;
+
+  // The squared L2 norm of the gradients (in double) and whether every element is finite.
+  // With `count_tied` false the copies of tied parameters are left out; with it true each
+  // tied parameter counts once.
+  struct GradStats {
+    double sum_sq = 0.0;
+    bool finite = true;
+  };
+  virtual absl::StatusOr<GradStats> GradientStats(bool count_tied) = 0;
+
+  // Scales the gradients by `grad_scale`, runs the optimizer with `learning_rate` and zeroes
+  // them; with `skip` only zeroes them.
+  virtual absl::Status Apply(float learning_rate, float grad_scale, bool skip) = 0;
+
+  // The state for a checkpoint, with global names ("<parameter>" then "<parameter>.<key>" of
+  // the optimizer); with `list_tied` false the copies of tied parameters are left out, with
+  // it true one copy of each is listed.
+  virtual absl::StatusOr<std::vector<StateTensor>> CheckpointTensors(bool list_tied) = 0;
+  // The names Restore reads (every parameter, a tied one once, and unless weights_only their
+  // optimizer state).
+  virtual std::vector<std::string> RestoreNames(bool weights_only) = 0;
+  // Loads the state by name (every copy of a tied parameter from the same tensor), zeroing
+  // the gradients; INVALID_ARGUMENT (prefixed by `where`) naming a tensor whose size differs.
+  virtual absl::Status Restore(const TensorLookup& lookup, bool weights_only,
+                               absl::string_view where) = 0;
+
+  // The host-side parameters, in layer order, where the backend keeps them on the host (the
+  // CPU's; empty for a device backend). For tests.
+  virtual std::vector<Parameter*> HostParameters() { return {}; }
+};
+
+}  // namespace tandem::worker
+
+#endif  // TANDEM_WORKER_STAGE_COMPUTE_H_
