@@ -20,11 +20,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "worker/backend/cuda/cuda_status.h"
+#include "worker/backend/cuda/device_buffer.h"
 #include "worker/model/gpt.h"
 #include "worker/model/optimizer.h"
 #include "worker/model/random.h"
@@ -235,6 +237,59 @@ TEST(GpuGptLayoutTest, InitIsBitIdenticalToTheCpuLayers) {
   }
 }
 
+// A pipeline split into stages holds each of the model's tensors exactly once (the tied head's
+// wte copy aside), with the whole model's initial values, so that stages on GPUs start where
+// the CPU stages and the single-GPU model start.
+TEST(GpuGptLayoutTest, StagesSplitTheModelsTensorsWithItsInitialValues) {
+  for (bool tied : {true, false}) {
+    const GpuGptConfig whole = *ValidateGpuGptConfig(TinyConfig(GpuPrecision::kBf16, tied));
+    const std::vector<GpuGptTensor> all = GpuGptParameterLayout(whole);
+    const std::vector<float> all_init = InitGpuGptParameters(whole, all);
+    std::map<std::string, size_t> by_name;
+    for (size_t i = 0; i < all.size(); ++i) by_name[all[i].name] = i;
+    // L = 2: layers 0 (embedding), 1, 2 (blocks), 3 (head).
+    for (const std::vector<int64_t>& cuts :
+         {std::vector<int64_t>{0, 1, 3, 4}, {0, 2, 4}, {0, 3, 4}, {0, 1, 2, 3, 4}}) {
+      std::map<std::string, int> seen;
+      for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+        GpuGptConfig stage = whole;
+        stage.layer_begin = cuts[k];
+        stage.layer_end = cuts[k + 1];
+        const absl::StatusOr<GpuGptConfig> cfg = ValidateGpuGptConfig(stage);
+        ASSERT_TRUE(cfg.ok()) << cfg.status();
+        const std::vector<GpuGptTensor> layout = GpuGptParameterLayout(*cfg);
+        const std::vector<float> init = InitGpuGptParameters(*cfg, layout);
+        const bool head = cuts[k + 1] == 4, embedding = cuts[k] == 0;
+        for (const GpuGptTensor& t : layout) {
+          ASSERT_TRUE(by_name.contains(t.name)) << t.name;
+          const GpuGptTensor& w = all[by_name[t.name]];
+          EXPECT_EQ(t.shape, w.shape) << t.name;
+          EXPECT_TRUE(std::equal(init.begin() + t.offset, init.begin() + t.offset + t.count,
+                                 all_init.begin() + w.offset))
+              << t.name << " in stage [" << cuts[k] << ", " << cuts[k + 1] << ")";
+          const bool wte = t.name == "transformer.wte.weight";
+          EXPECT_EQ(t.tied, tied && wte) << t.name;
+          EXPECT_EQ(t.tied_copy, tied && wte && head && !embedding) << t.name;
+          if (!t.tied_copy) ++seen[t.name];
+        }
+      }
+      EXPECT_EQ(seen.size(), all.size());
+      for (const auto& [name, count] : seen) EXPECT_EQ(count, 1) << name;
+    }
+  }
+}
+
+TEST(GpuGptConfigTest, RejectsALayerRangeOutsideTheModel) {
+  for (auto [begin, end] : {std::pair<int64_t, int64_t>{-1, 2}, {2, 2}, {3, 1}, {0, 5}}) {
+    GpuGptConfig c = TinyConfig(GpuPrecision::kFp32);
+    c.layer_begin = begin;
+    c.layer_end = end;
+    const absl::StatusOr<GpuGptConfig> v = ValidateGpuGptConfig(c);
+    ASSERT_FALSE(v.ok()) << begin << ".." << end;
+    EXPECT_NE(std::string(v.status().message()).find("layers ["), std::string::npos) << v.status();
+  }
+}
+
 TEST(GpuGptMemoryTest, PlanArithmetic) {
   // B 4, T 16 (N 64), C 64, H 256, NH 4, V 128, L 2: every buffer is a multiple of 256 bytes
   // except the two doubles of the workspace, which are padded to 256.
@@ -253,11 +308,13 @@ TEST(GpuGptMemoryTest, PlanArithmetic) {
               b16 ? 2 * (v * c + l * (3 * c * c + c * c + h * c + c * h)) : size_t{0});
     const size_t per_block = n * c * in + 2 * n * 4 + n * 3 * c * 4 + att * 4 + n * c * in +
                              n * c * 4 + n * c * in + 2 * n * 4 + n * h * 4 + n * h * in;
-    EXPECT_EQ(m->activations,
-              (l + 1) * n * c * 4 + l * per_block + n * c * in + 2 * n * 4 + n * v * 4 + n * 4);
+    // A slot: the residual stream, the blocks', the tokens and the head's input gradient.
+    EXPECT_EQ(m->activations, (l + 1) * n * c * 4 + l * per_block + n * 4 + n * c * 4);
     const size_t scratch = b16 ? n * std::max(c, h) * 4 + n * std::max({v, h, 3 * c}) * 2 : 0;
-    EXPECT_EQ(m->workspace, 2 * n * 4 + 2 * 256 + scratch + 2 * n * c * 4 +
-                                n * std::max(h, 3 * c) * 4 + n * h * 4 + n * c * 4 +
+    // Shared: targets, ln_f and its statistics, the logits and losses (the head's), the two
+    // doubles, the backward's scratch.
+    EXPECT_EQ(m->workspace, n * 4 + n * c * in + 2 * n * 4 + n * v * 4 + n * 4 + 2 * 256 + scratch +
+                                2 * n * c * 4 + n * std::max(h, 3 * c) * 4 + n * h * 4 + n * c * 4 +
                                 nh * t * t * 4);
     EXPECT_EQ(m->total(), m->parameters + m->compute_weights + m->gradients + m->optimizer_state +
                               m->activations + m->workspace);
@@ -445,6 +502,99 @@ TEST(GpuGptTest, SetParameterRoundTrips) {
   ASSERT_TRUE(gpu->SetParameter(2, in.data(), in.size()).ok());
   ASSERT_TRUE(gpu->GetParameter(2, out.data(), out.size()).ok());
   EXPECT_EQ(in, out);
+}
+
+// The model split into three stages [0, 2), [2, 3), [3, 4), run as a pipeline of Forward and
+// Backward calls with the activations handed over in device memory, computes what the whole
+// model computes: the same loss, and every tensor's gradient (the tied wte's as the sum of its
+// two copies). Two micro-batches are in flight at once (both forwards before either backward,
+// as GPipe runs them), each in its own slot.
+TEST(GpuGptTest, Fp32StagesComputeWhatTheWholeModelComputes) {
+  SKIP_WITHOUT_DEVICE();
+  for (bool tied : {true, false}) {
+    const GpuGptConfig c = TinyConfig(GpuPrecision::kFp32, tied);
+    std::unique_ptr<GpuGpt> whole = MakeGpu(c);
+    ASSERT_NE(whole, nullptr);
+    std::vector<std::unique_ptr<GpuGpt>> stages;
+    for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, 2}, {2, 3}, {3, 4}}) {
+      GpuGptConfig s = c;
+      s.layer_begin = begin;
+      s.layer_end = end;
+      stages.push_back(MakeGpu(s));
+      ASSERT_NE(stages.back(), nullptr);
+    }
+    const size_t act = static_cast<size_t>(c.batch * c.seq * c.d_model);
+    std::vector<DeviceBuffer<float>> bufs;
+    for (int i = 0; i < 4; ++i) bufs.push_back(*DeviceBuffer<float>::Create(act));
+    const int64_t rows = c.batch * c.seq;
+    const float scale = 1.0f / static_cast<float>(2 * rows);
+    IntTensor tokens[2], targets[2];
+    double want = 0.0, got = 0.0;
+    for (int mb = 0; mb < 2; ++mb) {
+      RandomBatch(40 + mb, c, tokens[mb], targets[mb]);
+      absl::StatusOr<float> loss = whole->ForwardBackward(tokens[mb].data(), targets[mb].data(), 2);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      want += *loss / 2.0;
+    }
+    for (int mb = 0; mb < 2; ++mb) {
+      // bufs[0], bufs[1]: stage outputs; the micro-batches take turns using them.
+      float* out0 = bufs[2 * mb].data();
+      float* out1 = bufs[2 * mb + 1].data();
+      ASSERT_TRUE(
+          stages[0]->Forward(mb, tokens[mb].data(), nullptr, nullptr, out0, scale, true).ok());
+      ASSERT_TRUE(stages[1]->Forward(mb, nullptr, nullptr, out0, out1, scale, true).ok());
+      absl::StatusOr<double> sum =
+          stages[2]->Forward(mb, nullptr, targets[mb].data(), out1, nullptr, scale, true);
+      ASSERT_TRUE(sum.ok()) << sum.status();
+      got += *sum * scale;
+      EXPECT_GT(stages[1]->SavedBytes(mb), 0u);
+    }
+    EXPECT_EQ(stages[1]->activation_slots(), 2u);
+    for (int mb = 1; mb >= 0; --mb) {
+      float* g1 = bufs[2 * mb].data();  // d (stage 1's output), then reused
+      float* g0 = bufs[2 * mb + 1].data();
+      ASSERT_TRUE(stages[2]->Backward(mb, nullptr, g1).ok());
+      ASSERT_TRUE(stages[1]->Backward(mb, g1, g0).ok());
+      ASSERT_TRUE(stages[0]->Backward(mb, g0, nullptr).ok());
+      EXPECT_EQ(stages[1]->SavedBytes(mb), 0u);
+    }
+    EXPECT_NEAR(got, want, kLossTol * want) << "tied " << tied;
+    std::map<std::string, std::vector<float>> grads;
+    for (const auto& st : stages) {
+      for (size_t i = 0; i < st->layout().size(); ++i) {
+        std::vector<float> g(st->layout()[i].count);
+        ASSERT_TRUE(st->GetGradient(i, g.data(), g.size()).ok());
+        std::vector<float>& sum = grads[st->layout()[i].name];
+        if (sum.empty()) sum.assign(g.size(), 0.0f);
+        for (size_t j = 0; j < g.size(); ++j) sum[j] += g[j];
+      }
+    }
+    for (size_t i = 0; i < whole->layout().size(); ++i) {
+      const GpuGptTensor& t = whole->layout()[i];
+      std::vector<float> w(t.count);
+      ASSERT_TRUE(whole->GetGradient(i, w.data(), w.size()).ok());
+      ASSERT_TRUE(grads.contains(t.name)) << t.name;
+      double max_ref = 0.0, max_err = 0.0;
+      for (size_t j = 0; j < w.size(); ++j) {
+        max_ref = std::max(max_ref, std::fabs(double{w[j]}));
+        max_err = std::max(max_err, std::fabs(double{grads[t.name][j]} - w[j]));
+      }
+      EXPECT_LE(max_err, kGradTol * max_ref + kGradAbsTol) << t.name << " tied " << tied;
+    }
+    // Misuse: a second forward of a micro-batch in flight, a backward without a forward.
+    ASSERT_TRUE(stages[0]
+                    ->Forward(5, tokens[0].data(), nullptr, nullptr, bufs[0].data(), scale, true)
+                    .ok());
+    EXPECT_EQ(stages[0]
+                  ->Forward(5, tokens[0].data(), nullptr, nullptr, bufs[0].data(), scale, true)
+                  .status()
+                  .code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(stages[1]->Backward(9, bufs[0].data(), bufs[1].data()).code(),
+              absl::StatusCode::kInternal);
+    stages[0]->DropSaved();
+    EXPECT_EQ(stages[0]->SavedBytes(5), 0u);
+  }
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <tuple>
 #include <utility>
 
@@ -42,10 +44,46 @@ enum BlockTensor {
   kMlpProjB,
   kTensorsPerBlock
 };
-constexpr size_t kWte = 0, kWpe = 1, kFirstBlock = 2;
+// Which layers a (validated) config's stage holds: blocks [b0, b1) by block index.
+struct StageShape {
+  bool embedding = false;
+  bool head = false;
+  int64_t b0 = 0;
+  int64_t b1 = 0;
+  int64_t blocks() const { return b1 - b0; }
+};
 
-size_t BlockIndex(int64_t layer, int k) {
-  return kFirstBlock + static_cast<size_t>(layer) * kTensorsPerBlock + static_cast<size_t>(k);
+StageShape ShapeOf(const GpuGptConfig& cfg) {
+  StageShape s;
+  s.embedding = cfg.layer_begin == 0;
+  s.head = cfg.layer_end == cfg.n_layer + 2;
+  s.b0 = std::max<int64_t>(cfg.layer_begin, 1) - 1;
+  s.b1 = std::min<int64_t>(cfg.layer_end, cfg.n_layer + 1) - 1;
+  if (s.b1 < s.b0) s.b1 = s.b0;
+  return s;
+}
+
+// Positions in a stage's layout: wte, wpe (embedding), 12 per block from block_base, ln_f gain
+// and bias (head), then lm_head.weight (untied) or the head's wte copy (tied, no embedding).
+struct LayoutIndex {
+  size_t wte = 0, wpe = 1;
+  size_t block_base = 0;
+  size_t lnf = 0;
+  size_t head_w = 0;  // the LM head's GEMM weight
+  int64_t b0 = 0;
+  size_t Block(int64_t layer, int k) const {
+    return block_base + static_cast<size_t>(layer - b0) * kTensorsPerBlock + static_cast<size_t>(k);
+  }
+};
+
+LayoutIndex IndexOf(const GpuGptConfig& cfg) {
+  const StageShape sh = ShapeOf(cfg);
+  LayoutIndex ix;
+  ix.b0 = sh.b0;
+  ix.block_base = sh.embedding ? 2 : 0;
+  ix.lnf = ix.block_base + static_cast<size_t>(sh.blocks()) * kTensorsPerBlock;
+  ix.head_w = cfg.tie_embeddings && sh.embedding ? ix.wte : ix.lnf + 2;
+  return ix;
 }
 
 // Carves typed sub-buffers out of one allocation (or, with base 0, only sizes them).
@@ -87,20 +125,24 @@ struct BlockActivations {
   bf16* act_h = nullptr;
 };
 
+// One slot: what one micro-batch's forward saves for its backward.
 struct Activations {
-  std::vector<float*> resid;  // L + 1 of (N, C): resid[0] embedding out, resid[l + 1] block l out
+  // nb + 1 of (N, C): resid[0] the stage's input (the embedding's output, or the received
+  // activation), resid[j + 1] the output of the stage's j-th block.
+  std::vector<float*> resid;
   std::vector<BlockActivations> blocks;
-  float* lnf_f = nullptr;  // (N, C) ln_f(x), the input of the LM head
-  bf16* lnf_h = nullptr;
-  float* meanf = nullptr;   // (N)
-  float* rstdf = nullptr;   // (N)
-  float* logits = nullptr;  // (N, V); softmax - onehot after the loss
-  float* losses = nullptr;  // (N)
+  int32_t* tokens = nullptr;  // (N) the embedding's input (embedding stage)
+  float* dhead = nullptr;     // (N, C) d loss / d (the head's input), from the forward (head)
 };
 
 struct Workspace {
-  int32_t* tokens = nullptr;     // (N)
-  int32_t* targets = nullptr;    // (N)
+  int32_t* targets = nullptr;  // (N)
+  float* lnf_f = nullptr;      // (N, C) ln_f(x), the input of the LM head (head)
+  bf16* lnf_h = nullptr;
+  float* meanf = nullptr;        // (N)
+  float* rstdf = nullptr;        // (N)
+  float* logits = nullptr;       // (N, V); softmax - onehot after the loss (head)
+  float* losses = nullptr;       // (N)
   double* loss_sum = nullptr;    // (1)
   double* norm_sq = nullptr;     // (1)
   float* out_f = nullptr;        // (N, max(C, H)) fp32 outputs before rounding (kBf16 only)
@@ -115,13 +157,14 @@ struct Workspace {
 
 void CarveActivations(const GpuGptConfig& cfg, Carver& r, Activations* a) {
   const bool h16 = cfg.precision == GpuPrecision::kBf16;
+  const StageShape sh = ShapeOf(cfg);
   const size_t n = static_cast<size_t>(cfg.batch * cfg.seq), c = static_cast<size_t>(cfg.d_model),
-               h = static_cast<size_t>(cfg.d_hidden), v = static_cast<size_t>(cfg.vocab);
+               h = static_cast<size_t>(cfg.d_hidden);
   const size_t att = static_cast<size_t>(cfg.batch * cfg.n_head) * static_cast<size_t>(cfg.seq) *
                      static_cast<size_t>(cfg.seq);
   a->resid.clear();
-  for (int64_t l = 0; l <= cfg.n_layer; ++l) a->resid.push_back(r.Take<float>(n * c));
-  a->blocks.assign(static_cast<size_t>(cfg.n_layer), BlockActivations{});
+  for (int64_t l = 0; l <= sh.blocks(); ++l) a->resid.push_back(r.Take<float>(n * c));
+  a->blocks.assign(static_cast<size_t>(sh.blocks()), BlockActivations{});
   for (BlockActivations& b : a->blocks) {
     if (h16) {
       b.ln1_h = r.Take<bf16>(n * c);
@@ -152,28 +195,32 @@ void CarveActivations(const GpuGptConfig& cfg, Carver& r, Activations* a) {
       b.act_f = r.Take<float>(n * h);
     }
   }
-  if (h16) {
-    a->lnf_h = r.Take<bf16>(n * c);
-  } else {
-    a->lnf_f = r.Take<float>(n * c);
-  }
-  a->meanf = r.Take<float>(n);
-  a->rstdf = r.Take<float>(n);
-  a->logits = r.Take<float>(n * v);
-  a->losses = r.Take<float>(n);
+  if (sh.embedding) a->tokens = r.Take<int32_t>(n);
+  if (sh.head) a->dhead = r.Take<float>(n * c);
 }
 
 void CarveWorkspace(const GpuGptConfig& cfg, Carver& r, Workspace* w) {
   const bool h16 = cfg.precision == GpuPrecision::kBf16;
+  const StageShape sh = ShapeOf(cfg);
   const size_t n = static_cast<size_t>(cfg.batch * cfg.seq), c = static_cast<size_t>(cfg.d_model),
                h = static_cast<size_t>(cfg.d_hidden), v = static_cast<size_t>(cfg.vocab);
-  w->tokens = r.Take<int32_t>(n);
-  w->targets = r.Take<int32_t>(n);
+  if (sh.head) {
+    w->targets = r.Take<int32_t>(n);
+    if (h16) {
+      w->lnf_h = r.Take<bf16>(n * c);
+    } else {
+      w->lnf_f = r.Take<float>(n * c);
+    }
+    w->meanf = r.Take<float>(n);
+    w->rstdf = r.Take<float>(n);
+    w->logits = r.Take<float>(n * v);
+    w->losses = r.Take<float>(n);
+  }
   w->loss_sum = r.Take<double>(1);
   w->norm_sq = r.Take<double>(1);
   if (h16) {
     w->out_f = r.Take<float>(n * std::max(c, h));
-    w->dout_h = r.Take<bf16>(n * std::max({v, h, 3 * c}));
+    w->dout_h = r.Take<bf16>(n * std::max({sh.head ? v : size_t{0}, h, 3 * c}));
   }
   w->dres_a = r.Take<float>(n * c);
   w->dres_b = r.Take<float>(n * c);
@@ -230,6 +277,12 @@ absl::StatusOr<GpuGptConfig> ValidateGpuGptConfig(const GpuGptConfig& config) {
         absl::StrCat("d_hidden must be >= 0 (0 means 4 * d_model), got ", cfg.d_hidden));
   }
   if (cfg.d_hidden == 0) cfg.d_hidden = 4 * cfg.d_model;
+  if (cfg.layer_end == -1) cfg.layer_end = cfg.n_layer + 2;
+  if (cfg.layer_begin < 0 || cfg.layer_begin >= cfg.layer_end || cfg.layer_end > cfg.n_layer + 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layers [", cfg.layer_begin, ", ", config.layer_end,
+        ") are not a non-empty range within the model's ", cfg.n_layer + 2, " layers"));
+  }
   for (auto [field, value] : {std::pair{"n_head", cfg.n_head},
                               {"d_model", cfg.d_model},
                               {"d_hidden", cfg.d_hidden},
@@ -282,7 +335,10 @@ absl::StatusOr<GpuGptConfig> ValidateGpuGptConfig(const GpuGptConfig& config) {
 
 std::vector<GpuGptTensor> GpuGptParameterLayout(const GpuGptConfig& cfg) {
   const bool h16 = cfg.precision == GpuPrecision::kBf16;
+  const StageShape sh = ShapeOf(cfg);
   const int64_t c = cfg.d_model, h = cfg.d_hidden, v = cfg.vocab;
+  // A tied wte is the pipeline's to sum when this stage has only one of its two readers.
+  const bool tied_split = cfg.tie_embeddings && sh.embedding != sh.head;
   std::vector<GpuGptTensor> layout;
   size_t offset = 0, compute_offset = 0;
   auto add = [&](std::string name, std::vector<int64_t> shape, bool decay, bool gemm) {
@@ -301,10 +357,13 @@ std::vector<GpuGptTensor> GpuGptParameterLayout(const GpuGptConfig& cfg) {
     }
     layout.push_back(std::move(t));
   };
-  // The tied wte is also the LM head's GEMM weight.
-  add("transformer.wte.weight", {v, c}, true, cfg.tie_embeddings);
-  add("transformer.wpe.weight", {cfg.seq_len, c}, true, false);
-  for (int64_t i = 0; i < cfg.n_layer; ++i) {
+  if (sh.embedding) {
+    // The tied wte is also the LM head's GEMM weight.
+    add("transformer.wte.weight", {v, c}, true, cfg.tie_embeddings && sh.head);
+    layout.back().tied = tied_split;
+    add("transformer.wpe.weight", {cfg.seq_len, c}, true, false);
+  }
+  for (int64_t i = sh.b0; i < sh.b1; ++i) {
     const std::string p = absl::StrCat("transformer.h.", i, ".");
     add(p + "ln_1.weight", {c}, false, false);
     add(p + "ln_1.bias", {c}, false, false);
@@ -319,41 +378,56 @@ std::vector<GpuGptTensor> GpuGptParameterLayout(const GpuGptConfig& cfg) {
     add(p + "mlp.c_proj.weight", {c, h}, true, true);
     add(p + "mlp.c_proj.bias", {c}, false, false);
   }
-  add("transformer.ln_f.weight", {c}, false, false);
-  add("transformer.ln_f.bias", {c}, false, false);
-  if (!cfg.tie_embeddings) add("lm_head.weight", {v, c}, true, true);
+  if (sh.head) {
+    add("transformer.ln_f.weight", {c}, false, false);
+    add("transformer.ln_f.bias", {c}, false, false);
+    if (!cfg.tie_embeddings) {
+      add("lm_head.weight", {v, c}, true, true);
+    } else if (!sh.embedding) {
+      add("transformer.wte.weight", {v, c}, true, true);
+      layout.back().tied = true;
+      layout.back().tied_copy = true;
+    }
+  }
   return layout;
 }
 
 std::vector<float> InitGpuGptParameters(const GpuGptConfig& cfg,
                                         const std::vector<GpuGptTensor>& layout) {
+  const StageShape sh = ShapeOf(cfg);
+  const LayoutIndex ix = IndexOf(cfg);
   std::vector<float> p(ParameterElements(layout), 0.0f);
   auto at = [&](size_t i) { return p.data() + layout[i].offset; };
-  // Embedding: Rng(MixSeed(seed, 0)) draws wte, then wpe.
-  {
+  // Embedding: Rng(MixSeed(seed, 0)) draws wte, then wpe; the head's tied copy of wte is
+  // drawn the same way, so the copies start equal.
+  if (sh.embedding) {
     Rng rng(MixSeed(cfg.seed, 0));
-    FillNormal(rng, kInitStd, at(kWte), layout[kWte].count);
-    FillNormal(rng, kInitStd, at(kWpe), layout[kWpe].count);
+    FillNormal(rng, kInitStd, at(ix.wte), layout[ix.wte].count);
+    FillNormal(rng, kInitStd, at(ix.wpe), layout[ix.wpe].count);
   }
   const float proj_std =
       kInitStd / std::sqrt(2.0f * static_cast<float>(std::max<int64_t>(cfg.n_layer, 1)));
-  for (int64_t l = 0; l < cfg.n_layer; ++l) {
-    std::fill_n(at(BlockIndex(l, kLn1G)), layout[BlockIndex(l, kLn1G)].count, 1.0f);
-    std::fill_n(at(BlockIndex(l, kLn2G)), layout[BlockIndex(l, kLn2G)].count, 1.0f);
+  for (int64_t l = sh.b0; l < sh.b1; ++l) {
+    std::fill_n(at(ix.Block(l, kLn1G)), layout[ix.Block(l, kLn1G)].count, 1.0f);
+    std::fill_n(at(ix.Block(l, kLn2G)), layout[ix.Block(l, kLn2G)].count, 1.0f);
     // Rng(MixSeed(seed, l + 1)): c_attn, attn.c_proj, c_fc, mlp.c_proj.
     Rng rng(MixSeed(cfg.seed, static_cast<uint64_t>(l) + 1));
     for (auto [k, stddev] : {std::pair{kAttnW, kInitStd},
                              {kAttnProjW, proj_std},
                              {kFcW, kInitStd},
                              {kMlpProjW, proj_std}}) {
-      FillNormal(rng, stddev, at(BlockIndex(l, k)), layout[BlockIndex(l, k)].count);
+      FillNormal(rng, stddev, at(ix.Block(l, k)), layout[ix.Block(l, k)].count);
     }
   }
-  const size_t lnf_g = BlockIndex(cfg.n_layer, 0);
-  std::fill_n(at(lnf_g), layout[lnf_g].count, 1.0f);
-  if (!cfg.tie_embeddings) {
-    Rng rng(MixSeed(cfg.seed, static_cast<uint64_t>(cfg.n_layer) + 1));
-    FillNormal(rng, kInitStd, at(lnf_g + 2), layout[lnf_g + 2].count);
+  if (sh.head) {
+    std::fill_n(at(ix.lnf), layout[ix.lnf].count, 1.0f);
+    if (!cfg.tie_embeddings) {
+      Rng rng(MixSeed(cfg.seed, static_cast<uint64_t>(cfg.n_layer) + 1));
+      FillNormal(rng, kInitStd, at(ix.head_w), layout[ix.head_w].count);
+    } else if (!sh.embedding) {
+      Rng rng(MixSeed(cfg.seed, 0));
+      FillNormal(rng, kInitStd, at(ix.head_w), layout[ix.head_w].count);
+    }
   }
   return p;
 }
@@ -366,19 +440,29 @@ absl::StatusOr<GpuGptMemory> PlanGpuGptMemory(const GpuGptConfig& config) {
 
 // ---------------------------------------------------------------------------------------
 
+// One activation slot: its memory and the pointers carved out of it.
+struct Slot {
+  DeviceBuffer<char> mem;
+  Activations a;
+};
+
 struct GpuGpt::Impl {
   GpuGptConfig cfg;
+  StageShape sh;
+  LayoutIndex ix;
   const std::vector<GpuGptTensor>* layout = nullptr;
   CudaStream stream;
   CublasHandle blas;
   DeviceBuffer<float> params, grads, m, v;  // (P) each, layout order
   DeviceBuffer<bf16> compute;               // the GEMM weights' bf16 copies (kBf16)
-  DeviceBuffer<char> act_mem, work_mem;
-  Activations a;
+  DeviceBuffer<char> work_mem;
   Workspace w;
-  // fwd_start, fwd_end (= bwd_start), bwd_end, opt_start, opt_end.
-  CudaEvent ev[5];
-  size_t head_w = 0;  // the LM head's weight: wte when tied, lm_head.weight otherwise
+  size_t slot_bytes = 0;
+  std::vector<std::unique_ptr<Slot>> slots;  // every slot allocated so far
+  std::vector<Slot*> free_slots;
+  std::map<int, Slot*> in_use;  // micro-batch -> its saved forward
+  // fwd_start, fwd_end, bwd_start, bwd_end, opt_start, opt_end.
+  CudaEvent ev[6];
 
   bool bf16_mode() const { return cfg.precision == GpuPrecision::kBf16; }
   cudaStream_t s() const { return stream.get(); }
@@ -386,6 +470,24 @@ struct GpuGpt::Impl {
   float* P(size_t i) { return params.data() + (*layout)[i].offset; }
   float* G(size_t i) { return grads.data() + (*layout)[i].offset; }
   const bf16* H(size_t i) { return compute.data() + (*layout)[i].compute_offset; }
+
+  // A free slot (allocated when none is).
+  absl::StatusOr<Slot*> Acquire() {
+    if (!free_slots.empty()) {
+      Slot* slot = free_slots.back();
+      free_slots.pop_back();
+      return slot;
+    }
+    auto slot = std::make_unique<Slot>();
+    absl::StatusOr<DeviceBuffer<char>> mem = DeviceBuffer<char>::Create(slot_bytes);
+    if (!mem.ok()) return mem.status();
+    slot->mem = std::move(*mem);
+    Carver carver(reinterpret_cast<uintptr_t>(slot->mem.data()));
+    CarveActivations(cfg, carver, &slot->a);
+    slots.push_back(std::move(slot));
+    return slots.back().get();
+  }
+  void Release(Slot* slot) { free_slots.push_back(slot); }
 
   // out (N, OC) = in w^T + b (fp32 out; bias index < 0: none). The fp32 or the bf16 input is
   // read, as the mode says.
@@ -426,10 +528,19 @@ struct GpuGpt::Impl {
         cudaMemsetAsync(p, 0, static_cast<size_t>(count) * sizeof(float), s()));
     return absl::OkStatus();
   }
+  absl::Status Copy(float* dst, const float* src, int64_t count) {
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        dst, src, static_cast<size_t>(count) * sizeof(float), cudaMemcpyDeviceToDevice, s()));
+    return absl::OkStatus();
+  }
 
-  absl::Status Forward();
-  absl::Status Backward(float loss_scale);
-  absl::Status SquaredNorm();
+  // The blocks from resid[0] (already there), then, on the head stage, the loss into
+  // w.loss_sum and, with `grad_scale` > 0, the head's backward into a.dhead.
+  absl::Status Forward(Activations& a, float grad_scale);
+  // From d loss / d (the last block's output) in `cur` (w.dres_a) down to d loss / d resid[0],
+  // left in the returned buffer (one of w.dres_a / w.dres_b).
+  absl::StatusOr<float*> Backward(Activations& a);
+  absl::Status SquaredNorm(bool include_tied_copy);
 };
 
 #define GPT_RETURN_IF_ERROR(expr)                                           \
@@ -437,15 +548,15 @@ struct GpuGpt::Impl {
     if (absl::Status tandem_s_ = (expr); !tandem_s_.ok()) return tandem_s_; \
   } while (false)
 
-absl::Status GpuGpt::Impl::Forward() {
+absl::Status GpuGpt::Impl::Forward(Activations& a, float grad_scale) {
   const int64_t b = cfg.batch, t = cfg.seq, c = cfg.d_model, h = cfg.d_hidden, nh = cfg.n_head;
   const int64_t rows = n();
-  GPT_RETURN_IF_ERROR(EmbeddingForward(s(), w.tokens, P(kWte), P(kWpe), a.resid[0], b, t, c));
-  for (int64_t l = 0; l < cfg.n_layer; ++l) {
-    BlockActivations& ba = a.blocks[static_cast<size_t>(l)];
-    const float* x = a.resid[static_cast<size_t>(l)];
-    float* out = a.resid[static_cast<size_t>(l) + 1];
-    auto idx = [&](int k) { return BlockIndex(l, k); };
+  for (int64_t l = sh.b0; l < sh.b1; ++l) {
+    const size_t j = static_cast<size_t>(l - sh.b0);
+    BlockActivations& ba = a.blocks[j];
+    const float* x = a.resid[j];
+    float* out = a.resid[j + 1];
+    auto idx = [&](int k) { return ix.Block(l, k); };
     // x1 = x + c_proj(attn(c_attn(ln_1(x)))).
     GPT_RETURN_IF_ERROR(LayerNormForward(s(), x, P(idx(kLn1G)), P(idx(kLn1B)), OutF(ba.ln1_f),
                                          ba.mean1, ba.rstd1, rows, c));
@@ -470,40 +581,43 @@ absl::Status GpuGpt::Impl::Forward() {
                                static_cast<int64_t>(idx(kMlpProjB)), out, rows, h, c));
     GPT_RETURN_IF_ERROR(Add(s(), out, ba.x1, out, rows * c));
   }
-  // Head: ln_f, logits = ln_f W^T, softmax cross-entropy in place.
-  const size_t lnf = BlockIndex(cfg.n_layer, 0);
-  GPT_RETURN_IF_ERROR(LayerNormForward(s(), a.resid[static_cast<size_t>(cfg.n_layer)], P(lnf),
-                                       P(lnf + 1), OutF(a.lnf_f), a.meanf, a.rstdf, rows, c));
-  GPT_RETURN_IF_ERROR(Round(a.lnf_h, rows * c));
-  GPT_RETURN_IF_ERROR(Linear(a.lnf_f, a.lnf_h, head_w, -1, a.logits, rows, c, cfg.vocab));
-  return SoftmaxCrossEntropyInPlace(s(), a.logits, w.targets, a.losses, w.loss_sum, rows,
-                                    cfg.vocab);
-}
-
-absl::Status GpuGpt::Impl::Backward(float loss_scale) {
-  const int64_t b = cfg.batch, t = cfg.seq, c = cfg.d_model, h = cfg.d_hidden, nh = cfg.n_head;
-  const int64_t v = cfg.vocab, rows = n();
-  // Head: d ln_f = scale (p - onehot) W; dW += scale (p - onehot)^T ln_f.
-  const size_t lnf = BlockIndex(cfg.n_layer, 0);
+  if (!sh.head) return absl::OkStatus();
+  // Head: ln_f, logits = ln_f W^T, softmax cross-entropy in place (logits become p - onehot).
+  const float* x = a.resid[static_cast<size_t>(sh.blocks())];
+  GPT_RETURN_IF_ERROR(
+      LayerNormForward(s(), x, P(ix.lnf), P(ix.lnf + 1), OutF(w.lnf_f), w.meanf, w.rstdf, rows, c));
+  GPT_RETURN_IF_ERROR(Round(w.lnf_h, rows * c));
+  GPT_RETURN_IF_ERROR(Linear(w.lnf_f, w.lnf_h, ix.head_w, -1, w.logits, rows, c, cfg.vocab));
+  GPT_RETURN_IF_ERROR(
+      SoftmaxCrossEntropyInPlace(s(), w.logits, w.targets, w.losses, w.loss_sum, rows, cfg.vocab));
+  if (grad_scale <= 0.0f) return absl::OkStatus();
+  // The head's backward: d ln_f = scale (p - onehot) W; dW += scale (p - onehot)^T ln_f; then
+  // ln_f's backward into a.dhead.
   GPT_RETURN_IF_ERROR(Zero(w.dsmall, rows * c));
   if (bf16_mode()) {
-    GPT_RETURN_IF_ERROR(ScaledConvertToBf16(s(), a.logits, loss_scale, w.dout_h, rows * v));
-    GPT_RETURN_IF_ERROR(LinearBackward(blas.get(), s(), w.dout_h, a.lnf_h, H(head_w), w.dsmall,
-                                       G(head_w), nullptr, rows, c, v));
+    GPT_RETURN_IF_ERROR(ScaledConvertToBf16(s(), w.logits, grad_scale, w.dout_h, rows * cfg.vocab));
+    GPT_RETURN_IF_ERROR(LinearBackward(blas.get(), s(), w.dout_h, w.lnf_h, H(ix.head_w), w.dsmall,
+                                       G(ix.head_w), nullptr, rows, c, cfg.vocab));
   } else {
-    GPT_RETURN_IF_ERROR(ScaledLinearBackward(blas.get(), s(), a.logits, a.lnf_f, P(head_w),
-                                             loss_scale, w.dsmall, G(head_w), rows, c, v));
+    GPT_RETURN_IF_ERROR(ScaledLinearBackward(blas.get(), s(), w.logits, w.lnf_f, P(ix.head_w),
+                                             grad_scale, w.dsmall, G(ix.head_w), rows, c,
+                                             cfg.vocab));
   }
+  GPT_RETURN_IF_ERROR(Zero(a.dhead, rows * c));
+  return LayerNormBackward(s(), w.dsmall, x, P(ix.lnf), w.meanf, w.rstdf, a.dhead, G(ix.lnf),
+                           G(ix.lnf + 1), rows, c);
+}
+
+absl::StatusOr<float*> GpuGpt::Impl::Backward(Activations& a) {
+  const int64_t b = cfg.batch, t = cfg.seq, c = cfg.d_model, h = cfg.d_hidden, nh = cfg.n_head;
+  const int64_t rows = n();
   float* cur = w.dres_a;    // d loss / d (the current block's output)
   float* other = w.dres_b;  // becomes d loss / d (its input)
-  GPT_RETURN_IF_ERROR(Zero(cur, rows * c));
-  GPT_RETURN_IF_ERROR(LayerNormBackward(s(), w.dsmall, a.resid[static_cast<size_t>(cfg.n_layer)],
-                                        P(lnf), a.meanf, a.rstdf, cur, G(lnf), G(lnf + 1), rows,
-                                        c));
-  for (int64_t l = cfg.n_layer - 1; l >= 0; --l) {
-    BlockActivations& ba = a.blocks[static_cast<size_t>(l)];
-    const float* x = a.resid[static_cast<size_t>(l)];
-    auto idx = [&](int k) { return BlockIndex(l, k); };
+  for (int64_t l = sh.b1 - 1; l >= sh.b0; --l) {
+    const size_t j = static_cast<size_t>(l - sh.b0);
+    BlockActivations& ba = a.blocks[j];
+    const float* x = a.resid[j];
+    auto idx = [&](int k) { return ix.Block(l, k); };
     // MLP branch: dx1 = dout + ln_2'(c_fc'(gelu'(c_proj'(dout)))).
     float* dact = w.dbig;
     GPT_RETURN_IF_ERROR(Zero(dact, rows * h));
@@ -514,8 +628,7 @@ absl::Status GpuGpt::Impl::Backward(float loss_scale) {
     GPT_RETURN_IF_ERROR(Zero(w.dsmall, rows * c));
     GPT_RETURN_IF_ERROR(
         LinearGrad(w.dpre, ba.ln2_f, ba.ln2_h, idx(kFcW), idx(kFcB), w.dsmall, rows, c, h));
-    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-        other, cur, static_cast<size_t>(rows * c) * sizeof(float), cudaMemcpyDeviceToDevice, s()));
+    GPT_RETURN_IF_ERROR(Copy(other, cur, rows * c));
     GPT_RETURN_IF_ERROR(LayerNormBackward(s(), w.dsmall, ba.x1, P(idx(kLn2G)), ba.mean2, ba.rstd2,
                                           other, G(idx(kLn2G)), G(idx(kLn2B)), rows, c));
     // Attention branch: dx = dx1 + ln_1'(c_attn'(attn'(c_proj'(dx1)))).
@@ -533,14 +646,18 @@ absl::Status GpuGpt::Impl::Backward(float loss_scale) {
                                           other, G(idx(kLn1G)), G(idx(kLn1B)), rows, c));
     std::swap(cur, other);
   }
-  return EmbeddingBackward(s(), w.tokens, cur, G(kWte), G(kWpe), b, t, c);
+  if (sh.embedding) {
+    GPT_RETURN_IF_ERROR(EmbeddingBackward(s(), a.tokens, cur, G(ix.wte), G(ix.wpe), b, t, c));
+  }
+  return cur;
 }
 
-absl::Status GpuGpt::Impl::SquaredNorm() {
+absl::Status GpuGpt::Impl::SquaredNorm(bool include_tied_copy) {
   TANDEM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(w.norm_sq, 0, sizeof(double), s()));
   for (size_t i = 0; i < layout->size(); ++i) {
+    if ((*layout)[i].tied_copy && !include_tied_copy) continue;
     GPT_RETURN_IF_ERROR(
-        GradSquaredNorm(s(), G(i), static_cast<int64_t>((*layout)[i].count), w.norm_sq));
+        cuda::GradSquaredNorm(s(), G(i), static_cast<int64_t>((*layout)[i].count), w.norm_sq));
   }
   return absl::OkStatus();
 }
@@ -563,8 +680,10 @@ absl::StatusOr<std::unique_ptr<GpuGpt>> GpuGpt::Create(const GpuGptConfig& confi
   g->memory_ = PlanValidated(*cfg, g->layout_);
   Impl& im = *g->impl_;
   im.cfg = *cfg;
+  im.sh = ShapeOf(*cfg);
+  im.ix = IndexOf(*cfg);
   im.layout = &g->layout_;
-  im.head_w = cfg->tie_embeddings ? kWte : g->layout_.size() - 1;
+  im.slot_bytes = g->memory_.activations;
 
   absl::StatusOr<CudaStream> stream = CudaStream::Create();
   if (!stream.ok()) return stream.status();
@@ -586,16 +705,15 @@ absl::StatusOr<std::unique_ptr<GpuGpt>> GpuGpt::Create(const GpuGptConfig& confi
       DeviceBuffer<bf16>::Create(ComputeCopyElements(g->layout_));
   if (!compute.ok()) return compute.status();
   im.compute = std::move(*compute);
-  absl::StatusOr<DeviceBuffer<char>> act = DeviceBuffer<char>::Create(g->memory_.activations);
-  if (!act.ok()) return act.status();
-  im.act_mem = std::move(*act);
   absl::StatusOr<DeviceBuffer<char>> work = DeviceBuffer<char>::Create(g->memory_.workspace);
   if (!work.ok()) return work.status();
   im.work_mem = std::move(*work);
-  Carver act_carver(reinterpret_cast<uintptr_t>(im.act_mem.data()));
   Carver work_carver(reinterpret_cast<uintptr_t>(im.work_mem.data()));
-  CarveActivations(*cfg, act_carver, &im.a);
   CarveWorkspace(*cfg, work_carver, &im.w);
+  // The first slot now, so that a model that cannot hold one micro-batch fails here.
+  absl::StatusOr<Slot*> first = im.Acquire();
+  if (!first.ok()) return first.status();
+  im.Release(*first);
 
   const std::vector<float> init = InitGpuGptParameters(*cfg, g->layout_);
   GPT_RETURN_IF_ERROR(im.params.CopyFromHost(init.data(), init.size()));
@@ -613,10 +731,132 @@ absl::StatusOr<std::unique_ptr<GpuGpt>> GpuGpt::Create(const GpuGptConfig& confi
   return g;
 }
 
+bool GpuGpt::has_embedding() const { return impl_->sh.embedding; }
+bool GpuGpt::has_head() const { return impl_->sh.head; }
+size_t GpuGpt::activation_slots() const { return impl_->slots.size(); }
+
+namespace {
+absl::Status CheckIds(const char* what, const int32_t* ids, int64_t rows, int64_t vocab) {
+  if (ids == nullptr) return absl::InvalidArgumentError(absl::StrCat("null ", what, "s"));
+  for (int64_t i = 0; i < rows; ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " ", ids[i], " at position ", i, " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::StatusOr<double> GpuGpt::Forward(int mb, const int32_t* tokens, const int32_t* targets,
+                                       const float* input, float* output, float grad_scale,
+                                       bool save) {
+  Impl& im = *impl_;
+  const int64_t rows = im.n(), c = config_.d_model;
+  if (save && im.in_use.contains(mb)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("forward of micro-batch ", mb, ": it already has a saved forward"));
+  }
+  if (im.sh.embedding) {
+    GPT_RETURN_IF_ERROR(CheckIds("token", tokens, rows, config_.vocab));
+  } else if (input == nullptr) {
+    return absl::InvalidArgumentError("forward: a stage without the embedding needs an input");
+  }
+  if (im.sh.head) {
+    GPT_RETURN_IF_ERROR(CheckIds("target", targets, rows, config_.vocab));
+  } else if (output == nullptr) {
+    return absl::InvalidArgumentError("forward: a stage without the head needs an output");
+  }
+  absl::StatusOr<Slot*> slot = im.Acquire();
+  if (!slot.ok()) return slot.status();
+  Activations& a = (*slot)->a;
+  auto run = [&]() -> absl::StatusOr<double> {
+    const size_t id_bytes = static_cast<size_t>(rows) * sizeof(int32_t);
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.ev[0].get(), im.s()));
+    if (im.sh.embedding) {
+      TANDEM_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(a.tokens, tokens, id_bytes, cudaMemcpyHostToDevice, im.s()));
+      GPT_RETURN_IF_ERROR(EmbeddingForward(im.s(), a.tokens, im.P(im.ix.wte), im.P(im.ix.wpe),
+                                           a.resid[0], config_.batch, config_.seq, c));
+    } else {
+      GPT_RETURN_IF_ERROR(im.Copy(a.resid[0], input, rows * c));
+    }
+    if (im.sh.head) {
+      TANDEM_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(im.w.targets, targets, id_bytes, cudaMemcpyHostToDevice, im.s()));
+    }
+    GPT_RETURN_IF_ERROR(im.Forward(a, save ? grad_scale : 0.0f));
+    if (!im.sh.head) {
+      GPT_RETURN_IF_ERROR(im.Copy(output, a.resid[static_cast<size_t>(im.sh.blocks())], rows * c));
+    }
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.ev[1].get(), im.s()));
+    double loss_sum = 0.0;
+    if (im.sh.head) {
+      TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&loss_sum, im.w.loss_sum, sizeof(double),
+                                                  cudaMemcpyDeviceToHost, im.s()));
+    }
+    GPT_RETURN_IF_ERROR(im.stream.Synchronize());
+    TANDEM_CUDA_RETURN_IF_ERROR(
+        cudaEventElapsedTime(&times_.forward_ms, im.ev[0].get(), im.ev[1].get()));
+    return loss_sum;
+  };
+  absl::StatusOr<double> loss = run();
+  if (loss.ok() && save) {
+    im.in_use[mb] = *slot;
+  } else {
+    im.Release(*slot);
+  }
+  return loss;
+}
+
+absl::Status GpuGpt::Backward(int mb, const float* dout, float* din) {
+  Impl& im = *impl_;
+  const int64_t rows = im.n(), c = config_.d_model;
+  auto it = im.in_use.find(mb);
+  if (it == im.in_use.end()) {
+    return absl::InternalError(absl::StrCat("backward of micro-batch ", mb, " without a forward"));
+  }
+  if (!im.sh.head && dout == nullptr) {
+    return absl::InvalidArgumentError("backward: a stage without the head needs dout");
+  }
+  if (!im.sh.embedding && din == nullptr) {
+    return absl::InvalidArgumentError("backward: a stage without the embedding needs din");
+  }
+  Slot* slot = it->second;
+  im.in_use.erase(it);
+  auto run = [&]() -> absl::Status {
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.ev[2].get(), im.s()));
+    GPT_RETURN_IF_ERROR(im.Copy(im.w.dres_a, im.sh.head ? slot->a.dhead : dout, rows * c));
+    absl::StatusOr<float*> dx = im.Backward(slot->a);
+    if (!dx.ok()) return dx.status();
+    if (!im.sh.embedding) GPT_RETURN_IF_ERROR(im.Copy(din, *dx, rows * c));
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.ev[3].get(), im.s()));
+    GPT_RETURN_IF_ERROR(im.stream.Synchronize());
+    TANDEM_CUDA_RETURN_IF_ERROR(
+        cudaEventElapsedTime(&times_.backward_ms, im.ev[2].get(), im.ev[3].get()));
+    return absl::OkStatus();
+  };
+  absl::Status s = run();
+  im.Release(slot);
+  return s;
+}
+
+size_t GpuGpt::SavedBytes(int mb) const {
+  return impl_->in_use.contains(mb) ? impl_->slot_bytes : 0;
+}
+
+void GpuGpt::DropSaved() {
+  for (auto& [mb, slot] : impl_->in_use) impl_->Release(slot);
+  impl_->in_use.clear();
+}
+
 absl::StatusOr<float> GpuGpt::ForwardBackward(const int32_t* tokens, const int32_t* targets,
                                               int64_t accumulation) {
   Impl& im = *impl_;
   const int64_t rows = im.n();
+  if (!im.sh.embedding || !im.sh.head) {
+    return absl::InvalidArgumentError("ForwardBackward: the config is a stage, not the model");
+  }
   if (tokens == nullptr || targets == nullptr) {
     return absl::InvalidArgumentError("ForwardBackward: null tokens or targets");
   }
@@ -624,55 +864,49 @@ absl::StatusOr<float> GpuGpt::ForwardBackward(const int32_t* tokens, const int32
     return absl::InvalidArgumentError(
         absl::StrCat("ForwardBackward: accumulation must be >= 1, got ", accumulation));
   }
-  for (int64_t i = 0; i < rows; ++i) {
-    for (auto [what, id] : {std::pair{"token", tokens[i]}, {"target", targets[i]}}) {
-      if (id < 0 || id >= config_.vocab) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("ForwardBackward: ", what, " ", id, " at position ", i,
-                         " is outside the vocabulary [0, ", config_.vocab, ")"));
-      }
-    }
-  }
-  const size_t id_bytes = static_cast<size_t>(rows) * sizeof(int32_t);
-  TANDEM_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(im.w.tokens, tokens, id_bytes, cudaMemcpyHostToDevice, im.s()));
-  TANDEM_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(im.w.targets, targets, id_bytes, cudaMemcpyHostToDevice, im.s()));
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.ev[0].get(), im.s()));
-  GPT_RETURN_IF_ERROR(im.Forward());
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.ev[1].get(), im.s()));
   const float scale =
       static_cast<float>(1.0 / (static_cast<double>(rows) * static_cast<double>(accumulation)));
-  GPT_RETURN_IF_ERROR(im.Backward(scale));
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.ev[2].get(), im.s()));
-  double loss_sum = 0.0;
-  TANDEM_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(&loss_sum, im.w.loss_sum, sizeof(double), cudaMemcpyDeviceToHost, im.s()));
-  GPT_RETURN_IF_ERROR(im.stream.Synchronize());
-  TANDEM_CUDA_RETURN_IF_ERROR(
-      cudaEventElapsedTime(&times_.forward_ms, im.ev[0].get(), im.ev[1].get()));
-  TANDEM_CUDA_RETURN_IF_ERROR(
-      cudaEventElapsedTime(&times_.backward_ms, im.ev[1].get(), im.ev[2].get()));
-  return static_cast<float>(loss_sum / static_cast<double>(rows));
+  constexpr int kOnly = 0;
+  absl::StatusOr<double> loss_sum = Forward(kOnly, tokens, targets, nullptr, nullptr, scale, true);
+  if (!loss_sum.ok()) {
+    return absl::Status(loss_sum.status().code(),
+                        absl::StrCat("ForwardBackward: ", loss_sum.status().message()));
+  }
+  GPT_RETURN_IF_ERROR(Backward(kOnly, nullptr, nullptr));
+  return static_cast<float>(*loss_sum / static_cast<double>(rows));
 }
 
-absl::StatusOr<float> GpuGpt::GradNorm() {
+absl::StatusOr<double> GpuGpt::GradSquaredNorm(bool include_tied_copy) {
   Impl& im = *impl_;
-  GPT_RETURN_IF_ERROR(im.SquaredNorm());
+  GPT_RETURN_IF_ERROR(im.SquaredNorm(include_tied_copy));
   double sum_sq = 0.0;
   TANDEM_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(&sum_sq, im.w.norm_sq, sizeof(double), cudaMemcpyDeviceToHost, im.s()));
   GPT_RETURN_IF_ERROR(im.stream.Synchronize());
-  return static_cast<float>(std::sqrt(sum_sq));
+  return sum_sq;
 }
 
-absl::StatusOr<float> GpuGpt::Step(float lr) {
+absl::StatusOr<float> GpuGpt::GradNorm() {
+  absl::StatusOr<double> sum_sq = GradSquaredNorm(/*include_tied_copy=*/true);
+  if (!sum_sq.ok()) return sum_sq.status();
+  return static_cast<float>(std::sqrt(*sum_sq));
+}
+
+absl::StatusOr<float> GpuGpt::Step(float lr, float grad_scale) {
   Impl& im = *impl_;
   if (!std::isfinite(lr)) {
     return absl::InvalidArgumentError(absl::StrCat("Step: lr must be finite, got ", lr));
   }
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.ev[3].get(), im.s()));
-  GPT_RETURN_IF_ERROR(im.SquaredNorm());
+  if (!(grad_scale > 0.0f) || !std::isfinite(grad_scale)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Step: grad_scale must be finite and > 0, got ", grad_scale));
+  }
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.ev[4].get(), im.s()));
+  GPT_RETURN_IF_ERROR(im.SquaredNorm(/*include_tied_copy=*/true));
+  if (grad_scale != 1.0f && num_params_ > 0) {
+    TANDEM_CUBLAS_RETURN_IF_ERROR(
+        cublasSscal(im.blas.get(), static_cast<int>(num_params_), &grad_scale, im.grads.data(), 1));
+  }
   AdamWHyper hyper = hyper_;
   hyper.lr = lr;
   const int64_t step = step_ + 1;
@@ -686,14 +920,14 @@ absl::StatusOr<float> GpuGpt::Step(float lr) {
                                         static_cast<int64_t>(t.count)));
     }
   }
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.ev[4].get(), im.s()));
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.ev[5].get(), im.s()));
   double sum_sq = 0.0;
   TANDEM_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(&sum_sq, im.w.norm_sq, sizeof(double), cudaMemcpyDeviceToHost, im.s()));
   GPT_RETURN_IF_ERROR(im.stream.Synchronize());
   step_ = step;
   TANDEM_CUDA_RETURN_IF_ERROR(
-      cudaEventElapsedTime(&times_.optimizer_ms, im.ev[3].get(), im.ev[4].get()));
+      cudaEventElapsedTime(&times_.optimizer_ms, im.ev[4].get(), im.ev[5].get()));
   return static_cast<float>(std::sqrt(sum_sq));
 }
 
@@ -730,20 +964,66 @@ absl::Status GpuGpt::SetParameter(size_t index, const float* host, size_t count)
   return im.stream.Synchronize();
 }
 
+namespace {
+// A synchronous device-to-host copy of `count` floats.
+absl::Status Download(const float* device, float* host, size_t count) {
+  TANDEM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(host, device, count * sizeof(float), cudaMemcpyDeviceToHost));
+  return absl::OkStatus();
+}
+absl::Status Upload(const float* host, float* device, size_t count) {
+  TANDEM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(device, host, count * sizeof(float), cudaMemcpyHostToDevice));
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cudaStreamLegacy));
+  return absl::OkStatus();
+}
+}  // namespace
+
 absl::Status GpuGpt::GetParameter(size_t index, float* host, size_t count) const {
   GPT_RETURN_IF_ERROR(CheckIndex(index, count));
   GPT_RETURN_IF_ERROR(impl_->stream.Synchronize());
-  TANDEM_CUDA_RETURN_IF_ERROR(
-      cudaMemcpy(host, impl_->P(index), count * sizeof(float), cudaMemcpyDeviceToHost));
-  return absl::OkStatus();
+  return Download(impl_->P(index), host, count);
 }
 
 absl::Status GpuGpt::GetGradient(size_t index, float* host, size_t count) const {
   GPT_RETURN_IF_ERROR(CheckIndex(index, count));
   GPT_RETURN_IF_ERROR(impl_->stream.Synchronize());
-  TANDEM_CUDA_RETURN_IF_ERROR(
-      cudaMemcpy(host, impl_->G(index), count * sizeof(float), cudaMemcpyDeviceToHost));
-  return absl::OkStatus();
+  return Download(impl_->G(index), host, count);
+}
+
+absl::Status GpuGpt::GetMoments(size_t index, float* m, float* v, size_t count) const {
+  GPT_RETURN_IF_ERROR(CheckIndex(index, count));
+  GPT_RETURN_IF_ERROR(impl_->stream.Synchronize());
+  const size_t offset = layout_[index].offset;
+  GPT_RETURN_IF_ERROR(Download(impl_->m.data() + offset, m, count));
+  return Download(impl_->v.data() + offset, v, count);
+}
+
+absl::Status GpuGpt::SetMoments(size_t index, const float* m, const float* v, size_t count) {
+  GPT_RETURN_IF_ERROR(CheckIndex(index, count));
+  GPT_RETURN_IF_ERROR(impl_->stream.Synchronize());
+  const size_t offset = layout_[index].offset;
+  GPT_RETURN_IF_ERROR(Upload(m, impl_->m.data() + offset, count));
+  return Upload(v, impl_->v.data() + offset, count);
+}
+
+float* GpuGpt::DeviceGradient(size_t index) {
+  return index < layout_.size() ? impl_->G(index) : nullptr;
+}
+
+absl::Status GpuGpt::AddToGradient(size_t index, const float* other) {
+  GPT_RETURN_IF_ERROR(CheckIndex(index, index < layout_.size() ? layout_[index].count : 0));
+  Impl& im = *impl_;
+  float* g = im.G(index);
+  GPT_RETURN_IF_ERROR(Add(im.s(), g, other, g, static_cast<int64_t>(layout_[index].count)));
+  return im.stream.Synchronize();
+}
+
+absl::Status GpuGpt::CopyGradientFrom(size_t index, const float* other) {
+  GPT_RETURN_IF_ERROR(CheckIndex(index, index < layout_.size() ? layout_[index].count : 0));
+  Impl& im = *impl_;
+  GPT_RETURN_IF_ERROR(im.Copy(im.G(index), other, static_cast<int64_t>(layout_[index].count)));
+  return im.stream.Synchronize();
 }
 
 #undef GPT_RETURN_IF_ERROR

@@ -1,13 +1,25 @@
-// GpuGpt: the whole GPT-2 model of worker/model/gpt.h (embedding, L pre-LN blocks, head with a
-// tied or untied LM head and cross-entropy) trained on one CUDA device with the kernels of
-// cuda_kernels.h: forward + backward of a micro-batch of token ids, gradient accumulation over
-// micro-batches, the global gradient norm and AdamW (the formula of worker/model/optimizer.cc).
+// GpuGpt: the GPT-2 model of worker/model/gpt.h (embedding, L pre-LN blocks, head with a tied
+// or untied LM head and cross-entropy), or one pipeline stage of it, trained on one CUDA device
+// with the kernels of cuda_kernels.h: forward and backward of micro-batches, gradient
+// accumulation, the gradient norm and AdamW (the formula of worker/model/optimizer.cc).
+//
+// A stage holds the layers [layer_begin, layer_end) of the global sequence [embedding (0),
+// block_0 .. block_{L-1}, head (L+1)], as the CPU stage executor's layers do; the default range
+// is the whole model. Forward(mb, ...) and Backward(mb, ...) run one micro-batch through the
+// stage, in any interleaving a pipeline schedule needs: each micro-batch in flight keeps its
+// saved activations in a slot taken from a pool at Forward and returned at Backward, so the
+// memory follows the schedule's micro-batches in flight (GPipe M, 1F1B at most P). The head's
+// backward runs at the end of a saving Forward (the loss's gradient is known then), so a slot
+// keeps the (B, T, C) gradient of the head's input and never the (B, T, V) logits.
+// ForwardBackward is the whole model's one-call path (benchmarks and tests).
 //
 // Parameters: one flat fp32 buffer of master weights in the CPU layers' order and shapes
 // (GpuGptParameterLayout: the embedding's wte, wpe; per block the 12 tensors of
 // GptBlock::Parameters(); the head's ln_f gain and bias and, when not tied, lm_head.weight).
-// With tie_embeddings there is ONE wte, read by the embedding and by the head; its gradient is
-// the sum of what the CPU's two copies receive. Initial values are bit-identical to the CPU
+// With tie_embeddings a stage holding both embedding and head has ONE wte, read by both; its
+// gradient is the sum of what the CPU's two copies receive. A head stage without the embedding
+// holds its own copy of wte (GpuGptTensor::tied_copy) whose gradient the pipeline must sum with
+// the embedding stage's, as the CPU's tied copies. Initial values are bit-identical to the CPU
 // layers' for the same seed (InitGpuGptParameters, tested without a GPU), and a test can also
 // copy any values in (SetParameter).
 //
@@ -17,9 +29,10 @@
 // and accumulate in fp32; LayerNorm, GELU, attention, softmax and the residual stream stay
 // fp32, and the inputs of the linears are saved in bf16 for the weight gradients.
 //
-// Memory: everything is allocated once in Create for the micro-batch shape (B, T): parameters,
-// gradients, optimizer moments, saved activations (all layers of one micro-batch, nothing
-// recomputed) and a workspace reused by every layer. PlanGpuGptMemory gives the same figures
+// Memory: Create allocates the parameters, gradients, optimizer moments, a workspace reused by
+// every layer, and one activation slot (one micro-batch's saved activations, all layers of the
+// stage, nothing recomputed), for the micro-batch shape (B, T); further slots are allocated
+// when more micro-batches are in flight and kept for reuse. PlanGpuGptMemory gives the figures
 // without a device. cuBLAS's own workspace (inside its handle) is not counted.
 //
 // Errors: every call returns absl::Status / StatusOr; device failures come through the
@@ -59,9 +72,13 @@ struct GpuGptConfig {
   int64_t seq = 0;
   GpuPrecision precision = GpuPrecision::kBf16;
   uint64_t seed = 0;  // the CPU layers' init seed
+  // The stage: global layers [layer_begin, layer_end) of [0, n_layer + 2); -1 means the end.
+  int64_t layer_begin = 0;
+  int64_t layer_end = -1;
 };
 
-// The config with d_hidden resolved, or INVALID_ARGUMENT naming the field: dimensions in
+// The config with d_hidden and layer_end resolved, or INVALID_ARGUMENT naming the field: a
+// non-empty layer range within [0, n_layer + 2), dimensions in
 // [1, 2^20] (n_layer in [0, 4096]), d_model a multiple of n_head, 1 <= seq <= seq_len,
 // batch >= 1, and every GEMM and kernel dimension (B*T rows, T*T, the weight matrices) within
 // the int range cuBLAS and the kernels take.
@@ -76,9 +93,13 @@ struct GpuGptTensor {
   bool decay = false;          // weight decay applies (2-D weights), as Parameter::decay
   bool compute_copy = false;   // has a bf16 compute copy (GEMM weights, in kBf16 only)
   size_t compute_offset = 0;   // into the bf16 buffer, when compute_copy
+  // One copy of a parameter another stage holds too (tied wte, on a stage that has only one of
+  // embedding and head): its gradient must be summed with the other copy's.
+  bool tied = false;
+  bool tied_copy = false;  // the head's copy (a tied wte on a stage without the embedding)
 };
 
-// The tensors of a validated config, in the order described above.
+// The tensors of a validated config's stage, in the order described above.
 std::vector<GpuGptTensor> GpuGptParameterLayout(const GpuGptConfig& config);
 
 // The flat initial parameters (layout order), drawn exactly as the CPU layers draw them for
@@ -92,7 +113,7 @@ struct GpuGptMemory {
   size_t compute_weights = 0;  // bf16 copies of the GEMM weights (0 in kFp32)
   size_t gradients = 0;        // fp32, one per parameter
   size_t optimizer_state = 0;  // AdamW m and v, fp32
-  size_t activations = 0;      // saved for backward, one micro-batch, all layers
+  size_t activations = 0;      // saved for backward, one micro-batch (one slot), all layers
   size_t workspace = 0;        // scratch reused by every layer, token ids, loss, norm
   size_t total() const {
     return parameters + compute_weights + gradients + optimizer_state + activations + workspace;
@@ -122,22 +143,46 @@ class GpuGpt {
   GpuGpt(const GpuGpt&) = delete;
   GpuGpt& operator=(const GpuGpt&) = delete;
 
-  // One micro-batch: tokens and targets are host arrays of B*T ids (row-major (B, T)) in
-  // [0, V), checked before anything is enqueued (INVALID_ARGUMENT). Runs forward and backward
-  // and ADDS into the gradients d(loss / accumulation)/d(params), where loss is the micro-
-  // batch's mean cross-entropy over its B*T positions: over `accumulation` micro-batches the
-  // gradients sum to those of the mean over all of them. Returns the micro-batch's mean loss
-  // (it waits for the device).
+  bool has_embedding() const;
+  bool has_head() const;
+
+  // F of micro-batch `mb` (any int key, one Forward per key until its Backward): `tokens` (the
+  // embedding's) and `targets` (the head's) are host arrays of B*T ids (row-major (B, T)) in
+  // [0, V), checked before anything is enqueued (INVALID_ARGUMENT); `input` (a stage without
+  // the embedding) and `output` (a stage without the head) are device arrays of (B, T, C)
+  // floats. With `save`, what the backward needs stays in the micro-batch's slot, and on the
+  // head stage the head's backward runs now with d loss = `grad_scale` per position. Returns
+  // the micro-batch's SUMMED cross-entropy over its B*T positions on the head stage, else 0.
+  // Waits for the device. FAILED_PRECONDITION when `mb` already has a saved forward.
+  absl::StatusOr<double> Forward(int mb, const int32_t* tokens, const int32_t* targets,
+                                 const float* input, float* output, float grad_scale, bool save);
+  // B of `mb`: `dout` (device (B, T, C), a stage without the head) is d loss / d output;
+  // writes d loss / d input into `din` (a stage without the embedding) and ADDS the parameter
+  // gradients; frees the slot. INTERNAL when `mb` has no saved forward. Waits for the device.
+  absl::Status Backward(int mb, const float* dout, float* din);
+  // Bytes held by `mb`'s saved forward (0 when none).
+  size_t SavedBytes(int mb) const;
+  // Returns every slot to the pool (after a failed step).
+  void DropSaved();
+
+  // The whole model (INVALID_ARGUMENT for a stage): Forward and Backward of one micro-batch,
+  // ADDING into the gradients d(loss / accumulation)/d(params), where loss is the micro-batch's
+  // mean cross-entropy over its B*T positions: over `accumulation` micro-batches the gradients
+  // sum to those of the mean over all of them. Returns the micro-batch's mean loss.
   absl::StatusOr<float> ForwardBackward(const int32_t* tokens, const int32_t* targets,
                                         int64_t accumulation = 1);
 
   // The L2 norm of all gradients (the tied wte once), reduced in double. Waits for the device.
   absl::StatusOr<float> GradNorm();
+  // The squared L2 norm of the gradients in double, the head's tied_copy left out unless
+  // `include_tied_copy`. Waits for the device.
+  absl::StatusOr<double> GradSquaredNorm(bool include_tied_copy);
 
-  // One AdamW update of every parameter with learning rate `lr` (weight decay only where
-  // GpuGptTensor::decay), then zeroes the gradients and, in kBf16, refreshes the compute
-  // copies. Returns the global gradient norm before the update. Waits for the device.
-  absl::StatusOr<float> Step(float lr);
+  // One AdamW update of every parameter with learning rate `lr` of the gradients times
+  // `grad_scale` (weight decay only where GpuGptTensor::decay), then zeroes the gradients and,
+  // in kBf16, refreshes the compute copies. Returns the norm of the (unscaled) gradients before
+  // the update. Waits for the device.
+  absl::StatusOr<float> Step(float lr, float grad_scale = 1.0f);
 
   // Zeroes the gradients (without an update).
   absl::Status ZeroGradients();
@@ -147,12 +192,25 @@ class GpuGpt {
   absl::Status SetParameter(size_t index, const float* host, size_t count);
   absl::Status GetParameter(size_t index, float* host, size_t count) const;
   absl::Status GetGradient(size_t index, float* host, size_t count) const;
+  // The AdamW moments of one tensor (host copies), and the update count every tensor shares.
+  absl::Status GetMoments(size_t index, float* m, float* v, size_t count) const;
+  absl::Status SetMoments(size_t index, const float* m, const float* v, size_t count);
+  void set_steps(int64_t steps) { step_ = steps; }
+
+  // Device access to one tensor's gradient (index into layout()), for the pipeline's tied
+  // gradients: its address, adding `other` (device, same count) into it, copying it from
+  // `other`.
+  float* DeviceGradient(size_t index);
+  absl::Status AddToGradient(size_t index, const float* other);
+  absl::Status CopyGradientFrom(size_t index, const float* other);
 
   const GpuGptConfig& config() const { return config_; }
   const std::vector<GpuGptTensor>& layout() const { return layout_; }
   // Parameter count, the tied wte once.
   int64_t num_parameters() const { return static_cast<int64_t>(num_params_); }
+  // What Create allocated (one activation slot), and the activation slots allocated so far.
   const GpuGptMemory& memory() const { return memory_; }
+  size_t activation_slots() const;
   const GpuGptTimes& last_times() const { return times_; }
   int64_t steps() const { return step_; }
 
