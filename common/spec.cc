@@ -547,7 +547,27 @@ absl::Status ValidateTop(const v1::JobSpec& spec) {
   }
   if (absl::Status s = CheckRange("steps", spec.steps(), 1, 10'000'000); !s.ok()) return s;
   if (absl::Status s = CheckRange("max_restarts", spec.max_restarts(), 0, 1000); !s.ok()) return s;
-  return CheckOneOf("device", spec.device(), {"cpu", "cuda"});
+  if (absl::Status s = CheckOneOf("device", spec.device(), {"cpu", "cuda"}); !s.ok()) return s;
+  if (absl::Status s = CheckOneOf("precision", spec.precision(), {"", "fp32", "bf16"}); !s.ok()) {
+    return s;
+  }
+  if (spec.precision() == "bf16" && spec.device() != "cuda") {
+    return Invalid("precision",
+                   "bf16 needs device: cuda (the CPU backend computes in fp32; use fp32 or leave "
+                   "it empty)");
+  }
+  if (spec.device() == "cuda") {
+    // The CUDA backend (worker/cuda_stage_compute.h) implements these only.
+    if (spec.model().arch() != "gpt") {
+      return Invalid("model.arch", absl::StrCat("device cuda runs gpt models only, got \"",
+                                                spec.model().arch(), "\""));
+    }
+    if (absl::AsciiStrToLower(spec.optimizer().name()) != "adamw") {
+      return Invalid("optimizer.name", absl::StrCat("device cuda supports adamw only, got \"",
+                                                    spec.optimizer().name(), "\""));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateModel(const v1::JobSpec& spec) {

@@ -43,6 +43,13 @@
 #include "worker/stage_service.h"
 #include "worker/transport/gloo_transport.h"
 #include "worker/transport/grpc_rendezvous_store.h"
+#ifdef TANDEM_WORKER_CUDA
+#include <cuda_runtime_api.h>
+
+#include "worker/backend/cuda/cuda_status.h"
+#include "worker/cuda_stage_compute.h"
+#include "worker/transport/nccl_transport.h"
+#endif
 
 ABSL_FLAG(std::string, coordinator, "",
           "coordinator address HOST:PORT (required; default: $TANDEM_COORDINATOR)");
@@ -54,7 +61,9 @@ ABSL_FLAG(std::string, data_host, "",
           "host (name or IP) of the data plane: the address this worker's transport listens on "
           "and gives its peers for activations and gradients, e.g. that of a separate fast "
           "network (default: the advertised host, else the listen host)");
-ABSL_FLAG(std::string, device, "cpu", "compute device: cpu (cuda:N is not supported yet)");
+ABSL_FLAG(std::string, device, "cpu",
+          "compute device: cpu, or cuda:N (GPU N: the stages run on it and the data plane is "
+          "NCCL; needs a build with CUDA)");
 ABSL_FLAG(int, threads, 1, "OpenBLAS threads");
 ABSL_FLAG(std::string, data_root, ".", "directory that job data paths resolve under");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file");
@@ -153,12 +162,40 @@ int Run() {
     return 2;
   }
   const std::string device = absl::GetFlag(FLAGS_device);
+  int cuda_device = -1;  // the ordinal of --device=cuda:N
+  int64_t device_memory = 0;
   if (device != "cpu") {
+#ifdef TANDEM_WORKER_CUDA
+    absl::StatusOr<int> ordinal = ParseCudaDevice(device);
+    if (!ordinal.ok()) {
+      spdlog::error("--device={}: expected cpu or cuda:N", device);
+      return 2;
+    }
+    size_t free_bytes = 0, total_bytes = 0;
+    absl::Status usable = cuda::CudaAvailable();
+    if (usable.ok()) {
+      if (const cudaError_t e = cudaSetDevice(*ordinal); e != cudaSuccess) {
+        usable = absl::FailedPreconditionError(cudaGetErrorString(e));
+      } else if (const cudaError_t m = cudaMemGetInfo(&free_bytes, &total_bytes);
+                 m != cudaSuccess) {
+        usable = absl::FailedPreconditionError(cudaGetErrorString(m));
+      }
+    }
+    if (!usable.ok()) {
+      spdlog::error("--device={}: no usable CUDA device: {}", device,
+                    std::string(usable.message()));
+      return 2;
+    }
+    cuda_device = *ordinal;
+    device_memory = static_cast<int64_t>(total_bytes);
+#else
     spdlog::error("--device={}: {}", device,
-                  absl::StartsWith(device, "cuda")
-                      ? "CUDA devices are not supported yet by this build (use --device=cpu)"
-                      : "unknown device; expected cpu");
+                  absl::StartsWith(device, "cuda:")
+                      ? "this build of tandem-worker has no CUDA support (build it with the "
+                        "CUDA toolkit and NCCL installed, or use --device=cpu)"
+                      : "unknown device; expected cpu or cuda:N");
     return 2;
+#endif
   }
   const int threads = absl::GetFlag(FLAGS_threads);
   if (threads < 1 || threads > 1024) {
@@ -242,6 +279,19 @@ int Run() {
 
   WorkerConfig config;
   config.device = device;
+  config.memory_bytes = device_memory;  // 0 (the host's memory) on cpu
+#ifdef TANDEM_WORKER_CUDA
+  if (cuda_device >= 0) {
+    config.compute =
+        [cuda_device](
+            const v1::StageProgram& program) -> absl::StatusOr<std::unique_ptr<StageCompute>> {
+      absl::StatusOr<std::unique_ptr<CudaStageCompute>> c =
+          CudaStageCompute::Create(program, cuda_device);
+      if (!c.ok()) return c.status();
+      return std::unique_ptr<StageCompute>(*std::move(c));
+    };
+  }
+#endif
   config.data_root = absl::GetFlag(FLAGS_data_root);
   if (const std::string fault = absl::GetFlag(FLAGS_test_fail_at); !fault.empty()) {
     absl::StatusOr<InjectedFault> f = ParseInjectedFault(fault);
@@ -253,13 +303,27 @@ int Run() {
     spdlog::warn("--test-fail-at {}: this worker will fail that action on purpose", fault);
   }
   TransportFactory factory =
-      [coordinator_channel, data_host](
+      [coordinator_channel, data_host, cuda_device](
           const v1::StageProgram& program,
           const std::atomic<bool>& cancelled) -> absl::StatusOr<std::unique_ptr<Transport>> {
     GrpcRendezvousStoreOptions store_options;
     store_options.prefix = program.rendezvous_prefix();
     store_options.cancelled = &cancelled;
     GrpcRendezvousStore store(coordinator_channel, store_options);
+#ifdef TANDEM_WORKER_CUDA
+    // A GPU job's activations live in device memory: NCCL moves them. (A link probe's
+    // program has no spec, so it measures the Gloo path.)
+    if (cuda_device >= 0 && program.spec().device() == "cuda") {
+      NcclTransportOptions nccl;
+      nccl.rank = program.rank();
+      nccl.size = program.num_ranks();
+      nccl.device = cuda_device;
+      nccl.cancelled = &cancelled;
+      absl::StatusOr<std::unique_ptr<NcclTransport>> t = NcclTransport::Connect(nccl, store);
+      if (!t.ok()) return t.status();
+      return std::unique_ptr<Transport>(*std::move(t));
+    }
+#endif
     GlooTransportOptions options;
     options.rank = program.rank();
     options.size = program.num_ranks();

@@ -120,6 +120,12 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
   ScopedLogContext log_context({.job = program.job_id(), .stage = StagesOf(program)});
   if (absl::Status s = ValidateStageProgram(program); !s.ok()) return s;
   const std::string& job = program.job_id();
+  if (const std::string kind = config_.device.substr(0, config_.device.find(':'));
+      program.spec().device() != kind) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "configure of job ", job, ": the job runs on device ", program.spec().device(),
+        " workers, and this worker is ", config_.device, " (a job never mixes device kinds)"));
+  }
   if (const int64_t need = EstimateStageBytes(program); need > memory_bytes_) {
     std::string layers;
     for (const v1::StageChunk& c : program.chunks()) {
@@ -169,8 +175,15 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
       transport = *std::move(t);
     }
     if (cancelled->load()) return absl::AbortedError("aborted while connecting");
-    absl::StatusOr<std::unique_ptr<StageExecutor>> ex =
-        StageExecutor::Create(program, std::move(data), std::move(transport));
+    absl::StatusOr<std::unique_ptr<StageExecutor>> ex;
+    if (config_.compute) {
+      absl::StatusOr<std::unique_ptr<StageCompute>> compute = config_.compute(program);
+      if (!compute.ok()) return compute.status();
+      ex = StageExecutor::Create(program, std::move(data), std::move(transport),
+                                 *std::move(compute));
+    } else {
+      ex = StageExecutor::Create(program, std::move(data), std::move(transport));
+    }
     if (ex.ok()) (*ex)->set_fault(config_.fault);
     if (!ex.ok() || program.restore().job_id().empty()) return ex;
     // Resume: parameters and optimizer state by global name from the checkpoint.

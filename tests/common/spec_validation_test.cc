@@ -63,6 +63,11 @@ const Malformed kCases[] = {
     {"name: \"a/b\"\n", "name", "1 to 63 characters of A-Z a-z 0-9 . _ -"},
     {"steps: -3\n", "steps", "must be in [1, 10000000], got -3"},
     {"device: tpu\n", "device", "expected \"cpu\" or \"cuda\", got \"tpu\""},
+    {"precision: fp16\n", "precision", "got \"fp16\""},
+    {"precision: [bf16]\n", "precision", "expected a string"},
+    {"precision: bf16\n", "precision", "bf16 needs device: cuda"},
+    {"device: cuda\nmodel:\n  arch: mlp_lm\n", "model.arch", "device cuda runs gpt models only"},
+    {"device: cuda\noptimizer:\n  name: sgd\n", "optimizer.name", "device cuda supports adamw"},
     {"max_restarts: -1\n", "max_restarts", "must be in [0, 1000], got -1"},
     {"max_restarts: many\n", "max_restarts", "expected an integer, got 'many'"},
     // --- model: negative or zero sizes, divisibility, size

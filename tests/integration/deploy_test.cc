@@ -144,6 +144,24 @@ TEST_F(DeployTest, WorkerWithoutACoordinatorAddressRefusesToStart) {
   EXPECT_TRUE(absl::StrContains(ReadFile(dir_ + "/worker.log"), "TANDEM_COORDINATOR"));
 }
 
+// --device names a device this worker must be able to use, or it does not start: on a machine
+// without a GPU, cuda:N fails with the reason (no CUDA device, or a build without CUDA).
+TEST_F(DeployTest, WorkerRefusesADeviceItCannotUse) {
+  const std::string bin = std::string(TANDEM_BIN_DIR) + "/tandem-worker";
+  const CommandResult bad =
+      RunCommand({bin, "--coordinator=127.0.0.1:1", "--listen=127.0.0.1:0", "--device=tpu"}, 30s);
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_TRUE(absl::StrContains(bad.err + bad.out, "--device=tpu")) << bad.err;
+  const CommandResult gpu =
+      RunCommand({bin, "--coordinator=127.0.0.1:1", "--listen=127.0.0.1:0", "--device=cuda:0"}, 5s);
+  if (gpu.exit_code == 128 + SIGKILL) GTEST_SKIP() << "a usable GPU: the worker started";
+  EXPECT_EQ(gpu.exit_code, 2) << gpu.err;
+  const std::string said = gpu.err + gpu.out;
+  EXPECT_TRUE(absl::StrContains(said, "no usable CUDA device") ||
+              absl::StrContains(said, "no CUDA support"))
+      << said;
+}
+
 // Workers registered under a host name (as pods register under their DNS names): the
 // coordinator dials them by name, and the Gloo data plane binds to and connects through it.
 TEST(HostnameTest, WorkersAdvertisingAHostNameRunAPipelineJob) {

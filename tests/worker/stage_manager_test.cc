@@ -16,6 +16,7 @@
 
 #include "tests/worker/cancellable_store.h"
 #include "tests/worker/pipeline_test_util.h"
+#include "worker/cpu_stage_compute.h"
 #include "worker/transport/gloo_transport.h"
 
 namespace tandem::worker {
@@ -152,6 +153,43 @@ TEST_F(StageManagerTest, ProfileLayersMeasuresAndRefusesWhileBusy) {
   EXPECT_EQ(w.ProfileLayers(bad, {}, 1).status().code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(w.Configure(MakePrograms(TinyJob(), 1, "gpipe")[0]).ok());
   EXPECT_EQ(w.ProfileLayers(spec, {0}, 1).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// A worker runs jobs of its own device kind only, and builds their compute through its
+// device's factory (main.cc gives cuda:N workers the CUDA one; a CPU compute stands in here).
+TEST_F(StageManagerTest, AJobOfAnotherDeviceKindIsRefusedAndTheDevicesComputeIsUsed) {
+  v1::JobSpec spec = TinyJob();
+  spec.set_device("cuda");
+  const auto programs = MakePrograms(spec, 1, "1f1b");
+  StageManager cpu({}, Factory());
+  const auto refused = cpu.Configure(programs[0]);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("device cuda"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("this worker is cpu"), std::string::npos)
+      << refused.status();
+  EXPECT_EQ(cpu.GetStatus().state(), v1::IDLE);
+
+  int built = 0;
+  WorkerConfig config;
+  config.device = "cuda:0";
+  config.compute =
+      [&built](const v1::StageProgram& p) -> absl::StatusOr<std::unique_ptr<StageCompute>> {
+    ++built;
+    auto c = CpuStageCompute::Create(p, StageExecutor::MicroBatchSlots(p));
+    if (!c.ok()) return c.status();
+    return std::unique_ptr<StageCompute>(*std::move(c));
+  };
+  StageManager gpu(config, Factory());
+  const auto configured = gpu.Configure(programs[0]);
+  ASSERT_TRUE(configured.ok()) << configured.status();
+  EXPECT_EQ(built, 1);
+  auto step = gpu.RunStep(programs[0].job_id(), 0);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_TRUE(step->has_loss());
+  v1::JobSpec cpu_spec = TinyJob();
+  EXPECT_EQ(gpu.Configure(MakePrograms(cpu_spec, 1, "1f1b")[0]).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(StageManagerTest, ConfigureRunAbortLifecycle) {

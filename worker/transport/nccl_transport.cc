@@ -311,7 +311,7 @@ absl::Status NcclTransport::PostSend(int peer, uint64_t tag, const void* data, s
   op.tag = tag;
   op.data = const_cast<void*>(data);  // NCCL's send reads it only
   op.bytes = bytes;
-  return PostBatch({&op, 1});
+  return Queue({&op, 1});
 }
 
 absl::Status NcclTransport::PostRecv(int peer, uint64_t tag, void* data, size_t bytes) {
@@ -321,7 +321,7 @@ absl::Status NcclTransport::PostRecv(int peer, uint64_t tag, void* data, size_t 
   op.tag = tag;
   op.data = data;
   op.bytes = bytes;
-  return PostBatch({&op, 1});
+  return Queue({&op, 1});
 }
 
 absl::Status NcclTransport::Recv(int peer, uint64_t tag, void* data, size_t bytes) {
@@ -329,7 +329,48 @@ absl::Status NcclTransport::Recv(int peer, uint64_t tag, void* data, size_t byte
   return WaitRecv(peer, tag);
 }
 
+absl::Status NcclTransport::Queue(absl::Span<const Op> ops) {
+  // Bad arguments now, not at the launch, so that the caller sees them where it posted.
+  std::set<std::pair<int, uint64_t>> batch_recvs;
+  for (const Op& op : ops) {
+    if (absl::Status s = CheckPeer(op.peer); !s.ok()) return s;
+    if (op.data == nullptr && op.bytes > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", options_.rank, ": null buffer for ", op.bytes, " bytes"));
+    }
+    if (op.kind == Op::Kind::kRecv &&
+        (posted_recv(op.peer, op.tag) || !batch_recvs.insert({op.peer, op.tag}).second)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", options_.rank, ": a receive from peer rank ", op.peer, " with tag ",
+                       Hex(op.tag), " is already posted"));
+    }
+  }
+  if (aborted_.load()) return absl::AbortedError("nccl transport: post: transport aborted");
+  if (queued_.size() + ops.size() > static_cast<size_t>(kMaxInFlight)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("rank ", options_.rank, ": more than ", kMaxInFlight, " transfers posted"));
+  }
+  absl::MutexLock lock(&mu_);
+  queued_.insert(queued_.end(), ops.begin(), ops.end());
+  return absl::OkStatus();
+}
+
+absl::Status NcclTransport::Flush() {
+  std::vector<Op> ops;
+  {
+    absl::MutexLock lock(&mu_);
+    if (queued_.empty()) return absl::OkStatus();
+    ops.swap(queued_);
+  }
+  return Launch(ops);
+}
+
 absl::Status NcclTransport::PostBatch(absl::Span<const Op> ops) {
+  if (absl::Status s = Queue(ops); !s.ok()) return s;
+  return Flush();
+}
+
+absl::Status NcclTransport::Launch(absl::Span<const Op> ops) {
   // Bad arguments first (as GlooTransport), then the aborted state.
   for (const Op& op : ops) {
     if (absl::Status s = CheckPeer(op.peer); !s.ok()) return s;
@@ -496,10 +537,14 @@ absl::Status NcclTransport::PostBatch(absl::Span<const Op> ops) {
 
 bool NcclTransport::posted_recv(int peer, uint64_t tag) const {
   absl::MutexLock lock(&mu_);
-  return pending_recvs_.contains({peer, tag});
+  if (pending_recvs_.contains({peer, tag})) return true;
+  return std::any_of(queued_.begin(), queued_.end(), [&](const Op& op) {
+    return op.kind == Op::Kind::kRecv && op.peer == peer && op.tag == tag;
+  });
 }
 
 absl::Status NcclTransport::WaitRecv(int peer, uint64_t tag) {
+  if (absl::Status s = Flush(); !s.ok()) return s;
   if (aborted_.load()) {
     return absl::AbortedError(absl::StrCat("receive from peer rank ", peer, ": transport aborted"));
   }
@@ -548,11 +593,12 @@ absl::Status NcclTransport::SendRecv(int peer, uint64_t tag, const void* send, v
                                      size_t bytes) {
   const Op ops[2] = {{Op::Kind::kSend, peer, tag, const_cast<void*>(send), bytes, nullptr},
                      {Op::Kind::kRecv, peer, tag, recv, bytes, nullptr}};
-  if (absl::Status s = PostBatch(ops); !s.ok()) return s;
-  return WaitRecv(peer, tag);
+  if (absl::Status s = Queue(ops); !s.ok()) return s;
+  return WaitRecv(peer, tag);  // launches the queue, the pair included
 }
 
 absl::Status NcclTransport::WaitSends() {
+  if (absl::Status s = Flush(); !s.ok()) return s;
   if (aborted_.load()) return absl::AbortedError("wait for sends: transport aborted");
   std::vector<std::pair<int, cudaEvent_t>> sends;
   {
@@ -578,12 +624,14 @@ absl::Status NcclTransport::WaitSends() {
 }
 
 absl::Status NcclTransport::CommStreamWaitEvent(cudaEvent_t event) {
+  if (absl::Status s = Flush(); !s.ok()) return s;
   if (absl::Status s = Broken(); !s.ok()) return s;
   TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, event, 0));
   return absl::OkStatus();
 }
 
 absl::Status NcclTransport::ComputeStreamWaitRecv(int peer, uint64_t tag, cudaStream_t stream) {
+  if (absl::Status s = Flush(); !s.ok()) return s;
   if (absl::Status s = Broken(); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   auto it = pending_recvs_.find({peer, tag});

@@ -16,14 +16,20 @@
 // post sends to each other before their receives, and PostSend never waits on its peer. (The
 // warm-up connects every pair, not only pipeline neighbours: fine for pipeline-sized jobs.)
 //
-// Transfers run on a dedicated communication stream (cudaStreamNonBlocking): each post is one
-// ncclGroupStart / ncclGroupEnd group, and PostBatch() puts several sends and receives in one
-// group: sends and receives that must progress together (a stage that sends to its successor
-// while its predecessor sends to it) MUST be posted in one batch, or two ranks can each wait in
-// a send for the other's receive (NCCL's deadlock rule). Completion is tracked with one cudaEvent
-// per operation; WaitRecv / WaitSends poll the events and ncclCommGetAsyncError with
-// op_timeout, and Abort() (any thread: ncclCommAbort) makes every pending and future call return
-// ABORTED within a poll interval. Nothing blocks inside NCCL: the communicator is non-blocking.
+// Transfers run on a dedicated communication stream (cudaStreamNonBlocking), in groups
+// (ncclGroupStart / ncclGroupEnd). An NCCL send completes only when the peer's receive runs, and
+// one stream runs its groups in order, so two ranks that each send to the other before
+// receiving would each wait in a send (NCCL's deadlock rule) where Gloo's buffered sends go
+// through. Posting is therefore deferred: PostSend and PostRecv queue their transfer, and the
+// queue is launched as ONE group at the next call that waits (WaitRecv, Recv, SendRecv,
+// WaitSends, ComputeStreamWaitRecv, CommStreamWaitEvent) or by PostBatch(). Everything a rank
+// posts between two waits progresses together: in 1F1B's steady state the executor posts the
+// next receive (the previous stage's gradient) before the compute whose output it then sends,
+// so the send and the receive form one group, as Megatron's send_forward_recv_backward does.
+// Completion is tracked with one cudaEvent per operation; WaitRecv / WaitSends poll the events and
+// ncclCommGetAsyncError with op_timeout, and Abort() (any thread: ncclCommAbort) makes every
+// pending and future call return ABORTED within a poll interval. Nothing blocks inside NCCL: the
+// communicator is non-blocking.
 //
 // Tags: NCCL has no tags. Messages between two ranks are matched purely by order, so the order of
 // posts to a peer IS the protocol: both ends derive it from the same stage programs (the
@@ -124,10 +130,11 @@ class NcclTransport final : public Transport {
   int64_t bytes_sent() const override { return bytes_sent_.load(); }
   int64_t bytes_received() const override { return bytes_received_.load(); }
 
-  // Posts all of `ops` in one NCCL group, in order (the per-peer order of the sends and of the
-  // receives is the order within `ops`). Validates every op before posting any: INVALID_ARGUMENT
-  // for a bad peer or a receive of (peer, tag) already posted (or twice in the batch);
-  // RESOURCE_EXHAUSTED when more than kMaxInFlight transfers would be in flight.
+  // Queues `ops` behind what is queued and launches the queue now, as one NCCL group, in order
+  // (the per-peer order of the sends and of the receives is the posting order). Validates every
+  // op before queueing any: INVALID_ARGUMENT for a bad peer or a receive of (peer, tag) already
+  // posted (or twice in the batch); RESOURCE_EXHAUSTED when more than kMaxInFlight transfers
+  // would be in flight.
   absl::Status PostBatch(absl::Span<const Op> ops);
 
   // Makes the comm stream wait (on the device) for `event`, recorded on a compute stream, before
@@ -152,6 +159,12 @@ class NcclTransport final : public Transport {
 
   // Connects every pair now (see the header comment). Called once, by Connect().
   absl::Status WarmUp();
+  // Validates `ops` and appends them to queued_ (the deferred posting).
+  absl::Status Queue(absl::Span<const Op> ops);
+  // Launches queued_ as one group (nothing when empty).
+  absl::Status Flush();
+  // Posts `ops` as one group now (they passed Queue's checks).
+  absl::Status Launch(absl::Span<const Op> ops);
   absl::Status CheckPeer(int peer) const;
   // Sleeps a poll interval. Returns ABORTED after Abort(), the communicator's asynchronous
   // error, or DEADLINE_EXCEEDED at `deadline`; OK to keep polling.
@@ -176,6 +189,7 @@ class NcclTransport final : public Transport {
   ncclComm_t comm_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   std::vector<int> free_slots_ ABSL_GUARDED_BY(mu_);  // indices into the header arrays
+  std::vector<Op> queued_ ABSL_GUARDED_BY(mu_);       // posted, not yet launched
   std::vector<std::unique_ptr<Pending>> pending_sends_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<int, uint64_t>, std::unique_ptr<Pending>> pending_recvs_ ABSL_GUARDED_BY(mu_);
   // Per peer: the tags of the transfers posted to / from it, in posting order (the order NCCL

@@ -1,0 +1,82 @@
+// CudaStageCompute: the StageCompute of a CUDA device. Each chunk of the worker's program is a
+// cuda::GpuGpt stage (worker/backend/cuda/gpu_gpt.h) holding the chunk's layer range on the
+// device, with its fp32 master weights, gradients and AdamW moments, bf16 compute copies of
+// the GEMM weights (precision bf16) and pooled activation slots; activations and gradients
+// between stages are device buffers (the NCCL transport moves them; two chunks of this worker
+// hand them over in device memory, no copy through the host).
+//
+// Semantics match the CPU backend's (CpuStageCompute): the same parameter names, initial
+// values and checkpoint tensors (so a checkpoint moves between CPU and GPU jobs), the loss as
+// summed cross-entropy / loss normalizer, the tied wte's two copies summed by the executor.
+// The split backward runs all of its work in I (W adds nothing). gpt models with AdamW only
+// (the spec validation says so first).
+//
+// Every call makes the worker's device current on the calling thread (gRPC may call from any
+// thread) and returns when the device is done, so that the transport may read the outputs.
+// Thread-safety: as StageCompute.
+#ifndef TANDEM_WORKER_CUDA_STAGE_COMPUTE_H_
+#define TANDEM_WORKER_CUDA_STAGE_COMPUTE_H_
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tandem/v1/common.pb.h"
+#include "worker/backend/cuda/gpu_gpt.h"
+#include "worker/stage_compute.h"
+
+namespace tandem::worker {
+
+// "cuda:N" -> N, or INVALID_ARGUMENT naming the text.
+absl::StatusOr<int> ParseCudaDevice(absl::string_view device);
+
+class CudaStageCompute final : public StageCompute {
+ public:
+  // The stages of every chunk of a program that ValidateStageProgram accepted, on CUDA device
+  // `device`. INVALID_ARGUMENT for a model or optimizer the backend does not run;
+  // FAILED_PRECONDITION without the device; RESOURCE_EXHAUSTED when it does not fit.
+  static absl::StatusOr<std::unique_ptr<CudaStageCompute>> Create(const v1::StageProgram& program,
+                                                                  int device);
+
+  std::string device() const override;
+  absl::StatusOr<StageBufferPtr> NewBuffer(const std::vector<int64_t>& shape) override;
+  absl::StatusOr<double> Forward(int chunk, int mb, StageBufferPtr input,
+                                 const MicroBatchData& data, bool save,
+                                 StageBufferPtr* output) override;
+  absl::Status Backward(int chunk, int mb, v1::ActionKind kind, StageBufferPtr grad_output,
+                        StageBufferPtr* grad_input) override;
+  size_t SavedBytes(int chunk, int mb) const override;
+  void DropSaved() override;
+  int64_t parameter_count() const override { return parameter_count_; }
+  int64_t static_bytes(int chunk) const override { return static_bytes_[chunk]; }
+  std::vector<TiedGradient> TiedGradients() override;
+  absl::Status SumLocalTiedGradients() override;
+  absl::Status AddToTiedGradient(size_t index, StageBuffer& other) override;
+  absl::StatusOr<GradStats> GradientStats(bool count_tied) override;
+  absl::Status Apply(float learning_rate, float grad_scale, bool skip) override;
+  absl::StatusOr<std::vector<StateTensor>> CheckpointTensors(bool list_tied) override;
+  std::vector<std::string> RestoreNames(bool weights_only) override;
+  absl::Status Restore(const TensorLookup& lookup, bool weights_only,
+                       absl::string_view where) override;
+
+ private:
+  CudaStageCompute() = default;
+  absl::Status Use() const;  // makes device_ current on this thread
+  // (stage, tensor index) of every tied copy, in TiedGradients() order.
+  std::vector<std::pair<size_t, size_t>> TiedCopies() const;
+
+  int device_ = 0;
+  int64_t activation_elements_ = 0;  // B * T * C
+  std::vector<std::unique_ptr<cuda::GpuGpt>> stages_;
+  int64_t parameter_count_ = 0;
+  std::vector<int64_t> static_bytes_;
+  // Host copies behind the latest CheckpointTensors() (stable addresses).
+  std::deque<std::vector<float>> host_f32_;
+  std::deque<int64_t> host_steps_;
+};
+
+}  // namespace tandem::worker
+
+#endif  // TANDEM_WORKER_CUDA_STAGE_COMPUTE_H_
