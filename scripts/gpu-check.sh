@@ -3,10 +3,14 @@
 # the Debian build packages and PyTorch already installed, and no network:
 #   1. configures build-gpu/ (scripts/build.sh's flags, CMAKE_CUDA_ARCHITECTURES=90 unless set)
 #      and builds only the CUDA tests and bench_gpu_gpt;
-#   2. runs the CUDA conformance tests (worker_cuda_kernels_test, worker_gpu_gpt_test,
+#   2. runs the CUDA tests (worker_cuda_kernels_test, worker_gpu_gpt_test, the StageCompute
+#      conformance suite worker_conformance_test with its cuda_fp32 / cuda_bf16 cases, and
 #      worker_nccl_transport_test where built); a test that skips for want of a device fails
-#      the check (this machine is meant to have one);
-#   3. runs bench_gpu_gpt and bench/torch_gpt_gpu.py with the same shapes and steps, and prints
+#      the check (this machine is meant to have one; the NCCL pair tests need two GPUs and
+#      are only reported);
+#   3. runs examples/gpu-pipeline.yaml through the daemons: a local coordinator and one
+#      `tandem-worker --device cuda:0` holding both of its stages, until SUCCEEDED;
+#   4. runs bench_gpu_gpt and bench/torch_gpt_gpu.py with the same shapes and steps, and prints
 #      both results and their ratio.
 # Every part runs under `timeout`, within an 8-minute budget overall.
 #
@@ -103,7 +107,8 @@ if ! grep -q "Tandem: CUDA support ON" "$log_dir/configure.log" ||
   echo "FAIL: CMake did not enable the CUDA backend (CUDA toolkit or NCCL not found)"
   exit 2
 fi
-targets=(worker_cuda_kernels_test worker_gpu_gpt_test bench_gpu_gpt)
+targets=(worker_cuda_kernels_test worker_gpu_gpt_test worker_conformance_test bench_gpu_gpt
+  tandem-coordinator tandem-worker tandem)
 if ninja -C "$build_dir" -t targets all 2>/dev/null | grep -q '^worker_nccl_transport_test:'; then
   targets+=(worker_nccl_transport_test)
 fi
@@ -117,7 +122,8 @@ fi
 
 # ---- 3. Conformance tests.
 failed=()
-for t in worker_cuda_kernels_test worker_gpu_gpt_test worker_nccl_transport_test; do
+for t in worker_cuda_kernels_test worker_gpu_gpt_test worker_conformance_test \
+  worker_nccl_transport_test; do
   bin="$build_dir/tests/$t"
   [ -x "$bin" ] || continue
   say "test $t"
@@ -134,6 +140,33 @@ for t in worker_cuda_kernels_test worker_gpu_gpt_test worker_nccl_transport_test
     failed+=("$t (skipped: no usable device)")
   fi
 done
+
+# ---- 3b. A pipeline job on the GPU through the daemons.
+say "examples/gpu-pipeline.yaml on tandem-worker --device cuda:0"
+run="$log_dir/cluster"
+rm -rf "$run" && mkdir -p "$run"
+bin="$build_dir/bin"
+daemons=()
+"$bin/tandem-coordinator" --listen 127.0.0.1:0 --port-file "$run/coordinator.port" \
+  --data-root "$run/store" >"$run/coordinator.log" 2>&1 &
+daemons+=($!)
+for _ in $(seq 100); do [ -s "$run/coordinator.port" ] && break; sleep 0.1; done
+export TANDEM_COORDINATOR="127.0.0.1:$(cat "$run/coordinator.port" 2>/dev/null)"
+"$bin/tandem-worker" --coordinator "$TANDEM_COORDINATOR" --listen 127.0.0.1:0 --device cuda:0 \
+  >"$run/worker.log" 2>&1 &
+daemons+=($!)
+pipeline_ok=0
+if job="$(timeout 20 "$bin/tandem" submit examples/gpu-pipeline.yaml)"; then
+  timeout "$(cap 120)" "$bin/tandem" watch "$job" | tail -5
+  "$bin/tandem" status "$job" | tee "$run/status.txt"
+  grep -q "SUCCEEDED" "$run/status.txt" && pipeline_ok=1
+fi
+kill "${daemons[@]}" 2>/dev/null
+wait "${daemons[@]}" 2>/dev/null
+if [ "$pipeline_ok" != 1 ]; then
+  tail -20 "$run/worker.log" "$run/coordinator.log"
+  failed+=("gpu-pipeline job (logs: $run)")
+fi
 
 # ---- 4. Benchmarks, same shapes and steps.
 bench_args=(--batch "$batch" --steps "$steps" --warmup "$warmup" --peak-tflops "$peak")

@@ -1,0 +1,239 @@
+// The StageCompute conformance suite: the same stage programs run by the executor on every
+// compute backend this build has, each against the CPU backend as the reference: the CPU
+// itself (bit-exact: the suite's own check), and, in a build with CUDA, the CUDA backend in
+// fp32 (relative tolerance kFp32Tol on losses and gradient norms) and in bf16 (kBf16Tol). The
+// CUDA cases skip, saying so, without a device. What every backend must do:
+//   - train a worker's single stage to the reference's losses and gradient norms;
+//   - hand activations and gradients between two stages of one worker in its own memory (two
+//     chunks, interleaved 1F1B), tied embeddings summed locally;
+//   - write checkpoints under the same names that another backend restores and continues from;
+//   - account its saved activations per stage and release them by the end of the step.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "common/spec.h"
+#include "tests/worker/pipeline_test_util.h"
+#include "worker/cpu_stage_compute.h"
+#include "worker/data/corpus.h"
+#include "worker/executor.h"
+#ifdef TANDEM_TEST_CUDA
+#include "worker/backend/cuda/cuda_status.h"
+#include "worker/cuda_stage_compute.h"
+#endif
+
+namespace tandem::worker {
+namespace {
+
+using testing::MakePrograms;
+using testing::TinyGptJob;
+
+constexpr double kFp32Tol = 1e-4;  // fp32 GEMMs and reductions in another order
+constexpr double kBf16Tol = 3e-2;  // bf16 GEMM operands, fp32 accumulation
+
+struct Backend {
+  std::string name;
+  std::string precision;  // the spec's
+  double tol = 0.0;       // relative, against the CPU reference
+  // Builds the compute for `program`.
+  std::function<absl::StatusOr<std::unique_ptr<StageCompute>>(const v1::StageProgram&)> make;
+  std::function<std::string()> unavailable;  // empty: usable here
+};
+
+void PrintTo(const Backend& b, std::ostream* os) { *os << b.name; }
+
+std::vector<Backend> Backends() {
+  std::vector<Backend> out;
+  out.push_back({"cpu", "", 0.0,
+                 [](const v1::StageProgram& p) -> absl::StatusOr<std::unique_ptr<StageCompute>> {
+                   auto c = CpuStageCompute::Create(p, StageExecutor::MicroBatchSlots(p));
+                   if (!c.ok()) return c.status();
+                   return std::unique_ptr<StageCompute>(*std::move(c));
+                 },
+                 [] { return std::string(); }});
+#ifdef TANDEM_TEST_CUDA
+  auto cuda = [](const v1::StageProgram& p) -> absl::StatusOr<std::unique_ptr<StageCompute>> {
+    auto c = CudaStageCompute::Create(p, 0);
+    if (!c.ok()) return c.status();
+    return std::unique_ptr<StageCompute>(*std::move(c));
+  };
+  auto no_device = [] {
+    absl::Status s = cuda::CudaAvailable();
+    return s.ok() ? std::string() : absl::StrCat("no CUDA device: ", s.ToString());
+  };
+  out.push_back({"cuda_fp32", "fp32", kFp32Tol, cuda, no_device});
+  out.push_back({"cuda_bf16", "bf16", kBf16Tol, cuda, no_device});
+#endif
+  return out;
+}
+
+class ConformanceTest : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    if (const std::string why = GetParam().unavailable(); !why.empty()) GTEST_SKIP() << why;
+  }
+
+  // The spec as the backend runs it (device and precision), and as the CPU reference does.
+  v1::JobSpec Spec(bool tied, int micro_batches) const {
+    v1::JobSpec spec = TinyGptJob(tied);
+    spec.mutable_pipeline()->set_micro_batches(micro_batches);
+    if (GetParam().name != "cpu") {
+      spec.set_device("cuda");
+      spec.set_precision(GetParam().precision);
+    }
+    return spec;
+  }
+  static v1::JobSpec Reference(v1::JobSpec spec) {
+    spec.set_device("cpu");
+    spec.clear_precision();
+    return spec;
+  }
+  static Dataset DataOf(const v1::JobSpec& spec) {
+    return *LoadDataset(spec, ".", TrainingWindow(spec.model()));
+  }
+
+  std::unique_ptr<StageExecutor> Make(const v1::StageProgram& program, bool on_backend) {
+    const Dataset data = DataOf(program.spec());
+    absl::StatusOr<std::unique_ptr<StageExecutor>> ex;
+    if (on_backend) {
+      absl::StatusOr<std::unique_ptr<StageCompute>> compute = GetParam().make(program);
+      EXPECT_TRUE(compute.ok()) << compute.status();
+      if (!compute.ok()) return nullptr;
+      ex = StageExecutor::Create(program, data, nullptr, *std::move(compute));
+    } else {
+      ex = StageExecutor::Create(program, data, nullptr);
+    }
+    EXPECT_TRUE(ex.ok()) << ex.status();
+    return ex.ok() ? *std::move(ex) : nullptr;
+  }
+
+  // Steps [from, to) on `ex`: each step's loss and squared gradient norm.
+  static std::vector<std::pair<double, double>> Train(StageExecutor& ex, int from, int to) {
+    std::vector<std::pair<double, double>> out;
+    for (int step = from; step < to; ++step) {
+      absl::StatusOr<v1::StepReport> r = ex.RunStep(step);
+      EXPECT_TRUE(r.ok()) << r.status();
+      if (!r.ok()) break;
+      EXPECT_TRUE(r->grads_finite());
+      EXPECT_TRUE(ex.ApplyStep(step, 0.01f).ok());
+      out.emplace_back(r->loss(), r->grad_norm_sq());
+    }
+    return out;
+  }
+
+  void ExpectClose(const std::vector<std::pair<double, double>>& got,
+                   const std::vector<std::pair<double, double>>& want) const {
+    ASSERT_EQ(got.size(), want.size());
+    const double tol = GetParam().tol;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_NEAR(got[i].first, want[i].first, tol * std::fabs(want[i].first)) << "loss " << i;
+      // The norm of the gradient grows the relative error of bf16 a little: twice the loss's.
+      EXPECT_NEAR(got[i].second, want[i].second, 2 * tol * std::fabs(want[i].second) + 1e-12)
+          << "grad_norm_sq " << i;
+    }
+  }
+};
+
+TEST_P(ConformanceTest, OneStageTrainsToTheReferenceLossesAndNorms) {
+  for (bool tied : {true, false}) {
+    const v1::JobSpec spec = Spec(tied, 2);
+    auto ex = Make(MakePrograms(spec, 1, "1f1b")[0], true);
+    auto ref = Make(MakePrograms(Reference(spec), 1, "1f1b")[0], false);
+    ASSERT_TRUE(ex && ref);
+    // Untied, the same parameters; tied, a stage holding both ends may keep one wte (CUDA).
+    if (!tied) EXPECT_EQ(ex->parameter_count(), ref->parameter_count());
+    ExpectClose(Train(*ex, 0, 3), Train(*ref, 0, 3));
+  }
+}
+
+// Two stages on one worker (interleaved 1F1B, 2 chunks): the activation and its gradient go
+// from chunk to chunk in the backend's memory, and the tied wte's two copies are summed here.
+// The data does not depend on the partition, so the losses are the single-stage reference's.
+TEST_P(ConformanceTest, TwoChunksOnOneWorkerHandOverInTheBackendsMemory) {
+  const v1::JobSpec spec = Spec(/*tied=*/true, 2);
+  const auto programs = MakePrograms(spec, 1, "interleaved_1f1b", "job-1", /*chunks=*/2);
+  ASSERT_EQ(programs.size(), 1u);
+  ASSERT_EQ(programs[0].chunks_size(), 2);
+  auto ex = Make(programs[0], true);
+  auto ref = Make(MakePrograms(Reference(spec), 1, "1f1b")[0], false);
+  ASSERT_TRUE(ex && ref);
+  ExpectClose(Train(*ex, 0, 3), Train(*ref, 0, 3));
+}
+
+// A backend's checkpoint carries the CPU's names, and the CPU restored from it continues as
+// the backend does.
+TEST_P(ConformanceTest, CheckpointsMoveBetweenBackends) {
+  const v1::JobSpec spec = Spec(/*tied=*/true, 2);
+  const v1::StageProgram program = MakePrograms(spec, 1, "1f1b")[0];
+  const v1::StageProgram ref_program = MakePrograms(Reference(spec), 1, "1f1b")[0];
+  auto ex = Make(program, true);
+  auto ref = Make(ref_program, false);
+  ASSERT_TRUE(ex && ref);
+  Train(*ex, 0, 2);
+  Train(*ref, 0, 2);
+  absl::StatusOr<std::vector<StateTensor>> tensors = ex->CheckpointTensors();
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  absl::StatusOr<std::vector<StateTensor>> ref_tensors = ref->CheckpointTensors();
+  ASSERT_TRUE(ref_tensors.ok());
+  std::map<std::string, std::string> saved;
+  for (const StateTensor& t : *tensors) {
+    saved[t.name] = std::string(static_cast<const char*>(t.data), t.bytes);
+  }
+  std::map<std::string, size_t> ref_bytes;
+  for (const StateTensor& t : *ref_tensors) ref_bytes[t.name] = t.bytes;
+  ASSERT_EQ(saved.size(), ref_bytes.size());
+  for (const auto& [name, bytes] : ref_bytes) {
+    ASSERT_TRUE(saved.contains(name)) << name;
+    EXPECT_EQ(saved[name].size(), bytes) << name;
+  }
+  auto restored = Make(ref_program, false);
+  ASSERT_TRUE(restored);
+  ASSERT_TRUE(
+      restored
+          ->Restore([&](const std::string& name) -> absl::StatusOr<absl::Span<const uint8_t>> {
+            auto it = saved.find(name);
+            if (it == saved.end()) return absl::NotFoundError(name);
+            return absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(it->second.data()),
+                                             it->second.size());
+          })
+          .ok());
+  // The executor refuses steps at or before a restored checkpoint's only when the program
+  // says it resumes; this one continues at step 2 either way.
+  const auto next = Train(*restored, 2, 3);
+  const auto want = Train(*ex, 2, 3);
+  ASSERT_EQ(next.size(), 1u);
+  ASSERT_EQ(want.size(), 1u);
+  // The restored CPU starts from the backend's values: as close as the backend's own step.
+  EXPECT_NEAR(next[0].first, want[0].first, (GetParam().tol + 1e-6) * std::fabs(want[0].first));
+}
+
+TEST_P(ConformanceTest, SavedActivationsAreAccountedAndReleasedByTheEndOfTheStep) {
+  const v1::JobSpec spec = Spec(/*tied=*/false, 4);
+  auto ex = Make(MakePrograms(spec, 1, "gpipe")[0], true);
+  ASSERT_TRUE(ex);
+  absl::StatusOr<v1::StepReport> r = ex->RunStep(0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->stage_memory_size(), 1);
+  EXPECT_GT(r->stage_memory(0).peak_activation_bytes(), 0);
+  EXPECT_GT(r->stage_memory(0).static_bytes(), 0);
+  // A second step runs from released slots (and the gradients of the first are pending).
+  ASSERT_TRUE(ex->ApplyStep(0, 0.01f).ok());
+  absl::StatusOr<v1::StepReport> again = ex->RunStep(1);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->stage_memory(0).peak_activation_bytes(),
+            r->stage_memory(0).peak_activation_bytes());
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ConformanceTest, ::testing::ValuesIn(Backends()),
+                         [](const ::testing::TestParamInfo<Backend>& info) {
+                           return info.param.name;
+                         });
+
+}  // namespace
+}  // namespace tandem::worker
