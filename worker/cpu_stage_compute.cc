@@ -259,18 +259,8 @@ std::vector<std::string> CpuStageCompute::RestoreNames(bool weights_only) {
 
 absl::Status CpuStageCompute::Restore(const TensorLookup& lookup, bool weights_only,
                                       absl::string_view where) {
-  auto copy = [&](const std::string& name, void* dst, size_t bytes) -> absl::Status {
-    absl::StatusOr<absl::Span<const uint8_t>> src = lookup(name);
-    if (!src.ok()) {
-      return absl::Status(src.status().code(), absl::StrCat(where, ": ", src.status().message()));
-    }
-    if (src->size() != bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": tensor ", name, " has ", src->size(),
-                                                     " bytes, this stage needs ", bytes,
-                                                     " (a different model shape?)"));
-    }
-    std::memcpy(dst, src->data(), bytes);
-    return absl::OkStatus();
+  auto copy = [&](const std::string& name, void* dst, size_t bytes) {
+    return CopyRestoredTensor(lookup, name, dst, bytes, where);
   };
   std::vector<Parameter*> params = HostParameters();
   for (Parameter* p : params) {

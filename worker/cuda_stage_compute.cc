@@ -293,17 +293,8 @@ std::vector<std::string> CudaStageCompute::RestoreNames(bool weights_only) {
 absl::Status CudaStageCompute::Restore(const TensorLookup& lookup, bool weights_only,
                                        absl::string_view where) {
   if (absl::Status s = Use(); !s.ok()) return s;
-  auto fetch = [&](const std::string& name, size_t bytes) -> absl::StatusOr<const uint8_t*> {
-    absl::StatusOr<absl::Span<const uint8_t>> src = lookup(name);
-    if (!src.ok()) {
-      return absl::Status(src.status().code(), absl::StrCat(where, ": ", src.status().message()));
-    }
-    if (src->size() != bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": tensor ", name, " has ", src->size(),
-                                                     " bytes, this stage needs ", bytes,
-                                                     " (a different model shape?)"));
-    }
-    return src->data();
+  auto copy = [&](const std::string& name, void* dst, size_t bytes) {
+    return CopyRestoredTensor(lookup, name, dst, bytes, where);
   };
   std::vector<float> value, m, v;
   for (auto& stage : stages_) {
@@ -313,24 +304,16 @@ absl::Status CudaStageCompute::Restore(const TensorLookup& lookup, bool weights_
       const cuda::GpuGptTensor& t = layout[i];
       const size_t bytes = t.count * sizeof(float);
       value.resize(t.count);
-      absl::StatusOr<const uint8_t*> p = fetch(t.name, bytes);
-      if (!p.ok()) return p.status();
-      std::memcpy(value.data(), *p, bytes);
+      if (absl::Status s = copy(t.name, value.data(), bytes); !s.ok()) return s;
       if (absl::Status s = stage->SetParameter(i, value.data(), t.count); !s.ok()) return s;
       if (weights_only) continue;
       m.resize(t.count);
       v.resize(t.count);
-      absl::StatusOr<const uint8_t*> pm = fetch(t.name + ".adam_m", bytes);
-      if (!pm.ok()) return pm.status();
-      std::memcpy(m.data(), *pm, bytes);
-      absl::StatusOr<const uint8_t*> pv = fetch(t.name + ".adam_v", bytes);
-      if (!pv.ok()) return pv.status();
-      std::memcpy(v.data(), *pv, bytes);
+      if (absl::Status s = copy(t.name + ".adam_m", m.data(), bytes); !s.ok()) return s;
+      if (absl::Status s = copy(t.name + ".adam_v", v.data(), bytes); !s.ok()) return s;
       if (absl::Status s = stage->SetMoments(i, m.data(), v.data(), t.count); !s.ok()) return s;
-      absl::StatusOr<const uint8_t*> ps = fetch(t.name + ".adam_step", sizeof(int64_t));
-      if (!ps.ok()) return ps.status();
       int64_t n = 0;
-      std::memcpy(&n, *ps, sizeof(n));
+      if (absl::Status s = copy(t.name + ".adam_step", &n, sizeof(n)); !s.ok()) return s;
       steps = std::max(steps, n);
     }
     stage->set_steps(weights_only ? 0 : steps);

@@ -58,6 +58,11 @@ struct StateTensor {
 using TensorLookup =
     std::function<absl::StatusOr<absl::Span<const uint8_t>>(const std::string& name)>;
 
+// Copies the `bytes` bytes of tensor `name` from `lookup` into host memory at `dst`: the
+// lookup's error, or INVALID_ARGUMENT when its size differs, both prefixed by `where`.
+absl::Status CopyRestoredTensor(const TensorLookup& lookup, const std::string& name, void* dst,
+                                size_t bytes, absl::string_view where);
+
 // One copy of a tied parameter's gradient held by this worker (see Parameter::tied).
 struct TiedGradient {
   std::string name;
