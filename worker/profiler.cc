@@ -151,6 +151,139 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& s
   return out;
 }
 
+absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayersOn(const v1::JobSpec& spec,
+                                                              const std::vector<int>& layers,
+                                                              int repeats,
+                                                              const ComputeFactory& make) {
+  const v1::ModelSpec& model = spec.model();
+  const bool gpt = model.arch() == "gpt";
+  const int num_layers = NumLayers(model);
+  std::vector<int> which = layers;
+  if (which.empty()) {
+    for (int g = 0; g < num_layers; ++g) which.push_back(g);
+  }
+  repeats = repeats <= 0 ? 3 : std::min(repeats, 20);
+  const int64_t b = spec.pipeline().micro_batch_size();
+  if (b < 1 || b > (1 << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile: pipeline.micro_batch_size must be in [1, 2^20], got ", b));
+  }
+  const int64_t t = gpt ? model.seq_len() : 1, k = gpt ? model.seq_len() : model.context();
+  const int64_t c = model.d_model(), vocab = model.vocab_size();
+  std::vector<v1::LayerProfile> out;
+  for (int g : which) {
+    if (g < 0 || g >= num_layers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("profile: layer ", g, " is outside the model's ", num_layers, " layers"));
+    }
+    v1::StageProgram program;
+    program.set_job_id("profile");
+    program.set_num_ranks(1);
+    program.set_num_stages(1);
+    *program.mutable_spec() = spec;
+    v1::StageChunk* chunk = program.add_chunks();
+    chunk->set_layer_begin(g);
+    chunk->set_layer_end(g + 1);
+    absl::StatusOr<std::unique_ptr<StageCompute>> built = make(program);
+    if (!built.ok()) return built.status();
+    StageCompute& compute = **built;
+    const bool first = g == 0, last = g == num_layers - 1;
+    Rng rng(MixSeed(spec.seed(), 0x9e3779b9u + static_cast<uint64_t>(g)));
+    IntTensor tokens(gpt ? std::vector<int64_t>{b, t} : std::vector<int64_t>{b, k});
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = static_cast<int32_t>(rng.Below(static_cast<uint64_t>(vocab)));
+    }
+    IntTensor targets(gpt ? std::vector<int64_t>{b, t} : std::vector<int64_t>{b});
+    for (size_t i = 0; i < targets.size(); ++i) {
+      targets[i] = static_cast<int32_t>(rng.Below(static_cast<uint64_t>(vocab)));
+    }
+    const MicroBatchData data{&tokens, &targets, b * t * 4};
+    const std::vector<int64_t> shape =
+        gpt ? std::vector<int64_t>{b, t, c} : std::vector<int64_t>{b, c};
+
+    v1::LayerProfile p;
+    p.set_layer(g);
+    p.set_parameter_count(compute.parameter_count());
+    p.set_static_bytes(compute.static_bytes(0));
+    std::vector<double> fwd, bwd, in, wt;
+    double timed = 0.0;
+    absl::Status s;
+    // One forward and its backward: B on micro-batch 0, I then W on micro-batch 1.
+    auto forward = [&](int mb, size_t* saved, size_t* output) -> double {
+      StageBufferPtr x, y;
+      if (!first) {
+        absl::StatusOr<StageBufferPtr> buf = compute.NewBuffer(shape);
+        if (!buf.ok()) {
+          s = buf.status();
+          return 0.0;
+        }
+        x = *std::move(buf);
+      }
+      const double f =
+          Seconds([&] { s = compute.Forward(0, mb, std::move(x), data, true, &y).status(); });
+      if (saved != nullptr) *saved = compute.SavedBytes(0, mb);
+      if (output != nullptr) *output = y == nullptr ? 0 : y->bytes();
+      return f;
+    };
+    auto grad = [&]() -> StageBufferPtr {
+      if (last) return nullptr;
+      absl::StatusOr<StageBufferPtr> buf = compute.NewBuffer(shape);
+      if (!buf.ok()) {
+        s = buf.status();
+        return nullptr;
+      }
+      return *std::move(buf);
+    };
+    for (int r = 0; r <= repeats && timed < kProfileBudgetSeconds; ++r) {
+      size_t saved = 0, output = 0;
+      const double f = forward(0, &saved, &output);
+      if (!s.ok()) return s;
+      p.set_activation_bytes(static_cast<int64_t>(saved));
+      p.set_output_bytes(static_cast<int64_t>(output));
+      StageBufferPtr gin;
+      StageBufferPtr dout = grad();
+      if (!s.ok()) return s;
+      const double bb =
+          Seconds([&] { s = compute.Backward(0, 0, v1::ACTION_B, std::move(dout), &gin); });
+      if (!s.ok()) return s;
+      forward(1, nullptr, nullptr);
+      if (!s.ok()) return s;
+      dout = grad();
+      if (!s.ok()) return s;
+      const double ii =
+          Seconds([&] { s = compute.Backward(0, 1, v1::ACTION_I, std::move(dout), &gin); });
+      if (!s.ok()) return s;
+      const double ww =
+          Seconds([&] { s = compute.Backward(0, 1, v1::ACTION_W, nullptr, nullptr); });
+      if (!s.ok()) return s;
+      if (r == 0) continue;  // warm-up
+      timed += f + bb + ii + ww;
+      fwd.push_back(f);
+      bwd.push_back(bb);
+      in.push_back(ii);
+      wt.push_back(ww);
+    }
+    compute.DropSaved();
+    // The once-per-step phase: the gradient norm and the optimizer update.
+    std::vector<double> apply;
+    for (int r = 0; r <= repeats; ++r) {
+      const double a = Seconds([&] {
+        s = compute.GradientStats(/*count_tied=*/true).status();
+        if (s.ok()) s = compute.Apply(1e-6f, 1.0f, /*skip=*/false);
+      });
+      if (!s.ok()) return s;
+      if (r > 0) apply.push_back(a);
+    }
+    p.set_apply_seconds(Median(apply));
+    p.set_forward_seconds(Median(fwd));
+    p.set_backward_seconds(Median(bwd));
+    p.set_backward_input_seconds(Median(in));
+    p.set_backward_weight_seconds(Median(wt));
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
 double MeasurePeakFlops() {
   constexpr int n = 768;
   std::vector<float> a(size_t{n} * n, 0.5f), b(size_t{n} * n, 0.25f), c(size_t{n} * n, 0.0f);

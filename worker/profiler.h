@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "tandem/v1/common.pb.h"
 #include "tandem/v1/spec.pb.h"
+#include "worker/stage_compute.h"
 
 namespace tandem::worker {
 
@@ -28,6 +29,17 @@ inline constexpr double kProfileBudgetSeconds = 2.0;
 absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& spec,
                                                             const std::vector<int>& layers,
                                                             int repeats);
+
+// The same measurements through a compute backend (`make` builds it for a one-layer program):
+// what a cuda:N worker profiles, so that GPU jobs are balanced by GPU times. Each call of the
+// backend returns when its device is done, so wall times are device times. A backend whose
+// split backward does all its work in I reports W as (nearly) 0. Inputs are random tokens and
+// targets; the activations a stage receives are the backend's fresh buffers (their values do
+// not change the cost).
+absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayersOn(const v1::JobSpec& spec,
+                                                              const std::vector<int>& layers,
+                                                              int repeats,
+                                                              const ComputeFactory& make);
 
 // FLOP/s of a single-precision GEMM (768 x 768 x 768, the best of three after a warm-up) on
 // this process's BLAS threads: the worker's peak, for model-FLOPs utilisation.

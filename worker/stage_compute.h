@@ -70,6 +70,12 @@ struct TiedGradient {
   size_t bytes = 0;
 };
 
+class StageCompute;
+
+// Builds the compute backend of a validated program on a worker's device.
+using ComputeFactory =
+    std::function<absl::StatusOr<std::unique_ptr<StageCompute>>(const v1::StageProgram& program)>;
+
 class StageCompute {
  public:
   virtual ~StageCompute() = default;

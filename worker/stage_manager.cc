@@ -420,7 +420,9 @@ absl::StatusOr<std::vector<v1::LayerProfile>> StageManager::ProfileLayers(
     }
     profiling_ = true;
   }
-  absl::StatusOr<std::vector<v1::LayerProfile>> out = worker::ProfileLayers(full, layers, repeats);
+  absl::StatusOr<std::vector<v1::LayerProfile>> out =
+      config_.compute ? ProfileLayersOn(full, layers, repeats, config_.compute)
+                      : worker::ProfileLayers(full, layers, repeats);
   absl::MutexLock lock(&mu_);
   profiling_ = false;
   if (out.ok()) {

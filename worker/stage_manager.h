@@ -44,16 +44,13 @@ using TensorSource = std::function<absl::Status(const v1::CheckpointRef& checkpo
                                                 const std::vector<std::string>& names,
                                                 std::map<std::string, std::string>* out)>;
 
-// Builds the compute backend of a validated program on this worker's device.
-using ComputeFactory =
-    std::function<absl::StatusOr<std::unique_ptr<StageCompute>>(const v1::StageProgram& program)>;
-
 // The worker's typed, validated configuration (from flags in main.cc).
 struct WorkerConfig {
   // "cpu" or "cuda:N": reported in status; a program whose spec.device is another kind is
   // refused (FAILED_PRECONDITION).
   std::string device = "cpu";
-  // The device's compute backend; null: the CPU's (CpuStageCompute).
+  // The device's compute backend (jobs and layer profiles); null: the CPU's (CpuStageCompute,
+  // profiled by ProfileLayers on the Layers directly).
   ComputeFactory compute;
   std::string data_root = ".";  // data.path of a "file" source resolves under it
   InjectedFault fault;          // test-only (--test-fail-at); none by default

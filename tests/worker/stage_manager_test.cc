@@ -192,6 +192,46 @@ TEST_F(StageManagerTest, AJobOfAnotherDeviceKindIsRefusedAndTheDevicesComputeIsU
             absl::StatusCode::kFailedPrecondition);
 }
 
+// A worker with a device compute (cuda:N) profiles through it (ProfileLayersOn). Through the
+// CPU compute the figures are the Layer profiler's: the same parameters, bytes and a time for
+// every phase.
+TEST_F(StageManagerTest, ADevicesComputeProfilesTheLayersAsTheLayerProfilerDoes) {
+  v1::JobSpec spec = testing::TinyGptJob(/*tie_embeddings=*/false);
+  spec.mutable_pipeline()->set_stages(1);
+  int built = 0;
+  WorkerConfig config;
+  config.compute =
+      [&built](const v1::StageProgram& p) -> absl::StatusOr<std::unique_ptr<StageCompute>> {
+    ++built;
+    auto c = CpuStageCompute::Create(p, 2);
+    if (!c.ok()) return c.status();
+    return std::unique_ptr<StageCompute>(*std::move(c));
+  };
+  StageManager device(config, Factory());
+  StageManager layers({}, Factory());
+  auto got = device.ProfileLayers(spec, {0, 1, 3}, 2);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(built, 3);
+  auto want = layers.ProfileLayers(spec, {0, 1, 3}, 2);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_EQ(got->size(), want->size());
+  for (size_t i = 0; i < got->size(); ++i) {
+    const v1::LayerProfile& g = (*got)[i];
+    const v1::LayerProfile& w = (*want)[i];
+    EXPECT_EQ(g.layer(), w.layer());
+    EXPECT_EQ(g.parameter_count(), w.parameter_count()) << g.layer();
+    EXPECT_EQ(g.static_bytes(), w.static_bytes()) << g.layer();
+    EXPECT_EQ(g.activation_bytes(), w.activation_bytes()) << g.layer();
+    EXPECT_EQ(g.output_bytes(), w.output_bytes()) << g.layer();
+    EXPECT_GT(g.forward_seconds(), 0.0) << g.layer();
+    EXPECT_GT(g.backward_seconds(), 0.0) << g.layer();
+    EXPECT_GT(g.backward_input_seconds(), 0.0) << g.layer();
+    EXPECT_GT(g.apply_seconds(), 0.0) << g.layer();
+  }
+  EXPECT_EQ(device.ProfileLayers(spec, {7}, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(StageManagerTest, ConfigureRunAbortLifecycle) {
   const v1::JobSpec spec = TinyJob();
   const auto programs = MakePrograms(spec, 2, "1f1b");
