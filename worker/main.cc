@@ -47,6 +47,7 @@
 #include <cuda_runtime_api.h>
 
 #include "worker/backend/cuda/cuda_status.h"
+#include "worker/backend/cuda/gemm_peak.h"
 #include "worker/cuda_stage_compute.h"
 #include "worker/transport/nccl_transport.h"
 #endif
@@ -164,6 +165,7 @@ int Run() {
   const std::string device = absl::GetFlag(FLAGS_device);
   int cuda_device = -1;  // the ordinal of --device=cuda:N
   int64_t device_memory = 0;
+  double device_peak_flops = 0.0;  // measured on cuda:N
   if (device != "cpu") {
 #ifdef TANDEM_WORKER_CUDA
     absl::StatusOr<int> ordinal = ParseCudaDevice(device);
@@ -186,6 +188,14 @@ int Run() {
                     std::string(usable.message()));
       return 2;
     }
+    // The device's bf16 GEMM: the denominator of a GPU job's model-FLOPs utilisation.
+    absl::StatusOr<double> peak = cuda::MeasureGemmFlops(/*bf16=*/true);
+    if (!peak.ok()) {
+      spdlog::error("--device={}: measuring the GEMM peak: {}", device,
+                    std::string(peak.status().message()));
+      return 2;
+    }
+    device_peak_flops = *peak;
     cuda_device = *ordinal;
     device_memory = static_cast<int64_t>(total_bytes);
 #else
@@ -393,9 +403,14 @@ int Run() {
   reg.device = device;
   reg.threads = threads;
   reg.hostname = Hostname();
-  reg.peak_flops = MeasurePeakFlops();
-  spdlog::info("peak single-precision GEMM: {:.1f} GFLOP/s on {} thread(s)", reg.peak_flops / 1e9,
-               threads);
+  if (cuda_device >= 0) {
+    reg.peak_flops = device_peak_flops;
+    spdlog::info("peak bf16 GEMM on {}: {:.1f} TFLOP/s", device, reg.peak_flops / 1e12);
+  } else {
+    reg.peak_flops = MeasurePeakFlops();
+    spdlog::info("peak single-precision GEMM: {:.1f} GFLOP/s on {} thread(s)", reg.peak_flops / 1e9,
+                 threads);
+  }
   reg.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   if (security.tls.has_value()) {
     reg.unavailable_hint =

@@ -27,6 +27,7 @@
 #include "worker/backend/cuda/cuda_handles.h"
 #include "worker/backend/cuda/cuda_status.h"
 #include "worker/backend/cuda/device_buffer.h"
+#include "worker/backend/cuda/gemm_peak.h"
 #include "worker/model/kernels.h"
 #include "worker/model/optimizer.h"
 
@@ -474,6 +475,23 @@ TEST_F(CudaKernelsTest, GradSquaredNormAccumulatesInDouble) {
   ASSERT_TRUE(GradSquaredNorm(stream_.get(), gb.data(), b.size(), sum.data()).ok());
   const double got = Host(sum)[0];
   EXPECT_LE(std::abs(got - ref), 1e-9 * ref) << got << " vs " << ref;
+}
+
+// A cuda:N worker's registered peak: a positive figure on a device (bf16 above fp32 on any GPU
+// with tensor cores), a clear error without one.
+TEST(GemmPeakTest, MeasuresOnADeviceAndFailsCleanlyWithout) {
+  if (!CudaAvailable().ok()) {
+    const absl::StatusOr<double> none = MeasureGemmFlops(/*half=*/true, 256, 1);
+    ASSERT_FALSE(none.ok());
+    EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition) << none.status();
+    return;
+  }
+  const absl::StatusOr<double> f32 = MeasureGemmFlops(/*half=*/false, 2048, 3);
+  const absl::StatusOr<double> b16 = MeasureGemmFlops(/*half=*/true, 2048, 3);
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  ASSERT_TRUE(b16.ok()) << b16.status();
+  EXPECT_GT(*f32, 1e11);
+  EXPECT_GT(*b16, *f32);
 }
 
 }  // namespace
