@@ -621,12 +621,15 @@ absl::Status JobRunner::SaveCheckpoint(int64_t step) {
       return absl::OkStatus();
     }));
   }
-  absl::Status first = absl::OkStatus();
-  for (auto& f : saves) {
-    absl::Status s = f.get();
-    if (first.ok() && !s.ok()) first = s;
+  Batch batch(p);
+  batch.deadline = env_.options.step_timeout;
+  for (int r = 0; r < p; ++r) {
+    batch.results[r] = saves[r].get();
+    if (!batch.results[r].ok() && batch.first_failure < 0) batch.first_failure = r;
   }
-  if (!first.ok()) return absl::Status(first.code(), absl::StrCat(what, ": ", first.message()));
+  // As for a step: probe the workers, so that a dead one is named as the cause and marked LOST
+  // (else the restart could pick it again before its heartbeats are missed).
+  if (batch.first_failure >= 0) return Diagnose(what, batch);
   if (absl::Status s = env_.checkpoints->Commit(job_.id(), step, p, spec_.checkpoint().keep());
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
