@@ -7,11 +7,13 @@
 // reached, the watch events delivered, and every error.
 //
 //   build/bin/bench_status_load [--seconds 60] [--rate 500] [--watchers 50] [--client-nice N]
+//                               [--rpc-nice N]
 //
 // --seconds is the total loaded time (three windows); each unloaded window is a third of it.
 // --client-nice N runs the load generator's threads at nice N: on a machine with few cores
 // the generator (which stands for clients on other machines) otherwise competes with the
-// workers itself. The coordinator's side of every call runs at normal priority either way.
+// workers itself. --rpc-nice N is the coordinator's flag (default 10: its RPC threads below its
+// job runners; 0 runs the whole coordinator at normal priority).
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -60,14 +62,17 @@ int main(int argc, char** argv) {
   int rate = 500;
   int watchers = 50;
   int client_nice = 0;
+  std::string rpc_nice;  // the coordinator's default unless given
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--seconds") == 0) seconds = std::atof(argv[i + 1]);
     if (std::strcmp(argv[i], "--rate") == 0) rate = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--watchers") == 0) watchers = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--client-nice") == 0) client_nice = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--rpc-nice") == 0) rpc_nice = argv[i + 1];
   }
   tandem::testing::Cluster::Options options;
   options.workers = 2;
+  if (!rpc_nice.empty()) options.coordinator_args.push_back("--rpc-nice=" + rpc_nice);
   tandem::testing::Cluster cluster(options);
   if (absl::Status s = cluster.Start(); !s.ok()) {
     std::fprintf(stderr, "cluster: %s\n", s.ToString().c_str());
@@ -166,8 +171,9 @@ int main(int argc, char** argv) {
 
   std::printf(
       "status load: %d WatchJob streams + %d status RPC/s target, %d x %.0f s loaded, "
-      "client nice %d\n",
-      watchers, rate, kLoadedWindows, window, client_nice);
+      "client nice %d, coordinator --rpc-nice %s\n",
+      watchers, rate, kLoadedWindows, window, client_nice,
+      rpc_nice.empty() ? "default (10)" : rpc_nice.c_str());
   std::printf("  status RPCs: %lld in %.1f s = %.0f/s, errors %lld\n",
               static_cast<long long>(calls), load_seconds, calls / load_seconds,
               static_cast<long long>(rpc_errors.load()));

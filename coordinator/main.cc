@@ -23,6 +23,7 @@
 #include "coordinator/http_server.h"
 #include "coordinator/job_store.h"
 #include "coordinator/metrics.h"
+#include "coordinator/priority.h"
 #include "coordinator/profile_store.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/scheduler.h"
@@ -52,6 +53,11 @@ ABSL_FLAG(int, restart_backoff_ms, 1000,
           "a job restarted after a fault waits this long before its next run, doubling with "
           "each further restart up to 60 s (0: no wait)");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
+ABSL_FLAG(int, rpc_nice, 10,
+          "nice value (0..19) of every thread but the scheduler and the job runners (gRPC's, "
+          "which serve status, watch and registration RPCs, and the HTTP server's), so that "
+          "monitoring load on a machine shared with workers does not slow the training step; "
+          "0 keeps them at the process's priority");
 ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT to serve plain HTTP on: Prometheus metrics at /metrics, the dashboard at /, "
           "its JSON under /api/ (port 0: ephemeral); empty: none");
@@ -90,6 +96,16 @@ int main(int argc, char** argv) {
   tandem::InstallLogFormat();
   using tandem::coordinator::JobStore;
   namespace tc = tandem::coordinator;
+
+  // Before anything starts a thread: the launcher keeps this priority for the scheduler and
+  // the job runners; this thread, and so every thread started from here on (gRPC's, the HTTP
+  // server's), runs at --rpc-nice.
+  tc::PriorityLauncher orchestration;
+  if (const int nice = absl::GetFlag(FLAGS_rpc_nice); nice != 0) {
+    if (absl::Status s = tc::LowerCallingThread(nice); !s.ok()) {
+      return Fail(absl::StrCat("--rpc-nice=", nice, ": ", s.message()));
+    }
+  }
 
   if (absl::GetFlag(FLAGS_heartbeat_ms) < 10 ||
       absl::GetFlag(FLAGS_worker_timeout_ms) <= absl::GetFlag(FLAGS_heartbeat_ms)) {
@@ -223,7 +239,7 @@ int main(int argc, char** argv) {
   if (!server || port == 0) {
     return Fail(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen)));
   }
-  scheduler.Start();
+  orchestration.Run([&] { scheduler.Start(); });
   spdlog::info("tandem-coordinator {} serving on port {} (protocol {})", tandem::kVersion, port,
                tandem::kProtocolVersion);
   tandem::LogSecurity("tandem-coordinator", security);
