@@ -995,6 +995,8 @@ int64_t TokensPerStep(const v1::JobSpec& spec) {
   return EffectiveBatch(spec) * (spec.model().arch() == "gpt" ? spec.model().seq_len() : 1);
 }
 
+std::string DeviceKind(const std::string& device) { return device.substr(0, device.find(':')); }
+
 int64_t TrainingWindow(const v1::ModelSpec& m) {
   return (m.arch() == "gpt" ? int64_t{m.seq_len()} : int64_t{m.context()}) + 1;
 }

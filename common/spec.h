@@ -38,6 +38,9 @@ int64_t TokensPerStep(const v1::JobSpec& spec);
 // Tokens one training sample reads: seq_len + 1 (gpt) or context + 1 (mlp_lm).
 int64_t TrainingWindow(const v1::ModelSpec& model);
 
+// The device kind a worker offers, the JobSpec.device it runs: "cuda:3" -> "cuda", "cpu" -> "cpu".
+std::string DeviceKind(const std::string& device);
+
 }  // namespace tandem
 
 #endif  // TANDEM_COMMON_SPEC_H_

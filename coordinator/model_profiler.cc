@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "common/link_model.h"
 #include "common/pipeline_plan.h"
+#include "common/spec.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem::coordinator {

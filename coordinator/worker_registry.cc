@@ -2,6 +2,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/spec.h"
 
 namespace tandem::coordinator {
 namespace {
@@ -11,8 +12,6 @@ bool ParseWorkerId(const std::string& id, int64_t* n) {
 }
 
 }  // namespace
-
-std::string DeviceKind(const std::string& device) { return device.substr(0, device.find(':')); }
 
 int64_t FirstWorkerId(int64_t incarnation) {
   return incarnation <= 1 ? 1 : (incarnation - 1) * 1000000 + 1;

@@ -49,9 +49,6 @@ struct HeartbeatClock {
   std::optional<ClockRoundTrip> previous_round;
 };
 
-// The device kind a worker offers: "cuda:3" -> "cuda", "cpu" -> "cpu".
-std::string DeviceKind(const std::string& device);
-
 // The first worker id number of a coordinator's `incarnation`-th start on its data root
 // (JobStore::incarnation(); 0 or 1: 1). Each start issues ids from its own range of 10^6
 // (w-1, ...; then w-1000001, ...), so that a worker still heartbeating with an id the previous

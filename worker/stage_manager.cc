@@ -120,8 +120,7 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
   ScopedLogContext log_context({.job = program.job_id(), .stage = StagesOf(program)});
   if (absl::Status s = ValidateStageProgram(program); !s.ok()) return s;
   const std::string& job = program.job_id();
-  if (const std::string kind = config_.device.substr(0, config_.device.find(':'));
-      program.spec().device() != kind) {
+  if (program.spec().device() != DeviceKind(config_.device)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "configure of job ", job, ": the job runs on device ", program.spec().device(),
         " workers, and this worker is ", config_.device, " (a job never mixes device kinds)"));
