@@ -34,43 +34,112 @@ int64_t OptimizerFloatsPerElement(const v1::OptimizerSpec& opt) {
   return opt.name() == "sgd" ? 0 : 2;
 }
 
+// A profile request, checked, and the job's micro-batch shape.
+struct ProfileRequest {
+  std::vector<int> layers;  // the global layers to profile (all when the request names none)
+  int repeats = 3;
+  int num_layers = 0;
+  bool gpt = false;
+  int64_t b = 1;      // micro-batch size
+  int64_t t = 1;      // positions per sequence (gpt), else 1
+  int64_t c = 1;      // d_model
+  int64_t vocab = 1;  // token ids are below it
+  int64_t k = 1;      // context of an mlp_lm sample
+};
+
+absl::StatusOr<ProfileRequest> CheckProfileRequest(const v1::JobSpec& spec,
+                                                   const std::vector<int>& layers, int repeats) {
+  const v1::ModelSpec& model = spec.model();
+  ProfileRequest r;
+  r.gpt = model.arch() == "gpt";
+  r.num_layers = NumLayers(model);
+  r.layers = layers;
+  if (r.layers.empty()) {
+    for (int g = 0; g < r.num_layers; ++g) r.layers.push_back(g);
+  }
+  r.repeats = repeats <= 0 ? 3 : std::min(repeats, 20);
+  r.b = spec.pipeline().micro_batch_size();
+  if (r.b < 1 || r.b > (1 << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile: pipeline.micro_batch_size must be in [1, 2^20], got ", r.b));
+  }
+  r.c = model.d_model();
+  r.vocab = model.vocab_size();
+  if (r.gpt) {
+    absl::StatusOr<GptConfig> cfg = GptConfigFromSpec(model);
+    if (!cfg.ok()) return cfg.status();
+    r.t = cfg->seq_len;
+    r.c = cfg->d_model;
+    r.vocab = cfg->vocab;
+  } else {
+    absl::StatusOr<MlpLmConfig> cfg = MlpLmConfigFromSpec(model);
+    if (!cfg.ok()) return cfg.status();
+    r.k = model.context();
+  }
+  return r;
+}
+
+// INVALID_ARGUMENT when `g` is not a layer of the model.
+absl::Status CheckProfiledLayer(const ProfileRequest& r, int g) {
+  if (g >= 0 && g < r.num_layers) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("profile: layer ", g, " is outside the model's ", r.num_layers, " layers"));
+}
+
+// A layer's token inputs of the job's shape: tokens and targets drawn uniformly from `rng`.
+void DrawIds(const ProfileRequest& r, Rng& rng, IntTensor& tokens, IntTensor& targets) {
+  tokens.Reset(r.gpt ? std::vector<int64_t>{r.b, r.t} : std::vector<int64_t>{r.b, r.k});
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int32_t>(rng.Below(static_cast<uint64_t>(r.vocab)));
+  }
+  targets.Reset(r.gpt ? std::vector<int64_t>{r.b, r.t} : std::vector<int64_t>{r.b});
+  for (size_t i = 0; i < targets.size(); ++i) {
+    targets[i] = static_cast<int32_t>(rng.Below(static_cast<uint64_t>(r.vocab)));
+  }
+}
+
+// The activation (and gradient) shape between layers.
+std::vector<int64_t> ActivationShape(const ProfileRequest& r) {
+  return r.gpt ? std::vector<int64_t>{r.b, r.t, r.c} : std::vector<int64_t>{r.b, r.c};
+}
+
+// The timed repeats of one layer: its passes (forward, backward, I, W) and its applies.
+struct Timings {
+  std::vector<double> fwd, bwd, in, wt, apply;
+  double timed = 0.0;  // seconds spent in timed passes so far
+
+  void AddPass(double f, double b, double i, double w) {
+    timed += f + b + i + w;
+    fwd.push_back(f);
+    bwd.push_back(b);
+    in.push_back(i);
+    wt.push_back(w);
+  }
+  // The medians into `p`.
+  void Report(v1::LayerProfile& p) const {
+    p.set_apply_seconds(Median(apply));
+    p.set_forward_seconds(Median(fwd));
+    p.set_backward_seconds(Median(bwd));
+    p.set_backward_input_seconds(Median(in));
+    p.set_backward_weight_seconds(Median(wt));
+  }
+};
+
 }  // namespace
 
 absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& spec,
                                                             const std::vector<int>& layers,
                                                             int repeats) {
+  absl::StatusOr<ProfileRequest> request = CheckProfileRequest(spec, layers, repeats);
+  if (!request.ok()) return request.status();
+  const ProfileRequest& r = *request;
   const v1::ModelSpec& model = spec.model();
-  const bool gpt = model.arch() == "gpt";
-  const int num_layers = NumLayers(model);
-  std::vector<int> which = layers;
-  if (which.empty()) {
-    for (int g = 0; g < num_layers; ++g) which.push_back(g);
-  }
-  repeats = repeats <= 0 ? 3 : std::min(repeats, 20);
-  const int64_t b = spec.pipeline().micro_batch_size();
-  if (b < 1 || b > (1 << 20)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("profile: pipeline.micro_batch_size must be in [1, 2^20], got ", b));
-  }
-  int64_t t = 1, c = model.d_model(), vocab = model.vocab_size(), k = 1;
-  if (gpt) {
-    absl::StatusOr<GptConfig> cfg = GptConfigFromSpec(model);
-    if (!cfg.ok()) return cfg.status();
-    t = cfg->seq_len;
-    c = cfg->d_model;
-    vocab = cfg->vocab;
-  } else {
-    absl::StatusOr<MlpLmConfig> cfg = MlpLmConfigFromSpec(model);
-    if (!cfg.ok()) return cfg.status();
-    k = model.context();
-  }
+  const bool gpt = r.gpt;
+  const int64_t b = r.b, t = r.t;
   const int64_t state_floats = 2 + OptimizerFloatsPerElement(spec.optimizer());
   std::vector<v1::LayerProfile> out;
-  for (int g : which) {
-    if (g < 0 || g >= num_layers) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("profile: layer ", g, " is outside the model's ", num_layers, " layers"));
-    }
+  for (int g : r.layers) {
+    if (absl::Status s = CheckProfiledLayer(r, g); !s.ok()) return s;
     absl::StatusOr<std::vector<std::unique_ptr<Layer>>> built =
         gpt ? BuildGptLayers(model, spec.seed(), g, g + 1)
             : BuildMlpLmLayers(model, spec.seed(), g, g + 1);
@@ -78,15 +147,9 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& s
     Layer& layer = *(*built)[0];
     // Inputs of the job's shape: tokens and targets drawn uniformly, activations normal.
     Rng rng(MixSeed(spec.seed(), 0x9e3779b9u + static_cast<uint64_t>(g)));
-    IntTensor tokens(gpt ? std::vector<int64_t>{b, t} : std::vector<int64_t>{b, k});
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      tokens[i] = static_cast<int32_t>(rng.Below(static_cast<uint64_t>(vocab)));
-    }
-    IntTensor targets(gpt ? std::vector<int64_t>{b, t} : std::vector<int64_t>{b});
-    for (size_t i = 0; i < targets.size(); ++i) {
-      targets[i] = static_cast<int32_t>(rng.Below(static_cast<uint64_t>(vocab)));
-    }
-    Tensor input(gpt ? std::vector<int64_t>{b, t, c} : std::vector<int64_t>{b, c});
+    IntTensor tokens, targets;
+    DrawIds(r, rng, tokens, targets);
+    Tensor input(ActivationShape(r));
     for (size_t i = 0; i < input.size(); ++i) input[i] = static_cast<float>(rng.Normal());
     MicroBatchData data{&tokens, &targets, b * t * 4};
     const Tensor none;
@@ -98,9 +161,8 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& s
     for (const Parameter* q : layer.Parameters()) params += static_cast<int64_t>(q->value.size());
     p.set_parameter_count(params);
     p.set_static_bytes(params * state_floats * static_cast<int64_t>(sizeof(float)));
-    std::vector<double> fwd, bwd, in, wt;
-    double timed = 0.0;  // seconds spent in timed repeats so far
-    for (int r = 0; r <= repeats && timed < kProfileBudgetSeconds; ++r) {
+    Timings times;
+    for (int rep = 0; rep <= r.repeats && times.timed < kProfileBudgetSeconds; ++rep) {
       SavedContext ctx;
       Tensor y, gin;
       absl::Status s;
@@ -118,20 +180,14 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& s
       if (!s.ok()) return s;
       const double ww = Seconds([&] { s = layer.BackwardWeight(ctx); });
       if (!s.ok()) return s;
-      if (r == 0) continue;  // warm-up
-      timed += f + bb + ii + ww;
-      fwd.push_back(f);
-      bwd.push_back(bb);
-      in.push_back(ii);
-      wt.push_back(ww);
+      if (rep > 0) times.AddPass(f, bb, ii, ww);  // the first is a warm-up
     }
     // The once-per-step phase: the gradient-norm pass over the layer's gradients and the
     // optimizer update (which also zeroes them).
     std::vector<Parameter*> weights = layer.Parameters();
     absl::StatusOr<std::unique_ptr<Optimizer>> opt = MakeOptimizer(spec.optimizer(), weights);
     if (!opt.ok()) return opt.status();
-    std::vector<double> apply;
-    for (int r = 0; r <= repeats; ++r) {
+    for (int rep = 0; rep <= r.repeats; ++rep) {
       double norm = 0.0;
       const double a = Seconds([&] {
         for (const Parameter* q : weights) {
@@ -139,13 +195,9 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& s
         }
         (*opt)->Step(1e-6f);
       });
-      if (r > 0) apply.push_back(a + (norm < 0 ? 1 : 0));  // (norm keeps the pass alive)
+      if (rep > 0) times.apply.push_back(a + (norm < 0 ? 1 : 0));  // (norm keeps the pass alive)
     }
-    p.set_apply_seconds(Median(apply));
-    p.set_forward_seconds(Median(fwd));
-    p.set_backward_seconds(Median(bwd));
-    p.set_backward_input_seconds(Median(in));
-    p.set_backward_weight_seconds(Median(wt));
+    times.Report(p);
     out.push_back(std::move(p));
   }
   return out;
@@ -155,27 +207,12 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayersOn(const v1::JobSpec&
                                                               const std::vector<int>& layers,
                                                               int repeats,
                                                               const ComputeFactory& make) {
-  const v1::ModelSpec& model = spec.model();
-  const bool gpt = model.arch() == "gpt";
-  const int num_layers = NumLayers(model);
-  std::vector<int> which = layers;
-  if (which.empty()) {
-    for (int g = 0; g < num_layers; ++g) which.push_back(g);
-  }
-  repeats = repeats <= 0 ? 3 : std::min(repeats, 20);
-  const int64_t b = spec.pipeline().micro_batch_size();
-  if (b < 1 || b > (1 << 20)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("profile: pipeline.micro_batch_size must be in [1, 2^20], got ", b));
-  }
-  const int64_t t = gpt ? model.seq_len() : 1, k = gpt ? model.seq_len() : model.context();
-  const int64_t c = model.d_model(), vocab = model.vocab_size();
+  absl::StatusOr<ProfileRequest> request = CheckProfileRequest(spec, layers, repeats);
+  if (!request.ok()) return request.status();
+  const ProfileRequest& r = *request;
   std::vector<v1::LayerProfile> out;
-  for (int g : which) {
-    if (g < 0 || g >= num_layers) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("profile: layer ", g, " is outside the model's ", num_layers, " layers"));
-    }
+  for (int g : r.layers) {
+    if (absl::Status s = CheckProfiledLayer(r, g); !s.ok()) return s;
     v1::StageProgram program;
     program.set_job_id("profile");
     program.set_num_ranks(1);
@@ -187,26 +224,18 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayersOn(const v1::JobSpec&
     absl::StatusOr<std::unique_ptr<StageCompute>> built = make(program);
     if (!built.ok()) return built.status();
     StageCompute& compute = **built;
-    const bool first = g == 0, last = g == num_layers - 1;
+    const bool first = g == 0, last = g == r.num_layers - 1;
     Rng rng(MixSeed(spec.seed(), 0x9e3779b9u + static_cast<uint64_t>(g)));
-    IntTensor tokens(gpt ? std::vector<int64_t>{b, t} : std::vector<int64_t>{b, k});
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      tokens[i] = static_cast<int32_t>(rng.Below(static_cast<uint64_t>(vocab)));
-    }
-    IntTensor targets(gpt ? std::vector<int64_t>{b, t} : std::vector<int64_t>{b});
-    for (size_t i = 0; i < targets.size(); ++i) {
-      targets[i] = static_cast<int32_t>(rng.Below(static_cast<uint64_t>(vocab)));
-    }
-    const MicroBatchData data{&tokens, &targets, b * t * 4};
-    const std::vector<int64_t> shape =
-        gpt ? std::vector<int64_t>{b, t, c} : std::vector<int64_t>{b, c};
+    IntTensor tokens, targets;
+    DrawIds(r, rng, tokens, targets);
+    const MicroBatchData data{&tokens, &targets, r.b * r.t * 4};
+    const std::vector<int64_t> shape = ActivationShape(r);
 
     v1::LayerProfile p;
     p.set_layer(g);
     p.set_parameter_count(compute.parameter_count());
     p.set_static_bytes(compute.static_bytes(0));
-    std::vector<double> fwd, bwd, in, wt;
-    double timed = 0.0;
+    Timings times;
     absl::Status s;
     // One forward and its backward: B on micro-batch 0, I then W on micro-batch 1.
     auto forward = [&](int mb, size_t* saved, size_t* output) -> double {
@@ -234,7 +263,7 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayersOn(const v1::JobSpec&
       }
       return *std::move(buf);
     };
-    for (int r = 0; r <= repeats && timed < kProfileBudgetSeconds; ++r) {
+    for (int rep = 0; rep <= r.repeats && times.timed < kProfileBudgetSeconds; ++rep) {
       size_t saved = 0, output = 0;
       const double f = forward(0, &saved, &output);
       if (!s.ok()) return s;
@@ -256,29 +285,19 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayersOn(const v1::JobSpec&
       const double ww =
           Seconds([&] { s = compute.Backward(0, 1, v1::ACTION_W, nullptr, nullptr); });
       if (!s.ok()) return s;
-      if (r == 0) continue;  // warm-up
-      timed += f + bb + ii + ww;
-      fwd.push_back(f);
-      bwd.push_back(bb);
-      in.push_back(ii);
-      wt.push_back(ww);
+      if (rep > 0) times.AddPass(f, bb, ii, ww);  // the first is a warm-up
     }
     compute.DropSaved();
     // The once-per-step phase: the gradient norm and the optimizer update.
-    std::vector<double> apply;
-    for (int r = 0; r <= repeats; ++r) {
+    for (int rep = 0; rep <= r.repeats; ++rep) {
       const double a = Seconds([&] {
         s = compute.GradientStats(/*count_tied=*/true).status();
         if (s.ok()) s = compute.Apply(1e-6f, 1.0f, /*skip=*/false);
       });
       if (!s.ok()) return s;
-      if (r > 0) apply.push_back(a);
+      if (rep > 0) times.apply.push_back(a);
     }
-    p.set_apply_seconds(Median(apply));
-    p.set_forward_seconds(Median(fwd));
-    p.set_backward_seconds(Median(bwd));
-    p.set_backward_input_seconds(Median(in));
-    p.set_backward_weight_seconds(Median(wt));
+    times.Report(p);
     out.push_back(std::move(p));
   }
   return out;
