@@ -374,13 +374,19 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
   absl::StatusOr<std::unique_ptr<CpuStageCompute>> compute =
       CpuStageCompute::Create(program, MicroBatchSlots(program));
   if (!compute.ok()) return Annotate(compute.status(), PrefixOf(program));
-  return Create(program, std::move(data), std::move(transport), *std::move(compute));
+  return CreateValidated(program, std::move(data), std::move(transport), *std::move(compute));
 }
 
 absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     const v1::StageProgram& program, Dataset data, std::unique_ptr<Transport> transport,
     std::unique_ptr<StageCompute> compute) {
   if (absl::Status s = ValidateStageProgram(program); !s.ok()) return s;
+  return CreateValidated(program, std::move(data), std::move(transport), std::move(compute));
+}
+
+absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::CreateValidated(
+    const v1::StageProgram& program, Dataset data, std::unique_ptr<Transport> transport,
+    std::unique_ptr<StageCompute> compute) {
   const std::string prefix = absl::StrCat("rank ", program.rank());
   if (compute == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(prefix, ": no compute backend"));

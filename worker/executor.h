@@ -160,6 +160,10 @@ class StageExecutor {
     int next_rank = -1;  // rank of stage + 1 (-1 on the last stage)
   };
 
+  // Create after ValidateStageProgram(program) passed (once).
+  static absl::StatusOr<std::unique_ptr<StageExecutor>> CreateValidated(
+      const v1::StageProgram& program, Dataset data, std::unique_ptr<Transport> transport,
+      std::unique_ptr<StageCompute> compute);
   StageExecutor(const v1::StageProgram& program, Dataset data, std::unique_ptr<Transport> transport,
                 std::unique_ptr<StageCompute> compute);
   // Makes the copies of every tied parameter equal to their summed gradient: locally when
