@@ -146,13 +146,17 @@ std::vector<Parameter*> CpuStageCompute::HostParameters() {
   return out;
 }
 
-std::vector<Parameter*> CpuStageCompute::TiedCopies() {
+std::map<std::string, std::vector<Parameter*>> CpuStageCompute::TiedByName() {
   std::map<std::string, std::vector<Parameter*>> tied;
   for (Parameter* p : HostParameters()) {
     if (p->tied) tied[p->name].push_back(p);
   }
+  return tied;
+}
+
+std::vector<Parameter*> CpuStageCompute::TiedCopies() {
   std::vector<Parameter*> out;
-  for (auto& [name, copies] : tied) out.insert(out.end(), copies.begin(), copies.end());
+  for (auto& [name, copies] : TiedByName()) out.insert(out.end(), copies.begin(), copies.end());
   return out;
 }
 
@@ -163,9 +167,7 @@ std::vector<TiedGradient> CpuStageCompute::TiedGradients() {
 }
 
 absl::Status CpuStageCompute::SumLocalTiedGradients() {
-  std::map<std::string, std::vector<Parameter*>> tied;
-  for (Parameter* p : TiedCopies()) tied[p->name].push_back(p);
-  for (auto& [name, copies] : tied) {
+  for (auto& [name, copies] : TiedByName()) {
     if (copies.size() != 2) continue;
     std::vector<float>& a = copies[0]->grad.vec();
     std::vector<float>& b = copies[1]->grad.vec();

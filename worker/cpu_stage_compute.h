@@ -6,6 +6,7 @@
 #ifndef TANDEM_WORKER_CPU_STAGE_COMPUTE_H_
 #define TANDEM_WORKER_CPU_STAGE_COMPUTE_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,7 +53,8 @@ class CpuStageCompute final : public StageCompute {
   std::vector<SavedContext>& Saved(int chunk, int mb) {
     return saved_[static_cast<size_t>(chunk) * slots_ + static_cast<size_t>(mb)];
   }
-  // The tied parameters' copies here, by name then layer order.
+  // The tied parameters' copies here, by name (each name's in layer order), and flattened.
+  std::map<std::string, std::vector<Parameter*>> TiedByName();
   std::vector<Parameter*> TiedCopies();
 
   std::vector<std::vector<std::unique_ptr<Layer>>> chunks_;  // the layers of each chunk
