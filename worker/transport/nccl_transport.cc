@@ -346,11 +346,11 @@ absl::Status NcclTransport::Queue(absl::Span<const Op> ops) {
     }
   }
   if (aborted_.load()) return absl::AbortedError("nccl transport: post: transport aborted");
+  absl::MutexLock lock(&mu_);
   if (queued_.size() + ops.size() > static_cast<size_t>(kMaxInFlight)) {
     return absl::ResourceExhaustedError(
         absl::StrCat("rank ", options_.rank, ": more than ", kMaxInFlight, " transfers posted"));
   }
-  absl::MutexLock lock(&mu_);
   queued_.insert(queued_.end(), ops.begin(), ops.end());
   return absl::OkStatus();
 }
@@ -371,14 +371,7 @@ absl::Status NcclTransport::PostBatch(absl::Span<const Op> ops) {
 }
 
 absl::Status NcclTransport::Launch(absl::Span<const Op> ops) {
-  // Bad arguments first (as GlooTransport), then the aborted state.
-  for (const Op& op : ops) {
-    if (absl::Status s = CheckPeer(op.peer); !s.ok()) return s;
-    if (op.data == nullptr && op.bytes > 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", options_.rank, ": null buffer for ", op.bytes, " bytes"));
-    }
-  }
+  // The arguments passed Queue's checks (peers, buffers, receives not yet posted).
   if (aborted_.load()) return absl::AbortedError("nccl transport: post: transport aborted");
   // The calling thread's current device may not be this rank's (Connect may have run on
   // another thread); the stream, events and header slots live on options_.device.
@@ -386,16 +379,6 @@ absl::Status NcclTransport::Launch(absl::Span<const Op> ops) {
   absl::MutexLock lock(&mu_);
   if (comm_ == nullptr) return absl::AbortedError("nccl transport: post: transport aborted");
   if (!broken_.ok()) return broken_;
-  std::set<std::pair<int, uint64_t>> batch_recvs;
-  for (const Op& op : ops) {
-    if (op.kind != Op::Kind::kRecv) continue;
-    if (pending_recvs_.contains({op.peer, op.tag}) ||
-        !batch_recvs.insert({op.peer, op.tag}).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", options_.rank, ": a receive from peer rank ", op.peer, " with tag ",
-                       Hex(op.tag), " is already posted"));
-    }
-  }
   if (ops.size() > free_slots_.size()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("rank ", options_.rank, ": more than ", kMaxInFlight, " transfers in flight"));
