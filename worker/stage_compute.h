@@ -108,7 +108,8 @@ class StageCompute {
 
   // Parameter elements of this worker (every copy of a tied parameter counted).
   virtual int64_t parameter_count() const = 0;
-  // The chunk's parameters, their gradients and its share of the optimizer state, in bytes.
+  // The chunk's parameters, their gradients and its share of the optimizer state, in bytes
+  // (a device backend adds what else it keeps for the chunk: compute copies, workspace).
   virtual int64_t static_bytes(int chunk) const = 0;
 
   // Tied parameters: this worker's copies of their gradients, by name, then by copy (the
