@@ -948,22 +948,6 @@ absl::Status GpuGpt::CheckIndex(size_t index, size_t count) const {
   return absl::OkStatus();
 }
 
-absl::Status GpuGpt::SetParameter(size_t index, const float* host, size_t count) {
-  GPT_RETURN_IF_ERROR(CheckIndex(index, count));
-  Impl& im = *impl_;
-  const GpuGptTensor& t = layout_[index];
-  // Ordered after any work on the model's stream that still reads the old values.
-  GPT_RETURN_IF_ERROR(im.stream.Synchronize());
-  TANDEM_CUDA_RETURN_IF_ERROR(
-      cudaMemcpy(im.P(index), host, count * sizeof(float), cudaMemcpyHostToDevice));
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cudaStreamLegacy));
-  if (t.compute_copy) {
-    GPT_RETURN_IF_ERROR(ConvertToBf16(im.s(), im.P(index), im.compute.data() + t.compute_offset,
-                                      static_cast<int64_t>(t.count)));
-  }
-  return im.stream.Synchronize();
-}
-
 namespace {
 // A synchronous device-to-host copy of `count` floats.
 absl::Status Download(const float* device, float* host, size_t count) {
@@ -978,6 +962,20 @@ absl::Status Upload(const float* host, float* device, size_t count) {
   return absl::OkStatus();
 }
 }  // namespace
+
+absl::Status GpuGpt::SetParameter(size_t index, const float* host, size_t count) {
+  GPT_RETURN_IF_ERROR(CheckIndex(index, count));
+  Impl& im = *impl_;
+  const GpuGptTensor& t = layout_[index];
+  // Ordered after any work on the model's stream that still reads the old values.
+  GPT_RETURN_IF_ERROR(im.stream.Synchronize());
+  GPT_RETURN_IF_ERROR(Upload(host, im.P(index), count));
+  if (t.compute_copy) {
+    GPT_RETURN_IF_ERROR(ConvertToBf16(im.s(), im.P(index), im.compute.data() + t.compute_offset,
+                                      static_cast<int64_t>(t.count)));
+  }
+  return im.stream.Synchronize();
+}
 
 absl::Status GpuGpt::GetParameter(size_t index, float* host, size_t count) const {
   GPT_RETURN_IF_ERROR(CheckIndex(index, count));
