@@ -164,7 +164,7 @@ void AppendStep(const StepTimeline& t, int64_t base_ns, int64_t* next_id,
         R"(,"dur":)", Micros(times[i].dur_ns), R"(,"pid":)", Pid(s.stage), R"(,"tid":)",
         Tid(s.stage, compute), R"(,"args":{"stage":)", s.stage, R"(,"micro_batch":)", s.micro_batch,
         R"(,"kind":")", ActionKindName(s.kind), R"(","step":)", StepNumber(t.step), R"(,"rank":)",
-        s.rank, "}}"));
+        s.rank, s.device_us > 0 ? absl::StrCat(R"(,"device_us":)", s.device_us) : "", "}}"));
     // The flow starts right after its send, so that at an equal timestamp the viewer has
     // already opened the send and binds the flow to it.
     if (auto it = link_of_send.find(i); it != link_of_send.end()) {
@@ -335,8 +335,8 @@ absl::StatusOr<StepTimeline> BuildStepTimeline(const Schedule& lowered,
         return Bad(absl::StrCat("rank ", r, " action ", i, " (", ActionToString(a),
                                 ") names a stage outside the ", num_stages, " stages"));
       }
-      out.slices.push_back(
-          {r, i, a.stage, a.kind, a.micro_batch, t.start_us() + offset, t.end_us() + offset});
+      out.slices.push_back({r, i, a.stage, a.kind, a.micro_batch, t.start_us() + offset,
+                            t.end_us() + offset, IsComputeAction(a.kind) ? t.device_us() : 0});
     }
   }
   std::sort(out.slices.begin(), out.slices.end(),
@@ -364,8 +364,11 @@ absl::StatusOr<StepTimeline> BuildStepTimeline(const Schedule& lowered,
     if (!stage_labels.empty()) out.stages[s].label = stage_labels[s];
   }
   for (const TimelineSlice& s : out.slices) {
-    (IsComputeAction(s.kind) ? out.stages[s.stage].busy_us : out.stages[s.stage].comm_us) +=
-        s.duration_us();
+    if (IsComputeAction(s.kind)) {
+      out.stages[s.stage].busy_us += s.busy_us();
+    } else {
+      out.stages[s.stage].comm_us += s.duration_us();
+    }
   }
   for (StageTimes& st : out.stages) {
     st.idle_us = std::max<int64_t>(0, out.span_us - st.busy_us - st.comm_us);

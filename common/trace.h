@@ -13,6 +13,7 @@
 #ifndef TANDEM_COMMON_TRACE_H_
 #define TANDEM_COMMON_TRACE_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -33,8 +34,15 @@ struct TimelineSlice {
   int micro_batch = 0;
   int64_t start_us = 0;
   int64_t end_us = 0;
+  // A compute action's time by the device's clock (ActionTiming.device_us), or 0.
+  int64_t device_us = 0;
 
   int64_t duration_us() const { return end_us - start_us; }
+  // What the action kept its device busy: the device time where there is one (never more
+  // than the interval, which brackets it), else the interval (a CPU worker's compute).
+  int64_t busy_us() const {
+    return device_us > 0 ? std::min(device_us, duration_us()) : duration_us();
+  }
 };
 
 // What one stage did during the step. busy + comm + idle = the step's span (idle is never
@@ -43,7 +51,7 @@ struct TimelineSlice {
 struct StageTimes {
   int rank = 0;
   std::string label;    // as given to BuildStepTimeline (e.g. the worker's address), or empty
-  int64_t busy_us = 0;  // compute: F, B, I, W
+  int64_t busy_us = 0;  // compute: F, B, I, W (by the device's clock where it has one)
   int64_t comm_us = 0;  // SEND_* and RECV_* (a receive's time is mostly waiting for its data)
   int64_t idle_us = 0;  // neither
   double bubble = 0.0;  // 1 - busy / span: the share of the step the stage did not compute

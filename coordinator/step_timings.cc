@@ -64,10 +64,15 @@ v1::StepTimings StepTimingsOf(int64_t step, const std::vector<v1::StepReport>& r
     for (const v1::ActionTiming& t : report->timings()) origin = std::min(origin, t.start_us());
     if (report->timings().empty()) origin = 0;
     rank->set_origin_us(origin);
+    bool device = false;
     for (const v1::ActionTiming& t : report->timings()) {
       rank->add_index(t.index());
       rank->add_start_us(t.start_us() - origin);
       rank->add_end_us(t.end_us() - origin);
+      device = device || t.device_us() > 0;
+    }
+    if (device) {
+      for (const v1::ActionTiming& t : report->timings()) rank->add_device_us(t.device_us());
     }
   }
   return out;
@@ -85,6 +90,7 @@ std::vector<v1::StepReport> ReportsOf(const v1::StepTimings& step) {
       t->set_index(rank.index(i));
       t->set_start_us(rank.origin_us() + rank.start_us(i));
       t->set_end_us(rank.origin_us() + rank.end_us(i));
+      if (i < rank.device_us_size()) t->set_device_us(rank.device_us(i));
     }
   }
   return out;

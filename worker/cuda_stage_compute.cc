@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "worker/backend/cuda/cuda_status.h"
 #include "worker/backend/cuda/device_buffer.h"
 #include "worker/model/gpt.h"
@@ -23,15 +24,57 @@ namespace {
 using cuda::DeviceBuffer;
 using cuda::GpuGpt;
 
+}  // namespace
+
+// Micro-batch buffers (activations and gradients between stages), reused by size: a cudaMalloc
+// per micro-batch costs more than a small stage's kernels, and cudaFree synchronises the whole
+// device. A buffer returns here when the executor drops it, which is after its last use (a
+// compute call returns when the device is done; a send's buffer is kept until WaitSends), so
+// the pool holds at most the step's peak of live buffers, which the executor already counts in
+// the stage's activation bytes. Shared by the compute and its buffers, which may outlive it.
+class CudaStageCompute::BufferPool {
+ public:
+  absl::StatusOr<DeviceBuffer<float>> Take(size_t count) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = free_.find(count);
+      if (it != free_.end() && !it->second.empty()) {
+        DeviceBuffer<float> b = std::move(it->second.back());
+        it->second.pop_back();
+        return b;
+      }
+    }
+    return DeviceBuffer<float>::Create(count);
+  }
+  void Give(DeviceBuffer<float> b) {
+    absl::MutexLock lock(&mu_);
+    free_[b.size()].push_back(std::move(b));
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<size_t, std::vector<DeviceBuffer<float>>> free_ ABSL_GUARDED_BY(mu_);
+};
+
+namespace {
+
 class DeviceStageBuffer final : public StageBuffer {
  public:
-  explicit DeviceStageBuffer(DeviceBuffer<float> b) : buffer_(std::move(b)) {}
+  DeviceStageBuffer(DeviceBuffer<float> b, std::shared_ptr<CudaStageCompute::BufferPool> pool)
+      : buffer_(std::move(b)), pool_(std::move(pool)) {}
+  ~DeviceStageBuffer() override { pool_->Give(std::move(buffer_)); }
   void* data() override { return buffer_.data(); }
   size_t bytes() const override { return buffer_.size() * sizeof(float); }
 
  private:
   DeviceBuffer<float> buffer_;
+  std::shared_ptr<CudaStageCompute::BufferPool> pool_;
 };
+
+// An event-measured time in whole microseconds, at least 1 (0 means "no device time").
+int64_t DeviceMicros(float ms) {
+  return std::max<int64_t>(1, std::llround(static_cast<double>(ms) * 1000.0));
+}
 
 const float* Data(const StageBufferPtr& b) {
   return b == nullptr ? nullptr : static_cast<const float*>(b->data());
@@ -76,6 +119,7 @@ absl::StatusOr<std::unique_ptr<CudaStageCompute>> CudaStageCompute::Create(
   }
   if (absl::Status s = cuda::CudaAvailable(); !s.ok()) return s;
   std::unique_ptr<CudaStageCompute> c(new CudaStageCompute());
+  c->pool_ = std::make_shared<BufferPool>();
   c->device_ = device;
   if (absl::Status s = c->Use(); !s.ok()) return s;
   cuda::AdamWHyper hyper;
@@ -119,9 +163,9 @@ absl::StatusOr<StageBufferPtr> CudaStageCompute::NewBuffer(const std::vector<int
   if (absl::Status s = Use(); !s.ok()) return s;
   size_t n = 1;
   for (int64_t d : shape) n *= static_cast<size_t>(d);
-  absl::StatusOr<DeviceBuffer<float>> b = DeviceBuffer<float>::Create(n);
+  absl::StatusOr<DeviceBuffer<float>> b = pool_->Take(n);
   if (!b.ok()) return b.status();
-  return std::make_unique<DeviceStageBuffer>(*std::move(b));
+  return std::make_unique<DeviceStageBuffer>(*std::move(b), pool_);
 }
 
 absl::StatusOr<double> CudaStageCompute::Forward(int chunk, int mb, StageBufferPtr input,
@@ -139,9 +183,11 @@ absl::StatusOr<double> CudaStageCompute::Forward(int chunk, int mb, StageBufferP
   const double normalizer = static_cast<double>(std::max<int64_t>(data.loss_normalizer, 1));
   const int32_t* tokens = stage.has_embedding() && data.tokens ? data.tokens->data() : nullptr;
   const int32_t* targets = stage.has_head() && data.targets ? data.targets->data() : nullptr;
+  last_device_us_ = 0;
   absl::StatusOr<double> sum = stage.Forward(mb, tokens, targets, Data(input), out,
                                              static_cast<float>(1.0 / normalizer), save);
   if (!sum.ok()) return sum.status();
+  last_device_us_ = DeviceMicros(stage.last_times().forward_ms);
   return *sum / normalizer;
 }
 
@@ -149,6 +195,7 @@ absl::Status CudaStageCompute::Backward(int chunk, int mb, v1::ActionKind kind,
                                         StageBufferPtr grad_output, StageBufferPtr* grad_input) {
   if (absl::Status s = Use(); !s.ok()) return s;
   GpuGpt& stage = *stages_[chunk];
+  last_device_us_ = 0;
   // I does all the work; W has nothing left (its forward must have been consumed by I).
   if (kind == v1::ACTION_W) {
     if (stage.SavedBytes(mb) != 0) {
@@ -163,7 +210,9 @@ absl::Status CudaStageCompute::Backward(int chunk, int mb, v1::ActionKind kind,
     *grad_input = *std::move(b);
     din = static_cast<float*>((*grad_input)->data());
   }
-  return stage.Backward(mb, Data(grad_output), din);
+  if (absl::Status s = stage.Backward(mb, Data(grad_output), din); !s.ok()) return s;
+  last_device_us_ = DeviceMicros(stage.last_times().backward_ms);
+  return absl::OkStatus();
 }
 
 size_t CudaStageCompute::SavedBytes(int chunk, int mb) const {

@@ -34,6 +34,8 @@ absl::StatusOr<int> ParseCudaDevice(absl::string_view device);
 
 class CudaStageCompute final : public StageCompute {
  public:
+  class BufferPool;  // reused micro-batch buffers (cuda_stage_compute.cc)
+
   // The stages of every chunk of a program that ValidateStageProgram accepted, on CUDA device
   // `device`. INVALID_ARGUMENT for a model or optimizer the backend does not run;
   // FAILED_PRECONDITION without the device; RESOURCE_EXHAUSTED when it does not fit.
@@ -47,6 +49,7 @@ class CudaStageCompute final : public StageCompute {
                                  StageBufferPtr* output) override;
   absl::Status Backward(int chunk, int mb, v1::ActionKind kind, StageBufferPtr grad_output,
                         StageBufferPtr* grad_input) override;
+  int64_t last_device_us() const override { return last_device_us_; }
   size_t SavedBytes(int chunk, int mb) const override;
   void DropSaved() override;
   int64_t parameter_count() const override { return parameter_count_; }
@@ -69,7 +72,9 @@ class CudaStageCompute final : public StageCompute {
 
   int device_ = 0;
   int64_t activation_elements_ = 0;  // B * T * C
+  int64_t last_device_us_ = 0;
   std::vector<std::unique_ptr<cuda::GpuGpt>> stages_;
+  std::shared_ptr<BufferPool> pool_;
   int64_t parameter_count_ = 0;
   std::vector<int64_t> static_bytes_;
   // Host copies behind the latest CheckpointTensors() (stable addresses).

@@ -754,6 +754,7 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode
                          : RunAction(a, step, eval);
     timing->set_end_us(UnixMicros());
     if (!s.ok()) return fail(s, Where(a));
+    if (IsComputeAction(a.kind())) timing->set_device_us(compute_->last_device_us());
     Account(chunk_of_stage_[a.stage()], a.micro_batch());
   }
   if (transport_ != nullptr) {

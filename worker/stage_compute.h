@@ -101,6 +101,11 @@ class StageCompute {
   virtual absl::Status Backward(int chunk, int mb, v1::ActionKind kind, StageBufferPtr grad_output,
                                 StageBufferPtr* grad_input) = 0;
 
+  // The device time of the latest Forward or Backward, by the device's own clock (events on
+  // its compute stream), in microseconds; 0 for a backend without one (the CPU, where the
+  // host's interval around the call is the compute).
+  virtual int64_t last_device_us() const { return 0; }
+
   // Bytes saved by `mb`'s forward of `chunk` and not yet released by its backward.
   virtual size_t SavedBytes(int chunk, int mb) const = 0;
   // Drops every micro-batch's saved state (end of a step, or after a failure).

@@ -57,6 +57,44 @@ TEST(ProfileStep, RecoversCostsAndTheBubble) {
   }
 }
 
+// A GPU worker's compute intervals also hold the host's launches and synchronisation; where
+// it reports the device's own time (ActionTiming.device_us), the profile costs and the busy
+// time are the device's, so that the planner balances GPU stages by GPU time and the bubble
+// counts the host's share as idle. A device time is never taken as longer than its interval.
+TEST(ProfileStep, DeviceTimesReplaceTheHostIntervalsOfComputeActions) {
+  const Schedule lowered = LowerWithTransfers(*GenerateSchedule("1f1b", 2, 4));
+  std::vector<ActionCosts> costs(2, ActionCosts{0.010, 0.020, 0.0, 0.0, 0.0});
+  absl::StatusOr<SimulationResult> sim = SimulateSchedule(lowered, ActionCosts{}, costs);
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  std::vector<v1::StepReport> reports = ReportsOf(lowered, *sim);
+  // The device ran 60% of each forward and backward interval; the host the rest.
+  for (int r = 0; r < 2; ++r) {
+    for (v1::ActionTiming& t : *reports[r].mutable_timings()) {
+      if (!IsComputeAction(lowered.program[r][t.index()].kind)) continue;
+      t.set_device_us(std::llround(0.6 * static_cast<double>(t.end_us() - t.start_us())));
+    }
+  }
+  absl::StatusOr<StepProfile> profile = ProfileStep(lowered, Pointers(reports));
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  for (int st = 0; st < 2; ++st) {
+    EXPECT_NEAR(profile->stage_costs[st].forward, 0.6 * 0.010, 1e-6) << st;
+    EXPECT_NEAR(profile->stage_costs[st].backward, 0.6 * 0.020, 1e-6) << st;
+  }
+  for (int r = 0; r < 2; ++r) EXPECT_NEAR(profile->busy_seconds[r], 0.6 * sim->busy[r], 1e-4);
+  const double max_exec = sim->step_time;
+  const double busy = 0.6 * (sim->busy[0] + sim->busy[1]);
+  EXPECT_NEAR(profile->measured_bubble, 1.0 - busy / (2 * max_exec), 1e-4);
+  EXPECT_GT(profile->measured_bubble, sim->bubble_fraction);
+
+  // A device time longer than its interval (clock noise) counts as the interval.
+  for (v1::ActionTiming& t : *reports[0].mutable_timings()) {
+    if (t.device_us() > 0) t.set_device_us(10 * (t.end_us() - t.start_us()));
+  }
+  profile = ProfileStep(lowered, Pointers(reports));
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_NEAR(profile->busy_seconds[0], sim->busy[0], 1e-4);
+}
+
 TEST(ProfileStep, RejectsReportsThatDoNotMatch) {
   const Schedule lowered = LowerWithTransfers(*GenerateSchedule("1f1b", 2, 2));
   std::vector<v1::StepReport> reports(2);

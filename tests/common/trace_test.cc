@@ -24,6 +24,7 @@ namespace tandem {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int64_t kT0 = 1'700'000'000'000'000;  // a Unix time in microseconds
 
@@ -142,6 +143,31 @@ TEST(BuildStepTimeline, MeasuresBusyCommunicationIdleAndBubblePerStage) {
   EXPECT_EQ(s1.comm_us, 110 + 5 + 1 + 4);
   EXPECT_EQ(s1.idle_us, 925 - 600 - 120);
   EXPECT_NEAR(s1.bubble, 1.0 - 600.0 / 925.0, 1e-12);
+}
+
+// A GPU worker reports each compute action's device time (CUDA events) beside its host
+// interval: the stage's busy time is the device's, the host's share of the interval counts as
+// idle, and the trace event carries the device time as an argument.
+TEST(BuildStepTimeline, DeviceTimesAreTheBusyTimeOfComputeActions) {
+  std::vector<v1::StepReport> reports = TwoStageReports();
+  v1::StepReport& rank0 = reports[0].rank() == 0 ? reports[0] : reports[1];
+  // 0F0 and 0F1 (100 us each) ran 80 us on the device, 0B0 and 0B1 (200 us) 150 us; a device
+  // time longer than its interval is clock noise and counts as the interval.
+  for (int i : {0, 2}) rank0.mutable_timings(i)->set_device_us(80);
+  rank0.mutable_timings(5)->set_device_us(150);
+  rank0.mutable_timings(7)->set_device_us(900);
+  absl::StatusOr<StepTimeline> t =
+      BuildStepTimeline(Lowered("1f1b", 2, 2), reports, {0, kRank1Behind}, {});
+  ASSERT_TRUE(t.ok()) << t.status();
+  const StageTimes& s0 = t->stages[0];
+  EXPECT_EQ(s0.busy_us, 80 + 80 + 150 + 200);
+  EXPECT_EQ(s0.comm_us, 5 + 5 + 210 + 105);
+  EXPECT_EQ(s0.idle_us, 925 - 510 - 325);
+  EXPECT_NEAR(s0.bubble, 1.0 - 510.0 / 925.0, 1e-12);
+  EXPECT_EQ(t->stages[1].busy_us, 600);  // no device times: the intervals
+  const std::string json = TraceEventJson(*t);
+  EXPECT_THAT(json, HasSubstr(R"("device_us":150)"));
+  EXPECT_THAT(json, Not(HasSubstr(R"("device_us":0)")));
 }
 
 TEST(BuildStepTimeline, LinksEverySendToItsReceive) {

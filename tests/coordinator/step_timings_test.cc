@@ -94,6 +94,16 @@ TEST(StepTimingsTest, ProgramAndReportsRoundTripThroughTheRecord) {
       EXPECT_EQ(r.timings(i).end_us(), orig.timings(i).end_us());
     }
   }
+  // Without device times the record carries none; with them they round-trip.
+  EXPECT_EQ(rec.ranks(0).device_us_size(), 0);
+  std::vector<v1::StepReport> gpu = reports;
+  for (v1::StepReport& r : gpu) r.mutable_timings(0)->set_device_us(7 + r.rank());
+  const v1::StepTimings gpu_rec = StepTimingsOf(7, gpu, {0, -5000});
+  ASSERT_EQ(gpu_rec.ranks(1).device_us_size(), gpu_rec.ranks(1).index_size());
+  for (const v1::StepReport& r : ReportsOf(gpu_rec)) {
+    EXPECT_EQ(r.timings(0).device_us(), 7 + r.rank());
+    EXPECT_EQ(r.timings(1).device_us(), 0);
+  }
   // The offsets put both ranks on one clock: both start at the origin.
   absl::StatusOr<StepTimeline> t = TimelineOf(lowered, rec);
   ASSERT_TRUE(t.ok()) << t.status();

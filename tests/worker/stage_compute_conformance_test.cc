@@ -39,8 +39,9 @@ constexpr double kBf16Tol = 3e-2;  // bf16 GEMM operands, fp32 accumulation
 
 struct Backend {
   std::string name;
-  std::string precision;  // the spec's
-  double tol = 0.0;       // relative, against the CPU reference
+  std::string precision;      // the spec's
+  double tol = 0.0;           // relative, against the CPU reference
+  bool device_clock = false;  // times its compute by the device's clock (device_us)
   // Builds the compute for `program`.
   std::function<absl::StatusOr<std::unique_ptr<StageCompute>>(const v1::StageProgram&)> make;
   std::function<std::string()> unavailable;  // empty: usable here
@@ -50,7 +51,7 @@ void PrintTo(const Backend& b, std::ostream* os) { *os << b.name; }
 
 std::vector<Backend> Backends() {
   std::vector<Backend> out;
-  out.push_back({"cpu", "", 0.0,
+  out.push_back({"cpu", "", 0.0, false,
                  [](const v1::StageProgram& p) -> absl::StatusOr<std::unique_ptr<StageCompute>> {
                    auto c = CpuStageCompute::Create(p, StageExecutor::MicroBatchSlots(p));
                    if (!c.ok()) return c.status();
@@ -67,8 +68,8 @@ std::vector<Backend> Backends() {
     absl::Status s = cuda::CudaAvailable();
     return s.ok() ? std::string() : absl::StrCat("no CUDA device: ", s.ToString());
   };
-  out.push_back({"cuda_fp32", "fp32", kFp32Tol, cuda, no_device});
-  out.push_back({"cuda_bf16", "bf16", kBf16Tol, cuda, no_device});
+  out.push_back({"cuda_fp32", "fp32", kFp32Tol, true, cuda, no_device});
+  out.push_back({"cuda_bf16", "bf16", kBf16Tol, true, cuda, no_device});
 #endif
   return out;
 }
@@ -228,6 +229,34 @@ TEST_P(ConformanceTest, SavedActivationsAreAccountedAndReleasedByTheEndOfTheStep
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->stage_memory(0).peak_activation_bytes(),
             r->stage_memory(0).peak_activation_bytes());
+}
+
+// A device backend reports each compute action's device time (CUDA events), within the host
+// interval that brackets it; the CPU reports none (its interval is the compute).
+TEST_P(ConformanceTest, ComputeActionsCarryTheDevicesOwnTime) {
+  const v1::JobSpec spec = Spec(/*tied=*/false, 4);
+  const v1::StageProgram program = MakePrograms(spec, 1, "gpipe")[0];
+  auto ex = Make(program, true);
+  ASSERT_TRUE(ex);
+  absl::StatusOr<v1::StepReport> r = ex->RunStep(0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  int compute = 0;
+  for (const v1::ActionTiming& t : r->timings()) {
+    const v1::ActionKind kind = program.actions(t.index()).kind();
+    if (!IsComputeAction(kind)) {
+      EXPECT_EQ(t.device_us(), 0) << t.index();
+      continue;
+    }
+    ++compute;
+    if (GetParam().device_clock) {
+      EXPECT_GT(t.device_us(), 0) << t.index();
+      // Event times and the host's clock differ by microseconds: 1 ms of slack.
+      EXPECT_LE(t.device_us(), t.end_us() - t.start_us() + 1000) << t.index();
+    } else {
+      EXPECT_EQ(t.device_us(), 0) << t.index();
+    }
+  }
+  EXPECT_EQ(compute, 8);  // 4 F + 4 B
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ConformanceTest, ::testing::ValuesIn(Backends()),
