@@ -482,16 +482,20 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
         std::max(summary.peak_activation_bytes(), rep.peak_activation_bytes()));
     summary.add_rank_peak_activation_bytes(rep.peak_activation_bytes());
   }
-  // Per stage: static + peak activations, as each stage's worker measured them.
-  std::vector<int64_t> stage_peak(static_cast<size_t>(plan_.num_stages()), 0);
+  // Per stage: static + peak activations, and their parts, as each stage's worker measured them.
+  std::vector<v1::StageMemory> stage_memory(static_cast<size_t>(plan_.num_stages()));
+  for (int s = 0; s < plan_.num_stages(); ++s) stage_memory[static_cast<size_t>(s)].set_stage(s);
   for (const auto& resp : responses) {
     for (const v1::StageMemory& m : resp.report().stage_memory()) {
       if (m.stage() >= 0 && m.stage() < plan_.num_stages()) {
-        stage_peak[static_cast<size_t>(m.stage())] = m.static_bytes() + m.peak_activation_bytes();
+        stage_memory[static_cast<size_t>(m.stage())] = m;
       }
     }
   }
-  for (int64_t b : stage_peak) summary.add_stage_peak_bytes(b);
+  for (const v1::StageMemory& m : stage_memory) {
+    summary.add_stage_peak_bytes(m.static_bytes() + m.peak_activation_bytes());
+    *summary.add_stage_memory() = m;
+  }
   if (!has_loss) {
     return absl::InternalError(
         absl::StrCat(what, ": ", WorkerName(LastStageRank()), " reported no loss"));

@@ -243,6 +243,7 @@ absl::Status JobStore::Load() {
         return;
       }
       auto& history = it->second.history;
+      if (!history.empty()) history.back().clear_stage_memory();  // the latest step's only
       history.push_back(std::move(step));
       if (history.size() > kMaxHistory) history.pop_front();
     }));
@@ -617,6 +618,9 @@ void JobStore::RecordStep(const std::string& job_id, const v1::StepSummary& step
     e.job.set_has_val_loss(true);
     e.job.set_last_val_loss(step.val_loss());
   }
+  // The memory breakdown is constant but for the activations' peak (in stage_peak_bytes): only
+  // the latest step keeps it, so that a long history does not carry it per step.
+  if (!e.history.empty()) e.history.back().clear_stage_memory();
   e.history.push_back(step);
   bool trimmed = false;
   while (e.history.size() > kMaxHistory) {

@@ -271,6 +271,29 @@ void RenderJobs(ExpositionWriter& w, const MetricsSnapshot& s) {
              const auto& b = j.totals.last.stage_peak_bytes();
              return std::vector<double>(b.begin(), b.end());
            });
+  // What each stage's memory holds, by part, on its worker's device.
+  any = false;
+  for (const JobMetrics& j : s.jobs) {
+    for (const v1::StageMemory& m : j.totals.last.stage_memory()) {
+      if (!any) {
+        w.Family("tandem_job_stage_memory_bytes", Type::kGauge,
+                 "Memory of each stage by part in the latest step: parameters (with a GPU's "
+                 "compute copies), gradients, optimizer state, workspace, and the step's peak "
+                 "of saved activations and micro-batch buffers.");
+      }
+      any = true;
+      const std::pair<const char*, int64_t> parts[] = {{"parameters", m.parameter_bytes()},
+                                                       {"gradients", m.gradient_bytes()},
+                                                       {"optimizer", m.optimizer_bytes()},
+                                                       {"workspace", m.workspace_bytes()},
+                                                       {"activations", m.peak_activation_bytes()}};
+      for (const auto& [part, bytes] : parts) {
+        Labels labels = StageLabels(j, m.stage());
+        labels.emplace_back("part", part);
+        w.Sample(labels, static_cast<double>(bytes));
+      }
+    }
+  }
   PerStage(w, s, "tandem_job_stage_predicted_microbatch_seconds", Type::kGauge,
            "Forward + backward seconds per micro-batch of each stage, as the layer profile "
            "predicts (jobs with a profile).",

@@ -252,6 +252,14 @@ HttpResponse WebHandlers::Job(const std::string& id, const HttpRequest& request)
       if (s.stage() < last->stage_peak_bytes_size()) {
         st["peak_bytes"] = last->stage_peak_bytes(s.stage());
       }
+      if (s.stage() < last->stage_memory_size()) {
+        const v1::StageMemory& m = last->stage_memory(s.stage());
+        st["memory"] = {{"parameters", m.parameter_bytes()},
+                        {"gradients", m.gradient_bytes()},
+                        {"optimizer", m.optimizer_bytes()},
+                        {"workspace", m.workspace_bytes()},
+                        {"activations_peak", m.peak_activation_bytes()}};
+      }
     }
     stages.push_back(st);
   }

@@ -53,7 +53,7 @@ absl::StatusOr<std::unique_ptr<CpuStageCompute>> CpuStageCompute::Create(
       MakeOptimizer(program.spec().optimizer(), std::move(params));
   if (!opt.ok()) return opt.status();
   c->optimizer_ = std::move(*opt);
-  // Each chunk's static bytes: value and gradient of its parameters, and the optimizer state
+  // Each chunk's static memory: value and gradient of its parameters, and the optimizer state
   // in proportion (AdamW and SGD keep the same floats for every parameter element).
   const size_t state_bytes = c->optimizer_->StateBytes();
   for (const auto& layers : c->chunks_) {
@@ -68,7 +68,8 @@ absl::StatusOr<std::unique_ptr<CpuStageCompute>> CpuStageCompute::Create(
                                                      static_cast<double>(elements) /
                                                      static_cast<double>(c->parameter_count_))
                               : 0;
-    c->static_bytes_.push_back(2 * elements * static_cast<int64_t>(sizeof(float)) + share);
+    const int64_t bytes = elements * static_cast<int64_t>(sizeof(float));
+    c->static_memory_.push_back({bytes, bytes, share, 0});
   }
   c->slots_ = slots;
   c->saved_.resize(c->chunks_.size() * slots);

@@ -36,7 +36,7 @@ class CpuStageCompute final : public StageCompute {
   size_t SavedBytes(int chunk, int mb) const override;
   void DropSaved() override;
   int64_t parameter_count() const override { return parameter_count_; }
-  int64_t static_bytes(int chunk) const override { return static_bytes_[chunk]; }
+  StaticMemory static_memory(int chunk) const override { return static_memory_[chunk]; }
   std::vector<TiedGradient> TiedGradients() override;
   absl::Status SumLocalTiedGradients() override;
   absl::Status AddToTiedGradient(size_t index, StageBuffer& other) override;
@@ -62,7 +62,7 @@ class CpuStageCompute final : public StageCompute {
   size_t slots_ = 0;
   std::vector<std::vector<SavedContext>> saved_;  // chunk * slots_ + mb: one per layer
   int64_t parameter_count_ = 0;
-  std::vector<int64_t> static_bytes_;
+  std::vector<StaticMemory> static_memory_;
 };
 
 }  // namespace tandem::worker

@@ -150,8 +150,10 @@ absl::StatusOr<std::unique_ptr<CudaStageCompute>> CudaStageCompute::Create(
                                        stage.status().message()));
     }
     const cuda::GpuGptMemory& m = (*stage)->memory();
-    c->static_bytes_.push_back(static_cast<int64_t>(m.parameters + m.compute_weights + m.gradients +
-                                                    m.optimizer_state + m.workspace));
+    // The activation slots are the saved activations (SavedBytes), not static memory.
+    c->static_memory_.push_back(
+        {static_cast<int64_t>(m.parameters + m.compute_weights), static_cast<int64_t>(m.gradients),
+         static_cast<int64_t>(m.optimizer_state), static_cast<int64_t>(m.workspace)});
     c->parameter_count_ += (*stage)->num_parameters();
     c->activation_elements_ = cfg.batch * cfg.seq * cfg.d_model;
     c->stages_.push_back(*std::move(stage));

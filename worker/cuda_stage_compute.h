@@ -53,7 +53,7 @@ class CudaStageCompute final : public StageCompute {
   size_t SavedBytes(int chunk, int mb) const override;
   void DropSaved() override;
   int64_t parameter_count() const override { return parameter_count_; }
-  int64_t static_bytes(int chunk) const override { return static_bytes_[chunk]; }
+  StaticMemory static_memory(int chunk) const override { return static_memory_[chunk]; }
   std::vector<TiedGradient> TiedGradients() override;
   absl::Status SumLocalTiedGradients() override;
   absl::Status AddToTiedGradient(size_t index, StageBuffer& other) override;
@@ -76,7 +76,7 @@ class CudaStageCompute final : public StageCompute {
   std::vector<std::unique_ptr<cuda::GpuGpt>> stages_;
   std::shared_ptr<BufferPool> pool_;
   int64_t parameter_count_ = 0;
-  std::vector<int64_t> static_bytes_;
+  std::vector<StaticMemory> static_memory_;
   // Host copies behind the latest CheckpointTensors() (stable addresses).
   std::deque<std::vector<float>> host_f32_;
   std::deque<int64_t> host_steps_;

@@ -782,7 +782,12 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode
   for (size_t c = 0; c < chunks_.size(); ++c) {
     v1::StageMemory* m = report.add_stage_memory();
     m->set_stage(chunks_[c].stage);
-    m->set_static_bytes(compute_->static_bytes(static_cast<int>(c)));
+    const StageCompute::StaticMemory mem = compute_->static_memory(static_cast<int>(c));
+    m->set_static_bytes(mem.total());
+    m->set_parameter_bytes(mem.parameters);
+    m->set_gradient_bytes(mem.gradients);
+    m->set_optimizer_bytes(mem.optimizer);
+    m->set_workspace_bytes(mem.workspace);
     m->set_peak_activation_bytes(static_cast<int64_t>(chunk_peak_bytes_[c]));
   }
   report.set_peak_send_buffer_bytes(static_cast<int64_t>(send_bytes_));

@@ -113,9 +113,18 @@ class StageCompute {
 
   // Parameter elements of this worker (every copy of a tied parameter counted).
   virtual int64_t parameter_count() const = 0;
-  // The chunk's parameters, their gradients and its share of the optimizer state, in bytes
-  // (a device backend adds what else it keeps for the chunk: compute copies, workspace).
-  virtual int64_t static_bytes(int chunk) const = 0;
+  // What the chunk holds for the whole run, in bytes of the device's memory: its parameters
+  // (with a device's compute copies), their gradients, its share of the optimizer state, and a
+  // device backend's workspace. Saved activations are SavedBytes.
+  struct StaticMemory {
+    int64_t parameters = 0;
+    int64_t gradients = 0;
+    int64_t optimizer = 0;
+    int64_t workspace = 0;
+    int64_t total() const { return parameters + gradients + optimizer + workspace; }
+  };
+  virtual StaticMemory static_memory(int chunk) const = 0;
+  int64_t static_bytes(int chunk) const { return static_memory(chunk).total(); }
 
   // Tied parameters: this worker's copies of their gradients, by name, then by copy (the
   // embedding's before the head's).

@@ -310,6 +310,17 @@ std::string FormatJobDetails(const v1::Job& job) {
       stages.AddRow(row);
     }
     absl::StrAppend(&out, "\n", stages.Render());
+    // What the peak is made of, per stage, on its worker's device.
+    if (last != nullptr && last->stage_memory_size() == job.stages_size()) {
+      Table mem({"STAGE", "PARAMETERS", "GRADIENTS", "OPTIMIZER", "WORKSPACE", "ACTIVATIONS"});
+      for (const v1::StageMemory& m : last->stage_memory()) {
+        mem.AddRow({absl::StrCat(m.stage()), FormatBytes(m.parameter_bytes()),
+                    FormatBytes(m.gradient_bytes()), FormatBytes(m.optimizer_bytes()),
+                    FormatBytes(m.workspace_bytes()), FormatBytes(m.peak_activation_bytes())});
+      }
+      absl::StrAppend(&out, "\nMemory per stage (latest step; activations at their peak)\n",
+                      mem.Render());
+    }
     if (!slow.empty()) {
       absl::StrAppend(&out, "warning: stage(s) ", absl::StrJoin(slow, ", "),
                       " ran more than 20% slower than the profile predicts (a busier or slower "

@@ -223,6 +223,21 @@ TEST(FormatJobDetails, PredictedAgainstMeasuredStageTimes) {
   EXPECT_THAT(with_peaks, HasSubstr("MEASURED MS/MB  PEAK / PREDICTED MEM"));
   EXPECT_THAT(with_peaks, HasSubstr("105.0           1.0 GiB / 1.5 GiB"));
   EXPECT_THAT(with_peaks, HasSubstr("130.0 SLOW      6.0 MiB / 5.0 MiB"));
+  EXPECT_THAT(with_peaks, Not(HasSubstr("Memory per stage")));
+  // With the parts of each stage's memory, a table of them.
+  for (int s = 0; s < 2; ++s) {
+    v1::StageMemory* m = last->add_stage_memory();
+    m->set_stage(s);
+    m->set_parameter_bytes(int64_t{256} << 20);
+    m->set_gradient_bytes(int64_t{256} << 20);
+    m->set_optimizer_bytes(int64_t{512} << 20);
+    m->set_workspace_bytes(s == 0 ? int64_t{3} << 20 : 0);
+    m->set_peak_activation_bytes(int64_t{2} << 20);
+  }
+  const std::string parts = FormatJobDetails(job);
+  EXPECT_THAT(parts, HasSubstr("Memory per stage (latest step; activations at their peak)"));
+  EXPECT_THAT(parts, HasSubstr("PARAMETERS  GRADIENTS  OPTIMIZER  WORKSPACE  ACTIVATIONS"));
+  EXPECT_THAT(parts, HasSubstr("256.0 MiB   256.0 MiB  512.0 MiB  3.0 MiB    2.0 MiB"));
 }
 
 // The last step's per-stage compute / transfer / idle seconds, its MFU, and the planner's

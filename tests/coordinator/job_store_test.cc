@@ -338,6 +338,37 @@ TEST_F(JobStorePersistenceTest, TheDatabaseKeepsTheSameLatestStepsAsMemory) {
   EXPECT_EQ(job->steps_done(), steps);
 }
 
+// The per-stage memory breakdown is constant but for the activations: only the latest step of
+// the history keeps it, in memory and after a reopen.
+TEST_F(JobStorePersistenceTest, OnlyTheLatestStepKeepsTheStageMemoryBreakdown) {
+  std::string id;
+  auto with_memory = [](int64_t s) {
+    v1::StepSummary step = Step(s, 1.0);
+    v1::StageMemory* m = step.add_stage_memory();
+    m->set_stage(0);
+    m->set_parameter_bytes(100 + s);
+    return step;
+  };
+  {
+    auto store = Open();
+    id = *store->Add(Spec(3));
+    ASSERT_TRUE(store->Transition(id, v1::RUNNING, "").ok());
+    for (int64_t s = 0; s < 3; ++s) store->RecordStep(id, with_memory(s));
+    ASSERT_TRUE(store->Transition(id, v1::SUCCEEDED, "").ok());
+    auto job = store->Get(id);
+    ASSERT_EQ(job->history_size(), 3);
+    EXPECT_EQ(job->history(0).stage_memory_size(), 0);
+    EXPECT_EQ(job->history(1).stage_memory_size(), 0);
+    ASSERT_EQ(job->history(2).stage_memory_size(), 1);
+    EXPECT_EQ(job->history(2).stage_memory(0).parameter_bytes(), 102);
+  }
+  auto job = Open()->Get(id);
+  ASSERT_EQ(job->history_size(), 3);
+  EXPECT_EQ(job->history(1).stage_memory_size(), 0);
+  ASSERT_EQ(job->history(2).stage_memory_size(), 1);
+  EXPECT_EQ(job->history(2).stage_memory(0).parameter_bytes(), 102);
+}
+
 TEST_F(JobStorePersistenceTest, ASecondStoreOnTheSameDataRootIsRefusedUntilTheFirstCloses) {
   auto first = Open();
   ASSERT_NE(first, nullptr);

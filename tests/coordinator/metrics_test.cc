@@ -41,6 +41,17 @@ v1::StepSummary Step(int64_t step, double seconds, double loss) {
   s.add_stage_seconds(0.002);
   s.add_stage_peak_bytes(3 << 20);
   s.add_stage_peak_bytes(5 << 20);
+  for (int st = 0; st < 2; ++st) {
+    v1::StageMemory* m = s.add_stage_memory();
+    m->set_stage(st);
+    m->set_parameter_bytes((st + 1) << 20);
+    m->set_gradient_bytes((st + 1) << 20);
+    m->set_optimizer_bytes((st + 1) << 21);
+    m->set_workspace_bytes(st << 10);
+    m->set_peak_activation_bytes(12345 + st);
+    m->set_static_bytes(m->parameter_bytes() + m->gradient_bytes() + m->optimizer_bytes() +
+                        m->workspace_bytes());
+  }
   return s;
 }
 
@@ -156,6 +167,7 @@ TEST_F(CoordinatorMetricsTest, EveryFamilyHasItsTypeHelpAndPrometheusName) {
       {"tandem_job_stage_last_step_busy_seconds", "gauge"},
       {"tandem_job_stage_microbatch_seconds", "gauge"},
       {"tandem_job_stage_peak_memory_bytes", "gauge"},
+      {"tandem_job_stage_memory_bytes", "gauge"},
       {"tandem_job_stage_predicted_microbatch_seconds", "gauge"},
       {"tandem_worker_bytes_sent_total", "counter"},
       {"tandem_worker_bytes_received_total", "counter"},
@@ -171,7 +183,7 @@ TEST_F(CoordinatorMetricsTest, EveryFamilyHasItsTypeHelpAndPrometheusName) {
         EXPECT_TRUE(label == "job" || label == "stage" || label == "worker" || label == "state" ||
                     label == "le" || label == "name" || label == "schedule" || label == "address" ||
                     label == "device" || label == "hostname" || label == "version" ||
-                    label == "protocol")
+                    label == "protocol" || label == "part")
             << name << " has label " << label;
       }
     }
@@ -254,6 +266,17 @@ TEST_F(CoordinatorMetricsTest, PerStageAndPerWorkerFiguresNameTheirWorker) {
               Near(0.002));
   EXPECT_THAT(e.Value("tandem_job_stage_peak_memory_bytes", {{"job", running_}, {"stage", "1"}}),
               Near(5 << 20));
+  const std::pair<const char*, double> parts[] = {{"parameters", 2 << 20},
+                                                  {"gradients", 2 << 20},
+                                                  {"optimizer", 2 << 21},
+                                                  {"workspace", 1 << 10},
+                                                  {"activations", 12346}};
+  for (const auto& [part, bytes] : parts) {
+    EXPECT_THAT(e.Value("tandem_job_stage_memory_bytes",
+                        {{"job", running_}, {"stage", "1"}, {"part", part}}),
+                Near(bytes))
+        << part;
+  }
   EXPECT_THAT(
       e.Value("tandem_job_stage_predicted_microbatch_seconds", {{"job", running_}, {"stage", "0"}}),
       Near(0.0011));

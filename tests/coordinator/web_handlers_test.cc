@@ -77,6 +77,13 @@ class WebHandlersTest : public ::testing::Test {
       s.add_stage_busy_seconds(0.1);
       s.add_stage_seconds(0.01);
       s.add_stage_seconds(0.02);
+      for (int st = 0; st < 2; ++st) {
+        v1::StageMemory* m = s.add_stage_memory();
+        m->set_stage(st);
+        m->set_parameter_bytes(1000 * (st + 1));
+        m->set_workspace_bytes(7);
+        m->set_peak_activation_bytes(500);
+      }
       if (step == 1) {
         s.set_has_val_loss(true);
         s.set_val_loss(4.5);
@@ -146,6 +153,9 @@ TEST_F(WebHandlersTest, AJobHasItsSeriesStagesAndLatestStep) {
   EXPECT_DOUBLE_EQ(j["stages"][0]["utilisation"].get<double>(), 0.5);
   EXPECT_DOUBLE_EQ(j["stages"][1]["utilisation"].get<double>(), 0.2);
   EXPECT_DOUBLE_EQ(j["stages"][1]["microbatch_seconds"].get<double>(), 0.02);
+  EXPECT_EQ(j["stages"][1]["memory"]["parameters"], 2000);
+  EXPECT_EQ(j["stages"][1]["memory"]["workspace"], 7);
+  EXPECT_EQ(j["stages"][1]["memory"]["activations_peak"], 500);
 }
 
 TEST_F(WebHandlersTest, AfterGivesOnlyNewerStepsButStillTheLatestStep) {

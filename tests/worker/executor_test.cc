@@ -337,6 +337,14 @@ TEST_F(ExecutorTest, ReportsTimingsBytesAndMemory) {
   EXPECT_EQ(r.stage_memory(0).stage(), 0);
   EXPECT_EQ(r.stage_memory(0).peak_activation_bytes(), r.peak_activation_bytes());
   EXPECT_GT(r.stage_memory(0).static_bytes(), 0);
+  // Its parts: on the CPU a value and a gradient per parameter element, the optimizer's state
+  // and no workspace.
+  const v1::StageMemory& mem = r.stage_memory(0);
+  EXPECT_EQ(mem.static_bytes(), mem.parameter_bytes() + mem.gradient_bytes() +
+                                    mem.optimizer_bytes() + mem.workspace_bytes());
+  EXPECT_GT(mem.parameter_bytes(), 0);
+  EXPECT_EQ(mem.gradient_bytes(), mem.parameter_bytes());
+  EXPECT_EQ(mem.workspace_bytes(), 0);
   EXPECT_GT(r.exec_us(), 0);
   EXPECT_LE(r.start_us(), r.end_us());
   EXPECT_EQ(r.step(), 0);

@@ -223,6 +223,13 @@ TEST_P(ConformanceTest, SavedActivationsAreAccountedAndReleasedByTheEndOfTheStep
   ASSERT_EQ(r->stage_memory_size(), 1);
   EXPECT_GT(r->stage_memory(0).peak_activation_bytes(), 0);
   EXPECT_GT(r->stage_memory(0).static_bytes(), 0);
+  const v1::StageMemory& mem = r->stage_memory(0);
+  EXPECT_EQ(mem.static_bytes(), mem.parameter_bytes() + mem.gradient_bytes() +
+                                    mem.optimizer_bytes() + mem.workspace_bytes());
+  EXPECT_GT(mem.optimizer_bytes(), 0);  // AdamW's moments
+  // fp32 gradients; a bf16 device adds compute copies to the parameters and keeps a workspace.
+  EXPECT_GE(mem.parameter_bytes(), mem.gradient_bytes());
+  if (GetParam().device_clock) EXPECT_GT(mem.workspace_bytes(), 0);
   // A second step runs from released slots (and the gradients of the first are pending).
   ASSERT_TRUE(ex->ApplyStep(0, 0.01f).ok());
   absl::StatusOr<v1::StepReport> again = ex->RunStep(1);
