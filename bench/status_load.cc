@@ -6,14 +6,18 @@
 // noisy, and its speed drifts over minutes. Prints every window, the status RPCs per second
 // reached, the watch events delivered, and every error.
 //
-//   build/bin/bench_status_load [--seconds 60] [--rate 500] [--watchers 50] [--client-nice N]
-//                               [--rpc-nice N]
+//   build/bin/bench_status_load [--seconds 60] [--windows 3] [--rate 500] [--watchers 50]
+//                               [--client-nice N | --client-idle] [--rpc-nice N]
 //
-// --seconds is the total loaded time (three windows); each unloaded window is a third of it.
+// --seconds is the total loaded time, in --windows loaded windows (each unloaded window is as
+// long as a loaded one). More, shorter windows follow the machine's drift more closely: each
+// ratio is then less noisy, and the median over the windows is printed beside the mean.
 // --client-nice N runs the load generator's threads at nice N: on a machine with few cores
 // the generator (which stands for clients on other machines) otherwise competes with the
-// workers itself. --rpc-nice N is the coordinator's flag (default 10: its RPC threads below its
-// job runners; 0 runs the whole coordinator at normal priority).
+// workers itself; --client-idle runs them under SCHED_IDLE instead (below every nice value).
+// --rpc-nice N is the coordinator's flag (default 10: its RPC threads below its job runners; 0 runs
+// the whole coordinator at normal priority).
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -51,8 +55,17 @@ double MeasureStepSeconds(tandem::testing::Cluster& cluster, const std::string& 
   return s1 > s0 ? elapsed / static_cast<double>(s1 - s0) : 0.0;
 }
 
-void NiceThisThread(int nice) {
-  if (nice != 0) (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), nice);
+// The load generator's threads at nice `nice`, or under SCHED_IDLE (`idle`): they then run only
+// on a core nothing else wants, and a waking worker preempts them at once. Either needs no
+// privilege (it only lowers the thread).
+void LowerThisThread(int nice, bool idle) {
+  if (idle) {
+    sched_param param{};
+    param.sched_priority = 0;
+    (void)sched_setscheduler(0, SCHED_IDLE, &param);  // 0: the calling thread
+  } else if (nice != 0) {
+    (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), nice);
+  }
 }
 
 }  // namespace
@@ -62,10 +75,16 @@ int main(int argc, char** argv) {
   int rate = 500;
   int watchers = 50;
   int client_nice = 0;
+  int windows = 3;
+  bool client_idle = false;
   std::string rpc_nice;  // the coordinator's default unless given
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--client-idle") == 0) client_idle = true;
+  }
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--seconds") == 0) seconds = std::atof(argv[i + 1]);
     if (std::strcmp(argv[i], "--rate") == 0) rate = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--windows") == 0) windows = std::max(1, std::atoi(argv[i + 1]));
     if (std::strcmp(argv[i], "--watchers") == 0) watchers = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--client-nice") == 0) client_nice = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--rpc-nice") == 0) rpc_nice = argv[i + 1];
@@ -101,7 +120,7 @@ int main(int argc, char** argv) {
   // Each watcher holds a stream open while the load is on, and closes it when it goes off.
   for (int w = 0; w < watchers; ++w) {
     threads.emplace_back([&] {
-      NiceThisThread(client_nice);
+      LowerThisThread(client_nice, client_idle);
       auto client = tandem::cli::NewGrpcCoordinatorClient(cluster.address(), absl::Seconds(10),
                                                           absl::Hours(1));
       while (!stop.load()) {
@@ -120,7 +139,7 @@ int main(int argc, char** argv) {
   constexpr int kCallers = 10;
   for (int c = 0; c < kCallers; ++c) {
     threads.emplace_back([&, c] {
-      NiceThisThread(client_nice);
+      LowerThisThread(client_nice, client_idle);
       auto client = tandem::cli::NewGrpcCoordinatorClient(cluster.address(), absl::Seconds(10),
                                                           absl::Hours(1));
       const auto every = std::chrono::duration_cast<Clock::duration>(
@@ -151,7 +170,7 @@ int main(int argc, char** argv) {
     });
   }
 
-  constexpr int kLoadedWindows = 3;
+  const int kLoadedWindows = windows;
   const double window = seconds / kLoadedWindows;
   std::vector<double> unloaded_s, loaded_s;
   double load_seconds = 0;
@@ -171,8 +190,9 @@ int main(int argc, char** argv) {
 
   std::printf(
       "status load: %d WatchJob streams + %d status RPC/s target, %d x %.0f s loaded, "
-      "client nice %d, coordinator --rpc-nice %s\n",
-      watchers, rate, kLoadedWindows, window, client_nice,
+      "client %s, coordinator --rpc-nice %s\n",
+      watchers, rate, kLoadedWindows, window,
+      client_idle ? "SCHED_IDLE" : absl::StrCat("nice ", client_nice).c_str(),
       rpc_nice.empty() ? "default (10)" : rpc_nice.c_str());
   std::printf("  status RPCs: %lld in %.1f s = %.0f/s, errors %lld\n",
               static_cast<long long>(calls), load_seconds, calls / load_seconds,
@@ -180,13 +200,19 @@ int main(int argc, char** argv) {
   std::printf("  watch events delivered: %lld, broken streams %lld\n",
               static_cast<long long>(events.load()), static_cast<long long>(watch_errors.load()));
   double ratio_sum = 0;
+  std::vector<double> ratios;
   for (int w = 0; w < kLoadedWindows; ++w) {
     const double around = (unloaded_s[w] + unloaded_s[w + 1]) / 2;
     const double ratio = around > 0 ? loaded_s[w] / around : 0.0;
     ratio_sum += ratio;
+    ratios.push_back(ratio);
     std::printf("  window %d: step %.2f ms unloaded before, %.2f ms loaded, %.2f ms after: %.3f\n",
                 w + 1, unloaded_s[w] * 1e3, loaded_s[w] * 1e3, unloaded_s[w + 1] * 1e3, ratio);
   }
-  std::printf("  loaded / unloaded, mean over the windows: %.3f\n", ratio_sum / kLoadedWindows);
+  std::sort(ratios.begin(), ratios.end());
+  const size_t n = ratios.size();
+  const double median = n % 2 == 1 ? ratios[n / 2] : (ratios[n / 2 - 1] + ratios[n / 2]) / 2;
+  std::printf("  loaded / unloaded, mean over the windows: %.3f, median %.3f\n",
+              ratio_sum / kLoadedWindows, median);
   return rpc_errors.load() == 0 && watch_errors.load() == 0 ? 0 : 1;
 }
