@@ -8,6 +8,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 
 namespace tandem {
 
@@ -22,6 +23,16 @@ inline void NormalizeFlagDashes(int argc, char** argv) {
       if (*c == '-') *c = '_';
     }
   }
+}
+
+// Abseil's Mutex looks for lock-order cycles on every Lock when the library was built without
+// NDEBUG, as Debian's is: a global graph behind a global lock, touched by every thread of the
+// process. In the coordinator under status load it was 2% of the profile, besides the contention.
+// Release builds of the programs turn it off; debug builds and the unit tests keep it.
+inline void DisableDebugMutexChecksInRelease() {
+#ifdef NDEBUG
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+#endif
 }
 
 // Makes `--help` list the flags defined in the file whose path ends with `main_file` (e.g.

@@ -83,6 +83,7 @@ int Fail(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tandem::DisableDebugMutexChecksInRelease();
   absl::SetProgramUsageMessage(
       "tandem-coordinator --listen HOST:PORT [--data-root DIR] [--metrics-listen HOST:PORT] "
       "[--tls-cert FILE --tls-key FILE --tls-ca FILE [--auth-token-file FILE]]: the Tandem "

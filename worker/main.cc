@@ -448,6 +448,7 @@ int Run() {
 }  // namespace tandem::worker
 
 int main(int argc, char** argv) {
+  tandem::DisableDebugMutexChecksInRelease();
   absl::SetProgramUsageMessage(
       "tandem-worker --coordinator HOST:PORT [--tls-cert FILE --tls-key FILE --tls-ca FILE] "
       "[flags]: without the --tls-* flags its API is plaintext and unauthenticated (one trusted "

@@ -9,6 +9,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_replace.h"
+#include "common/flags.h"
 #include "common/tls.h"
 #include "coordinator/cli/args.h"
 #include "coordinator/cli/commands.h"
@@ -47,6 +48,7 @@ absl::StatusOr<tandem::ChannelSecurity> Security(const tandem::cli::CliOptions& 
 }  // namespace
 
 int main(int argc, char** argv) {
+  tandem::DisableDebugMutexChecksInRelease();
   using tandem::cli::CliOptions;
   using tandem::cli::Command;
   const std::vector<std::string> args(argv + 1, argv + argc);
