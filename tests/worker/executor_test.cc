@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/spec.h"
 #include "tests/worker/pipeline_test_util.h"
+#include "worker/cpu_stage_compute.h"
 #include "worker/transport/gloo_transport.h"
 
 namespace tandem::worker {
@@ -349,6 +350,89 @@ TEST_F(ExecutorTest, ReportsTimingsBytesAndMemory) {
   EXPECT_LE(r.start_us(), r.end_us());
   EXPECT_EQ(r.step(), 0);
   EXPECT_EQ(reports.back().step(), kSteps - 1);
+}
+
+// The CPU compute with a device clock: it reports each Forward / Backward as having taken
+// `1 + the number of calls so far` microseconds on its "device", as a GPU backend reports its
+// CUDA-event times. Everything else is the CPU's.
+class DeviceClockCompute final : public StageCompute {
+ public:
+  explicit DeviceClockCompute(std::unique_ptr<StageCompute> cpu) : cpu_(std::move(cpu)) {}
+  std::string device() const override { return cpu_->device(); }
+  absl::StatusOr<StageBufferPtr> NewBuffer(const std::vector<int64_t>& shape) override {
+    return cpu_->NewBuffer(shape);
+  }
+  absl::StatusOr<double> Forward(int chunk, int mb, StageBufferPtr input,
+                                 const MicroBatchData& data, bool save,
+                                 StageBufferPtr* output) override {
+    device_us_ = ++calls_;
+    return cpu_->Forward(chunk, mb, std::move(input), data, save, output);
+  }
+  absl::Status Backward(int chunk, int mb, v1::ActionKind kind, StageBufferPtr grad_output,
+                        StageBufferPtr* grad_input) override {
+    device_us_ = ++calls_;
+    return cpu_->Backward(chunk, mb, kind, std::move(grad_output), grad_input);
+  }
+  int64_t last_device_us() const override { return device_us_; }
+  size_t SavedBytes(int chunk, int mb) const override { return cpu_->SavedBytes(chunk, mb); }
+  void DropSaved() override { cpu_->DropSaved(); }
+  int64_t parameter_count() const override { return cpu_->parameter_count(); }
+  StaticMemory static_memory(int chunk) const override { return cpu_->static_memory(chunk); }
+  std::vector<TiedGradient> TiedGradients() override { return cpu_->TiedGradients(); }
+  absl::Status SumLocalTiedGradients() override { return cpu_->SumLocalTiedGradients(); }
+  absl::Status AddToTiedGradient(size_t index, StageBuffer& other) override {
+    return cpu_->AddToTiedGradient(index, other);
+  }
+  absl::StatusOr<GradStats> GradientStats(bool count_tied) override {
+    return cpu_->GradientStats(count_tied);
+  }
+  absl::Status Apply(float learning_rate, float grad_scale, bool skip) override {
+    return cpu_->Apply(learning_rate, grad_scale, skip);
+  }
+  absl::StatusOr<std::vector<StateTensor>> CheckpointTensors(bool list_tied) override {
+    return cpu_->CheckpointTensors(list_tied);
+  }
+  std::vector<std::string> RestoreNames(bool weights_only) override {
+    return cpu_->RestoreNames(weights_only);
+  }
+  absl::Status Restore(const TensorLookup& lookup, bool weights_only,
+                       absl::string_view where) override {
+    return cpu_->Restore(lookup, weights_only, where);
+  }
+
+ private:
+  std::unique_ptr<StageCompute> cpu_;
+  int64_t calls_ = 0;
+  int64_t device_us_ = 0;
+};
+
+// Each compute action's report carries its compute's device time, taken right after the call;
+// transfers carry none; and the CPU compute itself reports none.
+TEST_F(ExecutorTest, ComputeActionsReportTheirComputesDeviceTime) {
+  const v1::JobSpec spec = TinyJob();
+  const v1::StageProgram program = MakePrograms(spec, 1, "1f1b")[0];
+  auto cpu = CpuStageCompute::Create(program, StageExecutor::MicroBatchSlots(program));
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto ex = StageExecutor::Create(program, DataOf(spec), nullptr,
+                                  std::make_unique<DeviceClockCompute>(*std::move(cpu)));
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  absl::StatusOr<v1::StepReport> r = (*ex)->RunStep(0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  int64_t expected = 0;
+  for (const v1::ActionTiming& t : r->timings()) {
+    if (IsComputeAction(program.actions(t.index()).kind())) {
+      EXPECT_EQ(t.device_us(), ++expected) << t.index();
+    } else {
+      EXPECT_EQ(t.device_us(), 0) << t.index();
+    }
+  }
+  EXPECT_GT(expected, 0);
+
+  auto plain = StageExecutor::Create(program, DataOf(spec), nullptr);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  r = (*plain)->RunStep(0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (const v1::ActionTiming& t : r->timings()) EXPECT_EQ(t.device_us(), 0) << t.index();
 }
 
 TEST_F(ExecutorTest, AbortUnblocksRunningStep) {
