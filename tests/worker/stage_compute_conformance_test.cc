@@ -167,6 +167,27 @@ TEST_P(ConformanceTest, TwoChunksOnOneWorkerHandOverInTheBackendsMemory) {
   ExpectClose(Train(*ex, 0, 3), Train(*ref, 0, 3));
 }
 
+// Schedules that split the backward into I (input gradient) and W (weight gradient), on one
+// stage (ZB-H1) and on two chunks of one worker (ZB-V), train to the 1F1B reference: however a
+// backend divides its backward between I and W, the sum is the whole backward.
+TEST_P(ConformanceTest, SplitBackwardSchedulesTrainToTheReference) {
+  const v1::JobSpec spec = Spec(/*tied=*/true, 4);
+  auto ref = Make(MakePrograms(Reference(spec), 1, "1f1b")[0], false);
+  ASSERT_TRUE(ref);
+  const auto want = Train(*ref, 0, 3);
+  for (auto [schedule, chunks] : {std::pair<const char*, int>{"zb_h1", 1}, {"zb_v", 2}}) {
+    SCOPED_TRACE(schedule);
+    const auto programs = MakePrograms(spec, 1, schedule, "job-1", chunks);
+    ASSERT_EQ(programs.size(), 1u);
+    bool has_w = false;
+    for (const v1::Action& a : programs[0].actions()) has_w = has_w || a.kind() == v1::ACTION_W;
+    EXPECT_TRUE(has_w);
+    auto ex = Make(programs[0], true);
+    ASSERT_TRUE(ex);
+    ExpectClose(Train(*ex, 0, 3), want);
+  }
+}
+
 // A backend's checkpoint carries the CPU's names, and the CPU restored from it continues as
 // the backend does.
 TEST_P(ConformanceTest, CheckpointsMoveBetweenBackends) {
