@@ -35,11 +35,8 @@ absl::StatusOr<StepProfile> ProfileStep(const Schedule& lowered,
       }
       const Action& a = actions[t.index()];
       if (!IsComputeAction(a.kind)) continue;
-      // The device's own time where the worker measured one (the interval brackets it): on a
-      // GPU the interval also holds launches and synchronisation, during which the device idles.
-      const int64_t interval = std::max<int64_t>(0, t.end_us() - t.start_us());
-      const int64_t us = t.device_us() > 0 ? std::min(t.device_us(), interval) : interval;
-      const double seconds = static_cast<double>(us) * 1e-6;
+      const double seconds =
+          static_cast<double>(ComputeBusyMicros(t.start_us(), t.end_us(), t.device_us())) * 1e-6;
       out.busy_seconds[r] += seconds;
       sum[a.stage][slot(a.kind)] += seconds;
       ++count[a.stage][slot(a.kind)];

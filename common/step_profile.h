@@ -6,6 +6,8 @@
 #ifndef TANDEM_COMMON_STEP_PROFILE_H_
 #define TANDEM_COMMON_STEP_PROFILE_H_
 
+#include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -14,6 +16,15 @@
 #include "tandem/v1/common.pb.h"
 
 namespace tandem {
+
+// How long a reported compute action kept its device busy, in microseconds: the device's own
+// time where the worker measured one (ActionTiming.device_us; never taken above the host
+// interval [start_us, end_us] that brackets it), else the interval (a CPU worker's compute). On
+// a GPU the interval also holds launches and synchronisation, during which the device idles.
+inline int64_t ComputeBusyMicros(int64_t start_us, int64_t end_us, int64_t device_us) {
+  const int64_t interval = std::max<int64_t>(0, end_us - start_us);
+  return device_us > 0 ? std::min(device_us, interval) : interval;
+}
 
 struct StepProfile {
   std::vector<double> busy_seconds;  // per rank: time in compute actions (F, B, I, W)

@@ -13,7 +13,6 @@
 #ifndef TANDEM_COMMON_TRACE_H_
 #define TANDEM_COMMON_TRACE_H_
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -21,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/schedule.h"
+#include "common/step_profile.h"
 #include "tandem/v1/common.pb.h"
 
 namespace tandem {
@@ -38,11 +38,8 @@ struct TimelineSlice {
   int64_t device_us = 0;
 
   int64_t duration_us() const { return end_us - start_us; }
-  // What the action kept its device busy: the device time where there is one (never more
-  // than the interval, which brackets it), else the interval (a CPU worker's compute).
-  int64_t busy_us() const {
-    return device_us > 0 ? std::min(device_us, duration_us()) : duration_us();
-  }
+  // What the action kept its device busy (ComputeBusyMicros).
+  int64_t busy_us() const { return ComputeBusyMicros(start_us, end_us, device_us); }
 };
 
 // What one stage did during the step. busy + comm + idle = the step's span (idle is never
