@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -29,12 +30,14 @@ double Seconds(F&& f) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The time of the compute call just made: the device's own where the backend measures one (as
-// the executor reports each action, so that the plan and the measured steps share a clock),
-// never more than the host's interval around it; else the host's.
-double ComputeSeconds(const StageCompute& compute, double host_seconds) {
+// The time of the compute call `f` makes on `compute`: the device's own where the backend
+// measures one (as the executor reports each action, so that the plan and the measured steps
+// share a clock), never more than the host's interval around the call; else the host's.
+template <typename F>
+double ComputeSeconds(const StageCompute& compute, F&& f) {
+  const double host = Seconds(std::forward<F>(f));
   const int64_t us = compute.last_device_us();
-  return us > 0 ? std::min(host_seconds, static_cast<double>(us) * 1e-6) : host_seconds;
+  return us > 0 ? std::min(host, static_cast<double>(us) * 1e-6) : host;
 }
 
 // Optimizer state per parameter element, in floats (AdamW: two moments; SGD: none).
@@ -257,8 +260,7 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayersOn(const v1::JobSpec&
         x = *std::move(buf);
       }
       const double f = ComputeSeconds(
-          compute,
-          Seconds([&] { s = compute.Forward(0, mb, std::move(x), data, true, &y).status(); }));
+          compute, [&] { s = compute.Forward(0, mb, std::move(x), data, true, &y).status(); });
       if (saved != nullptr) *saved = compute.SavedBytes(0, mb);
       if (output != nullptr) *output = y == nullptr ? 0 : y->bytes();
       return f;
@@ -282,19 +284,17 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayersOn(const v1::JobSpec&
       StageBufferPtr dout = grad();
       if (!s.ok()) return s;
       const double bb = ComputeSeconds(
-          compute,
-          Seconds([&] { s = compute.Backward(0, 0, v1::ACTION_B, std::move(dout), &gin); }));
+          compute, [&] { s = compute.Backward(0, 0, v1::ACTION_B, std::move(dout), &gin); });
       if (!s.ok()) return s;
       forward(1, nullptr, nullptr);
       if (!s.ok()) return s;
       dout = grad();
       if (!s.ok()) return s;
       const double ii = ComputeSeconds(
-          compute,
-          Seconds([&] { s = compute.Backward(0, 1, v1::ACTION_I, std::move(dout), &gin); }));
+          compute, [&] { s = compute.Backward(0, 1, v1::ACTION_I, std::move(dout), &gin); });
       if (!s.ok()) return s;
       const double ww = ComputeSeconds(
-          compute, Seconds([&] { s = compute.Backward(0, 1, v1::ACTION_W, nullptr, nullptr); }));
+          compute, [&] { s = compute.Backward(0, 1, v1::ACTION_W, nullptr, nullptr); });
       if (!s.ok()) return s;
       if (rep > 0) times.AddPass(f, bb, ii, ww);  // the first is a warm-up
     }
