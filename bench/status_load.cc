@@ -80,8 +80,7 @@ int main(int argc, char** argv) {
   std::string rpc_nice;  // the coordinator's default unless given
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--client-idle") == 0) client_idle = true;
-  }
-  for (int i = 1; i + 1 < argc; ++i) {
+    if (i + 1 == argc) break;  // the flags below take a value
     if (std::strcmp(argv[i], "--seconds") == 0) seconds = std::atof(argv[i + 1]);
     if (std::strcmp(argv[i], "--rate") == 0) rate = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--windows") == 0) windows = std::max(1, std::atoi(argv[i + 1]));
