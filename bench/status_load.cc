@@ -8,6 +8,7 @@
 //
 //   build/bin/bench_status_load [--seconds 60] [--windows 3] [--rate 500] [--watchers 50]
 //                               [--client-nice N | --client-idle] [--rpc-nice N]
+//                               [--coordinator-cpus LIST --worker-cpus LIST]
 //
 // --seconds is the total loaded time, in --windows loaded windows (each unloaded window is as
 // long as a loaded one). More, shorter windows follow the machine's drift more closely: each
@@ -17,6 +18,10 @@
 // workers itself; --client-idle runs them under SCHED_IDLE instead (below every nice value).
 // --rpc-nice N is the coordinator's flag (default 10: its RPC threads below its job runners; 0 runs
 // the whole coordinator at normal priority).
+// --coordinator-cpus and --worker-cpus (CPU lists as taskset takes them, e.g. 0 or 2-3,6) run the
+// coordinator and the load generator on some cores and the workers on others, in the unloaded
+// and the loaded windows alike: the shape of a deployment, where the coordinator and its clients
+// run on other machines than the workers, on a machine with few cores.
 #include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -24,6 +29,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -31,7 +37,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "coordinator/cli/coordinator_client.h"
 #include "coordinator/cli/format.h"
 #include "tests/integration/harness.h"
@@ -68,6 +76,30 @@ void LowerThisThread(int nice, bool idle) {
   }
 }
 
+// Pins this process (and so the coordinator and the load generator, which it starts after this)
+// to the CPUs in `list` ("0", "2-3,6"). False, with a message, on a list it cannot parse or use.
+bool PinThisProcess(const std::string& list) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (absl::string_view part : absl::StrSplit(list, ',')) {
+    std::vector<absl::string_view> range = absl::StrSplit(part, absl::MaxSplits('-', 1));
+    int lo = 0, hi = 0;
+    if (!absl::SimpleAtoi(range[0], &lo) ||
+        !absl::SimpleAtoi(range.size() == 2 ? range[1] : range[0], &hi) || lo < 0 || hi < lo ||
+        hi >= CPU_SETSIZE) {
+      std::fprintf(stderr, "--coordinator-cpus: '%s' is not a CPU list like 0 or 2-3,6\n",
+                   list.c_str());
+      return false;
+    }
+    for (int cpu = lo; cpu <= hi; ++cpu) CPU_SET(cpu, &set);
+  }
+  if (sched_setaffinity(0, sizeof(set), &set) != 0) {
+    std::fprintf(stderr, "--coordinator-cpus %s: %s\n", list.c_str(), std::strerror(errno));
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -77,7 +109,8 @@ int main(int argc, char** argv) {
   int client_nice = 0;
   int windows = 3;
   bool client_idle = false;
-  std::string rpc_nice;  // the coordinator's default unless given
+  std::string rpc_nice;                       // the coordinator's default unless given
+  std::string coordinator_cpus, worker_cpus;  // unset: every process on every core
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--client-idle") == 0) client_idle = true;
     if (i + 1 == argc) break;  // the flags below take a value
@@ -87,10 +120,21 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--watchers") == 0) watchers = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--client-nice") == 0) client_nice = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--rpc-nice") == 0) rpc_nice = argv[i + 1];
+    if (std::strcmp(argv[i], "--coordinator-cpus") == 0) coordinator_cpus = argv[i + 1];
+    if (std::strcmp(argv[i], "--worker-cpus") == 0) worker_cpus = argv[i + 1];
   }
+  if (!coordinator_cpus.empty() && !PinThisProcess(coordinator_cpus)) return 2;
   tandem::testing::Cluster::Options options;
   options.workers = 2;
   if (!rpc_nice.empty()) options.coordinator_args.push_back("--rpc-nice=" + rpc_nice);
+  if (!worker_cpus.empty()) {
+    options.place_worker = [&](int) {
+      tandem::testing::Cluster::Options::Placement place;
+      place.coordinator_host = "127.0.0.1";
+      place.prefix = {"/usr/bin/taskset", "-c", worker_cpus};
+      return place;
+    };
+  }
   tandem::testing::Cluster cluster(options);
   if (absl::Status s = cluster.Start(); !s.ok()) {
     std::fprintf(stderr, "cluster: %s\n", s.ToString().c_str());
@@ -112,6 +156,8 @@ int main(int argc, char** argv) {
     if (j.ok() && j->steps_done() >= 20) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+  // Its first seconds still run slower (allocators and caches settle): they are not measured.
+  std::this_thread::sleep_for(std::chrono::seconds(5));
 
   std::atomic<bool> stop{false}, loaded{false};
   std::atomic<int64_t> rpcs{0}, rpc_errors{0}, events{0}, watch_errors{0};
@@ -189,10 +235,12 @@ int main(int argc, char** argv) {
 
   std::printf(
       "status load: %d WatchJob streams + %d status RPC/s target, %d x %.0f s loaded, "
-      "client %s, coordinator --rpc-nice %s\n",
+      "client %s, coordinator --rpc-nice %s, CPUs: coordinator and clients %s, workers %s\n",
       watchers, rate, kLoadedWindows, window,
       client_idle ? "SCHED_IDLE" : absl::StrCat("nice ", client_nice).c_str(),
-      rpc_nice.empty() ? "default (10)" : rpc_nice.c_str());
+      rpc_nice.empty() ? "default (10)" : rpc_nice.c_str(),
+      coordinator_cpus.empty() ? "all" : coordinator_cpus.c_str(),
+      worker_cpus.empty() ? "all" : worker_cpus.c_str());
   std::printf("  status RPCs: %lld in %.1f s = %.0f/s, errors %lld\n",
               static_cast<long long>(calls), load_seconds, calls / load_seconds,
               static_cast<long long>(rpc_errors.load()));
