@@ -76,26 +76,20 @@ void LowerThisThread(int nice, bool idle) {
   }
 }
 
-// Pins this process (and so the coordinator and the load generator, which it starts after this)
-// to the CPUs in `list` ("0", "2-3,6"). False, with a message, on a list it cannot parse or use.
-bool PinThisProcess(const std::string& list) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
+// The CPUs in `list` ("0", "2-3,6", as taskset takes them) into `set`. False, with a message
+// naming `flag`, on a list it cannot parse.
+bool ParseCpuList(const char* flag, const std::string& list, cpu_set_t* set) {
+  CPU_ZERO(set);
   for (absl::string_view part : absl::StrSplit(list, ',')) {
     std::vector<absl::string_view> range = absl::StrSplit(part, absl::MaxSplits('-', 1));
     int lo = 0, hi = 0;
     if (!absl::SimpleAtoi(range[0], &lo) ||
         !absl::SimpleAtoi(range.size() == 2 ? range[1] : range[0], &hi) || lo < 0 || hi < lo ||
         hi >= CPU_SETSIZE) {
-      std::fprintf(stderr, "--coordinator-cpus: '%s' is not a CPU list like 0 or 2-3,6\n",
-                   list.c_str());
+      std::fprintf(stderr, "%s: '%s' is not a CPU list like 0 or 2-3,6\n", flag, list.c_str());
       return false;
     }
-    for (int cpu = lo; cpu <= hi; ++cpu) CPU_SET(cpu, &set);
-  }
-  if (sched_setaffinity(0, sizeof(set), &set) != 0) {
-    std::fprintf(stderr, "--coordinator-cpus %s: %s\n", list.c_str(), std::strerror(errno));
-    return false;
+    for (int cpu = lo; cpu <= hi; ++cpu) CPU_SET(cpu, set);
   }
   return true;
 }
@@ -123,7 +117,19 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--coordinator-cpus") == 0) coordinator_cpus = argv[i + 1];
     if (std::strcmp(argv[i], "--worker-cpus") == 0) worker_cpus = argv[i + 1];
   }
-  if (!coordinator_cpus.empty() && !PinThisProcess(coordinator_cpus)) return 2;
+  // Both lists are checked before anything starts; this process (and so the coordinator and the
+  // load generator, which it starts after this) runs on the first, each worker under taskset on
+  // the second.
+  cpu_set_t cpus;
+  if (!worker_cpus.empty() && !ParseCpuList("--worker-cpus", worker_cpus, &cpus)) return 2;
+  if (!coordinator_cpus.empty()) {
+    if (!ParseCpuList("--coordinator-cpus", coordinator_cpus, &cpus)) return 2;
+    if (sched_setaffinity(0, sizeof(cpus), &cpus) != 0) {
+      std::fprintf(stderr, "--coordinator-cpus %s: %s\n", coordinator_cpus.c_str(),
+                   std::strerror(errno));
+      return 2;
+    }
+  }
   tandem::testing::Cluster::Options options;
   options.workers = 2;
   if (!rpc_nice.empty()) options.coordinator_args.push_back("--rpc-nice=" + rpc_nice);
