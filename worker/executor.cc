@@ -170,6 +170,22 @@ int MicroBatchesOf(const v1::StageProgram& program) {
                                       : program.spec().pipeline().micro_batches();
 }
 
+std::vector<int> TransferPeers(const v1::StageProgram& program) {
+  const int me = program.rank();
+  const int num_stages = program.stage_ranks_size();
+  std::set<int> peers;
+  auto link = [&](int a, int b) {
+    if (a == me && b != me) peers.insert(b);
+    if (b == me && a != me) peers.insert(a);
+  };
+  for (int s = 0; s + 1 < num_stages; ++s) link(program.stage_ranks(s), program.stage_ranks(s + 1));
+  const v1::ModelSpec& model = program.spec().model();
+  if (num_stages > 1 && model.arch() == "gpt" && model.tie_embeddings()) {
+    link(program.stage_ranks(0), program.stage_ranks(num_stages - 1));
+  }
+  return {peers.begin(), peers.end()};
+}
+
 bool StageNeedsCorpus(const v1::StageProgram& program) {
   const int num_layers = NumLayers(program.spec().model());
   for (const v1::StageChunk& c : program.chunks()) {

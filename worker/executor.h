@@ -64,6 +64,13 @@ int MicroBatchesOf(const v1::StageProgram& program);
 // Whether the worker reads the data (it holds the embedding or the head).
 bool StageNeedsCorpus(const v1::StageProgram& program);
 
+// The ranks a worker running `program` exchanges tensors with, ascending, without its own: the
+// ranks holding the stages next to each of its stages (activations forward, gradients back)
+// and, for a GPT with tied embeddings, the first and the last stage's ranks with each other
+// (the tied gradient). Symmetric over a job's programs: a lists b exactly when b lists a, so a
+// transport that connects only these pairs (NCCL's) connects each pair from both ends.
+std::vector<int> TransferPeers(const v1::StageProgram& program);
+
 // A test-only fault (tandem-worker --test-fail-at): the action of `kind` on micro-batch
 // `micro_batch` (-1: any) in training step `step` fails with INTERNAL, as a failed kernel
 // would, so that tests can follow a worker's error to the CLI.

@@ -7,11 +7,14 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -34,9 +37,11 @@ Dataset DataOf(const v1::JobSpec& spec) {
 
 // Builds one executor per stage (Gloo over one HashStore when there are several), runs
 // kSteps steps on all of them in parallel threads, and returns the last stage's losses.
+// `wrap`, when set, decorates each rank's transport.
+using TransportWrapper = std::function<std::unique_ptr<Transport>(int, std::unique_ptr<Transport>)>;
 std::vector<double> Train(const v1::JobSpec& spec, int stages, const std::string& schedule,
                           std::vector<v1::StepReport>* stage0_reports = nullptr, int steps = kSteps,
-                          int chunks = 0) {
+                          int chunks = 0, const TransportWrapper& wrap = {}) {
   const auto programs = MakePrograms(spec, stages, schedule, "job-1", chunks);
   if (programs.empty()) return {};
   // The worker holding the last stage reports the loss (rank 0 in a V).
@@ -57,6 +62,7 @@ std::vector<double> Train(const v1::JobSpec& spec, int stages, const std::string
         auto t = GlooTransport::Connect(o, store);
         ASSERT_TRUE(t.ok()) << t.status();
         transport = *std::move(t);
+        if (wrap) transport = wrap(s, std::move(transport));
       }
       auto ex = StageExecutor::Create(programs[s], data, std::move(transport));
       ASSERT_TRUE(ex.ok()) << ex.status();
@@ -185,6 +191,83 @@ TEST_F(ExecutorTest, GptEverySchedulePartitionInvariance) {
     // One worker running the split backward of its single stage.
     ExpectSameLosses(ref, Train(spec, 1, "zb_h1", nullptr, kGptSteps), 1e-5, kGptSteps);
   }
+}
+
+// A transport that records the peers of every transfer, for TransferPeers.
+class PeerRecorder final : public Transport {
+ public:
+  PeerRecorder(std::unique_ptr<Transport> inner, std::set<int>* sent, std::set<int>* received)
+      : inner_(std::move(inner)), sent_(sent), received_(received) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  absl::Status PostSend(int peer, uint64_t tag, const void* data, size_t bytes) override {
+    sent_->insert(peer);
+    return inner_->PostSend(peer, tag, data, bytes);
+  }
+  absl::Status Recv(int peer, uint64_t tag, void* data, size_t bytes) override {
+    received_->insert(peer);
+    return inner_->Recv(peer, tag, data, bytes);
+  }
+  absl::Status PostRecv(int peer, uint64_t tag, void* data, size_t bytes) override {
+    received_->insert(peer);
+    return inner_->PostRecv(peer, tag, data, bytes);
+  }
+  absl::Status WaitRecv(int peer, uint64_t tag) override { return inner_->WaitRecv(peer, tag); }
+  absl::Status SendRecv(int peer, uint64_t tag, const void* send, void* recv,
+                        size_t bytes) override {
+    sent_->insert(peer);
+    received_->insert(peer);
+    return inner_->SendRecv(peer, tag, send, recv, bytes);
+  }
+  absl::Status WaitSends() override { return inner_->WaitSends(); }
+  void Abort() override { inner_->Abort(); }
+  bool aborted() const override { return inner_->aborted(); }
+  bool posted_recv(int peer, uint64_t tag) const override { return inner_->posted_recv(peer, tag); }
+  int64_t bytes_sent() const override { return inner_->bytes_sent(); }
+  int64_t bytes_received() const override { return inner_->bytes_received(); }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  std::set<int>* sent_;
+  std::set<int>* received_;
+};
+
+// TransferPeers names exactly the ranks each worker's executor sends to and receives from, on
+// every schedule and placement (the NCCL transport connects only those pairs), and is
+// symmetric.
+TEST_F(ExecutorTest, TransferPeersAreTheRanksTheExecutorTalksTo) {
+  for (bool tied : {true, false}) {
+    v1::JobSpec spec = testing::TinyGptJob(tied);
+    spec.mutable_model()->set_n_layer(6);  // 8 layers: 8 stages of 4 workers x 2 chunks
+    spec.mutable_pipeline()->set_micro_batch_size(2);
+    spec.mutable_pipeline()->set_micro_batches(4);
+    for (const char* schedule : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v"}) {
+      for (int stages : {2, 3, 4}) {
+        if (std::string(schedule) == "interleaved_1f1b" && stages == 3) continue;  // M % P
+        SCOPED_TRACE(absl::StrCat("tied ", tied, " ", schedule, " P ", stages));
+        const auto programs = MakePrograms(spec, stages, schedule);
+        ASSERT_EQ(programs.size(), static_cast<size_t>(stages));
+        std::vector<std::set<int>> sent(stages), received(stages);
+        const TransportWrapper wrap = [&](int rank, std::unique_ptr<Transport> t) {
+          return std::make_unique<PeerRecorder>(std::move(t), &sent[rank], &received[rank]);
+        };
+        ASSERT_EQ(Train(spec, stages, schedule, nullptr, 1, 0, wrap).size(), 1u);
+        for (int r = 0; r < stages; ++r) {
+          const std::vector<int> peers = TransferPeers(programs[r]);
+          std::set<int> used = sent[r];
+          used.insert(received[r].begin(), received[r].end());
+          EXPECT_EQ(std::set<int>(peers.begin(), peers.end()), used) << "rank " << r;
+          EXPECT_TRUE(std::is_sorted(peers.begin(), peers.end()));
+          for (int p : peers) {
+            const std::vector<int> back = TransferPeers(programs[p]);
+            EXPECT_NE(std::find(back.begin(), back.end(), r), back.end()) << r << " <-> " << p;
+          }
+        }
+      }
+    }
+  }
+  // One worker: no peers.
+  EXPECT_TRUE(TransferPeers(MakePrograms(testing::TinyGptJob(true), 1, "1f1b")[0]).empty());
 }
 
 // The split backward frees what only I needed at I: the peak live bytes of ZB-H1 stay at most
