@@ -37,6 +37,7 @@
 #include "common/tls.h"
 #include "common/version.h"
 #include "worker/checkpoint_client.h"
+#include "worker/executor.h"
 #include "worker/profiler.h"
 #include "worker/registration.h"
 #include "worker/stage_manager.h"
@@ -328,6 +329,7 @@ int Run() {
       nccl.rank = program.rank();
       nccl.size = program.num_ranks();
       nccl.device = cuda_device;
+      nccl.peers = TransferPeers(program);  // links to the pipeline neighbours only
       nccl.cancelled = &cancelled;
       absl::StatusOr<std::unique_ptr<NcclTransport>> t = NcclTransport::Connect(nccl, store);
       if (!t.ok()) return t.status();

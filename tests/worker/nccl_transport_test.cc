@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "worker/backend/cuda/cuda_status.h"
 #include "worker/backend/cuda/device_buffer.h"
@@ -60,22 +61,22 @@ TEST(NcclTransportTest, BadOptionsAreInvalidArgument) {
   EXPECT_EQ(NcclTransport::Connect(o, store).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// A rank whose rank 0 never publishes the id gives up at connect_timeout (no device needed:
-// the wait for the id comes first).
-TEST(NcclTransportTest, PeerWithoutRankZeroTimesOut) {
+// Peers must be other ranks of the job, each listed once.
+TEST(NcclTransportTest, BadPeersAreInvalidArgument) {
   gloo::rendezvous::HashStore store;
-  NcclTransportOptions o = Options(1, 2);
-  o.connect_timeout = milliseconds(300);
-  const Clock::time_point start = Clock::now();
-  auto t = NcclTransport::Connect(o, store);
-  EXPECT_EQ(t.status().code(), absl::StatusCode::kDeadlineExceeded) << t.status();
-  EXPECT_NE(t.status().message().find("rank 1 of 2"), std::string::npos) << t.status();
-  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+  for (const std::vector<int>& peers : {std::vector<int>{2}, {0}, {-1}, {1, 1}}) {
+    NcclTransportOptions o = Options(0, 2);
+    o.peers = peers;
+    const absl::Status s = NcclTransport::Connect(o, store).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("peer rank"), std::string::npos) << s;
+  }
 }
 
-// Without a device, rank 0 fails at once with the runtime's error and publishes it, so that the
-// other ranks fail at once too instead of at their timeout.
-TEST(NcclTransportTest, NoDeviceFailsFastOnEveryRank) {
+// Without a device every rank fails at once with the runtime's error, and publishes it in place
+// of each of its outgoing links' ids, so that a peer that has a device fails at once too
+// instead of at its timeout (AnErrorPublishedByAPeerFailsFast shows that end on a GPU).
+TEST(NcclTransportTest, NoDeviceFailsFastOnEveryRankAndPublishesTheError) {
   if (cuda::CudaAvailable().ok()) GTEST_SKIP() << "a CUDA device is present";
   gloo::rendezvous::HashStore store;
   const Clock::time_point start = Clock::now();
@@ -84,10 +85,14 @@ TEST(NcclTransportTest, NoDeviceFailsFastOnEveryRank) {
   auto root = NcclTransport::Connect(Options(0, 2), store);
   EXPECT_EQ(root.status().code(), absl::StatusCode::kFailedPrecondition) << root.status();
   EXPECT_NE(root.status().message().find("cudaGetDeviceCount"), std::string::npos) << root.status();
+  EXPECT_NE(root.status().message().find("rank 0 of 2"), std::string::npos) << root.status();
   const absl::Status p = peer.get();
-  EXPECT_EQ(p.code(), absl::StatusCode::kUnavailable) << p;
-  EXPECT_NE(p.message().find("rank 0 could not create the NCCL id"), std::string::npos) << p;
+  EXPECT_EQ(p.code(), absl::StatusCode::kFailedPrecondition) << p;
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));  // far below the 20 s timeout
+  for (const char* key : {"nccl/0-1/unique_id", "nccl/1-0/unique_id"}) {
+    const std::vector<char> value = store.get(key);
+    EXPECT_TRUE(absl::StartsWith(std::string(value.begin(), value.end()), "error:")) << key;
+  }
 
   gloo::rendezvous::HashStore single;
   auto one = NcclTransport::Connect(Options(0, 1), single);
@@ -110,8 +115,8 @@ TEST(NcclTransportTest, SingleRankConnectsRejectsSelfAndAborts) {
   EXPECT_EQ((*t)->PostSend(1, 1, &x, sizeof x).code(), absl::StatusCode::kInvalidArgument);
 }
 
-// Rank 0 of 2 on a device whose peer never joins: the non-blocking init is aborted at the
-// connect timeout instead of hanging.
+// Rank 0 of 2 on a device whose peer never joins: it gives up at the connect timeout, naming
+// the link it waited for, instead of hanging.
 TEST(NcclTransportTest, MissingPeerTimesOutAndAborts) {
   SKIP_UNLESS_DEVICES(1);
   gloo::rendezvous::HashStore store;
@@ -120,7 +125,28 @@ TEST(NcclTransportTest, MissingPeerTimesOutAndAborts) {
   const Clock::time_point start = Clock::now();
   auto t = NcclTransport::Connect(o, store);
   EXPECT_EQ(t.status().code(), absl::StatusCode::kDeadlineExceeded) << t.status();
+  EXPECT_NE(t.status().message().find("nccl/1-0/unique_id"), std::string::npos) << t.status();
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));
+}
+
+// A peer without its device publishes its error; a rank that has one fails at once with it
+// (one GPU is enough: the peer asks for a device that is not there).
+TEST(NcclTransportTest, AnErrorPublishedByAPeerFailsFast) {
+  SKIP_UNLESS_DEVICES(1);
+  gloo::rendezvous::HashStore store;
+  const Clock::time_point start = Clock::now();
+  auto missing = std::async(std::launch::async, [&] {
+    return NcclTransport::Connect(Options(1, 2, /*device=*/64), store).status();
+  });
+  auto root = NcclTransport::Connect(Options(0, 2, 0), store);
+  const absl::Status m = missing.get();
+  EXPECT_EQ(m.code(), absl::StatusCode::kFailedPrecondition) << m;
+  EXPECT_NE(m.message().find("CUDA device 64 requested"), std::string::npos) << m;
+  EXPECT_EQ(root.status().code(), absl::StatusCode::kUnavailable) << root.status();
+  EXPECT_NE(root.status().message().find("peer rank 1 could not create the NCCL id"),
+            std::string::npos)
+      << root.status();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));  // far below the 20 s timeout
 }
 
 std::pair<std::unique_ptr<NcclTransport>, std::unique_ptr<NcclTransport>> ConnectPair(
@@ -160,7 +186,7 @@ TEST(NcclTransportTest, BatchedSendRecvBothWays) {
   auto b_out = OnDevice(1, std::vector<float>(n, -2.0f)), b_in = OnDevice(1, std::vector<float>(n));
   const uint64_t ab = MakeTransferTag(Payload::kActivation, 0, 3);
   const uint64_t ba = MakeTransferTag(Payload::kGradient, 1, 3);
-  // Each rank sends and receives in one group: neither can block the other.
+  // Each rank posts its send and its receive in one batch (two links: neither waits).
   auto run = [](NcclTransport* t, int device, int peer, void* out, uint64_t out_tag, void* in,
                 uint64_t in_tag, size_t bytes) {
     EXPECT_EQ(cudaSetDevice(device), cudaSuccess);
@@ -179,6 +205,91 @@ TEST(NcclTransportTest, BatchedSendRecvBothWays) {
   EXPECT_EQ(ToHost(1, b_in), std::vector<float>(n, 1.5f));
   EXPECT_EQ(a->bytes_sent(), static_cast<int64_t>(n * sizeof(float)));
   EXPECT_EQ(a->bytes_received(), static_cast<int64_t>(n * sizeof(float)));
+}
+
+// 1F1B's crossing transfers, posted one by one: each rank sends to the other before it posts
+// its receive. On one communicator and stream the two sends would each wait for the other's
+// receive; on two links they both go.
+TEST(NcclTransportTest, CrossingSendsPostedBeforeTheReceivesComplete) {
+  SKIP_UNLESS_DEVICES(2);
+  gloo::rendezvous::HashStore store;
+  auto [a, b] = ConnectPair(store);
+  ASSERT_TRUE(a && b);
+  const size_t n = 1 << 22;  // 16 MiB: well above NCCL's eager sizes
+  auto a_out = OnDevice(0, std::vector<float>(n, 3.0f)), a_in = OnDevice(0, std::vector<float>(n));
+  auto b_out = OnDevice(1, std::vector<float>(n, 4.0f)), b_in = OnDevice(1, std::vector<float>(n));
+  const uint64_t ab = MakeTransferTag(Payload::kActivation, 0, 0);
+  const uint64_t ba = MakeTransferTag(Payload::kGradient, 1, 0);
+  auto run = [](NcclTransport* t, int device, int peer, void* out, uint64_t out_tag, void* in,
+                uint64_t in_tag, size_t bytes) {
+    EXPECT_EQ(cudaSetDevice(device), cudaSuccess);
+    if (absl::Status s = t->PostSend(peer, out_tag, out, bytes); !s.ok()) return s;
+    if (absl::Status s = t->PostRecv(peer, in_tag, in, bytes); !s.ok()) return s;
+    if (absl::Status s = t->WaitRecv(peer, in_tag); !s.ok()) return s;
+    return t->WaitSends();
+  };
+  auto fb = std::async(std::launch::async, run, b.get(), 1, 0, b_out.data(), ba, b_in.data(), ab,
+                       n * sizeof(float));
+  const absl::Status sa = run(a.get(), 0, 1, a_out.data(), ab, a_in.data(), ba, n * sizeof(float));
+  EXPECT_TRUE(sa.ok()) << sa;
+  const absl::Status sb = fb.get();
+  EXPECT_TRUE(sb.ok()) << sb;
+  EXPECT_EQ(ToHost(0, a_in), std::vector<float>(n, 4.0f));
+  EXPECT_EQ(ToHost(1, b_in), std::vector<float>(n, 3.0f));
+}
+
+// A transfer is launched when it is posted: a receive posted before the receiver goes off to
+// compute (here: waits, calling nothing of the transport) fills meanwhile, so that the sender's
+// WaitSends returns while the receiver is still away. Were posting deferred to the receiver's
+// next wait, the sender would wait for the receiver's return.
+TEST(NcclTransportTest, APostedReceiveFillsWhileTheReceiverComputes) {
+  SKIP_UNLESS_DEVICES(2);
+  gloo::rendezvous::HashStore store;
+  auto [a, b] = ConnectPair(store);
+  ASSERT_TRUE(a && b);
+  const size_t n = 1 << 20;
+  auto out = OnDevice(0, std::vector<float>(n, 5.0f));
+  auto in = OnDevice(1, std::vector<float>(n));
+  const uint64_t tag = MakeTransferTag(Payload::kActivation, 0, 1);
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  ASSERT_TRUE(b->PostRecv(0, tag, in.data(), n * sizeof(float)).ok());
+  std::promise<absl::Status> sent;
+  std::thread sender([&] {
+    EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+    absl::Status s = a->PostSend(1, tag, out.data(), n * sizeof(float));
+    if (s.ok()) s = a->WaitSends();
+    sent.set_value(s);
+  });
+  std::future<absl::Status> done = sent.get_future();
+  const bool in_time = done.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  EXPECT_TRUE(in_time) << "the send did not complete while the receiver was away";
+  EXPECT_TRUE(b->WaitRecv(0, tag).ok());
+  sender.join();
+  if (in_time) EXPECT_TRUE(done.get().ok());
+  EXPECT_EQ(ToHost(1, in), std::vector<float>(n, 5.0f));
+}
+
+// A peer outside the options' peers has no link: posting to it is INVALID_ARGUMENT naming the
+// peers there are.
+TEST(NcclTransportTest, OnlyTheListedPeersHaveLinks) {
+  SKIP_UNLESS_DEVICES(2);
+  gloo::rendezvous::HashStore store;
+  auto f1 = std::async(std::launch::async, [&] {
+    NcclTransportOptions o = Options(1, 3, 1);
+    o.peers = {0};
+    return NcclTransport::Connect(o, store);
+  });
+  NcclTransportOptions o = Options(0, 3, 0);
+  o.peers = {1};
+  auto t0 = NcclTransport::Connect(o, store);  // rank 2 never joins: not a peer of either
+  auto t1 = f1.get();
+  ASSERT_TRUE(t0.ok()) << t0.status();
+  ASSERT_TRUE(t1.ok()) << t1.status();
+  EXPECT_EQ((*t0)->peers(), std::vector<int>{1});
+  int x = 0;
+  const absl::Status s = (*t0)->PostSend(2, 1, &x, sizeof x);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("not one of this rank's NCCL peers"), std::string::npos) << s;
 }
 
 // The sender's order differs from the receiver's: the header check names both tags.

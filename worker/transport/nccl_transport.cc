@@ -58,8 +58,17 @@ struct NcclTransport::Pending {
   size_t bytes = 0;
   int slot = -1;                // header slot
   int64_t seq = 0;              // receives: number among the receives from peer
-  cudaEvent_t event = nullptr;  // recorded on the comm stream after the transfer, owned
+  cudaEvent_t event = nullptr;  // recorded on the link's stream after the transfer, owned
 };
+
+namespace {
+
+// "the link to peer rank 3" / "the link from peer rank 3".
+std::string LinkName(bool send, int peer) {
+  return absl::StrCat("the link ", send ? "to" : "from", " peer rank ", peer);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Connect(
     const NcclTransportOptions& options, gloo::rendezvous::Store& store) {
@@ -77,99 +86,161 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Connect(
   if (options.connect_timeout.count() <= 0 || options.op_timeout.count() <= 0) {
     return absl::InvalidArgumentError("nccl transport: timeouts must be positive");
   }
+  std::set<int> peers;
+  for (int peer : options.peers) {
+    if (peer < 0 || peer >= options.size || peer == options.rank) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "nccl transport: peer rank ", peer, " is not another rank of [0, ", options.size, ")"));
+    }
+    if (!peers.insert(peer).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("nccl transport: peer rank ", peer, " is listed twice"));
+    }
+  }
+  if (options.peers.empty()) {
+    for (int r = 0; r < options.size; ++r) {
+      if (r != options.rank) peers.insert(r);
+    }
+  }
   const std::string me = absl::StrCat("rank ", options.rank, " of ", options.size, ": ");
   const Clock::time_point deadline = Clock::now() + options.connect_timeout;
-  const std::string key = absl::StrCat(options.key_prefix, "/unique_id");
 
-  // 1. The communicator id, through the store.
-  ncclUniqueId id;
-  std::memset(&id, 0, sizeof id);
+  // The links in the global order: by pair (lower rank, higher rank), which ascending peers
+  // give, and within a pair the lower rank's outgoing link first.
+  std::vector<Link> links;
+  for (int peer : peers) {
+    const bool lower = options.rank < peer;
+    links.push_back({peer, lower, nullptr, nullptr});
+    links.push_back({peer, !lower, nullptr, nullptr});
+  }
+  auto key_of = [&](const Link& l) {
+    const int from = l.send ? options.rank : l.peer;
+    const int to = l.send ? l.peer : options.rank;
+    return absl::StrCat(options.key_prefix, "/", from, "-", to, "/unique_id");
+  };
+  // Everything created so far, released on a failure.
+  auto release = [&links] {
+    for (Link& l : links) {
+      if (l.comm != nullptr) (void)ncclCommAbort(l.comm);
+      if (l.stream != nullptr) (void)cudaStreamDestroy(l.stream);
+      l.comm = nullptr;
+      l.stream = nullptr;
+    }
+  };
+
+  // 1. The communicators' ids: this rank's outgoing links' published (or, when it cannot create
+  // them, its error in their place, so that the peers fail now, not at their timeout), then the
+  // incoming links' awaited.
+  std::vector<ncclUniqueId> ids(links.size());
+  for (ncclUniqueId& id : ids) std::memset(&id, 0, sizeof id);
+  std::string key;  // the one being published or awaited, for the messages
   try {
-    if (options.rank == 0) {
-      absl::Status s = UseDevice(options.device);
-      if (s.ok()) {
-        if (const ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
-          s = cuda::NcclError(r, "ncclGetUniqueId(&id)", __FILE__, __LINE__);
-        }
+    absl::Status s = UseDevice(options.device);
+    for (size_t i = 0; i < links.size() && s.ok(); ++i) {
+      if (!links[i].send) continue;
+      if (const ncclResult_t r = ncclGetUniqueId(&ids[i]); r != ncclSuccess) {
+        s = cuda::NcclError(r, "ncclGetUniqueId(&id)", __FILE__, __LINE__);
       }
+    }
+    for (size_t i = 0; i < links.size(); ++i) {
+      if (!links[i].send) continue;
+      key = key_of(links[i]);
       const std::string text =
-          s.ok() ? absl::StrCat(kIdPrefix, absl::string_view(id.internal, sizeof id.internal))
-                 : absl::StrCat(kErrorPrefix, s.ToString());
-      const std::vector<char> value(text.begin(), text.end());
-      store.set(key, value);  // the error too: the other ranks fail now, not at their timeout
-      if (!s.ok()) return Prefixed(me, s);
-    } else {
-      store.wait({key}, options.connect_timeout);
+          s.ok()
+              ? absl::StrCat(kIdPrefix, absl::string_view(ids[i].internal, sizeof ids[i].internal))
+              : absl::StrCat(kErrorPrefix, s.ToString());
+      store.set(key, std::vector<char>(text.begin(), text.end()));
+    }
+    if (!s.ok()) return Prefixed(me, s);
+    for (size_t i = 0; i < links.size(); ++i) {
+      if (links[i].send) continue;
+      key = key_of(links[i]);
+      const auto left =
+          std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
+                   std::chrono::milliseconds(1));
+      store.wait({key}, left);
       const std::vector<char> value = store.get(key);
       const std::string text(value.begin(), value.end());
       if (absl::StartsWith(text, kErrorPrefix)) {
-        return absl::UnavailableError(absl::StrCat(
-            me, "rank 0 could not create the NCCL id: ", text.substr(kErrorPrefix.size())));
+        return absl::UnavailableError(absl::StrCat(me, "peer rank ", links[i].peer,
+                                                   " could not create the NCCL id of its link to "
+                                                   "this rank: ",
+                                                   text.substr(kErrorPrefix.size())));
       }
       if (!absl::StartsWith(text, kIdPrefix) ||
-          value.size() != kIdPrefix.size() + sizeof id.internal) {
+          value.size() != kIdPrefix.size() + sizeof ids[i].internal) {
         return absl::InternalError(absl::StrCat(me, "malformed NCCL id under store key ", key, " (",
                                                 value.size(), " bytes)"));
       }
-      std::memcpy(id.internal, value.data() + kIdPrefix.size(), sizeof id.internal);
-      if (absl::Status s = UseDevice(options.device); !s.ok()) return Prefixed(me, s);
+      std::memcpy(ids[i].internal, value.data() + kIdPrefix.size(), sizeof ids[i].internal);
     }
   } catch (const std::exception& e) {
     const std::string msg =
-        absl::StrCat(me, "rendezvous for the NCCL id (store key ", key, ") failed: ", e.what());
+        absl::StrCat(me, "rendezvous for the NCCL ids (store key ", key, ") failed: ", e.what(),
+                     " (did the peer join, and does it list this rank among its peers?)");
     return IsTimeout(e.what()) || Clock::now() >= deadline ? absl::DeadlineExceededError(msg)
                                                            : absl::UnavailableError(msg);
   }
 
-  // 2. The communicator, non-blocking, polled to readiness.
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  ncclComm_t comm = nullptr;
-  const ncclResult_t init = ncclCommInitRankConfig(&comm, options.size, id, options.rank, &config);
-  if (init != ncclSuccess && init != ncclInProgress) {
-    if (comm != nullptr) (void)ncclCommAbort(comm);
-    return Prefixed(
-        me, cuda::NcclError(init, "ncclCommInitRankConfig(&comm, ...)", __FILE__, __LINE__));
+  // 2. The communicators (2 ranks each, the sender rank 0), non-blocking, polled to readiness
+  // together. In the global order, should an init wait for its peer.
+  for (size_t i = 0; i < links.size(); ++i) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t init =
+        ncclCommInitRankConfig(&links[i].comm, 2, ids[i], links[i].send ? 0 : 1, &config);
+    if (init != ncclSuccess && init != ncclInProgress) {
+      release();
+      return Prefixed(me, Prefixed(absl::StrCat(LinkName(links[i].send, links[i].peer), ": "),
+                                   cuda::NcclError(init, "ncclCommInitRankConfig(&comm, 2, ...)",
+                                                   __FILE__, __LINE__)));
+    }
   }
   for (;;) {
-    ncclResult_t state = ncclInProgress;
-    if (const ncclResult_t r = ncclCommGetAsyncError(comm, &state); r != ncclSuccess) state = r;
-    if (state == ncclSuccess) break;
-    if (state != ncclInProgress) {
-      const std::string last = ncclGetLastError(comm);
-      (void)ncclCommAbort(comm);
-      return Prefixed(me, absl::Status(cuda::NcclErrorCode(state) == absl::StatusCode::kInternal
-                                           ? absl::StatusCode::kUnavailable
-                                           : cuda::NcclErrorCode(state),
-                                       absl::StrCat("creating the NCCL communicator failed: ",
-                                                    ncclGetErrorString(state), ": ", last)));
+    bool ready = true;
+    for (const Link& l : links) {
+      ncclResult_t state = ncclInProgress;
+      if (const ncclResult_t r = ncclCommGetAsyncError(l.comm, &state); r != ncclSuccess) state = r;
+      if (state == ncclInProgress) ready = false;
+      if (state == ncclSuccess || state == ncclInProgress) continue;
+      const std::string last = ncclGetLastError(l.comm);
+      const absl::StatusCode code = cuda::NcclErrorCode(state) == absl::StatusCode::kInternal
+                                        ? absl::StatusCode::kUnavailable
+                                        : cuda::NcclErrorCode(state);
+      const std::string what = LinkName(l.send, l.peer);
+      release();
+      return Prefixed(
+          me, absl::Status(code, absl::StrCat("creating the NCCL communicator of ", what,
+                                              " failed: ", ncclGetErrorString(state), ": ", last)));
     }
+    if (ready) break;
     if (options.cancelled != nullptr && options.cancelled->load()) {
-      (void)ncclCommAbort(comm);
+      release();
       return absl::AbortedError(absl::StrCat(me, "connecting the NCCL transport: cancelled"));
     }
     if (Clock::now() >= deadline) {
-      (void)ncclCommAbort(comm);
+      release();
       return absl::DeadlineExceededError(
-          absl::StrCat(me, "the NCCL communicator was not ready after ",
-                       options.connect_timeout.count(), " ms (a rank did not join?)"));
+          absl::StrCat(me, "the NCCL communicators were not ready after ",
+                       options.connect_timeout.count(), " ms (a peer did not join?)"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 
-  // 3. The comm stream and the tag-header slots.
-  cudaStream_t stream = nullptr;
+  // 3. A stream per link and the tag-header slots.
   uint64_t* device_headers = nullptr;
   uint64_t* host_headers = nullptr;
   auto cleanup = [&](const absl::Status& s) {
     if (host_headers != nullptr) (void)cudaFreeHost(host_headers);
     if (device_headers != nullptr) (void)cudaFree(device_headers);
-    if (stream != nullptr) (void)cudaStreamDestroy(stream);
-    (void)ncclCommAbort(comm);
+    release();
     return Prefixed(me, s);
   };
-  if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess) {
-    return cleanup(cuda::CudaError(e, "cudaStreamCreateWithFlags", __FILE__, __LINE__));
+  for (Link& l : links) {
+    if (cudaError_t e = cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking);
+        e != cudaSuccess) {
+      return cleanup(cuda::CudaError(e, "cudaStreamCreateWithFlags", __FILE__, __LINE__));
+    }
   }
   if (cudaError_t e = cudaMalloc(&device_headers, kMaxInFlight * sizeof(uint64_t));
       e != cudaSuccess) {
@@ -180,24 +251,27 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Connect(
     return cleanup(cuda::CudaError(e, "cudaMallocHost(&host_headers, ...)", __FILE__, __LINE__));
   }
   std::unique_ptr<NcclTransport> transport(
-      new NcclTransport(options, comm, stream, device_headers, host_headers));
-  // 4. Connections (the destructor aborts the communicator on failure).
+      new NcclTransport(options, std::move(links), device_headers, host_headers));
+  // 4. Connections (the destructor aborts the communicators on failure).
   if (absl::Status s = transport->WarmUp(); !s.ok()) return Prefixed(me, s);
   return transport;
 }
 
 absl::Status NcclTransport::WarmUp() {
-  if (options_.size == 1) return absl::OkStatus();
   std::vector<Op> ops;
-  for (int peer = 0; peer < options_.size; ++peer) {
-    if (peer == options_.rank) continue;
-    ops.push_back({Op::Kind::kSend, peer, kWarmUpTag, nullptr, 0, nullptr});
-    ops.push_back({Op::Kind::kRecv, peer, kWarmUpTag, nullptr, 0, nullptr});
+  {
+    absl::MutexLock lock(&mu_);
+    for (const Link& l : links_) {
+      ops.push_back(
+          {l.send ? Op::Kind::kSend : Op::Kind::kRecv, l.peer, kWarmUpTag, nullptr, 0, nullptr});
+    }
   }
+  if (ops.empty()) return absl::OkStatus();
+  // Posted in the global order, each launch waiting for its link's connection to be set up.
   if (absl::Status s = PostBatch(ops); !s.ok()) return s;
-  for (int peer = 0; peer < options_.size; ++peer) {
-    if (peer == options_.rank) continue;
-    if (absl::Status s = WaitRecv(peer, kWarmUpTag); !s.ok()) return s;
+  for (const Op& op : ops) {
+    if (op.kind != Op::Kind::kRecv) continue;
+    if (absl::Status s = WaitRecv(op.peer, kWarmUpTag); !s.ok()) return s;
   }
   if (absl::Status s = WaitSends(); !s.ok()) return s;
   // The warm-up's headers are not payload.
@@ -206,13 +280,16 @@ absl::Status NcclTransport::WarmUp() {
   return absl::OkStatus();
 }
 
-NcclTransport::NcclTransport(const NcclTransportOptions& options, ncclComm_t comm,
-                             cudaStream_t stream, uint64_t* device_headers, uint64_t* host_headers)
+NcclTransport::NcclTransport(const NcclTransportOptions& options, std::vector<Link> links,
+                             uint64_t* device_headers, uint64_t* host_headers)
     : options_(options),
-      stream_(stream),
       device_headers_(device_headers),
       host_headers_(host_headers),
-      comm_(comm) {
+      links_(std::move(links)) {
+  for (size_t i = 0; i < links_.size(); ++i) {
+    auto& [out, in] = link_of_peer_[links_[i].peer];
+    (links_[i].send ? out : in) = i;
+  }
   free_slots_.reserve(kMaxInFlight);
   for (int i = kMaxInFlight - 1; i >= 0; --i) free_slots_.push_back(i);
 }
@@ -220,28 +297,44 @@ NcclTransport::NcclTransport(const NcclTransportOptions& options, ncclComm_t com
 NcclTransport::~NcclTransport() {
   (void)cudaSetDevice(options_.device);
   absl::MutexLock lock(&mu_);
-  if (comm_ != nullptr) {
-    bool clean = broken_.ok() && pending_sends_.empty() && pending_recvs_.empty();
-    if (clean && ncclCommFinalize(comm_) == ncclSuccess) {
-      // Non-blocking: poll the finalize to completion, bounded by the op timeout.
-      const Clock::time_point deadline = Clock::now() + options_.op_timeout;
+  const bool clean = broken_.ok() && pending_sends_.empty() && pending_recvs_.empty();
+  // Finalize (non-blocking: polled to completion, bounded by the op timeout) when clean; what
+  // did not finalize is aborted.
+  std::vector<bool> finalizing(links_.size(), false);
+  for (size_t i = 0; i < links_.size(); ++i) {
+    if (!clean || links_[i].comm == nullptr) continue;
+    const ncclResult_t r = ncclCommFinalize(links_[i].comm);
+    finalizing[i] = r == ncclSuccess || r == ncclInProgress;
+  }
+  const Clock::time_point deadline = Clock::now() + options_.op_timeout;
+  for (size_t i = 0; i < links_.size(); ++i) {
+    Link& l = links_[i];
+    if (l.comm == nullptr) continue;
+    bool finalized = false;
+    if (finalizing[i]) {
       ncclResult_t state = ncclInProgress;
-      while (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state == ncclInProgress &&
+      while (ncclCommGetAsyncError(l.comm, &state) == ncclSuccess && state == ncclInProgress &&
              Clock::now() < deadline) {
         std::this_thread::sleep_for(kPollInterval);
       }
-      clean = state == ncclSuccess;
-    } else {
-      clean = false;
+      finalized = state == ncclSuccess;
     }
-    (void)(clean ? ncclCommDestroy(comm_) : ncclCommAbort(comm_));
-    comm_ = nullptr;
+    (void)(finalized ? ncclCommDestroy(l.comm) : ncclCommAbort(l.comm));
+    l.comm = nullptr;
   }
   for (auto& p : pending_sends_) (void)cudaEventDestroy(p->event);
   for (auto& [key, p] : pending_recvs_) (void)cudaEventDestroy(p->event);
   if (host_headers_ != nullptr) (void)cudaFreeHost(host_headers_);
   if (device_headers_ != nullptr) (void)cudaFree(device_headers_);
-  if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  for (Link& l : links_) {
+    if (l.stream != nullptr) (void)cudaStreamDestroy(l.stream);
+  }
+}
+
+std::vector<int> NcclTransport::peers() const {
+  std::vector<int> out;
+  for (const auto& [peer, ends] : link_of_peer_) out.push_back(peer);
+  return out;
 }
 
 absl::Status NcclTransport::CheckPeer(int peer) const {
@@ -250,7 +343,18 @@ absl::Status NcclTransport::CheckPeer(int peer) const {
                                                    " is not another rank of [0, ", options_.size,
                                                    ")"));
   }
+  if (!link_of_peer_.contains(peer)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", options_.rank, ": peer rank ", peer,
+                     " is not one of this rank's NCCL peers (the ranks it has links with: ",
+                     absl::StrJoin(peers(), ", "), ")"));
+  }
   return absl::OkStatus();
+}
+
+size_t NcclTransport::LinkOf(const Op& op) const {
+  const auto& [out, in] = link_of_peer_.at(op.peer);
+  return op.kind == Op::Kind::kSend ? out : in;
 }
 
 absl::Status NcclTransport::Broken() const {
@@ -269,13 +373,17 @@ absl::Status NcclTransport::PollCheck(const char* op, int peer, Clock::time_poin
   if (aborted_.load()) return absl::AbortedError(absl::StrCat(what, ": transport aborted"));
   {
     absl::MutexLock lock(&mu_);
-    if (comm_ == nullptr) return absl::AbortedError(absl::StrCat(what, ": transport aborted"));
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
-    if (r != ncclSuccess) state = r;
-    if (state != ncclSuccess && state != ncclInProgress) {
-      const absl::Status s = absl::UnavailableError(absl::StrCat(
-          what, " failed: ", ncclGetErrorString(state), ": ", ncclGetLastError(comm_)));
+    // Every link: a failed peer anywhere in the pipeline fails this wait now, not at its
+    // timeout.
+    for (const Link& l : links_) {
+      if (l.comm == nullptr) return absl::AbortedError(absl::StrCat(what, ": transport aborted"));
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t r = ncclCommGetAsyncError(l.comm, &state);
+      if (r != ncclSuccess) state = r;
+      if (state == ncclSuccess || state == ncclInProgress) continue;
+      const absl::Status s = absl::UnavailableError(
+          absl::StrCat(what, " failed: ", LinkName(l.send, l.peer), ": ", ncclGetErrorString(state),
+                       ": ", ncclGetLastError(l.comm)));
       if (broken_.ok()) broken_ = s;
       return s;
     }
@@ -311,7 +419,7 @@ absl::Status NcclTransport::PostSend(int peer, uint64_t tag, const void* data, s
   op.tag = tag;
   op.data = const_cast<void*>(data);  // NCCL's send reads it only
   op.bytes = bytes;
-  return Queue({&op, 1});
+  return PostBatch({&op, 1});
 }
 
 absl::Status NcclTransport::PostRecv(int peer, uint64_t tag, void* data, size_t bytes) {
@@ -321,7 +429,7 @@ absl::Status NcclTransport::PostRecv(int peer, uint64_t tag, void* data, size_t 
   op.tag = tag;
   op.data = data;
   op.bytes = bytes;
-  return Queue({&op, 1});
+  return PostBatch({&op, 1});
 }
 
 absl::Status NcclTransport::Recv(int peer, uint64_t tag, void* data, size_t bytes) {
@@ -329,8 +437,8 @@ absl::Status NcclTransport::Recv(int peer, uint64_t tag, void* data, size_t byte
   return WaitRecv(peer, tag);
 }
 
-absl::Status NcclTransport::Queue(absl::Span<const Op> ops) {
-  // Bad arguments now, not at the launch, so that the caller sees them where it posted.
+absl::Status NcclTransport::Validate(absl::Span<const Op> ops) const {
+  // Bad arguments before anything is posted, so that the caller sees them where it posted.
   std::set<std::pair<int, uint64_t>> batch_recvs;
   for (const Op& op : ops) {
     if (absl::Status s = CheckPeer(op.peer); !s.ok()) return s;
@@ -347,109 +455,98 @@ absl::Status NcclTransport::Queue(absl::Span<const Op> ops) {
   }
   if (aborted_.load()) return absl::AbortedError("nccl transport: post: transport aborted");
   absl::MutexLock lock(&mu_);
-  if (queued_.size() + ops.size() > static_cast<size_t>(kMaxInFlight)) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("rank ", options_.rank, ": more than ", kMaxInFlight, " transfers posted"));
-  }
-  queued_.insert(queued_.end(), ops.begin(), ops.end());
-  return absl::OkStatus();
-}
-
-absl::Status NcclTransport::Flush() {
-  std::vector<Op> ops;
-  {
-    absl::MutexLock lock(&mu_);
-    if (queued_.empty()) return absl::OkStatus();
-    ops.swap(queued_);
-  }
-  return Launch(ops);
-}
-
-absl::Status NcclTransport::PostBatch(absl::Span<const Op> ops) {
-  if (absl::Status s = Queue(ops); !s.ok()) return s;
-  return Flush();
-}
-
-absl::Status NcclTransport::Launch(absl::Span<const Op> ops) {
-  // The arguments passed Queue's checks (peers, buffers, receives not yet posted).
-  if (aborted_.load()) return absl::AbortedError("nccl transport: post: transport aborted");
-  // The calling thread's current device may not be this rank's (Connect may have run on
-  // another thread); the stream, events and header slots live on options_.device.
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
-  absl::MutexLock lock(&mu_);
-  if (comm_ == nullptr) return absl::AbortedError("nccl transport: post: transport aborted");
-  if (!broken_.ok()) return broken_;
   if (ops.size() > free_slots_.size()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("rank ", options_.rank, ": more than ", kMaxInFlight, " transfers in flight"));
   }
+  return absl::OkStatus();
+}
 
-  // Everything below changes state; a failure breaks the transport (the comm stream may hold
-  // part of the batch).
-  std::vector<std::unique_ptr<Pending>> posted;
+absl::Status NcclTransport::PostBatch(absl::Span<const Op> ops) {
+  if (absl::Status s = Validate(ops); !s.ok()) return s;
+  for (const Op& op : ops) {
+    if (absl::Status s = Launch(op); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NcclTransport::Launch(const Op& op) {
+  // The arguments passed Validate's checks (peer, buffer, receive not yet posted).
+  if (aborted_.load()) return absl::AbortedError("nccl transport: post: transport aborted");
+  // The calling thread's current device may not be this rank's (Connect may have run on
+  // another thread); the streams, events and header slots live on options_.device.
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  absl::MutexLock lock(&mu_);
+  const size_t link_index = LinkOf(op);
+  if (links_[link_index].comm == nullptr) {
+    return absl::AbortedError("nccl transport: post: transport aborted");
+  }
+  if (!broken_.ok()) return broken_;
+  if (free_slots_.empty()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("rank ", options_.rank, ": more than ", kMaxInFlight, " transfers in flight"));
+  }
+  const ncclComm_t comm = links_[link_index].comm;
+  const cudaStream_t stream = links_[link_index].stream;
+
+  // Everything below changes state; a failure breaks the transport (the link's stream may hold
+  // part of the transfer).
+  auto pending = std::make_unique<Pending>();
+  pending->peer = op.peer;
+  pending->tag = op.tag;
+  pending->bytes = op.bytes;
+  pending->slot = free_slots_.back();
+  free_slots_.pop_back();
   auto broken = [&](const absl::Status& s) {
-    for (auto& p : posted) {
-      if (p->event != nullptr) (void)cudaEventDestroy(p->event);
-      free_slots_.push_back(p->slot);
-    }
+    if (pending->event != nullptr) (void)cudaEventDestroy(pending->event);
+    free_slots_.push_back(pending->slot);
     if (broken_.ok()) broken_ = s;
     return s;
   };
-  for (const Op& op : ops) {
-    auto p = std::make_unique<Pending>();
-    p->peer = op.peer;
-    p->tag = op.tag;
-    p->bytes = op.bytes;
-    p->slot = free_slots_.back();
-    free_slots_.pop_back();
-    posted.push_back(std::move(p));
-    Pending& pending = *posted.back();
-    if (cudaError_t e = cudaEventCreateWithFlags(&pending.event, cudaEventDisableTiming);
-        e != cudaSuccess) {
-      return broken(cuda::CudaError(e, "cudaEventCreateWithFlags", __FILE__, __LINE__));
+  if (cudaError_t e = cudaEventCreateWithFlags(&pending->event, cudaEventDisableTiming);
+      e != cudaSuccess) {
+    return broken(cuda::CudaError(e, "cudaEventCreateWithFlags", __FILE__, __LINE__));
+  }
+  uint64_t* header = device_headers_ + pending->slot;
+  if (op.kind == Op::Kind::kSend) {
+    if (op.ready != nullptr) {
+      if (cudaError_t e = cudaStreamWaitEvent(stream, op.ready, 0); e != cudaSuccess) {
+        return broken(
+            cuda::CudaError(e, "cudaStreamWaitEvent(stream, op.ready)", __FILE__, __LINE__));
+      }
     }
-    if (op.kind == Op::Kind::kSend) {
-      if (op.ready != nullptr) {
-        if (cudaError_t e = cudaStreamWaitEvent(stream_, op.ready, 0); e != cudaSuccess) {
-          return broken(
-              cuda::CudaError(e, "cudaStreamWaitEvent(stream_, op.ready)", __FILE__, __LINE__));
-        }
-      }
-      // The header: the tag, staged through its pinned slot (which stays reserved until the
-      // send completes, so the asynchronous copy may read it late).
-      host_headers_[pending.slot] = op.tag;
-      if (cudaError_t e =
-              cudaMemcpyAsync(device_headers_ + pending.slot, host_headers_ + pending.slot,
-                              sizeof(uint64_t), cudaMemcpyHostToDevice, stream_);
-          e != cudaSuccess) {
-        return broken(cuda::CudaError(e, "cudaMemcpyAsync(header H2D)", __FILE__, __LINE__));
-      }
+    // The header: the tag, staged through its pinned slot (which stays reserved until the send
+    // completes, so the asynchronous copy may read it late).
+    host_headers_[pending->slot] = op.tag;
+    if (cudaError_t e = cudaMemcpyAsync(header, host_headers_ + pending->slot, sizeof(uint64_t),
+                                        cudaMemcpyHostToDevice, stream);
+        e != cudaSuccess) {
+      return broken(cuda::CudaError(e, "cudaMemcpyAsync(header H2D)", __FILE__, __LINE__));
     }
   }
 
-  // One group: header + payload per op, in order.
+  // One group: the header, then the payload.
   if (ncclResult_t r = ncclGroupStart(); r != ncclSuccess) {
     return broken(cuda::NcclError(r, "ncclGroupStart()", __FILE__, __LINE__));
   }
+  // On a link's communicator the peer is its rank 1 when this rank sends, rank 0 when it
+  // receives.
+  const int peer_in_comm = op.kind == Op::Kind::kSend ? 1 : 0;
   ncclResult_t issue = ncclSuccess;
   const char* failed_call = "";
-  for (size_t i = 0; i < ops.size() && issue == ncclSuccess; ++i) {
-    const Op& op = ops[i];
-    uint64_t* header = device_headers_ + posted[i]->slot;
-    if (op.kind == Op::Kind::kSend) {
-      issue = ncclSend(header, sizeof(uint64_t), ncclUint8, op.peer, comm_, stream_);
-      failed_call = "ncclSend(header)";
-      if (issue == ncclSuccess && op.bytes > 0) {  // both ends skip an empty payload
-        issue = ncclSend(op.data, op.bytes, ncclUint8, op.peer, comm_, stream_);
-        failed_call = "ncclSend(data, bytes, ncclUint8, peer, comm_, stream_)";
-      }
-    } else {
-      issue = ncclRecv(header, sizeof(uint64_t), ncclUint8, op.peer, comm_, stream_);
-      failed_call = "ncclRecv(header)";
-      if (issue == ncclSuccess && op.bytes > 0) {
-        issue = ncclRecv(op.data, op.bytes, ncclUint8, op.peer, comm_, stream_);
-        failed_call = "ncclRecv(data, bytes, ncclUint8, peer, comm_, stream_)";
-      }
+  if (op.kind == Op::Kind::kSend) {
+    issue = ncclSend(header, sizeof(uint64_t), ncclUint8, peer_in_comm, comm, stream);
+    failed_call = "ncclSend(header)";
+    if (issue == ncclSuccess && op.bytes > 0) {  // both ends skip an empty payload
+      issue = ncclSend(op.data, op.bytes, ncclUint8, peer_in_comm, comm, stream);
+      failed_call = "ncclSend(data, bytes, ncclUint8, 1, comm, stream)";
+    }
+  } else {
+    issue = ncclRecv(header, sizeof(uint64_t), ncclUint8, peer_in_comm, comm, stream);
+    failed_call = "ncclRecv(header)";
+    if (issue == ncclSuccess && op.bytes > 0) {
+      issue = ncclRecv(op.data, op.bytes, ncclUint8, peer_in_comm, comm, stream);
+      failed_call = "ncclRecv(data, bytes, ncclUint8, 0, comm, stream)";
     }
   }
   // The group is closed even after a failed call inside it (NCCL requires balanced groups).
@@ -461,73 +558,65 @@ absl::Status NcclTransport::Launch(absl::Span<const Op> ops) {
     return broken(cuda::NcclError(end, "ncclGroupEnd()", __FILE__, __LINE__));
   }
   // Non-blocking: the group is enqueued on the stream once the communicator leaves
-  // ncclInProgress; only then may the completion events be recorded behind it. This only waits
-  // for NCCL's enqueueing (connection setup on a first transfer to a peer), never for the peer.
+  // ncclInProgress; only then may the completion event be recorded behind it. After the
+  // warm-up this only waits for NCCL's enqueueing, never for the peer.
   if (end == ncclInProgress) {
     const Clock::time_point deadline = Clock::now() + options_.op_timeout;
     for (;;) {
       ncclResult_t state = ncclInProgress;
-      if (const ncclResult_t r = ncclCommGetAsyncError(comm_, &state); r != ncclSuccess) state = r;
+      if (const ncclResult_t r = ncclCommGetAsyncError(comm, &state); r != ncclSuccess) state = r;
       if (state == ncclSuccess) break;
       if (state != ncclInProgress) {
-        return broken(absl::UnavailableError(absl::StrCat(
-            "rank ", options_.rank, ": posting transfers failed: ", ncclGetErrorString(state), ": ",
-            ncclGetLastError(comm_))));
+        return broken(absl::UnavailableError(
+            absl::StrCat("rank ", options_.rank, ": posting a transfer on ",
+                         LinkName(op.kind == Op::Kind::kSend, op.peer),
+                         " failed: ", ncclGetErrorString(state), ": ", ncclGetLastError(comm))));
       }
       if (aborted_.load()) return broken(absl::AbortedError("nccl transport: post: aborted"));
       if (Clock::now() >= deadline) {
-        return broken(absl::DeadlineExceededError(absl::StrCat(
-            "rank ", options_.rank, ": NCCL did not enqueue a group within the op timeout")));
+        return broken(absl::DeadlineExceededError(
+            absl::StrCat("rank ", options_.rank, ": NCCL did not enqueue a transfer on ",
+                         LinkName(op.kind == Op::Kind::kSend, op.peer), " within the op timeout")));
       }
       // Released while sleeping so that Abort() can run (it takes mu_).
       mu_.Unlock();
       std::this_thread::sleep_for(kPollInterval);
       mu_.Lock();
-      if (comm_ == nullptr) return broken(absl::AbortedError("nccl transport: post: aborted"));
+      if (links_[link_index].comm == nullptr) {
+        return broken(absl::AbortedError("nccl transport: post: aborted"));
+      }
     }
   }
 
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const Op& op = ops[i];
-    Pending& pending = *posted[i];
-    if (op.kind == Op::Kind::kRecv) {
-      // The received header back to its pinned slot, read by WaitRecv after the event.
-      if (cudaError_t e =
-              cudaMemcpyAsync(host_headers_ + pending.slot, device_headers_ + pending.slot,
-                              sizeof(uint64_t), cudaMemcpyDeviceToHost, stream_);
-          e != cudaSuccess) {
-        return broken(cuda::CudaError(e, "cudaMemcpyAsync(header D2H)", __FILE__, __LINE__));
-      }
-    }
-    if (cudaError_t e = cudaEventRecord(pending.event, stream_); e != cudaSuccess) {
-      return broken(cuda::CudaError(e, "cudaEventRecord(event, stream_)", __FILE__, __LINE__));
+  if (op.kind == Op::Kind::kRecv) {
+    // The received header back to its pinned slot, read by WaitRecv after the event.
+    if (cudaError_t e = cudaMemcpyAsync(host_headers_ + pending->slot, header, sizeof(uint64_t),
+                                        cudaMemcpyDeviceToHost, stream);
+        e != cudaSuccess) {
+      return broken(cuda::CudaError(e, "cudaMemcpyAsync(header D2H)", __FILE__, __LINE__));
     }
   }
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const Op& op = ops[i];
-    if (op.kind == Op::Kind::kSend) {
-      send_order_[op.peer].push_back(op.tag);
-      bytes_sent_.fetch_add(static_cast<int64_t>(op.bytes));
-      pending_sends_.push_back(std::move(posted[i]));
-    } else {
-      posted[i]->seq = recvs_posted_[op.peer]++;
-      recv_order_[op.peer].push_back(op.tag);
-      pending_recvs_[{op.peer, op.tag}] = std::move(posted[i]);
-    }
+  if (cudaError_t e = cudaEventRecord(pending->event, stream); e != cudaSuccess) {
+    return broken(cuda::CudaError(e, "cudaEventRecord(event, stream)", __FILE__, __LINE__));
+  }
+  if (op.kind == Op::Kind::kSend) {
+    send_order_[op.peer].push_back(op.tag);
+    bytes_sent_.fetch_add(static_cast<int64_t>(op.bytes));
+    pending_sends_.push_back(std::move(pending));
+  } else {
+    pending->seq = recvs_posted_[op.peer]++;
+    recv_order_[op.peer].push_back(op.tag);
+    pending_recvs_[{op.peer, op.tag}] = std::move(pending);
   }
   return absl::OkStatus();
 }
 
 bool NcclTransport::posted_recv(int peer, uint64_t tag) const {
   absl::MutexLock lock(&mu_);
-  if (pending_recvs_.contains({peer, tag})) return true;
-  return std::any_of(queued_.begin(), queued_.end(), [&](const Op& op) {
-    return op.kind == Op::Kind::kRecv && op.peer == peer && op.tag == tag;
-  });
+  return pending_recvs_.contains({peer, tag});
 }
 
 absl::Status NcclTransport::WaitRecv(int peer, uint64_t tag) {
-  if (absl::Status s = Flush(); !s.ok()) return s;
   if (aborted_.load()) {
     return absl::AbortedError(absl::StrCat("receive from peer rank ", peer, ": transport aborted"));
   }
@@ -574,14 +663,14 @@ absl::Status NcclTransport::WaitRecv(int peer, uint64_t tag) {
 
 absl::Status NcclTransport::SendRecv(int peer, uint64_t tag, const void* send, void* recv,
                                      size_t bytes) {
+  // On two links: neither waits for the other.
   const Op ops[2] = {{Op::Kind::kSend, peer, tag, const_cast<void*>(send), bytes, nullptr},
                      {Op::Kind::kRecv, peer, tag, recv, bytes, nullptr}};
-  if (absl::Status s = Queue(ops); !s.ok()) return s;
-  return WaitRecv(peer, tag);  // launches the queue, the pair included
+  if (absl::Status s = PostBatch(ops); !s.ok()) return s;
+  return WaitRecv(peer, tag);
 }
 
 absl::Status NcclTransport::WaitSends() {
-  if (absl::Status s = Flush(); !s.ok()) return s;
   if (aborted_.load()) return absl::AbortedError("wait for sends: transport aborted");
   std::vector<std::pair<int, cudaEvent_t>> sends;
   {
@@ -607,14 +696,16 @@ absl::Status NcclTransport::WaitSends() {
 }
 
 absl::Status NcclTransport::CommStreamWaitEvent(cudaEvent_t event) {
-  if (absl::Status s = Flush(); !s.ok()) return s;
   if (absl::Status s = Broken(); !s.ok()) return s;
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, event, 0));
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  absl::MutexLock lock(&mu_);
+  for (const Link& l : links_) {
+    if (l.send) TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(l.stream, event, 0));
+  }
   return absl::OkStatus();
 }
 
 absl::Status NcclTransport::ComputeStreamWaitRecv(int peer, uint64_t tag, cudaStream_t stream) {
-  if (absl::Status s = Flush(); !s.ok()) return s;
   if (absl::Status s = Broken(); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   auto it = pending_recvs_.find({peer, tag});
@@ -630,11 +721,11 @@ absl::Status NcclTransport::ComputeStreamWaitRecv(int peer, uint64_t tag, cudaSt
 void NcclTransport::Abort() {
   aborted_.store(true);
   absl::MutexLock lock(&mu_);
-  if (comm_ != nullptr) {
-    // Stops NCCL's kernels and proxy threads; pending events may never complete, which is why
-    // every wait checks aborted_ on each poll.
-    (void)ncclCommAbort(comm_);
-    comm_ = nullptr;
+  // Stops NCCL's kernels and proxy threads; pending events may never complete, which is why
+  // every wait checks aborted_ on each poll.
+  for (Link& l : links_) {
+    if (l.comm != nullptr) (void)ncclCommAbort(l.comm);
+    l.comm = nullptr;
   }
 }
 

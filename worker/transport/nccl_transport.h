@@ -1,49 +1,57 @@
 // Transport over NCCL point-to-point (ncclSend / ncclRecv), the GPU data plane. Data pointers
 // are device pointers on the CUDA device given in the options.
 //
-// Connect(): rank 0 creates the communicator's id (ncclGetUniqueId) and publishes it in the
-// rendezvous Store under "<key_prefix>/unique_id" (the Store itself is job-scoped: in
-// production a GrpcRendezvousStore whose prefix is the job's StageProgram.rendezvous_prefix; in
-// tests a gloo::rendezvous::HashStore); if rank 0 cannot, it publishes its error there instead,
-// so the other ranks fail at once rather than at the timeout. The others wait for the key. Every
-// rank then creates the communicator NON-BLOCKING (ncclConfig_t.blocking = 0,
-// ncclCommInitRankConfig) and polls ncclCommGetAsyncError until it is ready, fails, or
-// connect_timeout passes (then ncclCommAbort and DEADLINE_EXCEEDED), so a missing peer never
-// hangs a worker. Connect() ends with a warm-up: one group holding a header-only send to and a
-// receive from every other rank (waited for with op_timeout). NCCL sets up point-to-point
-// connections lazily, on the first transfer between two ranks, and that setup pairs a send with
-// the peer's receive; done here, for all pairs at once, it cannot deadlock two ranks that later
-// post sends to each other before their receives, and PostSend never waits on its peer. (The
-// warm-up connects every pair, not only pipeline neighbours: fine for pipeline-sized jobs.)
+// Links: every direction of data between this rank and a peer is a LINK with its own 2-rank
+// communicator (the sending rank is rank 0 in it) and its own stream on each end, as PyTorch's
+// ProcessGroupNCCL keeps a communicator per pair for its sends and receives. A link carries
+// transfers one way only, so a send waits for nothing but the peer's matching receive on that
+// link: in 1F1B's steady state stage s sends an activation to s + 1 while s + 1 sends a
+// gradient to s, and with one communicator and one stream the two sends would each wait for
+// the other's receive (NCCL's deadlock rule), where on two links they simply both go. So every
+// transfer is launched the moment it is posted, on its link's stream: a receive posted before
+// a compute (the executor posts the program's next receive ahead) fills while the compute runs,
+// and a send posted after a compute proceeds while the next one runs. The links are the pairs
+// in `peers` (TransferPeers of the stage program: pipeline neighbours and the tied-gradient
+// pair), two communicators per pair.
 //
-// Transfers run on a dedicated communication stream (cudaStreamNonBlocking), in groups
-// (ncclGroupStart / ncclGroupEnd). An NCCL send completes only when the peer's receive runs, and
-// one stream runs its groups in order, so two ranks that each send to the other before
-// receiving would each wait in a send (NCCL's deadlock rule) where Gloo's buffered sends go
-// through. Posting is therefore deferred: PostSend and PostRecv queue their transfer, and the
-// queue is launched as ONE group at the next call that waits (WaitRecv, Recv, SendRecv,
-// WaitSends, ComputeStreamWaitRecv, CommStreamWaitEvent) or by PostBatch(). Everything a rank
-// posts between two waits progresses together: in 1F1B's steady state the executor posts the
-// next receive (the previous stage's gradient) before the compute whose output it then sends,
-// so the send and the receive form one group, as Megatron's send_forward_recv_backward does.
-// Completion is tracked with one cudaEvent per operation; WaitRecv / WaitSends poll the events and
-// ncclCommGetAsyncError with op_timeout, and Abort() (any thread: ncclCommAbort) makes every
-// pending and future call return ABORTED within a poll interval. Nothing blocks inside NCCL: the
-// communicator is non-blocking.
+// Connect(): for each outgoing link this rank creates the communicator's id (ncclGetUniqueId)
+// and publishes it in the rendezvous Store under "<key_prefix>/<from>-<to>/unique_id" (the Store
+// is job-scoped: in production a GrpcRendezvousStore whose prefix is the job's
+// StageProgram.rendezvous_prefix; in tests a gloo::rendezvous::HashStore); if it cannot (no
+// usable device), it publishes its error there instead, so that its peers fail at once rather
+// than at the timeout. Only after publishing every outgoing id does it wait for the incoming
+// ones, so no two ranks wait for each other's id. Every communicator is created NON-BLOCKING
+// (ncclConfig_t.blocking = 0, ncclCommInitRankConfig) and polled with ncclCommGetAsyncError
+// until all are ready, one fails, or connect_timeout passes (then ncclCommAbort on all and
+// DEADLINE_EXCEEDED), so a missing peer never hangs a worker. Connect() ends with a warm-up:
+// one header-only transfer on every link. NCCL sets up a link's connection lazily, on its first
+// transfer, pairing the two ends; the warm-up does it for every link in one global order (by
+// pair, then the lower rank's outgoing link first) that all ranks share, so that no two ranks
+// can each be setting up a link the other has not reached, and later posts never wait on the
+// peer.
 //
-// Tags: NCCL has no tags. Messages between two ranks are matched purely by order, so the order of
-// posts to a peer IS the protocol: both ends derive it from the same stage programs (the
-// schedule, common/schedule.h), and the n-th send to a peer meets the n-th receive from it. To
-// catch a schedule bug instead of silently swapping two payloads, each message carries its tag
-// in an 8-byte header message just before it (same group, same peer), and each end keeps a
-// per-peer FIFO of the tags it posted; a receive whose header names another tag fails with
-// INTERNAL naming both tags.
+// Completion is tracked with one cudaEvent per transfer, recorded on its link's stream;
+// WaitRecv / WaitSends poll the events and every link's ncclCommGetAsyncError with op_timeout,
+// and Abort() (any thread: ncclCommAbort on every link) makes every pending and future call
+// return ABORTED within a poll interval. Nothing blocks inside NCCL: the communicators are
+// non-blocking.
 //
-// Compute / communication: the caller's compute stream and the comm stream are independent.
-// Before posting a send of data produced on a compute stream, record an event there and call
-// CommStreamWaitEvent(event) (or set Op::ready). To use received data on a compute stream
-// without blocking the host, call ComputeStreamWaitRecv(peer, tag, stream); WaitRecv must still
-// be called afterwards (it checks the tag, counts the bytes and frees the receive's slot).
+// Tags: NCCL has no tags. Messages on a link are matched purely by order, so the order of posts
+// to a peer IS the protocol: both ends derive it from the same stage programs (the schedule,
+// common/schedule.h), and the n-th send to a peer meets the n-th receive from it. To catch a
+// schedule bug instead of silently swapping two payloads, each message carries its tag in an
+// 8-byte header message just before it (same group, same link), and each end keeps a per-peer
+// FIFO of the tags it posted; a receive whose header names another tag fails with INTERNAL
+// naming both tags.
+//
+// Compute / communication: the caller's compute stream and the link streams are independent.
+// Before posting a send of data produced on a compute stream without synchronising it, record
+// an event there and call CommStreamWaitEvent(event) (or set Op::ready). To use received data
+// on a compute stream without blocking the host, call ComputeStreamWaitRecv(peer, tag, stream);
+// WaitRecv must still be called afterwards (it checks the tag, counts the bytes and frees the
+// receive's slot). A receive in flight holds NCCL kernels on the device until its data comes,
+// so nothing on this device may synchronise the whole device (cudaDeviceSynchronize, cudaFree)
+// while transfers are pending: the compute's buffers are pooled for that reason.
 //
 // Thread-safety: as Transport (one executor thread; Abort(), aborted() and the counters from any
 // thread).
@@ -79,6 +87,9 @@ struct NcclTransportOptions {
   int rank = 0;
   int size = 1;
   int device = 0;  // CUDA device ordinal of this rank (one rank per device)
+  // The ranks this rank exchanges data with (TransferPeers of its stage program), in any order;
+  // each of them must list this rank too. Empty: every other rank.
+  std::vector<int> peers;
   // Separates several communicators of one job in the (job-scoped) store; must not be empty.
   std::string key_prefix = "nccl";
   std::chrono::milliseconds connect_timeout{30000};
@@ -130,53 +141,64 @@ class NcclTransport final : public Transport {
   int64_t bytes_sent() const override { return bytes_sent_.load(); }
   int64_t bytes_received() const override { return bytes_received_.load(); }
 
-  // Queues `ops` behind what is queued and launches the queue now, as one NCCL group, in order
-  // (the per-peer order of the sends and of the receives is the posting order). Validates every
-  // op before queueing any: INVALID_ARGUMENT for a bad peer or a receive of (peer, tag) already
-  // posted (or twice in the batch); RESOURCE_EXHAUSTED when more than kMaxInFlight transfers
-  // would be in flight.
+  // Posts `ops` in order, each launched at once on its link (the per-peer order of the sends
+  // and of the receives is the posting order). Validates every op before posting any:
+  // INVALID_ARGUMENT for a bad peer (one that is not in the options' peers) or a receive of
+  // (peer, tag) already posted (or twice in the batch); RESOURCE_EXHAUSTED when more than
+  // kMaxInFlight transfers would be in flight.
   absl::Status PostBatch(absl::Span<const Op> ops);
 
-  // Makes the comm stream wait (on the device) for `event`, recorded on a compute stream, before
-  // any transfer posted after this call.
+  // Makes every outgoing link's stream wait (on the device) for `event`, recorded on a compute
+  // stream, before any send posted after this call.
   absl::Status CommStreamWaitEvent(cudaEvent_t event);
   // Makes `stream` wait (on the device) until the receive posted for (peer, tag) has its data.
   // FAILED_PRECONDITION when none is posted.
   absl::Status ComputeStreamWaitRecv(int peer, uint64_t tag, cudaStream_t stream);
 
-  cudaStream_t comm_stream() const { return stream_; }
+  // The peers this rank has links with, ascending.
+  std::vector<int> peers() const;
 
   // Transfers (sends plus receives) that may be in flight at once.
   static constexpr int kMaxInFlight = 4096;
 
  private:
   struct Pending;
+  // One direction of data between this rank and a peer (see the header comment).
+  struct Link {
+    int peer = 0;
+    bool send = false;              // this rank sends on it (and is rank 0 of its communicator)
+    ncclComm_t comm = nullptr;      // owned; null after Abort()
+    cudaStream_t stream = nullptr;  // owned
+  };
 
-  NcclTransport(const NcclTransportOptions& options, ncclComm_t comm, cudaStream_t stream,
+  NcclTransport(const NcclTransportOptions& options, std::vector<Link> links,
                 uint64_t* device_headers, uint64_t* host_headers);
   // The tag of Connect()'s warm-up exchange (no transfer tag has payload 0xFF).
   static constexpr uint64_t kWarmUpTag = ~uint64_t{0};
 
-  // Connects every pair now (see the header comment). Called once, by Connect().
+  // Connects every link now, in the global order (see the header comment). Called once, by
+  // Connect().
   absl::Status WarmUp();
-  // Validates `ops` and appends them to queued_ (the deferred posting).
-  absl::Status Queue(absl::Span<const Op> ops);
-  // Launches queued_ as one group (nothing when empty).
-  absl::Status Flush();
-  // Posts `ops` as one group now (they passed Queue's checks).
-  absl::Status Launch(absl::Span<const Op> ops);
+  // Checks `ops` (peers, buffers, receives not posted yet, room in flight).
+  absl::Status Validate(absl::Span<const Op> ops) const;
+  // Posts `op` (it passed Validate) on its link now, as one group (header and payload).
+  absl::Status Launch(const Op& op);
   absl::Status CheckPeer(int peer) const;
-  // Sleeps a poll interval. Returns ABORTED after Abort(), the communicator's asynchronous
-  // error, or DEADLINE_EXCEEDED at `deadline`; OK to keep polling.
+  // Index into links_ of the link `op` goes on (its peer passed CheckPeer).
+  size_t LinkOf(const Op& op) const;
+  // Sleeps a poll interval. Returns ABORTED after Abort(), a link's asynchronous error, or
+  // DEADLINE_EXCEEDED at `deadline`; OK to keep polling.
   absl::Status PollCheck(const char* op, int peer, std::chrono::steady_clock::time_point deadline);
-  // Waits for `event` (recorded on the comm stream) to complete.
+  // Waits for `event` (recorded on a link's stream) to complete.
   absl::Status WaitEvent(const char* op, int peer, cudaEvent_t event);
   // The error every call returns once the transport failed (OK while healthy).
   absl::Status Broken() const;
   void Fail(const absl::Status& status);
 
   const NcclTransportOptions options_;
-  cudaStream_t stream_ = nullptr;       // the comm stream, owned
+  // Per peer: the index into links_ of its outgoing and of its incoming link. Fixed at
+  // construction.
+  std::map<int, std::pair<size_t, size_t>> link_of_peer_;
   uint64_t* device_headers_ = nullptr;  // (kMaxInFlight) tag headers on the device, owned
   uint64_t* host_headers_ = nullptr;    // (kMaxInFlight) pinned host mirror, owned
   std::atomic<bool> aborted_{false};
@@ -184,12 +206,12 @@ class NcclTransport final : public Transport {
   std::atomic<int64_t> bytes_received_{0};
 
   mutable absl::Mutex mu_;
-  // Null after Abort(). Every NCCL call is made under mu_ (none blocks: the communicator is
-  // non-blocking), so Abort() can free the communicator between two calls of the executor.
-  ncclComm_t comm_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // In the global warm-up order. Every NCCL call is made under mu_ (none blocks: the
+  // communicators are non-blocking), so Abort() can free the communicators between two calls of
+  // the executor.
+  std::vector<Link> links_ ABSL_GUARDED_BY(mu_);
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   std::vector<int> free_slots_ ABSL_GUARDED_BY(mu_);  // indices into the header arrays
-  std::vector<Op> queued_ ABSL_GUARDED_BY(mu_);       // posted, not yet launched
   std::vector<std::unique_ptr<Pending>> pending_sends_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<int, uint64_t>, std::unique_ptr<Pending>> pending_recvs_ ABSL_GUARDED_BY(mu_);
   // Per peer: the tags of the transfers posted to / from it, in posting order (the order NCCL
