@@ -687,6 +687,15 @@ def check_dockerfiles(directory):
         for cmd in ("./scripts/install-deps.sh", "./scripts/build.sh"):
             if cmd not in runs:
                 errors.append(f"{f}: the build does not run {cmd} (the README's commands)")
+        # A GPU image (on NVIDIA's CUDA base) builds tandem-worker with the toolkit; without it
+        # the worker builds CPU-only and refuses --device cuda:N on every GPU node.
+        if "nvidia/cuda" in text:
+            if "./scripts/install-cuda-toolkit.sh" not in runs:
+                errors.append(f"{f}: a GPU image must install the CUDA toolkit in its build "
+                              "(./scripts/install-cuda-toolkit.sh), or tandem-worker has no CUDA")
+            if not re.search(r"bundle\.sh\s+--cuda\b", runs):
+                errors.append(f"{f}: a GPU image must bundle with bundle.sh --cuda (which refuses "
+                              "a tandem-worker built without CUDA)")
         last = instructions[instructions.index(stages[-1]):] if stages else []
         users = [i.split()[1] for i in last if i.upper().startswith("USER ")]
         if not users or users[-1].split(":")[0] in ("root", "0"):
@@ -933,7 +942,7 @@ def main():
             print(e)
         if not errors:
             print(f"{args.directory}: multi-stage, README build commands, non-root, ships "
-                  f"{', '.join(PROGRAMS)}")
+                  f"{', '.join(PROGRAMS)}; GPU images build with CUDA")
         return 1 if errors else 0
     if args.command == "rehearsal":
         return rehearsal(args)
