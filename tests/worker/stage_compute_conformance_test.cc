@@ -148,7 +148,9 @@ TEST_P(ConformanceTest, OneStageTrainsToTheReferenceLossesAndNorms) {
     auto ref = Make(MakePrograms(Reference(spec), 1, "1f1b")[0], false);
     ASSERT_TRUE(ex && ref);
     // Untied, the same parameters; tied, a stage holding both ends may keep one wte (CUDA).
-    if (!tied) EXPECT_EQ(ex->parameter_count(), ref->parameter_count());
+    if (!tied) {
+      EXPECT_EQ(ex->parameter_count(), ref->parameter_count());
+    }
     ExpectClose(Train(*ex, 0, 3), Train(*ref, 0, 3));
   }
 }
@@ -250,7 +252,9 @@ TEST_P(ConformanceTest, SavedActivationsAreAccountedAndReleasedByTheEndOfTheStep
   EXPECT_GT(mem.optimizer_bytes(), 0);  // AdamW's moments
   // fp32 gradients; a bf16 device adds compute copies to the parameters and keeps a workspace.
   EXPECT_GE(mem.parameter_bytes(), mem.gradient_bytes());
-  if (GetParam().device_clock) EXPECT_GT(mem.workspace_bytes(), 0);
+  if (GetParam().device_clock) {
+    EXPECT_GT(mem.workspace_bytes(), 0);
+  }
   // A second step runs from released slots (and the gradients of the first are pending).
   ASSERT_TRUE(ex->ApplyStep(0, 0.01f).ok());
   absl::StatusOr<v1::StepReport> again = ex->RunStep(1);
