@@ -47,9 +47,14 @@ absl::StatusOr<v1::LinkProfile> MeasureLink(const WorkerRecord& a, StageWorkerCl
   absl::Mutex mu;
   int pending = 2;
   const auto t0 = std::chrono::steady_clock::now();
+  // The data plane a job on these two workers would use: NCCL between two cuda workers, Gloo
+  // otherwise (a job never mixes device kinds).
+  const std::string device =
+      DeviceKind(a.device) == "cuda" && DeviceKind(b.device) == "cuda" ? "cuda" : "cpu";
   // Both at once: each end waits for the other at the rendezvous.
   for (int r = 0; r < 2; ++r) {
     v1::ProbeLinkRequest req;
+    req.set_device(device);
     req.set_rendezvous_prefix(rendezvous_prefix);
     req.set_rank(r);
     for (int64_t bytes : sizes) req.add_sizes(bytes);
@@ -97,7 +102,8 @@ absl::StatusOr<v1::LinkProfile> MeasureLink(const WorkerRecord& a, StageWorkerCl
   if (absl::Status s = FitLink(&out); !s.ok()) {
     return absl::UnknownError(absl::StrCat(link, ": ", s.message()));
   }
-  spdlog::info("measured the link {} <-> {} in {:.2f} s: {:.1f} us + {:.3f} ns/B", a.id, b.id,
+  spdlog::info("measured the {} link {} <-> {} in {:.2f} s: {:.1f} us + {:.3f} ns/B",
+               device == "cuda" ? "NCCL" : "Gloo", a.id, b.id,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                out.latency_seconds() * 1e6, out.seconds_per_byte() * 1e9);
   return out;

@@ -71,6 +71,17 @@ class DeviceStageBuffer final : public StageBuffer {
   std::shared_ptr<CudaStageCompute::BufferPool> pool_;
 };
 
+// Plain device bytes (NewDeviceBuffer).
+class DeviceBytes final : public StageBuffer {
+ public:
+  explicit DeviceBytes(DeviceBuffer<char> b) : buffer_(std::move(b)) {}
+  void* data() override { return buffer_.data(); }
+  size_t bytes() const override { return buffer_.size(); }
+
+ private:
+  DeviceBuffer<char> buffer_;
+};
+
 // An event-measured time in whole microseconds, at least 1 (0 means "no device time").
 int64_t DeviceMicros(float ms) {
   return std::max<int64_t>(1, std::llround(static_cast<double>(ms) * 1000.0));
@@ -91,6 +102,14 @@ absl::StatusOr<int> ParseCudaDevice(absl::string_view device) {
         absl::StrCat("device '", device, "' is not cuda:N with N a device ordinal"));
   }
   return n;
+}
+
+absl::StatusOr<StageBufferPtr> NewDeviceBuffer(int device, size_t bytes) {
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  absl::StatusOr<DeviceBuffer<char>> b = DeviceBuffer<char>::Create(bytes);
+  if (!b.ok()) return b.status();
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(b->data(), 0, bytes));
+  return std::make_unique<DeviceBytes>(*std::move(b));
 }
 
 absl::Status CudaStageCompute::Use() const {

@@ -32,6 +32,10 @@ namespace tandem::worker {
 // "cuda:N" -> N, or INVALID_ARGUMENT naming the text.
 absl::StatusOr<int> ParseCudaDevice(absl::string_view device);
 
+// `bytes` zeroed bytes of memory on CUDA device `device`, outside any compute (a link probe's
+// messages). RESOURCE_EXHAUSTED when the device has not that much free.
+absl::StatusOr<StageBufferPtr> NewDeviceBuffer(int device, size_t bytes);
+
 class CudaStageCompute final : public StageCompute {
  public:
   class BufferPool;  // reused micro-batch buffers (cuda_stage_compute.cc)

@@ -60,6 +60,13 @@ absl::StatusOr<LinkProbeOptions> LinkProbeOptionsFrom(const v1::ProbeLinkRequest
                      kDefaultProbeTimeout.count(), ") to ", kMaxProbeTimeout.count()));
   }
   if (request.timeout_ms() > 0) o.timeout = std::chrono::milliseconds(request.timeout_ms());
+  if (!request.device().empty()) {
+    if (request.device() != "cpu" && request.device() != "cuda") {
+      return absl::InvalidArgumentError(absl::StrCat("probe link: device is \"", request.device(),
+                                                     "\"; expected \"cpu\" or \"cuda\""));
+    }
+    o.device = request.device();
+  }
   return o;
 }
 
@@ -99,7 +106,8 @@ absl::Status LinkProbe::Explain(const absl::Status& s, const char* what) {
       s.code(), absl::StrCat("probe link (rank ", options_.rank, "): ", what, ": ", s.message()));
 }
 
-absl::StatusOr<std::vector<v1::LinkSample>> LinkProbe::Run(const LinkConnector& connect) {
+absl::StatusOr<std::vector<v1::LinkSample>> LinkProbe::Run(const LinkConnector& connect,
+                                                           const ProbeBufferAllocator& allocate) {
   // The watchdog enforces the timeout on the connect and on every transfer: it stops the
   // probe, which makes the connector give up and aborts the transport.
   const absl::Time deadline = absl::Now() + absl::FromChrono(options_.timeout);
@@ -109,7 +117,7 @@ absl::StatusOr<std::vector<v1::LinkSample>> LinkProbe::Run(const LinkConnector& 
       StopLocked(Stop::kTimedOut);
     }
   });
-  absl::StatusOr<std::vector<v1::LinkSample>> result = Probe(connect);
+  absl::StatusOr<std::vector<v1::LinkSample>> result = Probe(connect, allocate);
   {
     absl::MutexLock lock(&mu_);
     finished_ = true;
@@ -118,20 +126,41 @@ absl::StatusOr<std::vector<v1::LinkSample>> LinkProbe::Run(const LinkConnector& 
   return result;
 }
 
-absl::StatusOr<std::vector<v1::LinkSample>> LinkProbe::Probe(const LinkConnector& connect) {
+absl::StatusOr<std::vector<v1::LinkSample>> LinkProbe::Probe(const LinkConnector& connect,
+                                                             const ProbeBufferAllocator& allocate) {
   {
     absl::MutexLock lock(&mu_);
     if (stop_ != Stop::kNone) return Explain(absl::AbortedError("stopped"), "starting");
   }
   // The buffers outlive the transport: after a failure it may still reference them.
   const int64_t max_bytes = *std::max_element(options_.sizes.begin(), options_.sizes.end());
-  std::unique_ptr<char[]> out, in;
-  try {
-    out = std::make_unique<char[]>(static_cast<size_t>(max_bytes));  // zeroed: pages touched
-    in = std::make_unique<char[]>(static_cast<size_t>(max_bytes));
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "probe link (rank ", options_.rank, "): cannot allocate 2 x ", max_bytes, " bytes"));
+  const size_t bytes = static_cast<size_t>(max_bytes);
+  std::unique_ptr<char[]> host_out, host_in;
+  StageBufferPtr buffers[2];
+  char* out = nullptr;
+  char* in = nullptr;
+  if (allocate) {
+    for (StageBufferPtr& b : buffers) {
+      absl::StatusOr<StageBufferPtr> got = allocate(bytes);
+      if (!got.ok()) {
+        return absl::Status(got.status().code(),
+                            absl::StrCat("probe link (rank ", options_.rank, "): allocating 2 x ",
+                                         max_bytes, " bytes: ", got.status().message()));
+      }
+      b = *std::move(got);
+    }
+    out = static_cast<char*>(buffers[0]->data());
+    in = static_cast<char*>(buffers[1]->data());
+  } else {
+    try {
+      host_out = std::make_unique<char[]>(bytes);  // zeroed: pages touched
+      host_in = std::make_unique<char[]>(bytes);
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "probe link (rank ", options_.rank, "): cannot allocate 2 x ", max_bytes, " bytes"));
+    }
+    out = host_out.get();
+    in = host_in.get();
   }
   absl::StatusOr<std::unique_ptr<Transport>> connected = connect(cancelled_);
   if (!connected.ok()) return Explain(connected.status(), "connecting to the peer");
@@ -141,7 +170,7 @@ absl::StatusOr<std::vector<v1::LinkSample>> LinkProbe::Probe(const LinkConnector
     transport_ = transport.get();
     if (stop_ != Stop::kNone) transport->Abort();
   }
-  absl::StatusOr<std::vector<v1::LinkSample>> samples = PingPong(*transport, out.get(), in.get());
+  absl::StatusOr<std::vector<v1::LinkSample>> samples = PingPong(*transport, out, in);
   {
     absl::MutexLock lock(&mu_);
     transport_ = nullptr;

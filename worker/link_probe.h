@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -26,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "tandem/v1/common.pb.h"
 #include "tandem/v1/worker.pb.h"
+#include "worker/stage_compute.h"
 #include "worker/transport/transport.h"
 
 namespace tandem::worker {
@@ -43,11 +45,13 @@ struct LinkProbeOptions {
   std::vector<int64_t> sizes;  // message bytes, each timed separately
   int repeats = kDefaultProbeRepeats;
   std::chrono::milliseconds timeout = kDefaultProbeTimeout;  // the whole probe
+  std::string device = "cpu";  // the data plane: "cpu" (Gloo, host) or "cuda" (NCCL, device)
 };
 
 // INVALID_ARGUMENT naming the field for an empty rendezvous prefix, a rank other than 0 or 1,
 // no sizes or more than kMaxProbeSizes, a size <= 0 or > 1 GiB, repeats outside
-// [0, kMaxProbeRepeats] or a timeout outside [0, kMaxProbeTimeout] (0 picks the default).
+// [0, kMaxProbeRepeats], a timeout outside [0, kMaxProbeTimeout] (0 picks the default) or a
+// device other than "", "cpu" and "cuda" ("" is "cpu").
 absl::StatusOr<LinkProbeOptions> LinkProbeOptionsFrom(const v1::ProbeLinkRequest& request);
 
 // Connects the probe's 2-rank transport as this rank (in the daemon: Gloo through the
@@ -55,6 +59,9 @@ absl::StatusOr<LinkProbeOptions> LinkProbeOptionsFrom(const v1::ProbeLinkRequest
 // error, once `cancelled` becomes true.
 using LinkConnector =
     std::function<absl::StatusOr<std::unique_ptr<Transport>>(const std::atomic<bool>& cancelled)>;
+
+// A buffer of `bytes` bytes in the memory the transport moves (a device's, for NCCL).
+using ProbeBufferAllocator = std::function<absl::StatusOr<StageBufferPtr>(size_t bytes)>;
 
 // One probe. Thread-safety: Run() is called once, from one thread; Cancel() from any thread
 // at any time.
@@ -68,8 +75,11 @@ class LinkProbe {
   // sample per size, in order, with one_way_seconds = median round trip / 2.
   // DEADLINE_EXCEEDED when the timeout passes first (the peer never connected, or stopped
   // answering); ABORTED after Cancel(); RESOURCE_EXHAUSTED when the buffers cannot be
-  // allocated; otherwise the transport's error (UNAVAILABLE when the peer fails).
-  absl::StatusOr<std::vector<v1::LinkSample>> Run(const LinkConnector& connect);
+  // allocated; otherwise the transport's error (UNAVAILABLE when the peer fails). The two
+  // message buffers come from `allocate` (a device's memory), or from the host when it is
+  // null.
+  absl::StatusOr<std::vector<v1::LinkSample>> Run(const LinkConnector& connect,
+                                                  const ProbeBufferAllocator& allocate = nullptr);
 
   // Makes Run() return ABORTED promptly (at once if it has not started). Idempotent.
   void Cancel();
@@ -80,7 +90,8 @@ class LinkProbe {
   // Records why the probe stops (the first reason wins) and unblocks the connect and any
   // transfer.
   void StopLocked(Stop why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<std::vector<v1::LinkSample>> Probe(const LinkConnector& connect);
+  absl::StatusOr<std::vector<v1::LinkSample>> Probe(const LinkConnector& connect,
+                                                    const ProbeBufferAllocator& allocate);
   absl::StatusOr<std::vector<v1::LinkSample>> PingPong(Transport& transport, char* out, char* in);
   // `s` (a failure while doing `what`) as the caller should see it, given why we stopped.
   absl::Status Explain(const absl::Status& s, const char* what);

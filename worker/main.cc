@@ -301,6 +301,9 @@ int Run() {
       if (!c.ok()) return c.status();
       return std::unique_ptr<StageCompute>(*std::move(c));
     };
+    config.device_buffers = [cuda_device](size_t bytes) {
+      return NewDeviceBuffer(cuda_device, bytes);
+    };
   }
 #endif
   config.data_root = absl::GetFlag(FLAGS_data_root);
@@ -322,8 +325,8 @@ int Run() {
     store_options.cancelled = &cancelled;
     GrpcRendezvousStore store(coordinator_channel, store_options);
 #ifdef TANDEM_WORKER_CUDA
-    // A GPU job's activations live in device memory: NCCL moves them. (A link probe's
-    // program has no spec, so it measures the Gloo path.)
+    // A GPU job's activations live in device memory: NCCL moves them; so does a "cuda" link
+    // probe's (its program's spec names only the device).
     if (cuda_device >= 0 && program.spec().device() == "cuda") {
       NcclTransportOptions nccl;
       nccl.rank = program.rank();

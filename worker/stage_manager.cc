@@ -446,6 +446,13 @@ absl::StatusOr<std::vector<v1::LinkSample>> StageManager::ProbeLink(
   if (!transport_factory_) {
     return absl::FailedPreconditionError("probe link: this worker has no transport");
   }
+  // A "cuda" probe times NCCL between device buffers, as a cuda job moves its tensors.
+  const bool cuda = options->device == "cuda";
+  if (cuda && (DeviceKind(config_.device) != "cuda" || !config_.device_buffers)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("probe link: device cuda was asked of a ", config_.device,
+                     " worker (the probe times the data plane of the workers' own device kind)"));
+  }
   LinkProbe probe(*options);
   {
     absl::MutexLock lock(&mu_);
@@ -462,16 +469,19 @@ absl::StatusOr<std::vector<v1::LinkSample>> StageManager::ProbeLink(
   program.set_rank(options->rank);
   program.set_num_ranks(2);
   program.set_rendezvous_prefix(request.rendezvous_prefix());
+  program.mutable_spec()->set_device(options->device);  // which transport the factory connects
   absl::StatusOr<std::vector<v1::LinkSample>> samples = probe.Run(
-      [&](const std::atomic<bool>& cancelled) { return transport_factory_(program, cancelled); });
+      [&](const std::atomic<bool>& cancelled) { return transport_factory_(program, cancelled); },
+      cuda ? config_.device_buffers : nullptr);
   {
     absl::MutexLock lock(&mu_);
     probe_ = nullptr;
   }
   if (samples.ok()) {
-    spdlog::info("probed the link as rank {} under {}: {} size(s), {} B one way in {:.1f} us",
-                 options->rank, request.rendezvous_prefix(), samples->size(),
-                 samples->front().bytes(), samples->front().one_way_seconds() * 1e6);
+    spdlog::info("probed the {} link as rank {} under {}: {} size(s), {} B one way in {:.1f} us",
+                 cuda ? "NCCL" : "Gloo", options->rank, request.rendezvous_prefix(),
+                 samples->size(), samples->front().bytes(),
+                 samples->front().one_way_seconds() * 1e6);
   } else {
     spdlog::warn("{}", samples.status().ToString());
   }

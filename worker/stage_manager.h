@@ -52,6 +52,9 @@ struct WorkerConfig {
   // The device's compute backend (jobs and layer profiles); null: the CPU's (CpuStageCompute,
   // profiled by ProfileLayers on the Layers directly).
   ComputeFactory compute;
+  // Buffers in the device's memory (a "cuda" link probe's messages); null: none (a CPU
+  // worker, whose probes use host memory).
+  ProbeBufferAllocator device_buffers;
   std::string data_root = ".";  // data.path of a "file" source resolves under it
   InjectedFault fault;          // test-only (--test-fail-at); none by default
   // Bytes a stage may take (parameters, gradients, optimizer state and one micro-batch's
@@ -115,8 +118,11 @@ class StageManager {
 
   // Times the link to one other worker (worker/link_probe.h): connects rank request.rank() of
   // a 2-rank transport under request.rendezvous_prefix() through the transport factory, as a
-  // job does, and tears it down afterwards. INVALID_ARGUMENT naming the bad field;
-  // FAILED_PRECONDITION while the worker is busy (as for ProfileLayers) or has no transport;
+  // job of request.device() does (the probe program's spec.device says which; a "cuda"
+  // probe's messages are WorkerConfig::device_buffers), and tears it down afterwards.
+  // INVALID_ARGUMENT naming the bad field; FAILED_PRECONDITION while the worker is busy (as
+  // for ProfileLayers), when it has no transport, or for a "cuda" probe on a worker of
+  // another kind;
   // UNAVAILABLE after Shutdown(), which also cancels a running probe (ABORTED); otherwise
   // what LinkProbe::Run returns (DEADLINE_EXCEEDED when the peer does not show up in time).
   absl::StatusOr<std::vector<v1::LinkSample>> ProbeLink(const v1::ProbeLinkRequest& request);

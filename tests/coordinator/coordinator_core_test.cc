@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/pipeline_plan.h"
@@ -637,7 +638,25 @@ TEST(MeasureLinkTest, FitsBothEndsAndDropsTheKeys) {
   EXPECT_EQ(b.probe_requests[0].rendezvous_prefix(), "p-1/link/");
   EXPECT_EQ(b.probe_requests[0].repeats(), 3);
   EXPECT_EQ(b.probe_requests[0].timeout_ms(), 5000);
+  EXPECT_EQ(b.probe_requests[0].device(), "cpu");
   EXPECT_EQ(rendezvous.size(), 1u);  // only the other prefix's key is left
+}
+
+// Two cuda workers are probed over NCCL ("cuda"), as their jobs move tensors; a pair of
+// another kind, or a mixed one, over Gloo.
+TEST(MeasureLinkTest, ProbesTheDataPlaneOfTheWorkersDeviceKind) {
+  for (auto [da, db, want] :
+       {std::tuple{"cuda:0", "cuda:1", "cuda"}, {"cuda:0", "cpu", "cpu"}, {"cpu", "cpu", "cpu"}}) {
+    FakeWorker a(0), b(1);
+    WorkerRecord ra = Record("w-1"), rb = Record("w-2");
+    ra.device = da;
+    rb.device = db;
+    auto link = MeasureLink(ra, a, rb, b, {4096, 65536}, 1, "p/", absl::Seconds(5), nullptr);
+    ASSERT_TRUE(link.ok()) << link.status();
+    ASSERT_EQ(a.probe_requests.size(), 1u);
+    EXPECT_EQ(a.probe_requests[0].device(), want) << da << " " << db;
+    EXPECT_EQ(b.probe_requests[0].device(), want) << da << " " << db;
+  }
 }
 
 // The worker that failed is named, rather than its peer that timed out waiting for it.

@@ -152,6 +152,11 @@ TEST(LinkProbeTest, OptionsApplyDefaultsAndNameBadFields) {
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->repeats, 7);
   EXPECT_EQ(o->timeout, milliseconds(1500));
+  EXPECT_EQ(o->device, "cpu");  // the default data plane
+  max.set_device("cuda");
+  o = LinkProbeOptionsFrom(max);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->device, "cuda");
 
   auto refused = [](const v1::ProbeLinkRequest& r, const std::string& field) {
     absl::Status s = LinkProbeOptionsFrom(r).status();
@@ -161,6 +166,9 @@ TEST(LinkProbeTest, OptionsApplyDefaultsAndNameBadFields) {
   v1::ProbeLinkRequest r = Request();
   r.clear_rendezvous_prefix();
   refused(r, "rendezvous_prefix");
+  r = Request();
+  r.set_device("tpu");
+  refused(r, "device is \"tpu\"");
   r = Request();
   r.set_rank(2);
   refused(r, "rank");

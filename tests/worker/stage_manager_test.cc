@@ -8,11 +8,15 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <future>
 #include <limits>
+#include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "tests/worker/cancellable_store.h"
 #include "tests/worker/pipeline_test_util.h"
@@ -73,6 +77,67 @@ v1::ProbeLinkRequest ProbeRequest(const std::string& prefix, int rank, int64_t t
   r.set_repeats(3);
   r.set_timeout_ms(timeout_ms);
   return r;
+}
+
+// Host memory posing as a device's, for the probe's allocator.
+class HostBytes final : public StageBuffer {
+ public:
+  explicit HostBytes(size_t bytes) : bytes_(bytes, 0) {}
+  void* data() override { return bytes_.data(); }
+  size_t bytes() const override { return bytes_.size(); }
+
+ private:
+  std::vector<char> bytes_;
+};
+
+// A "cuda" probe asks the transport factory for the device's data plane (the program's
+// spec.device) and moves its messages between the device's buffers; a CPU worker refuses it.
+TEST_F(StageManagerTest, ADeviceProbeUsesTheDevicesTransportAndBuffers) {
+  std::atomic<int> allocated{0};
+  std::mutex mu;
+  std::vector<std::string> devices_asked;
+  auto worker = [&](const std::string& device) {
+    WorkerConfig c;
+    c.device = device;
+    c.device_buffers = [&](size_t bytes) -> absl::StatusOr<StageBufferPtr> {
+      ++allocated;
+      return std::make_unique<HostBytes>(bytes);
+    };
+    return c;
+  };
+  TransportFactory gloo = CancellableFactory();
+  TransportFactory factory = [&](const v1::StageProgram& p, const std::atomic<bool>& cancelled) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      devices_asked.push_back(p.spec().device());
+    }
+    return gloo(p, cancelled);
+  };
+  StageManager w0(worker("cuda:0"), factory), w1(worker("cuda:1"), factory);
+  v1::ProbeLinkRequest r0 = ProbeRequest("d1/", 0, 10000), r1 = ProbeRequest("d1/", 1, 10000);
+  r0.set_device("cuda");
+  r1.set_device("cuda");
+  auto f1 = std::async(std::launch::async, [&] { return w1.ProbeLink(r1); });
+  auto s0 = w0.ProbeLink(r0);
+  auto s1 = f1.get();
+  ASSERT_TRUE(s0.ok()) << s0.status();
+  ASSERT_TRUE(s1.ok()) << s1.status();
+  EXPECT_EQ(allocated.load(), 4);  // two messages' buffers on each worker
+  EXPECT_EQ(devices_asked, (std::vector<std::string>{"cuda", "cuda"}));
+
+  // A default probe on the same workers: Gloo between host buffers.
+  devices_asked.clear();
+  f1 = std::async(std::launch::async, [&] { return w1.ProbeLink(ProbeRequest("d2/", 1, 10000)); });
+  ASSERT_TRUE(w0.ProbeLink(ProbeRequest("d2/", 0, 10000)).ok());
+  ASSERT_TRUE(f1.get().ok());
+  EXPECT_EQ(allocated.load(), 4);
+  EXPECT_EQ(devices_asked, (std::vector<std::string>{"cpu", "cpu"}));
+
+  StageManager cpu({}, factory);
+  const absl::Status refused = cpu.ProbeLink(r0).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("device cuda was asked of a cpu worker"), std::string::npos)
+      << refused;
 }
 
 // A link probe between two managers; refused on bad input and while busy; a peer that never
@@ -228,8 +293,7 @@ TEST_F(StageManagerTest, ADevicesComputeProfilesTheLayersAsTheLayerProfilerDoes)
     EXPECT_GT(g.backward_input_seconds(), 0.0) << g.layer();
     EXPECT_GT(g.apply_seconds(), 0.0) << g.layer();
   }
-  EXPECT_EQ(device.ProfileLayers(spec, {7}, 1).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(device.ProfileLayers(spec, {7}, 1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(StageManagerTest, ConfigureRunAbortLifecycle) {
