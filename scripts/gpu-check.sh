@@ -11,7 +11,8 @@
 #   3. runs examples/gpu-pipeline.yaml through the daemons: a local coordinator and one
 #      `tandem-worker --device cuda:0` holding both of its stages, until SUCCEEDED;
 #   4. runs bench_gpu_gpt and bench/torch_gpt_gpu.py with the same shapes and steps, and prints
-#      both results and their ratio.
+#      both results and their ratio; where two GPUs exist, bench_nccl_p2p (NCCL point-to-point
+#      through NcclTransport beside cudaMemcpyPeer on the same pair: the 90% target).
 # Every part runs under `timeout`, within an 8-minute budget overall.
 #
 #   scripts/gpu-check.sh [--batch 8] [--steps 10] [--warmup 3]
@@ -110,7 +111,7 @@ fi
 targets=(worker_cuda_kernels_test worker_gpu_gpt_test worker_conformance_test bench_gpu_gpt
   tandem-coordinator tandem-worker tandem)
 if ninja -C "$build_dir" -t targets all 2>/dev/null | grep -q '^worker_nccl_transport_test:'; then
-  targets+=(worker_nccl_transport_test)
+  targets+=(worker_nccl_transport_test bench_nccl_p2p)
 fi
 say "build ${targets[*]} (-j $jobs)"
 if ! timeout "$(cap 240)" ninja -C "$build_dir" -j "$jobs" "${targets[@]}" \
@@ -186,11 +187,22 @@ if [ "$have_torch" = 1 ]; then
   theirs="$(grep '^RESULT' "$log_dir/torch_gpt_gpu.log" | tail -1)"
 fi
 
+nccl=""
+if [ -x "$build_dir/bin/bench_nccl_p2p" ]; then
+  say "bench_nccl_p2p"
+  timeout "$(cap 60)" "$build_dir/bin/bench_nccl_p2p" 2>&1 | tee "$log_dir/bench_nccl_p2p.log"
+  rc=${PIPESTATUS[0]}
+  # 77: fewer than two GPUs, so nothing to measure (reported, not a failure).
+  [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ] && failed+=("bench_nccl_p2p (rc $rc)")
+  nccl="$(grep '^RESULT' "$log_dir/bench_nccl_p2p.log" | tail -1)"
+fi
+
 # ---- 5. Summary.
 say "summary (logs: $log_dir)"
 field() { echo "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
 echo "tandem: ${ours:-no result}"
 echo "torch:  ${theirs:-no result}"
+echo "nccl:   ${nccl:-not measured (needs two GPUs)}"
 if [ -n "$ours" ] && [ -n "$theirs" ]; then
   awk -v a="$(field "$ours" tokens_per_s)" -v b="$(field "$theirs" tokens_per_s)" \
     -v ma="$(field "$ours" mfu)" -v mb="$(field "$theirs" mfu)" 'BEGIN {
