@@ -217,11 +217,11 @@ absl::Status CudaStageCompute::Backward(int chunk, int mb, v1::ActionKind kind,
   if (absl::Status s = Use(); !s.ok()) return s;
   GpuGpt& stage = *stages_[chunk];
   last_device_us_ = 0;
-  // I does all the work; W has nothing left (its forward must have been consumed by I).
+  // The split backward: I computes the input gradient and keeps what W needs; W adds the
+  // weight gradients (GpuGpt::BackwardInput / BackwardWeight).
   if (kind == v1::ACTION_W) {
-    if (stage.SavedBytes(mb) != 0) {
-      return absl::InternalError("W before its I (the micro-batch's forward is still saved)");
-    }
+    if (absl::Status s = stage.BackwardWeight(mb); !s.ok()) return s;
+    last_device_us_ = DeviceMicros(stage.last_times().backward_ms);
     return absl::OkStatus();
   }
   float* din = nullptr;
@@ -231,7 +231,9 @@ absl::Status CudaStageCompute::Backward(int chunk, int mb, v1::ActionKind kind,
     *grad_input = *std::move(b);
     din = static_cast<float*>((*grad_input)->data());
   }
-  if (absl::Status s = stage.Backward(mb, Data(grad_output), din); !s.ok()) return s;
+  absl::Status s = kind == v1::ACTION_I ? stage.BackwardInput(mb, Data(grad_output), din)
+                                        : stage.Backward(mb, Data(grad_output), din);
+  if (!s.ok()) return s;
   last_device_us_ = DeviceMicros(stage.last_times().backward_ms);
   return absl::OkStatus();
 }

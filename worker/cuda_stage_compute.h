@@ -8,7 +8,8 @@
 // Semantics match the CPU backend's (CpuStageCompute): the same parameter names, initial
 // values and checkpoint tensors (so a checkpoint moves between CPU and GPU jobs), the loss as
 // summed cross-entropy / loss normalizer, the tied wte's two copies summed by the executor.
-// The split backward runs all of its work in I (W adds nothing). gpt models with AdamW only
+// The split backward (I, then W) keeps each micro-batch's output gradients from I to W, so
+// W's weight gradients can fill a zero-bubble schedule's bubble. gpt models with AdamW only
 // (the spec validation says so first).
 //
 // Every call makes the worker's device current on the calling thread (gRPC may call from any

@@ -318,6 +318,10 @@ TEST(GpuGptMemoryTest, PlanArithmetic) {
                                 nh * t * t * 4);
     EXPECT_EQ(m->total(), m->parameters + m->compute_weights + m->gradients + m->optimizer_state +
                               m->activations + m->workspace);
+    // The split backward's output gradients per block (c_proj, c_fc, ln_2, attn.c_proj, c_attn,
+    // ln_1) and the embedding's, fp32 in both modes; not part of total().
+    EXPECT_EQ(m->weight_grad_inputs,
+              l * (n * c + n * h + n * c + n * c + n * 3 * c + n * c) * 4 + n * c * 4);
   }
 }
 
@@ -509,6 +513,87 @@ TEST(GpuGptTest, SetParameterRoundTrips) {
 // model computes: the same loss, and every tensor's gradient (the tied wte's as the sum of its
 // two copies). Two micro-batches are in flight at once (both forwards before either backward,
 // as GPipe runs them), each in its own slot.
+std::vector<float> ToHostVector(const DeviceBuffer<float>& b) {
+  std::vector<float> h(b.size());
+  EXPECT_TRUE(b.CopyToHost(h.data(), h.size()).ok());
+  return h;
+}
+
+// I then W adds the gradients B adds (the same kernels on the same operands, in each
+// precision), I's input gradient is B's, the memory between them is accounted, and misuse is
+// INTERNAL.
+TEST(GpuGptTest, SplitBackwardAddsWhatBackwardAdds) {
+  SKIP_WITHOUT_DEVICE();
+  for (GpuPrecision p : {GpuPrecision::kFp32, GpuPrecision::kBf16}) {
+    SCOPED_TRACE(p == GpuPrecision::kBf16 ? "bf16" : "fp32");
+    GpuGptConfig c = TinyConfig(p);
+    c.layer_begin = 0;
+    c.layer_end = 3;  // embedding and both blocks: tokens in, activation out, weights in W
+    std::unique_ptr<GpuGpt> fused = MakeGpu(c), split = MakeGpu(c);
+    ASSERT_TRUE(fused && split);
+    GpuGptConfig mid = TinyConfig(p);
+    mid.layer_begin = 1;
+    mid.layer_end = 3;  // blocks only: an input gradient out
+    std::unique_ptr<GpuGpt> mid_fused = MakeGpu(mid), mid_split = MakeGpu(mid);
+    ASSERT_TRUE(mid_fused && mid_split);
+    const size_t act = static_cast<size_t>(c.batch * c.seq * c.d_model);
+    auto out = *DeviceBuffer<float>::Create(act), mid_out = *DeviceBuffer<float>::Create(act);
+    std::vector<float> host(act);
+    Rng rng(7);
+    for (float& x : host) x = static_cast<float>(rng.Normal() * 0.1);
+    auto dout = *DeviceBuffer<float>::FromHost(host.data(), act);
+    auto din_fused = *DeviceBuffer<float>::Create(act),
+         din_split = *DeviceBuffer<float>::Create(act);
+    IntTensor tokens, targets;
+    for (int mb = 0; mb < 2; ++mb) {
+      RandomBatch(60 + mb, c, tokens, targets);
+      for (GpuGpt* g : {fused.get(), split.get()}) {
+        ASSERT_TRUE(g->Forward(mb, tokens.data(), nullptr, nullptr, out.data(), 1.0f, true).ok());
+      }
+      for (GpuGpt* g : {mid_fused.get(), mid_split.get()}) {
+        ASSERT_TRUE(g->Forward(mb, nullptr, nullptr, out.data(), mid_out.data(), 1.0f, true).ok());
+      }
+    }
+    const size_t slot = split->SavedBytes(0);
+    const absl::StatusOr<GpuGptMemory> plan = PlanGpuGptMemory(c);
+    ASSERT_TRUE(plan.ok());
+    EXPECT_EQ(split->BackwardWeight(0).code(), absl::StatusCode::kInternal);  // W before I
+    for (int mb = 1; mb >= 0; --mb) {
+      ASSERT_TRUE(fused->Backward(mb, dout.data(), nullptr).ok());
+      ASSERT_TRUE(split->BackwardInput(mb, dout.data(), nullptr).ok());
+      EXPECT_EQ(split->SavedBytes(mb), slot + plan->weight_grad_inputs);
+      EXPECT_EQ(split->BackwardInput(mb, dout.data(), nullptr).code(),
+                absl::StatusCode::kInternal);  // I twice
+      EXPECT_EQ(split->Backward(mb, dout.data(), nullptr).code(),
+                absl::StatusCode::kInternal);  // B after I
+      ASSERT_TRUE(mid_fused->Backward(mb, dout.data(), din_fused.data()).ok());
+      ASSERT_TRUE(mid_split->BackwardInput(mb, dout.data(), din_split.data()).ok());
+      EXPECT_EQ(ToHostVector(din_split), ToHostVector(din_fused)) << "mb " << mb;
+    }
+    // W in another order than I's, as ZB-V may run them.
+    for (int mb : {0, 1}) {
+      ASSERT_TRUE(split->BackwardWeight(mb).ok());
+      ASSERT_TRUE(mid_split->BackwardWeight(mb).ok());
+      EXPECT_EQ(split->SavedBytes(mb), 0u);
+    }
+    for (auto [a, b] : {std::pair{fused.get(), split.get()}, {mid_fused.get(), mid_split.get()}}) {
+      for (size_t i = 0; i < a->layout().size(); ++i) {
+        std::vector<float> ga(a->layout()[i].count), gb(ga.size());
+        ASSERT_TRUE(a->GetGradient(i, ga.data(), ga.size()).ok());
+        ASSERT_TRUE(b->GetGradient(i, gb.data(), gb.size()).ok());
+        double max_ref = 0.0, max_err = 0.0;
+        for (size_t j = 0; j < ga.size(); ++j) {
+          max_ref = std::max(max_ref, std::fabs(double{ga[j]}));
+          max_err = std::max(max_err, std::fabs(double{gb[j]} - ga[j]));
+        }
+        // The two sums per parameter run in another order (W of mb 0 first), so allow fp32
+        // rounding of a two-term sum.
+        EXPECT_LE(max_err, 1e-6 * max_ref + 1e-9) << a->layout()[i].name;
+      }
+    }
+  }
+}
+
 TEST(GpuGptTest, Fp32StagesComputeWhatTheWholeModelComputes) {
   SKIP_WITHOUT_DEVICE();
   for (bool tied : {true, false}) {

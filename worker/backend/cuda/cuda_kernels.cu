@@ -540,9 +540,15 @@ absl::Status LayerNormBackward(cudaStream_t stream, const float* dout, const flo
     return absl::InvalidArgumentError(absl::StrCat("LayerNormBackward: bad shape n=", n, " c=", c));
   }
   if (n == 0) return absl::OkStatus();
-  LayerNormBackwardInputKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
-      dout, in, gain, mean, rstd, din, c);
-  if (absl::Status s = LaunchStatus("LayerNormBackwardInputKernel<<<>>>"); !s.ok()) return s;
+  if ((dgain == nullptr) != (dbias == nullptr)) {
+    return absl::InvalidArgumentError("LayerNormBackward: dgain and dbias must both be given");
+  }
+  if (din != nullptr) {
+    LayerNormBackwardInputKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
+        dout, in, gain, mean, rstd, din, c);
+    if (absl::Status s = LaunchStatus("LayerNormBackwardInputKernel<<<>>>"); !s.ok()) return s;
+  }
+  if (dgain == nullptr) return absl::OkStatus();
   LayerNormBackwardParamsKernel<<<ColumnTiles(c), dim3(kTile, kTile), 0, stream>>>(
       dout, in, mean, rstd, dgain, dbias, n, c);
   return LaunchStatus("LayerNormBackwardParamsKernel<<<>>>");

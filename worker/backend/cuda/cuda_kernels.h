@@ -96,15 +96,17 @@ absl::Status LayerNormForward(cudaStream_t stream,
                               float* rstd,        // (N) saved for backward
                               int64_t n, int64_t c);
 
+// din null: only the parameters' gradients; dgain and dbias null (both): only din (the split
+// backward's two halves).
 absl::Status LayerNormBackward(cudaStream_t stream,
                                const float* dout,  // (N, C)
                                const float* in,    // (N, C)
                                const float* gain,  // (C)
                                const float* mean,  // (N)
                                const float* rstd,  // (N)
-                               float* din,         // (N, C) +=
-                               float* dgain,       // (C) +=
-                               float* dbias,       // (C) +=
+                               float* din,         // (N, C) += or null
+                               float* dgain,       // (C) += or null
+                               float* dbias,       // (C) += or null
                                int64_t n, int64_t c);
 
 // GELU, tanh approximation; out may alias in.

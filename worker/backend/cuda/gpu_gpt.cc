@@ -135,6 +135,22 @@ struct Activations {
   float* dhead = nullptr;     // (N, C) d loss / d (the head's input), from the forward (head)
 };
 
+// What a micro-batch's I keeps for its W (the split backward): the output gradient of each
+// GEMM and each LayerNorm of every block, and on the embedding stage the gradient of the
+// embedding's output. W reads them with the slot's saved inputs.
+struct BlockGradients {
+  float* mlp_proj = nullptr;   // (N, C) d out of mlp.c_proj
+  float* fc = nullptr;         // (N, H) d out of c_fc (gelu' applied)
+  float* ln2 = nullptr;        // (N, C) d out of ln_2
+  float* attn_proj = nullptr;  // (N, C) d out of attn.c_proj
+  float* attn = nullptr;       // (N, 3C) d out of c_attn
+  float* ln1 = nullptr;        // (N, C) d out of ln_1
+};
+struct WeightGradInputs {
+  std::vector<BlockGradients> blocks;
+  float* embedding = nullptr;  // (N, C) d resid[0] (embedding stage)
+};
+
 struct Workspace {
   int32_t* targets = nullptr;  // (N)
   float* lnf_f = nullptr;      // (N, C) ln_f(x), the input of the LM head (head)
@@ -199,6 +215,22 @@ void CarveActivations(const GpuGptConfig& cfg, Carver& r, Activations* a) {
   if (sh.head) a->dhead = r.Take<float>(n * c);
 }
 
+void CarveWeightGradInputs(const GpuGptConfig& cfg, Carver& r, WeightGradInputs* g) {
+  const StageShape sh = ShapeOf(cfg);
+  const size_t n = static_cast<size_t>(cfg.batch * cfg.seq), c = static_cast<size_t>(cfg.d_model),
+               h = static_cast<size_t>(cfg.d_hidden);
+  g->blocks.assign(static_cast<size_t>(sh.blocks()), BlockGradients{});
+  for (BlockGradients& b : g->blocks) {
+    b.mlp_proj = r.Take<float>(n * c);
+    b.fc = r.Take<float>(n * h);
+    b.ln2 = r.Take<float>(n * c);
+    b.attn_proj = r.Take<float>(n * c);
+    b.attn = r.Take<float>(n * 3 * c);
+    b.ln1 = r.Take<float>(n * c);
+  }
+  g->embedding = sh.embedding ? r.Take<float>(n * c) : nullptr;
+}
+
 void CarveWorkspace(const GpuGptConfig& cfg, Carver& r, Workspace* w) {
   const bool h16 = cfg.precision == GpuPrecision::kBf16;
   const StageShape sh = ShapeOf(cfg);
@@ -250,13 +282,16 @@ GpuGptMemory PlanValidated(const GpuGptConfig& cfg, const std::vector<GpuGptTens
   m.compute_weights = ComputeCopyElements(layout) * sizeof(bf16);
   m.gradients = p * sizeof(float);
   m.optimizer_state = 2 * p * sizeof(float);
-  Carver act(0), work(0);
+  Carver act(0), work(0), split(0);
   Activations a;
   Workspace w;
+  WeightGradInputs g;
   CarveActivations(cfg, act, &a);
   CarveWorkspace(cfg, work, &w);
+  CarveWeightGradInputs(cfg, split, &g);
   m.activations = act.used();
   m.workspace = work.used();
+  m.weight_grad_inputs = split.used();
   return m;
 }
 
@@ -444,6 +479,10 @@ absl::StatusOr<GpuGptMemory> PlanGpuGptMemory(const GpuGptConfig& config) {
 struct Slot {
   DeviceBuffer<char> mem;
   Activations a;
+  // The split backward's: allocated at the slot's first I, kept with the slot.
+  DeviceBuffer<char> grad_mem;
+  WeightGradInputs g;
+  bool awaiting_w = false;  // I ran, W not yet
 };
 
 struct GpuGpt::Impl {
@@ -458,6 +497,7 @@ struct GpuGpt::Impl {
   DeviceBuffer<char> work_mem;
   Workspace w;
   size_t slot_bytes = 0;
+  size_t grad_bytes = 0;                     // a slot's WeightGradInputs
   std::vector<std::unique_ptr<Slot>> slots;  // every slot allocated so far
   std::vector<Slot*> free_slots;
   std::map<int, Slot*> in_use;  // micro-batch -> its saved forward
@@ -487,7 +527,20 @@ struct GpuGpt::Impl {
     slots.push_back(std::move(slot));
     return slots.back().get();
   }
-  void Release(Slot* slot) { free_slots.push_back(slot); }
+  void Release(Slot* slot) {
+    slot->awaiting_w = false;
+    free_slots.push_back(slot);
+  }
+  // The slot's WeightGradInputs, allocated on its first I.
+  absl::Status EnsureGradInputs(Slot* slot) {
+    if (slot->grad_mem.data() != nullptr || grad_bytes == 0) return absl::OkStatus();
+    absl::StatusOr<DeviceBuffer<char>> mem = DeviceBuffer<char>::Create(grad_bytes);
+    if (!mem.ok()) return mem.status();
+    slot->grad_mem = std::move(*mem);
+    Carver carver(reinterpret_cast<uintptr_t>(slot->grad_mem.data()));
+    CarveWeightGradInputs(cfg, carver, &slot->g);
+    return absl::OkStatus();
+  }
 
   // out (N, OC) = in w^T + b (fp32 out; bias index < 0: none). The fp32 or the bf16 input is
   // read, as the mode says.
@@ -507,6 +560,35 @@ struct GpuGpt::Impl {
     }
     if (absl::Status st = ConvertToBf16(s(), dout, w.dout_h, rows * oc); !st.ok()) return st;
     if (absl::Status st = LinearBackward(blas.get(), s(), w.dout_h, in_h, H(wi), din, G(wi),
+                                         nullptr, rows, c, oc);
+        !st.ok()) {
+      return st;
+    }
+    return LinearBackward(blas.get(), s(), dout, nullptr, nullptr, nullptr, nullptr, G(bi), rows, c,
+                          oc);
+  }
+
+  // The two halves of LinearGrad, for the split backward: din += dout w (I) ...
+  absl::Status LinearInputGrad(const float* dout, size_t wi, float* din, int64_t rows, int64_t c,
+                               int64_t oc) {
+    if (!bf16_mode()) {
+      return LinearBackward(blas.get(), s(), dout, nullptr, P(wi), din, nullptr, nullptr, rows, c,
+                            oc);
+    }
+    if (absl::Status st = ConvertToBf16(s(), dout, w.dout_h, rows * oc); !st.ok()) return st;
+    return LinearBackward(blas.get(), s(), w.dout_h, nullptr, H(wi), din, nullptr, nullptr, rows, c,
+                          oc);
+  }
+  // ... and dw += dout^T in, db += colsum(dout) (W): the same operations as LinearGrad's, so
+  // I then W adds the same gradients as B.
+  absl::Status LinearWeightGrad(const float* dout, const float* in_f, const bf16* in_h, size_t wi,
+                                size_t bi, int64_t rows, int64_t c, int64_t oc) {
+    if (!bf16_mode()) {
+      return LinearBackward(blas.get(), s(), dout, in_f, nullptr, nullptr, G(wi), G(bi), rows, c,
+                            oc);
+    }
+    if (absl::Status st = ConvertToBf16(s(), dout, w.dout_h, rows * oc); !st.ok()) return st;
+    if (absl::Status st = LinearBackward(blas.get(), s(), w.dout_h, in_h, nullptr, nullptr, G(wi),
                                          nullptr, rows, c, oc);
         !st.ok()) {
       return st;
@@ -540,6 +622,10 @@ struct GpuGpt::Impl {
   // From d loss / d (the last block's output) in `cur` (w.dres_a) down to d loss / d resid[0],
   // left in the returned buffer (one of w.dres_a / w.dres_b).
   absl::StatusOr<float*> Backward(Activations& a);
+  // The split backward: BackwardInput is Backward's input-gradient chain, keeping each output
+  // gradient the weight gradients need in `g`; BackwardWeight adds those gradients.
+  absl::StatusOr<float*> BackwardInput(Activations& a, WeightGradInputs& g);
+  absl::Status BackwardWeight(Activations& a, const WeightGradInputs& g);
   absl::Status SquaredNorm(bool include_tied_copy);
 };
 
@@ -652,6 +738,76 @@ absl::StatusOr<float*> GpuGpt::Impl::Backward(Activations& a) {
   return cur;
 }
 
+absl::StatusOr<float*> GpuGpt::Impl::BackwardInput(Activations& a, WeightGradInputs& g) {
+  const int64_t b = cfg.batch, t = cfg.seq, c = cfg.d_model, h = cfg.d_hidden, nh = cfg.n_head;
+  const int64_t rows = n();
+  float* cur = w.dres_a;
+  float* other = w.dres_b;
+  for (int64_t l = sh.b1 - 1; l >= sh.b0; --l) {
+    const size_t j = static_cast<size_t>(l - sh.b0);
+    BlockActivations& ba = a.blocks[j];
+    BlockGradients& bg = g.blocks[j];
+    const float* x = a.resid[j];
+    auto idx = [&](int k) { return ix.Block(l, k); };
+    // MLP branch, as Backward, the output gradients kept.
+    GPT_RETURN_IF_ERROR(Copy(bg.mlp_proj, cur, rows * c));
+    float* dact = w.dbig;
+    GPT_RETURN_IF_ERROR(Zero(dact, rows * h));
+    GPT_RETURN_IF_ERROR(LinearInputGrad(cur, idx(kMlpProjW), dact, rows, h, c));
+    GPT_RETURN_IF_ERROR(Zero(bg.fc, rows * h));
+    GPT_RETURN_IF_ERROR(GeluBackward(s(), ba.pre, dact, bg.fc, rows * h));
+    GPT_RETURN_IF_ERROR(Zero(bg.ln2, rows * c));
+    GPT_RETURN_IF_ERROR(LinearInputGrad(bg.fc, idx(kFcW), bg.ln2, rows, c, h));
+    GPT_RETURN_IF_ERROR(Copy(other, cur, rows * c));
+    GPT_RETURN_IF_ERROR(LayerNormBackward(s(), bg.ln2, ba.x1, P(idx(kLn2G)), ba.mean2, ba.rstd2,
+                                          other, nullptr, nullptr, rows, c));
+    // Attention branch.
+    GPT_RETURN_IF_ERROR(Copy(bg.attn_proj, other, rows * c));
+    GPT_RETURN_IF_ERROR(Zero(w.dsmall, rows * c));
+    GPT_RETURN_IF_ERROR(LinearInputGrad(other, idx(kAttnProjW), w.dsmall, rows, c, c));
+    GPT_RETURN_IF_ERROR(Zero(bg.attn, rows * 3 * c));
+    GPT_RETURN_IF_ERROR(CausalAttentionBackward(blas.get(), s(), w.dsmall, ba.qkv, ba.att, bg.attn,
+                                                w.att_scratch, b, t, c, nh));
+    GPT_RETURN_IF_ERROR(Zero(bg.ln1, rows * c));
+    GPT_RETURN_IF_ERROR(LinearInputGrad(bg.attn, idx(kAttnW), bg.ln1, rows, c, 3 * c));
+    GPT_RETURN_IF_ERROR(LayerNormBackward(s(), bg.ln1, x, P(idx(kLn1G)), ba.mean1, ba.rstd1, other,
+                                          nullptr, nullptr, rows, c));
+    std::swap(cur, other);
+  }
+  if (sh.embedding) GPT_RETURN_IF_ERROR(Copy(g.embedding, cur, rows * c));
+  return cur;
+}
+
+absl::Status GpuGpt::Impl::BackwardWeight(Activations& a, const WeightGradInputs& g) {
+  const int64_t b = cfg.batch, t = cfg.seq, c = cfg.d_model, h = cfg.d_hidden;
+  const int64_t rows = n();
+  // Backward's order, so that each parameter gets the same sum.
+  for (int64_t l = sh.b1 - 1; l >= sh.b0; --l) {
+    const size_t j = static_cast<size_t>(l - sh.b0);
+    const BlockActivations& ba = a.blocks[j];
+    const BlockGradients& bg = g.blocks[j];
+    auto idx = [&](int k) { return ix.Block(l, k); };
+    GPT_RETURN_IF_ERROR(LinearWeightGrad(bg.mlp_proj, ba.act_f, ba.act_h, idx(kMlpProjW),
+                                         idx(kMlpProjB), rows, h, c));
+    GPT_RETURN_IF_ERROR(
+        LinearWeightGrad(bg.fc, ba.ln2_f, ba.ln2_h, idx(kFcW), idx(kFcB), rows, c, h));
+    GPT_RETURN_IF_ERROR(LayerNormBackward(s(), bg.ln2, ba.x1, P(idx(kLn2G)), ba.mean2, ba.rstd2,
+                                          nullptr, G(idx(kLn2G)), G(idx(kLn2B)), rows, c));
+    GPT_RETURN_IF_ERROR(LinearWeightGrad(bg.attn_proj, ba.y_f, ba.y_h, idx(kAttnProjW),
+                                         idx(kAttnProjB), rows, c, c));
+    GPT_RETURN_IF_ERROR(
+        LinearWeightGrad(bg.attn, ba.ln1_f, ba.ln1_h, idx(kAttnW), idx(kAttnB), rows, c, 3 * c));
+    GPT_RETURN_IF_ERROR(LayerNormBackward(s(), bg.ln1, a.resid[j], P(idx(kLn1G)), ba.mean1,
+                                          ba.rstd1, nullptr, G(idx(kLn1G)), G(idx(kLn1B)), rows,
+                                          c));
+  }
+  if (sh.embedding) {
+    GPT_RETURN_IF_ERROR(
+        EmbeddingBackward(s(), a.tokens, g.embedding, G(ix.wte), G(ix.wpe), b, t, c));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GpuGpt::Impl::SquaredNorm(bool include_tied_copy) {
   TANDEM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(w.norm_sq, 0, sizeof(double), s()));
   for (size_t i = 0; i < layout->size(); ++i) {
@@ -684,6 +840,7 @@ absl::StatusOr<std::unique_ptr<GpuGpt>> GpuGpt::Create(const GpuGptConfig& confi
   im.ix = IndexOf(*cfg);
   im.layout = &g->layout_;
   im.slot_bytes = g->memory_.activations;
+  im.grad_bytes = g->memory_.weight_grad_inputs;
 
   absl::StatusOr<CudaStream> stream = CudaStream::Create();
   if (!stream.ok()) return stream.status();
@@ -822,6 +979,10 @@ absl::Status GpuGpt::Backward(int mb, const float* dout, float* din) {
   if (!im.sh.embedding && din == nullptr) {
     return absl::InvalidArgumentError("backward: a stage without the embedding needs din");
   }
+  if (it->second->awaiting_w) {
+    return absl::InternalError(
+        absl::StrCat("backward of micro-batch ", mb, " whose input gradient already ran (I)"));
+  }
   Slot* slot = it->second;
   im.in_use.erase(it);
   auto run = [&]() -> absl::Status {
@@ -841,8 +1002,63 @@ absl::Status GpuGpt::Backward(int mb, const float* dout, float* din) {
   return s;
 }
 
+absl::Status GpuGpt::BackwardInput(int mb, const float* dout, float* din) {
+  Impl& im = *impl_;
+  const int64_t rows = im.n(), c = config_.d_model;
+  auto it = im.in_use.find(mb);
+  if (it == im.in_use.end()) {
+    return absl::InternalError(absl::StrCat("I of micro-batch ", mb, " without a forward"));
+  }
+  if (it->second->awaiting_w) {
+    return absl::InternalError(absl::StrCat("I of micro-batch ", mb, " twice"));
+  }
+  if (!im.sh.head && dout == nullptr) {
+    return absl::InvalidArgumentError("backward: a stage without the head needs dout");
+  }
+  if (!im.sh.embedding && din == nullptr) {
+    return absl::InvalidArgumentError("backward: a stage without the embedding needs din");
+  }
+  Slot* slot = it->second;
+  GPT_RETURN_IF_ERROR(im.EnsureGradInputs(slot));
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.ev[2].get(), im.s()));
+  GPT_RETURN_IF_ERROR(im.Copy(im.w.dres_a, im.sh.head ? slot->a.dhead : dout, rows * c));
+  absl::StatusOr<float*> dx = im.BackwardInput(slot->a, slot->g);
+  if (!dx.ok()) return dx.status();
+  if (!im.sh.embedding) GPT_RETURN_IF_ERROR(im.Copy(din, *dx, rows * c));
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.ev[3].get(), im.s()));
+  GPT_RETURN_IF_ERROR(im.stream.Synchronize());
+  TANDEM_CUDA_RETURN_IF_ERROR(
+      cudaEventElapsedTime(&times_.backward_ms, im.ev[2].get(), im.ev[3].get()));
+  slot->awaiting_w = true;
+  return absl::OkStatus();
+}
+
+absl::Status GpuGpt::BackwardWeight(int mb) {
+  Impl& im = *impl_;
+  auto it = im.in_use.find(mb);
+  if (it == im.in_use.end() || !it->second->awaiting_w) {
+    return absl::InternalError(absl::StrCat("W of micro-batch ", mb, " before its I"));
+  }
+  Slot* slot = it->second;
+  im.in_use.erase(it);
+  auto run = [&]() -> absl::Status {
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.ev[2].get(), im.s()));
+    GPT_RETURN_IF_ERROR(im.BackwardWeight(slot->a, slot->g));
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.ev[3].get(), im.s()));
+    GPT_RETURN_IF_ERROR(im.stream.Synchronize());
+    TANDEM_CUDA_RETURN_IF_ERROR(
+        cudaEventElapsedTime(&times_.backward_ms, im.ev[2].get(), im.ev[3].get()));
+    return absl::OkStatus();
+  };
+  absl::Status s = run();
+  im.Release(slot);
+  return s;
+}
+
 size_t GpuGpt::SavedBytes(int mb) const {
-  return impl_->in_use.contains(mb) ? impl_->slot_bytes : 0;
+  auto it = impl_->in_use.find(mb);
+  if (it == impl_->in_use.end()) return 0;
+  return impl_->slot_bytes + (it->second->awaiting_w ? impl_->grad_bytes : 0);
 }
 
 void GpuGpt::DropSaved() {

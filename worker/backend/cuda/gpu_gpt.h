@@ -115,6 +115,9 @@ struct GpuGptMemory {
   size_t optimizer_state = 0;  // AdamW m and v, fp32
   size_t activations = 0;      // saved for backward, one micro-batch (one slot), all layers
   size_t workspace = 0;        // scratch reused by every layer, token ids, loss, norm
+  // The split backward's, one micro-batch between its I and W: the output gradients W needs
+  // (allocated with a slot at its first I; not in total(), which 1F1B and GPipe never use).
+  size_t weight_grad_inputs = 0;
   size_t total() const {
     return parameters + compute_weights + gradients + optimizer_state + activations + workspace;
   }
@@ -160,7 +163,15 @@ class GpuGpt {
   // writes d loss / d input into `din` (a stage without the embedding) and ADDS the parameter
   // gradients; frees the slot. INTERNAL when `mb` has no saved forward. Waits for the device.
   absl::Status Backward(int mb, const float* dout, float* din);
-  // Bytes held by `mb`'s saved forward (0 when none).
+  // The split backward of zero-bubble schedules, B in two: BackwardInput (I) writes `din` as
+  // Backward does and keeps, with the slot, each output gradient the weight gradients need;
+  // BackwardWeight (W) then ADDS the parameter gradients, the same operations as Backward's,
+  // and frees the slot. INTERNAL for I without a forward or twice, W without its I, and B
+  // after I. Both wait for the device.
+  absl::Status BackwardInput(int mb, const float* dout, float* din);
+  absl::Status BackwardWeight(int mb);
+  // Bytes held by `mb`'s saved forward (0 when none), with its output gradients between I
+  // and W.
   size_t SavedBytes(int mb) const;
   // Returns every slot to the pool (after a failed step).
   void DropSaved();
