@@ -531,6 +531,17 @@ struct GpuGpt::Impl {
     slot->awaiting_w = false;
     free_slots.push_back(slot);
   }
+  // Runs `body` between the backward events and sets *ms to its device time; waits for the
+  // device.
+  template <typename Body>
+  absl::Status TimedBackward(float* ms, Body body) {
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[2].get(), s()));
+    if (absl::Status st = body(); !st.ok()) return st;
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[3].get(), s()));
+    if (absl::Status st = stream.Synchronize(); !st.ok()) return st;
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(ms, ev[2].get(), ev[3].get()));
+    return absl::OkStatus();
+  }
   // The slot's WeightGradInputs, allocated on its first I.
   absl::Status EnsureGradInputs(Slot* slot) {
     if (slot->grad_mem.data() != nullptr || grad_bytes == 0) return absl::OkStatus();
@@ -985,19 +996,13 @@ absl::Status GpuGpt::Backward(int mb, const float* dout, float* din) {
   }
   Slot* slot = it->second;
   im.in_use.erase(it);
-  auto run = [&]() -> absl::Status {
-    TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.ev[2].get(), im.s()));
+  absl::Status s = im.TimedBackward(&times_.backward_ms, [&]() -> absl::Status {
     GPT_RETURN_IF_ERROR(im.Copy(im.w.dres_a, im.sh.head ? slot->a.dhead : dout, rows * c));
     absl::StatusOr<float*> dx = im.Backward(slot->a);
     if (!dx.ok()) return dx.status();
     if (!im.sh.embedding) GPT_RETURN_IF_ERROR(im.Copy(din, *dx, rows * c));
-    TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.ev[3].get(), im.s()));
-    GPT_RETURN_IF_ERROR(im.stream.Synchronize());
-    TANDEM_CUDA_RETURN_IF_ERROR(
-        cudaEventElapsedTime(&times_.backward_ms, im.ev[2].get(), im.ev[3].get()));
     return absl::OkStatus();
-  };
-  absl::Status s = run();
+  });
   im.Release(slot);
   return s;
 }
@@ -1020,15 +1025,13 @@ absl::Status GpuGpt::BackwardInput(int mb, const float* dout, float* din) {
   }
   Slot* slot = it->second;
   GPT_RETURN_IF_ERROR(im.EnsureGradInputs(slot));
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.ev[2].get(), im.s()));
-  GPT_RETURN_IF_ERROR(im.Copy(im.w.dres_a, im.sh.head ? slot->a.dhead : dout, rows * c));
-  absl::StatusOr<float*> dx = im.BackwardInput(slot->a, slot->g);
-  if (!dx.ok()) return dx.status();
-  if (!im.sh.embedding) GPT_RETURN_IF_ERROR(im.Copy(din, *dx, rows * c));
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.ev[3].get(), im.s()));
-  GPT_RETURN_IF_ERROR(im.stream.Synchronize());
-  TANDEM_CUDA_RETURN_IF_ERROR(
-      cudaEventElapsedTime(&times_.backward_ms, im.ev[2].get(), im.ev[3].get()));
+  GPT_RETURN_IF_ERROR(im.TimedBackward(&times_.backward_ms, [&]() -> absl::Status {
+    GPT_RETURN_IF_ERROR(im.Copy(im.w.dres_a, im.sh.head ? slot->a.dhead : dout, rows * c));
+    absl::StatusOr<float*> dx = im.BackwardInput(slot->a, slot->g);
+    if (!dx.ok()) return dx.status();
+    if (!im.sh.embedding) GPT_RETURN_IF_ERROR(im.Copy(din, *dx, rows * c));
+    return absl::OkStatus();
+  }));
   slot->awaiting_w = true;
   return absl::OkStatus();
 }
@@ -1041,16 +1044,8 @@ absl::Status GpuGpt::BackwardWeight(int mb) {
   }
   Slot* slot = it->second;
   im.in_use.erase(it);
-  auto run = [&]() -> absl::Status {
-    TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.ev[2].get(), im.s()));
-    GPT_RETURN_IF_ERROR(im.BackwardWeight(slot->a, slot->g));
-    TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.ev[3].get(), im.s()));
-    GPT_RETURN_IF_ERROR(im.stream.Synchronize());
-    TANDEM_CUDA_RETURN_IF_ERROR(
-        cudaEventElapsedTime(&times_.backward_ms, im.ev[2].get(), im.ev[3].get()));
-    return absl::OkStatus();
-  };
-  absl::Status s = run();
+  absl::Status s =
+      im.TimedBackward(&times_.backward_ms, [&] { return im.BackwardWeight(slot->a, slot->g); });
   im.Release(slot);
   return s;
 }
