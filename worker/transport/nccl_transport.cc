@@ -66,6 +66,14 @@ struct NcclTransport::Pending {
 
 namespace {
 
+// A communicator's state: ncclSuccess (ready, or its last call done), ncclInProgress, or its
+// asynchronous error (or the query's own).
+ncclResult_t CommState(ncclComm_t comm) {
+  ncclResult_t state = ncclInProgress;
+  if (const ncclResult_t r = ncclCommGetAsyncError(comm, &state); r != ncclSuccess) return r;
+  return state;
+}
+
 // "the link to peer rank 3" / "the link from peer rank 3".
 std::string LinkName(bool send, int peer) {
   return absl::StrCat("the link ", send ? "to" : "from", " peer rank ", peer);
@@ -202,8 +210,7 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Connect(
   for (;;) {
     bool ready = true;
     for (const Link& l : links) {
-      ncclResult_t state = ncclInProgress;
-      if (const ncclResult_t r = ncclCommGetAsyncError(l.comm, &state); r != ncclSuccess) state = r;
+      const ncclResult_t state = CommState(l.comm);
       if (state == ncclInProgress) ready = false;
       if (state == ncclSuccess || state == ncclInProgress) continue;
       const std::string last = ncclGetLastError(l.comm);
@@ -315,10 +322,10 @@ NcclTransport::~NcclTransport() {
     if (l.comm == nullptr) continue;
     bool finalized = false;
     if (finalizing[i]) {
-      ncclResult_t state = ncclInProgress;
-      while (ncclCommGetAsyncError(l.comm, &state) == ncclSuccess && state == ncclInProgress &&
-             Clock::now() < deadline) {
+      ncclResult_t state = CommState(l.comm);
+      while (state == ncclInProgress && Clock::now() < deadline) {
         std::this_thread::sleep_for(kPollInterval);
+        state = CommState(l.comm);
       }
       finalized = state == ncclSuccess;
     }
@@ -380,9 +387,7 @@ absl::Status NcclTransport::PollCheck(const char* op, int peer, Clock::time_poin
     // timeout.
     for (const Link& l : links_) {
       if (l.comm == nullptr) return absl::AbortedError(absl::StrCat(what, ": transport aborted"));
-      ncclResult_t state = ncclSuccess;
-      const ncclResult_t r = ncclCommGetAsyncError(l.comm, &state);
-      if (r != ncclSuccess) state = r;
+      const ncclResult_t state = CommState(l.comm);
       if (state == ncclSuccess || state == ncclInProgress) continue;
       const absl::Status s = absl::UnavailableError(
           absl::StrCat(what, " failed: ", LinkName(l.send, l.peer), ": ", ncclGetErrorString(state),
@@ -571,8 +576,7 @@ absl::Status NcclTransport::Launch(const Op& op) {
   if (end == ncclInProgress) {
     const Clock::time_point deadline = Clock::now() + options_.op_timeout;
     for (;;) {
-      ncclResult_t state = ncclInProgress;
-      if (const ncclResult_t r = ncclCommGetAsyncError(comm, &state); r != ncclSuccess) state = r;
+      const ncclResult_t state = CommState(comm);
       if (state == ncclSuccess) break;
       if (state != ncclInProgress) {
         return broken(absl::UnavailableError(
