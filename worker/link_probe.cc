@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <memory>
-#include <new>
 #include <thread>
 #include <utility>
 
@@ -134,34 +133,19 @@ absl::StatusOr<std::vector<v1::LinkSample>> LinkProbe::Probe(const LinkConnector
   }
   // The buffers outlive the transport: after a failure it may still reference them.
   const int64_t max_bytes = *std::max_element(options_.sizes.begin(), options_.sizes.end());
-  const size_t bytes = static_cast<size_t>(max_bytes);
-  std::unique_ptr<char[]> host_out, host_in;
   StageBufferPtr buffers[2];
-  char* out = nullptr;
-  char* in = nullptr;
-  if (allocate) {
-    for (StageBufferPtr& b : buffers) {
-      absl::StatusOr<StageBufferPtr> got = allocate(bytes);
-      if (!got.ok()) {
-        return absl::Status(got.status().code(),
-                            absl::StrCat("probe link (rank ", options_.rank, "): allocating 2 x ",
-                                         max_bytes, " bytes: ", got.status().message()));
-      }
-      b = *std::move(got);
+  for (StageBufferPtr& b : buffers) {
+    absl::StatusOr<StageBufferPtr> got = allocate ? allocate(static_cast<size_t>(max_bytes))
+                                                  : NewHostBuffer(static_cast<size_t>(max_bytes));
+    if (!got.ok()) {
+      return absl::Status(got.status().code(),
+                          absl::StrCat("probe link (rank ", options_.rank, "): allocating 2 x ",
+                                       max_bytes, " bytes: ", got.status().message()));
     }
-    out = static_cast<char*>(buffers[0]->data());
-    in = static_cast<char*>(buffers[1]->data());
-  } else {
-    try {
-      host_out = std::make_unique<char[]>(bytes);  // zeroed: pages touched
-      host_in = std::make_unique<char[]>(bytes);
-    } catch (const std::bad_alloc&) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "probe link (rank ", options_.rank, "): cannot allocate 2 x ", max_bytes, " bytes"));
-    }
-    out = host_out.get();
-    in = host_in.get();
+    b = *std::move(got);
   }
+  char* out = static_cast<char*>(buffers[0]->data());
+  char* in = static_cast<char*>(buffers[1]->data());
   absl::StatusOr<std::unique_ptr<Transport>> connected = connect(cancelled_);
   if (!connected.ok()) return Explain(connected.status(), "connecting to the peer");
   std::unique_ptr<Transport> transport = *std::move(connected);

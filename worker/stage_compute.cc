@@ -1,10 +1,33 @@
 #include "worker/stage_compute.h"
 
 #include <cstring>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 
 namespace tandem::worker {
+namespace {
+
+class HostBytes final : public StageBuffer {
+ public:
+  explicit HostBytes(size_t bytes) : bytes_(bytes) {}
+  void* data() override { return bytes_.data(); }
+  size_t bytes() const override { return bytes_.size(); }
+
+ private:
+  std::vector<char> bytes_;  // zeroed
+};
+
+}  // namespace
+
+absl::StatusOr<StageBufferPtr> NewHostBuffer(size_t bytes) {
+  try {
+    return std::make_unique<HostBytes>(bytes);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", bytes, " bytes of host memory"));
+  }
+}
 
 absl::Status CopyRestoredTensor(const TensorLookup& lookup, const std::string& name, void* dst,
                                 size_t bytes, absl::string_view where) {

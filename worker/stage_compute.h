@@ -44,6 +44,10 @@ class StageBuffer {
 };
 using StageBufferPtr = std::unique_ptr<StageBuffer>;
 
+// `bytes` zeroed bytes of host memory (pages touched) as a StageBuffer, for what is not a
+// backend's tensor (a link probe's messages). RESOURCE_EXHAUSTED when they cannot be allocated.
+absl::StatusOr<StageBufferPtr> NewHostBuffer(size_t bytes);
+
 // One tensor of the stage's state for a checkpoint, in host memory, viewed in place (valid
 // until the next call that changes the state).
 struct StateTensor {

@@ -79,17 +79,6 @@ v1::ProbeLinkRequest ProbeRequest(const std::string& prefix, int rank, int64_t t
   return r;
 }
 
-// Host memory posing as a device's, for the probe's allocator.
-class HostBytes final : public StageBuffer {
- public:
-  explicit HostBytes(size_t bytes) : bytes_(bytes, 0) {}
-  void* data() override { return bytes_.data(); }
-  size_t bytes() const override { return bytes_.size(); }
-
- private:
-  std::vector<char> bytes_;
-};
-
 // A "cuda" probe asks the transport factory for the device's data plane (the program's
 // spec.device) and moves its messages between the device's buffers; a CPU worker refuses it.
 TEST_F(StageManagerTest, ADeviceProbeUsesTheDevicesTransportAndBuffers) {
@@ -101,7 +90,7 @@ TEST_F(StageManagerTest, ADeviceProbeUsesTheDevicesTransportAndBuffers) {
     c.device = device;
     c.device_buffers = [&](size_t bytes) -> absl::StatusOr<StageBufferPtr> {
       ++allocated;
-      return std::make_unique<HostBytes>(bytes);
+      return NewHostBuffer(bytes);  // host memory posing as the device's
     };
     return c;
   };
