@@ -631,11 +631,11 @@ struct GpuGpt::Impl {
   // w.loss_sum and, with `grad_scale` > 0, the head's backward into a.dhead.
   absl::Status Forward(Activations& a, float grad_scale);
   // From d loss / d (the last block's output) in `cur` (w.dres_a) down to d loss / d resid[0],
-  // left in the returned buffer (one of w.dres_a / w.dres_b).
-  absl::StatusOr<float*> Backward(Activations& a);
-  // The split backward: BackwardInput is Backward's input-gradient chain, keeping each output
-  // gradient the weight gradients need in `g`; BackwardWeight adds those gradients.
-  absl::StatusOr<float*> BackwardInput(Activations& a, WeightGradInputs& g);
+  // left in the returned buffer (one of w.dres_a / w.dres_b). With `g` null (B) the parameter
+  // gradients are added on the way; otherwise (I, the split backward) only the input gradient
+  // is computed, and each output gradient the weight gradients need is kept in `g` for
+  // BackwardWeight (W), which adds them.
+  absl::StatusOr<float*> Backward(Activations& a, WeightGradInputs* g = nullptr);
   absl::Status BackwardWeight(Activations& a, const WeightGradInputs& g);
   absl::Status SquaredNorm(bool include_tied_copy);
 };
@@ -705,7 +705,7 @@ absl::Status GpuGpt::Impl::Forward(Activations& a, float grad_scale) {
                            G(ix.lnf + 1), rows, c);
 }
 
-absl::StatusOr<float*> GpuGpt::Impl::Backward(Activations& a) {
+absl::StatusOr<float*> GpuGpt::Impl::Backward(Activations& a, WeightGradInputs* g) {
   const int64_t b = cfg.batch, t = cfg.seq, c = cfg.d_model, h = cfg.d_hidden, nh = cfg.n_head;
   const int64_t rows = n();
   float* cur = w.dres_a;    // d loss / d (the current block's output)
@@ -713,79 +713,57 @@ absl::StatusOr<float*> GpuGpt::Impl::Backward(Activations& a) {
   for (int64_t l = sh.b1 - 1; l >= sh.b0; --l) {
     const size_t j = static_cast<size_t>(l - sh.b0);
     BlockActivations& ba = a.blocks[j];
+    BlockGradients* bg = g == nullptr ? nullptr : &g->blocks[j];
     const float* x = a.resid[j];
     auto idx = [&](int k) { return ix.Block(l, k); };
-    // MLP branch: dx1 = dout + ln_2'(c_fc'(gelu'(c_proj'(dout)))).
+    // A linear's backward: B adds its weight gradients now; I only its input gradient.
+    auto linear = [&](const float* dout, const float* in_f, const bf16* in_h, int wk, int bk,
+                      float* din, int64_t in_c, int64_t out_c) {
+      return bg != nullptr ? LinearInputGrad(dout, idx(wk), din, rows, in_c, out_c)
+                           : LinearGrad(dout, in_f, in_h, idx(wk), idx(bk), din, rows, in_c, out_c);
+    };
+    // A LayerNorm's: the same, its gain's and bias's gradients in B only.
+    auto layer_norm = [&](const float* dout, const float* in, int gk, int bk, const float* mean,
+                          const float* rstd, float* din) {
+      return LayerNormBackward(s(), dout, in, P(idx(gk)), mean, rstd, din,
+                               bg != nullptr ? nullptr : G(idx(gk)),
+                               bg != nullptr ? nullptr : G(idx(bk)), rows, c);
+    };
+    // MLP branch: dx1 = dout + ln_2'(c_fc'(gelu'(c_proj'(dout)))). I keeps each output gradient
+    // W needs in bg (the buffers B uses are scratch).
+    if (bg != nullptr) GPT_RETURN_IF_ERROR(Copy(bg->mlp_proj, cur, rows * c));
     float* dact = w.dbig;
     GPT_RETURN_IF_ERROR(Zero(dact, rows * h));
-    GPT_RETURN_IF_ERROR(
-        LinearGrad(cur, ba.act_f, ba.act_h, idx(kMlpProjW), idx(kMlpProjB), dact, rows, h, c));
-    GPT_RETURN_IF_ERROR(Zero(w.dpre, rows * h));
-    GPT_RETURN_IF_ERROR(GeluBackward(s(), ba.pre, dact, w.dpre, rows * h));
-    GPT_RETURN_IF_ERROR(Zero(w.dsmall, rows * c));
-    GPT_RETURN_IF_ERROR(
-        LinearGrad(w.dpre, ba.ln2_f, ba.ln2_h, idx(kFcW), idx(kFcB), w.dsmall, rows, c, h));
+    GPT_RETURN_IF_ERROR(linear(cur, ba.act_f, ba.act_h, kMlpProjW, kMlpProjB, dact, h, c));
+    float* dpre = bg != nullptr ? bg->fc : w.dpre;
+    GPT_RETURN_IF_ERROR(Zero(dpre, rows * h));
+    GPT_RETURN_IF_ERROR(GeluBackward(s(), ba.pre, dact, dpre, rows * h));
+    float* dln2 = bg != nullptr ? bg->ln2 : w.dsmall;
+    GPT_RETURN_IF_ERROR(Zero(dln2, rows * c));
+    GPT_RETURN_IF_ERROR(linear(dpre, ba.ln2_f, ba.ln2_h, kFcW, kFcB, dln2, c, h));
     GPT_RETURN_IF_ERROR(Copy(other, cur, rows * c));
-    GPT_RETURN_IF_ERROR(LayerNormBackward(s(), w.dsmall, ba.x1, P(idx(kLn2G)), ba.mean2, ba.rstd2,
-                                          other, G(idx(kLn2G)), G(idx(kLn2B)), rows, c));
+    GPT_RETURN_IF_ERROR(layer_norm(dln2, ba.x1, kLn2G, kLn2B, ba.mean2, ba.rstd2, other));
     // Attention branch: dx = dx1 + ln_1'(c_attn'(attn'(c_proj'(dx1)))).
+    if (bg != nullptr) GPT_RETURN_IF_ERROR(Copy(bg->attn_proj, other, rows * c));
     GPT_RETURN_IF_ERROR(Zero(w.dsmall, rows * c));
-    GPT_RETURN_IF_ERROR(
-        LinearGrad(other, ba.y_f, ba.y_h, idx(kAttnProjW), idx(kAttnProjB), w.dsmall, rows, c, c));
-    float* dqkv = w.dbig;
+    GPT_RETURN_IF_ERROR(linear(other, ba.y_f, ba.y_h, kAttnProjW, kAttnProjB, w.dsmall, c, c));
+    float* dqkv = bg != nullptr ? bg->attn : w.dbig;
     GPT_RETURN_IF_ERROR(Zero(dqkv, rows * 3 * c));
     GPT_RETURN_IF_ERROR(CausalAttentionBackward(blas.get(), s(), w.dsmall, ba.qkv, ba.att, dqkv,
                                                 w.att_scratch, b, t, c, nh));
-    GPT_RETURN_IF_ERROR(Zero(w.dsmall, rows * c));
-    GPT_RETURN_IF_ERROR(
-        LinearGrad(dqkv, ba.ln1_f, ba.ln1_h, idx(kAttnW), idx(kAttnB), w.dsmall, rows, c, 3 * c));
-    GPT_RETURN_IF_ERROR(LayerNormBackward(s(), w.dsmall, x, P(idx(kLn1G)), ba.mean1, ba.rstd1,
-                                          other, G(idx(kLn1G)), G(idx(kLn1B)), rows, c));
+    float* dln1 = bg != nullptr ? bg->ln1 : w.dsmall;
+    GPT_RETURN_IF_ERROR(Zero(dln1, rows * c));
+    GPT_RETURN_IF_ERROR(linear(dqkv, ba.ln1_f, ba.ln1_h, kAttnW, kAttnB, dln1, c, 3 * c));
+    GPT_RETURN_IF_ERROR(layer_norm(dln1, x, kLn1G, kLn1B, ba.mean1, ba.rstd1, other));
     std::swap(cur, other);
   }
   if (sh.embedding) {
-    GPT_RETURN_IF_ERROR(EmbeddingBackward(s(), a.tokens, cur, G(ix.wte), G(ix.wpe), b, t, c));
+    if (g != nullptr) {
+      GPT_RETURN_IF_ERROR(Copy(g->embedding, cur, rows * c));
+    } else {
+      GPT_RETURN_IF_ERROR(EmbeddingBackward(s(), a.tokens, cur, G(ix.wte), G(ix.wpe), b, t, c));
+    }
   }
-  return cur;
-}
-
-absl::StatusOr<float*> GpuGpt::Impl::BackwardInput(Activations& a, WeightGradInputs& g) {
-  const int64_t b = cfg.batch, t = cfg.seq, c = cfg.d_model, h = cfg.d_hidden, nh = cfg.n_head;
-  const int64_t rows = n();
-  float* cur = w.dres_a;
-  float* other = w.dres_b;
-  for (int64_t l = sh.b1 - 1; l >= sh.b0; --l) {
-    const size_t j = static_cast<size_t>(l - sh.b0);
-    BlockActivations& ba = a.blocks[j];
-    BlockGradients& bg = g.blocks[j];
-    const float* x = a.resid[j];
-    auto idx = [&](int k) { return ix.Block(l, k); };
-    // MLP branch, as Backward, the output gradients kept.
-    GPT_RETURN_IF_ERROR(Copy(bg.mlp_proj, cur, rows * c));
-    float* dact = w.dbig;
-    GPT_RETURN_IF_ERROR(Zero(dact, rows * h));
-    GPT_RETURN_IF_ERROR(LinearInputGrad(cur, idx(kMlpProjW), dact, rows, h, c));
-    GPT_RETURN_IF_ERROR(Zero(bg.fc, rows * h));
-    GPT_RETURN_IF_ERROR(GeluBackward(s(), ba.pre, dact, bg.fc, rows * h));
-    GPT_RETURN_IF_ERROR(Zero(bg.ln2, rows * c));
-    GPT_RETURN_IF_ERROR(LinearInputGrad(bg.fc, idx(kFcW), bg.ln2, rows, c, h));
-    GPT_RETURN_IF_ERROR(Copy(other, cur, rows * c));
-    GPT_RETURN_IF_ERROR(LayerNormBackward(s(), bg.ln2, ba.x1, P(idx(kLn2G)), ba.mean2, ba.rstd2,
-                                          other, nullptr, nullptr, rows, c));
-    // Attention branch.
-    GPT_RETURN_IF_ERROR(Copy(bg.attn_proj, other, rows * c));
-    GPT_RETURN_IF_ERROR(Zero(w.dsmall, rows * c));
-    GPT_RETURN_IF_ERROR(LinearInputGrad(other, idx(kAttnProjW), w.dsmall, rows, c, c));
-    GPT_RETURN_IF_ERROR(Zero(bg.attn, rows * 3 * c));
-    GPT_RETURN_IF_ERROR(CausalAttentionBackward(blas.get(), s(), w.dsmall, ba.qkv, ba.att, bg.attn,
-                                                w.att_scratch, b, t, c, nh));
-    GPT_RETURN_IF_ERROR(Zero(bg.ln1, rows * c));
-    GPT_RETURN_IF_ERROR(LinearInputGrad(bg.attn, idx(kAttnW), bg.ln1, rows, c, 3 * c));
-    GPT_RETURN_IF_ERROR(LayerNormBackward(s(), bg.ln1, x, P(idx(kLn1G)), ba.mean1, ba.rstd1, other,
-                                          nullptr, nullptr, rows, c));
-    std::swap(cur, other);
-  }
-  if (sh.embedding) GPT_RETURN_IF_ERROR(Copy(g.embedding, cur, rows * c));
   return cur;
 }
 
@@ -1027,7 +1005,7 @@ absl::Status GpuGpt::BackwardInput(int mb, const float* dout, float* din) {
   GPT_RETURN_IF_ERROR(im.EnsureGradInputs(slot));
   GPT_RETURN_IF_ERROR(im.TimedBackward(&times_.backward_ms, [&]() -> absl::Status {
     GPT_RETURN_IF_ERROR(im.Copy(im.w.dres_a, im.sh.head ? slot->a.dhead : dout, rows * c));
-    absl::StatusOr<float*> dx = im.BackwardInput(slot->a, slot->g);
+    absl::StatusOr<float*> dx = im.Backward(slot->a, &slot->g);
     if (!dx.ok()) return dx.status();
     if (!im.sh.embedding) GPT_RETURN_IF_ERROR(im.Copy(din, *dx, rows * c));
     return absl::OkStatus();
