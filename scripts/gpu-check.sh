@@ -2,7 +2,7 @@
 # The GPU check (issue 6), one command for a machine with an NVIDIA GPU (H100 / H200), CUDA 13,
 # the Debian build packages and PyTorch already installed, and no network:
 #   1. configures build-gpu/ (scripts/build.sh's flags, CMAKE_CUDA_ARCHITECTURES=90 unless set)
-#      and builds only the CUDA tests and bench_gpu_gpt;
+#      and builds only the CUDA tests, the daemons, bench_gpu_gpt and bench_nccl_p2p;
 #   2. runs the CUDA tests (worker_cuda_kernels_test, worker_gpu_gpt_test, the StageCompute
 #      conformance suite worker_conformance_test with its cuda_fp32 / cuda_bf16 cases, and
 #      worker_nccl_transport_test where built); a test that skips for want of a device fails
