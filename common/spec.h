@@ -1,31 +1,35 @@
 // Job specifications: YAML text -> tandem.v1.JobSpec, defaults, and validation.
 //
 // The JobSpec proto is the schema. ParseJobSpecYaml walks the YAML against the proto's
-// descriptor: every key must be a field, every value must have the field's type; errors name
-// the field path ("pipeline.micro_batches: expected an integer, got 'four'"). ValidateJobSpec
-// then checks ranges and allowed names, again naming the path.
+// descriptor (common/proto_yaml.h): every key must be a field, every value must have the
+// field's type; errors name the field path ("pipeline.micro_batches: expected an integer, got
+// 'four'"). ValidateJobSpec (common/spec_validation.h) then checks ranges and allowed names,
+// again naming the path.
 #ifndef TANDEM_COMMON_SPEC_H_
 #define TANDEM_COMMON_SPEC_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/spec_validation.h"
 #include "tandem/v1/spec.pb.h"
 
 namespace tandem {
 
-// INVALID_ARGUMENT with the field path on any structural or type error.
+// INVALID_ARGUMENT with the field path on any structural or type error, and for a text over
+// kMaxSpecBytes (common/limits.h).
 absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml);
 
 // Returns `spec` with every field that has a default set explicitly (recursively), so that
 // the stored and shown spec says exactly what runs.
 v1::JobSpec WithDefaults(const v1::JobSpec& spec);
 
-// INVALID_ARGUMENT naming the first bad field and what was expected. `spec` should already
-// have defaults filled in (WithDefaults).
-absl::Status ValidateJobSpec(const v1::JobSpec& spec);
+// ValidateJobSpec(spec), declared in common/spec_validation.h: INVALID_ARGUMENT naming the
+// first bad field and what was expected. `spec` should already have defaults filled in
+// (WithDefaults).
 
 // Parse + WithDefaults + Validate.
 absl::StatusOr<v1::JobSpec> LoadJobSpecYaml(absl::string_view yaml);

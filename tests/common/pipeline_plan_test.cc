@@ -1,0 +1,278 @@
+#include "common/pipeline_plan.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/model_desc.h"
+#include "common/partitioner.h"
+#include "common/schedule.h"
+#include "common/schedule_check.h"
+#include "common/spec.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A GPT of 6 blocks (8 layers: embedding, blocks, head) on `stages` workers, defaults filled.
+v1::JobSpec Spec(const std::string& schedule, int stages, int micro_batches) {
+  v1::JobSpec spec;
+  spec.set_name("plan");
+  spec.mutable_model()->set_n_layer(6);
+  spec.mutable_pipeline()->set_schedule(schedule);
+  spec.mutable_pipeline()->set_stages(stages);
+  spec.mutable_pipeline()->set_micro_batches(micro_batches);
+  return WithDefaults(spec);
+}
+
+// Every layer costs forward 1 s, backward 2 s (I 1 + W 1), and its optimizer step 0.5 s.
+v1::ModelProfile UnitProfile(const v1::JobSpec& spec) {
+  v1::ModelProfile p;
+  for (int g = 0; g < NumLayers(spec.model()); ++g) {
+    v1::LayerProfile* l = p.add_layers();
+    l->set_layer(g);
+    l->set_forward_seconds(1.0);
+    l->set_backward_seconds(2.0);
+    l->set_backward_input_seconds(1.0);
+    l->set_backward_weight_seconds(1.0);
+    l->set_apply_seconds(0.5);
+    l->set_static_bytes(1 << 20);
+    l->set_activation_bytes(1 << 10);
+  }
+  return p;
+}
+
+// The ranges cover the model's layers in order, each stage non-empty.
+void ExpectContiguousCover(const std::vector<LayerRange>& ranges, int num_layers) {
+  ASSERT_FALSE(ranges.empty());
+  EXPECT_EQ(ranges.front().begin, 0);
+  EXPECT_EQ(ranges.back().end, num_layers);
+  for (size_t s = 0; s < ranges.size(); ++s) {
+    EXPECT_LT(ranges[s].begin, ranges[s].end) << "stage " << s;
+    if (s > 0) EXPECT_EQ(ranges[s].begin, ranges[s - 1].end) << "stage " << s;
+  }
+}
+
+int Count(const std::vector<Action>& actions, ActionKind kind) {
+  int n = 0;
+  for (const Action& a : actions) n += a.kind == kind ? 1 : 0;
+  return n;
+}
+
+TEST(PlanPipelineTest, OneStagePerWorkerCutUniformly) {
+  v1::JobSpec spec = Spec("1f1b", 4, 8);
+  spec.mutable_pipeline()->set_partition("uniform");
+  absl::StatusOr<PipelinePlan> plan = PlanPipeline(spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->num_ranks(), 4);
+  EXPECT_EQ(plan->num_stages(), 4);
+  EXPECT_EQ(plan->schedule.name, "1f1b");
+  EXPECT_EQ(plan->schedule.num_micro_batches, 8);
+  EXPECT_EQ(plan->partition, "uniform");
+  ASSERT_EQ(plan->ranges.size(), 4u);
+  ExpectContiguousCover(plan->ranges, 8);
+  absl::StatusOr<std::vector<LayerRange>> uniform = UniformPartition(spec.model(), 4);
+  ASSERT_TRUE(uniform.ok()) << uniform.status();
+  EXPECT_EQ(plan->ranges, *uniform);
+  // Without a profile there are no measured figures.
+  EXPECT_TRUE(plan->stage_costs.empty());
+  EXPECT_TRUE(plan->stage_bytes.empty());
+  EXPECT_EQ(plan->predicted_step_seconds, 0.0);
+}
+
+TEST(PlanPipelineTest, InterleavedPlacesSeveralStagesPerWorker) {
+  v1::JobSpec spec = Spec("interleaved_1f1b", 2, 4);
+  spec.mutable_pipeline()->set_chunks(2);
+  absl::StatusOr<PipelinePlan> plan = PlanPipeline(spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->num_ranks(), 2);
+  EXPECT_EQ(plan->num_stages(), 4);
+  EXPECT_EQ(plan->schedule.placement, InterleavedPlacement(2, 2));
+  ASSERT_EQ(plan->ranges.size(), 4u);
+  ExpectContiguousCover(plan->ranges, 8);
+}
+
+TEST(PlanPipelineTest, ScheduleIsLoweredWithTransfersAndValid) {
+  const int p = 4, m = 8;
+  absl::StatusOr<PipelinePlan> plan = PlanPipeline(Spec("gpipe", p, m));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(ValidateSchedule(plan->schedule).ok());
+  ASSERT_EQ(plan->schedule.program.size(), static_cast<size_t>(p));
+  for (int r = 0; r < p; ++r) {
+    const std::vector<Action>& actions = plan->schedule.program[r];
+    EXPECT_EQ(Count(actions, v1::ACTION_F), m) << "rank " << r;
+    EXPECT_EQ(Count(actions, v1::ACTION_B), m) << "rank " << r;
+    // Every stage but the first receives its inputs and sends back their gradients; every
+    // stage but the last sends its outputs and receives their gradients.
+    EXPECT_EQ(Count(actions, v1::ACTION_RECV_F), r > 0 ? m : 0) << "rank " << r;
+    EXPECT_EQ(Count(actions, v1::ACTION_SEND_B), r > 0 ? m : 0) << "rank " << r;
+    EXPECT_EQ(Count(actions, v1::ACTION_SEND_F), r < p - 1 ? m : 0) << "rank " << r;
+    EXPECT_EQ(Count(actions, v1::ACTION_RECV_B), r < p - 1 ? m : 0) << "rank " << r;
+  }
+  // No evaluation program without eval.every.
+  EXPECT_TRUE(plan->eval.program.empty());
+}
+
+TEST(PlanPipelineTest, EvalProgramIsForwardOnlyOverTheEvalMicroBatches) {
+  v1::JobSpec spec = Spec("1f1b", 2, 4);
+  spec.mutable_eval()->set_every(10);
+  spec.mutable_eval()->set_micro_batches(3);
+  absl::StatusOr<PipelinePlan> plan = PlanPipeline(spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->eval.num_micro_batches, 3);
+  EXPECT_EQ(plan->eval.placement, plan->schedule.placement);
+  ASSERT_EQ(plan->eval.program.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    const std::vector<Action>& actions = plan->eval.program[r];
+    EXPECT_EQ(Count(actions, v1::ACTION_F), 3) << "rank " << r;
+    for (ActionKind k :
+         {v1::ACTION_B, v1::ACTION_I, v1::ACTION_W, v1::ACTION_SEND_B, v1::ACTION_RECV_B}) {
+      EXPECT_EQ(Count(actions, k), 0) << "rank " << r << " " << ActionKindName(k);
+    }
+  }
+  EXPECT_EQ(Count(plan->eval.program[0], v1::ACTION_SEND_F), 3);
+  EXPECT_EQ(Count(plan->eval.program[1], v1::ACTION_RECV_F), 3);
+}
+
+// With unit costs the simulator's bubble is the textbook (P-1)/(M+P-1) for GPipe and 1F1B.
+TEST(PlanPipelineTest, UnitCostBubbleIsTheTextbookOne) {
+  for (const char* schedule : {"gpipe", "1f1b"}) {
+    for (auto [p, m] : std::vector<std::pair<int, int>>{{2, 4}, {4, 8}, {4, 16}}) {
+      absl::StatusOr<PipelinePlan> plan = PlanPipeline(Spec(schedule, p, m));
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      const double ideal = static_cast<double>(p - 1) / (m + p - 1);
+      EXPECT_NEAR(PredictedBubble(*plan), ideal, 1e-12) << schedule << " P" << p << " M" << m;
+      EXPECT_NEAR(PredictedBubble(Spec(schedule, p, m)), ideal, 1e-12)
+          << schedule << " P" << p << " M" << m;
+    }
+  }
+  // One stage has no bubble.
+  EXPECT_NEAR(PredictedBubble(Spec("1f1b", 1, 4)), 0.0, 1e-12);
+}
+
+TEST(PlanPipelineTest, UnitCostsAreSharedByTheChunksOfAWorker) {
+  const ActionCosts one = UnitCosts(OneStagePerRank(4));
+  EXPECT_DOUBLE_EQ(one.forward, 1.0);
+  EXPECT_DOUBLE_EQ(one.backward, 2.0);
+  EXPECT_DOUBLE_EQ(one.backward_input, 1.0);
+  EXPECT_DOUBLE_EQ(one.backward_weight, 1.0);
+  const ActionCosts two = UnitCosts(InterleavedPlacement(2, 2));
+  EXPECT_DOUBLE_EQ(two.forward, 0.5);
+  EXPECT_DOUBLE_EQ(two.backward, 1.0);
+  EXPECT_DOUBLE_EQ(two.backward_input, 0.5);
+  EXPECT_DOUBLE_EQ(two.backward_weight, 0.5);
+}
+
+// With a profile each stage's costs are its layers' summed, and the predicted step is the
+// simulated pipeline plus the slowest worker's optimizer phase.
+TEST(PlanPipelineTest, ProfileGivesPerStageCostsAndAPredictedStep) {
+  const int p = 2, m = 4;
+  v1::JobSpec spec = Spec("gpipe", p, m);
+  spec.mutable_pipeline()->set_partition("uniform");
+  const v1::ModelProfile profile = UnitProfile(spec);
+  absl::StatusOr<PipelinePlan> plan = PlanPipeline(spec, &profile);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->ranges.size(), 2u);
+  ASSERT_EQ(plan->stage_costs.size(), 2u);
+  ASSERT_EQ(plan->stage_bytes.size(), 2u);
+  int most_layers = 0;
+  for (int s = 0; s < p; ++s) {
+    const int layers = plan->ranges[s].end - plan->ranges[s].begin;
+    most_layers = std::max(most_layers, layers);
+    EXPECT_DOUBLE_EQ(plan->stage_costs[s].forward, layers * 1.0) << "stage " << s;
+    EXPECT_DOUBLE_EQ(plan->stage_costs[s].backward, layers * 2.0) << "stage " << s;
+    EXPECT_DOUBLE_EQ(plan->stage_costs[s].transfer, 0.0) << "stage " << s;  // no link measured
+    EXPECT_GT(plan->stage_bytes[s], 0) << "stage " << s;
+  }
+  // 8 layers cut in two equal stages of 4: the unit-cost step scaled by 4 layers, (M+P-1) x
+  // (F+B) = 5 x 12 s, plus the optimizer phase of one stage's 4 layers, 2 s.
+  ASSERT_EQ(most_layers, 4);
+  EXPECT_DOUBLE_EQ(plan->predicted_step_seconds, (m + p - 1) * 3.0 * 4 + 4 * 0.5);
+  EXPECT_NEAR(plan->predicted_bubble, static_cast<double>(p - 1) / (m + p - 1), 1e-12);
+}
+
+TEST(PlanPipelineTest, PartitionProfileWithoutAProfileCutsByParameters) {
+  v1::JobSpec spec = Spec("1f1b", 2, 4);
+  spec.mutable_pipeline()->set_partition("profile");
+  absl::StatusOr<PipelinePlan> plan = PlanPipeline(spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->partition, "parameters");
+  ExpectContiguousCover(plan->ranges, 8);
+}
+
+TEST(PlanPipelineTest, ManualCutsAreTaken) {
+  v1::JobSpec spec = Spec("1f1b", 2, 4);
+  spec.mutable_pipeline()->set_partition("manual");
+  spec.mutable_pipeline()->add_cuts(3);
+  absl::StatusOr<PipelinePlan> plan = PlanPipeline(spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->partition, "manual");
+  EXPECT_EQ(plan->ranges, (std::vector<LayerRange>{{0, 3}, {3, 8}}));
+}
+
+TEST(PlanPipelineTest, InvalidSpecsAreRefusedWithTheReason) {
+  // 1F1B needs at least as many micro-batches as stages: the generator's error.
+  absl::StatusOr<PipelinePlan> plan = PlanPipeline(Spec("1f1b", 4, 2));
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(plan.status().message().empty());
+
+  plan = PlanPipeline(Spec("no_such_schedule", 2, 4));
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(plan.status().message()), HasSubstr("no_such_schedule"));
+
+  // Manual cut points out of the model's range: the partitioner's message.
+  v1::JobSpec manual = Spec("1f1b", 2, 4);
+  manual.mutable_pipeline()->set_partition("manual");
+  manual.mutable_pipeline()->add_cuts(9);
+  plan = PlanPipeline(manual);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+
+  // A profile of another model.
+  const v1::JobSpec spec = Spec("1f1b", 2, 4);
+  v1::ModelProfile short_profile = UnitProfile(spec);
+  short_profile.mutable_layers()->RemoveLast();
+  plan = PlanPipeline(spec, &short_profile);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(plan.status().message(), "profile has 7 layers, the model 8");
+}
+
+TEST(PlanPipelineTest, NoCutFitsATinyMemoryBudget) {
+  v1::JobSpec spec = Spec("1f1b", 2, 4);
+  spec.mutable_pipeline()->set_memory_budget_mb(1);
+  const v1::ModelProfile profile = UnitProfile(spec);  // 1 MiB of weights per layer
+  absl::StatusOr<PipelinePlan> plan = PlanPipeline(spec, &profile);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
+}
+
+TEST(StageProgramForTest, EachRankGetsItsStagesAndActions) {
+  const v1::JobSpec spec = Spec("1f1b", 4, 8);
+  absl::StatusOr<PipelinePlan> plan = PlanPipeline(spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (int r = 0; r < 4; ++r) {
+    const v1::StageProgram prog = StageProgramFor(*plan, spec, r, "job-7", "job-7/a");
+    EXPECT_EQ(prog.job_id(), "job-7");
+    EXPECT_EQ(prog.rendezvous_prefix(), "job-7/a");
+    EXPECT_EQ(prog.rank(), r);
+    EXPECT_EQ(prog.num_ranks(), 4);
+    EXPECT_EQ(prog.num_stages(), 4);
+    EXPECT_EQ(prog.micro_batches(), 8);
+    ASSERT_EQ(prog.chunks_size(), 1);
+    EXPECT_EQ(prog.chunks(0).stage(), r);
+    EXPECT_EQ(prog.chunks(0).layer_begin(), plan->ranges[r].begin);
+    EXPECT_EQ(prog.chunks(0).layer_end(), plan->ranges[r].end);
+    ASSERT_EQ(prog.actions_size(), static_cast<int>(plan->schedule.program[r].size()));
+    for (int i = 0; i < prog.actions_size(); ++i) {
+      EXPECT_EQ(FromProto(prog.actions(i)), plan->schedule.program[r][i]);
+    }
+    EXPECT_EQ(prog.eval_actions_size(), 0);
+    EXPECT_EQ(prog.spec().name(), "plan");
+  }
+}
+
+}  // namespace
+}  // namespace tandem
