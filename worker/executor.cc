@@ -3,34 +3,19 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
-#include <map>
-#include <set>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "common/clock.h"
-#include "common/model_desc.h"
 #include "common/schedule.h"
 #include "common/spec.h"
+#include "common/status_macros.h"
 #include "common/step_number.h"
 #include "worker/cpu_stage_compute.h"
-#include "worker/model/gpt.h"
-#include "worker/model/mlp_lm.h"
 
 namespace tandem::worker {
 namespace {
-
-constexpr int kMaxMicroBatches = 1 << 16;
-constexpr int64_t kMaxMicroBatchSize = 1 << 20;
-
-absl::Status Annotate(const absl::Status& s, absl::string_view prefix) {
-  if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat(prefix, ": ", s.message()));
-}
 
 // "stage 2", or "rank 1 (stages 1, 6)" for a worker of several stages: prefixes messages.
 std::string PrefixOf(const v1::StageProgram& p) {
@@ -40,291 +25,7 @@ std::string PrefixOf(const v1::StageProgram& p) {
   return absl::StrCat("rank ", p.rank(), " (stages ", absl::StrJoin(stages, ", "), ")");
 }
 
-// What the stages of one worker look like to the replay: where each stage's neighbours are.
-struct StageView {
-  bool here = false;        // the stage is on this worker
-  bool first = false;       // stage 0
-  bool last = false;        // the last stage
-  bool prev_local = false;  // stage - 1 is on this worker too
-  bool next_local = false;  // stage + 1 is on this worker too
-};
-
-// Replays an action list: for every stage of this worker and micro-batch, F after its input
-// (RECV_F, or F of the previous stage when that stage is here), SEND_F after F; and unless
-// forward_only, the backward (B, or I then W) after its output gradient (RECV_B, or the
-// backward of the next stage when it is here), SEND_B after B or I. Each action once, and
-// only the transfers to stages on other workers.
-absl::Status ReplayActions(const google::protobuf::RepeatedPtrField<v1::Action>& actions,
-                           absl::string_view field, int m, const std::vector<StageView>& stages,
-                           bool forward_only) {
-  enum Bit { kRecvF = 1, kF = 2, kSendF = 4, kRecvB = 8, kB = 16, kSendB = 32, kI = 64, kW = 128 };
-  const int num_stages = static_cast<int>(stages.size());
-  std::vector<std::vector<int>> done(num_stages);
-  for (int s = 0; s < num_stages; ++s) {
-    if (stages[s].here) done[s].assign(m, 0);
-  }
-  auto backward_done = [](int d) { return (d & (kB | kI)) != 0; };
-  for (int i = 0; i < actions.size(); ++i) {
-    const v1::Action& a = actions[i];
-    const std::string where = absl::StrCat(field, "[", i, "] (", ActionToString(FromProto(a)), ")");
-    if (a.stage() < 0 || a.stage() >= num_stages || !stages[a.stage()].here) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": stage ", a.stage(), " is not held by this worker"));
-    }
-    if (a.micro_batch() < 0 || a.micro_batch() >= m) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": micro-batch outside [0, ", m, ")"));
-    }
-    const StageView& v = stages[a.stage()];
-    int& d = done[a.stage()][a.micro_batch()];
-    // Inputs that live on this worker: the previous stage's F, the next stage's backward.
-    const int prev_d = v.prev_local ? done[a.stage() - 1][a.micro_batch()] : 0;
-    const int next_d = v.next_local ? done[a.stage() + 1][a.micro_batch()] : 0;
-    bool ready = true;
-    bool allowed = true;
-    int bit = 0;
-    switch (a.kind()) {
-      case v1::ACTION_RECV_F:
-        bit = kRecvF;
-        allowed = !v.first && !v.prev_local;
-        break;
-      case v1::ACTION_F:
-        bit = kF;
-        ready = v.first || (v.prev_local ? (prev_d & kF) != 0 : (d & kRecvF) != 0);
-        break;
-      case v1::ACTION_SEND_F:
-        bit = kSendF;
-        allowed = !v.last && !v.next_local;
-        ready = (d & kF) != 0;
-        break;
-      case v1::ACTION_RECV_B:
-        bit = kRecvB;
-        allowed = !v.last && !v.next_local;
-        ready = (d & kF) != 0;
-        break;
-      case v1::ACTION_B:
-      case v1::ACTION_I:
-        bit = a.kind() == v1::ACTION_B ? kB : kI;
-        if (backward_done(d)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(where, ": the micro-batch's backward already ran"));
-        }
-        ready =
-            (d & kF) != 0 && (v.last || (v.next_local ? backward_done(next_d) : (d & kRecvB) != 0));
-        break;
-      case v1::ACTION_W:
-        bit = kW;
-        ready = (d & kI) != 0;
-        break;
-      case v1::ACTION_SEND_B:
-        bit = kSendB;
-        allowed = !v.first && !v.prev_local;
-        ready = backward_done(d);
-        break;
-      default:
-        return absl::InvalidArgumentError(absl::StrCat(where, ": action kind ",
-                                                       v1::ActionKind_Name(a.kind()),
-                                                       " is not supported by this worker"));
-    }
-    if (forward_only && (bit & (kRecvB | kB | kI | kW | kSendB)) != 0) allowed = false;
-    if (!allowed) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": stage ", a.stage(), " of ", num_stages,
-                       forward_only ? " runs forwards only here" : " has no such transfer",
-                       " (its neighbours' placement makes it local or absent)"));
-    }
-    if (d & bit) return absl::InvalidArgumentError(absl::StrCat(where, ": repeated"));
-    if (!ready) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": comes before the action it depends on"));
-    }
-    d |= bit;
-  }
-  for (int s = 0; s < num_stages; ++s) {
-    const StageView& v = stages[s];
-    if (!v.here) continue;
-    const int transfers_f =
-        (v.first || v.prev_local ? 0 : kRecvF) | (v.last || v.next_local ? 0 : kSendF);
-    const int transfers_b =
-        (v.first || v.prev_local ? 0 : kSendB) | (v.last || v.next_local ? 0 : kRecvB);
-    for (int mb = 0; mb < m; ++mb) {
-      const int d = done[s][mb];
-      const int transfers = forward_only ? transfers_f : transfers_f | transfers_b;
-      const bool backward_ok = forward_only || (d & kB) != 0 || ((d & kI) && (d & kW));
-      if ((d & kF) == 0 || !backward_ok || (d & transfers) != transfers) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            field, ": stage ", s, " micro-batch ", mb,
-            " is missing some of its actions (each needs F",
-            forward_only ? "" : " and B (or I and W)", (transfers & kRecvF) ? ", RECV_F" : "",
-            (transfers & kSendF) ? ", SEND_F" : "", (transfers & kRecvB) ? ", RECV_B" : "",
-            (transfers & kSendB) ? ", SEND_B" : "", ")"));
-      }
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
-
-int MicroBatchesOf(const v1::StageProgram& program) {
-  return program.micro_batches() != 0 ? program.micro_batches()
-                                      : program.spec().pipeline().micro_batches();
-}
-
-std::vector<int> TransferPeers(const v1::StageProgram& program) {
-  const int me = program.rank();
-  const int num_stages = program.stage_ranks_size();
-  std::set<int> peers;
-  auto link = [&](int a, int b) {
-    if (a == me && b != me) peers.insert(b);
-    if (b == me && a != me) peers.insert(a);
-  };
-  for (int s = 0; s + 1 < num_stages; ++s) link(program.stage_ranks(s), program.stage_ranks(s + 1));
-  const v1::ModelSpec& model = program.spec().model();
-  if (num_stages > 1 && model.arch() == "gpt" && model.tie_embeddings()) {
-    link(program.stage_ranks(0), program.stage_ranks(num_stages - 1));
-  }
-  return {peers.begin(), peers.end()};
-}
-
-bool StageNeedsCorpus(const v1::StageProgram& program) {
-  const int num_layers = NumLayers(program.spec().model());
-  for (const v1::StageChunk& c : program.chunks()) {
-    if (c.layer_begin() == 0 || c.layer_end() == num_layers) return true;
-  }
-  return false;
-}
-
-namespace {
-
-// Checks the placement and the chunks; fills the replay's view of every stage.
-absl::Status CheckChunks(const v1::StageProgram& p, std::vector<StageView>& view) {
-  const int num_stages = p.num_stages();
-  if (num_stages < p.num_ranks() || num_stages > (1 << 20)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "program.num_stages ", num_stages, " must be at least num_ranks (", p.num_ranks(), ")"));
-  }
-  if (p.stage_ranks_size() != num_stages) {
-    return absl::InvalidArgumentError(absl::StrCat("program.stage_ranks has ", p.stage_ranks_size(),
-                                                   " entries for ", num_stages, " stages"));
-  }
-  for (int s = 0; s < num_stages; ++s) {
-    if (p.stage_ranks(s) < 0 || p.stage_ranks(s) >= p.num_ranks()) {
-      return absl::InvalidArgumentError(absl::StrCat("program.stage_ranks[", s,
-                                                     "] = ", p.stage_ranks(s),
-                                                     " is not a rank of [0, ", p.num_ranks(), ")"));
-    }
-  }
-  if (p.chunks_size() == 0) {
-    return absl::InvalidArgumentError("program.chunks is empty: the worker holds no stage");
-  }
-  const int num_layers = NumLayers(p.spec().model());
-  view.assign(num_stages, StageView{});
-  int previous = -1;
-  for (const v1::StageChunk& c : p.chunks()) {
-    const std::string name = absl::StrCat("program chunk of stage ", c.stage());
-    if (c.stage() <= previous || c.stage() >= num_stages) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, ": chunks must list distinct stages of [0, ", num_stages, ") in ascending order"));
-    }
-    previous = c.stage();
-    if (p.stage_ranks(c.stage()) != p.rank()) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": stage_ranks places it on rank ",
-                                                     p.stage_ranks(c.stage()), ", not on rank ",
-                                                     p.rank()));
-    }
-    if (c.layer_begin() < 0 || c.layer_begin() >= c.layer_end() || c.layer_end() > num_layers) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": layers [", c.layer_begin(), ", ", c.layer_end(),
-                       ") are not a non-empty range within the model's ", num_layers, " layers"));
-    }
-    const bool first = c.stage() == 0;
-    const bool last = c.stage() == num_stages - 1;
-    if (first != (c.layer_begin() == 0) || last != (c.layer_end() == num_layers)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, ": layers [", c.layer_begin(), ", ", c.layer_end(), ") of stage ", c.stage(), "/",
-          num_stages,
-          ": the first stage must hold the embedding (layer 0) and only the last the head (layer ",
-          num_layers - 1, ")"));
-    }
-    view[c.stage()] = StageView{true, first, last, false, false};
-  }
-  for (int s = 0; s < num_stages; ++s) {
-    if (!view[s].here) {
-      if (p.stage_ranks(s) == p.rank()) {
-        return absl::InvalidArgumentError(absl::StrCat("program.stage_ranks places stage ", s,
-                                                       " on this rank, but chunks do not hold it"));
-      }
-      continue;
-    }
-    view[s].prev_local = s > 0 && view[s - 1].here;
-    view[s].next_local = s + 1 < num_stages && p.stage_ranks(s + 1) == p.rank();
-  }
-  // Two neighbouring stages on one worker must be adjacent in layers.
-  for (int i = 1; i < p.chunks_size(); ++i) {
-    const v1::StageChunk& a = p.chunks(i - 1);
-    const v1::StageChunk& b = p.chunks(i);
-    if (b.stage() == a.stage() + 1 && b.layer_begin() != a.layer_end()) {
-      return absl::InvalidArgumentError(absl::StrCat("program chunks of stages ", a.stage(),
-                                                     " and ", b.stage(),
-                                                     " are not contiguous in layers"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-absl::Status ValidateStageProgram(const v1::StageProgram& p) {
-  if (p.job_id().empty()) return absl::InvalidArgumentError("program.job_id is empty");
-  if (p.num_ranks() < 1 || p.rank() < 0 || p.rank() >= p.num_ranks()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("program.rank ", p.rank(), " is outside [0, num_ranks=", p.num_ranks(), ")"));
-  }
-  const v1::DataSpec& data = p.spec().data();
-  if ((data.source() == "synthetic" || data.format() == "bytes") &&
-      p.spec().model().vocab_size() < 256) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.vocab_size must be at least 256 for byte data, got ",
-                     p.spec().model().vocab_size()));
-  }
-  if (p.spec().model().arch() == "gpt") {
-    absl::StatusOr<GptConfig> cfg = GptConfigFromSpec(p.spec().model());
-    if (!cfg.ok()) return cfg.status();
-  } else {
-    absl::StatusOr<MlpLmConfig> cfg = MlpLmConfigFromSpec(p.spec().model());
-    if (!cfg.ok()) return cfg.status();
-  }
-  std::vector<StageView> view;
-  if (absl::Status s = CheckChunks(p, view); !s.ok()) return s;
-  const int m = MicroBatchesOf(p);
-  if (m < 1 || m > kMaxMicroBatches) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("program.micro_batches must be in [1, ", kMaxMicroBatches, "], got ", m));
-  }
-  const int64_t b = p.spec().pipeline().micro_batch_size();
-  if (b < 1 || b > kMaxMicroBatchSize) {
-    return absl::InvalidArgumentError(absl::StrCat("pipeline.micro_batch_size must be in [1, ",
-                                                   kMaxMicroBatchSize, "], got ", b));
-  }
-  if (absl::Status s = ReplayActions(p.actions(), "program.actions", m, view,
-                                     /*forward_only=*/false);
-      !s.ok()) {
-    return s;
-  }
-  if (p.eval_actions_size() > 0) {
-    const int e = p.eval_micro_batches();
-    if (e < 1 || e > kMaxMicroBatches) {
-      return absl::InvalidArgumentError(absl::StrCat("program.eval_micro_batches must be in [1, ",
-                                                     kMaxMicroBatches, "], got ", e));
-    }
-    if (absl::Status s = ReplayActions(p.eval_actions(), "program.eval_actions", e, view,
-                                       /*forward_only=*/true);
-        !s.ok()) {
-      return s;
-    }
-  }
-  return absl::OkStatus();
-}
 
 // Everything one micro-batch of one chunk holds during a step, besides what the compute saved
 // from its forward for its backward (StageCompute::SavedBytes). Buffers are the compute's.
@@ -345,40 +46,6 @@ struct StageExecutor::MicroBatch {
   }
 };
 
-absl::StatusOr<InjectedFault> ParseInjectedFault(absl::string_view text) {
-  const std::vector<std::string> parts = absl::StrSplit(text, ':');
-  InjectedFault f;
-  if (parts.size() < 2 || parts.size() > 3) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("fault '", text, "': expected STEP:KIND or STEP:KIND:MICRO_BATCH"));
-  }
-  int64_t number = 0;
-  if (!absl::SimpleAtoi(parts[0], &number) || number < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("fault '", text, "': step '", parts[0],
-                                                   "' is not a step number >= 1 (the first is 1)"));
-  }
-  f.step = StepIndex(number);
-  bool known = false;
-  for (int k = v1::ActionKind_MIN; k <= v1::ActionKind_MAX; ++k) {
-    if (!v1::ActionKind_IsValid(k)) continue;
-    const auto kind = static_cast<v1::ActionKind>(k);
-    if (parts[1] == ActionKindName(kind)) {
-      f.kind = kind;
-      known = true;
-    }
-  }
-  if (!known) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("fault '", text, "': action kind '", parts[1],
-                     "' is not one of F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B"));
-  }
-  if (parts.size() == 3 && (!absl::SimpleAtoi(parts[2], &f.micro_batch) || f.micro_batch < 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("fault '", text, "': micro-batch '", parts[2], "' is not an index >= 0"));
-  }
-  return f;
-}
-
 size_t StageExecutor::MicroBatchSlots(const v1::StageProgram& program) {
   const int eval = program.eval_actions_size() > 0 ? program.eval_micro_batches() : 0;
   return static_cast<size_t>(std::max(MicroBatchesOf(program), eval));
@@ -386,17 +53,17 @@ size_t StageExecutor::MicroBatchSlots(const v1::StageProgram& program) {
 
 absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     const v1::StageProgram& program, Dataset data, std::unique_ptr<Transport> transport) {
-  if (absl::Status s = ValidateStageProgram(program); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateStageProgram(program));
   absl::StatusOr<std::unique_ptr<CpuStageCompute>> compute =
       CpuStageCompute::Create(program, MicroBatchSlots(program));
-  if (!compute.ok()) return Annotate(compute.status(), PrefixOf(program));
+  if (!compute.ok()) return WithPrefix(compute.status(), PrefixOf(program));
   return CreateValidated(program, std::move(data), std::move(transport), *std::move(compute));
 }
 
 absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     const v1::StageProgram& program, Dataset data, std::unique_ptr<Transport> transport,
     std::unique_ptr<StageCompute> compute) {
-  if (absl::Status s = ValidateStageProgram(program); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateStageProgram(program));
   return CreateValidated(program, std::move(data), std::move(transport), std::move(compute));
 }
 
@@ -443,20 +110,6 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::CreateValidated(
   ex->chunk_peak_bytes_.assign(ex->chunks_.size(), 0);
   return ex;
 }
-
-namespace {
-
-// Per action: the index of the first receive after it, or -1.
-std::vector<int> NextReceives(const google::protobuf::RepeatedPtrField<v1::Action>& actions) {
-  std::vector<int> next(actions.size(), -1);
-  for (int i = actions.size() - 2; i >= 0; --i) {
-    const v1::ActionKind k = actions[i + 1].kind();
-    next[i] = k == v1::ACTION_RECV_F || k == v1::ACTION_RECV_B ? i + 1 : next[i + 1];
-  }
-  return next;
-}
-
-}  // namespace
 
 StageExecutor::StageExecutor(const v1::StageProgram& program, Dataset data,
                              std::unique_ptr<Transport> transport,
@@ -621,11 +274,9 @@ absl::Status StageExecutor::PostRecv(const v1::Action& a) {
   const int chunk = chunk_of_stage_[a.stage()];
   MicroBatch& m = Mb(chunk, a.micro_batch());
   StageBufferPtr& buffer = a.kind() == v1::ACTION_RECV_F ? m.input : m.grad_output;
-  absl::StatusOr<StageBufferPtr> b =
-      compute_->NewBuffer(gpt_ ? std::vector<int64_t>{micro_batch_size_, seq_len_, d_model_}
-                               : std::vector<int64_t>{micro_batch_size_, d_model_});
-  if (!b.ok()) return b.status();
-  buffer = *std::move(b);
+  ASSIGN_OR_RETURN(
+      buffer, compute_->NewBuffer(gpt_ ? std::vector<int64_t>{micro_batch_size_, seq_len_, d_model_}
+                                       : std::vector<int64_t>{micro_batch_size_, d_model_}));
   absl::Status s = transport_->PostRecv(ends.peer, ends.tag, buffer->data(), buffer->bytes());
   Account(chunk, a.micro_batch());
   return s;
@@ -663,7 +314,7 @@ absl::Status StageExecutor::RunAction(const v1::Action& a, int64_t step, bool ev
     case v1::ACTION_RECV_F:
     case v1::ACTION_RECV_B: {
       // Posted ahead by the previous compute action, or now.
-      if (absl::Status s = PostRecv(a); !s.ok()) return s;
+      RETURN_IF_ERROR(PostRecv(a));
       const RecvEnds ends = RecvEndsOf(a);
       return transport_->WaitRecv(ends.peer, ends.tag);
     }
@@ -690,49 +341,41 @@ absl::Status StageExecutor::RunAction(const v1::Action& a, int64_t step, bool ev
   }
 }
 
-absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode mode) {
-  const std::string& prefix = prefix_;
+absl::Status StageExecutor::CheckStepRequest(int64_t step, v1::StepMode mode) const {
   if (step < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(prefix, ": step must be >= 0, got ", step));
+    return absl::InvalidArgumentError(absl::StrCat(prefix_, ": step must be >= 0, got ", step));
   }
   const bool eval = mode == v1::STEP_MODE_EVAL;
   if (mode != v1::STEP_MODE_TRAIN && !eval) {
-    return absl::InvalidArgumentError(absl::StrCat(prefix, ": unknown step mode ", mode));
+    return absl::InvalidArgumentError(absl::StrCat(prefix_, ": unknown step mode ", mode));
   }
   if (eval && eval_micro_batches_ == 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat(prefix, ": the stage program has no eval actions (eval.every is 0)"));
+        absl::StrCat(prefix_, ": the stage program has no eval actions (eval.every is 0)"));
   }
   if (!eval && step <= last_applied_step_) {
     return absl::FailedPreconditionError(absl::StrCat(
-        prefix, ": step ", StepNumber(step), " was already applied (the stage is at step ",
+        prefix_, ": step ", StepNumber(step), " was already applied (the stage is at step ",
         StepNumber(last_applied_step_), "); a late or repeated call"));
   }
   if (!eval && pending_step_ >= 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat(prefix, ": the gradients of step ", StepNumber(pending_step_),
+        absl::StrCat(prefix_, ": the gradients of step ", StepNumber(pending_step_),
                      " await ApplyStep before step ", StepNumber(step)));
   }
-  if (running_.exchange(true)) {
-    return absl::FailedPreconditionError(absl::StrCat(prefix, ": a step is already running"));
-  }
-  struct Done {
-    std::atomic<bool>& flag;
-    ~Done() { flag.store(false); }
-  } done{running_};
-  if (aborted_.load()) return absl::AbortedError(absl::StrCat(prefix, ": the stage was aborted"));
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::CheckRunnable() const {
+  if (aborted_.load()) return absl::AbortedError(absl::StrCat(prefix_, ": the stage was aborted"));
   if (broken_.load()) {
     return absl::FailedPreconditionError(
-        absl::StrCat(prefix, ": an earlier step failed; configure the stage again"));
+        absl::StrCat(prefix_, ": an earlier step failed; configure the stage again"));
   }
+  return absl::OkStatus();
+}
 
-  v1::StepReport report;
-  report.set_step(step);
-  report.set_rank(program_.rank());
-  report.set_start_us(UnixMicros());
-  const int64_t sent0 = transport_ ? transport_->bytes_sent() : 0;
-  const int64_t recv0 = transport_ ? transport_->bytes_received() : 0;
-  const auto t0 = std::chrono::steady_clock::now();
+void StageExecutor::ResetStepCounters() {
   loss_ = 0.0;
   live_bytes_ = 0;
   peak_bytes_ = 0;
@@ -740,63 +383,69 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode
   std::fill(chunk_peak_bytes_.begin(), chunk_peak_bytes_.end(), 0);
   send_bytes_ = 0;
   std::fill(mb_bytes_.begin(), mb_bytes_.end(), 0);
+}
 
-  auto fail = [&](absl::Status s, absl::string_view what) {
-    broken_.store(true);
-    compute_->DropSaved();
-    if (aborted_.load() && s.code() != absl::StatusCode::kAborted) {
-      s = absl::AbortedError(s.message());
-    }
-    return Annotate(s, absl::StrCat(prefix, ": ", what));
-  };
+absl::Status StageExecutor::FailStep(absl::Status s, absl::string_view what) {
+  broken_.store(true);
+  compute_->DropSaved();
+  if (aborted_.load() && s.code() != absl::StatusCode::kAborted) {
+    s = absl::AbortedError(s.message());
+  }
+  return WithPrefix(s, absl::StrCat(prefix_, ": ", what));
+}
 
+absl::Status StageExecutor::RunActions(int64_t step, bool eval, v1::StepReport* report) {
   const auto& actions = eval ? program_.eval_actions() : program_.actions();
   const std::vector<int>& next_recv = eval ? eval_next_recv_ : next_recv_;
   for (int i = 0; i < actions.size(); ++i) {
     const v1::Action& a = actions[i];
-    if (aborted_.load()) return fail(absl::AbortedError("the stage was aborted"), "step");
+    if (aborted_.load()) return FailStep(absl::AbortedError("the stage was aborted"), "step");
     // Before each compute action, post the program's next receive, so that its transfer
     // overlaps the compute (posting never blocks, so a valid program cannot deadlock).
     if (next_recv[i] >= 0 && IsComputeAction(a.kind())) {
       if (absl::Status s = PostRecv(actions[next_recv[i]]); !s.ok()) {
-        return fail(s, Where(actions[next_recv[i]]));
+        return FailStep(s, Where(actions[next_recv[i]]));
       }
     }
-    v1::ActionTiming* timing = report.add_timings();
+    v1::ActionTiming* timing = report->add_timings();
     timing->set_index(i);
     timing->set_start_us(UnixMicros());
-    absl::Status s = !eval && fault_.Matches(step, a)
-                         ? absl::InternalError("injected fault (tandem-worker --test-fail-at)")
-                         : RunAction(a, step, eval);
+    absl::Status s =
+        !eval && fault_.Matches(step, a) ? InjectedFaultError() : RunAction(a, step, eval);
     timing->set_end_us(UnixMicros());
-    if (!s.ok()) return fail(s, Where(a));
+    if (!s.ok()) return FailStep(s, Where(a));
     if (IsComputeAction(a.kind())) timing->set_device_us(compute_->last_device_us());
     Account(chunk_of_stage_[a.stage()], a.micro_batch());
   }
   if (transport_ != nullptr) {
-    if (absl::Status s = transport_->WaitSends(); !s.ok()) return fail(s, "waiting for sends");
+    if (absl::Status s = transport_->WaitSends(); !s.ok()) return FailStep(s, "waiting for sends");
   }
-  if (aborted_.load()) return fail(absl::AbortedError("the stage was aborted"), "step");
+  if (aborted_.load()) return FailStep(absl::AbortedError("the stage was aborted"), "step");
   for (MicroBatch& m : mbs_) m = MicroBatch{};
   compute_->DropSaved();
   send_buffers_.clear();
-  if (!eval) {
-    if (absl::Status s = SumTiedGradients(); !s.ok()) return fail(s, "tied gradients");
-    // A tied parameter counts once in the global norm: on the first stage's worker.
-    absl::StatusOr<StageCompute::GradStats> stats = compute_->GradientStats(holds_first_);
-    if (!stats.ok()) return fail(stats.status(), "gradient norm");
-    report.set_grad_norm_sq(stats->sum_sq);
-    report.set_grads_finite(stats->finite);
-    pending_step_ = step;
-  }
+  return absl::OkStatus();
+}
 
-  report.set_has_loss(holds_last_);
-  if (holds_last_) report.set_loss(loss_);
-  report.set_bytes_sent(transport_ ? transport_->bytes_sent() - sent0 : 0);
-  report.set_bytes_received(transport_ ? transport_->bytes_received() - recv0 : 0);
-  report.set_peak_activation_bytes(static_cast<int64_t>(peak_bytes_));
+absl::Status StageExecutor::FinishTrainingStep(int64_t step, v1::StepReport* report) {
+  if (absl::Status s = SumTiedGradients(); !s.ok()) return FailStep(s, "tied gradients");
+  // A tied parameter counts once in the global norm: on the first stage's worker.
+  absl::StatusOr<StageCompute::GradStats> stats = compute_->GradientStats(holds_first_);
+  if (!stats.ok()) return FailStep(stats.status(), "gradient norm");
+  report->set_grad_norm_sq(stats->sum_sq);
+  report->set_grads_finite(stats->finite);
+  pending_step_ = step;
+  return absl::OkStatus();
+}
+
+void StageExecutor::FillReport(const StepStart& start, v1::StepReport* report) const {
+  report->set_has_loss(holds_last_);
+  if (holds_last_) report->set_loss(loss_);
+  report->set_bytes_sent(transport_ ? transport_->bytes_sent() - start.bytes_sent : 0);
+  report->set_bytes_received(transport_ ? transport_->bytes_received() - start.bytes_received : 0);
+  report->set_peak_activation_bytes(static_cast<int64_t>(peak_bytes_));
   for (size_t c = 0; c < chunks_.size(); ++c) {
-    v1::StageMemory* m = report.add_stage_memory();
+    v1::StageMemory* m = report->add_stage_memory();
     m->set_stage(chunks_[c].stage);
     const StageCompute::StaticMemory mem = compute_->static_memory(static_cast<int>(c));
     m->set_static_bytes(mem.total());
@@ -806,11 +455,37 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode
     m->set_workspace_bytes(mem.workspace);
     m->set_peak_activation_bytes(static_cast<int64_t>(chunk_peak_bytes_[c]));
   }
-  report.set_peak_send_buffer_bytes(static_cast<int64_t>(send_bytes_));
-  report.set_exec_us(
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
-          .count());
-  report.set_end_us(UnixMicros());
+  report->set_peak_send_buffer_bytes(static_cast<int64_t>(send_bytes_));
+  report->set_exec_us(std::chrono::duration_cast<std::chrono::microseconds>(
+                          std::chrono::steady_clock::now() - start.time)
+                          .count());
+  report->set_end_us(UnixMicros());
+}
+
+absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode mode) {
+  RETURN_IF_ERROR(CheckStepRequest(step, mode));
+  if (running_.exchange(true)) {
+    return absl::FailedPreconditionError(absl::StrCat(prefix_, ": a step is already running"));
+  }
+  struct Done {
+    std::atomic<bool>& flag;
+    ~Done() { flag.store(false); }
+  } done{running_};
+  RETURN_IF_ERROR(CheckRunnable());
+
+  const bool eval = mode == v1::STEP_MODE_EVAL;
+  v1::StepReport report;
+  report.set_step(step);
+  report.set_rank(program_.rank());
+  report.set_start_us(UnixMicros());
+  StepStart start;
+  start.bytes_sent = transport_ ? transport_->bytes_sent() : 0;
+  start.bytes_received = transport_ ? transport_->bytes_received() : 0;
+  start.time = std::chrono::steady_clock::now();
+  ResetStepCounters();
+  RETURN_IF_ERROR(RunActions(step, eval, &report));
+  if (!eval) RETURN_IF_ERROR(FinishTrainingStep(step, &report));
+  FillReport(start, &report);
   return report;
 }
 
@@ -828,19 +503,15 @@ absl::Status StageExecutor::SumTiedGradients() {
   std::vector<StageBufferPtr> received;
   for (size_t i = 0; i < tied.size(); ++i) {
     const uint64_t tag = MakeTransferTag(Payload::kTiedGradient, 0, static_cast<int>(i));
-    absl::StatusOr<StageBufferPtr> other =
-        compute_->NewBuffer({static_cast<int64_t>(tied[i].bytes / sizeof(float))});
-    if (!other.ok()) return other.status();
-    received.push_back(*std::move(other));
-    if (absl::Status s =
-            transport_->SendRecv(peer, tag, tied[i].data, received.back()->data(), tied[i].bytes);
-        !s.ok()) {
-      return s;
-    }
+    ASSIGN_OR_RETURN(StageBufferPtr other,
+                     compute_->NewBuffer({static_cast<int64_t>(tied[i].bytes / sizeof(float))}));
+    received.push_back(std::move(other));
+    RETURN_IF_ERROR(
+        transport_->SendRecv(peer, tag, tied[i].data, received.back()->data(), tied[i].bytes));
   }
-  if (absl::Status s = transport_->WaitSends(); !s.ok()) return s;
+  RETURN_IF_ERROR(transport_->WaitSends());
   for (size_t i = 0; i < tied.size(); ++i) {
-    if (absl::Status s = compute_->AddToTiedGradient(i, *received[i]); !s.ok()) return s;
+    RETURN_IF_ERROR(compute_->AddToTiedGradient(i, *received[i]));
   }
   return absl::OkStatus();
 }
@@ -885,7 +556,7 @@ absl::Status StageExecutor::ApplyStep(int64_t step, float learning_rate, float g
   }
   if (absl::Status s = compute_->Apply(learning_rate, grad_scale, skip); !s.ok()) {
     broken_.store(true);
-    return Annotate(s, prefix);
+    return WithPrefix(s, prefix);
   }
   pending_step_ = -1;
   last_applied_step_ = step;

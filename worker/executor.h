@@ -34,6 +34,7 @@
 #define TANDEM_WORKER_EXECUTOR_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -45,48 +46,17 @@
 #include "absl/types/span.h"
 #include "tandem/v1/common.pb.h"
 #include "worker/data/corpus.h"
+#include "worker/fault_injection.h"
 #include "worker/model/layer.h"
 #include "worker/stage_compute.h"
+#include "worker/stage_program.h"
 #include "worker/transport/transport.h"
 
 namespace tandem::worker {
 
-// Static checks of a stage program (INVALID_ARGUMENT with a message naming the field):
-// ranks, stages and their placement, the layer ranges against the model, batch sizes, and
-// the action list (every action on a stage of this worker, micro-batches in range, each
-// micro-batch's F, its backward (B, or I then W) and the transfers its stages need exactly
-// once and in an order that can run). Cheap; call it before building anything.
-absl::Status ValidateStageProgram(const v1::StageProgram& program);
-
-// Micro-batches per step: program.micro_batches, or the spec's when the program leaves it 0.
-int MicroBatchesOf(const v1::StageProgram& program);
-
-// Whether the worker reads the data (it holds the embedding or the head).
-bool StageNeedsCorpus(const v1::StageProgram& program);
-
-// The ranks a worker running `program` exchanges tensors with, ascending, without its own: the
-// ranks holding the stages next to each of its stages (activations forward, gradients back)
-// and, for a GPT with tied embeddings, the first and the last stage's ranks with each other
-// (the tied gradient). Symmetric over a job's programs: a lists b exactly when b lists a, so a
-// transport that connects only these pairs (NCCL's) connects each pair from both ends.
-std::vector<int> TransferPeers(const v1::StageProgram& program);
-
-// A test-only fault (tandem-worker --test-fail-at): the action of `kind` on micro-batch
-// `micro_batch` (-1: any) in training step `step` fails with INTERNAL, as a failed kernel
-// would, so that tests can follow a worker's error to the CLI.
-struct InjectedFault {
-  int64_t step = -1;  // the step's index (0-based); -1: none
-  v1::ActionKind kind = v1::ACTION_F;
-  int micro_batch = -1;
-  bool Matches(int64_t s, const v1::Action& a) const {
-    return step >= 0 && s == step && a.kind() == kind &&
-           (micro_batch < 0 || a.micro_batch() == micro_batch);
-  }
-};
-// "STEP:KIND" or "STEP:KIND:MB": STEP numbered from 1 as users see steps (common/step_number.h),
-// KIND as in the schedule notation (F, B, I, W, SEND_F, ...), MB a micro-batch index.
-// INVALID_ARGUMENT naming the part that is wrong.
-absl::StatusOr<InjectedFault> ParseInjectedFault(absl::string_view text);
+// The program checks and queries (ValidateStageProgram, MicroBatchesOf, StageNeedsCorpus,
+// TransferPeers) are in worker/stage_program.h, the test-only fault (InjectedFault) in
+// worker/fault_injection.h; both are included here for the executor's users.
 
 class StageExecutor {
  public:
@@ -173,6 +143,33 @@ class StageExecutor {
       std::unique_ptr<StageCompute> compute);
   StageExecutor(const v1::StageProgram& program, Dataset data, std::unique_ptr<Transport> transport,
                 std::unique_ptr<StageCompute> compute);
+
+  // RunStep's phases, in order.
+  // The request itself: a valid step and mode, and (TRAIN) a step after the last applied one
+  // with no gradients pending. INVALID_ARGUMENT or FAILED_PRECONDITION.
+  absl::Status CheckStepRequest(int64_t step, v1::StepMode mode) const;
+  // The executor's state (checked once RunStep holds running_): ABORTED after Abort(),
+  // FAILED_PRECONDITION after a failed step.
+  absl::Status CheckRunnable() const;
+  // Zeroes the step's loss and its activation and send-buffer accounting.
+  void ResetStepCounters();
+  // Runs the action list (the eval one with `eval`), adding each action's timing to `report`;
+  // waits for the sends and frees the step's buffers.
+  absl::Status RunActions(int64_t step, bool eval, v1::StepReport* report);
+  // TRAIN only: sums the tied gradients, reports the gradient norm, and leaves the gradients
+  // pending for ApplyStep(step).
+  absl::Status FinishTrainingStep(int64_t step, v1::StepReport* report);
+  // Where a step's report counts from.
+  struct StepStart {
+    int64_t bytes_sent = 0;
+    int64_t bytes_received = 0;
+    std::chrono::steady_clock::time_point time;
+  };
+  // Loss, transfer bytes, memory and times of the step.
+  void FillReport(const StepStart& start, v1::StepReport* report) const;
+  // Marks the executor broken, drops what the compute saved, and returns `s` (ABORTED if the
+  // stage was aborted) prefixed with the stage and `what`.
+  absl::Status FailStep(absl::Status s, absl::string_view what);
   // Makes the copies of every tied parameter equal to their summed gradient: locally when
   // both copies are here, else by exchanging with the worker holding the other copy.
   absl::Status SumTiedGradients();
