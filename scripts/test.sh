@@ -5,6 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh --test
 ./scripts/build.sh
+# The lock annotations, checked by clang's thread-safety analysis over every file (syntax
+# only; 77: no clang here).
+thread_safety=0
+./scripts/thread-safety.sh || thread_safety=$?
+if [ "$thread_safety" -ne 0 ] && [ "$thread_safety" -ne 77 ]; then exit "$thread_safety"; fi
 # The fuzz targets (clang, sanitizers) in build-fuzz/; ctest runs them (label fuzz) for
 # TANDEM_FUZZ_SECONDS each (default 60). 77: no clang here, and ctest skips them.
 fuzz_build=0
