@@ -1,9 +1,19 @@
 #!/usr/bin/env bash
 # Configures and builds Tandem into build/ (Ninja + ccache). Extra arguments go to cmake.
+#   --programs   build only the three programs (tandem-coordinator, tandem-worker, tandem),
+#                not the tests and benchmarks: what scripts/demo.sh needs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+targets=()
+if [ "${1:-}" = "--programs" ]; then
+  targets=(tandem-coordinator tandem-worker tandem)
+  shift
+fi
 ./scripts/install-deps.sh
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
+# The cache is keyed by paths relative to the checkout's parent, so another clone or build
+# directory of the same sources hits it too.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(dirname "$PWD")}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
 jobs="${TANDEM_BUILD_JOBS:-$(nproc)}"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
-ninja -C build -j "$jobs"
+ninja -C build -j "$jobs" "${targets[@]}"

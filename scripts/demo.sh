@@ -4,7 +4,7 @@
 # watches it train to the end, and stops everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/build.sh
+./scripts/build.sh --programs
 bin="$PWD/build/bin"
 run="$(mktemp -d /tmp/tandem-demo-XXXXXX)"
 pids=()

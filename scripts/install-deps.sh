@@ -16,7 +16,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libopenblas-dev libgloo-dev
   libsqlite3-dev zlib1g-dev libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev
-  libssl-dev openssl
+  libssl-dev openssl libcli11-dev
 )
 [ "$want_test_tools" = 1 ] && packages+=(python3 python3-numpy python3-pip python3-venv iproute2 chromium
   clang libclang-rt-14-dev llvm-14)
