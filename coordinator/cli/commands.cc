@@ -16,6 +16,7 @@
 #include "common/planner.h"
 #include "common/schedule.h"
 #include "common/spec.h"
+#include "common/status_macros.h"
 #include "common/step_number.h"
 #include "common/version.h"
 #include "coordinator/cli/format.h"
@@ -58,9 +59,8 @@ absl::Status RpcError(Command command, const CliOptions& opts, const absl::Statu
 }
 
 absl::Status PrintJson(const google::protobuf::Message& message, std::ostream& out) {
-  absl::StatusOr<std::string> json = ToJson(message, /*pretty=*/true);
-  if (!json.ok()) return json.status();
-  out << *json << "\n";
+  ASSIGN_OR_RETURN(const std::string json, ToJson(message, /*pretty=*/true));
+  out << json << "\n";
   return absl::OkStatus();
 }
 
@@ -75,7 +75,7 @@ absl::Status Watch(const CliOptions& opts, CoordinatorClient& client, const std:
     return print_error.ok() && !IsTerminal(printer.state());
   });
   printer.Finish();
-  if (!print_error.ok()) return print_error;
+  RETURN_IF_ERROR(print_error);
   if (!s.ok()) {
     if (events > 0 &&
         (s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kCancelled)) {
@@ -110,32 +110,23 @@ absl::Status Submit(const CliOptions& opts, CoordinatorClient& client, CommandIo
     yaml = text.str();
   } else {
     absl::StatusOr<std::string> file = ReadJobFile(path);
-    if (!file.ok())
-      return absl::Status(file.status().code(), absl::StrCat("submit: ", file.status().message()));
+    RETURN_IF_ERROR(WithPrefix(file.status(), "submit"));
     yaml = *std::move(file);
   }
   if (!opts.schedule.empty() || !opts.schedule_csv.empty() || opts.chunks >= 0 || opts.auto_plan) {
     // Overrides: parse here, apply them, and submit the result as JSON (JSON is YAML).
     absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(yaml);
-    if (!spec.ok()) {
-      return absl::Status(spec.status().code(),
-                          absl::StrCat("submit: ", path, ": ", spec.status().message()));
-    }
-    if (absl::Status s = ApplyScheduleOverrides(opts, *spec); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("submit: ", s.message()));
-    }
-    absl::StatusOr<std::string> json = ToJson(*spec, /*pretty=*/false);
-    if (!json.ok()) return json.status();
-    yaml = *std::move(json);
+    RETURN_IF_ERROR(WithPrefix(spec.status(), absl::StrCat("submit: ", path)));
+    RETURN_IF_ERROR(WithPrefix(ApplyScheduleOverrides(opts, *spec), "submit"));
+    ASSIGN_OR_RETURN(yaml, ToJson(*spec, /*pretty=*/false));
   }
   absl::StatusOr<std::string> job_id = client.SubmitJob(yaml);
   if (!job_id.ok()) return RpcError(Command::kSubmit, opts, job_id.status());
   if (opts.output == OutputFormat::kJson) {
     v1::SubmitJobResponse resp;
     resp.set_job_id(*job_id);
-    absl::StatusOr<std::string> json = ToJson(resp, /*pretty=*/false);
-    if (!json.ok()) return json.status();
-    io.out << *json << "\n";
+    ASSIGN_OR_RETURN(const std::string json, ToJson(resp, /*pretty=*/false));
+    io.out << json << "\n";
   } else {
     io.out << *job_id << "\n";
   }
@@ -150,13 +141,10 @@ absl::Status StatusAll(const CliOptions& opts, CoordinatorClient& client, Comman
   absl::StatusOr<v1::ListWorkersResponse> workers = client.ListWorkers();
   if (!workers.ok()) return RpcError(Command::kStatus, opts, workers.status());
   if (opts.output == OutputFormat::kJson) {
-    absl::StatusOr<std::string> a = ToJson(*jobs, /*pretty=*/true);
-    if (!a.ok()) return a.status();
-    absl::StatusOr<std::string> b = ToJson(*workers, /*pretty=*/true);
-    if (!b.ok()) return b.status();
-    absl::StatusOr<std::string> merged = MergeJsonObjects(*a, *b);
-    if (!merged.ok()) return merged.status();
-    io.out << *merged << "\n";
+    ASSIGN_OR_RETURN(const std::string a, ToJson(*jobs, /*pretty=*/true));
+    ASSIGN_OR_RETURN(const std::string b, ToJson(*workers, /*pretty=*/true));
+    ASSIGN_OR_RETURN(const std::string merged, MergeJsonObjects(a, b));
+    io.out << merged << "\n";
     return absl::OkStatus();
   }
   if (jobs->jobs_size() == 0) {
@@ -228,37 +216,29 @@ absl::StatusOr<v1::JobSpec> LoadJobFile(const CliOptions& opts) {
   const std::string& path = opts.args[0];
   const std::string cmd(CommandName(opts.command));
   absl::StatusOr<std::string> yaml = ReadJobFile(path);
-  if (!yaml.ok()) {
-    return absl::Status(yaml.status().code(), absl::StrCat(cmd, ": ", yaml.status().message()));
-  }
+  RETURN_IF_ERROR(WithPrefix(yaml.status(), cmd));
   absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(*yaml);
   if (spec.ok()) {
-    if (absl::Status s = ApplyScheduleOverrides(opts, *spec); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat(cmd, ": ", s.message()));
-    }
+    RETURN_IF_ERROR(WithPrefix(ApplyScheduleOverrides(opts, *spec), cmd));
     *spec = WithDefaults(*spec);
     if (absl::Status s = ValidateJobSpec(*spec); !s.ok()) spec = s;
   }
-  if (!spec.ok()) {
-    return absl::Status(spec.status().code(),
-                        absl::StrCat(cmd, ": ", path, ": ", spec.status().message()));
-  }
+  RETURN_IF_ERROR(WithPrefix(spec.status(), absl::StrCat(cmd, ": ", path)));
   return spec;
 }
 
 absl::Status Validate(const CliOptions& opts, CommandIo io) {
   const std::string& path = opts.args[0];
-  absl::StatusOr<v1::JobSpec> spec = LoadJobFile(opts);
-  if (!spec.ok()) return spec.status();
+  ASSIGN_OR_RETURN(const v1::JobSpec spec, LoadJobFile(opts));
   // JSON is YAML: the output can be submitted as it is.
-  if (opts.output == OutputFormat::kJson) return PrintJson(*spec, io.out);
-  const v1::PipelineSpec& p = spec->pipeline();
+  if (opts.output == OutputFormat::kJson) return PrintJson(spec, io.out);
+  const v1::PipelineSpec& p = spec.pipeline();
   io.out << absl::StrFormat(
       "%s: valid. Job %s: %d steps on %d %s worker%s (%s), effective batch %d x %d = %d "
       "sequences, ideal bubble %.1f%%.\n",
-      path, spec->name(), spec->steps(), p.stages(), spec->device(), p.stages() == 1 ? "" : "s",
+      path, spec.name(), spec.steps(), p.stages(), spec.device(), p.stages() == 1 ? "" : "s",
       p.schedule_csv().empty() ? p.schedule() : "csv", p.micro_batch_size(), p.micro_batches(),
-      EffectiveBatch(*spec), 100 * PredictedBubble(*spec));
+      EffectiveBatch(spec), 100 * PredictedBubble(spec));
   return absl::OkStatus();
 }
 
@@ -381,18 +361,17 @@ absl::Status Trace(const CliOptions& opts, CoordinatorClient& client, CommandIo 
 }
 
 absl::Status Plan(const CliOptions& opts, CoordinatorClient& client, CommandIo io) {
-  absl::StatusOr<v1::JobSpec> spec = LoadJobFile(opts);
-  if (!spec.ok()) return spec.status();
+  ASSIGN_OR_RETURN(const v1::JobSpec spec, LoadJobFile(opts));
   // The coordinator's measured layer profile for this shape, when it can give one.
   std::optional<v1::ModelProfile> profile;
   if (!opts.no_profile) {
-    absl::StatusOr<v1::ModelProfile> p = client.ProfileModel(*spec, /*refresh=*/false);
+    absl::StatusOr<v1::ModelProfile> p = client.ProfileModel(spec, /*refresh=*/false);
     if (p.ok()) {
       profile = *std::move(p);
     } else {
       io.out << "(no measured profile: " << RpcError(Command::kPlan, opts, p.status()).message()
              << "; predictions use unit costs"
-             << (spec->pipeline().partition() == "profile"
+             << (spec.pipeline().partition() == "profile"
                      ? ", and the cut shown balances parameter counts, not measured time"
                      : "")
              << ")\n\n";
@@ -400,39 +379,36 @@ absl::Status Plan(const CliOptions& opts, CoordinatorClient& client, CommandIo i
   }
   const v1::ModelProfile* measured = profile.has_value() ? &*profile : nullptr;
   if (opts.compare) {
-    io.out << FormatScheduleComparison(*spec, measured);
+    io.out << FormatScheduleComparison(spec, measured);
     return absl::OkStatus();
   }
-  absl::StatusOr<std::string> text = FormatPlan(*spec, opts.print_actions, measured);
-  if (!text.ok()) {
-    return absl::Status(text.status().code(), absl::StrCat("plan: ", text.status().message()));
-  }
+  absl::StatusOr<std::string> text = FormatPlan(spec, opts.print_actions, measured);
+  RETURN_IF_ERROR(WithPrefix(text.status(), "plan"));
   io.out << *text;
   if (measured != nullptr && !opts.no_search) {
     // Every split of the global batch, each with the coordinator's profile at its shape.
     const std::vector<PlanCandidate> candidates =
-        SearchPlans(*spec, [&](const v1::JobSpec& s) -> absl::StatusOr<v1::ModelProfile> {
-          if (s.pipeline().micro_batch_size() == spec->pipeline().micro_batch_size()) {
+        SearchPlans(spec, [&](const v1::JobSpec& s) -> absl::StatusOr<v1::ModelProfile> {
+          if (s.pipeline().micro_batch_size() == spec.pipeline().micro_batch_size()) {
             return *profile;
           }
           return client.ProfileModel(s, /*refresh=*/false);
         });
-    absl::StatusOr<PipelinePlan> written = PlanPipeline(*spec, measured);
+    absl::StatusOr<PipelinePlan> written = PlanPipeline(spec, measured);
     io.out << "\n"
-           << FormatPlannerSearch(*spec, candidates,
+           << FormatPlannerSearch(spec, candidates,
                                   written.ok() ? written->predicted_step_seconds : 0.0);
   }
   if (!opts.csv_out.empty()) {
-    absl::StatusOr<PipelinePlan> plan = PlanPipeline(*spec, measured);
-    if (!plan.ok()) return plan.status();
+    ASSIGN_OR_RETURN(const PipelinePlan plan, PlanPipeline(spec, measured));
     std::ofstream f(opts.csv_out, std::ios::binary | std::ios::trunc);
-    f << ProgramToCsv(plan->schedule.program);
+    f << ProgramToCsv(plan.schedule.program);
     f.close();
     if (!f) {
       return absl::UnavailableError(
           absl::StrCat("plan: cannot write ", opts.csv_out, ": ", std::strerror(errno)));
     }
-    io.out << "\nWrote the schedule (" << plan->num_ranks() << " rows, lowered) to " << opts.csv_out
+    io.out << "\nWrote the schedule (" << plan.num_ranks() << " rows, lowered) to " << opts.csv_out
            << "; run it with --schedule-csv " << opts.csv_out << ".\n";
   }
   return absl::OkStatus();

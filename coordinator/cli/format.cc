@@ -13,6 +13,7 @@
 #include "common/pipeline_plan.h"
 #include "common/schedule.h"
 #include "common/spec.h"
+#include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace tandem::cli {
@@ -369,9 +370,8 @@ absl::Status WatchPrinter::OnEvent(const v1::JobEvent& event) {
   }
 
   if (format_ == OutputFormat::kJson) {
-    absl::StatusOr<std::string> json = ToJson(event, /*pretty=*/false);
-    if (!json.ok()) return json.status();
-    out_ << *json << "\n";
+    ASSIGN_OR_RETURN(const std::string json, ToJson(event, /*pretty=*/false));
+    out_ << json << "\n";
     out_.flush();
     return absl::OkStatus();
   }

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc.h"
+#include "common/status_macros.h"
 #include "common/tls.h"
 #include "common/version.h"
 #include "coordinator/cli/coordinator_client.h"
@@ -31,7 +32,7 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     v1::SubmitJobResponse resp;
     grpc::ClientContext ctx;
     SetDeadline(ctx, timeout_);
-    if (absl::Status s = FromGrpcStatus(stub_->SubmitJob(&ctx, req, &resp)); !s.ok()) return s;
+    RETURN_IF_ERROR(FromGrpcStatus(stub_->SubmitJob(&ctx, req, &resp)));
     return resp.job_id();
   }
 
@@ -85,7 +86,7 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     grpc::ClientContext ctx;
     // Measuring a large model's head takes a while; a cached profile answers at once.
     SetDeadline(ctx, std::max(timeout_, std::chrono::milliseconds(600000)));
-    if (absl::Status s = FromGrpcStatus(stub_->ProfileModel(&ctx, req, &resp)); !s.ok()) return s;
+    RETURN_IF_ERROR(FromGrpcStatus(stub_->ProfileModel(&ctx, req, &resp)));
     return resp;
   }
 
@@ -125,7 +126,7 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     while (sink.ok() && reader->Read(&chunk)) sink = on_chunk(chunk);
     if (!sink.ok()) ctx.TryCancel();
     const grpc::Status status = reader->Finish();
-    if (!sink.ok()) return sink;
+    RETURN_IF_ERROR(sink);
     return FromGrpcStatus(status);
   }
 
@@ -138,9 +139,7 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     Response resp;
     grpc::ClientContext ctx;
     SetDeadline(ctx, timeout_);
-    if (absl::Status s = FromGrpcStatus((stub_.get()->*method)(&ctx, req, &resp)); !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(FromGrpcStatus((stub_.get()->*method)(&ctx, req, &resp)));
     return resp;
   }
 

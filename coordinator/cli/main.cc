@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_replace.h"
 #include "common/flags.h"
+#include "common/status_macros.h"
 #include "common/tls.h"
 #include "coordinator/cli/args.h"
 #include "coordinator/cli/commands.h"
@@ -26,14 +27,11 @@ void PrintError(absl::string_view message) {
 // and a bearer token on top. INVALID_ARGUMENT names the flag or file at fault.
 absl::StatusOr<tandem::ChannelSecurity> Security(const tandem::cli::CliOptions& opts) {
   tandem::ChannelSecurity security;
-  auto tls = tandem::LoadTls({opts.tls_cert, opts.tls_key, opts.tls_ca, opts.tls_server_name},
-                             tandem::TlsUse::kClient, tandem::Role::kClient);
-  if (!tls.ok()) return tls.status();
-  security.tls = *std::move(tls);
+  ASSIGN_OR_RETURN(security.tls,
+                   tandem::LoadTls({opts.tls_cert, opts.tls_key, opts.tls_ca, opts.tls_server_name},
+                                   tandem::TlsUse::kClient, tandem::Role::kClient));
   if (!opts.token_file.empty()) {
-    auto token = tandem::ReadTokenFile(opts.token_file);
-    if (!token.ok()) return token.status();
-    security.bearer_token = *std::move(token);
+    ASSIGN_OR_RETURN(security.bearer_token, tandem::ReadTokenFile(opts.token_file));
   } else {
     security.bearer_token = std::string(absl::StripAsciiWhitespace(opts.token));
   }
