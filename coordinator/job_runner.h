@@ -1,8 +1,9 @@
-// Drives one running job: plan (uniform partition + schedule), configure every worker of its
+// Drives one running job: plan (JobPlanner, job_planning.h), configure every worker of its
 // gang, then the step loop. Each step sends one RunStep to every worker at once and waits for
-// all reports (the coordinator is off the micro-batch path). On cancel, a lost worker or a
-// step error it aborts every worker of the job so that nothing hangs, and ends the job with a
-// reason that names the stage and worker at fault.
+// all reports (Gang, gang.h; the coordinator is off the micro-batch path), combines them into
+// the step's summary (step_summary.h), then sends every worker its ApplyStep. On cancel, a lost
+// worker or a step error it aborts every worker of the job so that nothing hangs, and ends the
+// job with a reason that names the stage and worker at fault.
 //
 // Thread-safe: Cancel() and OnWorkerLost() may be called from any thread while Run() executes
 // on the runner's own thread.
@@ -12,7 +13,6 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +25,8 @@
 #include "common/pipeline_plan.h"
 #include "common/schedule.h"
 #include "coordinator/checkpoint_store.h"
+#include "coordinator/gang.h"
+#include "coordinator/job_planning.h"
 #include "coordinator/job_store.h"
 #include "coordinator/profile_store.h"
 #include "coordinator/rendezvous_store.h"
@@ -101,69 +103,33 @@ class JobRunner {
   absl::Duration StepDeadline() const;
 
   void Run();
+  // The plan phase (JobPlanner): fills run_.
   absl::Status Plan();
-  // pipeline.plan: auto: profiles every split of the global batch, picks the candidate with the
-  // shortest predicted step (SearchPlans / ChoosePlan), makes it spec_ and records it.
-  absl::Status ChooseAutoPlan();
   absl::Status ConfigureAll();
   absl::Status RunOneStep(int64_t step);
   // The validation pass after `step`: RunStep(EVAL) on every worker; returns the loss.
   absl::StatusOr<double> RunEval(int64_t step);
   // Streams every stage's state into the checkpoint store and commits it.
   absl::Status SaveCheckpoint(int64_t step);
-  void AbortAll(const std::string& reason);
-  // One asynchronous call to every worker; guarded by mu_.
-  struct Batch {
-    explicit Batch(int n) : results(n), pending(n) {}
-    std::vector<absl::Status> results;
-    int pending;
-    int failed = 0;
-    int first_failure = -1;   // the rank whose call failed first (later ones may be our aborts)
-    absl::Duration deadline;  // of each call (for the message when one passes it)
-  };
-  StageWorkerClient::Done Completion(Batch* batch, int rank);
-  // Issues one call per worker (issue(rank, done)) and waits for all (AwaitBatch); a failed
-  // call is explained by Diagnose. `what` names the batch in errors ("step 7").
-  absl::Status CallAll(const std::string& what, absl::Duration timeout,
-                       const std::function<void(int, StageWorkerClient::Done)>& issue);
-  // Waits for every call of the batch. If one fails, the job is interrupted or `timeout`
-  // passes first, aborts every worker (so that blocked transfers return) and then waits for
-  // the rest. Returns the interruption, or OK (the batch's results say the rest).
-  absl::Status AwaitBatch(Batch* batch, absl::Duration timeout, const std::string& what);
-  // Explains a failed call batch: probes every worker so that an unreachable worker is named
-  // as the cause rather than the neighbour that noticed it.
-  absl::Status Diagnose(const std::string& what, const Batch& batch);
 
   // "stage 2 (worker w-3 at host:port)", or "rank 1 (stages 1, 6; worker ...)".
   std::string WorkerName(int rank) const;
-  // The layer profile of `spec`'s shape on the job's workers' kind: cached, or measured on
-  // the first worker (which is allocated to the job and idle) by ProfileForJob, with the link
-  // to the second when the job has one.
-  absl::StatusOr<v1::ModelProfile> ProfileAt(const v1::JobSpec& spec);
-  absl::StatusOr<v1::ModelProfile> ProfileForJob(const v1::JobSpec& spec);
   int LastStageRank() const;
-  absl::Status InterruptStatus();
 
   RunnerEnv env_;
   const v1::Job job_;
-  // The spec the job runs: job_.spec() as submitted, or with the planner's pipeline.
-  v1::JobSpec spec_;
-  const std::vector<WorkerRecord> workers_;
-  std::vector<std::unique_ptr<StageWorkerClient>> clients_;
-  PipelinePlan plan_;          // schedule (lowered, validated), eval program, layer ranges
-  v1::CheckpointRef restore_;  // set when the job resumes from a checkpoint
-  int64_t first_step_ = 0;
+  // The gang allocated to the job, in stage order: its clients, its batches of calls, its
+  // interruption (which Cancel, OnWorkerLost and Shutdown set) and its lost ranks.
+  Gang gang_;
+  // What planning decided: the spec the job runs (job_.spec() as submitted, or with the
+  // planner's pipeline), the pipeline plan, the checkpoint to restore, the first step.
+  RunPlan run_;
   const int32_t attempt_;              // job_.restarts(): this run's StageProgram.attempt
   double slowest_step_seconds_ = 0.0;  // over this run's steps
 
   absl::Mutex mu_;
+  // Which interrupt came first (the gang holds its status).
   Interrupt interrupt_ ABSL_GUARDED_BY(mu_) = Interrupt::kNone;
-  std::string interrupt_reason_ ABSL_GUARDED_BY(mu_);
-  // Ranks whose worker was lost (no heartbeat) or found unreachable: not waited for, not
-  // aborted (a dead or hung worker cannot answer; when it comes back, the next Configure
-  // replaces its stage and its calls of this attempt are refused).
-  std::set<int> lost_ranks_ ABSL_GUARDED_BY(mu_);
-  bool RankLost(int rank);
 
   std::atomic<bool> finished_{false};
   std::thread thread_;

@@ -2,9 +2,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <set>
-#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -12,9 +9,9 @@
 #include "common/pipeline_plan.h"
 #include "common/schedule.h"
 #include "common/spec.h"
+#include "common/status_macros.h"
 #include "common/step_number.h"
-#include "coordinator/checkpoint_store.h"
-#include "google/protobuf/util/json_util.h"
+#include "coordinator/job_store_internal.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem::coordinator {
@@ -72,196 +69,20 @@ CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
   return *migrations;
 }
 
-int64_t NowMs() { return UnixMicros() / 1000; }
+}  // namespace
 
-std::string ReadText(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+namespace job_store_internal {
+
+int64_t NowMs() { return UnixMicros() / 1000; }
 
 bool ParseJobId(const std::string& id, int64_t* n) {
   return id.size() > 4 && id.rfind("job-", 0) == 0 && absl::SimpleAtoi(id.substr(4), n);
 }
 
-// Stage files a checkpoint of the job has: one per worker rank.
 int NumRanks(const v1::Job& job) {
   int ranks = 0;
   for (const auto& s : job.stages()) ranks = std::max(ranks, s.rank() + 1);
   return ranks;
-}
-
-#define TANDEM_RETURN_IF_ERROR(expr)                   \
-  do {                                                 \
-    if (absl::Status _s = (expr); !_s.ok()) return _s; \
-  } while (0)
-
-}  // namespace
-
-bool IsTerminal(v1::JobState state) {
-  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
-}
-
-absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& data_root,
-                                                         const TimingRetention& retention) {
-  std::unique_ptr<JobStore> store(new JobStore(data_root, retention));
-  if (!data_root.empty()) {
-    std::error_code ec;
-    fs::create_directories(data_root, ec);
-    if (ec) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot create the data root ", data_root, ": ", ec.message()));
-    }
-    absl::MutexLock lock(&store->mu_);
-    TANDEM_RETURN_IF_ERROR(store->OpenDatabase());
-  }
-  return store;
-}
-
-absl::Status JobStore::OpenDatabase() {
-  const fs::path root(data_root_);
-  absl::StatusOr<std::unique_ptr<FileLock>> lock =
-      FileLock::Acquire((root / kLockFile).string(), absl::StrCat("the data root ", data_root_));
-  if (!lock.ok()) return lock.status();
-  lock_ = *std::move(lock);
-  absl::StatusOr<std::unique_ptr<SqliteDb>> db = SqliteDb::Open((root / kDatabaseFile).string());
-  if (!db.ok()) return db.status();
-  db_ = *std::move(db);
-  absl::StatusOr<int> found = db_->Migrate(Migrations());
-  if (!found.ok()) return found.status();
-  TANDEM_RETURN_IF_ERROR(ImportJsonFiles());
-  TANDEM_RETURN_IF_ERROR(Load());
-  TANDEM_RETURN_IF_ERROR(Recover());
-  spdlog::info("job store: {} job(s) loaded from {}", jobs_.size(), db_->path());
-  return absl::OkStatus();
-}
-
-// Earlier versions kept <data_root>/jobs/<id>.json (history included) and
-// <data_root>/timings/<id>.json. A database that has not imported them yet (a new one) takes
-// them over once, in one transaction; the files are left as they were and no longer read.
-absl::Status JobStore::ImportJsonFiles() {
-  absl::StatusOr<SqliteStatement*> q =
-      db_->Prepare("SELECT value FROM meta WHERE key = 'json_import'", "reading meta");
-  if (!q.ok()) return q.status();
-  absl::StatusOr<bool> done = (*q)->Next();
-  if (!done.ok()) return done.status();
-  TANDEM_RETURN_IF_ERROR((*q)->Run());
-  if (*done) return absl::OkStatus();
-
-  const std::string purpose = "importing the jobs/*.json files";
-  absl::StatusOr<SqliteDb::Transaction> txn = db_->Begin(Sync::kFull, purpose);
-  if (!txn.ok()) return txn.status();
-  const fs::path dir = fs::path(data_root_) / "jobs";
-  int imported = 0;
-  std::error_code ec;
-  for (const auto& file : fs::directory_iterator(dir, ec)) {
-    if (file.path().extension() != ".json") continue;
-    Entry e;
-    if (auto s = google::protobuf::util::JsonStringToMessage(ReadText(file.path()), &e.job);
-        !s.ok()) {
-      spdlog::warn("job store: import: skipping unreadable {}: {}", file.path().string(),
-                   s.ToString());
-      continue;
-    }
-    if (!ParseJobId(e.job.id(), &e.seq)) {
-      spdlog::warn("job store: import: skipping {}: bad job id '{}'", file.path().string(),
-                   e.job.id());
-      continue;
-    }
-    for (auto& step : *e.job.mutable_history()) e.history.push_back(std::move(step));
-    e.job.clear_history();
-    const fs::path timings = fs::path(data_root_) / "timings" / (e.job.id() + ".json");
-    if (fs::exists(timings) &&
-        !google::protobuf::util::JsonStringToMessage(ReadText(timings), &e.timings).ok()) {
-      spdlog::warn("job store: import: {}: dropping unreadable step timings {}", e.job.id(),
-                   timings.string());
-      e.timings.Clear();
-    }
-    TANDEM_RETURN_IF_ERROR(PutJob(e, purpose));
-    for (const v1::StepSummary& step : e.history) {
-      absl::StatusOr<SqliteStatement*> st = db_->Prepare(
-          "INSERT OR REPLACE INTO steps (job_seq, step, loss, summary) VALUES (?1, ?2, ?3, ?4)",
-          purpose);
-      if (!st.ok()) return st.status();
-      TANDEM_RETURN_IF_ERROR((*st)
-                                 ->Bind(1, e.seq)
-                                 .Bind(2, step.step())
-                                 .Bind(3, step.loss())
-                                 .BindBlob(4, step.SerializeAsString())
-                                 .Run());
-    }
-    if (e.timings.ByteSizeLong() > 0) TANDEM_RETURN_IF_ERROR(PutTimings(e, purpose));
-    if (e.job.checkpoint_step() >= 0) {
-      TANDEM_RETURN_IF_ERROR(PutCheckpoint(e, e.job.checkpoint_step(), NumRanks(e.job), purpose));
-    }
-    ++imported;
-  }
-  absl::StatusOr<SqliteStatement*> st =
-      db_->Prepare("INSERT OR REPLACE INTO meta (key, value) VALUES ('json_import', ?1)", purpose);
-  if (!st.ok()) return st.status();
-  TANDEM_RETURN_IF_ERROR(
-      (*st)->BindText(1, absl::StrCat(imported, " job(s) at unix ms ", NowMs())).Run());
-  TANDEM_RETURN_IF_ERROR(txn->Commit());
-  if (imported > 0) {
-    spdlog::info("job store: imported {} job(s) from {}/*.json (the files are no longer used)",
-                 imported, dir.string());
-  }
-  return absl::OkStatus();
-}
-
-absl::Status JobStore::Load() {
-  {
-    absl::StatusOr<SqliteStatement*> q =
-        db_->Prepare("SELECT seq, job FROM jobs ORDER BY seq", "loading jobs");
-    if (!q.ok()) return q.status();
-    TANDEM_RETURN_IF_ERROR((*q)->ForEachRow([&](const SqliteStatement& r) {
-      const int64_t seq = r.ColumnInt(0);
-      v1::Job job;
-      int64_t n = 0;
-      if (!job.ParseFromString(r.ColumnBlob(1)) || !ParseJobId(job.id(), &n) || n != seq) {
-        spdlog::warn("job store: skipping the unreadable row of job-{}", seq);
-        return;
-      }
-      Entry& e = jobs_[seq];
-      e.seq = seq;
-      e.job = std::move(job);
-      next_id_ = std::max(next_id_, seq + 1);
-    }));
-  }
-  {
-    absl::StatusOr<SqliteStatement*> q = db_->Prepare(
-        "SELECT job_seq, step, summary FROM steps ORDER BY job_seq, step", "loading step history");
-    if (!q.ok()) return q.status();
-    TANDEM_RETURN_IF_ERROR((*q)->ForEachRow([&](const SqliteStatement& r) {
-      auto it = jobs_.find(r.ColumnInt(0));
-      if (it == jobs_.end()) return;
-      v1::StepSummary step;
-      if (!step.ParseFromString(r.ColumnBlob(2))) {
-        spdlog::warn("job store: job-{}: skipping the unreadable row of step {}", it->first,
-                     StepNumber(r.ColumnInt(1)));
-        return;
-      }
-      auto& history = it->second.history;
-      if (!history.empty()) history.back().clear_stage_memory();  // the latest step's only
-      history.push_back(std::move(step));
-      if (history.size() > kMaxHistory) history.pop_front();
-    }));
-  }
-  {
-    absl::StatusOr<SqliteStatement*> q =
-        db_->Prepare("SELECT job_seq, timings FROM timings", "loading step timings");
-    if (!q.ok()) return q.status();
-    TANDEM_RETURN_IF_ERROR((*q)->ForEachRow([&](const SqliteStatement& r) {
-      auto it = jobs_.find(r.ColumnInt(0));
-      if (it == jobs_.end()) return;
-      if (!it->second.timings.ParseFromString(r.ColumnBlob(1))) {
-        spdlog::warn("job store: job-{}: dropping unreadable step timings", it->first);
-        it->second.timings.Clear();
-      }
-    }));
-  }
-  return absl::OkStatus();
 }
 
 namespace {
@@ -280,8 +101,8 @@ void RefreshLatest(v1::Job& job, const std::deque<v1::StepSummary>& history) {
   }
 }
 
-// Drops the steps from `first` on from the history (they are to be run again); returns how
-// many went.
+}  // namespace
+
 int64_t DropStepsFrom(v1::Job& job, std::deque<v1::StepSummary>& history, int64_t first) {
   int64_t dropped = 0;
   while (!history.empty() && history.back().step() >= first) {
@@ -294,112 +115,117 @@ int64_t DropStepsFrom(v1::Job& job, std::deque<v1::StepSummary>& history, int64_
   return dropped;
 }
 
-}  // namespace
+}  // namespace job_store_internal
 
-absl::Status JobStore::Recover() {
-  const CheckpointStore checkpoints((fs::path(data_root_) / "checkpoints").string());
-  std::map<int64_t, std::set<int64_t>> recorded;  // job seq -> checkpoint steps in the database
+using job_store_internal::DropStepsFrom;
+using job_store_internal::NowMs;
+using job_store_internal::NumRanks;
+using job_store_internal::ParseJobId;
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& data_root,
+                                                         const CheckpointStore* checkpoints,
+                                                         const TimingRetention& retention) {
+  std::unique_ptr<JobStore> store(new JobStore(data_root, retention));
+  if (!data_root.empty()) {
+    if (checkpoints == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the job store of the data root ", data_root, " needs its checkpoints"));
+    }
+    std::error_code ec;
+    fs::create_directories(data_root, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create the data root ", data_root, ": ", ec.message()));
+    }
+    absl::MutexLock lock(&store->mu_);
+    RETURN_IF_ERROR(store->OpenDatabase(*checkpoints));
+  }
+  return store;
+}
+
+absl::Status JobStore::OpenDatabase(const CheckpointStore& checkpoints) {
+  const fs::path root(data_root_);
+  ASSIGN_OR_RETURN(lock_, FileLock::Acquire((root / kLockFile).string(),
+                                            absl::StrCat("the data root ", data_root_)));
+  ASSIGN_OR_RETURN(db_, SqliteDb::Open((root / kDatabaseFile).string()));
+  RETURN_IF_ERROR(db_->Migrate(Migrations()));
+  RETURN_IF_ERROR(ImportJsonFiles());
+  RETURN_IF_ERROR(Load());
+  RETURN_IF_ERROR(Recover(checkpoints));
+  spdlog::info("job store: {} job(s) loaded from {}", jobs_.size(), db_->path());
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::Load() {
   {
-    absl::StatusOr<SqliteStatement*> q =
-        db_->Prepare("SELECT job_seq, step FROM checkpoints", "loading checkpoint records");
-    if (!q.ok()) return q.status();
-    TANDEM_RETURN_IF_ERROR((*q)->ForEachRow(
-        [&](const SqliteStatement& r) { recorded[r.ColumnInt(0)].insert(r.ColumnInt(1)); }));
+    ASSIGN_OR_RETURN(SqliteStatement * q,
+                     db_->Prepare("SELECT seq, job FROM jobs ORDER BY seq", "loading jobs"));
+    RETURN_IF_ERROR(q->ForEachRow([&](const SqliteStatement& r) {
+      const int64_t seq = r.ColumnInt(0);
+      v1::Job job;
+      int64_t n = 0;
+      if (!job.ParseFromString(r.ColumnBlob(1)) || !ParseJobId(job.id(), &n) || n != seq) {
+        spdlog::warn("job store: skipping the unreadable row of job-{}", seq);
+        return;
+      }
+      Entry& e = jobs_[seq];
+      e.seq = seq;
+      e.job = std::move(job);
+      next_id_ = std::max(next_id_, seq + 1);
+    }));
   }
-  const std::string purpose = "recovering jobs after a restart";
-  absl::StatusOr<SqliteDb::Transaction> txn = db_->Begin(Sync::kFull, purpose);
-  if (!txn.ok()) return txn.status();
   {
-    absl::StatusOr<SqliteStatement*> st = db_->Prepare(
-        "INSERT INTO meta (key, value) VALUES ('incarnation', '1') ON CONFLICT (key) DO UPDATE "
-        "SET value = CAST(value AS INTEGER) + 1 RETURNING CAST(value AS INTEGER)",
-        "counting the coordinator's starts");
-    if (!st.ok()) return st.status();
-    absl::StatusOr<bool> row = (*st)->Next();
-    if (!row.ok()) return row.status();
-    incarnation_ = *row ? (*st)->ColumnInt(0) : 0;
-    TANDEM_RETURN_IF_ERROR((*st)->Run());
-  }
-  for (auto& [seq, e] : jobs_) {
-    v1::Job& job = e.job;
-    bool changed = false;
-    // The checkpoint to resume from: the latest complete one (its manifest on disk) whose
-    // step the job had recorded. A record whose manifest is gone is ignored; a manifest
-    // committed just before a crash took the record with it is adopted.
-    const std::vector<int64_t> complete = checkpoints.CompleteSteps(job.id());
-    int64_t latest = -1;
-    for (int64_t step : complete) {
-      if (step < job.steps_done()) latest = std::max(latest, step);
-    }
-    for (int64_t step : complete) {
-      if (step <= latest && !recorded[seq].count(step)) {
-        TANDEM_RETURN_IF_ERROR(PutCheckpoint(e, step, NumRanks(job), purpose));
+    ASSIGN_OR_RETURN(SqliteStatement * q,
+                     db_->Prepare("SELECT job_seq, step, summary FROM steps ORDER BY job_seq, step",
+                                  "loading step history"));
+    RETURN_IF_ERROR(q->ForEachRow([&](const SqliteStatement& r) {
+      auto it = jobs_.find(r.ColumnInt(0));
+      if (it == jobs_.end()) return;
+      v1::StepSummary step;
+      if (!step.ParseFromString(r.ColumnBlob(2))) {
+        spdlog::warn("job store: job-{}: skipping the unreadable row of step {}", it->first,
+                     StepNumber(r.ColumnInt(1)));
+        return;
       }
-    }
-    if (latest != job.checkpoint_step()) {
-      if (latest > job.checkpoint_step()) {
-        spdlog::warn(
-            "job store: {}: adopting the checkpoint after step {}: its manifest was "
-            "committed but its record was not written (the last recorded was {})",
-            job.id(), StepNumber(latest),
-            job.checkpoint_step() >= 0
-                ? absl::StrCat("after step ", StepNumber(job.checkpoint_step()))
-                : "none");
-      } else {
-        spdlog::warn(
-            "job store: {}: ignoring the checkpoint after step {}: its manifest is "
-            "missing; using {}",
-            job.id(), StepNumber(job.checkpoint_step()),
-            latest >= 0 ? absl::StrCat("the one after step ", StepNumber(latest)) : "none");
-      }
-      job.set_checkpoint_step(latest);
-      changed = true;
-    }
-    // An unfinished job runs again from the step after its checkpoint: the steps recorded
-    // after it are dropped, to be recorded again when they are rerun.
-    const int64_t resume = latest >= 0 ? latest + 1 : job.first_step();
-    if (!IsTerminal(job.state()) &&
-        (job.steps_done() != resume || (!e.history.empty() && e.history.back().step() >= resume))) {
-      DropStepsFrom(job, e.history, resume);
-      TANDEM_RETURN_IF_ERROR(DeleteStepRows(seq, resume, purpose));
-      job.set_steps_done(resume);
-      changed = true;
-    }
-    if (!IsTerminal(job.state()) && job.state() != v1::QUEUED) {
-      // Interrupted: back to the queue, ahead of the jobs submitted after it.
-      job.set_state(v1::QUEUED);
-      job.set_reason(latest >= 0 ? absl::StrCat("coordinator restarted; resumes from the "
-                                                "checkpoint after step ",
-                                                StepNumber(latest))
-                                 : "coordinator restarted; runs again from the start (no "
-                                   "checkpoint)");
-      job.clear_stages();
-      spdlog::info("job store: {} was interrupted by the restart: {}", job.id(), job.reason());
-      changed = true;
-    }
-    if (changed) TANDEM_RETURN_IF_ERROR(PutJob(e, purpose));
-    v1::JobEvent event;
-    event.set_kind(v1::JobEvent::STATE);
-    event.set_state(job.state());
-    event.set_reason(job.reason());
-    Append(e, std::move(event));
+      auto& history = it->second.history;
+      if (!history.empty()) history.back().clear_stage_memory();  // the latest step's only
+      history.push_back(std::move(step));
+      if (history.size() > kMaxHistory) history.pop_front();
+    }));
   }
-  return txn->Commit();
+  {
+    ASSIGN_OR_RETURN(SqliteStatement * q,
+                     db_->Prepare("SELECT job_seq, timings FROM timings", "loading step timings"));
+    RETURN_IF_ERROR(q->ForEachRow([&](const SqliteStatement& r) {
+      auto it = jobs_.find(r.ColumnInt(0));
+      if (it == jobs_.end()) return;
+      if (!it->second.timings.ParseFromString(r.ColumnBlob(1))) {
+        spdlog::warn("job store: job-{}: dropping unreadable step timings", it->first);
+        it->second.timings.Clear();
+      }
+    }));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status JobStore::PutJob(const Entry& e, const std::string& purpose) {
-  absl::StatusOr<SqliteStatement*> st = db_->Prepare(
-      "INSERT INTO jobs (seq, id, name, state, reason, steps_done, total_steps, checkpoint_step, "
-      "created_unix_ms, updated_unix_ms, job) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, "
-      "?11) ON CONFLICT (seq) DO UPDATE SET name = excluded.name, state = excluded.state, "
-      "reason = excluded.reason, steps_done = excluded.steps_done, total_steps = "
-      "excluded.total_steps, checkpoint_step = excluded.checkpoint_step, updated_unix_ms = "
-      "excluded.updated_unix_ms, job = excluded.job",
-      purpose);
-  if (!st.ok()) return st.status();
+  ASSIGN_OR_RETURN(
+      SqliteStatement * st,
+      db_->Prepare(
+          "INSERT INTO jobs (seq, id, name, state, reason, steps_done, total_steps, "
+          "checkpoint_step, "
+          "created_unix_ms, updated_unix_ms, job) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, "
+          "?11) ON CONFLICT (seq) DO UPDATE SET name = excluded.name, state = excluded.state, "
+          "reason = excluded.reason, steps_done = excluded.steps_done, total_steps = "
+          "excluded.total_steps, checkpoint_step = excluded.checkpoint_step, updated_unix_ms = "
+          "excluded.updated_unix_ms, job = excluded.job",
+          purpose));
   const v1::Job& job = e.job;
-  return (*st)
-      ->Bind(1, e.seq)
+  return st->Bind(1, e.seq)
       .BindText(2, job.id())
       .BindText(3, job.name())
       .BindText(4, v1::JobState_Name(job.state()))
@@ -414,20 +240,21 @@ absl::Status JobStore::PutJob(const Entry& e, const std::string& purpose) {
 }
 
 absl::Status JobStore::PutTimings(const Entry& e, const std::string& purpose) {
-  absl::StatusOr<SqliteStatement*> st =
-      db_->Prepare("INSERT OR REPLACE INTO timings (job_seq, timings) VALUES (?1, ?2)", purpose);
-  if (!st.ok()) return st.status();
-  return (*st)->Bind(1, e.seq).BindBlob(2, e.timings.SerializeAsString()).Run();
+  ASSIGN_OR_RETURN(
+      SqliteStatement * st,
+      db_->Prepare("INSERT OR REPLACE INTO timings (job_seq, timings) VALUES (?1, ?2)", purpose));
+  return st->Bind(1, e.seq).BindBlob(2, e.timings.SerializeAsString()).Run();
 }
 
 absl::Status JobStore::PutCheckpoint(const Entry& e, int64_t step, int num_stages,
                                      const std::string& purpose) {
-  absl::StatusOr<SqliteStatement*> st = db_->Prepare(
-      "INSERT OR REPLACE INTO checkpoints (job_seq, step, num_stages, committed_unix_ms) "
-      "VALUES (?1, ?2, ?3, ?4)",
-      purpose);
-  if (!st.ok()) return st.status();
-  return (*st)->Bind(1, e.seq).Bind(2, step).Bind(3, num_stages).Bind(4, NowMs()).Run();
+  ASSIGN_OR_RETURN(
+      SqliteStatement * st,
+      db_->Prepare(
+          "INSERT OR REPLACE INTO checkpoints (job_seq, step, num_stages, committed_unix_ms) "
+          "VALUES (?1, ?2, ?3, ?4)",
+          purpose));
+  return st->Bind(1, e.seq).Bind(2, step).Bind(3, num_stages).Bind(4, NowMs()).Run();
 }
 
 absl::Status JobStore::Persist(Entry& e, bool durable, const std::string& purpose,
@@ -436,13 +263,12 @@ absl::Status JobStore::Persist(Entry& e, bool durable, const std::string& purpos
   const bool write_timings = e.timings_dirty && (timings == TimingsWrite::kIfDirty ||
                                                  e.steps_since_timings_write >= kTimingsEverySteps);
   absl::Status s = [&]() -> absl::Status {
-    absl::StatusOr<SqliteDb::Transaction> txn =
-        db_->Begin(durable ? Sync::kFull : Sync::kNormal, purpose);
-    if (!txn.ok()) return txn.status();
-    if (also) TANDEM_RETURN_IF_ERROR(also());
-    TANDEM_RETURN_IF_ERROR(PutJob(e, purpose));
-    if (write_timings) TANDEM_RETURN_IF_ERROR(PutTimings(e, purpose));
-    return txn->Commit();
+    ASSIGN_OR_RETURN(SqliteDb::Transaction txn,
+                     db_->Begin(durable ? Sync::kFull : Sync::kNormal, purpose));
+    if (also) RETURN_IF_ERROR(also());
+    RETURN_IF_ERROR(PutJob(e, purpose));
+    if (write_timings) RETURN_IF_ERROR(PutTimings(e, purpose));
+    return txn.Commit();
   }();
   if (!s.ok()) {
     spdlog::error("job store: {}", s.ToString());
@@ -638,19 +464,18 @@ void JobStore::RecordStep(const std::string& job_id, const v1::StepSummary& step
   const int64_t oldest = e.history.front().step();
   (void)Persist(e, /*durable=*/false, purpose, TimingsWrite::kIfDue, [&]() -> absl::Status {
     // (Nothing to delete but on a rerun; an index probe otherwise.)
-    TANDEM_RETURN_IF_ERROR(DeleteStepRows(e.seq, step.step(), purpose));
+    RETURN_IF_ERROR(DeleteStepRows(e.seq, step.step(), purpose));
     if (trimmed) {
-      absl::StatusOr<SqliteStatement*> st =
-          db_->Prepare("DELETE FROM steps WHERE job_seq = ?1 AND step < ?2", purpose);
-      if (!st.ok()) return st.status();
-      TANDEM_RETURN_IF_ERROR((*st)->Bind(1, e.seq).Bind(2, oldest).Run());
+      ASSIGN_OR_RETURN(SqliteStatement * st,
+                       db_->Prepare("DELETE FROM steps WHERE job_seq = ?1 AND step < ?2", purpose));
+      RETURN_IF_ERROR(st->Bind(1, e.seq).Bind(2, oldest).Run());
     }
-    absl::StatusOr<SqliteStatement*> st = db_->Prepare(
-        "INSERT OR REPLACE INTO steps (job_seq, step, loss, summary) VALUES (?1, ?2, ?3, ?4)",
-        purpose);
-    if (!st.ok()) return st.status();
-    return (*st)
-        ->Bind(1, e.seq)
+    ASSIGN_OR_RETURN(
+        SqliteStatement * st,
+        db_->Prepare(
+            "INSERT OR REPLACE INTO steps (job_seq, step, loss, summary) VALUES (?1, ?2, ?3, ?4)",
+            purpose));
+    return st->Bind(1, e.seq)
         .Bind(2, step.step())
         .Bind(3, step.loss())
         .BindBlob(4, step.SerializeAsString())
@@ -659,10 +484,9 @@ void JobStore::RecordStep(const std::string& job_id, const v1::StepSummary& step
 }
 
 absl::Status JobStore::DeleteStepRows(int64_t seq, int64_t from, const std::string& purpose) {
-  absl::StatusOr<SqliteStatement*> del =
-      db_->Prepare("DELETE FROM steps WHERE job_seq = ?1 AND step >= ?2", purpose);
-  if (!del.ok()) return del.status();
-  return (*del)->Bind(1, seq).Bind(2, from).Run();
+  ASSIGN_OR_RETURN(SqliteStatement * del,
+                   db_->Prepare("DELETE FROM steps WHERE job_seq = ?1 AND step >= ?2", purpose));
+  return del->Bind(1, seq).Bind(2, from).Run();
 }
 
 int64_t JobStore::RecordRestart(const std::string& job_id, const std::string& cause) {
@@ -793,7 +617,5 @@ absl::StatusOr<JobStore::Events> JobStore::WaitEvents(const std::string& job_id,
   out.ended = IsTerminal(e.job.state());
   return out;
 }
-
-#undef TANDEM_RETURN_IF_ERROR
 
 }  // namespace tandem::coordinator

@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/checkpoint_store.h"
 #include "coordinator/file_lock.h"
 #include "coordinator/sqlite_db.h"
 #include "coordinator/step_timings.h"
@@ -54,7 +55,12 @@ class JobStore {
   // it, at its latest complete checkpoint (one whose manifest exists under
   // <data_root>/checkpoints), its history cut after that step, so that the steps after it are
   // run again; QUEUED and finished jobs stay as they were.
+  //
+  // `checkpoints` is the coordinator's store of <data_root>/checkpoints: the manifests recovery
+  // reconciles each job with. Only read during Open (not kept). It may be null only without a
+  // data root (INVALID_ARGUMENT otherwise).
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& data_root,
+                                                        const CheckpointStore* checkpoints,
                                                         const TimingRetention& retention = {});
 
   // How many times a store has opened this data root, this time included (1 for a new one);
@@ -148,12 +154,16 @@ class JobStore {
 
   JobStore(std::string data_root, const TimingRetention& retention)
       : data_root_(std::move(data_root)), retention_(retention) {}
-  // Opening with a data root: the lock, the schema, the import of JSON files, the load.
-  absl::Status OpenDatabase() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ImportJsonFiles() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Opening with a data root: the lock, the schema, the import of JSON files, the load, the
+  // recovery.
+  absl::Status OpenDatabase(const CheckpointStore& checkpoints) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Load() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Reconciles each job's checkpoint with the manifests on disk and requeues interrupted jobs.
-  absl::Status Recover() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Recovery (job_store_recovery.cc): the one-time import of the JSON files of earlier
+  // versions, ...
+  absl::Status ImportJsonFiles() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ... and the reconciliation of each job's checkpoint with the manifests in `checkpoints`,
+  // which requeues interrupted jobs.
+  absl::Status Recover(const CheckpointStore& checkpoints) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Writes the job's row (and its timings when dirty and `timings` allows) in one
   // transaction with whatever `also` writes; logs and returns the error. A no-op in memory.

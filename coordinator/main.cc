@@ -164,13 +164,13 @@ int main(int argc, char** argv) {
     spdlog::info("health (grpc.health.v1, plaintext) on port {}", health->port());
   }
 
-  auto store = JobStore::Open(absl::GetFlag(FLAGS_data_root));
+  const std::string data_root = absl::GetFlag(FLAGS_data_root);
+  tc::CheckpointStore checkpoints(data_root.empty() ? "" : data_root + "/checkpoints");
+  auto store = JobStore::Open(data_root, &checkpoints);
   if (!store.ok()) return Fail(store.status().ToString());
   tc::WorkerRegistry registry(std::chrono::milliseconds(absl::GetFlag(FLAGS_worker_timeout_ms)),
                               tc::FirstWorkerId((*store)->incarnation()));
   tc::RendezvousStore rendezvous;
-  const std::string data_root = absl::GetFlag(FLAGS_data_root);
-  tc::CheckpointStore checkpoints(data_root.empty() ? "" : data_root + "/checkpoints");
   tc::ProfileStore profiles(data_root.empty() ? "" : data_root + "/profiles");
   // Workers are dialled with the coordinator's certificate (their StageWorker API requires it).
   auto clients = tc::MakeGrpcStageWorkerClientFactory({security.tls, ""});

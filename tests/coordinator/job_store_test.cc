@@ -1,6 +1,6 @@
-// Tests of the JobStore's persistence in SQLite: what a reopened store holds, what it does
-// with jobs a killed coordinator left running, and that a store killed at any moment reopens
-// as a consistent prefix of what it was told.
+// Tests of the JobStore: its states, events and restarts, and its persistence in SQLite: what a
+// reopened store holds, what it does with jobs a killed coordinator left running, and that a
+// store killed at any moment reopens as a consistent prefix of what it was told.
 #include "coordinator/job_store.h"
 
 #include <fcntl.h>
@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -24,6 +25,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "tests/coordinator/runner_fixture.h"
 
 namespace tandem::coordinator {
 namespace {
@@ -36,11 +38,12 @@ class JobStorePersistenceTest : public ::testing::Test {
   void SetUp() override {
     char dir_template[] = "/tmp/tandem-jobstore-XXXXXX";
     dir_ = mkdtemp(dir_template);
+    checkpoints_.emplace(dir_ + "/checkpoints");
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   std::unique_ptr<JobStore> Open() {
-    auto store = JobStore::Open(dir_);
+    auto store = JobStore::Open(dir_, &*checkpoints_);
     EXPECT_TRUE(store.ok()) << store.status();
     return store.ok() ? *std::move(store) : nullptr;
   }
@@ -57,6 +60,7 @@ class JobStorePersistenceTest : public ::testing::Test {
   }
 
   std::string dir_;
+  std::optional<CheckpointStore> checkpoints_;  // of dir_, set by SetUp
 };
 
 v1::JobSpec Spec(int steps) {
@@ -372,19 +376,29 @@ TEST_F(JobStorePersistenceTest, OnlyTheLatestStepKeepsTheStageMemoryBreakdown) {
 TEST_F(JobStorePersistenceTest, ASecondStoreOnTheSameDataRootIsRefusedUntilTheFirstCloses) {
   auto first = Open();
   ASSERT_NE(first, nullptr);
-  auto second = JobStore::Open(dir_);
+  auto second = JobStore::Open(dir_, &*checkpoints_);
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(second.status().message(),
               HasSubstr(absl::StrCat("the data root ", dir_, " is in use by another coordinator (",
                                      dir_, "/coordinator.lock is locked by process ", getpid())));
   first.reset();
-  EXPECT_TRUE(JobStore::Open(dir_).ok());
+  EXPECT_TRUE(JobStore::Open(dir_, &*checkpoints_).ok());
+}
+
+// The store reconciles jobs with the coordinator's checkpoint store, so one with a data root
+// cannot open without it; an in-memory store needs none.
+TEST_F(JobStorePersistenceTest, ADataRootNeedsTheCheckpointStore) {
+  auto store = JobStore::Open(dir_, nullptr);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/coordinator.db"));
+  EXPECT_TRUE(JobStore::Open("", nullptr).ok());
 }
 
 TEST_F(JobStorePersistenceTest, ADamagedDatabaseIsRefusedNamingIt) {
   std::ofstream(dir_ + "/coordinator.db") << std::string(8192, 'x');
-  auto store = JobStore::Open(dir_);
+  auto store = JobStore::Open(dir_, &*checkpoints_);
   ASSERT_FALSE(store.ok());
   EXPECT_EQ(store.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(store.status().message(), HasSubstr(dir_ + "/coordinator.db"));
@@ -477,13 +491,13 @@ double LossOf(const std::string& job, int64_t step) {
     const std::string text = line + "\n";
     if (::write(ack, text.data(), text.size()) != static_cast<ssize_t>(text.size())) _exit(4);
   };
-  auto opened = JobStore::Open(dir);
+  CheckpointStore checkpoints(dir + "/checkpoints");
+  auto opened = JobStore::Open(dir, &checkpoints);
   if (!opened.ok()) {
     say("error " + opened.status().ToString());
     _exit(3);
   }
   JobStore& store = **opened;
-  CheckpointStore checkpoints(dir + "/checkpoints");
   while (true) {
     std::vector<std::string> queued = store.Queued();
     std::string id;
@@ -539,7 +553,7 @@ TEST_F(JobStorePersistenceTest, AStoreKilledAtAnyMomentReopensAsAConsistentPrefi
                                      << std::ifstream(ack_path).rdbuf();
 
     const Acked acked = ReadAcks(ack_path);
-    auto store = JobStore::Open(dir_);
+    auto store = JobStore::Open(dir_, &*checkpoints_);
     ASSERT_TRUE(store.ok()) << store.status();
     for (const std::string& id : acked.added) {
       absl::StatusOr<v1::Job> job = (*store)->Get(id);
@@ -584,6 +598,107 @@ TEST_F(JobStorePersistenceTest, AStoreKilledAtAnyMomentReopensAsAConsistentPrefi
   }
   // The rounds made progress (the writer got past opening at least sometimes).
   EXPECT_GT(total_steps_seen, 0);
+}
+
+// The store's states, events and restarts, as the job runner uses them.
+
+TEST(JobStoreTest, StatesAreFinalAndPersisted) {
+  char dir_template[] = "/tmp/tandem-store-XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  const CheckpointStore checkpoints(dir + "/checkpoints");
+  std::string running_id, done_id, queued_id;
+  {
+    auto store = JobStore::Open(dir, &checkpoints);
+    ASSERT_TRUE(store.ok()) << store.status();
+    running_id = *(*store)->Add(JobSpecOf(2, 5));
+    done_id = *(*store)->Add(JobSpecOf(2, 5));
+    queued_id = *(*store)->Add(JobSpecOf(2, 5));
+    ASSERT_TRUE((*store)->Transition(running_id, v1::RUNNING, "").ok());
+    ASSERT_TRUE((*store)->Transition(done_id, v1::RUNNING, "").ok());
+    ASSERT_TRUE((*store)->Transition(done_id, v1::SUCCEEDED, "").ok());
+    EXPECT_EQ((*store)->Transition(done_id, v1::FAILED, "x").code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ((*store)->Queued(), std::vector<std::string>{queued_id});
+  }
+  // Reopen: finished history kept, queued stays queued, running was interrupted and is queued
+  // again (job_store_test.cc has the details).
+  auto store = JobStore::Open(dir, &checkpoints);
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ((*store)->Get(done_id)->state(), v1::SUCCEEDED);
+  EXPECT_EQ((*store)->Get(queued_id)->state(), v1::QUEUED);
+  EXPECT_EQ((*store)->Get(running_id)->state(), v1::QUEUED);
+  EXPECT_THAT((*store)->Get(running_id)->reason(), HasSubstr("restarted"));
+  auto next = (*store)->Add(JobSpecOf(1, 1));
+  EXPECT_EQ(*next, "job-4");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(JobStoreTest, WatchersSeeEveryEventInOrder) {
+  auto store = *JobStore::Open("", /*checkpoints=*/nullptr);
+  const std::string id = *store->Add(JobSpecOf(1, 3));
+  std::vector<v1::JobEvent> seen;
+  std::thread watcher([&] {
+    int64_t cursor = 0;
+    while (true) {
+      auto batch = store->WaitEvents(id, cursor, absl::Seconds(5));
+      ASSERT_TRUE(batch.ok());
+      seen.insert(seen.end(), batch->events.begin(), batch->events.end());
+      cursor = batch->cursor;
+      if (batch->ended) return;
+    }
+  });
+  ASSERT_TRUE(store->Transition(id, v1::RUNNING, "").ok());
+  for (int s = 0; s < 3; ++s) {
+    v1::StepSummary step;
+    step.set_step(s);
+    step.set_loss(5.0 - s);
+    store->RecordStep(id, step);
+  }
+  ASSERT_TRUE(store->Transition(id, v1::SUCCEEDED, "").ok());
+  watcher.join();
+  ASSERT_EQ(seen.size(), 6u);  // QUEUED, RUNNING, 3 steps, SUCCEEDED
+  EXPECT_EQ(seen[0].state(), v1::QUEUED);
+  EXPECT_EQ(seen[2].step().step(), 0);
+  EXPECT_EQ(seen[4].step().loss(), 3.0);
+  EXPECT_EQ(seen[5].state(), v1::SUCCEEDED);
+  EXPECT_EQ(store->Get(id)->steps_done(), 3);
+  EXPECT_EQ(store->Get("job-77").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store->Get("nonsense").status().code(), absl::StatusCode::kNotFound);
+}
+
+// A rerun step supersedes its record and every later one; a restart rolls back to the
+// checkpoint, so that no step is counted twice.
+TEST(JobStoreTest, ARestartRollsBackToTheCheckpointAndRerunStepsReplaceTheirRecords) {
+  auto store = *JobStore::Open("", /*checkpoints=*/nullptr);
+  const std::string id = *store->Add(JobSpecOf(2, 10));
+  for (int64_t s = 0; s < 6; ++s) {
+    v1::StepSummary step;
+    step.set_step(s);
+    step.set_loss(10.0 - static_cast<double>(s));
+    step.set_skipped(s == 4);
+    store->RecordStep(id, step);
+  }
+  store->SetCheckpoint(id, 2);
+  EXPECT_EQ(store->RecordRestart(id, "step 6: boom"), 2) << "resumes after the checkpoint";
+  auto job = *store->Get(id);
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_EQ(job.first_failure(), "step 6: boom");
+  EXPECT_EQ(job.steps_done(), 3);
+  ASSERT_EQ(job.history_size(), 3);
+  EXPECT_EQ(job.history(2).step(), 2);
+  EXPECT_EQ(job.last_loss(), 8.0);
+  EXPECT_EQ(job.skipped_steps(), 0);
+  store->RecordRestart(id, "later");
+  EXPECT_EQ(store->Get(id)->first_failure(), "step 6: boom") << "the first cause stays";
+  // Steps 3.. run again; recording step 1 again (a rerun) drops what came after it.
+  v1::StepSummary rerun;
+  rerun.set_step(1);
+  rerun.set_loss(42.0);
+  store->RecordStep(id, rerun);
+  job = *store->Get(id);
+  ASSERT_EQ(job.history_size(), 2);
+  EXPECT_EQ(job.history(1).loss(), 42.0);
+  EXPECT_EQ(job.steps_done(), 2);
 }
 
 }  // namespace

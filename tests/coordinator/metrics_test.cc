@@ -71,7 +71,7 @@ v1::StepTimings BytesOnly(int64_t step) {
 class CoordinatorMetricsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto store = JobStore::Open("");
+    auto store = JobStore::Open("", /*checkpoints=*/nullptr);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = *std::move(store);
     auto spec = LoadJobSpecYaml(

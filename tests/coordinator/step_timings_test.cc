@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/spec.h"
+#include "coordinator/checkpoint_store.h"
 #include "coordinator/job_store.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
@@ -182,8 +183,9 @@ TEST(StepTimingsTest, TheStoreKeepsTimingsApartAndPersistsThemWithTheJob) {
   TimingRetention policy;
   policy.recent = 3;
   policy.sampled = 2;
+  const CheckpointStore checkpoints(dir + "/checkpoints");
   {
-    auto store = JobStore::Open(dir, policy);
+    auto store = JobStore::Open(dir, &checkpoints, policy);
     ASSERT_TRUE(store.ok()) << store.status();
     id = *(*store)->Add(*spec);
     EXPECT_EQ((*store)->GetTimings(id)->steps_size(), 0);
@@ -198,7 +200,7 @@ TEST(StepTimingsTest, TheStoreKeepsTimingsApartAndPersistsThemWithTheJob) {
     EXPECT_THAT((*store)->Get(id)->DebugString(), Not(HasSubstr("origin_us")));
   }
   EXPECT_TRUE(std::filesystem::exists(dir + "/coordinator.db"));
-  auto store = JobStore::Open(dir, policy);
+  auto store = JobStore::Open(dir, &checkpoints, policy);
   ASSERT_TRUE(store.ok()) << store.status();
   absl::StatusOr<v1::JobTimings> t = (*store)->GetTimings(id);
   ASSERT_TRUE(t.ok()) << t.status();
@@ -233,7 +235,7 @@ TEST(StepTimingsTest, ByteTotalsCountEveryStepRecorded) {
 }
 
 TEST(StepTimingsTest, TheStoreGivesTimingsWithoutStepsOrOnlyTheLatest) {
-  auto store = JobStore::Open("");
+  auto store = JobStore::Open("", /*checkpoints=*/nullptr);
   ASSERT_TRUE(store.ok()) << store.status();
   auto spec = LoadJobSpecYaml("steps: 30\npipeline:\n  stages: 2\n  micro_batches: 4\n");
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -259,7 +261,7 @@ TEST(StepTimingsTest, TheStoreGivesTimingsWithoutStepsOrOnlyTheLatest) {
 }
 
 TEST(JobStoreTest, StepsAfterGivesTheRetainedStepsAfterOne) {
-  auto store = JobStore::Open("");
+  auto store = JobStore::Open("", /*checkpoints=*/nullptr);
   ASSERT_TRUE(store.ok()) << store.status();
   auto spec = LoadJobSpecYaml("steps: 30\n");
   ASSERT_TRUE(spec.ok()) << spec.status();

@@ -42,7 +42,7 @@ std::vector<v1::StepReport> Reports(const Schedule& lowered, int64_t step) {
 class WebHandlersTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto store = JobStore::Open("");
+    auto store = JobStore::Open("", /*checkpoints=*/nullptr);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = *std::move(store);
     auto spec =

@@ -1,0 +1,171 @@
+#include "coordinator/gang.h"
+
+#include <future>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace tandem::coordinator {
+
+Gang::Gang(std::string job_id, std::vector<WorkerRecord> workers, StageWorkerClientFactory& clients,
+           WorkerRegistry* registry, absl::Duration abort_timeout,
+           std::function<std::string(int rank)> name)
+    : job_id_(std::move(job_id)),
+      workers_(std::move(workers)),
+      registry_(registry),
+      abort_timeout_(abort_timeout),
+      name_(std::move(name)) {
+  for (const auto& w : workers_) clients_.push_back(clients.Connect(w.address));
+}
+
+bool Gang::Interrupt(absl::Status status, const std::vector<int>& lost_ranks) {
+  absl::MutexLock lock(&mu_);
+  if (!interrupt_.ok()) return false;
+  interrupt_ = std::move(status);
+  lost_ranks_.insert(lost_ranks.begin(), lost_ranks.end());
+  return true;
+}
+
+absl::Status Gang::InterruptStatus() const {
+  absl::MutexLock lock(&mu_);
+  return interrupt_;
+}
+
+bool Gang::RankLost(int rank) const {
+  absl::MutexLock lock(&mu_);
+  return lost_ranks_.count(rank) > 0;
+}
+
+StageWorkerClient::Done Gang::Completion(Batch* batch, int rank) {
+  return [this, batch, rank](absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    if (!s.ok() && batch->failed++ == 0) batch->first_failure = rank;
+    batch->results[rank] = std::move(s);
+    --batch->pending;
+  };
+}
+
+absl::Status Gang::AwaitBatch(Batch* batch, absl::Duration timeout, const std::string& what) {
+  std::string abort_reason;
+  {
+    absl::MutexLock lock(&mu_);
+    auto settled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return batch->pending == 0 || batch->failed > 0 || !interrupt_.ok();
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&settled), timeout);
+    if (batch->pending == 0) return absl::OkStatus();
+    if (!interrupt_.ok()) {
+      abort_reason = std::string(interrupt_.message());
+    } else if (batch->failed > 0) {
+      const int r = batch->first_failure;
+      abort_reason = absl::StrCat(what, ": ", name_(r), " failed: ", batch->results[r].message());
+    } else {
+      abort_reason = absl::StrCat(what, " timed out after ", absl::FormatDuration(timeout));
+    }
+  }
+  // Abort makes the workers return promptly; cancel the calls if they still do not (at once
+  // for a worker known lost).
+  AbortAll(abort_reason);
+  for (size_t r = 0; r < clients_.size(); ++r) {
+    if (RankLost(static_cast<int>(r))) clients_[r]->CancelPending();
+  }
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return batch->pending == 0; };
+  bool all_done;
+  {
+    absl::MutexLock lock(&mu_);
+    all_done = mu_.AwaitWithTimeout(absl::Condition(&done), abort_timeout_);
+  }
+  if (!all_done) {
+    for (auto& c : clients_) c->CancelPending();
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done));
+  }
+  return InterruptStatus();
+}
+
+absl::Status Gang::CallAll(const std::string& what, absl::Duration timeout,
+                           const std::function<void(int, StageWorkerClient::Done)>& issue) {
+  const int p = size();
+  Batch batch(p);
+  batch.deadline = timeout;
+  for (int r = 0; r < p; ++r) issue(r, Completion(&batch, r));
+  RETURN_IF_ERROR(AwaitBatch(&batch, timeout + absl::Seconds(5), what));
+  for (int r = 0; r < p; ++r) {
+    if (!batch.results[r].ok()) {
+      return Diagnose(what, batch.results, batch.first_failure, batch.deadline);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Gang::Diagnose(const std::string& what, const std::vector<absl::Status>& results,
+                            absl::Duration deadline) {
+  int first_failure = -1;
+  for (size_t r = 0; r < results.size() && first_failure < 0; ++r) {
+    if (!results[r].ok()) first_failure = static_cast<int>(r);
+  }
+  return Diagnose(what, results, first_failure, deadline);
+}
+
+absl::Status Gang::Diagnose(const std::string& what, const std::vector<absl::Status>& results,
+                            int first_failure, absl::Duration deadline) {
+  RETURN_IF_ERROR(InterruptStatus());
+  const int p = size();
+  std::vector<std::future<absl::Status>> probes;
+  for (int r = 0; r < p; ++r) {
+    probes.push_back(
+        std::async(std::launch::async, [this, r] { return clients_[r]->Probe(absl::Seconds(2)); }));
+  }
+  std::string first_error;
+  if (first_failure >= 0) {
+    const int r = first_failure;
+    const absl::Status& e = results[r];
+    if (e.code() == absl::StatusCode::kDeadlineExceeded) {
+      // The call's own deadline passed: say which, and what that usually means.
+      first_error = absl::StrCat(name_(r), " timed out: no answer within ",
+                                 absl::FormatDuration(deadline), " (", e.message(),
+                                 "); it may be hung, or waiting on a peer or a link that is down");
+    } else {
+      first_error = absl::StrCat(name_(r), ": ", e.ToString());
+    }
+  }
+  for (int r = 0; r < p; ++r) {
+    absl::Status probe = probes[r].get();
+    if (!probe.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        lost_ranks_.insert(r);
+      }
+      registry_->MarkLost(workers_[r].id);
+      return absl::UnavailableError(absl::StrCat(what, ": ", name_(r), " is unreachable (",
+                                                 probe.ToString(),
+                                                 "); first error: ", first_error));
+    }
+  }
+  return absl::InternalError(absl::StrCat(what, ": ", first_error));
+}
+
+void Gang::AbortAll(const std::string& reason) {
+  v1::AbortRequest req;
+  req.set_job_id(job_id_);
+  req.set_reason(reason);
+  std::vector<std::future<absl::Status>> calls;
+  for (size_t r = 0; r < clients_.size(); ++r) {
+    if (RankLost(static_cast<int>(r))) {
+      calls.push_back(std::async(std::launch::deferred, [] { return absl::OkStatus(); }));
+      continue;
+    }
+    calls.push_back(std::async(
+        std::launch::async, [this, r, &req] { return clients_[r]->Abort(req, abort_timeout_); }));
+  }
+  for (size_t r = 0; r < calls.size(); ++r) {
+    absl::Status s = calls[r].get();
+    if (!s.ok()) {
+      spdlog::warn("{}: abort of {} failed: {}", job_id_, name_(static_cast<int>(r)), s.ToString());
+    }
+  }
+}
+
+}  // namespace tandem::coordinator

@@ -1,0 +1,106 @@
+// The workers allocated to one job, driven as a unit: one asynchronous call to every worker at
+// once (CallAll), awaited together; a failed call diagnosed by probing every worker, so that an
+// unreachable worker is named as the cause rather than the neighbour that noticed it; and an
+// abort of every worker (AbortAll), which makes blocked transfers return.
+//
+// A gang can be interrupted (Interrupt) from any thread: a batch still waiting for its calls
+// stops waiting, every worker is aborted and the batch returns the interrupting status (so does
+// Diagnose); InterruptStatus tells the job's loop to stop. Ranks found lost (their heartbeats missed, or a probe unanswered) are neither waited
+// for nor aborted: a dead or hung worker cannot answer.
+//
+// Thread-safe: Interrupt, InterruptStatus and RankLost may be called from any thread while the
+// job's own thread makes the calls.
+#ifndef TANDEM_COORDINATOR_GANG_H_
+#define TANDEM_COORDINATOR_GANG_H_
+
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/worker_client.h"
+#include "coordinator/worker_registry.h"
+
+namespace tandem::coordinator {
+
+class Gang {
+ public:
+  // Connects to every worker of `workers` (in rank order) through `clients`. `registry` learns
+  // of the workers found unreachable (MarkLost). `name` says who a rank is in messages ("stage
+  // 2 (worker w-3 at host:port)"). `abort_timeout` bounds each Abort call, and the wait for a
+  // batch's calls to return after an abort.
+  Gang(std::string job_id, std::vector<WorkerRecord> workers, StageWorkerClientFactory& clients,
+       WorkerRegistry* registry, absl::Duration abort_timeout,
+       std::function<std::string(int rank)> name);
+
+  int size() const { return static_cast<int>(workers_.size()); }
+  const std::vector<WorkerRecord>& workers() const { return workers_; }
+  StageWorkerClient& client(int rank) { return *clients_[rank]; }
+
+  // Issues one call per worker (issue(rank, done)) and waits for all. If one fails, the gang is
+  // interrupted or `timeout` (+5 s) passes first, aborts every worker and waits for the rest
+  // (at most abort_timeout, then their calls are cancelled). Returns the interruption, else
+  // OK when every call succeeded, else the diagnosis of the failure (Diagnose). `what` names
+  // the batch in errors ("step 7").
+  absl::Status CallAll(const std::string& what, absl::Duration timeout,
+                       const std::function<void(int, StageWorkerClient::Done)>& issue);
+
+  // Explains failed calls made outside CallAll: `results` by rank, each call made with
+  // `deadline`; the lowest failed rank is taken for the first failure. Returns the
+  // interruption if the gang was interrupted; else probes every worker: UNAVAILABLE naming the
+  // first unreachable one (which is marked lost, here and in the registry), else INTERNAL
+  // naming the first failure.
+  absl::Status Diagnose(const std::string& what, const std::vector<absl::Status>& results,
+                        absl::Duration deadline);
+
+  // Aborts every worker not known lost, at once; failures are logged.
+  void AbortAll(const std::string& reason);
+
+  // The first interrupt wins: returns false (and changes nothing) if the gang was already
+  // interrupted. `status` must not be OK; `lost_ranks` are marked lost with it.
+  bool Interrupt(absl::Status status, const std::vector<int>& lost_ranks = {});
+  // OK until interrupted, then the interrupting status.
+  absl::Status InterruptStatus() const;
+  bool RankLost(int rank) const;
+
+ private:
+  // One asynchronous call to every worker; guarded by mu_.
+  struct Batch {
+    explicit Batch(int n) : results(n), pending(n) {}
+    std::vector<absl::Status> results;
+    int pending;
+    int failed = 0;
+    int first_failure = -1;   // the rank whose call failed first (later ones may be our aborts)
+    absl::Duration deadline;  // of each call (for the message when one passes it)
+  };
+  StageWorkerClient::Done Completion(Batch* batch, int rank);
+  // Waits for every call of the batch. If one fails, the gang is interrupted or `timeout`
+  // passes first, aborts every worker (so that blocked transfers return) and then waits for
+  // the rest. Returns the interruption, or OK (the batch's results say the rest).
+  absl::Status AwaitBatch(Batch* batch, absl::Duration timeout, const std::string& what);
+  absl::Status Diagnose(const std::string& what, const std::vector<absl::Status>& results,
+                        int first_failure, absl::Duration deadline);
+
+  const std::string job_id_;
+  const std::vector<WorkerRecord> workers_;
+  std::vector<std::unique_ptr<StageWorkerClient>> clients_;
+  WorkerRegistry* const registry_;
+  const absl::Duration abort_timeout_;
+  const std::function<std::string(int)> name_;
+
+  mutable absl::Mutex mu_;
+  absl::Status interrupt_ ABSL_GUARDED_BY(mu_);
+  // Ranks whose worker was lost (no heartbeat) or found unreachable: not waited for, not
+  // aborted (a dead or hung worker cannot answer; when it comes back, the next Configure
+  // replaces its stage and its calls of this attempt are refused).
+  std::set<int> lost_ranks_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem::coordinator
+
+#endif  // TANDEM_COORDINATOR_GANG_H_

@@ -1,0 +1,171 @@
+#include "coordinator/job_planning.h"
+
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/confined_path.h"
+#include "common/planner.h"
+#include "common/schedule.h"
+#include "common/spec.h"
+#include "common/status_macros.h"
+#include "common/step_number.h"
+#include "coordinator/hf_export.h"
+#include "coordinator/model_profiler.h"
+#include "spdlog/spdlog.h"
+
+namespace tandem::coordinator {
+
+absl::Status JobPlanner::Plan(RunPlan* plan) {
+  if (plan->spec.pipeline().plan() == "auto") RETURN_IF_ERROR(ChooseAutoPlan(&plan->spec));
+  const v1::JobSpec& spec = plan->spec;
+  const std::vector<WorkerRecord>& workers = gang_.workers();
+  std::optional<v1::ModelProfile> profile;
+  const std::string key = ProfileKey(spec, DeviceKind(workers[0].device), workers[0].threads);
+  if (env_.profiles != nullptr) profile = env_.profiles->Find(key);
+  if (!profile.has_value() && spec.pipeline().partition() == "profile") {
+    ASSIGN_OR_RETURN(profile, ProfileForJob(spec));
+  }
+  ASSIGN_OR_RETURN(plan->pipeline, PlanPipeline(spec, profile.has_value() ? &*profile : nullptr));
+  const PipelinePlan& pipeline = plan->pipeline;
+  if (pipeline.predicted_step_seconds > 0) {
+    env_.store->SetPredictedStep(job_.id(), pipeline.predicted_step_seconds);
+  }
+  if (const std::string& hf = spec.init().hf_file(); !hf.empty()) {
+    if (env_.checkpoints == nullptr || !env_.checkpoints->enabled() || env_.models_root.empty()) {
+      return absl::FailedPreconditionError("init.hf_file: this coordinator keeps no models");
+    }
+    const std::string import_id = absl::StrCat("import-", job_.id());
+    // Confined to the models root on the file system too: no symlink out of it.
+    ASSIGN_OR_RETURN(const std::string hf_path,
+                     ResolveConfined(env_.models_root, hf, "init.hf_file",
+                                     "the coordinator's <data-root>/models"));
+    RETURN_IF_ERROR(ImportGpt2Safetensors(hf_path, spec.model(), *env_.checkpoints, import_id));
+    plan->restore.set_job_id(import_id);
+    plan->restore.set_step(0);
+    plan->restore.set_weights_only(true);
+    spdlog::info("{}: fine-tuning from {}", job_.id(), hf);
+  }
+  if (const std::string& from = spec.init().from_job(); !from.empty()) {
+    if (env_.checkpoints == nullptr) {
+      return absl::FailedPreconditionError("init.from_job: this coordinator keeps no checkpoints");
+    }
+    absl::StatusOr<int64_t> latest = env_.checkpoints->Latest(from);
+    if (!latest.ok())
+      return absl::FailedPreconditionError(
+          absl::StrCat("init.from_job: ", latest.status().message()));
+    plan->restore.set_job_id(from);
+    plan->restore.set_step(*latest);
+    plan->first_step = *latest + 1;
+    if (plan->first_step >= spec.steps()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "init.from_job: the checkpoint of ", from, " is after step ", StepNumber(*latest),
+          ", but this job has only ", spec.steps(), " steps; raise steps to continue training"));
+    }
+    env_.store->SetFirstStep(job_.id(), plan->first_step);
+    spdlog::info("{}: resuming from the checkpoint of {} after step {}", job_.id(), from,
+                 StepNumber(*latest));
+  }
+  // A restart (after a fault, or of a coordinator) continues from the job's own latest
+  // complete checkpoint; without one it starts again as the spec says.
+  if (job_.checkpoint_step() >= 0 && env_.checkpoints != nullptr && env_.checkpoints->enabled()) {
+    absl::StatusOr<int64_t> own = env_.checkpoints->LatestReadable(job_.id());
+    if (own.ok()) {
+      plan->restore.set_job_id(job_.id());
+      plan->restore.set_step(*own);
+      plan->restore.set_weights_only(false);
+      plan->first_step = *own + 1;
+      spdlog::info("{}: attempt {} resumes from its checkpoint after step {}", job_.id(),
+                   job_.restarts(), StepNumber(*own));
+    } else {
+      spdlog::warn("{}: its checkpoint after step {} cannot be read ({}); starting again",
+                   job_.id(), StepNumber(job_.checkpoint_step()), own.status().ToString());
+    }
+  }
+  // One row per stage: its worker, its layers and its actions in its worker's order.
+  std::vector<v1::StageAssignment> stages;
+  for (int s = 0; s < pipeline.num_stages(); ++s) {
+    const int r = pipeline.schedule.placement.rank_of_stage[s];
+    std::vector<Action> own;
+    for (const Action& a : pipeline.schedule.program[r]) {
+      if (a.stage == s && IsComputeAction(a.kind)) own.push_back(a);
+    }
+    v1::StageAssignment a;
+    a.set_stage(s);
+    a.set_rank(r);
+    a.set_worker_id(workers[r].id);
+    a.set_address(workers[r].address);
+    a.set_layer_begin(pipeline.ranges[s].begin);
+    a.set_layer_end(pipeline.ranges[s].end);
+    a.set_actions(ActionsToString(own));
+    if (!pipeline.stage_costs.empty()) {
+      a.set_predicted_seconds(pipeline.stage_costs[s].forward + pipeline.stage_costs[s].backward);
+      a.set_predicted_bytes(pipeline.stage_bytes[s]);
+    }
+    stages.push_back(std::move(a));
+  }
+  env_.store->SetStages(job_.id(), stages);
+  return absl::OkStatus();
+}
+
+absl::Status JobPlanner::ChooseAutoPlan(v1::JobSpec* spec) {
+  const v1::JobSpec written = *spec;
+  // One profile per micro-batch size, kept here too: the spec as written is costed from the
+  // one the search already got, even when there is no profile store to cache it.
+  std::map<int, absl::StatusOr<v1::ModelProfile>> by_size;
+  auto profile_at = [&](const v1::JobSpec& s) -> const absl::StatusOr<v1::ModelProfile>& {
+    const int size = s.pipeline().micro_batch_size();
+    auto it = by_size.find(size);
+    if (it == by_size.end()) it = by_size.emplace(size, ProfileAt(s)).first;
+    return it->second;
+  };
+  const std::vector<PlanCandidate> candidates = SearchPlans(written, profile_at);
+  absl::StatusOr<PlanCandidate> best = ChoosePlan(candidates);
+  if (!best.ok()) {
+    return absl::Status(best.status().code(),
+                        absl::StrCat("pipeline.plan: auto: ", best.status().message()));
+  }
+  double as_written = 0.0;
+  if (const absl::StatusOr<v1::ModelProfile>& p = profile_at(written); p.ok()) {
+    if (absl::StatusOr<PipelinePlan> plan = PlanPipeline(written, &*p); plan.ok()) {
+      as_written = plan->predicted_step_seconds;
+    }
+  }
+  int feasible = 0;
+  for (const PlanCandidate& c : candidates) feasible += c.status.ok();
+  const std::string note = absl::StrCat(DescribeChoice(*best, as_written), "; best of ", feasible,
+                                        " feasible of ", candidates.size(), " candidates");
+  *spec = best->spec;
+  env_.store->SetPlan(job_.id(), spec->pipeline(), note);
+  spdlog::info("{}: planned {}", job_.id(), note);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ModelProfile> JobPlanner::ProfileAt(const v1::JobSpec& spec) {
+  const std::vector<WorkerRecord>& workers = gang_.workers();
+  if (env_.profiles != nullptr) {
+    std::optional<v1::ModelProfile> cached =
+        env_.profiles->Find(ProfileKey(spec, DeviceKind(workers[0].device), workers[0].threads));
+    if (cached.has_value()) return *std::move(cached);
+  }
+  return ProfileForJob(spec);
+}
+
+absl::StatusOr<v1::ModelProfile> JobPlanner::ProfileForJob(const v1::JobSpec& spec) {
+  const std::vector<WorkerRecord>& workers = gang_.workers();
+  env_.store->SetReason(
+      job_.id(), absl::StrCat("planning: profiling micro-batches of ",
+                              spec.pipeline().micro_batch_size(), " on worker ", workers[0].id));
+  // With a second worker the link between the first two is measured too (keys under the
+  // job's prefix, dropped at its end like the rest).
+  std::optional<LinkPeer> peer;
+  if (workers.size() >= 2) {
+    peer = LinkPeer{&workers[1], &gang_.client(1), absl::StrCat(job_.id(), "/link-probe/"),
+                    env_.rendezvous};
+  }
+  return MeasureProfile(spec, workers[0], gang_.client(0), env_.profile_timeout, env_.profiles,
+                        peer.has_value() ? &*peer : nullptr);
+}
+
+}  // namespace tandem::coordinator

@@ -1,0 +1,74 @@
+// The "plan" phase of a job's run: the pipeline plan (pipeline.plan: auto searches the splits
+// of the global batch on measured layer profiles), the partition (profiled on the job's first
+// worker when partition: profile and no profile is cached), the checkpoint the run starts from
+// (init.hf_file imported, init.from_job, or the job's own after a restart), and the stage
+// assignment recorded in the job store.
+//
+// Not thread-safe: used by the job's runner, on its thread, before the workers are configured.
+#ifndef TANDEM_COORDINATOR_JOB_PLANNING_H_
+#define TANDEM_COORDINATOR_JOB_PLANNING_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/pipeline_plan.h"
+#include "coordinator/checkpoint_store.h"
+#include "coordinator/gang.h"
+#include "coordinator/job_store.h"
+#include "coordinator/profile_store.h"
+#include "coordinator/rendezvous_store.h"
+#include "tandem/v1/coordinator.pb.h"
+
+namespace tandem::coordinator {
+
+// What planning decided for one run of a job.
+struct RunPlan {
+  // The spec the run uses: the job's as submitted, or with the auto planner's pipeline.
+  v1::JobSpec spec;
+  PipelinePlan pipeline;      // schedule (lowered, validated), eval program, layer ranges
+  v1::CheckpointRef restore;  // set when the run resumes from a checkpoint
+  int64_t first_step = 0;     // the run's first training step
+};
+
+// What planning needs from the coordinator.
+struct PlanningEnv {
+  JobStore* store = nullptr;
+  RendezvousStore* rendezvous = nullptr;   // optional: the link probe's keys (profiling)
+  CheckpointStore* checkpoints = nullptr;  // optional: no checkpoint to start from without it
+  std::string models_root;                 // where init.hf_file paths resolve; empty: none
+  ProfileStore* profiles = nullptr;        // optional: layer profiles cached per shape
+  absl::Duration profile_timeout = absl::Seconds(300);
+};
+
+class JobPlanner {
+ public:
+  // `gang` is the job's workers (profiles are measured on its first, idle, worker).
+  JobPlanner(PlanningEnv env, const v1::Job& job, Gang& gang)
+      : env_(std::move(env)), job_(job), gang_(gang) {}
+
+  // Plans the run into `*plan`, whose spec starts as the job's; records the choices in the
+  // store (SetPlan, SetPredictedStep, SetFirstStep, SetStages). On failure `*plan` keeps what
+  // was decided before it; the error is the planner's, the profiler's or the checkpoint's.
+  absl::Status Plan(RunPlan* plan);
+
+ private:
+  // pipeline.plan: auto: profiles every split of the global batch, picks the candidate with the
+  // shortest predicted step (SearchPlans / ChoosePlan), makes it *spec and records it.
+  absl::Status ChooseAutoPlan(v1::JobSpec* spec);
+  // The layer profile of `spec`'s shape on the job's workers' kind: cached, or measured on
+  // the first worker (which is allocated to the job and idle) by ProfileForJob, with the link
+  // to the second when the job has one.
+  absl::StatusOr<v1::ModelProfile> ProfileAt(const v1::JobSpec& spec);
+  absl::StatusOr<v1::ModelProfile> ProfileForJob(const v1::JobSpec& spec);
+
+  const PlanningEnv env_;
+  const v1::Job& job_;
+  Gang& gang_;
+};
+
+}  // namespace tandem::coordinator
+
+#endif  // TANDEM_COORDINATOR_JOB_PLANNING_H_

@@ -1,0 +1,100 @@
+#include "coordinator/step_summary.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/status/statusor.h"
+#include "common/step_profile.h"
+#include "common/trace.h"
+#include "coordinator/step_timings.h"
+
+namespace tandem::coordinator {
+
+float ClipScale(double norm, float clip) {
+  if (!std::isfinite(norm) || clip <= 0 || norm <= clip) return 1.0f;
+  return static_cast<float>(clip / norm);
+}
+
+StepReports SummarizeReports(int64_t step, const Schedule& schedule, int num_stages,
+                             const std::vector<const v1::StepReport*>& reports,
+                             const v1::StepTimings& timings, float clip) {
+  StepReports out;
+  v1::StepSummary& summary = out.summary;
+  summary.set_step(step);
+  bool grads_finite = true;
+  double norm_sq = 0.0;
+  for (const v1::StepReport* rep : reports) {
+    if (rep->has_loss()) {
+      summary.set_loss(rep->loss());
+      out.has_loss = true;
+    }
+    grads_finite = grads_finite && rep->grads_finite();
+    norm_sq += rep->grad_norm_sq();
+    out.max_exec_us = std::max(out.max_exec_us, rep->exec_us());
+    summary.set_bytes_sent(summary.bytes_sent() + rep->bytes_sent());
+    summary.set_peak_activation_bytes(
+        std::max(summary.peak_activation_bytes(), rep->peak_activation_bytes()));
+    summary.add_rank_peak_activation_bytes(rep->peak_activation_bytes());
+  }
+  // Per stage: static + peak activations, and their parts, as each stage's worker measured them.
+  std::vector<v1::StageMemory> stage_memory(static_cast<size_t>(num_stages));
+  for (int s = 0; s < num_stages; ++s) stage_memory[static_cast<size_t>(s)].set_stage(s);
+  for (const v1::StepReport* rep : reports) {
+    for (const v1::StageMemory& m : rep->stage_memory()) {
+      if (m.stage() >= 0 && m.stage() < num_stages)
+        stage_memory[static_cast<size_t>(m.stage())] = m;
+    }
+  }
+  for (const v1::StageMemory& m : stage_memory) {
+    summary.add_stage_peak_bytes(m.static_bytes() + m.peak_activation_bytes());
+    *summary.add_stage_memory() = m;
+  }
+  if (absl::StatusOr<StepProfile> profile = ProfileStep(schedule, reports); profile.ok()) {
+    summary.set_bubble_measured(profile->measured_bubble);
+    summary.set_bubble_predicted(profile->predicted_bubble);
+    for (double b : profile->busy_seconds) summary.add_busy_seconds(b);
+    for (const ActionCosts& c : profile->stage_costs) {
+      summary.add_stage_seconds(
+          c.forward + (c.backward > 0 ? c.backward : c.backward_input + c.backward_weight));
+    }
+  } else {
+    out.warnings.push_back("cannot profile the step: " + profile.status().ToString());
+  }
+  // The per-stage busy time comes from the same record as the trace, so that they agree.
+  if (absl::StatusOr<StepTimeline> t = TimelineOf(schedule, timings); t.ok()) {
+    for (const StageTimes& st : t->stages) {
+      summary.add_stage_busy_seconds(static_cast<double>(st.busy_us) * 1e-6);
+      summary.add_stage_comm_seconds(static_cast<double>(st.comm_us) * 1e-6);
+      summary.add_stage_idle_seconds(static_cast<double>(st.idle_us) * 1e-6);
+    }
+  } else {
+    out.warnings.push_back("cannot build the step's timeline: " + t.status().ToString());
+  }
+  // The global gradient norm decides clipping and skipping, the same on every stage.
+  out.grad_norm = std::sqrt(norm_sq);
+  out.finite = grads_finite && std::isfinite(out.grad_norm) && std::isfinite(summary.loss());
+  out.grad_scale = out.finite ? ClipScale(out.grad_norm, clip) : 1.0f;
+  summary.set_grad_norm(out.grad_norm);
+  summary.set_skipped(!out.finite);
+  return out;
+}
+
+void SetThroughput(const StepThroughput& t, v1::StepSummary* summary) {
+  summary->set_step_seconds(t.step_seconds);
+  summary->set_max_worker_exec_seconds(static_cast<double>(t.max_exec_us) * 1e-6);
+  summary->set_coordinator_overhead_seconds(
+      std::max(0.0, t.run_seconds - summary->max_worker_exec_seconds()));
+  summary->set_tokens_per_second(t.step_seconds > 0 ? t.tokens_per_step / t.step_seconds : 0);
+  double peak = 0.0;
+  bool peaks_known = true;
+  for (double p : t.peak_flops) {
+    peaks_known = peaks_known && p > 0;
+    peak += p;
+  }
+  if (peaks_known && t.step_seconds > 0) {
+    summary->set_mfu(t.model_flops_per_token * static_cast<double>(t.tokens_per_step) /
+                     t.step_seconds / peak);
+  }
+}
+
+}  // namespace tandem::coordinator

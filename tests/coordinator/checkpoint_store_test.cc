@@ -1,0 +1,104 @@
+// The checkpoint store: torn checkpoints, retention, checksums.
+#include "coordinator/checkpoint_store.h"
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+// Writes a one-tensor stage file of checkpoint (job, step).
+void WriteStage(CheckpointStore& store, const std::string& job, int64_t step, int stage) {
+  float x = static_cast<float>(step * 10 + stage);
+  auto w = store.BeginStage(job, step, stage, {{absl::StrCat("t", stage), "F32", {1}}});
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->Append(&x, sizeof(x)).ok());
+  ASSERT_TRUE((*w)->Commit().ok());
+}
+
+TEST(CheckpointStoreTest, ATornCheckpointIsNeverLoadedAndRetentionKeepsTheNewest) {
+  char dir_template[] = "/tmp/tandem-ckpt-XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  CheckpointStore store(dir);
+  EXPECT_EQ(store.Latest("job-1").status().code(), absl::StatusCode::kNotFound);
+  WriteStage(store, "job-1", 3, 0);
+  WriteStage(store, "job-1", 3, 1);
+  ASSERT_TRUE(store.Commit("job-1", 3, 2, /*keep=*/2).ok());
+  // Step 7: stage 1 never arrives, so the checkpoint cannot commit and stays invisible.
+  WriteStage(store, "job-1", 7, 0);
+  EXPECT_EQ(store.Commit("job-1", 7, 2, 2).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*store.Latest("job-1"), 3);
+  EXPECT_EQ(store.Open("job-1", 7).status().code(), absl::StatusCode::kNotFound);
+  auto reader = store.Open("job-1", 3);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->num_stages(), 2);
+  auto t1 = (*reader)->Data("t1");
+  ASSERT_TRUE(t1.ok());
+  EXPECT_EQ(*reinterpret_cast<const float*>(t1->data()), 31.0f);
+  EXPECT_EQ((*reader)->Data("t9").status().code(), absl::StatusCode::kNotFound);
+  // Two more complete checkpoints: keep=2 drops step 3 and the torn step 7.
+  for (int64_t step : {11, 15}) {
+    WriteStage(store, "job-1", step, 0);
+    WriteStage(store, "job-1", step, 1);
+    ASSERT_TRUE(store.Commit("job-1", step, 2, 2).ok());
+  }
+  EXPECT_EQ(*store.Latest("job-1"), 15);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/job-1/step-3"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/job-1/step-7"));
+  EXPECT_TRUE(store.Open("job-1", 11).ok());
+  // Without a root, checkpoints are refused with a reason.
+  CheckpointStore none("");
+  EXPECT_EQ(none.Latest("job-1").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store.Open("../etc", 1).status().code(), absl::StatusCode::kInvalidArgument);
+  std::filesystem::remove_all(dir);
+}
+
+// Every stage file's size and CRC-32 are in the manifest and verified on open: a corrupt
+// file is DATA_LOSS naming it, and LatestReadable falls back to the newest intact checkpoint.
+// A crash between the stage files and the manifest leaves the previous checkpoint the one
+// loaded.
+TEST(CheckpointStoreTest, ChecksumsCatchACorruptFileAndACrashBeforeTheManifestKeepsThePrevious) {
+  char dir_template[] = "/tmp/tandem-ckpt-XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  CheckpointStore store(dir);
+  for (int64_t step : {3, 7}) {
+    WriteStage(store, "job-1", step, 0);
+    WriteStage(store, "job-1", step, 1);
+    ASSERT_TRUE(store.Commit("job-1", step, 2, /*keep=*/3).ok());
+  }
+  // The crash: step 11's files are written, its manifest never is.
+  WriteStage(store, "job-1", 11, 0);
+  WriteStage(store, "job-1", 11, 1);
+  EXPECT_EQ(*store.Latest("job-1"), 7);
+  EXPECT_EQ(*store.LatestReadable("job-1"), 7);
+  // Flip one byte of step 7's stage 1 (its tensor data, at the end of the file).
+  const std::string victim = dir + "/job-1/step-7/stage-1.safetensors";
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-1, std::ios::end);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x5a);
+    f.seekp(-1, std::ios::end);
+    f.write(&c, 1);
+  }
+  auto opened = store.Open("job-1", 7);
+  EXPECT_EQ(opened.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(opened.status().message(),
+              HasSubstr("stage-1.safetensors does not match its manifest"));
+  EXPECT_EQ(*store.LatestReadable("job-1"), 3);
+  std::filesystem::resize_file(dir + "/job-1/step-3/stage-0.safetensors", 8);
+  EXPECT_EQ(store.LatestReadable("job-1").status().code(), absl::StatusCode::kNotFound);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tandem::coordinator

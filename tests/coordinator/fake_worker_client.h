@@ -1,0 +1,161 @@
+// A StageWorkerClient that answers from memory, and the factory that makes them: the
+// coordinator's tests run job runners, gangs and profilers on these in place of the network.
+#ifndef TANDEM_TESTS_COORDINATOR_FAKE_WORKER_CLIENT_H_
+#define TANDEM_TESTS_COORDINATOR_FAKE_WORKER_CLIENT_H_
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "coordinator/worker_client.h"
+
+namespace tandem::coordinator {
+
+// A worker that answers from memory; counts RunStep calls and can be told to fail or hang.
+class FakeWorker final : public StageWorkerClient {
+ public:
+  explicit FakeWorker(int rank) : rank_(rank) {}
+  void Configure(const v1::ConfigureRequest& request, v1::ConfigureResponse*, absl::Duration,
+                 Done done) override {
+    program_ = request.program();
+    done(absl::OkStatus());
+  }
+  void RunStep(const v1::RunStepRequest& request, v1::RunStepResponse* response, absl::Duration,
+               Done done) override {
+    ++run_steps;
+    if (request.step() == fail_at_step) {
+      done(absl::InternalError("boom"));
+      return;
+    }
+    if (request.step() == hang_at_step) {
+      std::thread([this, done] {
+        while (!aborted.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        done(absl::AbortedError("aborted"));
+      }).detach();
+      return;
+    }
+    v1::StepReport* rep = response->mutable_report();
+    rep->set_step(request.step());
+    rep->set_exec_us(100);
+    rep->set_grad_norm_sq(request.step() == nan_at_step ? NAN : 4.0);  // norm 2 per stage
+    rep->set_grads_finite(request.step() != nan_at_step);
+    if (program_.rank() == program_.num_ranks() - 1) {
+      rep->set_has_loss(true);
+      rep->set_loss(5.0 / (1 + request.step()));
+    }
+    if (timed) {  // every action 10 us, 1 us apart, on a clock of its own
+      const int64_t base = 1'700'000'000'000'000 + request.step() * 1'000'000 + rank_ * 333;
+      for (int i = 0; i < program_.actions_size(); ++i) {
+        v1::ActionTiming* t = rep->add_timings();
+        t->set_index(i);
+        t->set_start_us(base + i * 11);
+        t->set_end_us(base + i * 11 + 10);
+      }
+    }
+    done(absl::OkStatus());
+  }
+  void ApplyStep(const v1::ApplyStepRequest& request, v1::ApplyStepResponse*, absl::Duration,
+                 Done done) override {
+    applies.push_back(request);
+    done(absl::OkStatus());
+  }
+  absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest&, absl::Duration,
+                              const std::function<absl::Status(const v1::TensorChunk&)>&) override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::Status Abort(const v1::AbortRequest&, absl::Duration) override {
+    aborted.store(true);
+    ++aborts;
+    return absl::OkStatus();
+  }
+  absl::Status Probe(absl::Duration) override { return liveness_error; }
+  // Layer g costs layer_seconds(g) forward + backward (1 ms each by default).
+  absl::StatusOr<v1::ProfileLayersResponse> ProfileLayers(const v1::ProfileLayersRequest& request,
+                                                          absl::Duration) override {
+    ++profiles;
+    if (profile_delay > absl::ZeroDuration()) absl::SleepFor(profile_delay);
+    if (!profile_error.ok()) return profile_error;
+    v1::ProfileLayersResponse resp;
+    for (int g : request.layers()) {
+      v1::LayerProfile* p = resp.add_layers();
+      p->set_layer(g);
+      const double s = layer_seconds_by_size
+                           ? layer_seconds_by_size(g, request.spec().pipeline().micro_batch_size())
+                       : layer_seconds ? layer_seconds(g)
+                                       : 0.001;
+      p->set_forward_seconds(s / 3);
+      p->set_backward_seconds(2 * s / 3);
+      p->set_backward_input_seconds(s / 3);
+      p->set_backward_weight_seconds(s / 3);
+      p->set_static_bytes(1000);
+      p->set_activation_bytes(100);
+      p->set_output_bytes(10);
+    }
+    return resp;
+  }
+  // One way = link_latency + bytes x link_seconds_per_byte, exactly.
+  void ProbeLink(const v1::ProbeLinkRequest& request, v1::ProbeLinkResponse* response,
+                 absl::Duration, Done done) override {
+    probe_requests.push_back(request);
+    if (!probe_error.ok()) {
+      done(probe_error);
+      return;
+    }
+    for (int64_t bytes : request.sizes()) {
+      v1::LinkSample* s = response->add_samples();
+      s->set_bytes(bytes);
+      s->set_one_way_seconds(link_latency + static_cast<double>(bytes) * link_seconds_per_byte);
+      s->set_rank(request.rank());
+    }
+    done(absl::OkStatus());
+  }
+  // As the gRPC client cancels its calls: a hanging step returns.
+  void CancelPending() override { aborted.store(true); }
+
+  double link_latency = 20e-6;
+  double link_seconds_per_byte = 1e-9;
+  absl::Status probe_error;     // what ProbeLink answers
+  absl::Status liveness_error;  // what Probe answers
+  std::vector<v1::ProbeLinkRequest> probe_requests;
+  std::function<double(int)> layer_seconds;
+  std::function<double(int, int)> layer_seconds_by_size;  // (layer, micro_batch_size)
+  absl::Duration profile_delay;
+  absl::Status profile_error;
+  std::atomic<int> profiles{0};
+
+  int rank_;
+  v1::StageProgram program_;
+  std::atomic<int> run_steps{0};
+  std::atomic<int> aborts{0};
+  std::atomic<bool> aborted{false};
+  int64_t fail_at_step = -1;
+  int64_t hang_at_step = -1;
+  int64_t nan_at_step = -1;
+  bool timed = false;  // report per-action timings
+  std::vector<v1::ApplyStepRequest> applies;
+};
+
+class FakeFactory final : public StageWorkerClientFactory {
+ public:
+  std::unique_ptr<StageWorkerClient> Connect(const std::string& address) override {
+    auto w = std::make_unique<FakeWorker>(static_cast<int>(made.size()));
+    FakeWorker* raw = w.get();
+    if (configure) configure(raw);
+    made.push_back(raw);
+    return w;
+  }
+  std::function<void(FakeWorker*)> configure;
+  std::vector<FakeWorker*> made;
+};
+
+}  // namespace tandem::coordinator
+
+#endif  // TANDEM_TESTS_COORDINATOR_FAKE_WORKER_CLIENT_H_

@@ -1,0 +1,134 @@
+// Planning a job's run (JobPlanner, through the job runner on fake workers): the profiled
+// partition, the profile cache, the auto plan, and a profile that fails.
+#include "coordinator/job_planning.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/pipeline_plan.h"
+#include "coordinator/model_profiler.h"
+#include "coordinator/profile_store.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/coordinator/runner_fixture.h"
+
+namespace tandem::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+// partition: profile: the runner profiles on the first worker (the embedding, one block and
+// the head: blocks cost the same), cuts at the exact min-max of the measured times, records
+// the predicted per-stage times, and caches the profile, so that the next job of the same shape
+// on the same kind of worker is planned without profiling.
+TEST(JobRunnerTest, ProfilePartitionBalancesMeasuredTimeAndCachesTheProfile) {
+  RunnerFixture f;
+  ProfileStore profiles("");
+  f.env.profiles = &profiles;
+  // 4 blocks of 1 ms and a head of 10 ms: the uniform cut [0, 3) | [3, 6) would run 3 | 12.
+  f.factory.configure = [](FakeWorker* w) {
+    w->layer_seconds = [](int g) { return g == 5 ? 0.010 : 0.001; };
+  };
+  v1::JobSpec spec = JobSpecOf(2, 2);
+  spec.mutable_model()->set_n_layer(4);
+  spec.mutable_pipeline()->set_partition("profile");
+  auto runner = f.Start(spec);
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  EXPECT_EQ(f.factory.made[0]->profiles.load(), 1);
+  EXPECT_EQ(f.factory.made[1]->profiles.load(), 0);
+  ASSERT_EQ(job.stages_size(), 2);
+  EXPECT_EQ(job.stages(0).layer_end(), 5);  // embedding + 4 blocks | head
+  EXPECT_NEAR(job.stages(0).predicted_seconds(), 0.005, 1e-9);
+  EXPECT_NEAR(job.stages(1).predicted_seconds(), 0.010, 1e-9);
+  EXPECT_GT(job.predicted_step_seconds(), 0.0);
+  EXPECT_EQ(f.factory.made[0]->program_.chunks(0).layer_end(), 5);
+  ASSERT_TRUE(profiles.Find(ProfileKey(spec, "cpu", 1)).has_value());
+  // The link between the job's two workers was timed at 4 KiB, the embedding's output (10 B
+  // in the fake) and 4 x that, under the job's prefix, and fitted.
+  const v1::LinkProfile link = profiles.Find(ProfileKey(spec, "cpu", 1))->link();
+  const std::vector<WorkerRecord> workers = f.registry.List();
+  EXPECT_EQ(link.worker_a(), workers[0].id);
+  EXPECT_EQ(link.worker_b(), workers[1].id);
+  EXPECT_NEAR(link.latency_seconds(), 20e-6, 1e-12);
+  EXPECT_NEAR(link.seconds_per_byte(), 1e-9, 1e-15);
+  EXPECT_EQ(link.samples_size(), 6);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(f.factory.made[r]->probe_requests.size(), 1u) << r;
+    const v1::ProbeLinkRequest& req = f.factory.made[r]->probe_requests[0];
+    EXPECT_EQ(req.rank(), r);
+    EXPECT_EQ(req.rendezvous_prefix(), absl::StrCat(runner->job_id(), "/link-probe/"));
+    EXPECT_THAT(req.sizes(), ::testing::ElementsAre(4096, 10, 40));
+    EXPECT_EQ(req.repeats(), kLinkProbeRepeats);
+  }
+
+  // The same shape again: planned from the cache.
+  auto again = f.Start(spec);
+  f.WaitFinished(*again);
+  ASSERT_EQ(f.store->Get(again->job_id())->state(), v1::SUCCEEDED);
+  for (size_t i = 2; i < f.factory.made.size(); ++i) {
+    EXPECT_EQ(f.factory.made[i]->profiles.load(), 0) << i;
+  }
+  // Without a profile a uniform job still gets the cached one's predictions.
+  v1::JobSpec uniform = spec;
+  uniform.mutable_pipeline()->set_partition("uniform");
+  auto third = f.Start(uniform);
+  f.WaitFinished(*third);
+  auto u = *f.store->Get(third->job_id());
+  ASSERT_EQ(u.state(), v1::SUCCEEDED) << u.reason();
+  EXPECT_EQ(u.stages(0).layer_end(), 3);
+  EXPECT_NEAR(u.stages(1).predicted_seconds(), 0.012, 1e-9);
+}
+
+// pipeline.plan: auto: the runner profiles each split of the global batch on the first worker,
+// runs the candidate with the shortest predicted step and records the choice.
+TEST(JobRunnerTest, AutoPlanRunsThePlannersChoiceAtTheSameGlobalBatch) {
+  RunnerFixture f;
+  ProfileStore profiles("");
+  f.env.profiles = &profiles;
+  // Cost proportional to the micro-batch, with a small fixed part: finer splits win.
+  f.factory.configure = [](FakeWorker* w) {
+    w->layer_seconds_by_size = [](int, int size) { return 0.0001 + 0.001 * size; };
+  };
+  v1::JobSpec spec = JobSpecOf(2, 2);
+  spec.mutable_pipeline()->set_micro_batch_size(4);
+  spec.mutable_pipeline()->set_micro_batches(2);  // 8 sequences
+  spec.mutable_pipeline()->set_plan("auto");
+  auto runner = f.Start(spec);
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  // One profile per split (M = 2, 4, 8: M >= P), all on the first worker, all cached.
+  EXPECT_EQ(f.factory.made[0]->profiles.load(), 3);
+  EXPECT_EQ(f.factory.made[1]->profiles.load(), 0);
+  const v1::PipelineSpec& p = job.spec().pipeline();
+  EXPECT_EQ(p.plan(), "auto");
+  EXPECT_EQ(p.micro_batch_size() * p.micro_batches(), 8);
+  EXPECT_GT(p.micro_batches(), 2);  // a finer split than written shrinks the bubble
+  EXPECT_THAT(job.plan(), HasSubstr(absl::StrCat(p.micro_batches(), " micro-batches of ",
+                                                 p.micro_batch_size())));
+  EXPECT_THAT(job.plan(), HasSubstr("the spec as written"));
+  EXPECT_EQ(job.effective_batch(), 8);
+  EXPECT_EQ(f.factory.made[0]->program_.micro_batches(), p.micro_batches());
+  EXPECT_EQ(f.factory.made[0]->program_.spec().pipeline().micro_batch_size(), p.micro_batch_size());
+  EXPECT_EQ(f.factory.made[0]->program_.spec().pipeline().schedule(), p.schedule());
+}
+
+// A worker that cannot profile fails the job with a reason naming it.
+TEST(JobRunnerTest, ProfileFailureFailsTheJobNamingTheWorker) {
+  RunnerFixture f;
+  f.factory.configure = [](FakeWorker* w) { w->profile_error = absl::UnavailableError("gone"); };
+  v1::JobSpec spec = JobSpecOf(2, 2);
+  spec.mutable_pipeline()->set_partition("profile");
+  auto runner = f.Start(spec);
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("profiling on worker"));
+  EXPECT_THAT(job.reason(), HasSubstr("gone"));
+}
+
+}  // namespace
+}  // namespace tandem::coordinator

@@ -1,0 +1,233 @@
+// The job runner on fake workers: the step loop, clipping, validation, failures, cancels,
+// lost workers and restarts; and the learning-rate, eval and backoff arithmetic it uses.
+#include "coordinator/job_runner.h"
+
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <thread>
+
+#include "coordinator/step_summary.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/coordinator/runner_fixture.h"
+
+namespace tandem::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+TEST(LearningRateTest, LinearWarmupThenConstant) {
+  v1::OptimizerSpec opt;
+  opt.set_lr(1.0f);
+  opt.set_warmup_steps(4);
+  opt.set_lr_schedule("constant");
+  EXPECT_FLOAT_EQ(LearningRateAt(opt, 0, 100), 0.25f);
+  EXPECT_FLOAT_EQ(LearningRateAt(opt, 3, 100), 1.0f);
+  EXPECT_FLOAT_EQ(LearningRateAt(opt, 99, 100), 1.0f);
+}
+
+TEST(LearningRateTest, WarmupThenCosineToMinRatioAtTheLastStep) {
+  v1::OptimizerSpec opt;
+  opt.set_lr(1.0f);
+  opt.set_warmup_steps(10);
+  opt.set_lr_schedule("cosine");
+  opt.set_min_lr_ratio(0.1f);
+  EXPECT_FLOAT_EQ(LearningRateAt(opt, 4, 111), 0.5f);
+  EXPECT_FLOAT_EQ(LearningRateAt(opt, 10, 111), 1.0f);   // first step after warm-up
+  EXPECT_FLOAT_EQ(LearningRateAt(opt, 60, 111), 0.55f);  // half way: (1 + 0.1) / 2
+  EXPECT_FLOAT_EQ(LearningRateAt(opt, 110, 111), 0.1f);  // last step
+  EXPECT_FLOAT_EQ(LearningRateAt(opt, 500, 111), 0.1f);
+}
+
+TEST(EvalDueTest, EveryKStepsAndAfterTheLast) {
+  v1::JobSpec spec = JobSpecOf(1, 10);
+  spec.mutable_eval()->set_every(4);
+  std::vector<int64_t> due;
+  for (int64_t s = 0; s < 10; ++s) {
+    if (EvalDue(spec, s)) due.push_back(s);
+  }
+  EXPECT_EQ(due, (std::vector<int64_t>{3, 7, 9}));
+  spec.mutable_eval()->set_every(0);
+  EXPECT_FALSE(EvalDue(spec, 9));
+}
+
+TEST(JobRunnerTest, OneRunStepPerWorkerPerStepAndProgramsAreLowered) {
+  RunnerFixture f;
+  auto runner = f.Start(JobSpecOf(2, 5));
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  ASSERT_EQ(f.factory.made.size(), 2u);
+  for (FakeWorker* w : f.factory.made) {
+    EXPECT_EQ(w->run_steps.load(), 5);  // O(1) RPCs per worker per step, not O(M)
+    EXPECT_EQ(w->aborts.load(), 1);     // the stage is dropped at the end
+  }
+  // Rank 0 of a 2-stage 1F1B with M=4, lowered: sends after forwards, receives before B.
+  const v1::StageProgram& p0 = f.factory.made[0]->program_;
+  EXPECT_EQ(p0.actions(0).kind(), v1::ACTION_F);
+  EXPECT_EQ(p0.actions(1).kind(), v1::ACTION_SEND_F);
+  EXPECT_EQ(job.history_size(), 5);
+  EXPECT_DOUBLE_EQ(job.history(4).loss(), 1.0);
+  EXPECT_EQ(job.stages(0).actions(), "0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3");
+  EXPECT_EQ(f.registry.List()[0].state, v1::IDLE);
+}
+
+// Each step's timings go to the store (with the lowered program, once), and the summary's
+// per-stage busy time is summed from the same record.
+TEST(JobRunnerTest, StepTimingsAreKeptAndGiveThePerStageBusyTime) {
+  RunnerFixture f;
+  f.factory.configure = [](FakeWorker* w) { w->timed = true; };
+  auto runner = f.Start(JobSpecOf(2, 3));
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  absl::StatusOr<v1::JobTimings> timings = f.store->GetTimings(job.id());
+  ASSERT_TRUE(timings.ok()) << timings.status();
+  EXPECT_EQ(timings->program().schedule(), "1f1b");
+  ASSERT_EQ(timings->steps_size(), 3);
+  EXPECT_EQ(timings->steps(2).step(), 2);
+  EXPECT_EQ(timings->steps(2).clock_offsets_us_size(), 2);
+  EXPECT_EQ(timings->steps(2).ranks(1).rank(), 1);
+  ASSERT_EQ(job.history(2).stage_busy_seconds_size(), 2);
+  // 4 forwards and 4 backwards of 10 us per stage.
+  EXPECT_DOUBLE_EQ(job.history(2).stage_busy_seconds(0), 80e-6);
+  EXPECT_DOUBLE_EQ(job.history(2).stage_busy_seconds(1), 80e-6);
+}
+
+TEST(RestartBackoffTest, DoublesFromTheBaseUpToTheCap) {
+  RunnerOptions o;
+  o.restart_backoff = absl::Seconds(1);
+  o.restart_backoff_max = absl::Seconds(5);
+  EXPECT_EQ(RestartBackoff(o, 0), absl::ZeroDuration());
+  EXPECT_EQ(RestartBackoff(o, 1), absl::Seconds(1));
+  EXPECT_EQ(RestartBackoff(o, 2), absl::Seconds(2));
+  EXPECT_EQ(RestartBackoff(o, 3), absl::Seconds(4));
+  EXPECT_EQ(RestartBackoff(o, 4), absl::Seconds(5));
+  EXPECT_EQ(RestartBackoff(o, 1000), absl::Seconds(5));
+  o.restart_backoff = absl::ZeroDuration();
+  EXPECT_EQ(RestartBackoff(o, 3), absl::ZeroDuration());
+}
+
+TEST(JobRunnerTest, ClipsByTheGlobalNormAndSkipsNonFiniteSteps) {
+  RunnerFixture f;
+  f.factory.configure = [](FakeWorker* w) {
+    if (w->rank_ == 1) w->nan_at_step = 2;
+  };
+  auto runner = f.Start(JobSpecOf(2, 4));  // grad_clip defaults to 1.0
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  for (FakeWorker* w : f.factory.made) {
+    ASSERT_EQ(w->applies.size(), 4u);
+    // Two stages of norm 2 each: global norm sqrt(8); clipped to 1.
+    EXPECT_FLOAT_EQ(w->applies[0].grad_scale(), ClipScale(std::sqrt(8.0), 1.0f));
+    EXPECT_FALSE(w->applies[0].skip());
+    EXPECT_TRUE(w->applies[2].skip());  // one stage's gradient was not finite: all skip
+  }
+  EXPECT_NEAR(job.history(0).grad_norm(), std::sqrt(8.0), 1e-12);
+  EXPECT_TRUE(job.history(2).skipped());
+  EXPECT_EQ(job.skipped_steps(), 1);
+}
+
+TEST(JobRunnerTest, EvaluatesEveryKSteps) {
+  RunnerFixture f;
+  v1::JobSpec spec = JobSpecOf(2, 5);
+  spec.mutable_eval()->set_every(2);
+  auto runner = f.Start(spec);
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  // Steps 1, 3 and the last (4) are followed by a validation pass: 5 + 3 RunStep calls.
+  for (FakeWorker* w : f.factory.made) EXPECT_EQ(w->run_steps.load(), 8);
+  EXPECT_FALSE(job.history(0).has_val_loss());
+  EXPECT_TRUE(job.history(1).has_val_loss());
+  EXPECT_TRUE(job.history(4).has_val_loss());
+  EXPECT_TRUE(job.has_val_loss());
+  const v1::StageProgram& p1 = f.factory.made[1]->program_;
+  EXPECT_EQ(p1.eval_micro_batches(), spec.eval().micro_batches());
+  EXPECT_EQ(p1.eval_actions(0).kind(), v1::ACTION_RECV_F);
+}
+
+TEST(JobRunnerTest, AStepErrorFailsTheJobNamingStageAndWorker) {
+  RunnerFixture f;
+  f.factory.configure = [](FakeWorker* w) {
+    if (w->rank_ == 1) w->fail_at_step = 2;
+    if (w->rank_ == 0) w->hang_at_step = 2;  // blocked until aborted, as a real peer would be
+  };
+  auto runner = f.Start(JobSpecOf(2, 10));
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("step 3: "));  // index 2, numbered from 1
+  EXPECT_THAT(job.reason(), HasSubstr("stage 1 (worker w-2 at 127.0.0.1:1001)"));
+  EXPECT_THAT(job.reason(), HasSubstr("boom"));
+  EXPECT_EQ(job.steps_done(), 2);
+}
+
+TEST(JobRunnerTest, CancelAbortsAHangingStep) {
+  RunnerFixture f;
+  f.factory.configure = [](FakeWorker* w) { w->hang_at_step = 1; };
+  auto runner = f.Start(JobSpecOf(2, 10));
+  std::this_thread::sleep_for(50ms);
+  runner->Cancel("cancelled by the user");
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  EXPECT_EQ(job.state(), v1::CANCELLED);
+  EXPECT_EQ(job.reason(), "cancelled by the user");
+}
+
+TEST(JobRunnerTest, ALostWorkerFailsTheJob) {
+  RunnerFixture f;
+  f.factory.configure = [](FakeWorker* w) { w->hang_at_step = 0; };
+  auto runner = f.Start(JobSpecOf(2, 10));
+  std::this_thread::sleep_for(50ms);
+  WorkerRecord lost = *f.registry.Get("w-2");
+  runner->OnWorkerLost(lost);
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("worker w-2 (127.0.0.1:1001, stage 1) was lost"));
+}
+
+// A fault after planning ends the run; with restarts left the job goes back to the queue
+// (the scheduler starts it again), its progress rolled back to its checkpoint (none here).
+TEST(JobRunnerTest, AFaultWithRestartsLeftRequeuesTheJob) {
+  RunnerFixture f;
+  f.factory.configure = [](FakeWorker* w) {
+    if (w->rank_ % 2 == 1) w->fail_at_step = 2;  // stage 1 of every run (clients are per run)
+  };
+  auto runner = f.Start(JobSpecOf(2, 10, /*max_restarts=*/1));
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  EXPECT_EQ(job.state(), v1::QUEUED);
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_THAT(job.first_failure(), HasSubstr("step 3: stage 1"));
+  EXPECT_THAT(job.reason(), HasSubstr("restart 1 of 1 after: step 3: stage 1"));
+  EXPECT_THAT(job.reason(), HasSubstr("resumes from the start (no checkpoint yet)"));
+  EXPECT_EQ(job.steps_done(), 0) << "the steps after the checkpoint run again";
+  EXPECT_EQ(job.history_size(), 0);
+
+  // The second run fails the same way and has no restart left: FAILED with the first cause.
+  auto again = std::make_unique<JobRunner>(f.env, job, f.workers);
+  again->Start();
+  f.WaitFinished(*again);
+  job = *f.store->Get(runner->job_id());
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("failed after 1 restart(s); first cause: step 3: stage 1"));
+}
+
+// A cancelled job is never restarted, whatever max_restarts says.
+TEST(JobRunnerTest, ACancelIsNotRestarted) {
+  RunnerFixture f;
+  f.factory.configure = [](FakeWorker* w) { w->hang_at_step = 1; };
+  auto runner = f.Start(JobSpecOf(2, 10, /*max_restarts=*/3));
+  std::this_thread::sleep_for(50ms);
+  runner->Cancel("cancelled by the user");
+  f.WaitFinished(*runner);
+  EXPECT_EQ(f.store->Get(runner->job_id())->state(), v1::CANCELLED);
+}
+
+}  // namespace
+}  // namespace tandem::coordinator

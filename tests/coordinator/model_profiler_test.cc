@@ -1,0 +1,133 @@
+// The model profiler: link probes between two workers and ProfileModel (tandem plan).
+#include "coordinator/model_profiler.h"
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "coordinator/profile_store.h"
+#include "coordinator/rendezvous_store.h"
+#include "coordinator/worker_registry.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/coordinator/fake_worker_client.h"
+#include "tests/coordinator/runner_fixture.h"
+
+namespace tandem::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+WorkerRecord Record(const std::string& id) {
+  WorkerRecord w;
+  w.id = id;
+  w.address = "127.0.0.1:" + id;
+  w.device = "cpu";
+  w.threads = 1;
+  return w;
+}
+
+// MeasureLink probes both ends at once with one prefix, fits the samples of both and drops
+// the probe's rendezvous keys.
+TEST(MeasureLinkTest, FitsBothEndsAndDropsTheKeys) {
+  FakeWorker a(0), b(1);
+  b.link_latency = 30e-6;  // the two ends saw different times: the fit is over both
+  RendezvousStore rendezvous;
+  ASSERT_TRUE(rendezvous.Set("p-1/link/0", "addr").ok());
+  ASSERT_TRUE(rendezvous.Set("other/0", "addr").ok());
+  auto link = MeasureLink(Record("w-1"), a, Record("w-2"), b, {4096, 65536}, 3, "p-1/link/",
+                          absl::Seconds(5), &rendezvous);
+  ASSERT_TRUE(link.ok()) << link.status();
+  EXPECT_EQ(link->worker_a(), "w-1");
+  EXPECT_EQ(link->worker_b(), "w-2");
+  ASSERT_EQ(link->samples_size(), 4);
+  EXPECT_EQ(link->samples(2).rank(), 1);
+  EXPECT_NEAR(link->latency_seconds(), 25e-6, 1e-12);
+  EXPECT_NEAR(link->seconds_per_byte(), 1e-9, 1e-15);
+  ASSERT_EQ(a.probe_requests.size(), 1u);
+  EXPECT_EQ(a.probe_requests[0].rank(), 0);
+  EXPECT_EQ(b.probe_requests[0].rank(), 1);
+  EXPECT_EQ(b.probe_requests[0].rendezvous_prefix(), "p-1/link/");
+  EXPECT_EQ(b.probe_requests[0].repeats(), 3);
+  EXPECT_EQ(b.probe_requests[0].timeout_ms(), 5000);
+  EXPECT_EQ(b.probe_requests[0].device(), "cpu");
+  EXPECT_EQ(rendezvous.size(), 1u);  // only the other prefix's key is left
+}
+
+// Two cuda workers are probed over NCCL ("cuda"), as their jobs move tensors; a pair of
+// another kind, or a mixed one, over Gloo.
+TEST(MeasureLinkTest, ProbesTheDataPlaneOfTheWorkersDeviceKind) {
+  for (auto [da, db, want] :
+       {std::tuple{"cuda:0", "cuda:1", "cuda"}, {"cuda:0", "cpu", "cpu"}, {"cpu", "cpu", "cpu"}}) {
+    FakeWorker a(0), b(1);
+    WorkerRecord ra = Record("w-1"), rb = Record("w-2");
+    ra.device = da;
+    rb.device = db;
+    auto link = MeasureLink(ra, a, rb, b, {4096, 65536}, 1, "p/", absl::Seconds(5), nullptr);
+    ASSERT_TRUE(link.ok()) << link.status();
+    ASSERT_EQ(a.probe_requests.size(), 1u);
+    EXPECT_EQ(a.probe_requests[0].device(), want) << da << " " << db;
+    EXPECT_EQ(b.probe_requests[0].device(), want) << da << " " << db;
+  }
+}
+
+// The worker that failed is named, rather than its peer that timed out waiting for it.
+TEST(MeasureLinkTest, NamesTheCauseNotThePeerThatTimedOut) {
+  FakeWorker a(0), b(1);
+  a.probe_error = absl::DeadlineExceededError("peer rank 1 did not show up");
+  b.probe_error = absl::UnavailableError("gone");
+  auto link =
+      MeasureLink(Record("w-1"), a, Record("w-2"), b, {4096}, 1, "p/", absl::Seconds(1), nullptr);
+  EXPECT_EQ(link.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(link.status().message(), HasSubstr("worker w-2 at 127.0.0.1:w-2: gone"));
+  b.probe_error = absl::OkStatus();
+  link =
+      MeasureLink(Record("w-1"), a, Record("w-2"), b, {4096}, 1, "p/", absl::Seconds(1), nullptr);
+  EXPECT_EQ(link.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(link.status().message(), HasSubstr("worker w-1"));
+}
+
+TEST(MeasureLinkTest, SizesFollowTheEmbeddingsActivation) {
+  v1::ModelProfile profile;
+  profile.add_layers()->set_output_bytes(8 * 64 * 128 * 4);
+  EXPECT_EQ(LinkProbeSizes(profile), (std::vector<int64_t>{4096, 262144, 1048576}));
+  profile.mutable_layers(0)->set_output_bytes(int64_t{1} << 29);  // 4 x would pass 1 GiB
+  EXPECT_EQ(LinkProbeSizes(profile), (std::vector<int64_t>{4096, 1 << 29, int64_t{1} << 30}));
+  EXPECT_EQ(LinkProbeSizes(v1::ModelProfile()), (std::vector<int64_t>{4096, 4096, 16384}));
+}
+
+// ProfileModel (tandem plan) measures the link when two idle workers exist and leaves it
+// empty with one; a link that fails leaves the profile without one; the workers are released.
+TEST(ProfileModelTest, MeasuresTheLinkWhenTwoWorkersAreIdle) {
+  WorkerRegistry registry(10s);
+  FakeFactory factory;
+  ProfileStore profiles("");
+  RendezvousStore rendezvous;
+  v1::JobSpec spec = JobSpecOf(2, 2);
+  ASSERT_TRUE(registry.Register(RegistrationOf("127.0.0.1:1000")).ok());
+  auto one = ProfileModel(spec, registry, factory, profiles, absl::Seconds(5), false, &rendezvous);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_FALSE(one->has_link());
+  ASSERT_TRUE(registry.Register(RegistrationOf("127.0.0.1:1001")).ok());
+  auto cached = ProfileModel(spec, registry, factory, profiles, absl::Seconds(5), false);
+  ASSERT_TRUE(cached.ok());
+  EXPECT_FALSE(cached->has_link());  // a cached profile without a link is fine
+  EXPECT_EQ(factory.made.size(), 1u);
+  auto two = ProfileModel(spec, registry, factory, profiles, absl::Seconds(5), true, &rendezvous);
+  ASSERT_TRUE(two.ok()) << two.status();
+  ASSERT_TRUE(two->has_link());
+  EXPECT_GT(two->link().latency_seconds(), 0.0);
+  EXPECT_NE(two->link().worker_a(), two->link().worker_b());
+  EXPECT_TRUE(profiles.Find(two->key())->has_link());
+  for (const WorkerRecord& w : registry.List()) EXPECT_EQ(w.state, v1::IDLE) << w.id;
+
+  factory.configure = [](FakeWorker* w) { w->probe_error = absl::UnimplementedError("old"); };
+  auto failed = ProfileModel(spec, registry, factory, profiles, absl::Seconds(5), true);
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_FALSE(failed->has_link());
+  EXPECT_GT(failed->layers_size(), 0);
+}
+
+}  // namespace
+}  // namespace tandem::coordinator

@@ -1,0 +1,76 @@
+// The worker registry: registration, heartbeats, gang allocation, lost workers.
+#include "coordinator/worker_registry.h"
+
+#include <chrono>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/coordinator/runner_fixture.h"
+
+namespace tandem::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+TEST(WorkerRegistryTest, GangAllocationIsAllOrNothing) {
+  WorkerRegistry registry(1000ms);
+  ASSERT_TRUE(registry.Register(RegistrationOf("a:1")).ok());
+  ASSERT_TRUE(registry.Register(RegistrationOf("b:1")).ok());
+  ASSERT_TRUE(registry.Register(RegistrationOf("c:1", "cuda:0")).ok());
+  EXPECT_FALSE(registry.Allocate("cpu", 3, "job-1").ok());
+  for (const auto& w : registry.List()) EXPECT_EQ(w.state, v1::IDLE);
+  EXPECT_EQ(registry.AvailabilityText("cpu", 3),
+            "waiting for 3 idle cpu workers: 2 registered and alive, 2 idle");
+  auto gang = registry.Allocate("cpu", 2, "job-1");
+  ASSERT_TRUE(gang.ok());
+  EXPECT_EQ((*gang)[0].address, "a:1");
+  EXPECT_EQ((*gang)[1].stage, 1);
+  EXPECT_FALSE(registry.Allocate("cpu", 1, "job-2").ok());
+  registry.Release("job-1");
+  EXPECT_TRUE(registry.Allocate("cpu", 1, "job-2").ok());
+}
+
+TEST(WorkerRegistryTest, BadRegistrationIsRefused) {
+  WorkerRegistry registry(1000ms);
+  EXPECT_EQ(registry.Register(RegistrationOf("")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.Register(RegistrationOf("a:1", "tpu")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.Heartbeat("w-99").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.Heartbeat("garbage").code(), absl::StatusCode::kNotFound);
+}
+
+TEST(WorkerRegistryTest, SilentWorkersAreLostAndBusyOnesReported) {
+  WorkerRegistry registry(50ms);
+  auto a = registry.Register(RegistrationOf("a:1"));
+  auto b = registry.Register(RegistrationOf("b:1"));
+  ASSERT_TRUE(registry.Allocate("cpu", 1, "job-1").ok());
+  std::this_thread::sleep_for(80ms);
+  ASSERT_TRUE(registry.Heartbeat(*b).ok());
+  auto lost = registry.SweepLost();
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].id, *a);
+  EXPECT_EQ(lost[0].job_id, "job-1");
+  EXPECT_EQ(registry.Get(*a)->state, v1::LOST);
+  EXPECT_EQ(registry.Get(*b)->state, v1::IDLE);
+}
+
+// After a coordinator restart a worker may heartbeat with the id the old coordinator gave it
+// before it learns it must register again: the new one must not take it for the worker it
+// gave that id to.
+TEST(WorkerRegistryTest, IdsOfTheLastStartAreRefusedAfterARestart) {
+  EXPECT_EQ(FirstWorkerId(0), 1);
+  EXPECT_EQ(FirstWorkerId(1), 1);
+  EXPECT_EQ(FirstWorkerId(3), 2000001);
+  WorkerRegistry before(1000ms, FirstWorkerId(1));
+  EXPECT_EQ(*before.Register(RegistrationOf("a:1")), "w-1");
+  WorkerRegistry after(1000ms, FirstWorkerId(2));
+  EXPECT_EQ(*after.Register(RegistrationOf("b:1")), "w-1000001");
+  EXPECT_EQ(after.Heartbeat("w-1").code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(after.Heartbeat("w-1000001").ok());
+}
+
+}  // namespace
+}  // namespace tandem::coordinator
