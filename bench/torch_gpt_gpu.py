@@ -96,6 +96,8 @@ def main():
     p.add_argument("--peak-tflops", type=float, default=989.0)
     p.add_argument("--attn", choices=("sdpa", "manual"), default="sdpa")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--compile", action="store_true",
+                   help="run the model under torch.compile (its compile time is in the warm-up)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print(f"torch_gpt_gpu: no usable CUDA device (torch {torch.__version__}), "
@@ -126,10 +128,15 @@ def main():
         opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
         fused = False
     n_params = sum(q.numel() for q in model.parameters())  # the tied wte once
+    if args.compile:
+        if not hasattr(torch, "compile"):
+            print(f"torch_gpt_gpu: torch {torch.__version__} has no torch.compile", file=sys.stderr)
+            return 2
+        model = torch.compile(model)
     name = torch.cuda.get_device_name(dev)
     print(f"torch_gpt_gpu: GPT-2 124M (L {n_layer}, d {c}, NH {nh}, V {v}, T {args.seq}), "
           f"{args.precision}, B {args.batch}, accum {args.accum}, attn {args.attn}, "
-          f"AdamW fused={fused}, torch {torch.__version__}, device {name}")
+          f"AdamW fused={fused}, compiled={args.compile}, torch {torch.__version__}, device {name}")
     print(f"parameters N = {n_params} (tied wte once)")
 
     gen = torch.Generator(device=dev)
@@ -169,7 +176,7 @@ def main():
     print(f"MFU = (6 x {n_params} + 12 x {n_layer} x {args.seq} x {c}) x {tokens_per_s:.0f} / "
           f"{args.peak_tflops:.0f} TFLOP/s = {100 * mfu:.2f}%")
     print(f"max memory allocated {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB")
-    print(f"RESULT impl=torch precision={args.precision} batch={args.batch} seq={args.seq} "
+    print(f"RESULT impl={'torch_compile' if args.compile else 'torch'} precision={args.precision} batch={args.batch} seq={args.seq} "
           f"tokens_per_s={tokens_per_s:.1f} step_ms={timed_ms / args.steps:.3f} mfu={mfu:.5f}")
     return 0
 
