@@ -31,6 +31,7 @@
 #include "absl/strings/numbers.h"
 #include "common/spec.h"
 #include "worker/backend/cuda/cuda_status.h"
+#include "worker/backend/cuda/device.h"
 #include "worker/backend/cuda/gpu_gpt.h"
 #include "worker/model/random.h"
 

@@ -31,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "worker/backend/cuda/cuda_status.h"
+#include "worker/backend/cuda/device.h"
 #include "worker/backend/cuda/device_buffer.h"
 #include "worker/transport/nccl_transport.h"
 

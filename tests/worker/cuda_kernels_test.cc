@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/backend/cuda/cuda_handles.h"
 #include "worker/backend/cuda/cuda_status.h"
+#include "worker/backend/cuda/device.h"
 #include "worker/backend/cuda/device_buffer.h"
 #include "worker/backend/cuda/gemm_peak.h"
 #include "worker/model/kernels.h"

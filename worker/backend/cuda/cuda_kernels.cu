@@ -3,6 +3,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "worker/backend/cuda/cuda_kernels.h"
 #include "worker/backend/cuda/cuda_status.h"
 
@@ -435,86 +436,62 @@ absl::Status ColumnSum(cudaStream_t stream, const T* dout, float* db, int64_t n,
 absl::Status LinearForward(cublasHandle_t blas, cudaStream_t stream, const float* in,
                            const float* w, const float* b, float* out, int64_t n, int64_t c,
                            int64_t oc) {
-  if (absl::Status s = CheckGemmDims("LinearForward", n, c, oc); !s.ok()) return s;
-  if (absl::Status s = Sgemm(blas, stream, false, true, n, oc, c, 1.0f, in, c, w, c, 0.0f, out, oc);
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckGemmDims("LinearForward", n, c, oc));
+  RETURN_IF_ERROR(Sgemm(blas, stream, false, true, n, oc, c, 1.0f, in, c, w, c, 0.0f, out, oc));
   return AddBias(stream, out, b, n, oc);
 }
 
 absl::Status LinearBackward(cublasHandle_t blas, cudaStream_t stream, const float* dout,
                             const float* in, const float* w, float* din, float* dw, float* db,
                             int64_t n, int64_t c, int64_t oc) {
-  if (absl::Status s = ScaledLinearBackward(blas, stream, dout, in, w, 1.0f, din, dw, n, c, oc);
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(ScaledLinearBackward(blas, stream, dout, in, w, 1.0f, din, dw, n, c, oc));
   return ColumnSum(stream, dout, db, n, oc);
 }
 
 absl::Status ScaledLinearBackward(cublasHandle_t blas, cudaStream_t stream, const float* dout,
                                   const float* in, const float* w, float scale, float* din,
                                   float* dw, int64_t n, int64_t c, int64_t oc) {
-  if (absl::Status s = CheckGemmDims("LinearBackward", n, c, oc); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckGemmDims("LinearBackward", n, c, oc));
   if (din != nullptr) {
     // din (N, C) += scale * dout (N, OC) * w (OC, C)
-    if (absl::Status s =
-            Sgemm(blas, stream, false, false, n, c, oc, scale, dout, oc, w, c, 1.0f, din, c);
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(
+        Sgemm(blas, stream, false, false, n, c, oc, scale, dout, oc, w, c, 1.0f, din, c));
   }
   if (dw != nullptr) {
     // dw (OC, C) += scale * dout^T (OC, N) * in (N, C)
-    if (absl::Status s =
-            Sgemm(blas, stream, true, false, oc, c, n, scale, dout, oc, in, c, 1.0f, dw, c);
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(
+        Sgemm(blas, stream, true, false, oc, c, n, scale, dout, oc, in, c, 1.0f, dw, c));
   }
   return absl::OkStatus();
 }
 
 absl::Status LinearForward(cublasHandle_t blas, cudaStream_t stream, const bf16* in, const bf16* w,
                            const float* b, float* out, int64_t n, int64_t c, int64_t oc) {
-  if (absl::Status s = CheckGemmDims("LinearForward(bf16)", n, c, oc); !s.ok()) return s;
-  if (absl::Status s = GemmBf16(blas, stream, false, true, n, oc, c, 1.0f, in, c, w, c, 0.0f, out,
-                                CUDA_R_32F, oc);
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckGemmDims("LinearForward(bf16)", n, c, oc));
+  RETURN_IF_ERROR(
+      GemmBf16(blas, stream, false, true, n, oc, c, 1.0f, in, c, w, c, 0.0f, out, CUDA_R_32F, oc));
   return AddBias(stream, out, b, n, oc);
 }
 
 absl::Status LinearForward(cublasHandle_t blas, cudaStream_t stream, const bf16* in, const bf16* w,
                            const float* b, bf16* out, int64_t n, int64_t c, int64_t oc) {
-  if (absl::Status s = CheckGemmDims("LinearForward(bf16 out)", n, c, oc); !s.ok()) return s;
-  if (absl::Status s = GemmBf16(blas, stream, false, true, n, oc, c, 1.0f, in, c, w, c, 0.0f, out,
-                                CUDA_R_16BF, oc);
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckGemmDims("LinearForward(bf16 out)", n, c, oc));
+  RETURN_IF_ERROR(
+      GemmBf16(blas, stream, false, true, n, oc, c, 1.0f, in, c, w, c, 0.0f, out, CUDA_R_16BF, oc));
   return AddBias(stream, out, b, n, oc);
 }
 
 absl::Status LinearBackward(cublasHandle_t blas, cudaStream_t stream, const bf16* dout,
                             const bf16* in, const bf16* w, float* din, float* dw, float* db,
                             int64_t n, int64_t c, int64_t oc) {
-  if (absl::Status s = CheckGemmDims("LinearBackward(bf16)", n, c, oc); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckGemmDims("LinearBackward(bf16)", n, c, oc));
   if (din != nullptr) {
-    if (absl::Status s = GemmBf16(blas, stream, false, false, n, c, oc, 1.0f, dout, oc, w, c, 1.0f,
-                                  din, CUDA_R_32F, c);
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(GemmBf16(blas, stream, false, false, n, c, oc, 1.0f, dout, oc, w, c, 1.0f, din,
+                             CUDA_R_32F, c));
   }
   if (dw != nullptr) {
-    if (absl::Status s = GemmBf16(blas, stream, true, false, oc, c, n, 1.0f, dout, oc, in, c, 1.0f,
-                                  dw, CUDA_R_32F, c);
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(GemmBf16(blas, stream, true, false, oc, c, n, 1.0f, dout, oc, in, c, 1.0f, dw,
+                             CUDA_R_32F, c));
   }
   return ColumnSum(stream, dout, db, n, oc);
 }
@@ -546,7 +523,7 @@ absl::Status LayerNormBackward(cudaStream_t stream, const float* dout, const flo
   if (din != nullptr) {
     LayerNormBackwardInputKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
         dout, in, gain, mean, rstd, din, c);
-    if (absl::Status s = LaunchStatus("LayerNormBackwardInputKernel<<<>>>"); !s.ok()) return s;
+    RETURN_IF_ERROR(LaunchStatus("LayerNormBackwardInputKernel<<<>>>"));
   }
   if (dgain == nullptr) return absl::OkStatus();
   LayerNormBackwardParamsKernel<<<ColumnTiles(c), dim3(kTile, kTile), 0, stream>>>(
@@ -555,7 +532,7 @@ absl::Status LayerNormBackward(cudaStream_t stream, const float* dout, const flo
 }
 
 absl::Status GeluForward(cudaStream_t stream, const float* in, float* out, int64_t count) {
-  if (absl::Status s = CheckCount("GeluForward", count); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckCount("GeluForward", count));
   if (count == 0) return absl::OkStatus();
   GeluForwardKernel<<<Blocks(count), kThreads, 0, stream>>>(in, out, count);
   return LaunchStatus("GeluForwardKernel<<<>>>");
@@ -563,14 +540,14 @@ absl::Status GeluForward(cudaStream_t stream, const float* in, float* out, int64
 
 absl::Status GeluBackward(cudaStream_t stream, const float* in, const float* dout, float* din,
                           int64_t count) {
-  if (absl::Status s = CheckCount("GeluBackward", count); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckCount("GeluBackward", count));
   if (count == 0) return absl::OkStatus();
   GeluBackwardKernel<<<Blocks(count), kThreads, 0, stream>>>(in, dout, din, count);
   return LaunchStatus("GeluBackwardKernel<<<>>>");
 }
 
 absl::Status Add(cudaStream_t stream, const float* a, const float* b, float* out, int64_t count) {
-  if (absl::Status s = CheckCount("Add", count); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckCount("Add", count));
   if (count == 0) return absl::OkStatus();
   AddKernel<<<Blocks(count), kThreads, 0, stream>>>(a, b, out, count);
   return LaunchStatus("AddKernel<<<>>>");
@@ -581,7 +558,7 @@ absl::Status Add(cudaStream_t stream, const float* a, const float* b, float* out
 absl::Status CausalAttentionForward(cublasHandle_t blas, cudaStream_t stream, const float* qkv,
                                     float* att, float* out, int64_t b, int64_t t, int64_t c,
                                     int64_t nh) {
-  if (absl::Status s = CheckAttention("CausalAttentionForward", b, t, c, nh); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckAttention("CausalAttentionForward", b, t, c, nh));
   if (b == 0 || t == 0 || c == 0) return absl::OkStatus();
   const int64_t hd = c / nh;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
@@ -593,22 +570,16 @@ absl::Status CausalAttentionForward(cublasHandle_t blas, cudaStream_t stream, co
     float* p = att + bi * nh * tt;  // (NH, T, T)
     float* y = out + bi * t * c;    // head h at + h * hd, (T, hd), ld C
     // scores (T, T) = scale * q (T, hd) k^T (hd, T), per head
-    if (absl::Status s = SgemmStridedBatched(blas, stream, false, true, t, t, hd, scale, q, 3 * c,
-                                             hd, k, 3 * c, hd, 0.0f, p, t, tt, nh);
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(SgemmStridedBatched(blas, stream, false, true, t, t, hd, scale, q, 3 * c, hd, k,
+                                        3 * c, hd, 0.0f, p, t, tt, nh));
     const int64_t rows = nh * t;
     const int64_t rows_per_block = kThreads / 32;
     CausalSoftmaxKernel<<<static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block),
                           kThreads, 0, stream>>>(p, rows, t);
-    if (absl::Status s = LaunchStatus("CausalSoftmaxKernel<<<>>>"); !s.ok()) return s;
+    RETURN_IF_ERROR(LaunchStatus("CausalSoftmaxKernel<<<>>>"));
     // y (T, hd) = p (T, T) v (T, hd), per head
-    if (absl::Status s = SgemmStridedBatched(blas, stream, false, false, t, hd, t, 1.0f, p, t, tt,
-                                             v, 3 * c, hd, 0.0f, y, c, hd, nh);
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(SgemmStridedBatched(blas, stream, false, false, t, hd, t, 1.0f, p, t, tt, v,
+                                        3 * c, hd, 0.0f, y, c, hd, nh));
   }
   return absl::OkStatus();
 }
@@ -616,7 +587,7 @@ absl::Status CausalAttentionForward(cublasHandle_t blas, cudaStream_t stream, co
 absl::Status CausalAttentionBackward(cublasHandle_t blas, cudaStream_t stream, const float* dout,
                                      const float* qkv, const float* att, float* dqkv,
                                      float* scratch, int64_t b, int64_t t, int64_t c, int64_t nh) {
-  if (absl::Status s = CheckAttention("CausalAttentionBackward", b, t, c, nh); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckAttention("CausalAttentionBackward", b, t, c, nh));
   if (b == 0 || t == 0 || c == 0) return absl::OkStatus();
   const int64_t hd = c / nh;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
@@ -632,35 +603,23 @@ absl::Status CausalAttentionBackward(cublasHandle_t blas, cudaStream_t stream, c
     const float* p = att + bi * nh * tt;
     float* ds = scratch;  // (NH, T, T)
     // d att (T, T) = dy (T, hd) v^T
-    if (absl::Status s = SgemmStridedBatched(blas, stream, false, true, t, t, hd, 1.0f, dy, c, hd,
-                                             v, c3, hd, 0.0f, ds, t, tt, nh);
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(SgemmStridedBatched(blas, stream, false, true, t, t, hd, 1.0f, dy, c, hd, v, c3,
+                                        hd, 0.0f, ds, t, tt, nh));
     const int64_t rows = nh * t;
     const int64_t rows_per_block = kThreads / 32;
     CausalSoftmaxBackwardKernel<<<
         static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block), kThreads, 0, stream>>>(
         p, ds, rows, t);
-    if (absl::Status s = LaunchStatus("CausalSoftmaxBackwardKernel<<<>>>"); !s.ok()) return s;
+    RETURN_IF_ERROR(LaunchStatus("CausalSoftmaxBackwardKernel<<<>>>"));
     // dq (T, hd) += scale ds (T, T) k (T, hd)
-    if (absl::Status s = SgemmStridedBatched(blas, stream, false, false, t, hd, t, scale, ds, t, tt,
-                                             k, c3, hd, 1.0f, dq, c3, hd, nh);
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(SgemmStridedBatched(blas, stream, false, false, t, hd, t, scale, ds, t, tt, k,
+                                        c3, hd, 1.0f, dq, c3, hd, nh));
     // dv (T, hd) += p^T (T, T) dy (T, hd)
-    if (absl::Status s = SgemmStridedBatched(blas, stream, true, false, t, hd, t, 1.0f, p, t, tt,
-                                             dy, c, hd, 1.0f, dv, c3, hd, nh);
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(SgemmStridedBatched(blas, stream, true, false, t, hd, t, 1.0f, p, t, tt, dy, c,
+                                        hd, 1.0f, dv, c3, hd, nh));
     // dk (T, hd) += scale ds^T (T, T) q (T, hd)
-    if (absl::Status s = SgemmStridedBatched(blas, stream, true, false, t, hd, t, scale, ds, t, tt,
-                                             q, c3, hd, 1.0f, dk, c3, hd, nh);
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(SgemmStridedBatched(blas, stream, true, false, t, hd, t, scale, ds, t, tt, q,
+                                        c3, hd, 1.0f, dk, c3, hd, nh));
   }
   return absl::OkStatus();
 }
@@ -676,7 +635,7 @@ absl::Status SoftmaxCrossEntropyInPlace(cudaStream_t stream, float* logits, cons
   if (n > 0) {
     SoftmaxCrossEntropyInPlaceKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
         logits, targets, losses, v);
-    if (absl::Status s = LaunchStatus("SoftmaxCrossEntropyInPlaceKernel<<<>>>"); !s.ok()) return s;
+    RETURN_IF_ERROR(LaunchStatus("SoftmaxCrossEntropyInPlaceKernel<<<>>>"));
   }
   ReduceKernel<false, false><<<1, kReduceThreads, 0, stream>>>(losses, n, loss_sum);
   return LaunchStatus("ReduceKernel<<<>>>");
@@ -686,7 +645,7 @@ absl::Status SoftmaxCrossEntropyInPlace(cudaStream_t stream, float* logits, cons
 
 absl::Status AdamWStep(cudaStream_t stream, float* w, float* g, float* m, float* v, int64_t count,
                        const AdamWHyper& hyper, bool decay, int64_t step) {
-  if (absl::Status s = CheckCount("AdamWStep", count); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckCount("AdamWStep", count));
   if (step < 1) {
     return absl::InvalidArgumentError(absl::StrCat("AdamWStep: step ", step, " < 1"));
   }
@@ -701,7 +660,7 @@ absl::Status AdamWStep(cudaStream_t stream, float* w, float* g, float* m, float*
 }
 
 absl::Status GradSquaredNorm(cudaStream_t stream, const float* g, int64_t count, double* sum_sq) {
-  if (absl::Status s = CheckCount("GradSquaredNorm", count); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckCount("GradSquaredNorm", count));
   ReduceKernel<true, true><<<1, kReduceThreads, 0, stream>>>(g, count, sum_sq);
   return LaunchStatus("ReduceKernel<<<>>>");
 }
@@ -709,14 +668,14 @@ absl::Status GradSquaredNorm(cudaStream_t stream, const float* g, int64_t count,
 // ---- Conversions.
 
 absl::Status ConvertToBf16(cudaStream_t stream, const float* in, bf16* out, int64_t count) {
-  if (absl::Status s = CheckCount("ConvertToBf16", count); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckCount("ConvertToBf16", count));
   if (count == 0) return absl::OkStatus();
   ToBf16Kernel<<<Blocks(count), kThreads, 0, stream>>>(in, out, count);
   return LaunchStatus("ToBf16Kernel<<<>>>");
 }
 
 absl::Status ConvertToFloat(cudaStream_t stream, const bf16* in, float* out, int64_t count) {
-  if (absl::Status s = CheckCount("ConvertToFloat", count); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckCount("ConvertToFloat", count));
   if (count == 0) return absl::OkStatus();
   ToFloatKernel<<<Blocks(count), kThreads, 0, stream>>>(in, out, count);
   return LaunchStatus("ToFloatKernel<<<>>>");

@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "worker/backend/cuda/adamw_hyper.h"
 
 namespace tandem::worker::cuda {
 
@@ -153,14 +154,6 @@ absl::Status SoftmaxCrossEntropyInPlace(cudaStream_t stream,
                                         int64_t n, int64_t v);
 
 // ---- Optimizer.
-
-struct AdamWHyper {
-  float lr = 0.0f;
-  float beta1 = 0.9f;
-  float beta2 = 0.95f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;  // applied only where `decay`
-};
 
 // One AdamW update of one parameter, the formula of worker/model/optimizer.cc:
 // m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; w -= lr (mhat / (sqrt(vhat) + eps) + wd w)

@@ -113,22 +113,4 @@ absl::Status NcclError(ncclResult_t result, const char* call, const char* file, 
                                    static_cast<int>(result), ": ", ncclGetErrorString(result)));
 }
 
-absl::StatusOr<int> CudaDeviceCount() {
-  int count = 0;
-  const cudaError_t error = cudaGetDeviceCount(&count);
-  if (error != cudaSuccess) {
-    (void)cudaGetLastError();  // clear it, so a later unrelated check does not see it
-    return absl::FailedPreconditionError(
-        CudaError(error, "cudaGetDeviceCount(&count)", __FILE__, __LINE__).message());
-  }
-  return count;
-}
-
-absl::Status CudaAvailable() {
-  absl::StatusOr<int> count = CudaDeviceCount();
-  if (!count.ok()) return count.status();
-  if (*count < 1) return absl::FailedPreconditionError("cudaGetDeviceCount reported 0 devices");
-  return absl::OkStatus();
-}
-
 }  // namespace tandem::worker::cuda

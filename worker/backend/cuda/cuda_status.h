@@ -9,6 +9,7 @@
 // Codes: out-of-memory results map to RESOURCE_EXHAUSTED, invalid-value results to
 // INVALID_ARGUMENT, "no usable device or driver" to FAILED_PRECONDITION, NCCL's remote/system
 // errors to UNAVAILABLE and everything else to INTERNAL.
+// (The device queries, CudaDeviceCount and CudaAvailable, are in device.h.)
 // Thread-safety: the functions are thread-safe.
 #ifndef TANDEM_WORKER_BACKEND_CUDA_CUDA_STATUS_H_
 #define TANDEM_WORKER_BACKEND_CUDA_CUDA_STATUS_H_
@@ -18,7 +19,6 @@
 #include <nccl.h>
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
 
 namespace tandem::worker::cuda {
 
@@ -32,14 +32,6 @@ absl::Status NcclError(ncclResult_t result, const char* call, const char* file, 
 absl::StatusCode CudaErrorCode(cudaError_t error);
 absl::StatusCode CublasErrorCode(cublasStatus_t status);
 absl::StatusCode NcclErrorCode(ncclResult_t result);
-
-// The number of CUDA devices visible to this process. Without a driver (no libcuda.so.1) or
-// without a device, the runtime's error as a FAILED_PRECONDITION Status.
-absl::StatusOr<int> CudaDeviceCount();
-
-// OK when at least one CUDA device can be used; otherwise FAILED_PRECONDITION saying why (tests
-// skip on it: GTEST_SKIP() << "no CUDA device: " << status).
-absl::Status CudaAvailable();
 
 }  // namespace tandem::worker::cuda
 

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "worker/backend/cuda/cuda_status.h"
 
 namespace tandem::worker::cuda {
@@ -42,9 +43,8 @@ class DeviceBuffer {
   }
   // `count` elements copied from host memory.
   static absl::StatusOr<DeviceBuffer> FromHost(const T* host, size_t count) {
-    absl::StatusOr<DeviceBuffer> buffer = Create(count);
-    if (!buffer.ok()) return buffer.status();
-    if (absl::Status s = buffer->CopyFromHost(host, count); !s.ok()) return s;
+    ASSIGN_OR_RETURN(DeviceBuffer buffer, Create(count));
+    RETURN_IF_ERROR(buffer.CopyFromHost(host, count));
     return buffer;
   }
 
@@ -67,6 +67,11 @@ class DeviceBuffer {
   const T* data() const { return data_; }
   size_t size() const { return count_; }
   size_t bytes() const { return count_ * sizeof(T); }
+  // Gives up ownership: the caller frees the returned memory (cudaFree); the buffer is empty.
+  T* Release() {
+    count_ = 0;
+    return std::exchange(data_, nullptr);
+  }
 
   // Copies min(count, size()) elements; INVALID_ARGUMENT when count > size().
   absl::Status CopyFromHost(const T* host, size_t count) {

@@ -1,4 +1,5 @@
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "worker/backend/cuda/cuda_status.h"
 #include "worker/backend/cuda/gpu_gpt_kernels.h"
 
@@ -70,7 +71,7 @@ __global__ void ScaledToBf16Kernel(const float* in, float scale, bf16* out, int6
 
 absl::Status EmbeddingForward(cudaStream_t stream, const int32_t* tokens, const float* wte,
                               const float* wpe, float* out, int64_t b, int64_t t, int64_t c) {
-  if (absl::Status s = CheckShape("EmbeddingForward", b, t, c); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckShape("EmbeddingForward", b, t, c));
   const int64_t total = b * t * c;
   if (total == 0) return absl::OkStatus();
   EmbeddingForwardKernel<<<Blocks(total), kThreads, 0, stream>>>(tokens, wte, wpe, out, t, c,
@@ -80,11 +81,11 @@ absl::Status EmbeddingForward(cudaStream_t stream, const int32_t* tokens, const 
 
 absl::Status EmbeddingBackward(cudaStream_t stream, const int32_t* tokens, const float* dout,
                                float* dwte, float* dwpe, int64_t b, int64_t t, int64_t c) {
-  if (absl::Status s = CheckShape("EmbeddingBackward", b, t, c); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckShape("EmbeddingBackward", b, t, c));
   const int64_t total = b * t * c;
   if (total == 0) return absl::OkStatus();
   PositionGradKernel<<<Blocks(t * c), kThreads, 0, stream>>>(dout, dwpe, b, t, c);
-  if (absl::Status s = LaunchStatus("PositionGradKernel<<<>>>"); !s.ok()) return s;
+  RETURN_IF_ERROR(LaunchStatus("PositionGradKernel<<<>>>"));
   TokenGradKernel<<<Blocks(total), kThreads, 0, stream>>>(tokens, dout, dwte, c, total);
   return LaunchStatus("TokenGradKernel<<<>>>");
 }

@@ -1,0 +1,115 @@
+// Shared by the GpuGpt tests (gpu_gpt_layout_test.cc: host only; gpu_gpt_test.cc: on a device):
+// the tiny GPT they run (2 layers, d 64, 4 heads, T 16, V 128) and the CPU gpt layers
+// (worker/model/gpt.h) they compare with.
+#ifndef TANDEM_TESTS_WORKER_GPU_GPT_TEST_UTIL_H_
+#define TANDEM_TESTS_WORKER_GPU_GPT_TEST_UTIL_H_
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "worker/backend/cuda/gpu_gpt_layout.h"
+#include "worker/model/gpt.h"
+
+namespace tandem::worker::cuda {
+
+inline GpuGptConfig TinyConfig(GpuPrecision precision, bool tied = true) {
+  GpuGptConfig c;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.d_model = 64;
+  c.seq_len = 16;
+  c.vocab = 128;
+  c.tie_embeddings = tied;
+  c.batch = 4;
+  c.seq = 16;
+  c.precision = precision;
+  c.seed = 7;
+  return c;
+}
+
+inline GptConfig CpuConfig(const GpuGptConfig& c) {
+  GptConfig g;
+  g.n_layer = c.n_layer;
+  g.n_head = c.n_head;
+  g.d_model = c.d_model;
+  g.d_hidden = c.d_hidden == 0 ? 4 * c.d_model : c.d_hidden;
+  g.seq_len = c.seq_len;
+  g.vocab = c.vocab;
+  g.tie_embeddings = c.tie_embeddings;
+  return g;
+}
+
+// The CPU model: its layers and their parameters in order.
+struct CpuGpt {
+  std::vector<std::unique_ptr<Layer>> layers;
+  std::vector<Parameter*> params;  // every layer's, the head's tied wte copy included
+  // params[i] for the GPU layout's tensor i (the tied head copy has no GPU tensor).
+  std::vector<Parameter*> matching;
+  Parameter* head_wte = nullptr;  // the head's tied copy, or null
+
+  explicit CpuGpt(const GpuGptConfig& c) {
+    const GptConfig g = CpuConfig(c);
+    layers.push_back(std::make_unique<GptEmbedding>(g, c.seed));
+    for (int i = 0; i < g.n_layer; ++i) layers.push_back(std::make_unique<GptBlock>(g, i, c.seed));
+    layers.push_back(std::make_unique<GptHead>(g, c.seed));
+    for (auto& l : layers) {
+      for (Parameter* p : l->Parameters()) {
+        params.push_back(p);
+        if (l->is_loss() && p->tied) {
+          head_wte = p;
+        } else {
+          matching.push_back(p);
+        }
+      }
+    }
+  }
+
+  // Forward + backward of one micro-batch; returns the loss (sum / normalizer).
+  float ForwardBackward(const IntTensor& tokens, const IntTensor& targets, int64_t normalizer) {
+    MicroBatchData data;
+    data.tokens = &tokens;
+    data.targets = &targets;
+    data.loss_normalizer = normalizer;
+    std::vector<SavedContext> ctx(layers.size());
+    Tensor x, y;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      EXPECT_TRUE(layers[i]->Forward(x, data, ctx[i], y).ok());
+      x = std::move(y);
+    }
+    const float loss = x[0];
+    Tensor g, gin;
+    for (size_t i = layers.size(); i-- > 0;) {
+      EXPECT_TRUE(layers[i]->Backward(g, ctx[i], gin).ok());
+      g = std::move(gin);
+    }
+    return loss;
+  }
+
+  // The executor's tie rule: both copies get the summed gradient.
+  void TieGradients() {
+    if (head_wte == nullptr) return;
+    Parameter* wte = matching[0];
+    for (size_t j = 0; j < wte->grad.size(); ++j) {
+      const float s = wte->grad[j] + head_wte->grad[j];
+      wte->grad[j] = s;
+      head_wte->grad[j] = s;
+    }
+  }
+
+  // After TieGradients: the global norm, the tied wte once.
+  double GradNorm() const {
+    double s = 0.0;
+    for (const Parameter* p : matching) {
+      for (size_t j = 0; j < p->grad.size(); ++j) s += double{p->grad[j]} * p->grad[j];
+    }
+    return std::sqrt(s);
+  }
+};
+
+}  // namespace tandem::worker::cuda
+
+#endif  // TANDEM_TESTS_WORKER_GPU_GPT_TEST_UTIL_H_
