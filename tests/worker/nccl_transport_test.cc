@@ -13,7 +13,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "worker/backend/cuda/cuda_status.h"
+#include "worker/backend/cuda/device.h"
 #include "worker/backend/cuda/device_buffer.h"
 
 namespace tandem::worker {
@@ -191,10 +193,10 @@ TEST(NcclTransportTest, BatchedSendRecvBothWays) {
                 uint64_t in_tag, size_t bytes) {
     EXPECT_EQ(cudaSetDevice(device), cudaSuccess);
     NcclTransport::Op ops[2];
-    ops[0] = {NcclTransport::Op::Kind::kSend, peer, out_tag, out, bytes, nullptr};
-    ops[1] = {NcclTransport::Op::Kind::kRecv, peer, in_tag, in, bytes, nullptr};
-    if (absl::Status s = t->PostBatch(ops); !s.ok()) return s;
-    if (absl::Status s = t->WaitRecv(peer, in_tag); !s.ok()) return s;
+    ops[0] = {NcclTransport::Op::Kind::kSend, peer, out_tag, out, bytes};
+    ops[1] = {NcclTransport::Op::Kind::kRecv, peer, in_tag, in, bytes};
+    RETURN_IF_ERROR(t->PostBatch(ops));
+    RETURN_IF_ERROR(t->WaitRecv(peer, in_tag));
     return t->WaitSends();
   };
   auto fb = std::async(std::launch::async, run, b.get(), 1, 0, b_out.data(), ba, b_in.data(), ab,
@@ -223,9 +225,9 @@ TEST(NcclTransportTest, CrossingSendsPostedBeforeTheReceivesComplete) {
   auto run = [](NcclTransport* t, int device, int peer, void* out, uint64_t out_tag, void* in,
                 uint64_t in_tag, size_t bytes) {
     EXPECT_EQ(cudaSetDevice(device), cudaSuccess);
-    if (absl::Status s = t->PostSend(peer, out_tag, out, bytes); !s.ok()) return s;
-    if (absl::Status s = t->PostRecv(peer, in_tag, in, bytes); !s.ok()) return s;
-    if (absl::Status s = t->WaitRecv(peer, in_tag); !s.ok()) return s;
+    RETURN_IF_ERROR(t->PostSend(peer, out_tag, out, bytes));
+    RETURN_IF_ERROR(t->PostRecv(peer, in_tag, in, bytes));
+    RETURN_IF_ERROR(t->WaitRecv(peer, in_tag));
     return t->WaitSends();
   };
   auto fb = std::async(std::launch::async, run, b.get(), 1, 0, b_out.data(), ba, b_in.data(), ab,

@@ -1,19 +1,26 @@
 #include "worker/transport/nccl_transport.h"
 
+#include <cuda_runtime_api.h>
 #include <gloo/rendezvous/store.h>
+#include <nccl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <set>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/status_macros.h"
 #include "worker/backend/cuda/cuda_status.h"
+#include "worker/backend/cuda/device.h"
 
 namespace tandem::worker {
 namespace {
@@ -36,53 +43,20 @@ bool IsTimeout(const std::string& what) {
          absl::StrContains(lower, "deadline_exceeded");
 }
 
-// A Status with `prefix` prepended to the message, same code.
-absl::Status Prefixed(const std::string& prefix, const absl::Status& s) {
-  return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
-}
-
 // The device this rank uses exists and can be made current.
 absl::Status UseDevice(int device) {
-  absl::StatusOr<int> count = cuda::CudaDeviceCount();
-  if (!count.ok()) return count.status();
-  if (device >= *count) {
+  ASSIGN_OR_RETURN(const int count, cuda::CudaDeviceCount());
+  if (device >= count) {
     return absl::FailedPreconditionError(
-        absl::StrCat("CUDA device ", device, " requested, ", *count, " visible"));
+        absl::StrCat("CUDA device ", device, " requested, ", count, " visible"));
   }
   TANDEM_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   return absl::OkStatus();
 }
 
-}  // namespace
-
-struct NcclTransport::Pending {
-  int peer = 0;
-  uint64_t tag = 0;
-  size_t bytes = 0;
-  int slot = -1;                // header slot
-  int64_t seq = 0;              // receives: number among the receives from peer
-  cudaEvent_t event = nullptr;  // recorded on the link's stream after the transfer, owned
-};
-
-namespace {
-
-// A communicator's state: ncclSuccess (ready, or its last call done), ncclInProgress, or its
-// asynchronous error (or the query's own).
-ncclResult_t CommState(ncclComm_t comm) {
-  ncclResult_t state = ncclInProgress;
-  if (const ncclResult_t r = ncclCommGetAsyncError(comm, &state); r != ncclSuccess) return r;
-  return state;
-}
-
-// "the link to peer rank 3" / "the link from peer rank 3".
-std::string LinkName(bool send, int peer) {
-  return absl::StrCat("the link ", send ? "to" : "from", " peer rank ", peer);
-}
-
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Connect(
-    const NcclTransportOptions& options, gloo::rendezvous::Store& store) {
+// The ranks this rank links with (`options.peers`, or every other rank when empty), or
+// INVALID_ARGUMENT for bad options.
+absl::StatusOr<std::set<int>> ValidateOptions(const NcclTransportOptions& options) {
   if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
     return absl::InvalidArgumentError(
         absl::StrCat("nccl transport: rank ", options.rank, " is outside [0, ", options.size, ")"));
@@ -113,157 +87,256 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Connect(
       if (r != options.rank) peers.insert(r);
     }
   }
-  const std::string me = absl::StrCat("rank ", options.rank, " of ", options.size, ": ");
-  const Clock::time_point deadline = Clock::now() + options.connect_timeout;
+  return peers;
+}
 
-  // The links in the global order: by pair (lower rank, higher rank), which ascending peers
-  // give, and within a pair the lower rank's outgoing link first.
-  std::vector<Link> links;
-  for (int peer : peers) {
-    const bool lower = options.rank < peer;
-    links.push_back({peer, lower, nullptr, nullptr});
-    links.push_back({peer, !lower, nullptr, nullptr});
-  }
-  auto key_of = [&](const Link& l) {
-    const int from = l.send ? options.rank : l.peer;
-    const int to = l.send ? l.peer : options.rank;
-    return absl::StrCat(options.key_prefix, "/", from, "-", to, "/unique_id");
-  };
-  // Everything created so far, released on a failure.
-  auto release = [&links] {
-    for (Link& l : links) {
-      if (l.comm != nullptr) (void)ncclCommAbort(l.comm);
-      if (l.stream != nullptr) (void)cudaStreamDestroy(l.stream);
-      l.comm = nullptr;
-      l.stream = nullptr;
+}  // namespace
+
+struct NcclTransport::Pending {
+  int peer = 0;
+  uint64_t tag = 0;
+  size_t bytes = 0;
+  int slot = -1;                // header slot
+  int64_t seq = 0;              // receives: number among the receives from peer
+  cudaEvent_t event = nullptr;  // recorded on the link's stream after the transfer, owned
+};
+
+struct NcclTransport::Link {
+  int peer = 0;
+  bool send = false;              // this rank sends on it (and is rank 0 of its communicator)
+  ncclComm_t comm = nullptr;      // owned; null after Abort()
+  cudaStream_t stream = nullptr;  // owned
+};
+
+namespace {
+
+// A communicator's state: ncclSuccess (ready, or its last call done), ncclInProgress, or its
+// asynchronous error (or the query's own).
+ncclResult_t CommState(ncclComm_t comm) {
+  ncclResult_t state = ncclInProgress;
+  if (const ncclResult_t r = ncclCommGetAsyncError(comm, &state); r != ncclSuccess) return r;
+  return state;
+}
+
+// "the link to peer rank 3" / "the link from peer rank 3".
+std::string LinkName(bool send, int peer) {
+  return absl::StrCat("the link ", send ? "to" : "from", " peer rank ", peer);
+}
+
+}  // namespace
+
+// Connect()'s steps, in order. Owns what it creates (communicators, streams, header slots)
+// until Finish() hands it to the transport, and releases it when dropped before that (a
+// failed step). The steps' errors do not name the rank; Connect() prefixes them.
+class NcclTransport::Connector {
+ public:
+  Connector(const NcclTransportOptions& options, const std::set<int>& peers)
+      : options_(options), deadline_(Clock::now() + options.connect_timeout) {
+    // The links in the global order: by pair (lower rank, higher rank), which ascending peers
+    // give, and within a pair the lower rank's outgoing link first.
+    for (int peer : peers) {
+      const bool lower = options.rank < peer;
+      links_.push_back({peer, lower, nullptr, nullptr});
+      links_.push_back({peer, !lower, nullptr, nullptr});
     }
-  };
+    ids_.resize(links_.size());
+    for (ncclUniqueId& id : ids_) std::memset(&id, 0, sizeof id);
+  }
+  ~Connector() { Release(); }
+  Connector(const Connector&) = delete;
+  Connector& operator=(const Connector&) = delete;
 
-  // 1. The communicators' ids: this rank's outgoing links' published (or, when it cannot create
-  // them, its error in their place, so that the peers fail now, not at their timeout), then the
-  // incoming links' awaited.
-  std::vector<ncclUniqueId> ids(links.size());
-  for (ncclUniqueId& id : ids) std::memset(&id, 0, sizeof id);
-  std::string key;  // the one being published or awaited, for the messages
-  try {
-    absl::Status s = UseDevice(options.device);
-    for (size_t i = 0; i < links.size() && s.ok(); ++i) {
-      if (!links[i].send) continue;
-      if (const ncclResult_t r = ncclGetUniqueId(&ids[i]); r != ncclSuccess) {
+  // 1. The communicators' ids: this rank's outgoing links' published, then the incoming
+  // links' awaited. DEADLINE_EXCEEDED or UNAVAILABLE when the store fails or times out.
+  absl::Status ExchangeIds(gloo::rendezvous::Store& store) {
+    try {
+      RETURN_IF_ERROR(PublishIds(store));
+      return FetchPeerIds(store);
+    } catch (const std::exception& e) {
+      const std::string msg =
+          absl::StrCat("rendezvous for the NCCL ids (store key ", key_, ") failed: ", e.what(),
+                       " (did the peer join, and does it list this rank among its peers?)");
+      return IsTimeout(e.what()) || Clock::now() >= deadline_ ? absl::DeadlineExceededError(msg)
+                                                              : absl::UnavailableError(msg);
+    }
+  }
+
+  // 2. The communicators (2 ranks each, the sender rank 0), non-blocking, created in the
+  // global order, should an init wait for its peer ...
+  absl::Status InitComms() {
+    for (size_t i = 0; i < links_.size(); ++i) {
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      const ncclResult_t init =
+          ncclCommInitRankConfig(&links_[i].comm, 2, ids_[i], links_[i].send ? 0 : 1, &config);
+      if (init != ncclSuccess && init != ncclInProgress) {
+        return WithPrefix(
+            cuda::NcclError(init, "ncclCommInitRankConfig(&comm, 2, ...)", __FILE__, __LINE__),
+            LinkName(links_[i].send, links_[i].peer));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // ... and polled to readiness together: UNAVAILABLE (or NCCL's code) when one fails,
+  // ABORTED when cancelled, DEADLINE_EXCEEDED after connect_timeout.
+  absl::Status PollReady() {
+    for (;;) {
+      bool ready = true;
+      for (const Link& l : links_) {
+        const ncclResult_t state = CommState(l.comm);
+        if (state == ncclInProgress) ready = false;
+        if (state == ncclSuccess || state == ncclInProgress) continue;
+        const std::string last = ncclGetLastError(l.comm);
+        const absl::StatusCode code = cuda::NcclErrorCode(state) == absl::StatusCode::kInternal
+                                          ? absl::StatusCode::kUnavailable
+                                          : cuda::NcclErrorCode(state);
+        return absl::Status(
+            code, absl::StrCat("creating the NCCL communicator of ", LinkName(l.send, l.peer),
+                               " failed: ", ncclGetErrorString(state), ": ", last));
+      }
+      if (ready) return absl::OkStatus();
+      if (options_.cancelled != nullptr && options_.cancelled->load()) {
+        return absl::AbortedError("connecting the NCCL transport: cancelled");
+      }
+      if (Clock::now() >= deadline_) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("the NCCL communicators were not ready after ",
+                         options_.connect_timeout.count(), " ms (a peer did not join?)"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  // 3. A stream per link ...
+  absl::Status CreateStreams() {
+    for (Link& l : links_) {
+      if (cudaError_t e = cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking);
+          e != cudaSuccess) {
+        return cuda::CudaError(e, "cudaStreamCreateWithFlags", __FILE__, __LINE__);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // ... and the tag-header slots, on the device and pinned on the host.
+  absl::Status AllocateHeaders() {
+    if (cudaError_t e = cudaMalloc(&device_headers_, kMaxInFlight * sizeof(uint64_t));
+        e != cudaSuccess) {
+      return cuda::CudaError(e, "cudaMalloc(&device_headers, ...)", __FILE__, __LINE__);
+    }
+    if (cudaError_t e = cudaMallocHost(&host_headers_, kMaxInFlight * sizeof(uint64_t));
+        e != cudaSuccess) {
+      return cuda::CudaError(e, "cudaMallocHost(&host_headers, ...)", __FILE__, __LINE__);
+    }
+    return absl::OkStatus();
+  }
+
+  // The transport, owning everything created so far (the steps above all succeeded).
+  std::unique_ptr<NcclTransport> Finish() {
+    std::unique_ptr<NcclTransport> transport(
+        new NcclTransport(options_, std::move(links_), std::exchange(device_headers_, nullptr),
+                          std::exchange(host_headers_, nullptr)));
+    links_.clear();
+    return transport;
+  }
+
+ private:
+  // The store key of a link's communicator id.
+  std::string KeyOf(const Link& l) const {
+    const int from = l.send ? options_.rank : l.peer;
+    const int to = l.send ? l.peer : options_.rank;
+    return absl::StrCat(options_.key_prefix, "/", from, "-", to, "/unique_id");
+  }
+
+  // Creates and publishes the outgoing links' ids; when this rank cannot (no usable device),
+  // publishes its error in their place, so that the peers fail now, not at their timeout, and
+  // returns it. The store may throw.
+  absl::Status PublishIds(gloo::rendezvous::Store& store) {
+    absl::Status s = UseDevice(options_.device);
+    for (size_t i = 0; i < links_.size() && s.ok(); ++i) {
+      if (!links_[i].send) continue;
+      if (const ncclResult_t r = ncclGetUniqueId(&ids_[i]); r != ncclSuccess) {
         s = cuda::NcclError(r, "ncclGetUniqueId(&id)", __FILE__, __LINE__);
       }
     }
-    for (size_t i = 0; i < links.size(); ++i) {
-      if (!links[i].send) continue;
-      key = key_of(links[i]);
+    for (size_t i = 0; i < links_.size(); ++i) {
+      if (!links_[i].send) continue;
+      key_ = KeyOf(links_[i]);
       const std::string text =
-          s.ok()
-              ? absl::StrCat(kIdPrefix, absl::string_view(ids[i].internal, sizeof ids[i].internal))
-              : absl::StrCat(kErrorPrefix, s.ToString());
-      store.set(key, std::vector<char>(text.begin(), text.end()));
+          s.ok() ? absl::StrCat(kIdPrefix,
+                                absl::string_view(ids_[i].internal, sizeof ids_[i].internal))
+                 : absl::StrCat(kErrorPrefix, s.ToString());
+      store.set(key_, std::vector<char>(text.begin(), text.end()));
     }
-    if (!s.ok()) return Prefixed(me, s);
-    for (size_t i = 0; i < links.size(); ++i) {
-      if (links[i].send) continue;
-      key = key_of(links[i]);
+    return s;
+  }
+
+  // Waits for the incoming links' ids (each peer publishes them before it waits for any).
+  // UNAVAILABLE when a peer published its error, INTERNAL for a malformed id. The store may
+  // throw (its timeout too).
+  absl::Status FetchPeerIds(gloo::rendezvous::Store& store) {
+    for (size_t i = 0; i < links_.size(); ++i) {
+      if (links_[i].send) continue;
+      key_ = KeyOf(links_[i]);
       const auto left =
-          std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
+          std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now()),
                    std::chrono::milliseconds(1));
-      store.wait({key}, left);
-      const std::vector<char> value = store.get(key);
+      store.wait({key_}, left);
+      const std::vector<char> value = store.get(key_);
       const std::string text(value.begin(), value.end());
       if (absl::StartsWith(text, kErrorPrefix)) {
-        return absl::UnavailableError(absl::StrCat(me, "peer rank ", links[i].peer,
+        return absl::UnavailableError(absl::StrCat("peer rank ", links_[i].peer,
                                                    " could not create the NCCL id of its link to "
                                                    "this rank: ",
                                                    text.substr(kErrorPrefix.size())));
       }
       if (!absl::StartsWith(text, kIdPrefix) ||
-          value.size() != kIdPrefix.size() + sizeof ids[i].internal) {
-        return absl::InternalError(absl::StrCat(me, "malformed NCCL id under store key ", key, " (",
+          value.size() != kIdPrefix.size() + sizeof ids_[i].internal) {
+        return absl::InternalError(absl::StrCat("malformed NCCL id under store key ", key_, " (",
                                                 value.size(), " bytes)"));
       }
-      std::memcpy(ids[i].internal, value.data() + kIdPrefix.size(), sizeof ids[i].internal);
+      std::memcpy(ids_[i].internal, value.data() + kIdPrefix.size(), sizeof ids_[i].internal);
     }
-  } catch (const std::exception& e) {
-    const std::string msg =
-        absl::StrCat(me, "rendezvous for the NCCL ids (store key ", key, ") failed: ", e.what(),
-                     " (did the peer join, and does it list this rank among its peers?)");
-    return IsTimeout(e.what()) || Clock::now() >= deadline ? absl::DeadlineExceededError(msg)
-                                                           : absl::UnavailableError(msg);
+    return absl::OkStatus();
   }
 
-  // 2. The communicators (2 ranks each, the sender rank 0), non-blocking, polled to readiness
-  // together. In the global order, should an init wait for its peer.
-  for (size_t i = 0; i < links.size(); ++i) {
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    const ncclResult_t init =
-        ncclCommInitRankConfig(&links[i].comm, 2, ids[i], links[i].send ? 0 : 1, &config);
-    if (init != ncclSuccess && init != ncclInProgress) {
-      release();
-      return Prefixed(me, Prefixed(absl::StrCat(LinkName(links[i].send, links[i].peer), ": "),
-                                   cuda::NcclError(init, "ncclCommInitRankConfig(&comm, 2, ...)",
-                                                   __FILE__, __LINE__)));
+  // Frees whatever was created and not handed over.
+  void Release() {
+    if (host_headers_ != nullptr) (void)cudaFreeHost(host_headers_);
+    if (device_headers_ != nullptr) (void)cudaFree(device_headers_);
+    host_headers_ = nullptr;
+    device_headers_ = nullptr;
+    for (Link& l : links_) {
+      if (l.comm != nullptr) (void)ncclCommAbort(l.comm);
+      if (l.stream != nullptr) (void)cudaStreamDestroy(l.stream);
+      l.comm = nullptr;
+      l.stream = nullptr;
     }
-  }
-  for (;;) {
-    bool ready = true;
-    for (const Link& l : links) {
-      const ncclResult_t state = CommState(l.comm);
-      if (state == ncclInProgress) ready = false;
-      if (state == ncclSuccess || state == ncclInProgress) continue;
-      const std::string last = ncclGetLastError(l.comm);
-      const absl::StatusCode code = cuda::NcclErrorCode(state) == absl::StatusCode::kInternal
-                                        ? absl::StatusCode::kUnavailable
-                                        : cuda::NcclErrorCode(state);
-      const std::string what = LinkName(l.send, l.peer);
-      release();
-      return Prefixed(
-          me, absl::Status(code, absl::StrCat("creating the NCCL communicator of ", what,
-                                              " failed: ", ncclGetErrorString(state), ": ", last)));
-    }
-    if (ready) break;
-    if (options.cancelled != nullptr && options.cancelled->load()) {
-      release();
-      return absl::AbortedError(absl::StrCat(me, "connecting the NCCL transport: cancelled"));
-    }
-    if (Clock::now() >= deadline) {
-      release();
-      return absl::DeadlineExceededError(
-          absl::StrCat(me, "the NCCL communicators were not ready after ",
-                       options.connect_timeout.count(), " ms (a peer did not join?)"));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 
-  // 3. A stream per link and the tag-header slots.
-  uint64_t* device_headers = nullptr;
-  uint64_t* host_headers = nullptr;
-  auto cleanup = [&](const absl::Status& s) {
-    if (host_headers != nullptr) (void)cudaFreeHost(host_headers);
-    if (device_headers != nullptr) (void)cudaFree(device_headers);
-    release();
-    return Prefixed(me, s);
-  };
-  for (Link& l : links) {
-    if (cudaError_t e = cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking);
-        e != cudaSuccess) {
-      return cleanup(cuda::CudaError(e, "cudaStreamCreateWithFlags", __FILE__, __LINE__));
-    }
-  }
-  if (cudaError_t e = cudaMalloc(&device_headers, kMaxInFlight * sizeof(uint64_t));
-      e != cudaSuccess) {
-    return cleanup(cuda::CudaError(e, "cudaMalloc(&device_headers, ...)", __FILE__, __LINE__));
-  }
-  if (cudaError_t e = cudaMallocHost(&host_headers, kMaxInFlight * sizeof(uint64_t));
-      e != cudaSuccess) {
-    return cleanup(cuda::CudaError(e, "cudaMallocHost(&host_headers, ...)", __FILE__, __LINE__));
-  }
-  std::unique_ptr<NcclTransport> transport(
-      new NcclTransport(options, std::move(links), device_headers, host_headers));
+  const NcclTransportOptions& options_;
+  const Clock::time_point deadline_;
+  std::vector<Link> links_;        // in the global order
+  std::vector<ncclUniqueId> ids_;  // per link: its communicator's id
+  std::string key_;                // the store key being published or awaited, for the messages
+  uint64_t* device_headers_ = nullptr;  // (kMaxInFlight)
+  uint64_t* host_headers_ = nullptr;    // (kMaxInFlight), pinned
+};
+
+absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Connect(
+    const NcclTransportOptions& options, gloo::rendezvous::Store& store) {
+  ASSIGN_OR_RETURN(const std::set<int> peers, ValidateOptions(options));
+  const std::string me = absl::StrCat("rank ", options.rank, " of ", options.size);
+  Connector connector(options, peers);
+  RETURN_IF_ERROR(WithPrefix(connector.ExchangeIds(store), me));
+  RETURN_IF_ERROR(WithPrefix(connector.InitComms(), me));
+  RETURN_IF_ERROR(WithPrefix(connector.PollReady(), me));
+  RETURN_IF_ERROR(WithPrefix(connector.CreateStreams(), me));
+  RETURN_IF_ERROR(WithPrefix(connector.AllocateHeaders(), me));
+  std::unique_ptr<NcclTransport> transport = connector.Finish();
   // 4. Connections (the destructor aborts the communicators on failure).
-  if (absl::Status s = transport->WarmUp(); !s.ok()) return Prefixed(me, s);
+  RETURN_IF_ERROR(WithPrefix(transport->WarmUp(), me));
   return transport;
 }
 
@@ -272,18 +345,17 @@ absl::Status NcclTransport::WarmUp() {
   {
     absl::MutexLock lock(&mu_);
     for (const Link& l : links_) {
-      ops.push_back(
-          {l.send ? Op::Kind::kSend : Op::Kind::kRecv, l.peer, kWarmUpTag, nullptr, 0, nullptr});
+      ops.push_back({l.send ? Op::Kind::kSend : Op::Kind::kRecv, l.peer, kWarmUpTag, nullptr, 0});
     }
   }
   if (ops.empty()) return absl::OkStatus();
   // Posted in the global order, each launch waiting for its link's connection to be set up.
-  if (absl::Status s = PostBatch(ops); !s.ok()) return s;
+  RETURN_IF_ERROR(PostBatch(ops));
   for (const Op& op : ops) {
     if (op.kind != Op::Kind::kRecv) continue;
-    if (absl::Status s = WaitRecv(op.peer, kWarmUpTag); !s.ok()) return s;
+    RETURN_IF_ERROR(WaitRecv(op.peer, kWarmUpTag));
   }
-  if (absl::Status s = WaitSends(); !s.ok()) return s;
+  RETURN_IF_ERROR(WaitSends());
   // The warm-up's headers are not payload.
   bytes_sent_.store(0);
   bytes_received_.store(0);
@@ -367,12 +439,6 @@ size_t NcclTransport::LinkOf(const Op& op) const {
   return op.kind == Op::Kind::kSend ? out : in;
 }
 
-absl::Status NcclTransport::Broken() const {
-  if (aborted_.load()) return absl::AbortedError("nccl transport aborted");
-  absl::MutexLock lock(&mu_);
-  return broken_;
-}
-
 void NcclTransport::Fail(const absl::Status& status) {
   absl::MutexLock lock(&mu_);
   if (broken_.ok()) broken_ = status;
@@ -406,7 +472,8 @@ absl::Status NcclTransport::PollCheck(const char* op, int peer, Clock::time_poin
   return absl::OkStatus();
 }
 
-absl::Status NcclTransport::WaitEvent(const char* op, int peer, cudaEvent_t event) {
+absl::Status NcclTransport::WaitEvent(const char* op, int peer, const Pending& transfer) {
+  const cudaEvent_t event = transfer.event;
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = start + options_.op_timeout;
   for (;;) {
@@ -421,7 +488,7 @@ absl::Status NcclTransport::WaitEvent(const char* op, int peer, cudaEvent_t even
       std::this_thread::yield();
       continue;
     }
-    if (absl::Status s = PollCheck(op, peer, deadline); !s.ok()) return s;
+    RETURN_IF_ERROR(PollCheck(op, peer, deadline));
   }
 }
 
@@ -446,7 +513,7 @@ absl::Status NcclTransport::PostRecv(int peer, uint64_t tag, void* data, size_t 
 }
 
 absl::Status NcclTransport::Recv(int peer, uint64_t tag, void* data, size_t bytes) {
-  if (absl::Status s = PostRecv(peer, tag, data, bytes); !s.ok()) return s;
+  RETURN_IF_ERROR(PostRecv(peer, tag, data, bytes));
   return WaitRecv(peer, tag);
 }
 
@@ -454,7 +521,7 @@ absl::Status NcclTransport::Validate(absl::Span<const Op> ops) const {
   // Bad arguments before anything is posted, so that the caller sees them where it posted.
   std::set<std::pair<int, uint64_t>> batch_recvs;
   for (const Op& op : ops) {
-    if (absl::Status s = CheckPeer(op.peer); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckPeer(op.peer));
     if (op.data == nullptr && op.bytes > 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("rank ", options_.rank, ": null buffer for ", op.bytes, " bytes"));
@@ -476,9 +543,9 @@ absl::Status NcclTransport::Validate(absl::Span<const Op> ops) const {
 }
 
 absl::Status NcclTransport::PostBatch(absl::Span<const Op> ops) {
-  if (absl::Status s = Validate(ops); !s.ok()) return s;
+  RETURN_IF_ERROR(Validate(ops));
   for (const Op& op : ops) {
-    if (absl::Status s = Launch(op); !s.ok()) return s;
+    RETURN_IF_ERROR(Launch(op));
   }
   return absl::OkStatus();
 }
@@ -491,6 +558,21 @@ absl::Status NcclTransport::Launch(const Op& op) {
   TANDEM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   absl::MutexLock lock(&mu_);
   const size_t link_index = LinkOf(op);
+  RETURN_IF_ERROR(CheckLaunchable(link_index));
+  std::unique_ptr<Pending> transfer = TakeSlot(op);
+  // A failure from here on breaks the transport (the link's stream may hold part of the
+  // transfer).
+  if (const absl::Status s = Enqueue(op, link_index, *transfer); !s.ok()) {
+    if (transfer->event != nullptr) (void)cudaEventDestroy(transfer->event);
+    free_slots_.push_back(transfer->slot);
+    if (broken_.ok()) broken_ = s;
+    return s;
+  }
+  Track(op, std::move(transfer));
+  return absl::OkStatus();
+}
+
+absl::Status NcclTransport::CheckLaunchable(size_t link_index) const {
   if (links_[link_index].comm == nullptr) {
     return absl::AbortedError("nccl transport: post: transport aborted");
   }
@@ -499,58 +581,39 @@ absl::Status NcclTransport::Launch(const Op& op) {
     return absl::ResourceExhaustedError(
         absl::StrCat("rank ", options_.rank, ": more than ", kMaxInFlight, " transfers in flight"));
   }
-  const ncclComm_t comm = links_[link_index].comm;
-  const cudaStream_t stream = links_[link_index].stream;
+  return absl::OkStatus();
+}
 
-  // Everything below changes state; a failure breaks the transport (the link's stream may hold
-  // part of the transfer).
-  auto pending = std::make_unique<Pending>();
-  pending->peer = op.peer;
-  pending->tag = op.tag;
-  pending->bytes = op.bytes;
-  pending->slot = free_slots_.back();
+std::unique_ptr<NcclTransport::Pending> NcclTransport::TakeSlot(const Op& op) {
+  auto transfer = std::make_unique<Pending>();
+  transfer->peer = op.peer;
+  transfer->tag = op.tag;
+  transfer->bytes = op.bytes;
+  transfer->slot = free_slots_.back();
   free_slots_.pop_back();
-  auto broken = [&](const absl::Status& s) {
-    if (pending->event != nullptr) (void)cudaEventDestroy(pending->event);
-    free_slots_.push_back(pending->slot);
-    if (broken_.ok()) broken_ = s;
-    return s;
-  };
-  if (cudaError_t e = cudaEventCreateWithFlags(&pending->event, cudaEventDisableTiming);
-      e != cudaSuccess) {
-    return broken(cuda::CudaError(e, "cudaEventCreateWithFlags", __FILE__, __LINE__));
-  }
-  uint64_t* header = device_headers_ + pending->slot;
-  if (op.kind == Op::Kind::kSend) {
-    if (op.ready != nullptr) {
-      if (cudaError_t e = cudaStreamWaitEvent(stream, op.ready, 0); e != cudaSuccess) {
-        return broken(
-            cuda::CudaError(e, "cudaStreamWaitEvent(stream, op.ready)", __FILE__, __LINE__));
-      }
-    }
-    // The header: the tag, staged through its pinned slot (which stays reserved until the send
-    // completes, so the asynchronous copy may read it late).
-    host_headers_[pending->slot] = op.tag;
-    if (cudaError_t e = cudaMemcpyAsync(header, host_headers_ + pending->slot, sizeof(uint64_t),
-                                        cudaMemcpyHostToDevice, stream);
-        e != cudaSuccess) {
-      return broken(cuda::CudaError(e, "cudaMemcpyAsync(header H2D)", __FILE__, __LINE__));
-    }
-  }
+  return transfer;
+}
 
-  // One group: the header, then the payload.
+namespace {
+
+// Issues `op` on `comm` / `stream` as one group: the tag header (device slot `header`), then the
+// payload (both ends skip an empty one). Returns whether the group is still being enqueued
+// (ncclInProgress: a non-blocking communicator), or the failed call's error.
+absl::StatusOr<bool> IssueGroup(const NcclTransport::Op& op, ncclComm_t comm, cudaStream_t stream,
+                                uint64_t* header) {
   if (ncclResult_t r = ncclGroupStart(); r != ncclSuccess) {
-    return broken(cuda::NcclError(r, "ncclGroupStart()", __FILE__, __LINE__));
+    return cuda::NcclError(r, "ncclGroupStart()", __FILE__, __LINE__);
   }
+  const bool send = op.kind == NcclTransport::Op::Kind::kSend;
   // On a link's communicator the peer is its rank 1 when this rank sends, rank 0 when it
   // receives.
-  const int peer_in_comm = op.kind == Op::Kind::kSend ? 1 : 0;
+  const int peer_in_comm = send ? 1 : 0;
   ncclResult_t issue = ncclSuccess;
   const char* failed_call = "";
-  if (op.kind == Op::Kind::kSend) {
+  if (send) {
     issue = ncclSend(header, sizeof(uint64_t), ncclUint8, peer_in_comm, comm, stream);
     failed_call = "ncclSend(header)";
-    if (issue == ncclSuccess && op.bytes > 0) {  // both ends skip an empty payload
+    if (issue == ncclSuccess && op.bytes > 0) {
       issue = ncclSend(op.data, op.bytes, ncclUint8, peer_in_comm, comm, stream);
       failed_call = "ncclSend(data, bytes, ncclUint8, 1, comm, stream)";
     }
@@ -565,62 +628,90 @@ absl::Status NcclTransport::Launch(const Op& op) {
   // The group is closed even after a failed call inside it (NCCL requires balanced groups).
   const ncclResult_t end = ncclGroupEnd();
   if (issue != ncclSuccess && issue != ncclInProgress) {
-    return broken(cuda::NcclError(issue, failed_call, __FILE__, __LINE__));
+    return cuda::NcclError(issue, failed_call, __FILE__, __LINE__);
   }
   if (end != ncclSuccess && end != ncclInProgress) {
-    return broken(cuda::NcclError(end, "ncclGroupEnd()", __FILE__, __LINE__));
+    return cuda::NcclError(end, "ncclGroupEnd()", __FILE__, __LINE__);
   }
+  return end == ncclInProgress;
+}
+
+}  // namespace
+
+absl::Status NcclTransport::Enqueue(const Op& op, size_t link_index, Pending& transfer) {
+  const cudaStream_t stream = links_[link_index].stream;
+  if (cudaError_t e = cudaEventCreateWithFlags(&transfer.event, cudaEventDisableTiming);
+      e != cudaSuccess) {
+    return cuda::CudaError(e, "cudaEventCreateWithFlags", __FILE__, __LINE__);
+  }
+  uint64_t* header = device_headers_ + transfer.slot;
+  if (op.kind == Op::Kind::kSend) {
+    // The header: the tag, staged through its pinned slot (which stays reserved until the send
+    // completes, so the asynchronous copy may read it late).
+    host_headers_[transfer.slot] = op.tag;
+    if (cudaError_t e = cudaMemcpyAsync(header, host_headers_ + transfer.slot, sizeof(uint64_t),
+                                        cudaMemcpyHostToDevice, stream);
+        e != cudaSuccess) {
+      return cuda::CudaError(e, "cudaMemcpyAsync(header H2D)", __FILE__, __LINE__);
+    }
+  }
+  ASSIGN_OR_RETURN(const bool in_progress, IssueGroup(op, links_[link_index].comm, stream, header));
   // Non-blocking: the group is enqueued on the stream once the communicator leaves
   // ncclInProgress; only then may the completion event be recorded behind it. After the
   // warm-up this only waits for NCCL's enqueueing, never for the peer.
-  if (end == ncclInProgress) {
-    const Clock::time_point deadline = Clock::now() + options_.op_timeout;
-    for (;;) {
-      const ncclResult_t state = CommState(comm);
-      if (state == ncclSuccess) break;
-      if (state != ncclInProgress) {
-        return broken(absl::UnavailableError(
-            absl::StrCat("rank ", options_.rank, ": posting a transfer on ",
-                         LinkName(op.kind == Op::Kind::kSend, op.peer),
-                         " failed: ", ncclGetErrorString(state), ": ", ncclGetLastError(comm))));
-      }
-      if (aborted_.load()) return broken(absl::AbortedError("nccl transport: post: aborted"));
-      if (Clock::now() >= deadline) {
-        return broken(absl::DeadlineExceededError(
-            absl::StrCat("rank ", options_.rank, ": NCCL did not enqueue a transfer on ",
-                         LinkName(op.kind == Op::Kind::kSend, op.peer), " within the op timeout")));
-      }
-      // Released while sleeping so that Abort() can run (it takes mu_).
-      mu_.Unlock();
-      std::this_thread::sleep_for(kPollInterval);
-      mu_.Lock();
-      if (links_[link_index].comm == nullptr) {
-        return broken(absl::AbortedError("nccl transport: post: aborted"));
-      }
-    }
-  }
-
+  if (in_progress) RETURN_IF_ERROR(WaitEnqueued(op, link_index));
   if (op.kind == Op::Kind::kRecv) {
     // The received header back to its pinned slot, read by WaitRecv after the event.
-    if (cudaError_t e = cudaMemcpyAsync(host_headers_ + pending->slot, header, sizeof(uint64_t),
+    if (cudaError_t e = cudaMemcpyAsync(host_headers_ + transfer.slot, header, sizeof(uint64_t),
                                         cudaMemcpyDeviceToHost, stream);
         e != cudaSuccess) {
-      return broken(cuda::CudaError(e, "cudaMemcpyAsync(header D2H)", __FILE__, __LINE__));
+      return cuda::CudaError(e, "cudaMemcpyAsync(header D2H)", __FILE__, __LINE__);
     }
   }
-  if (cudaError_t e = cudaEventRecord(pending->event, stream); e != cudaSuccess) {
-    return broken(cuda::CudaError(e, "cudaEventRecord(event, stream)", __FILE__, __LINE__));
+  if (cudaError_t e = cudaEventRecord(transfer.event, stream); e != cudaSuccess) {
+    return cuda::CudaError(e, "cudaEventRecord(event, stream)", __FILE__, __LINE__);
   }
+  return absl::OkStatus();
+}
+
+absl::Status NcclTransport::WaitEnqueued(const Op& op, size_t link_index) {
+  const ncclComm_t comm = links_[link_index].comm;
+  const Clock::time_point deadline = Clock::now() + options_.op_timeout;
+  for (;;) {
+    const ncclResult_t state = CommState(comm);
+    if (state == ncclSuccess) return absl::OkStatus();
+    if (state != ncclInProgress) {
+      return absl::UnavailableError(absl::StrCat("rank ", options_.rank, ": posting a transfer on ",
+                                                 LinkName(op.kind == Op::Kind::kSend, op.peer),
+                                                 " failed: ", ncclGetErrorString(state), ": ",
+                                                 ncclGetLastError(comm)));
+    }
+    if (aborted_.load()) return absl::AbortedError("nccl transport: post: aborted");
+    if (Clock::now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("rank ", options_.rank, ": NCCL did not enqueue a transfer on ",
+                       LinkName(op.kind == Op::Kind::kSend, op.peer), " within the op timeout"));
+    }
+    // Released while sleeping so that Abort() can run (it takes mu_).
+    mu_.Unlock();
+    std::this_thread::sleep_for(kPollInterval);
+    mu_.Lock();
+    if (links_[link_index].comm == nullptr) {
+      return absl::AbortedError("nccl transport: post: aborted");
+    }
+  }
+}
+
+void NcclTransport::Track(const Op& op, std::unique_ptr<Pending> transfer) {
   if (op.kind == Op::Kind::kSend) {
     send_order_[op.peer].push_back(op.tag);
     bytes_sent_.fetch_add(static_cast<int64_t>(op.bytes));
-    pending_sends_.push_back(std::move(pending));
+    pending_sends_.push_back(std::move(transfer));
   } else {
-    pending->seq = recvs_posted_[op.peer]++;
+    transfer->seq = recvs_posted_[op.peer]++;
     recv_order_[op.peer].push_back(op.tag);
-    pending_recvs_[{op.peer, op.tag}] = std::move(pending);
+    pending_recvs_[{op.peer, op.tag}] = std::move(transfer);
   }
-  return absl::OkStatus();
 }
 
 bool NcclTransport::posted_recv(int peer, uint64_t tag) const {
@@ -632,7 +723,7 @@ absl::Status NcclTransport::WaitRecv(int peer, uint64_t tag) {
   if (aborted_.load()) {
     return absl::AbortedError(absl::StrCat("receive from peer rank ", peer, ": transport aborted"));
   }
-  cudaEvent_t event = nullptr;
+  const Pending* transfer = nullptr;
   {
     absl::MutexLock lock(&mu_);
     auto it = pending_recvs_.find({peer, tag});
@@ -642,9 +733,9 @@ absl::Status NcclTransport::WaitRecv(int peer, uint64_t tag) {
                                                         " tag ", Hex(tag), " posted"));
     }
     if (!broken_.ok()) return broken_;
-    event = it->second->event;
+    transfer = it->second.get();
   }
-  if (absl::Status s = WaitEvent("receive", peer, event); !s.ok()) return s;
+  RETURN_IF_ERROR(WaitEvent("receive", peer, *transfer));
 
   absl::MutexLock lock(&mu_);
   auto it = pending_recvs_.find({peer, tag});
@@ -676,23 +767,21 @@ absl::Status NcclTransport::WaitRecv(int peer, uint64_t tag) {
 absl::Status NcclTransport::SendRecv(int peer, uint64_t tag, const void* send, void* recv,
                                      size_t bytes) {
   // On two links: neither waits for the other.
-  const Op ops[2] = {{Op::Kind::kSend, peer, tag, const_cast<void*>(send), bytes, nullptr},
-                     {Op::Kind::kRecv, peer, tag, recv, bytes, nullptr}};
-  if (absl::Status s = PostBatch(ops); !s.ok()) return s;
+  const Op ops[2] = {{Op::Kind::kSend, peer, tag, const_cast<void*>(send), bytes},
+                     {Op::Kind::kRecv, peer, tag, recv, bytes}};
+  RETURN_IF_ERROR(PostBatch(ops));
   return WaitRecv(peer, tag);
 }
 
 absl::Status NcclTransport::WaitSends() {
   if (aborted_.load()) return absl::AbortedError("wait for sends: transport aborted");
-  std::vector<std::pair<int, cudaEvent_t>> sends;
+  std::vector<const Pending*> sends;
   {
     absl::MutexLock lock(&mu_);
     if (!broken_.ok()) return broken_;
-    for (const auto& p : pending_sends_) sends.emplace_back(p->peer, p->event);
+    for (const auto& p : pending_sends_) sends.push_back(p.get());
   }
-  for (const auto& [peer, event] : sends) {
-    if (absl::Status s = WaitEvent("send", peer, event); !s.ok()) return s;
-  }
+  for (const Pending* p : sends) RETURN_IF_ERROR(WaitEvent("send", p->peer, *p));
   absl::MutexLock lock(&mu_);
   // Only the sends waited for (none is added concurrently: one executor thread).
   const size_t done = std::min(sends.size(), pending_sends_.size());
@@ -704,29 +793,6 @@ absl::Status NcclTransport::WaitSends() {
     free_slots_.push_back(p.slot);
   }
   pending_sends_.erase(pending_sends_.begin(), pending_sends_.begin() + done);
-  return absl::OkStatus();
-}
-
-absl::Status NcclTransport::CommStreamWaitEvent(cudaEvent_t event) {
-  if (absl::Status s = Broken(); !s.ok()) return s;
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
-  absl::MutexLock lock(&mu_);
-  for (const Link& l : links_) {
-    if (l.send) TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(l.stream, event, 0));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status NcclTransport::ComputeStreamWaitRecv(int peer, uint64_t tag, cudaStream_t stream) {
-  if (absl::Status s = Broken(); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
-  auto it = pending_recvs_.find({peer, tag});
-  if (it == pending_recvs_.end()) {
-    return absl::FailedPreconditionError(absl::StrCat("rank ", options_.rank,
-                                                      ": no receive from peer rank ", peer, " tag ",
-                                                      Hex(tag), " posted"));
-  }
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, it->second->event, 0));
   return absl::OkStatus();
 }
 

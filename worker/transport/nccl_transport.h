@@ -44,22 +44,21 @@
 // FIFO of the tags it posted; a receive whose header names another tag fails with INTERNAL
 // naming both tags.
 //
-// Compute / communication: the caller's compute stream and the link streams are independent.
-// Before posting a send of data produced on a compute stream without synchronising it, record
-// an event there and call CommStreamWaitEvent(event) (or set Op::ready). To use received data
-// on a compute stream without blocking the host, call ComputeStreamWaitRecv(peer, tag, stream);
-// WaitRecv must still be called afterwards (it checks the tag, counts the bytes and frees the
-// receive's slot). A receive in flight holds NCCL kernels on the device until its data comes,
-// so nothing on this device may synchronise the whole device (cudaDeviceSynchronize, cudaFree)
-// while transfers are pending: the compute's buffers are pooled for that reason.
+// Compute / communication: the link streams are independent of any compute stream, so the data
+// of a send must be complete on the device when it is posted (the CUDA StageCompute's calls
+// return when the device is done), and received data may be used once WaitRecv returns (it
+// also checks the tag, counts the bytes and frees the receive's slot). A receive in flight
+// holds NCCL kernels on the device until its data comes, so nothing on this device may
+// synchronise the whole device (cudaDeviceSynchronize, cudaFree) while transfers are pending:
+// the compute's buffers are pooled for that reason.
+//
+// The header names no CUDA or NCCL type (the streams, events and communicators live in
+// nccl_transport.cc), so that main.cc includes it without the CUDA headers.
 //
 // Thread-safety: as Transport (one executor thread; Abort(), aborted() and the counters from any
 // thread).
 #ifndef TANDEM_WORKER_TRANSPORT_NCCL_TRANSPORT_H_
 #define TANDEM_WORKER_TRANSPORT_NCCL_TRANSPORT_H_
-
-#include <cuda_runtime_api.h>
-#include <nccl.h>
 
 #include <atomic>
 #include <chrono>
@@ -109,9 +108,6 @@ class NcclTransport final : public Transport {
     uint64_t tag = 0;
     void* data = nullptr;  // device memory; a send only reads it
     size_t bytes = 0;
-    // Send only, optional: an event on the producing compute stream that the comm stream waits
-    // for before the send reads `data`.
-    cudaEvent_t ready = nullptr;
   };
 
   // Blocks until the communicator is ready. INVALID_ARGUMENT for bad options;
@@ -148,13 +144,6 @@ class NcclTransport final : public Transport {
   // kMaxInFlight transfers would be in flight.
   absl::Status PostBatch(absl::Span<const Op> ops);
 
-  // Makes every outgoing link's stream wait (on the device) for `event`, recorded on a compute
-  // stream, before any send posted after this call.
-  absl::Status CommStreamWaitEvent(cudaEvent_t event);
-  // Makes `stream` wait (on the device) until the receive posted for (peer, tag) has its data.
-  // FAILED_PRECONDITION when none is posted.
-  absl::Status ComputeStreamWaitRecv(int peer, uint64_t tag, cudaStream_t stream);
-
   // The peers this rank has links with, ascending.
   std::vector<int> peers() const;
 
@@ -162,14 +151,15 @@ class NcclTransport final : public Transport {
   static constexpr int kMaxInFlight = 4096;
 
  private:
+  // A transfer in flight: its peer, tag, header slot and completion event
+  // (nccl_transport.cc).
   struct Pending;
-  // One direction of data between this rank and a peer (see the header comment).
-  struct Link {
-    int peer = 0;
-    bool send = false;              // this rank sends on it (and is rank 0 of its communicator)
-    ncclComm_t comm = nullptr;      // owned; null after Abort()
-    cudaStream_t stream = nullptr;  // owned
-  };
+  // One direction of data between this rank and a peer (see the header comment): its
+  // communicator and stream (nccl_transport.cc).
+  struct Link;
+  // Connect()'s steps: options, ids through the store, communicators, streams and header
+  // slots (nccl_transport.cc).
+  class Connector;
 
   NcclTransport(const NcclTransportOptions& options, std::vector<Link> links,
                 uint64_t* device_headers, uint64_t* host_headers);
@@ -183,16 +173,30 @@ class NcclTransport final : public Transport {
   absl::Status Validate(absl::Span<const Op> ops) const;
   // Posts `op` (it passed Validate) on its link now, as one group (header and payload).
   absl::Status Launch(const Op& op);
+  // Launch's steps. Checks that a transfer can go on link `link_index` now (ABORTED,
+  // the broken status, RESOURCE_EXHAUSTED without a free header slot).
+  absl::Status CheckLaunchable(size_t link_index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A transfer of `op` holding a free header slot (CheckLaunchable found one).
+  std::unique_ptr<Pending> TakeSlot(const Op& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Enqueues `op` on its link's stream: the completion event, a send's header staged to the
+  // device, the NCCL group (header and payload), a receive's header back to the host, the
+  // event recorded behind them. A failure leaves the link's stream with part of the transfer.
+  absl::Status Enqueue(const Op& op, size_t link_index, Pending& transfer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until NCCL has enqueued the group just issued on link `link_index` (a non-blocking
+  // communicator leaves ncclInProgress), releasing mu_ while it sleeps so that Abort() can run.
+  absl::Status WaitEnqueued(const Op& op, size_t link_index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records an enqueued transfer: the expected-tag FIFO, the byte counter, the pending lists.
+  void Track(const Op& op, std::unique_ptr<Pending> transfer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   absl::Status CheckPeer(int peer) const;
   // Index into links_ of the link `op` goes on (its peer passed CheckPeer).
   size_t LinkOf(const Op& op) const;
   // Sleeps a poll interval. Returns ABORTED after Abort(), a link's asynchronous error, or
   // DEADLINE_EXCEEDED at `deadline`; OK to keep polling.
   absl::Status PollCheck(const char* op, int peer, std::chrono::steady_clock::time_point deadline);
-  // Waits for `event` (recorded on a link's stream) to complete.
-  absl::Status WaitEvent(const char* op, int peer, cudaEvent_t event);
-  // The error every call returns once the transport failed (OK while healthy).
-  absl::Status Broken() const;
+  // Waits for `transfer`'s completion event (recorded on a link's stream).
+  absl::Status WaitEvent(const char* op, int peer, const Pending& transfer);
   void Fail(const absl::Status& status);
 
   const NcclTransportOptions options_;
