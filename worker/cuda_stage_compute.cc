@@ -1,7 +1,5 @@
 #include "worker/cuda_stage_compute.h"
 
-#include <cuda_runtime_api.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -14,14 +12,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
-#include "worker/backend/cuda/cuda_status.h"
-#include "worker/backend/cuda/device_buffer.h"
+#include "common/status_macros.h"
+#include "worker/backend/cuda/device.h"
+#include "worker/backend/cuda/gpu_gpt.h"
 #include "worker/model/gpt.h"
 
 namespace tandem::worker {
 namespace {
 
-using cuda::DeviceBuffer;
+using cuda::DeviceMemory;
 using cuda::GpuGpt;
 
 }  // namespace
@@ -34,52 +33,52 @@ using cuda::GpuGpt;
 // the stage's activation bytes. Shared by the compute and its buffers, which may outlive it.
 class CudaStageCompute::BufferPool {
  public:
-  absl::StatusOr<DeviceBuffer<float>> Take(size_t count) {
+  absl::StatusOr<DeviceMemory> Take(size_t bytes) {
     {
       absl::MutexLock lock(&mu_);
-      auto it = free_.find(count);
+      auto it = free_.find(bytes);
       if (it != free_.end() && !it->second.empty()) {
-        DeviceBuffer<float> b = std::move(it->second.back());
+        DeviceMemory b = std::move(it->second.back());
         it->second.pop_back();
         return b;
       }
     }
-    return DeviceBuffer<float>::Create(count);
+    return DeviceMemory::Allocate(bytes);
   }
-  void Give(DeviceBuffer<float> b) {
+  void Give(DeviceMemory b) {
     absl::MutexLock lock(&mu_);
-    free_[b.size()].push_back(std::move(b));
+    free_[b.bytes()].push_back(std::move(b));
   }
 
  private:
   absl::Mutex mu_;
-  std::map<size_t, std::vector<DeviceBuffer<float>>> free_ ABSL_GUARDED_BY(mu_);
+  std::map<size_t, std::vector<DeviceMemory>> free_ ABSL_GUARDED_BY(mu_);  // by size in bytes
 };
 
 namespace {
 
 class DeviceStageBuffer final : public StageBuffer {
  public:
-  DeviceStageBuffer(DeviceBuffer<float> b, std::shared_ptr<CudaStageCompute::BufferPool> pool)
+  DeviceStageBuffer(DeviceMemory b, std::shared_ptr<CudaStageCompute::BufferPool> pool)
       : buffer_(std::move(b)), pool_(std::move(pool)) {}
   ~DeviceStageBuffer() override { pool_->Give(std::move(buffer_)); }
   void* data() override { return buffer_.data(); }
-  size_t bytes() const override { return buffer_.size() * sizeof(float); }
+  size_t bytes() const override { return buffer_.bytes(); }
 
  private:
-  DeviceBuffer<float> buffer_;
+  DeviceMemory buffer_;
   std::shared_ptr<CudaStageCompute::BufferPool> pool_;
 };
 
 // Plain device bytes (NewDeviceBuffer).
 class DeviceBytes final : public StageBuffer {
  public:
-  explicit DeviceBytes(DeviceBuffer<char> b) : buffer_(std::move(b)) {}
+  explicit DeviceBytes(DeviceMemory b) : buffer_(std::move(b)) {}
   void* data() override { return buffer_.data(); }
-  size_t bytes() const override { return buffer_.size(); }
+  size_t bytes() const override { return buffer_.bytes(); }
 
  private:
-  DeviceBuffer<char> buffer_;
+  DeviceMemory buffer_;
 };
 
 // An event-measured time in whole microseconds, at least 1 (0 means "no device time").
@@ -105,17 +104,15 @@ absl::StatusOr<int> ParseCudaDevice(absl::string_view device) {
 }
 
 absl::StatusOr<StageBufferPtr> NewDeviceBuffer(int device, size_t bytes) {
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-  absl::StatusOr<DeviceBuffer<char>> b = DeviceBuffer<char>::Create(bytes);
-  if (!b.ok()) return b.status();
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemset(b->data(), 0, bytes));
-  return std::make_unique<DeviceBytes>(*std::move(b));
+  RETURN_IF_ERROR(cuda::SetDevice(device));
+  ASSIGN_OR_RETURN(DeviceMemory b, DeviceMemory::Allocate(bytes));
+  RETURN_IF_ERROR(b.Zero());
+  return std::make_unique<DeviceBytes>(std::move(b));
 }
 
-absl::Status CudaStageCompute::Use() const {
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-  return absl::OkStatus();
-}
+CudaStageCompute::~CudaStageCompute() = default;
+
+absl::Status CudaStageCompute::Use() const { return cuda::SetDevice(device_); }
 
 std::string CudaStageCompute::device() const { return absl::StrCat("cuda:", device_); }
 
@@ -136,11 +133,11 @@ absl::StatusOr<std::unique_ptr<CudaStageCompute>> CudaStageCompute::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("precision '", spec.precision(), "' is not fp32 or bf16"));
   }
-  if (absl::Status s = cuda::CudaAvailable(); !s.ok()) return s;
+  RETURN_IF_ERROR(cuda::CudaAvailable());
   std::unique_ptr<CudaStageCompute> c(new CudaStageCompute());
   c->pool_ = std::make_shared<BufferPool>();
   c->device_ = device;
-  if (absl::Status s = c->Use(); !s.ok()) return s;
+  RETURN_IF_ERROR(c->Use());
   cuda::AdamWHyper hyper;
   hyper.beta1 = opt.beta1();
   hyper.beta2 = opt.beta2();
@@ -162,78 +159,69 @@ absl::StatusOr<std::unique_ptr<CudaStageCompute>> CudaStageCompute::Create(
     cfg.seed = spec.seed();
     cfg.layer_begin = chunk.layer_begin();
     cfg.layer_end = chunk.layer_end();
-    absl::StatusOr<std::unique_ptr<GpuGpt>> stage = GpuGpt::Create(cfg, hyper);
-    if (!stage.ok()) {
-      return absl::Status(stage.status().code(),
-                          absl::StrCat("stage ", chunk.stage(), " on cuda:", device, ": ",
-                                       stage.status().message()));
-    }
-    const cuda::GpuGptMemory& m = (*stage)->memory();
+    absl::StatusOr<std::unique_ptr<GpuGpt>> created = GpuGpt::Create(cfg, hyper);
+    RETURN_IF_ERROR(
+        WithPrefix(created.status(), absl::StrCat("stage ", chunk.stage(), " on cuda:", device)));
+    std::unique_ptr<GpuGpt> stage = *std::move(created);
+    const cuda::GpuGptMemory& m = stage->memory();
     // The activation slots are the saved activations (SavedBytes), not static memory.
     c->static_memory_.push_back(
         {static_cast<int64_t>(m.parameters + m.compute_weights), static_cast<int64_t>(m.gradients),
          static_cast<int64_t>(m.optimizer_state), static_cast<int64_t>(m.workspace)});
-    c->parameter_count_ += (*stage)->num_parameters();
+    c->parameter_count_ += stage->num_parameters();
     c->activation_elements_ = cfg.batch * cfg.seq * cfg.d_model;
-    c->stages_.push_back(*std::move(stage));
+    c->stages_.push_back(std::move(stage));
   }
   return c;
 }
 
 absl::StatusOr<StageBufferPtr> CudaStageCompute::NewBuffer(const std::vector<int64_t>& shape) {
-  if (absl::Status s = Use(); !s.ok()) return s;
+  RETURN_IF_ERROR(Use());
   size_t n = 1;
   for (int64_t d : shape) n *= static_cast<size_t>(d);
-  absl::StatusOr<DeviceBuffer<float>> b = pool_->Take(n);
-  if (!b.ok()) return b.status();
-  return std::make_unique<DeviceStageBuffer>(*std::move(b), pool_);
+  ASSIGN_OR_RETURN(DeviceMemory b, pool_->Take(n * sizeof(float)));
+  return std::make_unique<DeviceStageBuffer>(std::move(b), pool_);
 }
 
 absl::StatusOr<double> CudaStageCompute::Forward(int chunk, int mb, StageBufferPtr input,
                                                  const MicroBatchData& data, bool save,
                                                  StageBufferPtr* output) {
-  if (absl::Status s = Use(); !s.ok()) return s;
+  RETURN_IF_ERROR(Use());
   GpuGpt& stage = *stages_[chunk];
   float* out = nullptr;
   if (!stage.has_head()) {
-    absl::StatusOr<StageBufferPtr> b = NewBuffer({activation_elements_});
-    if (!b.ok()) return b.status();
-    *output = *std::move(b);
+    ASSIGN_OR_RETURN(*output, NewBuffer({activation_elements_}));
     out = static_cast<float*>((*output)->data());
   }
   const double normalizer = static_cast<double>(std::max<int64_t>(data.loss_normalizer, 1));
   const int32_t* tokens = stage.has_embedding() && data.tokens ? data.tokens->data() : nullptr;
   const int32_t* targets = stage.has_head() && data.targets ? data.targets->data() : nullptr;
   last_device_us_ = 0;
-  absl::StatusOr<double> sum = stage.Forward(mb, tokens, targets, Data(input), out,
-                                             static_cast<float>(1.0 / normalizer), save);
-  if (!sum.ok()) return sum.status();
+  ASSIGN_OR_RETURN(const double sum, stage.Forward(mb, tokens, targets, Data(input), out,
+                                                   static_cast<float>(1.0 / normalizer), save));
   last_device_us_ = DeviceMicros(stage.last_times().forward_ms);
-  return *sum / normalizer;
+  return sum / normalizer;
 }
 
 absl::Status CudaStageCompute::Backward(int chunk, int mb, v1::ActionKind kind,
                                         StageBufferPtr grad_output, StageBufferPtr* grad_input) {
-  if (absl::Status s = Use(); !s.ok()) return s;
+  RETURN_IF_ERROR(Use());
   GpuGpt& stage = *stages_[chunk];
   last_device_us_ = 0;
   // The split backward: I computes the input gradient and keeps what W needs; W adds the
   // weight gradients (GpuGpt::BackwardInput / BackwardWeight).
   if (kind == v1::ACTION_W) {
-    if (absl::Status s = stage.BackwardWeight(mb); !s.ok()) return s;
+    RETURN_IF_ERROR(stage.BackwardWeight(mb));
     last_device_us_ = DeviceMicros(stage.last_times().backward_ms);
     return absl::OkStatus();
   }
   float* din = nullptr;
   if (!stage.has_embedding()) {
-    absl::StatusOr<StageBufferPtr> b = NewBuffer({activation_elements_});
-    if (!b.ok()) return b.status();
-    *grad_input = *std::move(b);
+    ASSIGN_OR_RETURN(*grad_input, NewBuffer({activation_elements_}));
     din = static_cast<float*>((*grad_input)->data());
   }
-  absl::Status s = kind == v1::ACTION_I ? stage.BackwardInput(mb, Data(grad_output), din)
-                                        : stage.Backward(mb, Data(grad_output), din);
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(kind == v1::ACTION_I ? stage.BackwardInput(mb, Data(grad_output), din)
+                                       : stage.Backward(mb, Data(grad_output), din));
   last_device_us_ = DeviceMicros(stage.last_times().backward_ms);
   return absl::OkStatus();
 }
@@ -268,20 +256,17 @@ std::vector<TiedGradient> CudaStageCompute::TiedGradients() {
 }
 
 absl::Status CudaStageCompute::SumLocalTiedGradients() {
-  if (absl::Status s = Use(); !s.ok()) return s;
+  RETURN_IF_ERROR(Use());
   const std::vector<std::pair<size_t, size_t>> copies = TiedCopies();
   if (copies.size() != 2) return absl::OkStatus();
   GpuGpt& a = *stages_[copies[0].first];
   GpuGpt& b = *stages_[copies[1].first];
-  if (absl::Status s = a.AddToGradient(copies[0].second, b.DeviceGradient(copies[1].second));
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(a.AddToGradient(copies[0].second, b.DeviceGradient(copies[1].second)));
   return b.CopyGradientFrom(copies[1].second, a.DeviceGradient(copies[0].second));
 }
 
 absl::Status CudaStageCompute::AddToTiedGradient(size_t index, StageBuffer& other) {
-  if (absl::Status s = Use(); !s.ok()) return s;
+  RETURN_IF_ERROR(Use());
   const std::vector<std::pair<size_t, size_t>> copies = TiedCopies();
   if (index >= copies.size()) {
     return absl::InternalError(absl::StrCat("tied gradient ", index, " of ", copies.size()));
@@ -291,37 +276,35 @@ absl::Status CudaStageCompute::AddToTiedGradient(size_t index, StageBuffer& othe
 }
 
 absl::StatusOr<StageCompute::GradStats> CudaStageCompute::GradientStats(bool count_tied) {
-  if (absl::Status s = Use(); !s.ok()) return s;
+  RETURN_IF_ERROR(Use());
   GradStats stats;
   for (auto& stage : stages_) {
     // The head's wte copy never counts; the embedding's does (only on the first stage's worker,
     // which is the one that counts tied parameters).
-    absl::StatusOr<double> sum_sq = stage->GradSquaredNorm(/*include_tied_copy=*/false);
-    if (!sum_sq.ok()) return sum_sq.status();
+    ASSIGN_OR_RETURN(const double sum_sq, stage->GradSquaredNorm(/*include_tied_copy=*/false));
     if (!count_tied) {
       for (size_t i = 0; i < stage->layout().size(); ++i) {
         if (!stage->layout()[i].tied || stage->layout()[i].tied_copy) continue;
         return absl::InternalError("a worker holding the embedding must count its tied wte");
       }
     }
-    stats.sum_sq += *sum_sq;
+    stats.sum_sq += sum_sq;
   }
   stats.finite = std::isfinite(stats.sum_sq);
   return stats;
 }
 
 absl::Status CudaStageCompute::Apply(float learning_rate, float grad_scale, bool skip) {
-  if (absl::Status s = Use(); !s.ok()) return s;
+  RETURN_IF_ERROR(Use());
   for (auto& stage : stages_) {
-    absl::Status s =
-        skip ? stage->ZeroGradients() : stage->Step(learning_rate, grad_scale).status();
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(skip ? stage->ZeroGradients()
+                         : stage->Step(learning_rate, grad_scale).status());
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<StateTensor>> CudaStageCompute::CheckpointTensors(bool list_tied) {
-  if (absl::Status s = Use(); !s.ok()) return s;
+  RETURN_IF_ERROR(Use());
   host_f32_.clear();
   host_steps_.clear();
   std::vector<StateTensor> params, state;
@@ -333,8 +316,8 @@ absl::StatusOr<std::vector<StateTensor>> CudaStageCompute::CheckpointTensors(boo
       std::vector<float>& value = host_f32_.emplace_back(t.count);
       std::vector<float>& m = host_f32_.emplace_back(t.count);
       std::vector<float>& v = host_f32_.emplace_back(t.count);
-      if (absl::Status s = stage->GetParameter(i, value.data(), t.count); !s.ok()) return s;
-      if (absl::Status s = stage->GetMoments(i, m.data(), v.data(), t.count); !s.ok()) return s;
+      RETURN_IF_ERROR(stage->GetParameter(i, value.data(), t.count));
+      RETURN_IF_ERROR(stage->GetMoments(i, m.data(), v.data(), t.count));
       const size_t bytes = t.count * sizeof(float);
       params.push_back({t.name, "F32", t.shape, value.data(), bytes});
       state.push_back({t.name + ".adam_m", "F32", t.shape, m.data(), bytes});
@@ -364,7 +347,7 @@ std::vector<std::string> CudaStageCompute::RestoreNames(bool weights_only) {
 
 absl::Status CudaStageCompute::Restore(const TensorLookup& lookup, bool weights_only,
                                        absl::string_view where) {
-  if (absl::Status s = Use(); !s.ok()) return s;
+  RETURN_IF_ERROR(Use());
   auto copy = [&](const std::string& name, void* dst, size_t bytes) {
     return CopyRestoredTensor(lookup, name, dst, bytes, where);
   };
@@ -376,20 +359,20 @@ absl::Status CudaStageCompute::Restore(const TensorLookup& lookup, bool weights_
       const cuda::GpuGptTensor& t = layout[i];
       const size_t bytes = t.count * sizeof(float);
       value.resize(t.count);
-      if (absl::Status s = copy(t.name, value.data(), bytes); !s.ok()) return s;
-      if (absl::Status s = stage->SetParameter(i, value.data(), t.count); !s.ok()) return s;
+      RETURN_IF_ERROR(copy(t.name, value.data(), bytes));
+      RETURN_IF_ERROR(stage->SetParameter(i, value.data(), t.count));
       if (weights_only) continue;
       m.resize(t.count);
       v.resize(t.count);
-      if (absl::Status s = copy(t.name + ".adam_m", m.data(), bytes); !s.ok()) return s;
-      if (absl::Status s = copy(t.name + ".adam_v", v.data(), bytes); !s.ok()) return s;
-      if (absl::Status s = stage->SetMoments(i, m.data(), v.data(), t.count); !s.ok()) return s;
+      RETURN_IF_ERROR(copy(t.name + ".adam_m", m.data(), bytes));
+      RETURN_IF_ERROR(copy(t.name + ".adam_v", v.data(), bytes));
+      RETURN_IF_ERROR(stage->SetMoments(i, m.data(), v.data(), t.count));
       int64_t n = 0;
-      if (absl::Status s = copy(t.name + ".adam_step", &n, sizeof(n)); !s.ok()) return s;
+      RETURN_IF_ERROR(copy(t.name + ".adam_step", &n, sizeof(n)));
       steps = std::max(steps, n);
     }
     stage->set_steps(weights_only ? 0 : steps);
-    if (absl::Status s = stage->ZeroGradients(); !s.ok()) return s;
+    RETURN_IF_ERROR(stage->ZeroGradients());
   }
   return absl::OkStatus();
 }

@@ -14,6 +14,8 @@
 //
 // Every call makes the worker's device current on the calling thread (gRPC may call from any
 // thread) and returns when the device is done, so that the transport may read the outputs.
+// The header names no CUDA type (the device is reached through worker/backend/cuda/device.h
+// and gpu_gpt.h), so that main.cc includes it without the CUDA headers.
 // Thread-safety: as StageCompute.
 #ifndef TANDEM_WORKER_CUDA_STAGE_COMPUTE_H_
 #define TANDEM_WORKER_CUDA_STAGE_COMPUTE_H_
@@ -25,10 +27,12 @@
 
 #include "absl/status/statusor.h"
 #include "tandem/v1/common.pb.h"
-#include "worker/backend/cuda/gpu_gpt.h"
 #include "worker/stage_compute.h"
 
 namespace tandem::worker {
+namespace cuda {
+class GpuGpt;  // worker/backend/cuda/gpu_gpt.h
+}  // namespace cuda
 
 // "cuda:N" -> N, or INVALID_ARGUMENT naming the text.
 absl::StatusOr<int> ParseCudaDevice(absl::string_view device);
@@ -46,6 +50,7 @@ class CudaStageCompute final : public StageCompute {
   // FAILED_PRECONDITION without the device; RESOURCE_EXHAUSTED when it does not fit.
   static absl::StatusOr<std::unique_ptr<CudaStageCompute>> Create(const v1::StageProgram& program,
                                                                   int device);
+  ~CudaStageCompute() override;
 
   std::string device() const override;
   absl::StatusOr<StageBufferPtr> NewBuffer(const std::vector<int64_t>& shape) override;

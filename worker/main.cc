@@ -34,6 +34,7 @@
 #include "common/health.h"
 #include "common/log_context.h"
 #include "common/rpc.h"
+#include "common/status_macros.h"
 #include "common/tls.h"
 #include "common/version.h"
 #include "worker/checkpoint_client.h"
@@ -45,9 +46,8 @@
 #include "worker/transport/gloo_transport.h"
 #include "worker/transport/grpc_rendezvous_store.h"
 #ifdef TANDEM_WORKER_CUDA
-#include <cuda_runtime_api.h>
-
-#include "worker/backend/cuda/cuda_status.h"
+// None of these names a CUDA type: the build gives this file no CUDA headers.
+#include "worker/backend/cuda/device.h"
 #include "worker/backend/cuda/gemm_peak.h"
 #include "worker/cuda_stage_compute.h"
 #include "worker/transport/nccl_transport.h"
@@ -174,19 +174,10 @@ int Run() {
       spdlog::error("--device={}: expected cpu or cuda:N", device);
       return 2;
     }
-    size_t free_bytes = 0, total_bytes = 0;
-    absl::Status usable = cuda::CudaAvailable();
-    if (usable.ok()) {
-      if (const cudaError_t e = cudaSetDevice(*ordinal); e != cudaSuccess) {
-        usable = absl::FailedPreconditionError(cudaGetErrorString(e));
-      } else if (const cudaError_t m = cudaMemGetInfo(&free_bytes, &total_bytes);
-                 m != cudaSuccess) {
-        usable = absl::FailedPreconditionError(cudaGetErrorString(m));
-      }
-    }
+    absl::StatusOr<cuda::DeviceInfo> usable = cuda::OpenDevice(*ordinal);
     if (!usable.ok()) {
       spdlog::error("--device={}: no usable CUDA device: {}", device,
-                    std::string(usable.message()));
+                    std::string(usable.status().message()));
       return 2;
     }
     // The device's bf16 GEMM: the denominator of a GPU job's model-FLOPs utilisation.
@@ -198,7 +189,7 @@ int Run() {
     }
     device_peak_flops = *peak;
     cuda_device = *ordinal;
-    device_memory = static_cast<int64_t>(total_bytes);
+    device_memory = usable->total_memory_bytes;
 #else
     spdlog::error("--device={}: {}", device,
                   absl::StartsWith(device, "cuda:")
@@ -296,10 +287,9 @@ int Run() {
     config.compute =
         [cuda_device](
             const v1::StageProgram& program) -> absl::StatusOr<std::unique_ptr<StageCompute>> {
-      absl::StatusOr<std::unique_ptr<CudaStageCompute>> c =
-          CudaStageCompute::Create(program, cuda_device);
-      if (!c.ok()) return c.status();
-      return std::unique_ptr<StageCompute>(*std::move(c));
+      ASSIGN_OR_RETURN(std::unique_ptr<CudaStageCompute> c,
+                       CudaStageCompute::Create(program, cuda_device));
+      return std::unique_ptr<StageCompute>(std::move(c));
     };
     config.device_buffers = [cuda_device](size_t bytes) {
       return NewDeviceBuffer(cuda_device, bytes);
@@ -334,18 +324,16 @@ int Run() {
       nccl.device = cuda_device;
       nccl.peers = TransferPeers(program);  // links to the pipeline neighbours only
       nccl.cancelled = &cancelled;
-      absl::StatusOr<std::unique_ptr<NcclTransport>> t = NcclTransport::Connect(nccl, store);
-      if (!t.ok()) return t.status();
-      return std::unique_ptr<Transport>(*std::move(t));
+      ASSIGN_OR_RETURN(std::unique_ptr<NcclTransport> t, NcclTransport::Connect(nccl, store));
+      return std::unique_ptr<Transport>(std::move(t));
     }
 #endif
     GlooTransportOptions options;
     options.rank = program.rank();
     options.size = program.num_ranks();
     options.hostname = data_host;
-    absl::StatusOr<std::unique_ptr<GlooTransport>> t = GlooTransport::Connect(options, store);
-    if (!t.ok()) return t.status();
-    return std::unique_ptr<Transport>(*std::move(t));
+    ASSIGN_OR_RETURN(std::unique_ptr<GlooTransport> t, GlooTransport::Connect(options, store));
+    return std::unique_ptr<Transport>(std::move(t));
   };
   StageManager manager(config, std::move(factory), MakeGrpcTensorSource(coordinator_channel));
   StageWorkerService service(&manager);

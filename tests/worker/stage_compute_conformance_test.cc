@@ -19,12 +19,13 @@
 #include <vector>
 
 #include "common/spec.h"
+#include "common/status_macros.h"
 #include "tests/worker/pipeline_test_util.h"
 #include "worker/cpu_stage_compute.h"
 #include "worker/data/corpus.h"
 #include "worker/executor.h"
 #ifdef TANDEM_TEST_CUDA
-#include "worker/backend/cuda/cuda_status.h"
+#include "worker/backend/cuda/device.h"
 #include "worker/cuda_stage_compute.h"
 #endif
 
@@ -53,16 +54,15 @@ std::vector<Backend> Backends() {
   std::vector<Backend> out;
   out.push_back({"cpu", "", 0.0, false,
                  [](const v1::StageProgram& p) -> absl::StatusOr<std::unique_ptr<StageCompute>> {
-                   auto c = CpuStageCompute::Create(p, StageExecutor::MicroBatchSlots(p));
-                   if (!c.ok()) return c.status();
-                   return std::unique_ptr<StageCompute>(*std::move(c));
+                   ASSIGN_OR_RETURN(auto c,
+                                    CpuStageCompute::Create(p, StageExecutor::MicroBatchSlots(p)));
+                   return std::unique_ptr<StageCompute>(std::move(c));
                  },
                  [] { return std::string(); }});
 #ifdef TANDEM_TEST_CUDA
   auto cuda = [](const v1::StageProgram& p) -> absl::StatusOr<std::unique_ptr<StageCompute>> {
-    auto c = CudaStageCompute::Create(p, 0);
-    if (!c.ok()) return c.status();
-    return std::unique_ptr<StageCompute>(*std::move(c));
+    ASSIGN_OR_RETURN(auto c, CudaStageCompute::Create(p, 0));
+    return std::unique_ptr<StageCompute>(std::move(c));
   };
   auto no_device = [] {
     absl::Status s = cuda::CudaAvailable();
