@@ -30,6 +30,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "worker/backend/cuda/cuda_status.h"
 #include "worker/backend/cuda/device.h"
 #include "worker/backend/cuda/device_buffer.h"
@@ -141,25 +142,23 @@ absl::StatusOr<double> NcclSeconds(NcclTransport* t[2], const int devices[2], Ra
     const Clock::time_point t0 = Clock::now();
     for (int k = 0; k < repeats; ++k) {
       if (receives) {
-        if (absl::Status s = t[r]->PostRecv(peer, tag(k), b[r].in.data(), bytes); !s.ok()) return s;
+        RETURN_IF_ERROR(t[r]->PostRecv(peer, tag(k), b[r].in.data(), bytes));
       }
       if (sends) {
-        if (absl::Status s = t[r]->PostSend(peer, tag(k), b[r].out.data(), bytes); !s.ok()) {
-          return s;
-        }
+        RETURN_IF_ERROR(t[r]->PostSend(peer, tag(k), b[r].out.data(), bytes));
       }
     }
     for (int k = 0; receives && k < repeats; ++k) {
-      if (absl::Status s = t[r]->WaitRecv(peer, tag(k)); !s.ok()) return s;
+      RETURN_IF_ERROR(t[r]->WaitRecv(peer, tag(k)));
     }
-    if (absl::Status s = t[r]->WaitSends(); !s.ok()) return s;
+    RETURN_IF_ERROR(t[r]->WaitSends());
     return std::chrono::duration<double>(Clock::now() - t0).count();
   };
   auto other = std::async(std::launch::async, rank, 1);
   absl::StatusOr<double> a = rank(0);
   absl::StatusOr<double> c = other.get();
-  if (!a.ok()) return a.status();
-  if (!c.ok()) return c.status();
+  RETURN_IF_ERROR(a);
+  RETURN_IF_ERROR(c);
   return std::max(*a, *c);
 }
 
