@@ -12,6 +12,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
@@ -110,7 +111,7 @@ std::string CheckpointStore::Dir(const std::string& job_id, int64_t step) const 
 
 absl::StatusOr<std::unique_ptr<SafetensorsWriter>> CheckpointStore::BeginStage(
     const std::string& job_id, int64_t step, int stage, std::vector<TensorInfo> tensors) {
-  if (absl::Status s = CheckEnabled(); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckEnabled());
   if (!SafeJobId(job_id)) return absl::InvalidArgumentError(absl::StrCat("bad job id ", job_id));
   const std::string dir = Dir(job_id, step);
   std::error_code ec;
@@ -125,7 +126,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> CheckpointStore::BeginStage(
 
 absl::Status CheckpointStore::Commit(const std::string& job_id, int64_t step, int num_stages,
                                      int keep) {
-  if (absl::Status s = CheckEnabled(); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckEnabled());
   const fs::path dir = Dir(job_id, step);
   nlohmann::json manifest = {
       {"format", kFormat}, {"job", job_id}, {"step", step}, {"num_stages", num_stages}};
@@ -135,12 +136,11 @@ absl::Status CheckpointStore::Commit(const std::string& job_id, int64_t step, in
           absl::StrCat("checkpoint ", dir.string(), ": ", StageFile(s), " is missing"));
     }
     // Each file's size and CRC-32, verified whenever the checkpoint is opened.
-    absl::StatusOr<FileDigest> digest = DigestOf(dir / StageFile(s));
-    if (!digest.ok()) return digest.status();
+    ASSIGN_OR_RETURN(FileDigest digest, DigestOf(dir / StageFile(s)));
     manifest["files"].push_back(
-        {{"name", StageFile(s)}, {"bytes", digest->bytes}, {"crc32", digest->crc32}});
+        {{"name", StageFile(s)}, {"bytes", digest.bytes}, {"crc32", digest.crc32}});
   }
-  if (absl::Status s = WriteFileAtomically(dir / kManifest, manifest.dump(2)); !s.ok()) return s;
+  RETURN_IF_ERROR(WriteFileAtomically(dir / kManifest, manifest.dump(2)));
   // Retention: keep the newest `keep` complete checkpoints; drop torn ones older than this.
   std::vector<int64_t> complete = CompleteSteps(job_id);
   std::error_code ec;
@@ -175,7 +175,7 @@ std::vector<int64_t> CheckpointStore::CompleteSteps(const std::string& job_id) c
 }
 
 absl::StatusOr<int64_t> CheckpointStore::Latest(const std::string& job_id) const {
-  if (absl::Status s = CheckEnabled(); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckEnabled());
   std::vector<int64_t> steps = CompleteSteps(job_id);
   if (steps.empty()) {
     return absl::NotFoundError(absl::StrCat("job ", job_id, " has no complete checkpoint"));
@@ -184,7 +184,7 @@ absl::StatusOr<int64_t> CheckpointStore::Latest(const std::string& job_id) const
 }
 
 absl::StatusOr<int64_t> CheckpointStore::LatestReadable(const std::string& job_id) const {
-  if (absl::Status s = CheckEnabled(); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckEnabled());
   std::vector<int64_t> steps = CompleteSteps(job_id);
   std::string skipped;
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
@@ -198,7 +198,7 @@ absl::StatusOr<int64_t> CheckpointStore::LatestReadable(const std::string& job_i
 
 absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointStore::Open(
     const std::string& job_id, int64_t step) const {
-  if (absl::Status s = CheckEnabled(); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckEnabled());
   if (!SafeJobId(job_id)) return absl::InvalidArgumentError(absl::StrCat("bad job id ", job_id));
   const fs::path dir = Dir(job_id, step);
   std::ifstream in(dir / kManifest);
@@ -224,21 +224,20 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointStore::Open(
         return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": bad file name"));
       }
       if (f.is_object()) {
-        absl::StatusOr<FileDigest> digest = DigestOf(dir / file);
-        if (!digest.ok()) return digest.status();
-        if (digest->bytes != f.at("bytes").get<int64_t>() ||
-            digest->crc32 != f.at("crc32").get<uint32_t>()) {
+        ASSIGN_OR_RETURN(FileDigest digest, DigestOf(dir / file));
+        if (digest.bytes != f.at("bytes").get<int64_t>() ||
+            digest.crc32 != f.at("crc32").get<uint32_t>()) {
           return absl::DataLossError(absl::StrCat(
               "checkpoint ", dir.string(), ": ", file, " does not match its manifest (",
-              digest->bytes, " bytes, crc32 ", digest->crc32, "; the manifest says ",
+              digest.bytes, " bytes, crc32 ", digest.crc32, "; the manifest says ",
               f.at("bytes").get<int64_t>(), " bytes, crc32 ", f.at("crc32").get<uint32_t>(),
               "): the file is corrupt"));
         }
       }
-      auto st = SafetensorsFile::Open((dir / file).string());
-      if (!st.ok()) return st.status();
-      for (const TensorInfo& t : (*st)->tensors()) reader->by_name_[t.name] = st->get();
-      reader->files_.push_back(*std::move(st));
+      ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> st,
+                       SafetensorsFile::Open((dir / file).string()));
+      for (const TensorInfo& t : st->tensors()) reader->by_name_[t.name] = st.get();
+      reader->files_.push_back(std::move(st));
     }
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(

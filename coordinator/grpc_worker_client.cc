@@ -6,6 +6,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/rpc.h"
+#include "common/status_macros.h"
 #include "common/tls.h"
 #include "common/version.h"
 #include "coordinator/worker_client.h"
@@ -83,8 +84,7 @@ class GrpcStageWorkerClient final : public StageWorkerClient {
     v1::ProfileLayersResponse resp;
     grpc::ClientContext ctx;
     SetDeadline(ctx, ToChrono(timeout));
-    absl::Status s = FromGrpcStatus(stub_->ProfileLayers(&ctx, req, &resp));
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(FromGrpcStatus(stub_->ProfileLayers(&ctx, req, &resp)));
     return resp;
   }
 

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/safetensors.h"
+#include "common/status_macros.h"
 
 namespace tandem::coordinator {
 namespace {
@@ -48,28 +49,25 @@ absl::Status ExportGpt2Safetensors(const CheckpointReader& checkpoint, const v1:
     out.push_back(std::move(o));
     in.push_back(t);
   }
-  auto writer = SafetensorsWriter::Create(path, out, {{"format", "pt"}});
-  if (!writer.ok()) return writer.status();
+  ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWriter> writer,
+                   (SafetensorsWriter::Create(path, out, {{"format", "pt"}})));
   std::vector<float> buffer;
   for (size_t i = 0; i < in.size(); ++i) {
-    auto data = checkpoint.Data(in[i]->name);
-    if (!data.ok()) return data.status();
-    const float* src = reinterpret_cast<const float*>(data->data());
+    ASSIGN_OR_RETURN(absl::Span<const uint8_t> data, checkpoint.Data(in[i]->name));
+    const float* src = reinterpret_cast<const float*>(data.data());
     if (IsConv1D(in[i]->name) && in[i]->shape.size() == 2) {
       const int64_t rows = in[i]->shape[0], cols = in[i]->shape[1];  // ours: (out, in)
       buffer.resize(static_cast<size_t>(rows * cols));
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t c = 0; c < cols; ++c) buffer[c * rows + r] = src[r * cols + c];
       }
-      if (auto s = (*writer)->Append(buffer.data(), buffer.size() * sizeof(float)); !s.ok()) {
-        return s;
-      }
+      RETURN_IF_ERROR(writer->Append(buffer.data(), buffer.size() * sizeof(float)));
     } else {
       const int64_t bytes = out[i].ByteSize();  // a cut vocabulary keeps the leading rows
-      if (auto s = (*writer)->Append(src, static_cast<size_t>(bytes)); !s.ok()) return s;
+      RETURN_IF_ERROR(writer->Append(src, static_cast<size_t>(bytes)));
     }
   }
-  return (*writer)->Commit();
+  return writer->Commit();
 }
 
 absl::Status ImportGpt2Safetensors(const std::string& hf_path, const v1::ModelSpec& model,
@@ -78,10 +76,7 @@ absl::Status ImportGpt2Safetensors(const std::string& hf_path, const v1::ModelSp
     return absl::InvalidArgumentError("init.hf_file: the job's model.arch must be gpt");
   }
   auto file = SafetensorsFile::Open(hf_path);
-  if (!file.ok()) {
-    return absl::Status(file.status().code(),
-                        absl::StrCat("init.hf_file: ", file.status().message()));
-  }
+  RETURN_IF_ERROR(WithPrefix(file.status(), "init.hf_file"));
   const int64_t c = model.d_model(), v = model.vocab_size(), t = model.seq_len();
   const int64_t h = model.d_hidden() > 0 ? model.d_hidden() : 4 * c;
   // The tensors the model needs, in Tandem's shapes.
@@ -113,8 +108,8 @@ absl::Status ImportGpt2Safetensors(const std::string& hf_path, const v1::ModelSp
 
   std::vector<TensorInfo> index;
   for (const Want& w : want) index.push_back({w.name, "F32", w.shape});
-  auto writer = store.BeginStage(job_id, 0, 0, index);
-  if (!writer.ok()) return writer.status();
+  ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWriter> writer,
+                   store.BeginStage(job_id, 0, 0, index));
   std::vector<float> buffer;
   for (const Want& w : want) {
     // An untied lm_head missing from the file is the tied one: wte.
@@ -155,11 +150,9 @@ absl::Status ImportGpt2Safetensors(const std::string& hf_path, const v1::ModelSp
       if (info->shape != w.shape) return mismatch();
       std::memcpy(buffer.data(), src, buffer.size() * sizeof(float));
     }
-    if (auto s = (*writer)->Append(buffer.data(), buffer.size() * sizeof(float)); !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(writer->Append(buffer.data(), buffer.size() * sizeof(float)));
   }
-  if (auto s = (*writer)->Commit(); !s.ok()) return s;
+  RETURN_IF_ERROR(writer->Commit());
   return store.Commit(job_id, 0, 1, 1);
 }
 

@@ -122,10 +122,7 @@ absl::Status JobPlanner::ChooseAutoPlan(v1::JobSpec* spec) {
   };
   const std::vector<PlanCandidate> candidates = SearchPlans(written, profile_at);
   absl::StatusOr<PlanCandidate> best = ChoosePlan(candidates);
-  if (!best.ok()) {
-    return absl::Status(best.status().code(),
-                        absl::StrCat("pipeline.plan: auto: ", best.status().message()));
-  }
+  RETURN_IF_ERROR(WithPrefix(best.status(), "pipeline.plan: auto"));
   double as_written = 0.0;
   if (const absl::StatusOr<v1::ModelProfile>& p = profile_at(written); p.ok()) {
     if (absl::StatusOr<PipelinePlan> plan = PlanPipeline(written, &*p); plan.ok()) {

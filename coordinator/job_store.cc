@@ -310,7 +310,7 @@ absl::StatusOr<std::string> JobStore::Add(const v1::JobSpec& spec) {
   if (absl::Status s = Persist(e, /*durable=*/true, absl::StrCat("submitting ", job.id()));
       !s.ok()) {
     jobs_.erase(n);
-    return absl::Status(s.code(), absl::StrCat("the job was not stored: ", s.message()));
+    return WithPrefix(s, "the job was not stored");
   }
   const std::string id = job.id();
   v1::JobEvent event;

@@ -11,6 +11,7 @@
 #include "common/link_model.h"
 #include "common/pipeline_plan.h"
 #include "common/spec.h"
+#include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem::coordinator {
@@ -81,8 +82,7 @@ absl::StatusOr<v1::LinkProfile> MeasureLink(const WorkerRecord& a, StageWorkerCl
     if (failed < 0 || results[r].code() != absl::StatusCode::kDeadlineExceeded) failed = r;
   }
   if (failed >= 0) {
-    return absl::Status(results[failed].code(), absl::StrCat(link, ": ", Named(*workers[failed]),
-                                                             ": ", results[failed].message()));
+    return WithPrefix(results[failed], absl::StrCat(link, ": ", Named(*workers[failed])));
   }
   v1::LinkProfile out;
   out.set_worker_a(a.id);
@@ -117,33 +117,29 @@ absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec, const W
   for (int g : LayersToProfile(spec.model())) req.add_layers(g);
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<v1::ProfileLayersResponse> resp = client.ProfileLayers(req, timeout);
-  if (!resp.ok()) {
-    return absl::Status(resp.status().code(),
-                        absl::StrCat("profiling on worker ", worker.id, " at ", worker.address,
-                                     ": ", resp.status().message()));
-  }
-  absl::StatusOr<v1::ModelProfile> profile =
-      ExpandProfile(spec.model(), {resp->layers().begin(), resp->layers().end()});
-  if (!profile.ok()) return profile.status();
-  profile->set_key(ProfileKey(spec, DeviceKind(worker.device), worker.threads));
-  profile->set_device(DeviceKind(worker.device));
-  profile->set_threads(worker.threads);
-  profile->set_created_unix_ms(UnixMicros() / 1000);
+  RETURN_IF_ERROR(WithPrefix(
+      resp.status(), absl::StrCat("profiling on worker ", worker.id, " at ", worker.address)));
+  ASSIGN_OR_RETURN(v1::ModelProfile profile,
+                   ExpandProfile(spec.model(), {resp->layers().begin(), resp->layers().end()}));
+  profile.set_key(ProfileKey(spec, DeviceKind(worker.device), worker.threads));
+  profile.set_device(DeviceKind(worker.device));
+  profile.set_threads(worker.threads);
+  profile.set_created_unix_ms(UnixMicros() / 1000);
   spdlog::info("profiled {} layer kinds on {} in {:.2f} s ({})", resp->layers_size(), worker.id,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-               profile->key());
+               profile.key());
   if (peer != nullptr && peer->worker != nullptr && peer->client != nullptr) {
     absl::StatusOr<v1::LinkProfile> link = MeasureLink(
-        worker, client, *peer->worker, *peer->client, LinkProbeSizes(*profile), kLinkProbeRepeats,
+        worker, client, *peer->worker, *peer->client, LinkProbeSizes(profile), kLinkProbeRepeats,
         peer->rendezvous_prefix, std::min(timeout, kLinkProbeTimeout), peer->rendezvous);
     if (link.ok()) {
-      *profile->mutable_link() = *std::move(link);
+      *profile.mutable_link() = *std::move(link);
     } else {
-      spdlog::warn("profile {} has no link: {}", profile->key(), link.status().ToString());
+      spdlog::warn("profile {} has no link: {}", profile.key(), link.status().ToString());
     }
   }
   if (store != nullptr) {
-    if (absl::Status s = store->Put(*profile); !s.ok()) {
+    if (absl::Status s = store->Put(profile); !s.ok()) {
       spdlog::warn("profile not persisted: {}", s.ToString());
     }
   }

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 #include "coordinator/worker_registry.h"
 #include "spdlog/spdlog.h"
 
@@ -95,19 +96,16 @@ void Scheduler::Tick() {
 absl::StatusOr<v1::Job> Scheduler::Cancel(const std::string& job_id) {
   {
     absl::MutexLock lock(&mu_);
-    auto job = env_.store->Get(job_id, /*with_history=*/false);
-    if (!job.ok()) return job.status();
-    if (IsTerminal(job->state())) {
+    ASSIGN_OR_RETURN(const v1::Job job, env_.store->Get(job_id, /*with_history=*/false));
+    if (IsTerminal(job.state())) {
       return absl::FailedPreconditionError(
-          absl::StrCat("job ", job_id, " already ended (", v1::JobState_Name(job->state()), ")"));
+          absl::StrCat("job ", job_id, " already ended (", v1::JobState_Name(job.state()), ")"));
     }
     auto it = runners_.find(job_id);
     if (it != runners_.end()) {
       it->second->Cancel("cancelled by the user");
-    } else if (absl::Status s =
-                   env_.store->Transition(job_id, v1::CANCELLED, "cancelled by the user");
-               !s.ok()) {
-      return s;
+    } else {
+      RETURN_IF_ERROR(env_.store->Transition(job_id, v1::CANCELLED, "cancelled by the user"));
     }
   }
   return env_.store->Get(job_id, /*with_history=*/false);

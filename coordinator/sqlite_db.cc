@@ -3,6 +3,7 @@
 #include <sqlite3.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem::coordinator {
@@ -144,18 +145,16 @@ absl::StatusOr<bool> SqliteStatement::Next() {
 
 absl::Status SqliteStatement::ForEachRow(const std::function<void(const SqliteStatement&)>& row) {
   while (true) {
-    absl::StatusOr<bool> more = Next();
-    if (!more.ok()) return more.status();
-    if (!*more) return absl::OkStatus();
+    ASSIGN_OR_RETURN(bool more, Next());
+    if (!more) return absl::OkStatus();
     row(*this);
   }
 }
 
 absl::Status SqliteStatement::Run() {
   while (true) {
-    absl::StatusOr<bool> row = Next();
-    if (!row.ok()) return row.status();
-    if (!*row) return absl::OkStatus();
+    ASSIGN_OR_RETURN(bool row, Next());
+    if (!row) return absl::OkStatus();
   }
 }
 
@@ -201,22 +200,18 @@ absl::StatusOr<std::unique_ptr<SqliteDb>> SqliteDb::Open(const std::string& path
   sqlite3_extended_result_codes(raw, 1);
   sqlite3_busy_timeout(raw, static_cast<int>(absl::ToInt64Milliseconds(busy_timeout)));
   // journal_mode answers with the mode it is in: anything but "wal" means it could not be set.
-  absl::StatusOr<SqliteStatement*> mode =
-      db->Prepare("PRAGMA journal_mode=WAL", "setting WAL mode");
-  if (!mode.ok()) return mode.status();
-  absl::StatusOr<bool> row = (*mode)->Next();
-  if (!row.ok()) return row.status();
-  const std::string got = *row ? (*mode)->ColumnText(0) : "";
-  if (absl::Status s = (*mode)->Run(); !s.ok()) return s;
+  ASSIGN_OR_RETURN(SqliteStatement * mode,
+                   db->Prepare("PRAGMA journal_mode=WAL", "setting WAL mode"));
+  ASSIGN_OR_RETURN(bool row, mode->Next());
+  const std::string got = row ? mode->ColumnText(0) : "";
+  RETURN_IF_ERROR(mode->Run());
   if (got != "wal") {
     return absl::FailedPreconditionError(absl::StrCat(
         path, ": cannot use WAL mode (the journal mode is '", got,
         "'); the data root must be on a local file system that supports shared memory"));
   }
-  if (absl::Status s = db->Exec("PRAGMA foreign_keys=ON", "enabling foreign keys"); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = db->SetSync(Sync::kNormal); !s.ok()) return s;
+  RETURN_IF_ERROR(db->Exec("PRAGMA foreign_keys=ON", "enabling foreign keys"));
+  RETURN_IF_ERROR(db->SetSync(Sync::kNormal));
   return db;
 }
 
@@ -267,12 +262,9 @@ absl::StatusOr<SqliteStatement*> SqliteDb::Prepare(absl::string_view sql,
 }
 
 absl::Status SqliteDb::SetSync(Sync sync) {
-  if (absl::Status s =
-          Exec(sync == Sync::kFull ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL",
-               "setting PRAGMA synchronous");
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(
+      Exec(sync == Sync::kFull ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL",
+           "setting PRAGMA synchronous"));
   sync_ = sync;
   return absl::OkStatus();
 }
@@ -280,9 +272,9 @@ absl::Status SqliteDb::SetSync(Sync sync) {
 absl::StatusOr<SqliteDb::Transaction> SqliteDb::Begin(Sync sync, absl::string_view purpose) {
   // The setting applies to the commits that follow; it is set outside any transaction.
   if (sync != sync_) {
-    if (absl::Status s = SetSync(sync); !s.ok()) return s;
+    RETURN_IF_ERROR(SetSync(sync));
   }
-  if (absl::Status s = Exec("BEGIN IMMEDIATE", purpose); !s.ok()) return s;
+  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", purpose));
   return Transaction(this, std::string(purpose));
 }
 
@@ -307,36 +299,30 @@ absl::Status SqliteDb::Transaction::Commit() {
 }
 
 absl::StatusOr<int> SqliteDb::UserVersion() {
-  absl::StatusOr<SqliteStatement*> st =
-      Prepare("PRAGMA user_version", "reading the schema version");
-  if (!st.ok()) return st.status();
-  absl::StatusOr<bool> row = (*st)->Next();
-  if (!row.ok()) return row.status();
-  const int version = *row ? static_cast<int>((*st)->ColumnInt(0)) : 0;
-  if (absl::Status s = (*st)->Run(); !s.ok()) return s;
+  ASSIGN_OR_RETURN(SqliteStatement * st,
+                   Prepare("PRAGMA user_version", "reading the schema version"));
+  ASSIGN_OR_RETURN(bool row, st->Next());
+  const int version = row ? static_cast<int>(st->ColumnInt(0)) : 0;
+  RETURN_IF_ERROR(st->Run());
   return version;
 }
 
 absl::StatusOr<int> SqliteDb::Migrate(const std::vector<std::string>& migrations) {
-  absl::StatusOr<int> found = UserVersion();
-  if (!found.ok()) return found.status();
+  ASSIGN_OR_RETURN(int found, UserVersion());
   const int known = static_cast<int>(migrations.size());
-  if (*found > known) {
-    return absl::FailedPreconditionError(absl::StrCat(path_, ": the schema is at version ", *found,
+  if (found > known) {
+    return absl::FailedPreconditionError(absl::StrCat(path_, ": the schema is at version ", found,
                                                       " but this build knows only up to ", known,
                                                       ": it was written by a newer coordinator"));
   }
-  for (int v = *found; v < known; ++v) {
+  for (int v = found; v < known; ++v) {
     const std::string purpose = absl::StrCat("migrating the schema to version ", v + 1);
-    absl::StatusOr<Transaction> txn = Begin(Sync::kFull, purpose);
-    if (!txn.ok()) return txn.status();
-    if (absl::Status s = Exec(migrations[v], purpose); !s.ok()) return s;
-    if (absl::Status s = Exec(absl::StrCat("PRAGMA user_version=", v + 1), purpose); !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = txn->Commit(); !s.ok()) return s;
+    ASSIGN_OR_RETURN(Transaction txn, Begin(Sync::kFull, purpose));
+    RETURN_IF_ERROR(Exec(migrations[v], purpose));
+    RETURN_IF_ERROR(Exec(absl::StrCat("PRAGMA user_version=", v + 1), purpose));
+    RETURN_IF_ERROR(txn.Commit());
   }
-  return *found;
+  return found;
 }
 
 }  // namespace tandem::coordinator
