@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/clock.h"
+#include "common/limits.h"
 #include "common/rpc.h"
 #include "common/spec.h"
 #include "coordinator/hf_export.h"
@@ -41,7 +42,6 @@ v1::WorkerInfo InfoOf(const WorkerRecord& w, Clock::time_point now) {
 }
 
 constexpr const char* kServer = "coordinator";
-constexpr size_t kMaxSpecBytes = 1 << 20;
 
 #define TANDEM_RETURN_IF_BAD_VERSION(req)                                                     \
   do {                                                                                        \

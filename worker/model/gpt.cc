@@ -8,6 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/limits.h"
+#include "common/status_macros.h"
 #include "worker/model/kernels.h"
 #include "worker/model/random.h"
 
@@ -15,14 +17,6 @@ namespace tandem::worker {
 namespace {
 
 constexpr float kInitStd = 0.02f;
-// Limits on an untrusted spec; they keep every GEMM dimension and every weight matrix within
-// BLAS's int range (as mlp_lm does).
-constexpr int64_t kMaxDim = 1 << 20;
-constexpr int64_t kMaxTensorElements = std::numeric_limits<int32_t>::max();
-constexpr int64_t kMaxLayers = 4096;
-constexpr double kMaxModelParameters = 4294967296.0;  // 2^32 (16 GiB of fp32 weights)
-// Rows of one GEMM (B*T) stay within BLAS's int range.
-constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();
 
 void InitNormal(Rng& rng, Parameter& p, float stddev) {
   for (size_t i = 0; i < p.value.size(); ++i) {
@@ -91,7 +85,7 @@ absl::StatusOr<GptConfig> GptConfigFromSpec(const v1::ModelSpec& model) {
                               {"d_hidden", cfg.d_hidden},
                               {"seq_len", cfg.seq_len},
                               {"vocab_size", cfg.vocab}}) {
-    if (absl::Status s = CheckDim(field, value); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckDim(field, value));
   }
   if (cfg.d_model % cfg.n_head != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -185,9 +179,7 @@ absl::Status GptEmbedding::Backward(const Tensor& grad_output, const SavedContex
   }
   const IntTensor& tokens = ctx.ints[0];
   const int64_t b = tokens.dim(0), t = tokens.dim(1);
-  if (absl::Status s = CheckSameShape(name_, "grad_output", grad_output, {b, t, c}); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckSameShape(name_, "grad_output", grad_output, {b, t, c}));
   for (int64_t bi = 0; bi < b; ++bi) {
     for (int64_t ti = 0; ti < t; ++ti) {
       const size_t row = static_cast<size_t>(bi * t + ti);
@@ -266,11 +258,7 @@ GptBlock::GptBlock(const GptConfig& cfg, int block_index, uint64_t seed)
 absl::Status GptBlock::Forward(const Tensor& input, const MicroBatchData& data, SavedContext& ctx,
                                Tensor& output) {
   const int64_t c = cfg_.d_model, h = cfg_.d_hidden, nh = cfg_.n_head;
-  if (absl::Status s =
-          CheckActivation(name_, "input", input, std::numeric_limits<int32_t>::max(), c);
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckActivation(name_, "input", input, std::numeric_limits<int32_t>::max(), c));
   const int64_t b = input.dim(0), t = input.dim(1), n = b * t;
   Tensor ln1({n, c}), mean1({n}), rstd1({n}), qkv({n, 3 * c}), att({b, nh, t, t}), y({n, c});
   Tensor x1({n, c}), ln2({n, c}), mean2({n}), rstd2({n}), pre({n, h}), act({n, h});
@@ -316,9 +304,7 @@ absl::Status GptBlock::InputGradients(const Tensor& grad_output, const SavedCont
   const std::vector<Tensor>& sv = ctx.tensors;
   const Tensor& x = sv[kX];
   const int64_t b = x.dim(0), t = x.dim(1), n = b * t;
-  if (absl::Status s = CheckSameShape(name_, "grad_output", grad_output, x.shape()); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckSameShape(name_, "grad_output", grad_output, x.shape()));
   douts.assign(kNumBlockDouts, Tensor{});
   // MLP branch: dx1 = dout + ln_2'(c_fc'(gelu'(c_proj'(dout)))).
   Tensor dact({n, h}), dln2({n, c});
@@ -369,7 +355,7 @@ void GptBlock::WeightGradients(const std::vector<Tensor>& sv, const Tensor* dout
 absl::Status GptBlock::Backward(const Tensor& grad_output, const SavedContext& ctx,
                                 Tensor& grad_input) {
   std::vector<Tensor> douts;
-  if (absl::Status s = InputGradients(grad_output, ctx, grad_input, douts); !s.ok()) return s;
+  RETURN_IF_ERROR(InputGradients(grad_output, ctx, grad_input, douts));
   WeightGradients(ctx.tensors, douts.data());
   return absl::OkStatus();
 }
@@ -377,7 +363,7 @@ absl::Status GptBlock::Backward(const Tensor& grad_output, const SavedContext& c
 absl::Status GptBlock::BackwardInput(const Tensor& grad_output, SavedContext& ctx,
                                      Tensor& grad_input) {
   std::vector<Tensor> douts;
-  if (absl::Status s = InputGradients(grad_output, ctx, grad_input, douts); !s.ok()) return s;
+  RETURN_IF_ERROR(InputGradients(grad_output, ctx, grad_input, douts));
   // The weight pass reads only the linears' inputs (ln1, y, ln2, act) and the douts.
   for (int i : {kX, kMean1, kRstd1, kQkv, kAtt, kX1, kMean2, kRstd2, kPre}) ctx.tensors[i].Clear();
   for (Tensor& d : douts) ctx.tensors.push_back(std::move(d));
@@ -418,11 +404,7 @@ GptHead::GptHead(const GptConfig& cfg, uint64_t seed)
 absl::Status GptHead::Forward(const Tensor& input, const MicroBatchData& data, SavedContext& ctx,
                               Tensor& output) {
   const int64_t c = cfg_.d_model, v = cfg_.vocab;
-  if (absl::Status s =
-          CheckActivation(name_, "input", input, std::numeric_limits<int32_t>::max(), c);
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckActivation(name_, "input", input, std::numeric_limits<int32_t>::max(), c));
   const int64_t b = input.dim(0), t = input.dim(1), n = b * t;
   const IntTensor* targets = data.targets;
   if (targets == nullptr || targets->shape() != std::vector<int64_t>{b, t}) {
@@ -493,7 +475,7 @@ void GptHead::WeightGradient(const SavedContext& ctx, float scale) {
 absl::Status GptHead::Backward(const Tensor& grad_output, const SavedContext& ctx,
                                Tensor& grad_input) {
   float scale = 0.0f;
-  if (absl::Status s = InputGradient(grad_output, ctx, grad_input, scale); !s.ok()) return s;
+  RETURN_IF_ERROR(InputGradient(grad_output, ctx, grad_input, scale));
   WeightGradient(ctx, scale);
   return absl::OkStatus();
 }
@@ -501,7 +483,7 @@ absl::Status GptHead::Backward(const Tensor& grad_output, const SavedContext& ct
 absl::Status GptHead::BackwardInput(const Tensor& grad_output, SavedContext& ctx,
                                     Tensor& grad_input) {
   float scale = 0.0f;
-  if (absl::Status s = InputGradient(grad_output, ctx, grad_input, scale); !s.ok()) return s;
+  RETURN_IF_ERROR(InputGradient(grad_output, ctx, grad_input, scale));
   // The weight pass reads ln, dlogits and the scale.
   for (int i : {0, 2, 3}) ctx.tensors[i].Clear();
   ctx.tensors[5][0] = scale;
@@ -523,9 +505,8 @@ absl::Status GptHead::BackwardWeight(SavedContext& ctx) {
 absl::StatusOr<std::vector<std::unique_ptr<Layer>>> BuildGptLayers(const v1::ModelSpec& model,
                                                                    uint64_t seed, int layer_begin,
                                                                    int layer_end) {
-  auto cfg = GptConfigFromSpec(model);
-  if (!cfg.ok()) return cfg.status();
-  return BuildLayerRange<GptEmbedding, GptBlock, GptHead>(*cfg, cfg->n_layer, seed, layer_begin,
+  ASSIGN_OR_RETURN(const GptConfig cfg, GptConfigFromSpec(model));
+  return BuildLayerRange<GptEmbedding, GptBlock, GptHead>(cfg, cfg.n_layer, seed, layer_begin,
                                                           layer_end);
 }
 

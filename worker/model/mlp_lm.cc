@@ -1,11 +1,12 @@
 #include "worker/model/mlp_lm.h"
 
 #include <cmath>
-#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/limits.h"
 #include "common/model_desc.h"
+#include "common/status_macros.h"
 #include "worker/model/kernels.h"
 #include "worker/model/random.h"
 
@@ -13,12 +14,6 @@ namespace tandem::worker {
 namespace {
 
 constexpr float kInitStd = 0.02f;
-// Dimensions above this are refused (a spec is untrusted input; this also keeps every GEMM
-// dimension and every weight matrix within BLAS's int range).
-constexpr int64_t kMaxDim = 1 << 20;
-constexpr int64_t kMaxTensorElements = std::numeric_limits<int32_t>::max();
-constexpr int64_t kMaxLayers = 4096;
-constexpr double kMaxModelParameters = 4294967296.0;  // 2^32 (16 GiB of fp32 weights)
 
 void InitNormal(Rng& rng, Parameter& p, float stddev) {
   for (size_t i = 0; i < p.value.size(); ++i) {
@@ -80,14 +75,14 @@ absl::StatusOr<MlpLmConfig> MlpLmConfigFromSpec(const v1::ModelSpec& model) {
                               {"d_embed", cfg.d_embed},
                               {"d_model", cfg.d_model},
                               {"d_hidden", cfg.d_hidden}}) {
-    if (absl::Status s = CheckDim(field, value); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckDim(field, value));
   }
   for (auto [what, rows, cols] :
        {std::tuple{"the token table", cfg.vocab, cfg.d_embed},
         {"the embedding projection", cfg.d_model, cfg.context * cfg.d_embed},
         {"a block's fc1", cfg.d_hidden, cfg.d_model},
         {"the head", cfg.vocab, cfg.d_model}}) {
-    if (absl::Status s = CheckMatrix(what, rows, cols); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckMatrix(what, rows, cols));
   }
   // Whole-model parameter count, in double so that a hostile spec cannot overflow it.
   const double total = static_cast<double>(cfg.vocab) * cfg.d_embed +
@@ -160,7 +155,7 @@ absl::Status EmbeddingLayer::Backward(const Tensor& grad_output, const SavedCont
   const IntTensor& tokens = ctx.ints[0];
   const Tensor& flat = ctx.tensors[0];
   const int64_t b = tokens.dim(0);
-  if (absl::Status s = CheckShape("embedding", "grad_output", grad_output, b, d); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckShape("embedding", "grad_output", grad_output, b, d));
   Tensor dflat({b, k * e});  // (B, K*E)
   kernels::LinearBackward(grad_output.data(), flat.data(), proj_w_.value.data(), dflat.data(),
                           proj_w_.grad.data(), proj_b_.grad.data(), b, k * e, d);
@@ -204,7 +199,7 @@ MlpBlockLayer::MlpBlockLayer(const MlpLmConfig& cfg, int block_index, uint64_t s
 absl::Status MlpBlockLayer::Forward(const Tensor& input, const MicroBatchData& data,
                                     SavedContext& ctx, Tensor& output) {
   const int64_t d = cfg_.d_model, h = cfg_.d_hidden;
-  if (absl::Status s = CheckShape(name_.c_str(), "input", input, -1, d); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckShape(name_.c_str(), "input", input, -1, d));
   const int64_t b = input.dim(0);
   Tensor ln({b, d}), mean({b}), rstd({b}), pre({b, h}), act({b, h});
   kernels::LayerNormForward(input.data(), ln_g_.value.data(), ln_b_.value.data(), ln.data(),
@@ -238,9 +233,7 @@ absl::Status MlpBlockLayer::Backward(const Tensor& grad_output, const SavedConte
   const Tensor& pre = ctx.tensors[4];
   const Tensor& act = ctx.tensors[5];
   const int64_t b = x.dim(0);
-  if (absl::Status s = CheckShape(name_.c_str(), "grad_output", grad_output, b, d); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckShape(name_.c_str(), "grad_output", grad_output, b, d));
   Tensor dact({b, h}), dpre({b, h}), dln({b, d});
   kernels::LinearBackward(grad_output.data(), act.data(), fc2_w_.value.data(), dact.data(),
                           fc2_w_.grad.data(), fc2_b_.grad.data(), b, h, d);
@@ -271,7 +264,7 @@ LmHeadLayer::LmHeadLayer(const MlpLmConfig& cfg, uint64_t seed)
 absl::Status LmHeadLayer::Forward(const Tensor& input, const MicroBatchData& data,
                                   SavedContext& ctx, Tensor& output) {
   const int64_t d = cfg_.d_model, v = cfg_.vocab;
-  if (absl::Status s = CheckShape("head", "input", input, -1, d); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckShape("head", "input", input, -1, d));
   const int64_t b = input.dim(0);
   if (data.targets == nullptr || data.targets->rank() != 1 || data.targets->dim(0) != b) {
     return absl::InvalidArgumentError(
@@ -339,9 +332,8 @@ absl::Status LmHeadLayer::Backward(const Tensor& grad_output, const SavedContext
 absl::StatusOr<std::vector<std::unique_ptr<Layer>>> BuildMlpLmLayers(const v1::ModelSpec& model,
                                                                      uint64_t seed, int layer_begin,
                                                                      int layer_end) {
-  auto cfg = MlpLmConfigFromSpec(model);
-  if (!cfg.ok()) return cfg.status();
-  return BuildLayerRange<EmbeddingLayer, MlpBlockLayer, LmHeadLayer>(*cfg, model.n_layer(), seed,
+  ASSIGN_OR_RETURN(const MlpLmConfig cfg, MlpLmConfigFromSpec(model));
+  return BuildLayerRange<EmbeddingLayer, MlpBlockLayer, LmHeadLayer>(cfg, model.n_layer(), seed,
                                                                      layer_begin, layer_end);
 }
 
