@@ -174,7 +174,8 @@ class HostOnlySpy final : public Transport {
 class HostStagedTransportTest : public ::testing::Test {
  protected:
   // Ranks 0 and 1, each a staged transport over Gloo with its own copier log.
-  void Connect(milliseconds op_timeout = milliseconds(10000)) {
+  void Connect(milliseconds op_timeout = milliseconds(10000),
+               HostStagedTransportOptions options = {}) {
     auto connect = [&](int rank) {
       GlooTransportOptions o;
       o.rank = rank;
@@ -189,14 +190,15 @@ class HostStagedTransportTest : public ::testing::Test {
     auto g1 = f1.get();
     ASSERT_TRUE(g0.ok()) << g0.status();
     ASSERT_TRUE(g1.ok()) << g1.status();
-    a_ = Staged(*std::move(g0), log_[0]);
-    b_ = Staged(*std::move(g1), log_[1]);
+    a_ = Staged(*std::move(g0), log_[0], options);
+    b_ = Staged(*std::move(g1), log_[1], options);
   }
 
-  std::unique_ptr<HostStagedTransport> Staged(std::unique_ptr<GlooTransport> gloo, CopierLog& log) {
+  std::unique_ptr<HostStagedTransport> Staged(std::unique_ptr<GlooTransport> gloo, CopierLog& log,
+                                              const HostStagedTransportOptions& options) {
     return std::make_unique<HostStagedTransport>(
         std::make_unique<HostOnlySpy>(std::move(gloo), device_),
-        std::make_unique<FakeCopier>(device_, log));
+        std::make_unique<FakeCopier>(device_, log), options);
   }
 
   static std::vector<float> Iota(size_t n, float start) {
@@ -323,6 +325,27 @@ TEST_F(HostStagedTransportTest, StagingBuffersArePooled) {
   }
   EXPECT_EQ(log_[0].allocations.load(), 1);
   EXPECT_EQ(log_[1].allocations.load(), 1);
+}
+
+// A pool limited to one buffer's size keeps one; the rest are freed and allocated again.
+TEST_F(HostStagedTransportTest, PoolKeepsAtMostMaxPooledBytes) {
+  HostStagedTransportOptions options;
+  options.max_pooled_bytes = 4000;
+  ASSERT_NO_FATAL_FAILURE(Connect(milliseconds(10000), options));
+  const std::vector<float> x = Iota(1000, 3.0f);
+  void* src = device_.Upload(x);
+  for (int round = 0; round < 3; ++round) {
+    // Two sends in flight at once need two buffers; only one goes back to the pool.
+    ASSERT_TRUE(a_->PostSend(1, 2 * round, src, 4000).ok());
+    ASSERT_TRUE(a_->PostSend(1, 2 * round + 1, src, 4000).ok());
+    for (int i = 0; i < 2; ++i) {
+      void* dst = device_.Allocate(4000);
+      ASSERT_TRUE(b_->Recv(0, 2 * round + i, dst, 4000).ok());
+      EXPECT_EQ(device_.Download<float>(dst, 1000), x);
+    }
+    ASSERT_TRUE(a_->WaitSends().ok());
+  }
+  EXPECT_EQ(a_->staging_allocations(), 4);  // 2, then 1 more in each later round
 }
 
 TEST_F(HostStagedTransportTest, ZeroByteMessages) {

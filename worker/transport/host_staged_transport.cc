@@ -33,9 +33,11 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> HostStagedTransport::TakeStaging(siz
       pool_.erase(it);
       return buffer;
     }
-    ++staging_allocations_;
   }
-  return copier_->AllocateHost(bytes);
+  ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> buffer, copier_->AllocateHost(bytes));
+  absl::MutexLock lock(&mu_);
+  ++staging_allocations_;
+  return buffer;
 }
 
 void HostStagedTransport::ReturnStaging(std::unique_ptr<HostBuffer> buffer) {
