@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 
 namespace tandem {
 
@@ -57,7 +58,7 @@ absl::Status CheckRelativePath(absl::string_view relative, absl::string_view fie
 
 absl::StatusOr<std::string> ResolveConfined(const std::string& root, absl::string_view relative,
                                             absl::string_view field, absl::string_view root_name) {
-  if (absl::Status s = CheckRelativePath(relative, field, root_name); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckRelativePath(relative, field, root_name));
   absl::StatusOr<std::string> real_root = RealPath(root.empty() ? "." : root);
   if (!real_root.ok()) {
     return absl::FailedPreconditionError(

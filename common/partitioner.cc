@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace tandem {
 
@@ -251,9 +252,7 @@ std::vector<LayerRange> EarliestCut(const Costs& c, double max_seconds, int64_t 
 }  // namespace
 
 absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
-  absl::StatusOr<Costs> costs = Costs::Make(problem);
-  if (!costs.ok()) return costs.status();
-  const Costs& c = *costs;
+  ASSIGN_OR_RETURN(const Costs c, Costs::Make(problem));
   const int n = c.num_layers(), p = c.num_stages();
   if (n < p) {
     return absl::InvalidArgumentError(
@@ -287,9 +286,7 @@ absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
 
 absl::StatusOr<Partition> EvaluatePartition(const PartitionProblem& problem,
                                             const std::vector<LayerRange>& ranges) {
-  absl::StatusOr<Costs> costs = Costs::Make(problem);
-  if (!costs.ok()) return costs.status();
-  const Costs& c = *costs;
+  ASSIGN_OR_RETURN(const Costs c, Costs::Make(problem));
   const int n = c.num_layers(), p = c.num_stages();
   if (static_cast<int>(ranges.size()) != p) {
     return absl::InvalidArgumentError(

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/link_model.h"
 #include "common/schedule_check.h"
+#include "common/status_macros.h"
 
 namespace tandem {
 
@@ -101,12 +102,11 @@ std::string ProfileKey(const v1::JobSpec& spec, const std::string& device, int t
 
 absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
                                           const v1::ModelProfile* profile) {
-  absl::StatusOr<Schedule> compute = ScheduleForSpec(spec);
-  if (!compute.ok()) return compute.status();
+  ASSIGN_OR_RETURN(Schedule compute, ScheduleForSpec(spec));
   PipelinePlan plan;
-  plan.schedule = LowerWithTransfers(*compute);
+  plan.schedule = LowerWithTransfers(compute);
   // Every program is proved complete and deadlock-free before any worker sees it.
-  if (absl::Status s = ValidateSchedule(plan.schedule); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateSchedule(plan.schedule));
   if (profile != nullptr && profile->layers_size() != NumLayers(spec.model())) {
     return absl::InvalidArgumentError(absl::StrCat("profile has ", profile->layers_size(),
                                                    " layers, the model ", NumLayers(spec.model())));
@@ -120,16 +120,15 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
   absl::StatusOr<std::vector<LayerRange>> ranges;
   plan.partition = method;
   if (method == "profile" || method == "parameters") {
-    absl::StatusOr<Partition> best = MinMaxPartition(problem);
-    if (!best.ok()) return best.status();
-    ranges = best->ranges;
+    ASSIGN_OR_RETURN(Partition best, MinMaxPartition(problem));
+    ranges = best.ranges;
     if (method == "profile") {
       // A near-tie with the uniform cut goes to the uniform cut: profiles are timings, and a
       // cut that moved with their noise would make a job's numbers run-dependent.
       absl::StatusOr<std::vector<LayerRange>> uniform = UniformPartition(spec.model(), num_stages);
-      if (uniform.ok() && *uniform != best->ranges) {
+      if (uniform.ok() && *uniform != best.ranges) {
         absl::StatusOr<Partition> u = EvaluatePartition(problem, *uniform);
-        if (u.ok() && u->bottleneck_seconds <= best->bottleneck_seconds * (1 + kUniformTolerance)) {
+        if (u.ok() && u->bottleneck_seconds <= best.bottleneck_seconds * (1 + kUniformTolerance)) {
           ranges = *uniform;
           plan.partition = "uniform (within the tolerance of the profile's optimum)";
         }
@@ -149,9 +148,8 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
     // The parameters method costed the problem by parameter counts; the figures need time.
     const PartitionProblem timed =
         method == "parameters" ? ProblemFor(spec, plan.schedule, profile, false) : problem;
-    absl::StatusOr<Partition> figures = EvaluatePartition(timed, plan.ranges);
-    if (!figures.ok()) return figures.status();
-    plan.stage_bytes = figures->stage_bytes;
+    ASSIGN_OR_RETURN(Partition figures, EvaluatePartition(timed, plan.ranges));
+    plan.stage_bytes = figures.stage_bytes;
     for (const LayerRange& r : plan.ranges) {
       ActionCosts c{0, 0, 0, 0, 0};
       for (int g = r.begin; g < r.end; ++g) {
@@ -184,13 +182,12 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
       plan.predicted_bubble = sim->bubble_fraction;
     }
   } else if (problem.memory_budget_bytes > 0 && method != "parameters") {
-    if (absl::Status s = EvaluatePartition(problem, plan.ranges).status(); !s.ok()) return s;
+    RETURN_IF_ERROR(EvaluatePartition(problem, plan.ranges));
   }
   if (spec.eval().every() > 0) {
-    absl::StatusOr<Schedule> forward =
-        GenerateForwardOnly(plan.schedule.placement, spec.eval().micro_batches());
-    if (!forward.ok()) return forward.status();
-    plan.eval = LowerWithTransfers(*forward);
+    ASSIGN_OR_RETURN(Schedule forward,
+                     GenerateForwardOnly(plan.schedule.placement, spec.eval().micro_batches()));
+    plan.eval = LowerWithTransfers(forward);
   }
   return plan;
 }

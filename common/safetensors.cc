@@ -12,6 +12,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem {
@@ -92,8 +93,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   uint8_t len[8];
   const uint64_t n = json.size();
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
-  if (absl::Status s = WriteAll(w->fd_, len, 8, w->tmp_); !s.ok()) return s;
-  if (absl::Status s = WriteAll(w->fd_, json.data(), json.size(), w->tmp_); !s.ok()) return s;
+  RETURN_IF_ERROR(WriteAll(w->fd_, len, 8, w->tmp_));
+  RETURN_IF_ERROR(WriteAll(w->fd_, json.data(), json.size(), w->tmp_));
   return w;
 }
 
@@ -108,7 +109,7 @@ absl::Status SafetensorsWriter::Append(const void* data, size_t bytes) {
     return absl::OutOfRangeError(absl::StrCat("safetensors ", path_, ": ", written_ + bytes,
                                               " bytes appended, but the header declares ", total_));
   }
-  if (absl::Status s = WriteAll(fd_, data, bytes, tmp_); !s.ok()) return s;
+  RETURN_IF_ERROR(WriteAll(fd_, data, bytes, tmp_));
   written_ += static_cast<int64_t>(bytes);
   return absl::OkStatus();
 }

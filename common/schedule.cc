@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 
 namespace tandem {
 namespace {
@@ -242,7 +243,7 @@ std::string ActionsToString(const std::vector<Action>& actions) {
 }
 
 absl::StatusOr<Schedule> GenerateGPipe(int num_ranks, int num_micro_batches) {
-  if (absl::Status s = CheckSizes(num_ranks, num_micro_batches); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckSizes(num_ranks, num_micro_batches));
   Schedule out = MakeSchedule("gpipe", OneStagePerRank(num_ranks), num_micro_batches);
   for (int r = 0; r < num_ranks; ++r) {
     auto& list = out.program[r];
@@ -253,10 +254,8 @@ absl::StatusOr<Schedule> GenerateGPipe(int num_ranks, int num_micro_batches) {
 }
 
 absl::StatusOr<Schedule> Generate1F1B(int num_ranks, int num_micro_batches) {
-  if (absl::Status s = CheckSizes(num_ranks, num_micro_batches); !s.ok()) return s;
-  if (absl::Status s = CheckEnoughMicroBatches("1f1b", num_ranks, num_micro_batches); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckSizes(num_ranks, num_micro_batches));
+  RETURN_IF_ERROR(CheckEnoughMicroBatches("1f1b", num_ranks, num_micro_batches));
   const int M = num_micro_batches;
   Schedule out = MakeSchedule("1f1b", OneStagePerRank(num_ranks), M);
   for (int r = 0; r < num_ranks; ++r) {
@@ -277,14 +276,14 @@ absl::StatusOr<Schedule> Generate1F1B(int num_ranks, int num_micro_batches) {
 }
 
 absl::StatusOr<Schedule> GenerateInterleaved1F1B(int num_ranks, int chunks, int num_micro_batches) {
-  if (absl::Status s = CheckSizes(num_ranks, num_micro_batches); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckSizes(num_ranks, num_micro_batches));
   const int P = num_ranks, v = chunks, M = num_micro_batches;
   if (v < 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("interleaved_1f1b needs at least 2 chunks per rank; got ", v,
                      ". Set pipeline.chunks to 2 or more, or use schedule: 1f1b for one chunk"));
   }
-  if (absl::Status s = CheckEnoughMicroBatches("interleaved_1f1b", P, M); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckEnoughMicroBatches("interleaved_1f1b", P, M));
   if (M % P != 0) {
     const int lower = M / P * P;
     return absl::InvalidArgumentError(absl::StrCat(
@@ -309,10 +308,8 @@ absl::StatusOr<Schedule> GenerateInterleaved1F1B(int num_ranks, int chunks, int 
 }
 
 absl::StatusOr<Schedule> GenerateZBH1(int num_ranks, int num_micro_batches) {
-  if (absl::Status s = CheckSizes(num_ranks, num_micro_batches); !s.ok()) return s;
-  if (absl::Status s = CheckEnoughMicroBatches("zb_h1", num_ranks, num_micro_batches); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckSizes(num_ranks, num_micro_batches));
+  RETURN_IF_ERROR(CheckEnoughMicroBatches("zb_h1", num_ranks, num_micro_batches));
   const int P = num_ranks, M = num_micro_batches;
   Schedule out = MakeSchedule("zb_h1", OneStagePerRank(P), M);
   for (int r = 0; r < P; ++r) {
@@ -335,10 +332,8 @@ absl::StatusOr<Schedule> GenerateZBH1(int num_ranks, int num_micro_batches) {
 }
 
 absl::StatusOr<Schedule> GenerateZBV(int num_ranks, int num_micro_batches) {
-  if (absl::Status s = CheckSizes(num_ranks, num_micro_batches); !s.ok()) return s;
-  if (absl::Status s = CheckEnoughMicroBatches("zb_v", num_ranks, num_micro_batches); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckSizes(num_ranks, num_micro_batches));
+  RETURN_IF_ERROR(CheckEnoughMicroBatches("zb_v", num_ranks, num_micro_batches));
   const int P = num_ranks, M = num_micro_batches;
   Schedule out = MakeSchedule("zb_v", VShapePlacement(P), M);
   // The phases need 2P - 1 micro-batches to fill the V; with fewer, the schedule for 2P - 1 is
@@ -354,8 +349,8 @@ absl::StatusOr<Schedule> GenerateZBV(int num_ranks, int num_micro_batches) {
 }
 
 absl::StatusOr<Schedule> GenerateForwardOnly(const Placement& placement, int num_micro_batches) {
-  if (absl::Status s = ValidatePlacement(placement); !s.ok()) return s;
-  if (absl::Status s = CheckSizes(placement.num_ranks, num_micro_batches); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidatePlacement(placement));
+  RETURN_IF_ERROR(CheckSizes(placement.num_ranks, num_micro_batches));
   Schedule out = MakeSchedule("forward_only", placement, num_micro_batches);
   for (int r = 0; r < placement.num_ranks; ++r) {
     for (int stage : placement.StagesOf(r)) {
@@ -469,7 +464,7 @@ std::string ProgramToCsv(const Program& program) {
 
 absl::StatusOr<Schedule> ScheduleFromCsv(absl::string_view csv, int num_ranks,
                                          int num_micro_batches) {
-  if (absl::Status s = CheckSizes(num_ranks, num_micro_batches); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckSizes(num_ranks, num_micro_batches));
   Schedule out;
   out.name = "csv";
   out.num_micro_batches = num_micro_batches;

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace tandem {
 namespace {
@@ -83,7 +84,7 @@ class Validator {
     }
     progress_.assign(static_cast<size_t>(S_) * M_, Progress{});
     for (int r = 0; r < placement_.num_ranks; ++r) {
-      if (absl::Status s = CheckRankStatically(r); !s.ok()) return s;
+      RETURN_IF_ERROR(CheckRankStatically(r));
     }
     return RunBlocking();
   }
@@ -112,8 +113,7 @@ class Validator {
         return Bad(p_, r, i,
                    absl::StrCat("micro-batch ", a.micro_batch, " out of range [0, ", M_, ")"));
       }
-      absl::Status s = IsComputeAction(a.kind) ? CheckComputeOrder(r, i) : CheckTransferEnds(r, i);
-      if (!s.ok()) return s;
+      RETURN_IF_ERROR(IsComputeAction(a.kind) ? CheckComputeOrder(r, i) : CheckTransferEnds(r, i));
     }
     for (int stage : placement_.StagesOf(r)) {
       for (int m = 0; m < M_; ++m) {
@@ -200,9 +200,8 @@ class Validator {
       moved = false;
       for (int r = 0; r < P; ++r) {
         for (; pc[r] < p_[r].size(); ++pc[r], moved = true) {
-          absl::StatusOr<bool> ran = Step(r, pc[r], posted);
-          if (!ran.ok()) return ran.status();
-          if (!*ran) break;  // blocked in a receive
+          ASSIGN_OR_RETURN(bool ran, Step(r, pc[r], posted));
+          if (!ran) break;  // blocked in a receive
         }
       }
     }
@@ -314,7 +313,7 @@ absl::Status ValidateSchedule(const Schedule& lowered) {
 absl::StatusOr<SimulationResult> SimulateProgram(const Program& p, const Placement& placement,
                                                  int num_micro_batches, const ActionCosts& costs,
                                                  const std::vector<ActionCosts>& per_stage) {
-  if (absl::Status s = ValidateProgram(p, placement, num_micro_batches); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateProgram(p, placement, num_micro_batches));
   if (!per_stage.empty() && static_cast<int>(per_stage.size()) != placement.num_stages()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "per-stage costs: ", per_stage.size(), " entries for ", placement.num_stages(), " stages"));

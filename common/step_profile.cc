@@ -4,6 +4,7 @@
 #include <array>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace tandem {
 absl::StatusOr<StepProfile> ProfileStep(const Schedule& lowered,
@@ -56,10 +57,9 @@ absl::StatusOr<StepProfile> ProfileStep(const Schedule& lowered,
     c.backward_weight = mean(3);
     c.transfer = 0.0;
   }
-  absl::StatusOr<SimulationResult> sim = SimulateSchedule(lowered, ActionCosts{}, out.stage_costs);
-  if (!sim.ok()) return sim.status();
-  out.predicted_step_seconds = sim->step_time;
-  out.predicted_bubble = sim->bubble_fraction;
+  ASSIGN_OR_RETURN(SimulationResult sim, SimulateSchedule(lowered, ActionCosts{}, out.stage_costs));
+  out.predicted_step_seconds = sim.step_time;
+  out.predicted_bubble = sim.bubble_fraction;
   return out;
 }
 

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/rpc.h"
+#include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem {
@@ -222,21 +223,15 @@ absl::StatusOr<std::optional<TlsMaterial>> LoadTls(const TlsFiles& files, TlsUse
 
   TlsMaterial m;
   m.server_name = files.server_name;
-  absl::StatusOr<std::string> ca = ReadSmallFile("--tls-ca", files.ca);
-  if (!ca.ok()) return ca.status();
-  m.ca_pem = *std::move(ca);
+  ASSIGN_OR_RETURN(m.ca_pem, ReadSmallFile("--tls-ca", files.ca));
   if (ParseCertificates(m.ca_pem).empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--tls-ca=", files.ca, ": holds no PEM certificate"));
   }
   if (files.cert.empty()) return m;
 
-  absl::StatusOr<std::string> cert = ReadSmallFile("--tls-cert", files.cert);
-  if (!cert.ok()) return cert.status();
-  m.cert_pem = *std::move(cert);
-  absl::StatusOr<std::string> key = ReadSmallFile("--tls-key", files.key);
-  if (!key.ok()) return key.status();
-  m.key_pem = *std::move(key);
+  ASSIGN_OR_RETURN(m.cert_pem, ReadSmallFile("--tls-cert", files.cert));
+  ASSIGN_OR_RETURN(m.key_pem, ReadSmallFile("--tls-key", files.key));
 
   std::vector<X509Ptr> chain = ParseCertificates(m.cert_pem);
   if (chain.empty()) {
@@ -274,9 +269,8 @@ absl::StatusOr<std::optional<TlsMaterial>> LoadTls(const TlsFiles& files, TlsUse
 }
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadSmallFile("token file", path);
-  if (!text.ok()) return text.status();
-  const std::string token(absl::StripAsciiWhitespace(*text));
+  ASSIGN_OR_RETURN(std::string text, ReadSmallFile("token file", path));
+  const std::string token(absl::StripAsciiWhitespace(text));
   if (token.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is empty"));
   }

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "worker/model/gpt.h"
 #include "worker/model/mlp_lm.h"
 
@@ -40,19 +41,16 @@ absl::StatusOr<std::unique_ptr<CpuStageCompute>> CpuStageCompute::Create(
   std::unique_ptr<CpuStageCompute> c(new CpuStageCompute());
   const v1::ModelSpec& model = program.spec().model();
   for (const v1::StageChunk& pc : program.chunks()) {
-    absl::StatusOr<std::vector<std::unique_ptr<Layer>>> layers =
+    ASSIGN_OR_RETURN(
+        std::vector<std::unique_ptr<Layer>> layers,
         model.arch() == "gpt"
             ? BuildGptLayers(model, program.spec().seed(), pc.layer_begin(), pc.layer_end())
-            : BuildMlpLmLayers(model, program.spec().seed(), pc.layer_begin(), pc.layer_end());
-    if (!layers.ok()) return layers.status();
-    c->chunks_.push_back(std::move(*layers));
+            : BuildMlpLmLayers(model, program.spec().seed(), pc.layer_begin(), pc.layer_end()));
+    c->chunks_.push_back(std::move(layers));
   }
   std::vector<Parameter*> params = c->HostParameters();
   for (const Parameter* p : params) c->parameter_count_ += static_cast<int64_t>(p->value.size());
-  absl::StatusOr<std::unique_ptr<Optimizer>> opt =
-      MakeOptimizer(program.spec().optimizer(), std::move(params));
-  if (!opt.ok()) return opt.status();
-  c->optimizer_ = std::move(*opt);
+  ASSIGN_OR_RETURN(c->optimizer_, MakeOptimizer(program.spec().optimizer(), std::move(params)));
   // Each chunk's static memory: value and gradient of its parameters, and the optimizer state
   // in proportion (AdamW and SGD keep the same floats for every parameter element).
   const size_t state_bytes = c->optimizer_->StateBytes();
@@ -89,7 +87,7 @@ absl::StatusOr<double> CpuStageCompute::Forward(int chunk, int mb, StageBufferPt
   Tensor x = Unwrap(std::move(input));
   Tensor y;
   for (size_t l = 0; l < layers.size(); ++l) {
-    if (absl::Status s = layers[l]->Forward(x, data, saved[l], y); !s.ok()) return s;
+    RETURN_IF_ERROR(layers[l]->Forward(x, data, saved[l], y));
     std::swap(x, y);
   }
   if (!save) saved.clear();
@@ -107,7 +105,7 @@ absl::Status CpuStageCompute::Backward(int chunk, int mb, v1::ActionKind kind,
   }
   if (kind == v1::ACTION_W) {
     for (size_t l = layers.size(); l-- > 0;) {
-      if (absl::Status s = layers[l]->BackwardWeight(saved[l]); !s.ok()) return s;
+      RETURN_IF_ERROR(layers[l]->BackwardWeight(saved[l]));
     }
     saved.clear();
     return absl::OkStatus();
@@ -116,9 +114,8 @@ absl::Status CpuStageCompute::Backward(int chunk, int mb, v1::ActionKind kind,
   Tensor gin;
   const bool split = kind == v1::ACTION_I;
   for (size_t l = layers.size(); l-- > 0;) {
-    absl::Status s =
-        split ? layers[l]->BackwardInput(g, saved[l], gin) : layers[l]->Backward(g, saved[l], gin);
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(split ? layers[l]->BackwardInput(g, saved[l], gin)
+                          : layers[l]->Backward(g, saved[l], gin));
     if (!split) saved[l].Clear();
     std::swap(g, gin);
   }
@@ -267,16 +264,15 @@ absl::Status CpuStageCompute::Restore(const TensorLookup& lookup, bool weights_o
   };
   std::vector<Parameter*> params = HostParameters();
   for (Parameter* p : params) {
-    if (absl::Status s = copy(p->name, p->value.vec().data(), p->value.bytes()); !s.ok()) return s;
+    RETURN_IF_ERROR(copy(p->name, p->value.vec().data(), p->value.bytes()));
     p->grad.Fill(0.0f);
   }
   if (weights_only) return absl::OkStatus();
   for (const OptimizerSlot& slot : optimizer_->Slots()) {
     const std::string name = absl::StrCat(params[slot.param]->name, ".", slot.key);
-    absl::Status s = slot.f32 != nullptr
-                         ? copy(name, slot.f32->data(), slot.f32->size() * sizeof(float))
-                         : copy(name, slot.i64, sizeof(int64_t));
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(slot.f32 != nullptr
+                        ? copy(name, slot.f32->data(), slot.f32->size() * sizeof(float))
+                        : copy(name, slot.i64, sizeof(int64_t)));
   }
   return absl::OkStatus();
 }

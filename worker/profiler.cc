@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model_desc.h"
+#include "common/status_macros.h"
 #include "worker/model/gpt.h"
 #include "worker/model/mlp_lm.h"
 #include "worker/model/optimizer.h"
@@ -77,14 +78,12 @@ absl::StatusOr<ProfileRequest> CheckProfileRequest(const v1::JobSpec& spec,
   r.c = model.d_model();
   r.vocab = model.vocab_size();
   if (r.gpt) {
-    absl::StatusOr<GptConfig> cfg = GptConfigFromSpec(model);
-    if (!cfg.ok()) return cfg.status();
-    r.t = cfg->seq_len;
-    r.c = cfg->d_model;
-    r.vocab = cfg->vocab;
+    ASSIGN_OR_RETURN(GptConfig cfg, GptConfigFromSpec(model));
+    r.t = cfg.seq_len;
+    r.c = cfg.d_model;
+    r.vocab = cfg.vocab;
   } else {
-    absl::StatusOr<MlpLmConfig> cfg = MlpLmConfigFromSpec(model);
-    if (!cfg.ok()) return cfg.status();
+    RETURN_IF_ERROR(MlpLmConfigFromSpec(model));
     r.k = model.context();
   }
   return r;
@@ -141,21 +140,18 @@ struct Timings {
 absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& spec,
                                                             const std::vector<int>& layers,
                                                             int repeats) {
-  absl::StatusOr<ProfileRequest> request = CheckProfileRequest(spec, layers, repeats);
-  if (!request.ok()) return request.status();
-  const ProfileRequest& r = *request;
+  ASSIGN_OR_RETURN(const ProfileRequest r, CheckProfileRequest(spec, layers, repeats));
   const v1::ModelSpec& model = spec.model();
   const bool gpt = r.gpt;
   const int64_t b = r.b, t = r.t;
   const int64_t state_floats = 2 + OptimizerFloatsPerElement(spec.optimizer());
   std::vector<v1::LayerProfile> out;
   for (int g : r.layers) {
-    if (absl::Status s = CheckProfiledLayer(r, g); !s.ok()) return s;
-    absl::StatusOr<std::vector<std::unique_ptr<Layer>>> built =
-        gpt ? BuildGptLayers(model, spec.seed(), g, g + 1)
-            : BuildMlpLmLayers(model, spec.seed(), g, g + 1);
-    if (!built.ok()) return built.status();
-    Layer& layer = *(*built)[0];
+    RETURN_IF_ERROR(CheckProfiledLayer(r, g));
+    ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Layer>> built,
+                     gpt ? BuildGptLayers(model, spec.seed(), g, g + 1)
+                         : BuildMlpLmLayers(model, spec.seed(), g, g + 1));
+    Layer& layer = *built[0];
     // Inputs of the job's shape: tokens and targets drawn uniformly, activations normal.
     Rng rng(MixSeed(spec.seed(), 0x9e3779b9u + static_cast<uint64_t>(g)));
     IntTensor tokens, targets;
@@ -178,7 +174,7 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& s
       Tensor y, gin;
       absl::Status s;
       const double f = Seconds([&] { s = layer.Forward(x, data, ctx, y); });
-      if (!s.ok()) return s;
+      RETURN_IF_ERROR(s);
       p.set_activation_bytes(static_cast<int64_t>(ctx.Bytes()));
       p.set_output_bytes(layer.is_loss() ? 0 : static_cast<int64_t>(y.bytes()));
       Tensor dout = layer.is_loss() ? Tensor() : Tensor(y.shape());
@@ -186,25 +182,24 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& s
       // Full backward on a copy of the context, then the split pair on the original.
       SavedContext copy = ctx;
       const double bb = Seconds([&] { s = layer.Backward(dout, copy, gin); });
-      if (!s.ok()) return s;
+      RETURN_IF_ERROR(s);
       const double ii = Seconds([&] { s = layer.BackwardInput(dout, ctx, gin); });
-      if (!s.ok()) return s;
+      RETURN_IF_ERROR(s);
       const double ww = Seconds([&] { s = layer.BackwardWeight(ctx); });
-      if (!s.ok()) return s;
+      RETURN_IF_ERROR(s);
       if (rep > 0) times.AddPass(f, bb, ii, ww);  // the first is a warm-up
     }
     // The once-per-step phase: the gradient-norm pass over the layer's gradients and the
     // optimizer update (which also zeroes them).
     std::vector<Parameter*> weights = layer.Parameters();
-    absl::StatusOr<std::unique_ptr<Optimizer>> opt = MakeOptimizer(spec.optimizer(), weights);
-    if (!opt.ok()) return opt.status();
+    ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt, MakeOptimizer(spec.optimizer(), weights));
     for (int rep = 0; rep <= r.repeats; ++rep) {
       double norm = 0.0;
       const double a = Seconds([&] {
         for (const Parameter* q : weights) {
           for (float x : q->grad.vec()) norm += static_cast<double>(x) * x;
         }
-        (*opt)->Step(1e-6f);
+        opt->Step(1e-6f);
       });
       if (rep > 0) times.apply.push_back(a + (norm < 0 ? 1 : 0));  // (norm keeps the pass alive)
     }
@@ -218,12 +213,10 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayersOn(const v1::JobSpec&
                                                               const std::vector<int>& layers,
                                                               int repeats,
                                                               const ComputeFactory& make) {
-  absl::StatusOr<ProfileRequest> request = CheckProfileRequest(spec, layers, repeats);
-  if (!request.ok()) return request.status();
-  const ProfileRequest& r = *request;
+  ASSIGN_OR_RETURN(const ProfileRequest r, CheckProfileRequest(spec, layers, repeats));
   std::vector<v1::LayerProfile> out;
   for (int g : r.layers) {
-    if (absl::Status s = CheckProfiledLayer(r, g); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckProfiledLayer(r, g));
     v1::StageProgram program;
     program.set_job_id("profile");
     program.set_num_ranks(1);
@@ -232,9 +225,8 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayersOn(const v1::JobSpec&
     v1::StageChunk* chunk = program.add_chunks();
     chunk->set_layer_begin(g);
     chunk->set_layer_end(g + 1);
-    absl::StatusOr<std::unique_ptr<StageCompute>> built = make(program);
-    if (!built.ok()) return built.status();
-    StageCompute& compute = **built;
+    ASSIGN_OR_RETURN(std::unique_ptr<StageCompute> built, make(program));
+    StageCompute& compute = *built;
     const bool first = g == 0, last = g == r.num_layers - 1;
     Rng rng(MixSeed(spec.seed(), 0x9e3779b9u + static_cast<uint64_t>(g)));
     IntTensor tokens, targets;
@@ -277,25 +269,25 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayersOn(const v1::JobSpec&
     for (int rep = 0; rep <= r.repeats && times.timed < kProfileBudgetSeconds; ++rep) {
       size_t saved = 0, output = 0;
       const double f = forward(0, &saved, &output);
-      if (!s.ok()) return s;
+      RETURN_IF_ERROR(s);
       p.set_activation_bytes(static_cast<int64_t>(saved));
       p.set_output_bytes(static_cast<int64_t>(output));
       StageBufferPtr gin;
       StageBufferPtr dout = grad();
-      if (!s.ok()) return s;
+      RETURN_IF_ERROR(s);
       const double bb = ComputeSeconds(
           compute, [&] { s = compute.Backward(0, 0, v1::ACTION_B, std::move(dout), &gin); });
-      if (!s.ok()) return s;
+      RETURN_IF_ERROR(s);
       forward(1, nullptr, nullptr);
-      if (!s.ok()) return s;
+      RETURN_IF_ERROR(s);
       dout = grad();
-      if (!s.ok()) return s;
+      RETURN_IF_ERROR(s);
       const double ii = ComputeSeconds(
           compute, [&] { s = compute.Backward(0, 1, v1::ACTION_I, std::move(dout), &gin); });
-      if (!s.ok()) return s;
+      RETURN_IF_ERROR(s);
       const double ww = ComputeSeconds(
           compute, [&] { s = compute.Backward(0, 1, v1::ACTION_W, nullptr, nullptr); });
-      if (!s.ok()) return s;
+      RETURN_IF_ERROR(s);
       if (rep > 0) times.AddPass(f, bb, ii, ww);  // the first is a warm-up
     }
     compute.DropSaved();
@@ -305,7 +297,7 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayersOn(const v1::JobSpec&
         s = compute.GradientStats(/*count_tied=*/true).status();
         if (s.ok()) s = compute.Apply(1e-6f, 1.0f, /*skip=*/false);
       });
-      if (!s.ok()) return s;
+      RETURN_IF_ERROR(s);
       if (rep > 0) times.apply.push_back(a);
     }
     times.Report(p);

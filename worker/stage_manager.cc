@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/partitioner.h"
 #include "common/spec.h"
+#include "common/status_macros.h"
 #include "common/version.h"
 #include "worker/profiler.h"
 
@@ -96,9 +97,7 @@ absl::StatusOr<Dataset> StageManager::DatasetFor(const v1::StageProgram& program
                    "\n", spec.model().vocab_size(), "\n", window, "\n", config_.data_root);
   absl::MutexLock lock(&data_mu_);
   if (data_.train != nullptr && data_key_ == key) return data_;
-  absl::StatusOr<Dataset> loaded = LoadDataset(spec, config_.data_root, window);
-  if (!loaded.ok()) return loaded.status();
-  data_ = *std::move(loaded);
+  ASSIGN_OR_RETURN(data_, LoadDataset(spec, config_.data_root, window));
   data_key_ = key;
   return data_;
 }
@@ -118,7 +117,7 @@ std::string StagesOf(const v1::StageProgram& program) {
 
 absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StageProgram& program) {
   ScopedLogContext log_context({.job = program.job_id(), .stage = StagesOf(program)});
-  if (absl::Status s = ValidateStageProgram(program); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateStageProgram(program));
   const std::string& job = program.job_id();
   if (program.spec().device() != DeviceKind(config_.device)) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -160,26 +159,21 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
   auto build = [&]() -> absl::StatusOr<std::unique_ptr<StageExecutor>> {
     Dataset data;
     if (StageNeedsCorpus(program)) {
-      absl::StatusOr<Dataset> d = DatasetFor(program);
-      if (!d.ok()) return d.status();
-      data = *std::move(d);
+      ASSIGN_OR_RETURN(data, DatasetFor(program));
     }
     std::unique_ptr<Transport> transport;
     if (program.num_ranks() > 1) {
       if (!transport_factory_) {
         return absl::FailedPreconditionError("this worker has no transport for multi-rank jobs");
       }
-      absl::StatusOr<std::unique_ptr<Transport>> t = transport_factory_(program, *cancelled);
-      if (!t.ok()) return t.status();
-      transport = *std::move(t);
+      ASSIGN_OR_RETURN(transport, transport_factory_(program, *cancelled));
     }
     if (cancelled->load()) return absl::AbortedError("aborted while connecting");
     absl::StatusOr<std::unique_ptr<StageExecutor>> ex;
     if (config_.compute) {
-      absl::StatusOr<std::unique_ptr<StageCompute>> compute = config_.compute(program);
-      if (!compute.ok()) return compute.status();
-      ex = StageExecutor::Create(program, std::move(data), std::move(transport),
-                                 *std::move(compute));
+      ASSIGN_OR_RETURN(std::unique_ptr<StageCompute> compute, config_.compute(program));
+      ex =
+          StageExecutor::Create(program, std::move(data), std::move(transport), std::move(compute));
     } else {
       ex = StageExecutor::Create(program, std::move(data), std::move(transport));
     }
@@ -191,11 +185,7 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
     }
     std::map<std::string, std::string> tensors;
     const bool weights_only = program.restore().weights_only();
-    if (absl::Status s =
-            tensor_source_(program.restore(), (*ex)->RestoreNames(weights_only), &tensors);
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(tensor_source_(program.restore(), (*ex)->RestoreNames(weights_only), &tensors));
     absl::Status restored = (*ex)->Restore(
         [&](const std::string& name) -> absl::StatusOr<absl::Span<const uint8_t>> {
           auto it = tensors.find(name);
@@ -206,7 +196,7 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
                                            it->second.size());
         },
         weights_only);
-    if (!restored.ok()) return restored;
+    RETURN_IF_ERROR(restored);
     spdlog::info("job {} rank {}: restored {} tensors from {} step {}", job, program.rank(),
                  tensors.size(), program.restore().job_id(), program.restore().step());
     return ex;
@@ -280,11 +270,10 @@ absl::StatusOr<StageExecutor*> StageManager::BeginStep(
 
 absl::Status StageManager::ApplyStep(const v1::ApplyStepRequest& request) {
   std::optional<ScopedLogContext> log_context;
-  absl::StatusOr<StageExecutor*> executor =
-      BeginStep(request.job_id(), request.attempt(), request.step(), &log_context);
-  if (!executor.ok()) return executor.status();
-  absl::Status s = (*executor)->ApplyStep(request.step(), request.learning_rate(),
-                                          request.grad_scale(), request.skip());
+  ASSIGN_OR_RETURN(StageExecutor * executor,
+                   BeginStep(request.job_id(), request.attempt(), request.step(), &log_context));
+  absl::Status s = executor->ApplyStep(request.step(), request.learning_rate(),
+                                       request.grad_scale(), request.skip());
   absl::MutexLock lock(&mu_);
   step_running_ = false;
   return s;
@@ -293,9 +282,8 @@ absl::Status StageManager::ApplyStep(const v1::ApplyStepRequest& request) {
 absl::StatusOr<v1::StepReport> StageManager::RunStep(const std::string& job_id, int64_t step,
                                                      v1::StepMode mode, int32_t attempt) {
   std::optional<ScopedLogContext> log_context;
-  absl::StatusOr<StageExecutor*> executor = BeginStep(job_id, attempt, step, &log_context);
-  if (!executor.ok()) return executor.status();
-  absl::StatusOr<v1::StepReport> report = (*executor)->RunStep(step, mode);
+  ASSIGN_OR_RETURN(StageExecutor * executor, BeginStep(job_id, attempt, step, &log_context));
+  absl::StatusOr<v1::StepReport> report = executor->RunStep(step, mode);
   if (!report.ok() && report.status().code() != absl::StatusCode::kAborted) {
     spdlog::error("{} step failed: {}", mode == v1::STEP_MODE_EVAL ? "validation" : "training",
                   report.status().ToString());
@@ -311,16 +299,14 @@ absl::Status StageManager::SaveCheckpoint(
     const std::function<absl::Status(const std::vector<StageExecutor::StateTensor>&)>& write,
     int32_t attempt) {
   std::optional<ScopedLogContext> log_context;
-  absl::StatusOr<StageExecutor*> executor = BeginStep(job_id, attempt, step, &log_context);
-  if (!executor.ok()) return executor.status();
+  ASSIGN_OR_RETURN(StageExecutor * executor, BeginStep(job_id, attempt, step, &log_context));
   absl::Status s;
-  if ((*executor)->has_pending_gradients()) {
+  if (executor->has_pending_gradients()) {
     s = absl::FailedPreconditionError(
         absl::StrCat("job ", job_id, ": checkpoint of step ", step,
                      " requested while gradients are pending (ApplyStep first)"));
   } else {
-    absl::StatusOr<std::vector<StageExecutor::StateTensor>> tensors =
-        (*executor)->CheckpointTensors();
+    absl::StatusOr<std::vector<StageExecutor::StateTensor>> tensors = executor->CheckpointTensors();
     s = tensors.ok() ? write(*tensors) : tensors.status();
   }
   absl::MutexLock lock(&mu_);
@@ -441,19 +427,18 @@ std::string StageManager::BusyReasonLocked() const {
 
 absl::StatusOr<std::vector<v1::LinkSample>> StageManager::ProbeLink(
     const v1::ProbeLinkRequest& request) {
-  absl::StatusOr<LinkProbeOptions> options = LinkProbeOptionsFrom(request);
-  if (!options.ok()) return options.status();
+  ASSIGN_OR_RETURN(LinkProbeOptions options, LinkProbeOptionsFrom(request));
   if (!transport_factory_) {
     return absl::FailedPreconditionError("probe link: this worker has no transport");
   }
   // A "cuda" probe times NCCL between device buffers, as a cuda job moves its tensors.
-  const bool cuda = options->device == "cuda";
+  const bool cuda = options.device == "cuda";
   if (cuda && (DeviceKind(config_.device) != "cuda" || !config_.device_buffers)) {
     return absl::FailedPreconditionError(
         absl::StrCat("probe link: device cuda was asked of a ", config_.device,
                      " worker (the probe times the data plane of the workers' own device kind)"));
   }
-  LinkProbe probe(*options);
+  LinkProbe probe(options);
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return absl::UnavailableError("probe link: the worker is shutting down");
@@ -466,10 +451,10 @@ absl::StatusOr<std::vector<v1::LinkSample>> StageManager::ProbeLink(
   // The same program fields a job's transport is connected from.
   v1::StageProgram program;
   program.set_job_id("link-probe");
-  program.set_rank(options->rank);
+  program.set_rank(options.rank);
   program.set_num_ranks(2);
   program.set_rendezvous_prefix(request.rendezvous_prefix());
-  program.mutable_spec()->set_device(options->device);  // which transport the factory connects
+  program.mutable_spec()->set_device(options.device);  // which transport the factory connects
   absl::StatusOr<std::vector<v1::LinkSample>> samples = probe.Run(
       [&](const std::atomic<bool>& cancelled) { return transport_factory_(program, cancelled); },
       cuda ? config_.device_buffers : nullptr);
@@ -479,9 +464,8 @@ absl::StatusOr<std::vector<v1::LinkSample>> StageManager::ProbeLink(
   }
   if (samples.ok()) {
     spdlog::info("probed the {} link as rank {} under {}: {} size(s), {} B one way in {:.1f} us",
-                 cuda ? "NCCL" : "Gloo", options->rank, request.rendezvous_prefix(),
-                 samples->size(), samples->front().bytes(),
-                 samples->front().one_way_seconds() * 1e6);
+                 cuda ? "NCCL" : "Gloo", options.rank, request.rendezvous_prefix(), samples->size(),
+                 samples->front().bytes(), samples->front().one_way_seconds() * 1e6);
   } else {
     spdlog::warn("{}", samples.status().ToString());
   }

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "worker/model/random.h"
 
 namespace tandem::worker {
@@ -77,7 +78,7 @@ namespace {
 
 // Prefixes a file error with the spec field and path it came from, keeping its code.
 absl::Status InField(const absl::Status& s, absl::string_view field, absl::string_view path) {
-  return absl::Status(s.code(), absl::StrCat(field, " '", path, "': ", s.message()));
+  return WithPrefix(s, absl::StrCat(field, " '", path, "'"));
 }
 
 absl::Status CheckVocab(const v1::JobSpec& spec, const TokenStream& stream,
@@ -97,9 +98,7 @@ absl::Status CheckVocab(const v1::JobSpec& spec, const TokenStream& stream,
 absl::StatusOr<std::shared_ptr<const TokenStream>> LoadFiles(
     const v1::JobSpec& spec, const std::string& data_root, absl::string_view path,
     absl::string_view field, int64_t* memory_budget, std::vector<std::string>* files) {
-  absl::StatusOr<std::vector<std::string>> resolved = ResolveDataFiles(data_root, path, field);
-  if (!resolved.ok()) return resolved.status();
-  *files = *std::move(resolved);
+  ASSIGN_OR_RETURN(*files, ResolveDataFiles(data_root, path, field));
   const bool bytes = spec.data().format() == "bytes";
   std::vector<std::shared_ptr<const TokenStream>> parts;
   int64_t total = 0;
@@ -121,9 +120,7 @@ absl::StatusOr<std::shared_ptr<const TokenStream>> LoadFiles(
           absl::StrCat(field, " '", path, "': more tokens than an int64 can count"));
     }
     total += (*part)->size();
-    if (absl::Status s = CheckVocab(spec, **part, absl::StrCat(field, " file ", file)); !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(CheckVocab(spec, **part, absl::StrCat(field, " file ", file)));
     parts.push_back(*std::move(part));
   }
   return ConcatTokenStreams(std::move(parts));
@@ -167,7 +164,7 @@ absl::StatusOr<Dataset> LoadDataset(const v1::JobSpec& spec, const std::string& 
                        "] (at least one training window), got ", data.synthetic_bytes()));
     }
     stream = MakeByteTokenStream(GenerateSyntheticCorpus(DataSeed(spec), data.synthetic_bytes()));
-    if (absl::Status s = CheckVocab(spec, *stream, "the synthetic corpus"); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckVocab(spec, *stream, "the synthetic corpus"));
     train_what = absl::StrCat("data.synthetic_bytes ", data.synthetic_bytes());
   } else if (data.source() == "file") {
     if (data.format() != "bytes" && data.format() != "tokens") {
@@ -175,16 +172,14 @@ absl::StatusOr<Dataset> LoadDataset(const v1::JobSpec& spec, const std::string& 
           "data.format '", data.format(), "' is not supported; expected bytes or tokens"));
     }
     std::vector<std::string> train_files;
-    absl::StatusOr<std::shared_ptr<const TokenStream>> train =
-        LoadFiles(spec, data_root, data.path(), "data.path", &memory_budget, &train_files);
-    if (!train.ok()) return train.status();
-    stream = *std::move(train);
+    ASSIGN_OR_RETURN(
+        stream, LoadFiles(spec, data_root, data.path(), "data.path", &memory_budget, &train_files));
     train_what = absl::StrCat("data.path '", data.path(), "'");
     if (!data.val_path().empty()) {
       std::vector<std::string> val_files;
-      absl::StatusOr<std::shared_ptr<const TokenStream>> val =
-          LoadFiles(spec, data_root, data.val_path(), "data.val_path", &memory_budget, &val_files);
-      if (!val.ok()) return val.status();
+      ASSIGN_OR_RETURN(
+          std::shared_ptr<const TokenStream> val,
+          LoadFiles(spec, data_root, data.val_path(), "data.val_path", &memory_budget, &val_files));
       // Validation must never be trained on.
       for (const std::string& v : val_files) {
         for (const std::string& t : train_files) {
@@ -196,14 +191,11 @@ absl::StatusOr<Dataset> LoadDataset(const v1::JobSpec& spec, const std::string& 
           }
         }
       }
-      if (absl::Status s = CheckLength(*stream, window, train_what); !s.ok()) return s;
-      if (absl::Status s =
-              CheckLength(**val, window, absl::StrCat("data.val_path '", data.val_path(), "'"));
-          !s.ok()) {
-        return s;
-      }
+      RETURN_IF_ERROR(CheckLength(*stream, window, train_what));
+      RETURN_IF_ERROR(
+          CheckLength(*val, window, absl::StrCat("data.val_path '", data.val_path(), "'")));
       out.train = std::move(stream);
-      out.val = *std::move(val);
+      out.val = std::move(val);
       return out;
     }
   } else {
@@ -211,7 +203,7 @@ absl::StatusOr<Dataset> LoadDataset(const v1::JobSpec& spec, const std::string& 
         "data.source '", data.source(), "' is not supported; expected synthetic or file"));
   }
 
-  if (absl::Status s = CheckLength(*stream, window, train_what); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckLength(*stream, window, train_what));
   const int64_t n = stream->size();
   if (fraction == 0.0f) {
     out.train = std::move(stream);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/confined_path.h"
+#include "common/status_macros.h"
 
 namespace tandem::worker {
 namespace {
@@ -68,8 +69,7 @@ absl::StatusOr<std::string> ResolveDataPath(const std::string& data_root, absl::
 absl::StatusOr<std::vector<std::string>> ResolveDataFiles(const std::string& data_root,
                                                           absl::string_view path,
                                                           absl::string_view field) {
-  absl::StatusOr<std::string> full = ResolveDataPath(data_root, path, field);
-  if (!full.ok()) return full.status();
+  ASSIGN_OR_RETURN(std::string full, ResolveDataPath(data_root, path, field));
   // Confinement on the file system: every file handed out is a real path (symlinks followed)
   // inside the root's real path.
   const std::string root = data_root.empty() ? "." : data_root;
@@ -84,14 +84,14 @@ absl::StatusOr<std::vector<std::string>> ResolveDataFiles(const std::string& dat
         absl::StrCat(field, " '", path, "' resolves to ", real, ", outside the worker's data root ",
                      *real_root, "; a symlink under the root may not lead out of it"));
   };
-  const std::filesystem::path full_path(*full);
+  const std::filesystem::path full_path(full);
   const std::string pattern = full_path.filename().string();
   std::error_code ec;
   if (!HasWildcard(pattern)) {
-    absl::StatusOr<std::string> real = RealPath(*full);
+    absl::StatusOr<std::string> real = RealPath(full);
     if (!real.ok()) {
       if (real.status().code() == absl::StatusCode::kNotFound) {
-        return absl::NotFoundError(absl::StrCat(field, " '", path, "': ", *full,
+        return absl::NotFoundError(absl::StrCat(field, " '", path, "': ", full,
                                                 " does not exist under the worker's data root"));
       }
       return absl::Status(real.status().code(),
@@ -100,7 +100,7 @@ absl::StatusOr<std::vector<std::string>> ResolveDataFiles(const std::string& dat
     if (!IsWithin(*real, *real_root)) return outside(*real);
     if (std::filesystem::is_regular_file(*real, ec)) return std::vector<std::string>{*real};
     return absl::InvalidArgumentError(
-        absl::StrCat(field, " '", path, "': ", *full, " is not a regular file"));
+        absl::StrCat(field, " '", path, "': ", full, " is not a regular file"));
   }
 
   const std::filesystem::path dir = full_path.parent_path();

@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace tandem::worker {
 
@@ -86,7 +87,7 @@ absl::Status GlooTransport::Failure(const char* op, int peer, const std::excepti
 }
 
 absl::Status GlooTransport::PostSend(int peer, uint64_t tag, const void* data, size_t bytes) {
-  if (absl::Status s = CheckPeer(peer); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckPeer(peer));
   if (aborted_.load()) return absl::AbortedError("send: transport aborted");
   try {
     auto pending = std::make_unique<PendingSend>();
@@ -109,12 +110,12 @@ absl::Status GlooTransport::PostSend(int peer, uint64_t tag, const void* data, s
 }
 
 absl::Status GlooTransport::Recv(int peer, uint64_t tag, void* data, size_t bytes) {
-  if (absl::Status s = PostRecv(peer, tag, data, bytes); !s.ok()) return s;
+  RETURN_IF_ERROR(PostRecv(peer, tag, data, bytes));
   return WaitRecv(peer, tag);
 }
 
 absl::Status GlooTransport::PostRecv(int peer, uint64_t tag, void* data, size_t bytes) {
-  if (absl::Status s = CheckPeer(peer); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckPeer(peer));
   if (aborted_.load()) return absl::AbortedError("receive: transport aborted");
   try {
     auto pending = std::make_unique<PendingRecv>();
