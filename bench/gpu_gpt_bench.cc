@@ -33,6 +33,7 @@
 #include "worker/backend/cuda/cuda_status.h"
 #include "worker/backend/cuda/device.h"
 #include "worker/backend/cuda/gpu_gpt.h"
+#include "worker/backend/cuda/module_loading.h"
 #include "worker/model/random.h"
 
 namespace {
@@ -111,6 +112,7 @@ double NowMs() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tandem::worker::cuda::UseEagerModuleLoading();  // before any CUDA call
   Flags flags;
   if (!ParseFlags(argc, argv, flags)) return 2;
   tandem::v1::JobSpec spec;

@@ -34,6 +34,7 @@
 #include "worker/backend/cuda/cuda_status.h"
 #include "worker/backend/cuda/device.h"
 #include "worker/backend/cuda/device_buffer.h"
+#include "worker/backend/cuda/module_loading.h"
 #include "worker/transport/nccl_transport.h"
 
 namespace {
@@ -247,6 +248,7 @@ int Run(const Flags& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tandem::worker::cuda::UseEagerModuleLoading();  // before any CUDA call
   Flags f;
   if (!ParseFlags(argc, argv, f)) {
     std::fprintf(stderr,

@@ -44,6 +44,7 @@
 #include "worker/stage_manager.h"
 #include "worker/stage_service.h"
 #include "worker/transport/gloo_transport.h"
+#include "worker/backend/cuda/module_loading.h"
 #include "worker/transport/grpc_rendezvous_store.h"
 #ifdef TANDEM_WORKER_CUDA
 // None of these names a CUDA type: the build gives this file no CUDA headers.
@@ -441,6 +442,9 @@ int Run() {
 }  // namespace tandem::worker
 
 int main(int argc, char** argv) {
+  // Before anything can make a CUDA call (and while there is one thread): every kernel module
+  // loads at the runtime's start, never behind a pending NCCL receive (module_loading.h).
+  tandem::worker::cuda::UseEagerModuleLoading();
   tandem::DisableDebugMutexChecksInRelease();
   absl::SetProgramUsageMessage(
       "tandem-worker --coordinator HOST:PORT [--tls-cert FILE --tls-key FILE --tls-ca FILE] "

@@ -7,10 +7,15 @@
 #include "common/status_macros.h"
 #include "worker/backend/cuda/cuda_status.h"
 #include "worker/backend/cuda/device_buffer.h"
+#include "worker/backend/cuda/module_loading.h"
 
 namespace tandem::worker::cuda {
 
 absl::StatusOr<int> CudaDeviceCount() {
+  // The first CUDA call of a program that did not set it in main() (the tests): eager module
+  // loading before the runtime initialises (module_loading.h). Once, so no setenv races later.
+  static const bool eager = (UseEagerModuleLoading(), true);
+  (void)eager;
   int count = 0;
   const cudaError_t error = cudaGetDeviceCount(&count);
   if (error != cudaSuccess) {
