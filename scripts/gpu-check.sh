@@ -19,8 +19,8 @@
 #      GPUs over NCCL;
 #   5. benchmarks, each loss checked: bench_gpu_gpt beside bench/torch_gpt_gpu.py on the same
 #      GPT-2 124M shapes (eager, and torch.compile where it works): tokens/s and MFU;
-#      bench_nccl_p2p where two GPUs exist (NCCL against cudaMemcpyPeer), and the host-staged
-#      transport's bandwidth on one GPU where the benchmark has that mode;
+#      bench_nccl_p2p where two GPUs exist (NCCL against cudaMemcpyPeer), and bench_host_staged
+#      (the host-staged transport on one GPU against the device <-> host copies it makes);
 #   6. a summary with every figure, the lines docs/benchmarks.md records.
 # Every program runs with CUDA_MODULE_LOADING=EAGER (the programs set it themselves too; see
 # docs/architecture.md, "Eager module loading"). Every part runs under `timeout`, within an
@@ -187,7 +187,8 @@ fi
 
 # ---- 2. Configure and build only what the check needs (or take a prebuilt tree).
 targets=(worker_cuda_kernels_test worker_gpu_gpt_test worker_conformance_test bench_gpu_gpt
-  tandem-coordinator tandem-worker tandem worker_nccl_transport_test bench_nccl_p2p)
+  tandem-coordinator tandem-worker tandem worker_nccl_transport_test bench_nccl_p2p
+  bench_host_staged worker_cuda_device_copier_test)
 cmake_args=(-S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
   -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_CUDA_COMPILER="$nvcc"
   -DCUDAToolkit_ROOT="$cuda_root" -DNCCL_ROOT="$nccl_root")
@@ -224,7 +225,8 @@ bin="$build_dir/bin"
 
 # ---- 3. Conformance tests.
 failed=()
-tests=(worker_cuda_kernels_test worker_gpu_gpt_test worker_conformance_test)
+tests=(worker_cuda_kernels_test worker_gpu_gpt_test worker_conformance_test
+  worker_cuda_device_copier_test)
 [ "$gpus" -ge 2 ] && tests+=(worker_nccl_transport_test)
 for t in "${tests[@]}"; do
   if [ "$dry_run" = 1 ]; then
@@ -328,9 +330,7 @@ if [ "$have_torch" = 1 ]; then
   fi
 fi
 [ "$gpus" -ge 2 ] || [ "$dry_run" = 1 ] && bench bench_nccl_p2p - "$bin/bench_nccl_p2p"
-if [ "$dry_run" = 1 ] || "$bin/bench_nccl_p2p" --help 2>&1 | grep -q -- --host-staged; then
-  bench host_staged - "$bin/bench_nccl_p2p" --host-staged
-fi
+bench host_staged - "$bin/bench_host_staged"
 
 # ---- 6. Summary.
 if [ "$dry_run" = 1 ]; then
