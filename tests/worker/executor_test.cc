@@ -1,5 +1,5 @@
 // The stage executor in-process: partition invariance (the project's main correctness test),
-// schedule invariance, abort, and program validation.
+// schedule invariance and abort (the program checks: stage_program_test.cc).
 #include "worker/executor.h"
 
 #include <cblas.h>
@@ -569,87 +569,6 @@ TEST_F(ExecutorTest, RejectsBadStepArguments) {
   // A multi-rank program needs a transport; a first stage needs its corpus.
   EXPECT_FALSE(StageExecutor::Create(MakePrograms(spec, 2, "1f1b")[0], DataOf(spec), nullptr).ok());
   EXPECT_FALSE(StageExecutor::Create(MakePrograms(spec, 1, "1f1b")[0], Dataset{}, nullptr).ok());
-}
-
-// One mutation of a good program per case, and the words its error must contain.
-TEST(ValidateStageProgramTest, RejectsBadPrograms) {
-  const v1::JobSpec spec = TinyJob();
-  const auto good = MakePrograms(spec, 2, "1f1b");
-  ASSERT_TRUE(ValidateStageProgram(good[0]).ok());
-  ASSERT_TRUE(ValidateStageProgram(good[1]).ok());
-  struct Case {
-    const char* name;
-    std::function<void(v1::StageProgram&)> mutate;
-    const char* expect;
-  };
-  const std::vector<Case> cases = {
-      {"rank", [](auto& p) { p.set_rank(5); }, "rank 5"},
-      {"job", [](auto& p) { p.clear_job_id(); }, "job_id"},
-      {"layers", [](auto& p) { p.mutable_chunks(0)->set_layer_end(99); }, "layers"},
-      {"embedding elsewhere", [](auto& p) { p.mutable_chunks(0)->set_layer_begin(1); },
-       "embedding"},
-      {"action stage", [](auto& p) { p.mutable_actions(0)->set_stage(1); },
-       "stage 1 is not held by this worker"},
-      {"no chunks", [](auto& p) { p.clear_chunks(); }, "holds no stage"},
-      {"placement size", [](auto& p) { p.add_stage_ranks(0); }, "stage_ranks has 3 entries"},
-      {"placement", [](auto& p) { p.set_stage_ranks(0, 1); }, "places it on rank 1"},
-      {"W without I", [](auto& p) { p.mutable_actions(2)->set_kind(v1::ACTION_W); }, "depends on"},
-      {"micro-batch", [](auto& p) { p.mutable_actions(0)->set_micro_batch(4); }, "micro-batch"},
-      {"missing", [](auto& p) { p.mutable_actions()->RemoveLast(); }, "missing"},
-      {"repeated", [](auto& p) { *p.add_actions() = p.actions(0); }, "repeated"},
-      {"order", [](auto& p) { p.mutable_actions()->SwapElements(0, 1); }, "depends on"},
-      {"unsupported kind",
-       [](auto& p) { p.mutable_actions(0)->set_kind(v1::ACTION_KIND_UNSPECIFIED); },
-       "not supported"},
-      {"model", [](auto& p) { p.mutable_spec()->mutable_model()->set_d_model(-1); },
-       "model.d_model"},
-      {"vocab", [](auto& p) { p.mutable_spec()->mutable_model()->set_vocab_size(100); },
-       "vocab_size"},
-      {"micro_batch_size",
-       [](auto& p) { p.mutable_spec()->mutable_pipeline()->set_micro_batch_size(0); },
-       "micro_batch_size"},
-  };
-  for (const Case& c : cases) {
-    v1::StageProgram p = good[0];
-    c.mutate(p);
-    const absl::Status s = ValidateStageProgram(p);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.name;
-    EXPECT_NE(s.message().find(c.expect), std::string::npos) << c.name << ": " << s;
-  }
-  // A transfer that the last stage does not have.
-  v1::StageProgram last = good[1];
-  v1::Action* a = last.add_actions();
-  a->set_stage(1);
-  a->set_kind(v1::ACTION_SEND_F);
-  EXPECT_NE(ValidateStageProgram(last).message().find("no such transfer"), std::string::npos);
-}
-
-TEST(InjectedFaultTest, ParsesStepKindAndMicroBatchAndNamesWhatIsWrong) {
-  // Steps count from 1 as users see them: "3" is the step at index 2.
-  absl::StatusOr<InjectedFault> f = ParseInjectedFault("3:B:1");
-  ASSERT_TRUE(f.ok()) << f.status();
-  EXPECT_EQ(f->step, 2);
-  EXPECT_EQ(f->kind, v1::ACTION_B);
-  EXPECT_EQ(f->micro_batch, 1);
-  v1::Action a;
-  a.set_kind(v1::ACTION_B);
-  a.set_micro_batch(1);
-  EXPECT_TRUE(f->Matches(2, a));
-  EXPECT_FALSE(f->Matches(1, a));
-  a.set_micro_batch(0);
-  EXPECT_FALSE(f->Matches(2, a));
-  f = ParseInjectedFault("1:SEND_F");
-  ASSERT_TRUE(f.ok()) << f.status();
-  EXPECT_EQ(f->micro_batch, -1);
-  a.set_kind(v1::ACTION_SEND_F);
-  EXPECT_TRUE(f->Matches(0, a));
-  EXPECT_FALSE(InjectedFault{}.Matches(0, a));
-  for (const char* bad : {"", "2", "x:B", "0:B", "-1:B", "2:Q", "2:B:x", "2:B:1:0"}) {
-    absl::StatusOr<InjectedFault> b = ParseInjectedFault(bad);
-    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(b.status().message().find(absl::StrCat("fault '", bad, "'")), std::string::npos)
-        << b.status();
-  }
 }
 
 }  // namespace

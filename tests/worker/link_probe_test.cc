@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "common/status_macros.h"
 #include "tests/worker/cancellable_store.h"
 #include "worker/transport/gloo_transport.h"
 
@@ -33,9 +34,8 @@ LinkConnector Connector(gloo::rendezvous::Store& store, const std::string& prefi
     o.size = 2;
     o.hostname = "127.0.0.1";
     o.connect_timeout = milliseconds(10000);
-    auto t = GlooTransport::Connect(o, cancellable);
-    if (!t.ok()) return t.status();
-    return std::unique_ptr<Transport>(*std::move(t));
+    ASSIGN_OR_RETURN(auto t, GlooTransport::Connect(o, cancellable));
+    return std::unique_ptr<Transport>(std::move(t));
   };
 }
 

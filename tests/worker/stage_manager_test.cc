@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/status_macros.h"
 #include "tests/worker/cancellable_store.h"
 #include "tests/worker/pipeline_test_util.h"
 #include "worker/cpu_stage_compute.h"
@@ -42,9 +43,8 @@ class StageManagerTest : public ::testing::Test {
       o.rank = p.rank();
       o.size = p.num_ranks();
       o.connect_timeout = connect_timeout;
-      auto t = GlooTransport::Connect(o, prefixed);
-      if (!t.ok()) return t.status();
-      return std::unique_ptr<Transport>(*std::move(t));
+      ASSIGN_OR_RETURN(auto t, GlooTransport::Connect(o, prefixed));
+      return std::unique_ptr<Transport>(std::move(t));
     };
   }
 
@@ -59,9 +59,8 @@ class StageManagerTest : public ::testing::Test {
           o.rank = p.rank();
           o.size = p.num_ranks();
           o.connect_timeout = std::chrono::seconds(10);
-          auto t = GlooTransport::Connect(o, cancellable);
-          if (!t.ok()) return t.status();
-          return std::unique_ptr<Transport>(*std::move(t));
+          ASSIGN_OR_RETURN(auto t, GlooTransport::Connect(o, cancellable));
+          return std::unique_ptr<Transport>(std::move(t));
         };
   }
 
@@ -230,9 +229,8 @@ TEST_F(StageManagerTest, AJobOfAnotherDeviceKindIsRefusedAndTheDevicesComputeIsU
   config.compute =
       [&built](const v1::StageProgram& p) -> absl::StatusOr<std::unique_ptr<StageCompute>> {
     ++built;
-    auto c = CpuStageCompute::Create(p, StageExecutor::MicroBatchSlots(p));
-    if (!c.ok()) return c.status();
-    return std::unique_ptr<StageCompute>(*std::move(c));
+    ASSIGN_OR_RETURN(auto c, CpuStageCompute::Create(p, StageExecutor::MicroBatchSlots(p)));
+    return std::unique_ptr<StageCompute>(std::move(c));
   };
   StageManager gpu(config, Factory());
   const auto configured = gpu.Configure(programs[0]);
@@ -257,9 +255,8 @@ TEST_F(StageManagerTest, ADevicesComputeProfilesTheLayersAsTheLayerProfilerDoes)
   config.compute =
       [&built](const v1::StageProgram& p) -> absl::StatusOr<std::unique_ptr<StageCompute>> {
     ++built;
-    auto c = CpuStageCompute::Create(p, 2);
-    if (!c.ok()) return c.status();
-    return std::unique_ptr<StageCompute>(*std::move(c));
+    ASSIGN_OR_RETURN(auto c, CpuStageCompute::Create(p, 2));
+    return std::unique_ptr<StageCompute>(std::move(c));
   };
   StageManager device(config, Factory());
   StageManager layers({}, Factory());

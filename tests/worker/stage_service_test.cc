@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/rpc.h"
+#include "common/status_macros.h"
 #include "common/version.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 #include "tests/worker/pipeline_test_util.h"
@@ -137,9 +138,8 @@ TransportFactory GrpcFactory(std::shared_ptr<grpc::Channel> coordinator) {
     o.rank = p.rank();
     o.size = p.num_ranks();
     o.connect_timeout = milliseconds(5000);
-    auto t = GlooTransport::Connect(o, store);
-    if (!t.ok()) return t.status();
-    return std::unique_ptr<Transport>(*std::move(t));
+    ASSIGN_OR_RETURN(auto t, GlooTransport::Connect(o, store));
+    return std::unique_ptr<Transport>(std::move(t));
   };
 }
 
