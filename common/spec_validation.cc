@@ -392,6 +392,12 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
                    "auto may change the stages per worker, so manual cut points do not carry "
                    "over: use partition: profile");
   }
+  RETURN_IF_ERROR(CheckOneOf("pipeline.transport", p.transport(), {"auto", "nccl", "gloo"}));
+  if (p.transport() == "nccl" && spec.device() != "cuda") {
+    return Invalid("pipeline.transport",
+                   absl::StrCat("nccl needs device: cuda, got device: \"", spec.device(),
+                                "\" (cpu workers use gloo; use auto or gloo)"));
+  }
   if (p.partition() == "manual") {
     absl::StatusOr<std::vector<LayerRange>> ranges = RangesFromCuts(
         {p.cuts().begin(), p.cuts().end()}, static_cast<int>(num_layers), num_stages);

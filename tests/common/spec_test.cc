@@ -61,6 +61,7 @@ TEST(ParseJobSpecYaml, MinimalSpecGetsEveryDefault) {
   EXPECT_EQ(spec->pipeline().schedule(), "1f1b");
   EXPECT_EQ(spec->pipeline().partition(), "profile");
   EXPECT_EQ(spec->pipeline().plan(), "");
+  EXPECT_EQ(spec->pipeline().transport(), "auto");
   EXPECT_EQ(EffectiveBatch(*spec), 128);
 }
 
@@ -286,8 +287,22 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"pipeline:\n  partition: manual\n", "pipeline.cuts: ", "2 stages need 1 cut"},
         BadCase{"pipeline:\n  cuts: [2]\n", "pipeline.cuts: cut points apply to partition: manual",
                 "manual"},
-        BadCase{"pipeline:\n  memory_budget_mb: -1\n", "pipeline.memory_budget_mb: must be",
-                "-1"}));
+        BadCase{"pipeline:\n  memory_budget_mb: -1\n", "pipeline.memory_budget_mb: must be", "-1"},
+        BadCase{"pipeline:\n  transport: NCCL\n", "pipeline.transport: expected \"auto\"",
+                "got \"NCCL\""},
+        BadCase{"pipeline:\n  transport: nccl\n", "pipeline.transport: nccl needs device: cuda",
+                "\"cpu\""}));
+
+// auto, nccl and gloo on cuda; auto and gloo on cpu (cpu jobs run over Gloo either way).
+TEST(ValidateJobSpec, TransportValues) {
+  for (const char* yaml : {"device: cuda\npipeline:\n  transport: auto\n",
+                           "device: cuda\npipeline:\n  transport: nccl\n",
+                           "device: cuda\npipeline:\n  transport: gloo\n",
+                           "pipeline:\n  transport: gloo\n", "pipeline:\n  transport: auto\n"}) {
+    absl::StatusOr<v1::JobSpec> spec = LoadJobSpecYaml(yaml);
+    EXPECT_TRUE(spec.ok()) << yaml << ": " << spec.status();
+  }
+}
 
 TEST(ValidateJobSpec, ManualCutsAreAccepted) {
   absl::StatusOr<v1::JobSpec> spec =

@@ -164,6 +164,11 @@ const Malformed kCases[] = {
     {"pipeline:\n  plan: auto\n  stages: 2\n  micro_batches: 1\n  schedule_csv: "
      "\"0F0,0B0\\n1F0,1B0\\n\"\n",
      "pipeline.plan", "does not apply with pipeline.schedule_csv"},
+    {"pipeline:\n  transport: mpi\n", "pipeline.transport",
+     "expected \"auto\" or \"nccl\" or \"gloo\", got \"mpi\""},
+    {"pipeline:\n  transport: [nccl]\n", "pipeline.transport", "expected a string"},
+    {"pipeline:\n  transport: nccl\n", "pipeline.transport",
+     "nccl needs device: cuda, got device: \"cpu\""},
     // --- eval, checkpoint, init
     {"eval:\n  every: -1\n", "eval.every", "must be >= 0 (0 never evaluates)"},
     {"eval:\n  micro_batches: -4\n", "eval.micro_batches", "must be in [1, 65536]"},
