@@ -13,14 +13,23 @@
 #include "common/step_number.h"
 #include "coordinator/hf_export.h"
 #include "coordinator/model_profiler.h"
+#include "coordinator/transport_choice.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem::coordinator {
 
 absl::Status JobPlanner::Plan(RunPlan* plan) {
+  const std::vector<WorkerRecord>& workers = gang_.workers();
+  // First, so that every rank's program and the link probe of a profile use the same data
+  // plane (a pipeline.plan: auto candidate is a copy of this spec).
+  ASSIGN_OR_RETURN(const std::string transport, ChooseTransport(plan->spec, workers));
+  if (transport != plan->spec.pipeline().transport()) {
+    spdlog::info("{}: pipeline.transport {} resolves to {} on its workers", job_.id(),
+                 plan->spec.pipeline().transport(), transport);
+  }
+  plan->spec.mutable_pipeline()->set_transport(transport);
   if (plan->spec.pipeline().plan() == "auto") RETURN_IF_ERROR(ChooseAutoPlan(&plan->spec));
   const v1::JobSpec& spec = plan->spec;
-  const std::vector<WorkerRecord>& workers = gang_.workers();
   std::optional<v1::ModelProfile> profile;
   const std::string key = ProfileKey(spec, DeviceKind(workers[0].device), workers[0].threads);
   if (env_.profiles != nullptr) profile = env_.profiles->Find(key);
@@ -159,7 +168,7 @@ absl::StatusOr<v1::ModelProfile> JobPlanner::ProfileForJob(const v1::JobSpec& sp
   std::optional<LinkPeer> peer;
   if (workers.size() >= 2) {
     peer = LinkPeer{&workers[1], &gang_.client(1), absl::StrCat(job_.id(), "/link-probe/"),
-                    env_.rendezvous};
+                    env_.rendezvous, spec.pipeline().transport()};
   }
   return MeasureProfile(spec, workers[0], gang_.client(0), env_.profile_timeout, env_.profiles,
                         peer.has_value() ? &*peer : nullptr);

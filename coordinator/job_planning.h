@@ -1,7 +1,8 @@
-// The "plan" phase of a job's run: the pipeline plan (pipeline.plan: auto searches the splits
-// of the global batch on measured layer profiles), the partition (profiled on the job's first
-// worker when partition: profile and no profile is cached), the checkpoint the run starts from
-// (init.hf_file imported, init.from_job, or the job's own after a restart), and the stage
+// The "plan" phase of a job's run: the transport (pipeline.transport resolved on the job's
+// workers, coordinator/transport_choice.h), the pipeline plan (pipeline.plan: auto searches the
+// splits of the global batch on measured layer profiles), the partition (profiled on the job's
+// first worker when partition: profile and no profile is cached), the checkpoint the run starts
+// from (init.hf_file imported, init.from_job, or the job's own after a restart), and the stage
 // assignment recorded in the job store.
 //
 // Not thread-safe: used by the job's runner, on its thread, before the workers are configured.

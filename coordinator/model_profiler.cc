@@ -12,6 +12,7 @@
 #include "common/pipeline_plan.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
+#include "coordinator/transport_choice.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem::coordinator {
@@ -40,7 +41,8 @@ absl::StatusOr<v1::LinkProfile> MeasureLink(const WorkerRecord& a, StageWorkerCl
                                             const WorkerRecord& b, StageWorkerClient& b_client,
                                             const std::vector<int64_t>& sizes, int repeats,
                                             const std::string& rendezvous_prefix,
-                                            absl::Duration timeout, RendezvousStore* rendezvous) {
+                                            absl::Duration timeout, RendezvousStore* rendezvous,
+                                            const std::string& transport) {
   const WorkerRecord* workers[2] = {&a, &b};
   StageWorkerClient* clients[2] = {&a_client, &b_client};
   v1::ProbeLinkResponse responses[2];
@@ -52,10 +54,22 @@ absl::StatusOr<v1::LinkProfile> MeasureLink(const WorkerRecord& a, StageWorkerCl
   // otherwise (a job never mixes device kinds).
   const std::string device =
       DeviceKind(a.device) == "cuda" && DeviceKind(b.device) == "cuda" ? "cuda" : "cpu";
+  // Between cuda workers, NCCL or the host-staged transport: as the job resolves it (two
+  // workers on one GPU cannot use NCCL).
+  std::string cuda_transport;
+  if (device == "cuda") {
+    cuda_transport = transport == "nccl" || transport == "gloo" ? transport
+                     : ShareDevice(a, b)                        ? "gloo"
+                                                                : "nccl";
+  }
+  const char* plane = device != "cuda"           ? "Gloo"
+                      : cuda_transport == "gloo" ? "host-staged Gloo"
+                                                 : "NCCL";
   // Both at once: each end waits for the other at the rendezvous.
   for (int r = 0; r < 2; ++r) {
     v1::ProbeLinkRequest req;
     req.set_device(device);
+    req.set_transport(cuda_transport);
     req.set_rendezvous_prefix(rendezvous_prefix);
     req.set_rank(r);
     for (int64_t bytes : sizes) req.add_sizes(bytes);
@@ -102,9 +116,8 @@ absl::StatusOr<v1::LinkProfile> MeasureLink(const WorkerRecord& a, StageWorkerCl
   if (absl::Status s = FitLink(&out); !s.ok()) {
     return absl::UnknownError(absl::StrCat(link, ": ", s.message()));
   }
-  spdlog::info("measured the {} link {} <-> {} in {:.2f} s: {:.1f} us + {:.3f} ns/B",
-               device == "cuda" ? "NCCL" : "Gloo", a.id, b.id,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+  spdlog::info("measured the {} link {} <-> {} in {:.2f} s: {:.1f} us + {:.3f} ns/B", plane, a.id,
+               b.id, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                out.latency_seconds() * 1e6, out.seconds_per_byte() * 1e9);
   return out;
 }
@@ -129,9 +142,10 @@ absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec, const W
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                profile.key());
   if (peer != nullptr && peer->worker != nullptr && peer->client != nullptr) {
-    absl::StatusOr<v1::LinkProfile> link = MeasureLink(
-        worker, client, *peer->worker, *peer->client, LinkProbeSizes(profile), kLinkProbeRepeats,
-        peer->rendezvous_prefix, std::min(timeout, kLinkProbeTimeout), peer->rendezvous);
+    absl::StatusOr<v1::LinkProfile> link =
+        MeasureLink(worker, client, *peer->worker, *peer->client, LinkProbeSizes(profile),
+                    kLinkProbeRepeats, peer->rendezvous_prefix,
+                    std::min(timeout, kLinkProbeTimeout), peer->rendezvous, peer->transport);
     if (link.ok()) {
       *profile.mutable_link() = *std::move(link);
     } else {

@@ -36,12 +36,15 @@ std::vector<int64_t> LinkProbeSizes(const v1::ModelProfile& profile);
 // the fit over the samples of both ends (common/link_model.h). `timeout` bounds the probe on
 // the workers; the calls get a little more. An error names the worker whose call failed,
 // preferring the cause to its peer's DEADLINE_EXCEEDED. With `rendezvous`, the probe's keys
-// are dropped afterwards.
+// are dropped afterwards. Between two cuda workers the probe times `transport` ("nccl", or
+// "gloo": the host-staged transport); anything else (empty, "auto"): "gloo" when the two share
+// a GPU (ShareDevice; NCCL cannot put both ranks on one device), "nccl" otherwise.
 absl::StatusOr<v1::LinkProfile> MeasureLink(const WorkerRecord& a, StageWorkerClient& a_client,
                                             const WorkerRecord& b, StageWorkerClient& b_client,
                                             const std::vector<int64_t>& sizes, int repeats,
                                             const std::string& rendezvous_prefix,
-                                            absl::Duration timeout, RendezvousStore* rendezvous);
+                                            absl::Duration timeout, RendezvousStore* rendezvous,
+                                            const std::string& transport = "");
 
 // The second worker of a profile, whose link to the first is measured with it.
 struct LinkPeer {
@@ -49,6 +52,9 @@ struct LinkPeer {
   StageWorkerClient* client = nullptr;
   std::string rendezvous_prefix;          // unique to the probe, e.g. "<job>/link-probe/"
   RendezvousStore* rendezvous = nullptr;  // optional: the probe's keys are dropped afterwards
+  // Between cuda workers: the job's resolved pipeline.transport ("nccl" or "gloo"); anything
+  // else (empty, "auto"): as ChooseTransport's auto would pick for the two (see MeasureLink).
+  std::string transport;
 };
 
 // Measures the profile of `spec` on `worker` (which must be idle) and puts it in `store`

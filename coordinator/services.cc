@@ -36,6 +36,7 @@ v1::WorkerInfo InfoOf(const WorkerRecord& w, Clock::time_point now) {
   info.set_version(w.version);
   info.set_hostname(w.hostname);
   info.set_peak_flops(w.peak_flops);
+  info.set_device_uuid(w.device_uuid);
   info.set_clock_offset_us(w.clock_offset_us);
   info.set_clock_uncertainty_us(w.clock_uncertainty_us);
   return info;

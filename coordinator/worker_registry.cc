@@ -32,6 +32,11 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterRequest& 
   if (request.threads() < 0) {
     return absl::InvalidArgumentError("register: threads must be >= 0");
   }
+  if (request.device_uuid().size() > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "register: device_uuid is ", request.device_uuid().size(),
+        " bytes; expected a GPU uuid such as GPU-8c7f2b1e-0f3a-4c1d-9e2b-5a6b7c8d9e0f"));
+  }
   if (!(request.peak_flops() >= 0) || request.peak_flops() > 1e18) {
     return absl::InvalidArgumentError(absl::StrCat(
         "register: peak_flops must be a FLOP/s figure in [0, 1e18], got ", request.peak_flops()));
@@ -50,6 +55,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterRequest& 
   w.hostname = request.hostname();
   w.version = request.version();
   w.peak_flops = request.peak_flops();
+  w.device_uuid = request.device_uuid();
   w.state = v1::IDLE;
   w.last_heartbeat = Clock::now();
   return w.id;

@@ -31,6 +31,7 @@ struct WorkerRecord {
   std::string hostname;
   std::string version;
   double peak_flops = 0.0;  // measured SGEMM FLOP/s (RegisterRequest.peak_flops); 0 = unknown
+  std::string device_uuid;  // a cuda worker's GPU, "GPU-..." (RegisterRequest.device_uuid)
   v1::WorkerState state = v1::IDLE;
   std::string job_id;  // set while allocated
   int stage = -1;

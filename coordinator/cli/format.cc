@@ -177,6 +177,7 @@ std::string FormatWorkerDetails(const v1::WorkerInfo& w) {
   info.AddRow({"Address", w.address()});
   info.AddRow({"Device", absl::StrCat(w.device(), ", ", w.threads(), " thread",
                                       w.threads() == 1 ? "" : "s")});
+  if (!w.device_uuid().empty()) info.AddRow({"GPU", w.device_uuid()});
   info.AddRow({"Peak", w.peak_flops() > 0
                            ? absl::StrFormat("%.1f GFLOP/s (fp32 GEMM, measured at start)",
                                              w.peak_flops() / 1e9)

@@ -219,6 +219,72 @@ TEST(JobRunnerTest, AFaultWithRestartsLeftRequeuesTheJob) {
 }
 
 // A cancelled job is never restarted, whatever max_restarts says.
+// A cuda job on two workers that share a GPU (same host, same uuid): started like
+// RunnerFixture::Start, on cuda workers.
+std::unique_ptr<JobRunner> StartOnOneGpu(RunnerFixture& f, const std::string& transport) {
+  absl::StatusOr<v1::JobSpec> spec = LoadJobSpecYaml(absl::StrCat(
+      "device: cuda\nsteps: 3\nmax_restarts: 3\npipeline:\n  stages: 2\n  micro_batches: 4\n"
+      "  transport: ",
+      transport, "\n"));
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  const std::string id = *f.store->Add(*spec);
+  for (int i = 0; i < 2; ++i) {
+    v1::RegisterRequest r = RegistrationOf(absl::StrCat("127.0.0.1:", 1000 + i), "cuda:0");
+    r.set_hostname("h");
+    r.set_device_uuid("GPU-8c7f2b1e-0f3a-4c1d-9e2b-5a6b7c8d9e0f");
+    EXPECT_TRUE(f.registry.Register(r).ok());
+  }
+  auto gang = f.registry.Allocate("cuda", 2, id);
+  EXPECT_TRUE(gang.ok()) << gang.status();
+  f.workers = *gang;
+  auto runner = std::make_unique<JobRunner>(f.env, *f.store->Get(id), *gang);
+  runner->Start();
+  return runner;
+}
+
+// pipeline.transport: nccl on two workers of one GPU fails at planning, before any worker is
+// configured, and is not restarted: it would fail the same way again.
+TEST(JobRunnerTest, NcclOnASharedGpuFailsAtOnceNamingTheWorkersAndTheGpu) {
+  RunnerFixture f;
+  auto runner = StartOnOneGpu(f, "nccl");
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  EXPECT_EQ(job.state(), v1::FAILED) << job.reason();
+  EXPECT_EQ(job.reason(),
+            "pipeline.transport: nccl: workers w-1 and w-2 share "
+            "GPU-8c7f2b1e-0f3a-4c1d-9e2b-5a6b7c8d9e0f (cuda:0 on host h); NCCL cannot put two "
+            "ranks on one device: use pipeline.transport: gloo or auto");
+  EXPECT_EQ(job.restarts(), 0);
+  for (FakeWorker* w : f.factory.made) {
+    EXPECT_EQ(w->program_.num_ranks(), 0) << "configured";
+    EXPECT_EQ(w->run_steps.load(), 0);
+  }
+}
+
+// auto on two workers of one GPU: every rank's program carries "gloo" (the host-staged
+// transport), and so did the profile's link probe.
+TEST(JobRunnerTest, AutoOnASharedGpuGivesEveryRankTheHostStagedTransport) {
+  RunnerFixture f;
+  auto runner = StartOnOneGpu(f, "auto");
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  ASSERT_GE(f.factory.made.size(), 2u);
+  int configured = 0, probes = 0;
+  for (FakeWorker* w : f.factory.made) {
+    for (const v1::ProbeLinkRequest& probe : w->probe_requests) {
+      ++probes;
+      EXPECT_EQ(probe.device(), "cuda");
+      EXPECT_EQ(probe.transport(), "gloo");
+    }
+    if (w->program_.num_ranks() == 0) continue;
+    ++configured;
+    EXPECT_EQ(w->program_.spec().pipeline().transport(), "gloo");
+  }
+  EXPECT_EQ(configured, 2);
+  EXPECT_EQ(probes, 2);  // partition: profile measured the link, from both ends
+}
+
 TEST(JobRunnerTest, ACancelIsNotRestarted) {
   RunnerFixture f;
   f.factory.configure = [](FakeWorker* w) { w->hang_at_step = 1; };

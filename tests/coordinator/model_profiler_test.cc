@@ -3,6 +3,7 @@
 
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "coordinator/profile_store.h"
@@ -70,6 +71,34 @@ TEST(MeasureLinkTest, ProbesTheDataPlaneOfTheWorkersDeviceKind) {
     EXPECT_EQ(a.probe_requests[0].device(), want) << da << " " << db;
     EXPECT_EQ(b.probe_requests[0].device(), want) << da << " " << db;
   }
+}
+
+// Two cuda workers on one GPU cannot be probed over NCCL: the host-staged transport ("gloo"),
+// as their job would use; the job's resolved transport, when given, wins.
+TEST(MeasureLinkTest, ProbesTwoWorkersOnOneGpuOverTheHostStagedTransport) {
+  WorkerRecord ra = Record("w-1"), rb = Record("w-2");
+  ra.device = rb.device = "cuda:0";
+  ra.hostname = rb.hostname = "h";
+  for (auto [given, want] : {std::pair{"", "gloo"}, {"auto", "gloo"}, {"gloo", "gloo"}}) {
+    FakeWorker a(0), b(1);
+    auto link = MeasureLink(ra, a, rb, b, {4096}, 1, "p/", absl::Seconds(5), nullptr, given);
+    ASSERT_TRUE(link.ok()) << link.status();
+    EXPECT_EQ(a.probe_requests[0].device(), "cuda");
+    EXPECT_EQ(a.probe_requests[0].transport(), want) << given;
+    EXPECT_EQ(b.probe_requests[0].transport(), want) << given;
+  }
+  rb.device = "cuda:1";  // two GPUs: NCCL, unless the job resolved gloo
+  FakeWorker a(0), b(1), c(0), d(1);
+  ASSERT_TRUE(MeasureLink(ra, a, rb, b, {4096}, 1, "p/", absl::Seconds(5), nullptr).ok());
+  EXPECT_EQ(a.probe_requests[0].transport(), "nccl");
+  ASSERT_TRUE(MeasureLink(ra, c, rb, d, {4096}, 1, "p/", absl::Seconds(5), nullptr, "gloo").ok());
+  EXPECT_EQ(c.probe_requests[0].transport(), "gloo");
+  // cpu workers: Gloo, no transport field.
+  FakeWorker e(0), g(1);
+  ASSERT_TRUE(
+      MeasureLink(Record("w-1"), e, Record("w-2"), g, {4096}, 1, "p/", absl::Seconds(5), nullptr)
+          .ok());
+  EXPECT_EQ(e.probe_requests[0].transport(), "");
 }
 
 // The worker that failed is named, rather than its peer that timed out waiting for it.

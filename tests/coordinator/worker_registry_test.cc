@@ -42,6 +42,30 @@ TEST(WorkerRegistryTest, BadRegistrationIsRefused) {
   EXPECT_EQ(registry.Heartbeat("garbage").code(), absl::StatusCode::kNotFound);
 }
 
+// A cuda worker's GPU uuid is kept (pipeline.transport tells a shared GPU by it) and listed.
+TEST(WorkerRegistryTest, KeepsTheDeviceUuid) {
+  WorkerRegistry registry(1000ms);
+  v1::RegisterRequest r = RegistrationOf("g:1", "cuda:0");
+  r.set_hostname("gpu-box");
+  r.set_device_uuid("GPU-8c7f2b1e-0f3a-4c1d-9e2b-5a6b7c8d9e0f");
+  absl::StatusOr<std::string> id = registry.Register(r);
+  ASSERT_TRUE(id.ok()) << id.status();
+  absl::StatusOr<WorkerRecord> w = registry.Get(*id);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(w->device_uuid, "GPU-8c7f2b1e-0f3a-4c1d-9e2b-5a6b7c8d9e0f");
+  EXPECT_EQ(w->hostname, "gpu-box");
+  auto gang = registry.Allocate("cuda", 1, "job-1");
+  ASSERT_TRUE(gang.ok());
+  EXPECT_EQ((*gang)[0].device_uuid, "GPU-8c7f2b1e-0f3a-4c1d-9e2b-5a6b7c8d9e0f");
+  // An older worker sends none; a uuid longer than any GPU's is refused.
+  EXPECT_TRUE(registry.Register(RegistrationOf("g:2", "cuda:0")).ok());
+  r.set_address("g:3");
+  r.set_device_uuid(std::string(65, 'x'));
+  absl::StatusOr<std::string> bad = registry.Register(r);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("register: device_uuid"));
+}
+
 TEST(WorkerRegistryTest, SilentWorkersAreLostAndBusyOnesReported) {
   WorkerRegistry registry(50ms);
   auto a = registry.Register(RegistrationOf("a:1"));
