@@ -66,6 +66,18 @@ absl::StatusOr<LinkProbeOptions> LinkProbeOptionsFrom(const v1::ProbeLinkRequest
     }
     o.device = request.device();
   }
+  if (!request.transport().empty()) {
+    if (request.transport() != "nccl" && request.transport() != "gloo") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "probe link: transport is \"", request.transport(), "\"; expected \"nccl\" or \"gloo\""));
+    }
+    if (o.device != "cuda") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("probe link: transport \"", request.transport(),
+                       "\" applies to device \"cuda\" only (a cpu probe is Gloo)"));
+    }
+    o.transport = request.transport();
+  }
   return o;
 }
 

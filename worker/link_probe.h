@@ -46,12 +46,16 @@ struct LinkProbeOptions {
   int repeats = kDefaultProbeRepeats;
   std::chrono::milliseconds timeout = kDefaultProbeTimeout;  // the whole probe
   std::string device = "cpu";  // the data plane: "cpu" (Gloo, host) or "cuda" (NCCL, device)
+  // device "cuda" only: "nccl" (the default) or "gloo" (host-staged: device buffers over Gloo,
+  // as a job on two workers sharing a GPU moves them).
+  std::string transport = "nccl";
 };
 
 // INVALID_ARGUMENT naming the field for an empty rendezvous prefix, a rank other than 0 or 1,
 // no sizes or more than kMaxProbeSizes, a size <= 0 or > 1 GiB, repeats outside
-// [0, kMaxProbeRepeats], a timeout outside [0, kMaxProbeTimeout] (0 picks the default) or a
-// device other than "", "cpu" and "cuda" ("" is "cpu").
+// [0, kMaxProbeRepeats], a timeout outside [0, kMaxProbeTimeout] (0 picks the default), a
+// device other than "", "cpu" and "cuda" ("" is "cpu") or a transport other than "", "nccl"
+// and "gloo" ("" is "nccl"; "gloo" with device "cuda" only).
 absl::StatusOr<LinkProbeOptions> LinkProbeOptionsFrom(const v1::ProbeLinkRequest& request);
 
 // Connects the probe's 2-rank transport as this rank (in the daemon: Gloo through the

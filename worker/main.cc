@@ -37,6 +37,7 @@
 #include "common/status_macros.h"
 #include "common/tls.h"
 #include "common/version.h"
+#include "worker/backend/cuda/module_loading.h"
 #include "worker/checkpoint_client.h"
 #include "worker/executor.h"
 #include "worker/profiler.h"
@@ -44,13 +45,14 @@
 #include "worker/stage_manager.h"
 #include "worker/stage_service.h"
 #include "worker/transport/gloo_transport.h"
-#include "worker/backend/cuda/module_loading.h"
 #include "worker/transport/grpc_rendezvous_store.h"
 #ifdef TANDEM_WORKER_CUDA
 // None of these names a CUDA type: the build gives this file no CUDA headers.
+#include "worker/backend/cuda/cuda_device_copier.h"
 #include "worker/backend/cuda/device.h"
 #include "worker/backend/cuda/gemm_peak.h"
 #include "worker/cuda_stage_compute.h"
+#include "worker/transport/host_staged_transport.h"
 #include "worker/transport/nccl_transport.h"
 #endif
 
@@ -168,6 +170,7 @@ int Run() {
   int cuda_device = -1;  // the ordinal of --device=cuda:N
   int64_t device_memory = 0;
   double device_peak_flops = 0.0;  // measured on cuda:N
+  std::string device_uuid;         // cuda:N's "GPU-..." (how the coordinator tells a shared GPU)
   if (device != "cpu") {
 #ifdef TANDEM_WORKER_CUDA
     absl::StatusOr<int> ordinal = ParseCudaDevice(device);
@@ -189,6 +192,13 @@ int Run() {
       return 2;
     }
     device_peak_flops = *peak;
+    absl::StatusOr<std::string> uuid = cuda::DeviceUuid(*ordinal);
+    if (!uuid.ok()) {
+      spdlog::error("--device={}: reading the GPU's uuid: {}", device,
+                    std::string(uuid.status().message()));
+      return 2;
+    }
+    device_uuid = *std::move(uuid);
     cuda_device = *ordinal;
     device_memory = usable->total_memory_bytes;
 #else
@@ -315,9 +325,25 @@ int Run() {
     store_options.prefix = program.rendezvous_prefix();
     store_options.cancelled = &cancelled;
     GrpcRendezvousStore store(coordinator_channel, store_options);
+    GlooTransportOptions options;
+    options.rank = program.rank();
+    options.size = program.num_ranks();
+    options.hostname = data_host;
 #ifdef TANDEM_WORKER_CUDA
-    // A GPU job's activations live in device memory: NCCL moves them; so does a "cuda" link
-    // probe's (its program's spec names only the device).
+    // A GPU job's activations live in device memory: NCCL moves them, or, where the coordinator
+    // resolved pipeline.transport to "gloo" (two workers on one GPU, which NCCL refuses), the
+    // host-staged transport: device -> host -> Gloo -> host -> device. A "cuda" link probe's
+    // program names the device and the transport the same way. No transport (an older
+    // coordinator): NCCL.
+    if (cuda_device >= 0 && program.spec().device() == "cuda" &&
+        program.spec().pipeline().transport() == "gloo") {
+      ASSIGN_OR_RETURN(std::unique_ptr<DeviceCopier> copier,
+                       cuda::NewCudaDeviceCopier(cuda_device));
+      ASSIGN_OR_RETURN(std::unique_ptr<GlooTransport> inner,
+                       GlooTransport::Connect(options, store));
+      return std::unique_ptr<Transport>(
+          std::make_unique<HostStagedTransport>(std::move(inner), std::move(copier)));
+    }
     if (cuda_device >= 0 && program.spec().device() == "cuda") {
       NcclTransportOptions nccl;
       nccl.rank = program.rank();
@@ -329,10 +355,6 @@ int Run() {
       return std::unique_ptr<Transport>(std::move(t));
     }
 #endif
-    GlooTransportOptions options;
-    options.rank = program.rank();
-    options.size = program.num_ranks();
-    options.hostname = data_host;
     ASSIGN_OR_RETURN(std::unique_ptr<GlooTransport> t, GlooTransport::Connect(options, store));
     return std::unique_ptr<Transport>(std::move(t));
   };
@@ -397,9 +419,11 @@ int Run() {
   reg.device = device;
   reg.threads = threads;
   reg.hostname = Hostname();
+  reg.device_uuid = device_uuid;
   if (cuda_device >= 0) {
     reg.peak_flops = device_peak_flops;
-    spdlog::info("peak bf16 GEMM on {}: {:.1f} TFLOP/s", device, reg.peak_flops / 1e12);
+    spdlog::info("peak bf16 GEMM on {} ({}): {:.1f} TFLOP/s", device, device_uuid,
+                 reg.peak_flops / 1e12);
   } else {
     reg.peak_flops = MeasurePeakFlops();
     spdlog::info("peak single-precision GEMM: {:.1f} GFLOP/s on {} thread(s)", reg.peak_flops / 1e9,

@@ -58,6 +58,7 @@ grpc::Status RegistrationClient::Register() {
   req.set_hostname(options_.hostname);
   req.set_version(kVersion);
   req.set_peak_flops(options_.peak_flops);
+  req.set_device_uuid(options_.device_uuid);
   grpc::ClientContext ctx;
   SetDeadline(ctx, options_.rpc_timeout);
   v1::RegisterResponse resp;

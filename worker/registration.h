@@ -31,6 +31,7 @@ struct RegistrationOptions {
   int threads = 1;
   std::string hostname;
   double peak_flops = 0.0;  // MeasurePeakFlops at start
+  std::string device_uuid;  // cuda: the GPU's uuid, "GPU-..." (cuda::DeviceUuid); cpu: empty
   // Used until the coordinator's RegisterResponse names its own interval.
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds rpc_timeout{5000};

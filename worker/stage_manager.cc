@@ -455,6 +455,7 @@ absl::StatusOr<std::vector<v1::LinkSample>> StageManager::ProbeLink(
   program.set_num_ranks(2);
   program.set_rendezvous_prefix(request.rendezvous_prefix());
   program.mutable_spec()->set_device(options.device);  // which transport the factory connects
+  if (cuda) program.mutable_spec()->mutable_pipeline()->set_transport(options.transport);
   absl::StatusOr<std::vector<v1::LinkSample>> samples = probe.Run(
       [&](const std::atomic<bool>& cancelled) { return transport_factory_(program, cancelled); },
       cuda ? config_.device_buffers : nullptr);
@@ -464,7 +465,10 @@ absl::StatusOr<std::vector<v1::LinkSample>> StageManager::ProbeLink(
   }
   if (samples.ok()) {
     spdlog::info("probed the {} link as rank {} under {}: {} size(s), {} B one way in {:.1f} us",
-                 cuda ? "NCCL" : "Gloo", options.rank, request.rendezvous_prefix(), samples->size(),
+                 !cuda                         ? "Gloo"
+                 : options.transport == "gloo" ? "host-staged Gloo"
+                                               : "NCCL",
+                 options.rank, request.rendezvous_prefix(), samples->size(),
                  samples->front().bytes(), samples->front().one_way_seconds() * 1e6);
   } else {
     spdlog::warn("{}", samples.status().ToString());

@@ -118,8 +118,9 @@ class StageManager {
 
   // Times the link to one other worker (worker/link_probe.h): connects rank request.rank() of
   // a 2-rank transport under request.rendezvous_prefix() through the transport factory, as a
-  // job of request.device() does (the probe program's spec.device says which; a "cuda"
-  // probe's messages are WorkerConfig::device_buffers), and tears it down afterwards.
+  // job of request.device() does (the probe program's spec.device and, for "cuda",
+  // spec.pipeline.transport say which; a "cuda" probe's messages are
+  // WorkerConfig::device_buffers), and tears it down afterwards.
   // INVALID_ARGUMENT naming the bad field; FAILED_PRECONDITION while the worker is busy (as
   // for ProfileLayers), when it has no transport, or for a "cuda" probe on a worker of
   // another kind;

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -31,6 +32,25 @@ TEST(CudaDeviceCopierTest, NoDeviceIsFailedPrecondition) {
   if (cuda::CudaAvailable().ok()) GTEST_SKIP() << "a CUDA device is present";
   auto copier = cuda::NewCudaDeviceCopier(0);
   EXPECT_EQ(copier.status().code(), absl::StatusCode::kFailedPrecondition) << copier.status();
+}
+
+// The GPU's uuid as nvidia-smi -L prints it: how the coordinator tells two workers on one GPU.
+TEST(DeviceUuidTest, FormatsAsNvidiaDoes) {
+  const unsigned char bytes[16] = {0x8c, 0x7f, 0x2b, 0x1e, 0x0f, 0x3a, 0x4c, 0x1d,
+                                   0x9e, 0x2b, 0x5a, 0x6b, 0x7c, 0x8d, 0x9e, 0x0f};
+  EXPECT_EQ(cuda::FormatDeviceUuid(bytes), "GPU-8c7f2b1e-0f3a-4c1d-9e2b-5a6b7c8d9e0f");
+}
+
+TEST(DeviceUuidTest, OfADeviceOrFailedPrecondition) {
+  if (!cuda::CudaAvailable().ok()) {
+    EXPECT_EQ(cuda::DeviceUuid(0).status().code(), absl::StatusCode::kFailedPrecondition);
+    return;
+  }
+  absl::StatusOr<std::string> uuid = cuda::DeviceUuid(0);
+  ASSERT_TRUE(uuid.ok()) << uuid.status();
+  EXPECT_EQ(uuid->size(), 40u) << *uuid;
+  EXPECT_EQ(uuid->rfind("GPU-", 0), 0u) << *uuid;
+  EXPECT_EQ(*cuda::DeviceUuid(0), *uuid);  // stable
 }
 
 TEST(CudaDeviceCopierTest, BadOrdinalFails) {

@@ -157,6 +157,11 @@ TEST(LinkProbeTest, OptionsApplyDefaultsAndNameBadFields) {
   o = LinkProbeOptionsFrom(max);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->device, "cuda");
+  EXPECT_EQ(o->transport, "nccl");  // the default between cuda workers
+  max.set_transport("gloo");        // two workers on one GPU: host-staged
+  o = LinkProbeOptionsFrom(max);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->transport, "gloo");
 
   auto refused = [](const v1::ProbeLinkRequest& r, const std::string& field) {
     absl::Status s = LinkProbeOptionsFrom(r).status();
@@ -169,6 +174,13 @@ TEST(LinkProbeTest, OptionsApplyDefaultsAndNameBadFields) {
   r = Request();
   r.set_device("tpu");
   refused(r, "device is \"tpu\"");
+  r = Request();
+  r.set_device("cuda");
+  r.set_transport("mpi");
+  refused(r, "transport is \"mpi\"");
+  r = Request();
+  r.set_transport("gloo");  // a cpu probe is Gloo already
+  refused(r, "applies to device \"cuda\" only");
   r = Request();
   r.set_rank(2);
   refused(r, "rank");

@@ -51,6 +51,29 @@ absl::StatusOr<DeviceInfo> OpenDevice(int device) {
   return info;
 }
 
+std::string FormatDeviceUuid(const unsigned char (&bytes)[16]) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    out += kHex[bytes[i] >> 4];
+    out += kHex[bytes[i] & 0xf];
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> DeviceUuid(int device) {
+  RETURN_IF_ERROR(CudaAvailable());
+  cudaDeviceProp prop;
+  if (const cudaError_t e = cudaGetDeviceProperties(&prop, device); e != cudaSuccess) {
+    return absl::FailedPreconditionError(
+        CudaError(e, "cudaGetDeviceProperties(&prop, device)", __FILE__, __LINE__).message());
+  }
+  unsigned char bytes[16];
+  for (int i = 0; i < 16; ++i) bytes[i] = static_cast<unsigned char>(prop.uuid.bytes[i]);
+  return FormatDeviceUuid(bytes);
+}
+
 absl::StatusOr<DeviceMemory> DeviceMemory::Allocate(size_t bytes) {
   // Through DeviceBuffer, for its error message.
   ASSIGN_OR_RETURN(DeviceBuffer<char> buffer, DeviceBuffer<char>::Create(bytes));

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -25,6 +26,16 @@ absl::Status CudaAvailable();
 
 // Makes device `device` current on the calling thread (cudaSetDevice).
 absl::Status SetDevice(int device);
+
+// The uuid of CUDA device `device` as NVIDIA's tools print it (nvidia-smi -L,
+// NVIDIA_VISIBLE_DEVICES): "GPU-" and the 16 bytes of cudaDeviceProp.uuid in lower-case hex,
+// grouped 8-4-4-4-12. The same GPU has the same uuid in every process, whatever
+// CUDA_VISIBLE_DEVICES renumbers it to: how the coordinator tells two workers on one GPU.
+// FAILED_PRECONDITION (the runtime's error) when the device cannot be queried.
+absl::StatusOr<std::string> DeviceUuid(int device);
+
+// The formatting of DeviceUuid: "GPU-" and `bytes` grouped 8-4-4-4-12 in lower-case hex.
+std::string FormatDeviceUuid(const unsigned char (&bytes)[16]);
 
 struct DeviceInfo {
   int64_t total_memory_bytes = 0;
