@@ -39,7 +39,7 @@ grpc::ChannelArguments DefaultChannelArguments() {
   return args;
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeInsecureChannel(const std::string& address) {
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
                                    DefaultChannelArguments());
 }

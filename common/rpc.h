@@ -29,9 +29,11 @@ inline void SetDeadline(grpc::ClientContext& ctx, std::chrono::milliseconds time
 // The arguments of every channel the project makes: message size, fast reconnects.
 grpc::ChannelArguments DefaultChannelArguments();
 
-// A plaintext channel to HOST:PORT. The daemons and the CLI dial through common/tls.h's
-// MakeChannel(address, ChannelSecurity), which is this one when TLS is off.
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+// A plaintext, unauthenticated channel to HOST:PORT, named so that no one dials in the clear by
+// accident: the daemons and the CLI dial through common/tls.h's MakeChannel(address,
+// ChannelSecurity), which calls this only when the configuration says TLS is off. Tests use it
+// to speak to plaintext servers, and to check that TLS servers refuse plaintext.
+std::shared_ptr<grpc::Channel> MakeInsecureChannel(const std::string& address);
 
 // Writes `port` to `path` atomically (tmp + rename), for tests and scripts that start a daemon
 // on port 0.

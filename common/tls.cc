@@ -295,7 +295,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
       // The flag checks rule this out; never send a token in the clear.
       spdlog::error("a bearer token is never sent without TLS; dialling {} without it", address);
     }
-    return MakeChannel(address);
+    return MakeInsecureChannel(address);
   }
   const TlsMaterial& tls = *security.tls;
   grpc::ChannelArguments args = DefaultChannelArguments();

@@ -90,10 +90,10 @@ struct ChannelSecurity {
   std::string bearer_token;  // sent as `authorization: Bearer TOKEN` on every call
 };
 
-// A channel to HOST:PORT with the project's channel arguments (rpc.h's MakeChannel is this
-// with plaintext). A token is never sent without TLS: the callers' flag checks refuse that
-// configuration, and should one slip through, the channel is dialled without the token (and
-// an error logged), so that the server refuses the calls rather than the token leaking.
+// A channel to HOST:PORT with the project's channel arguments (rpc.h's MakeInsecureChannel when
+// the security is plaintext). A token is never sent without TLS: the callers' flag checks refuse
+// that configuration, and should one slip through, the channel is dialled without the token (and an
+// error logged), so that the server refuses the calls rather than the token leaking.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
                                            const ChannelSecurity& security);
 

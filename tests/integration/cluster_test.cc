@@ -352,7 +352,7 @@ TEST_F(ClusterTest, AnInjectedWorkerFaultNamesWorkerStageStepAndAction) {
 // code, nothing is stored, and the coordinator keeps serving (a valid spec then submits).
 TEST_F(ClusterTest, GarbageAndHugeSubmissionsAreRefusedAndTheCoordinatorKeepsServing) {
   StartCluster(0);
-  auto stub = v1::Coordinator::NewStub(MakeChannel(cluster_->address()));
+  auto stub = v1::Coordinator::NewStub(MakeInsecureChannel(cluster_->address()));
   auto submit = [&](const std::string& yaml) {
     v1::SubmitJobRequest req;
     req.set_protocol_version(kProtocolVersion);
@@ -388,7 +388,7 @@ TEST_F(ClusterTest, GarbageAndHugeSubmissionsAreRefusedAndTheCoordinatorKeepsSer
   serving("a 9 MiB request");
   {
     // Not a SubmitJobRequest at all: bytes that do not parse as the message.
-    grpc::GenericStub generic(MakeChannel(cluster_->address()));
+    grpc::GenericStub generic(MakeInsecureChannel(cluster_->address()));
     grpc::ClientContext ctx;
     SetDeadline(ctx, 5s);
     grpc::Slice slice(std::string("\x12\xff\xff\xff\xff\x0f\x01", 7));
@@ -413,7 +413,7 @@ TEST_F(ClusterTest, ProtocolVersionMismatchIsRefused) {
   v1::ListJobsResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(ctx, 5s);
-  auto stub = v1::Coordinator::NewStub(MakeChannel(cluster_->address()));
+  auto stub = v1::Coordinator::NewStub(MakeInsecureChannel(cluster_->address()));
   grpc::Status s = stub->ListJobs(&ctx, req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(s.error_message(), HasSubstr(absl::StrCat("protocol version ", kProtocolVersion + 1,
@@ -422,12 +422,12 @@ TEST_F(ClusterTest, ProtocolVersionMismatchIsRefused) {
 
 TEST_F(ClusterTest, BothDaemonsServeGrpcHealth) {
   StartCluster(1);
-  const HealthAnswer coordinator = CheckHealth(MakeChannel(cluster_->address()));
+  const HealthAnswer coordinator = CheckHealth(MakeInsecureChannel(cluster_->address()));
   EXPECT_EQ(coordinator.code, grpc::StatusCode::OK);
   EXPECT_EQ(coordinator.status, 1);  // SERVING
   const std::string port =
       std::string(absl::StripAsciiWhitespace(ReadFile(cluster_->dir() + "/worker0.port")));
-  const HealthAnswer worker = CheckHealth(MakeChannel("127.0.0.1:" + port));
+  const HealthAnswer worker = CheckHealth(MakeInsecureChannel("127.0.0.1:" + port));
   EXPECT_EQ(worker.code, grpc::StatusCode::OK);
   EXPECT_EQ(worker.status, 1);
 }

@@ -28,7 +28,7 @@ constexpr int kNotServing = 2;
 
 bool HealthIs(const std::string& address, const std::string& service, grpc::StatusCode code,
               int status = 0) {
-  const HealthAnswer a = CheckHealth(MakeChannel(address), service);
+  const HealthAnswer a = CheckHealth(MakeInsecureChannel(address), service);
   return a.code == code && a.status == status;
 }
 

@@ -253,19 +253,21 @@ TEST_F(SecurityTest, OnlyTheCoordinatorMayCallTheWorkerApi) {
   EXPECT_THAT(with_token.error_message(), HasSubstr("accepts no bearer tokens"));
   EXPECT_EQ(WorkerGetStatus(MakeChannel(worker, Tls(Certs()))).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_EQ(WorkerGetStatus(MakeChannel(worker)).error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(WorkerGetStatus(MakeInsecureChannel(worker)).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
   // The coordinator's certificate is the one that works.
   EXPECT_TRUE(WorkerGetStatus(MakeChannel(worker, Tls(Certs(), "coordinator"))).ok());
 }
 
 TEST_F(SecurityTest, TheHealthPortAnswersWithoutCredentialsWhileTheApiPortRequiresTls) {
   const std::string health = absl::StrCat("127.0.0.1:", cluster_->health_port());
-  const HealthAnswer open = CheckHealth(MakeChannel(health));
+  const HealthAnswer open = CheckHealth(MakeInsecureChannel(health));
   EXPECT_EQ(open.code, grpc::StatusCode::OK);
   EXPECT_EQ(open.status, 1);
   // The API port: plaintext cannot connect; TLS without credentials is UNAUTHENTICATED; any
   // authenticated caller may ask.
-  EXPECT_EQ(CheckHealth(MakeChannel(cluster_->address())).code, grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(CheckHealth(MakeInsecureChannel(cluster_->address())).code,
+            grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(CheckHealth(MakeChannel(cluster_->address(), Tls(Certs()))).code,
             grpc::StatusCode::UNAUTHENTICATED);
   const HealthAnswer authenticated =

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/spec.h"
 #include "tests/worker/pipeline_test_util.h"
+#include "tests/worker/transport_test_util.h"
 #include "worker/cpu_stage_compute.h"
 #include "worker/transport/gloo_transport.h"
 
@@ -194,40 +195,30 @@ TEST_F(ExecutorTest, GptEverySchedulePartitionInvariance) {
 }
 
 // A transport that records the peers of every transfer, for TransferPeers.
-class PeerRecorder final : public Transport {
+class PeerRecorder final : public testing::ForwardingTransport {
  public:
   PeerRecorder(std::unique_ptr<Transport> inner, std::set<int>* sent, std::set<int>* received)
-      : inner_(std::move(inner)), sent_(sent), received_(received) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
+      : ForwardingTransport(std::move(inner)), sent_(sent), received_(received) {}
   absl::Status PostSend(int peer, uint64_t tag, const void* data, size_t bytes) override {
     sent_->insert(peer);
-    return inner_->PostSend(peer, tag, data, bytes);
+    return ForwardingTransport::PostSend(peer, tag, data, bytes);
   }
   absl::Status Recv(int peer, uint64_t tag, void* data, size_t bytes) override {
     received_->insert(peer);
-    return inner_->Recv(peer, tag, data, bytes);
+    return ForwardingTransport::Recv(peer, tag, data, bytes);
   }
   absl::Status PostRecv(int peer, uint64_t tag, void* data, size_t bytes) override {
     received_->insert(peer);
-    return inner_->PostRecv(peer, tag, data, bytes);
+    return ForwardingTransport::PostRecv(peer, tag, data, bytes);
   }
-  absl::Status WaitRecv(int peer, uint64_t tag) override { return inner_->WaitRecv(peer, tag); }
   absl::Status SendRecv(int peer, uint64_t tag, const void* send, void* recv,
                         size_t bytes) override {
     sent_->insert(peer);
     received_->insert(peer);
-    return inner_->SendRecv(peer, tag, send, recv, bytes);
+    return inner().SendRecv(peer, tag, send, recv, bytes);
   }
-  absl::Status WaitSends() override { return inner_->WaitSends(); }
-  void Abort() override { inner_->Abort(); }
-  bool aborted() const override { return inner_->aborted(); }
-  bool posted_recv(int peer, uint64_t tag) const override { return inner_->posted_recv(peer, tag); }
-  int64_t bytes_sent() const override { return inner_->bytes_sent(); }
-  int64_t bytes_received() const override { return inner_->bytes_received(); }
 
  private:
-  std::unique_ptr<Transport> inner_;
   std::set<int>* sent_;
   std::set<int>* received_;
 };

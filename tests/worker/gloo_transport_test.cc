@@ -9,35 +9,18 @@
 #include <thread>
 #include <vector>
 
+#include "tests/worker/transport_test_util.h"
+
 namespace tandem::worker {
 namespace {
 
 using std::chrono::milliseconds;
 
-// Two transports in one process, connected over an in-process HashStore on 127.0.0.1.
-std::pair<std::unique_ptr<GlooTransport>, std::unique_ptr<GlooTransport>> ConnectPair(
-    gloo::rendezvous::Store& store, milliseconds op_timeout = milliseconds(10000)) {
-  auto connect = [&](int rank) {
-    GlooTransportOptions o;
-    o.rank = rank;
-    o.size = 2;
-    o.hostname = "127.0.0.1";
-    o.connect_timeout = milliseconds(10000);
-    o.op_timeout = op_timeout;
-    return GlooTransport::Connect(o, store);
-  };
-  auto f1 = std::async(std::launch::async, connect, 1);
-  auto t0 = connect(0);
-  auto t1 = f1.get();
-  EXPECT_TRUE(t0.ok()) << t0.status();
-  EXPECT_TRUE(t1.ok()) << t1.status();
-  if (!t0.ok() || !t1.ok()) return {};
-  return {*std::move(t0), *std::move(t1)};
-}
+using testing::ConnectGlooPair;
 
 TEST(GlooTransportTest, SendRecvBothWays) {
   gloo::rendezvous::HashStore store;
-  auto [a, b] = ConnectPair(store);
+  auto [a, b] = ConnectGlooPair(store);
   ASSERT_TRUE(a && b);
   std::vector<float> x(1000), y(1000, 0.0f), g(10, 2.5f), h(10, 0.0f);
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i);
@@ -65,7 +48,7 @@ TEST(GlooTransportTest, SendRecvBothWays) {
 // Receives posted ahead (the executor's prefetch) complete in any order, once each.
 TEST(GlooTransportTest, PostedReceivesCompleteInAnyOrder) {
   gloo::rendezvous::HashStore store;
-  auto [a, b] = ConnectPair(store);
+  auto [a, b] = ConnectGlooPair(store);
   ASSERT_TRUE(a && b);
   std::vector<float> x(256, 1.5f), y(256, 0.0f), g(8, -2.0f), h(8, 0.0f);
   const uint64_t act = MakeTransferTag(Payload::kActivation, 0, 1);
@@ -95,7 +78,7 @@ TEST(GlooTransportTest, PostedReceivesCompleteInAnyOrder) {
 
 TEST(GlooTransportTest, AbortUnblocksPendingRecv) {
   gloo::rendezvous::HashStore store;
-  auto [a, b] = ConnectPair(store);
+  auto [a, b] = ConnectGlooPair(store);
   ASSERT_TRUE(a && b);
   std::vector<float> buf(16);
   auto start = std::chrono::steady_clock::now();
@@ -116,7 +99,7 @@ TEST(GlooTransportTest, AbortUnblocksPendingRecv) {
 
 TEST(GlooTransportTest, RecvTimesOut) {
   gloo::rendezvous::HashStore store;
-  auto [a, b] = ConnectPair(store, milliseconds(200));
+  auto [a, b] = ConnectGlooPair(store, milliseconds(200));
   ASSERT_TRUE(a && b);
   std::vector<float> buf(4);
   const absl::Status s = b->Recv(0, 1, buf.data(), 16);
@@ -126,7 +109,7 @@ TEST(GlooTransportTest, RecvTimesOut) {
 
 TEST(GlooTransportTest, PeerFailureNamesThePeer) {
   gloo::rendezvous::HashStore store;
-  auto [a, b] = ConnectPair(store);
+  auto [a, b] = ConnectGlooPair(store);
   ASSERT_TRUE(a && b);
   std::vector<float> buf(4);
   auto pending =
@@ -141,7 +124,7 @@ TEST(GlooTransportTest, PeerFailureNamesThePeer) {
 
 TEST(GlooTransportTest, RejectsBadPeersAndOptions) {
   gloo::rendezvous::HashStore store;
-  auto [a, b] = ConnectPair(store);
+  auto [a, b] = ConnectGlooPair(store);
   ASSERT_TRUE(a && b);
   float x = 0;
   EXPECT_EQ(a->PostSend(0, 1, &x, 4).code(), absl::StatusCode::kInvalidArgument);

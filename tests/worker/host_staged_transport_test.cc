@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "tests/worker/transport_test_util.h"
 #include "worker/transport/gloo_transport.h"
 
 namespace tandem::worker {
@@ -138,36 +139,26 @@ class FakeCopier final : public DeviceCopier {
 };
 
 // Between the staged transport and Gloo: fails the test when a device pointer gets through.
-class HostOnlySpy final : public Transport {
+class HostOnlySpy final : public testing::ForwardingTransport {
  public:
   HostOnlySpy(std::unique_ptr<Transport> inner, const FakeDevice& device)
-      : inner_(std::move(inner)), device_(device) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
+      : ForwardingTransport(std::move(inner)), device_(device) {}
   absl::Status PostSend(int peer, uint64_t tag, const void* data, size_t bytes) override {
     EXPECT_NE(data, nullptr);
     EXPECT_FALSE(device_.Overlaps(data, bytes)) << "device pointer handed to the host transport";
-    return inner_->PostSend(peer, tag, data, bytes);
+    return ForwardingTransport::PostSend(peer, tag, data, bytes);
   }
   absl::Status Recv(int peer, uint64_t tag, void* data, size_t bytes) override {
     ADD_FAILURE() << "the staged transport posts its receives";
-    return inner_->Recv(peer, tag, data, bytes);
+    return ForwardingTransport::Recv(peer, tag, data, bytes);
   }
   absl::Status PostRecv(int peer, uint64_t tag, void* data, size_t bytes) override {
     EXPECT_NE(data, nullptr);
     EXPECT_FALSE(device_.Overlaps(data, bytes)) << "device pointer handed to the host transport";
-    return inner_->PostRecv(peer, tag, data, bytes);
+    return ForwardingTransport::PostRecv(peer, tag, data, bytes);
   }
-  absl::Status WaitRecv(int peer, uint64_t tag) override { return inner_->WaitRecv(peer, tag); }
-  absl::Status WaitSends() override { return inner_->WaitSends(); }
-  void Abort() override { inner_->Abort(); }
-  bool aborted() const override { return inner_->aborted(); }
-  bool posted_recv(int peer, uint64_t tag) const override { return inner_->posted_recv(peer, tag); }
-  int64_t bytes_sent() const override { return inner_->bytes_sent(); }
-  int64_t bytes_received() const override { return inner_->bytes_received(); }
 
  private:
-  std::unique_ptr<Transport> inner_;
   const FakeDevice& device_;
 };
 
@@ -176,22 +167,10 @@ class HostStagedTransportTest : public ::testing::Test {
   // Ranks 0 and 1, each a staged transport over Gloo with its own copier log.
   void Connect(milliseconds op_timeout = milliseconds(10000),
                HostStagedTransportOptions options = {}) {
-    auto connect = [&](int rank) {
-      GlooTransportOptions o;
-      o.rank = rank;
-      o.size = 2;
-      o.hostname = "127.0.0.1";
-      o.connect_timeout = milliseconds(10000);
-      o.op_timeout = op_timeout;
-      return GlooTransport::Connect(o, store_);
-    };
-    auto f1 = std::async(std::launch::async, connect, 1);
-    auto g0 = connect(0);
-    auto g1 = f1.get();
-    ASSERT_TRUE(g0.ok()) << g0.status();
-    ASSERT_TRUE(g1.ok()) << g1.status();
-    a_ = Staged(*std::move(g0), log_[0], options);
-    b_ = Staged(*std::move(g1), log_[1], options);
+    auto [g0, g1] = testing::ConnectGlooPair(store_, op_timeout);
+    ASSERT_TRUE(g0 && g1);
+    a_ = Staged(std::move(g0), log_[0], options);
+    b_ = Staged(std::move(g1), log_[1], options);
   }
 
   std::unique_ptr<HostStagedTransport> Staged(std::unique_ptr<GlooTransport> gloo, CopierLog& log,

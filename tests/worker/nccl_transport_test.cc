@@ -181,7 +181,10 @@ std::vector<float> ToHost(int device, const cuda::DeviceBuffer<float>& b) {
 TEST(NcclTransportTest, BatchedSendRecvBothWays) {
   SKIP_UNLESS_DEVICES(2);
   gloo::rendezvous::HashStore store;
-  auto [a, b] = ConnectPair(store);
+  // References, not a structured binding: lambdas capture them (clang 14 cannot capture one).
+  auto pair = ConnectPair(store);
+  auto& a = pair.first;
+  auto& b = pair.second;
   ASSERT_TRUE(a && b);
   const size_t n = 1 << 20;
   auto a_out = OnDevice(0, std::vector<float>(n, 1.5f)), a_in = OnDevice(0, std::vector<float>(n));
@@ -215,7 +218,10 @@ TEST(NcclTransportTest, BatchedSendRecvBothWays) {
 TEST(NcclTransportTest, CrossingSendsPostedBeforeTheReceivesComplete) {
   SKIP_UNLESS_DEVICES(2);
   gloo::rendezvous::HashStore store;
-  auto [a, b] = ConnectPair(store);
+  // References, not a structured binding: lambdas capture them (clang 14 cannot capture one).
+  auto pair = ConnectPair(store);
+  auto& a = pair.first;
+  auto& b = pair.second;
   ASSERT_TRUE(a && b);
   const size_t n = 1 << 22;  // 16 MiB: well above NCCL's eager sizes
   auto a_out = OnDevice(0, std::vector<float>(n, 3.0f)), a_in = OnDevice(0, std::vector<float>(n));
@@ -247,7 +253,10 @@ TEST(NcclTransportTest, CrossingSendsPostedBeforeTheReceivesComplete) {
 TEST(NcclTransportTest, APostedReceiveFillsWhileTheReceiverComputes) {
   SKIP_UNLESS_DEVICES(2);
   gloo::rendezvous::HashStore store;
-  auto [a, b] = ConnectPair(store);
+  // References, not a structured binding: lambdas capture them (clang 14 cannot capture one).
+  auto pair = ConnectPair(store);
+  auto& a = pair.first;
+  auto& b = pair.second;
   ASSERT_TRUE(a && b);
   const size_t n = 1 << 20;
   auto out = OnDevice(0, std::vector<float>(n, 5.0f));
@@ -298,7 +307,10 @@ TEST(NcclTransportTest, OnlyTheListedPeersHaveLinks) {
 TEST(NcclTransportTest, TagOrderMismatchIsInternal) {
   SKIP_UNLESS_DEVICES(2);
   gloo::rendezvous::HashStore store;
-  auto [a, b] = ConnectPair(store);
+  // References, not a structured binding: lambdas capture them (clang 14 cannot capture one).
+  auto pair = ConnectPair(store);
+  auto& a = pair.first;
+  auto& b = pair.second;
   ASSERT_TRUE(a && b);
   auto x = OnDevice(0, {1.0f}), y = OnDevice(0, {2.0f});
   auto rx = OnDevice(1, {0.0f}), ry = OnDevice(1, {0.0f});
@@ -324,7 +336,10 @@ TEST(NcclTransportTest, TagOrderMismatchIsInternal) {
 TEST(NcclTransportTest, AbortUnblocksPendingRecv) {
   SKIP_UNLESS_DEVICES(2);
   gloo::rendezvous::HashStore store;
-  auto [a, b] = ConnectPair(store);
+  // References, not a structured binding: lambdas capture them (clang 14 cannot capture one).
+  auto pair = ConnectPair(store);
+  auto& a = pair.first;
+  auto& b = pair.second;
   ASSERT_TRUE(a && b);
   auto buf = OnDevice(1, std::vector<float>(16));
   ASSERT_TRUE(b->PostRecv(0, 7, buf.data(), 16 * sizeof(float)).ok());  // rank 0 never sends

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/limits.h"
 #include "common/status_macros.h"
 #include "worker/backend/cuda/gpu_gpt_buffers.h"
 #include "worker/model/random.h"
@@ -96,11 +97,11 @@ using gpu_gpt_internal::ShapeOf;
 using gpu_gpt_internal::StageShape;
 using enum BlockTensor;
 
-// The CPU layers' constants (worker/model/gpt.cc).
+// The CPU layers' constants (worker/model/gpt.cc; the limits from common/limits.h).
 constexpr float kInitStd = 0.02f;
-constexpr int64_t kMaxDim = 1 << 20;
-constexpr int64_t kMaxLayers = 4096;
-constexpr int64_t kMaxTensorElements = INT_MAX;
+using ::tandem::kMaxDim;
+using ::tandem::kMaxLayers;
+using ::tandem::kMaxTensorElements;
 // No device holds more; keeps every size_t below free of overflow.
 constexpr double kMaxDeviceBytes = 1125899906842624.0;  // 2^50
 
