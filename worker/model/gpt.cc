@@ -11,26 +11,11 @@
 #include "common/limits.h"
 #include "common/status_macros.h"
 #include "worker/model/kernels.h"
+#include "worker/model/layer_init.h"
 #include "worker/model/random.h"
 
 namespace tandem::worker {
 namespace {
-
-constexpr float kInitStd = 0.02f;
-
-void InitNormal(Rng& rng, Parameter& p, float stddev) {
-  for (size_t i = 0; i < p.value.size(); ++i) {
-    p.value[i] = static_cast<float>(rng.Normal() * stddev);
-  }
-}
-
-absl::Status CheckDim(const char* field, int64_t value) {
-  if (value < 1 || value > kMaxDim) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.", field, " must be in [1, ", kMaxDim, "], got ", value));
-  }
-  return absl::OkStatus();
-}
 
 // Checks that t is (B, T, C) with 1 <= T <= max_t and cols == C; returns B*T in rows.
 absl::Status CheckActivation(const std::string& layer, const char* what, const Tensor& t,

@@ -8,26 +8,11 @@
 #include "common/model_desc.h"
 #include "common/status_macros.h"
 #include "worker/model/kernels.h"
+#include "worker/model/layer_init.h"
 #include "worker/model/random.h"
 
 namespace tandem::worker {
 namespace {
-
-constexpr float kInitStd = 0.02f;
-
-void InitNormal(Rng& rng, Parameter& p, float stddev) {
-  for (size_t i = 0; i < p.value.size(); ++i) {
-    p.value[i] = static_cast<float>(rng.Normal() * stddev);
-  }
-}
-
-absl::Status CheckDim(const char* field, int64_t value) {
-  if (value < 1 || value > kMaxDim) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.", field, " must be in [1, ", kMaxDim, "], got ", value));
-  }
-  return absl::OkStatus();
-}
 
 absl::Status CheckMatrix(const char* what, int64_t rows, int64_t cols) {
   if (rows * cols > kMaxTensorElements) {
