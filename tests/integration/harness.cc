@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/status_macros.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 
@@ -231,7 +232,7 @@ absl::Status Cluster::StartCoordinator(int port) {
   }
   if (options_.tls) {
     if (restarts_ == 0) {
-      if (absl::Status s = MakeDevCerts(certs_dir()); !s.ok()) return s;
+      RETURN_IF_ERROR(MakeDevCerts(certs_dir()));
     }
     args.push_back("--tls-cert=" + certs_dir() + "/coordinator.crt");
     args.push_back("--tls-key=" + certs_dir() + "/coordinator.key");
@@ -254,11 +255,11 @@ absl::Status Cluster::StartCoordinator(int port) {
 }
 
 absl::Status Cluster::Start() {
-  if (absl::Status s = StartCoordinator(0); !s.ok()) return s;
+  RETURN_IF_ERROR(StartCoordinator(0));
   client_ =
       cli::NewGrpcCoordinatorClient(address(), absl::Seconds(10), absl::Hours(1), ClientSecurity());
   for (int i = 0; i < options_.workers; ++i) {
-    if (absl::Status s = StartWorker(); !s.ok()) return s;
+    RETURN_IF_ERROR(StartWorker());
   }
   return WaitForWorkers();
 }
@@ -288,7 +289,7 @@ absl::Status Cluster::RestartCoordinator(int signal) {
   coordinator_->Wait();
   ++restarts_;
   const int port = port_;
-  if (absl::Status s = StartCoordinator(port); !s.ok()) return s;
+  RETURN_IF_ERROR(StartCoordinator(port));
   if (port_ != port) {
     return absl::InternalError(
         absl::StrCat("the coordinator came back on port ", port_, ", not ", port));
@@ -326,7 +327,7 @@ absl::Status Cluster::StartWorker(const std::vector<std::string>& extra_flags) {
 
 absl::Status Cluster::AddWorker(const std::vector<std::string>& extra_flags) {
   const int i = static_cast<int>(workers_.size());
-  if (absl::Status s = StartWorker(extra_flags); !s.ok()) return s;
+  RETURN_IF_ERROR(StartWorker(extra_flags));
   // Registered: the coordinator lists a live worker at the new process's port.
   const std::string port_file = absl::StrCat(dir_, "/worker", i, ".port");
   if (!WaitFor(

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "common/status_macros.h"
 
 namespace tandem::worker {
 
@@ -68,7 +69,7 @@ class Transport {
   // receive (NCCL) posts the two in one group.
   virtual absl::Status SendRecv(int peer, uint64_t tag, const void* send, void* recv,
                                 size_t bytes) {
-    if (absl::Status s = PostSend(peer, tag, send, bytes); !s.ok()) return s;
+    RETURN_IF_ERROR(PostSend(peer, tag, send, bytes));
     return Recv(peer, tag, recv, bytes);
   }
 

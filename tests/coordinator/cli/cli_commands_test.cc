@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/status_macros.h"
 #include "coordinator/cli/commands.h"
 #include "coordinator/cli/format.h"
 #include "gmock/gmock.h"
@@ -50,7 +51,7 @@ class FakeClient : public CoordinatorClient {
       const std::string& job_id,
       absl::FunctionRef<absl::Status(const v1::ExportChunk&)> on_chunk) override {
     for (const auto& c : export_chunks) {
-      if (absl::Status s = on_chunk(c); !s.ok()) return s;
+      RETURN_IF_ERROR(on_chunk(c));
     }
     return export_status;
   }
