@@ -164,7 +164,7 @@ absl::Status JobStore::Load() {
   {
     ASSIGN_OR_RETURN(SqliteStatement * q,
                      db_->Prepare("SELECT seq, job FROM jobs ORDER BY seq", "loading jobs"));
-    RETURN_IF_ERROR(q->ForEachRow([&](const SqliteStatement& r) {
+    RETURN_IF_ERROR(q->ForEachRow([&](const SqliteStatement& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       const int64_t seq = r.ColumnInt(0);
       v1::Job job;
       int64_t n = 0;
@@ -182,7 +182,7 @@ absl::Status JobStore::Load() {
     ASSIGN_OR_RETURN(SqliteStatement * q,
                      db_->Prepare("SELECT job_seq, step, summary FROM steps ORDER BY job_seq, step",
                                   "loading step history"));
-    RETURN_IF_ERROR(q->ForEachRow([&](const SqliteStatement& r) {
+    RETURN_IF_ERROR(q->ForEachRow([&](const SqliteStatement& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       auto it = jobs_.find(r.ColumnInt(0));
       if (it == jobs_.end()) return;
       v1::StepSummary step;
@@ -200,7 +200,7 @@ absl::Status JobStore::Load() {
   {
     ASSIGN_OR_RETURN(SqliteStatement * q,
                      db_->Prepare("SELECT job_seq, timings FROM timings", "loading step timings"));
-    RETURN_IF_ERROR(q->ForEachRow([&](const SqliteStatement& r) {
+    RETURN_IF_ERROR(q->ForEachRow([&](const SqliteStatement& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       auto it = jobs_.find(r.ColumnInt(0));
       if (it == jobs_.end()) return;
       if (!it->second.timings.ParseFromString(r.ColumnBlob(1))) {
@@ -262,7 +262,7 @@ absl::Status JobStore::Persist(Entry& e, bool durable, const std::string& purpos
   if (db_ == nullptr) return absl::OkStatus();
   const bool write_timings = e.timings_dirty && (timings == TimingsWrite::kIfDirty ||
                                                  e.steps_since_timings_write >= kTimingsEverySteps);
-  absl::Status s = [&]() -> absl::Status {
+  absl::Status s = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     ASSIGN_OR_RETURN(SqliteDb::Transaction txn,
                      db_->Begin(durable ? Sync::kFull : Sync::kNormal, purpose));
     if (also) RETURN_IF_ERROR(also());
@@ -462,25 +462,27 @@ void JobStore::RecordStep(const std::string& job_id, const v1::StepSummary& step
   ++e.steps_since_timings_write;
   const std::string purpose = absl::StrCat(job_id, ": recording step ", StepNumber(step.step()));
   const int64_t oldest = e.history.front().step();
-  (void)Persist(e, /*durable=*/false, purpose, TimingsWrite::kIfDue, [&]() -> absl::Status {
-    // (Nothing to delete but on a rerun; an index probe otherwise.)
-    RETURN_IF_ERROR(DeleteStepRows(e.seq, step.step(), purpose));
-    if (trimmed) {
-      ASSIGN_OR_RETURN(SqliteStatement * st,
-                       db_->Prepare("DELETE FROM steps WHERE job_seq = ?1 AND step < ?2", purpose));
-      RETURN_IF_ERROR(st->Bind(1, e.seq).Bind(2, oldest).Run());
-    }
-    ASSIGN_OR_RETURN(
-        SqliteStatement * st,
-        db_->Prepare(
-            "INSERT OR REPLACE INTO steps (job_seq, step, loss, summary) VALUES (?1, ?2, ?3, ?4)",
-            purpose));
-    return st->Bind(1, e.seq)
-        .Bind(2, step.step())
-        .Bind(3, step.loss())
-        .BindBlob(4, step.SerializeAsString())
-        .Run();
-  });
+  (void)Persist(
+      e, /*durable=*/false, purpose, TimingsWrite::kIfDue,
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+        // (Nothing to delete but on a rerun; an index probe otherwise.)
+        RETURN_IF_ERROR(DeleteStepRows(e.seq, step.step(), purpose));
+        if (trimmed) {
+          ASSIGN_OR_RETURN(
+              SqliteStatement * st,
+              db_->Prepare("DELETE FROM steps WHERE job_seq = ?1 AND step < ?2", purpose));
+          RETURN_IF_ERROR(st->Bind(1, e.seq).Bind(2, oldest).Run());
+        }
+        ASSIGN_OR_RETURN(SqliteStatement * st,
+                         db_->Prepare("INSERT OR REPLACE INTO steps (job_seq, step, loss, summary) "
+                                      "VALUES (?1, ?2, ?3, ?4)",
+                                      purpose));
+        return st->Bind(1, e.seq)
+            .Bind(2, step.step())
+            .Bind(3, step.loss())
+            .BindBlob(4, step.SerializeAsString())
+            .Run();
+      });
 }
 
 absl::Status JobStore::DeleteStepRows(int64_t seq, int64_t from, const std::string& purpose) {
@@ -501,10 +503,11 @@ int64_t JobStore::RecordRestart(const std::string& job_id, const std::string& ca
   DropStepsFrom(e->job, e->history, resume);
   e->job.set_steps_done(resume);
   const std::string purpose = absl::StrCat(job_id, ": recording restart ", e->job.restarts());
-  (void)Persist(*e, /*durable=*/true, purpose, TimingsWrite::kIfDirty, [&]() -> absl::Status {
-    if (db_ == nullptr) return absl::OkStatus();
-    return DeleteStepRows(e->seq, resume, purpose);
-  });
+  (void)Persist(*e, /*durable=*/true, purpose, TimingsWrite::kIfDirty,
+                [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+                  if (db_ == nullptr) return absl::OkStatus();
+                  return DeleteStepRows(e->seq, resume, purpose);
+                });
   return e->job.checkpoint_step();
 }
 
@@ -517,7 +520,9 @@ void JobStore::SetCheckpoint(const std::string& job_id, int64_t step) {
   const std::string purpose =
       absl::StrCat(job_id, ": recording the checkpoint after step ", StepNumber(step));
   (void)Persist(*e, /*durable=*/true, purpose, TimingsWrite::kIfDirty,
-                [&] { return PutCheckpoint(*e, step, num_stages, purpose); });
+                [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                  return PutCheckpoint(*e, step, num_stages, purpose);
+                });
 }
 
 void JobStore::SetFirstStep(const std::string& job_id, int64_t step) {

@@ -174,7 +174,8 @@ class JobStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deletes the database's step rows of job `seq` from step `from` on (a rerun or a restart
   // supersedes them).
-  absl::Status DeleteStepRows(int64_t seq, int64_t from, const std::string& purpose);
+  absl::Status DeleteStepRows(int64_t seq, int64_t from, const std::string& purpose)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PutJob(const Entry& e, const std::string& purpose)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PutTimings(const Entry& e, const std::string& purpose)
