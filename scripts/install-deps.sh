@@ -33,9 +33,9 @@ if [ ${#missing[@]} -gt 0 ]; then
     "${missing[@]}" >/dev/null
 fi
 if [ "$want_test_tools" = 1 ] && ! python3 -c 'import safetensors, numpy' 2>/dev/null; then
-  echo "installing: safetensors (PyPI)"
-  python3 -m pip install -q safetensors 2>/dev/null ||
-    $sudo python3 -m pip install -q --break-system-packages safetensors ||
+  echo "installing: safetensors and numpy for $(command -v python3) (PyPI)"
+  python3 -m pip install -q safetensors numpy 2>/dev/null ||
+    $sudo python3 -m pip install -q --break-system-packages safetensors numpy ||
     echo "warning: could not install safetensors; the tests that use it will skip"
 fi
 if [ "$want_test_tools" = 1 ]; then
