@@ -1,12 +1,14 @@
 // Shared by the GpuGpt tests (gpu_gpt_layout_test.cc: host only; gpu_gpt_test.cc: on a device):
-// the tiny GPT they run (2 layers, d 64, 4 heads, T 16, V 128) and the CPU gpt layers
-// (worker/model/gpt.h) they compare with.
+// the tiny GPT they run (2 layers, d 64, 4 heads, T 16, V 128), the gpt2 preset's shapes, the
+// CPU gpt layers (worker/model/gpt.h) they compare with, and the per-tensor comparison.
 #ifndef TANDEM_TESTS_WORKER_GPU_GPT_TEST_UTIL_H_
 #define TANDEM_TESTS_WORKER_GPU_GPT_TEST_UTIL_H_
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -29,6 +31,40 @@ inline GpuGptConfig TinyConfig(GpuPrecision precision, bool tied = true) {
   c.precision = precision;
   c.seed = 7;
   return c;
+}
+
+// The `gpt2` preset (common/spec.cc: GPT-2 124M, 12 layers, d 768, 12 heads, T 1024, V 50304,
+// tied) with micro-batch (batch, 1024).
+inline GpuGptConfig Gpt2Config(GpuPrecision precision, int64_t batch) {
+  GpuGptConfig c;
+  c.n_layer = 12;
+  c.n_head = 12;
+  c.d_model = 768;
+  c.seq_len = 1024;
+  c.vocab = 50304;
+  c.tie_embeddings = true;
+  c.batch = batch;
+  c.seq = 1024;
+  c.precision = precision;
+  c.seed = 7;
+  return c;
+}
+
+// One tensor's gradient against its reference: the largest |want| and the largest
+// |got - want| over its n elements, in double; a non-finite difference (a NaN or inf on
+// either side) makes max_err infinite, so that no tolerance passes it.
+struct GradError {
+  double max_ref = 0.0;
+  double max_err = 0.0;
+};
+inline GradError CompareGradient(const float* got, const float* want, size_t n) {
+  GradError e;
+  for (size_t j = 0; j < n; ++j) {
+    const double d = std::fabs(double{got[j]} - want[j]);
+    e.max_ref = std::max(e.max_ref, std::fabs(double{want[j]}));
+    e.max_err = std::isfinite(d) ? std::max(e.max_err, d) : HUGE_VAL;
+  }
+  return e;
 }
 
 inline GptConfig CpuConfig(const GpuGptConfig& c) {
