@@ -47,7 +47,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
-bin="$root/build/bin"
+bin="${TANDEM_BIN:-$root/build/bin}"  # TANDEM_BIN: another build's programs (e.g. before/after a change)
 py=/usr/bin/python3
 
 speedup=1 bubble=0 memory=0 keep=0 print_spec=0 small_run=0 only=

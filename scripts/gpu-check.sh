@@ -237,7 +237,8 @@ for t in "${tests[@]}"; do
   [ -x "$exe" ] || { failed+=("$t (not built)"); continue; }
   say "test $t"
   log="$log_dir/$t.log"
-  timeout "$(cap 150)" "$exe" >"$log" 2>&1
+  # 240 s: worker_gpu_gpt_test includes the GPT-2 124M shapes against the CPU layers.
+  timeout "$(cap 240)" "$exe" >"$log" 2>&1
   rc=$?
   grep -E '^\[==========\] .* ran|^\[ +(PASSED|SKIPPED|FAILED) +\] [0-9]+ test' "$log" || true
   if [ "$rc" -ne 0 ]; then
