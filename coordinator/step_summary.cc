@@ -10,11 +10,6 @@
 
 namespace tandem::coordinator {
 
-float ClipScale(double norm, float clip) {
-  if (!std::isfinite(norm) || clip <= 0 || norm <= clip) return 1.0f;
-  return static_cast<float>(clip / norm);
-}
-
 StepReports SummarizeReports(int64_t step, const Schedule& schedule, int num_stages,
                              const std::vector<const v1::StepReport*>& reports,
                              const v1::StepTimings& timings, float clip) {

@@ -10,15 +10,14 @@
 #include <string>
 #include <vector>
 
+#include "common/grad_clip.h"
 #include "common/schedule.h"
 #include "tandem/v1/coordinator.pb.h"
 #include "tandem/v1/worker.pb.h"
 
 namespace tandem::coordinator {
 
-// The factor that clips a global gradient norm to `clip`: min(1, clip / norm). 1 when clipping
-// is off (clip <= 0) or the norm is not finite (such a step is skipped, not scaled).
-float ClipScale(double norm, float clip);
+using ::tandem::ClipScale;  // common/grad_clip.h
 
 // What the RunStep reports of a training step say, before its update.
 struct StepReports {

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/grad_clip.h"
 #include "common/spec.h"
 #include "tests/worker/pipeline_test_util.h"
 #include "tests/worker/transport_test_util.h"
@@ -92,9 +93,7 @@ std::vector<double> Train(const v1::JobSpec& spec, int stages, const std::string
       norm_sq += reports[s]->grad_norm_sq();
     }
     // As the coordinator does: clip by the global norm over all stages.
-    const float clip = spec.optimizer().grad_clip();
-    const double norm = std::sqrt(norm_sq);
-    const float scale = clip > 0 && norm > clip ? static_cast<float>(clip / norm) : 1.0f;
+    const float scale = ClipScale(std::sqrt(norm_sq), spec.optimizer().grad_clip());
     for (int s = 0; s < stages; ++s) {
       absl::Status applied = executors[s]->ApplyStep(step, spec.optimizer().lr(), scale);
       EXPECT_TRUE(applied.ok()) << applied;
