@@ -23,7 +23,10 @@ HostStagedTransport::HostStagedTransport(std::unique_ptr<Transport> inner,
 
 HostStagedTransport::~HostStagedTransport() { inner_.reset(); }
 
-absl::StatusOr<std::unique_ptr<HostBuffer>> HostStagedTransport::TakeStaging(size_t bytes) {
+absl::StatusOr<std::unique_ptr<HostBuffer>> HostStagedTransport::TakeStaging(size_t bytes,
+                                                                             const char* op,
+                                                                             int peer,
+                                                                             uint64_t tag) {
   {
     absl::MutexLock lock(&mu_);
     auto it = pool_.lower_bound(bytes);
@@ -34,7 +37,9 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> HostStagedTransport::TakeStaging(siz
       return buffer;
     }
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> buffer, copier_->AllocateHost(bytes));
+  absl::StatusOr<std::unique_ptr<HostBuffer>> buffer = copier_->AllocateHost(bytes);
+  RETURN_IF_ERROR(WithPrefix(buffer.status(), absl::StrCat(Describe(op, peer, tag), ": allocating ",
+                                                           bytes, " bytes of host staging")));
   absl::MutexLock lock(&mu_);
   ++staging_allocations_;
   return buffer;
@@ -54,6 +59,16 @@ void HostStagedTransport::Retire(std::unique_ptr<HostBuffer> buffer) {
   retired_.push_back(std::move(buffer));
 }
 
+absl::Status HostStagedTransport::ReleaseRefused(absl::Status refusal,
+                                                 std::unique_ptr<HostBuffer> buffer) {
+  if (refusal.code() == absl::StatusCode::kInvalidArgument) {
+    ReturnStaging(std::move(buffer));
+  } else {
+    Retire(std::move(buffer));
+  }
+  return refusal;
+}
+
 int64_t HostStagedTransport::staging_allocations() const {
   absl::MutexLock lock(&mu_);
   return staging_allocations_;
@@ -66,28 +81,19 @@ std::string HostStagedTransport::Describe(const char* op, int peer, uint64_t tag
 absl::Status HostStagedTransport::PostSend(int peer, uint64_t tag, const void* data, size_t bytes) {
   // Checked before the copy, so that an aborted transport does no device work.
   if (aborted()) return absl::AbortedError("send: transport aborted");
-  absl::StatusOr<std::unique_ptr<HostBuffer>> staging = TakeStaging(bytes);
-  RETURN_IF_ERROR(
-      WithPrefix(staging.status(), absl::StrCat(Describe("send to", peer, tag), ": allocating ",
-                                                bytes, " bytes of host staging")));
+  ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> staging, TakeStaging(bytes, "send to", peer, tag));
   if (bytes > 0) {
-    if (absl::Status s = copier_->CopyToHost((*staging)->data(), data, bytes); !s.ok()) {
-      ReturnStaging(*std::move(staging));
+    if (absl::Status s = copier_->CopyToHost(staging->data(), data, bytes); !s.ok()) {
+      ReturnStaging(std::move(staging));
       return WithPrefix(s, absl::StrCat(Describe("send to", peer, tag), ": copying ", bytes,
                                         " bytes from the device to host staging"));
     }
   }
-  if (absl::Status s = inner_->PostSend(peer, tag, (*staging)->data(), bytes); !s.ok()) {
-    // A send the inner transport refused outright never referenced the buffer.
-    if (s.code() == absl::StatusCode::kInvalidArgument) {
-      ReturnStaging(*std::move(staging));
-    } else {
-      Retire(*std::move(staging));
-    }
-    return s;
+  if (absl::Status s = inner_->PostSend(peer, tag, staging->data(), bytes); !s.ok()) {
+    return ReleaseRefused(std::move(s), std::move(staging));
   }
   absl::MutexLock lock(&mu_);
-  sending_.push_back(*std::move(staging));
+  sending_.push_back(std::move(staging));
   return absl::OkStatus();
 }
 
@@ -112,20 +118,13 @@ absl::Status HostStagedTransport::PostRecv(int peer, uint64_t tag, void* data, s
                                                      " is already posted"));
     }
   }
-  absl::StatusOr<std::unique_ptr<HostBuffer>> staging = TakeStaging(bytes);
-  RETURN_IF_ERROR(
-      WithPrefix(staging.status(), absl::StrCat(Describe("receive from", peer, tag),
-                                                ": allocating ", bytes, " bytes of host staging")));
-  if (absl::Status s = inner_->PostRecv(peer, tag, (*staging)->data(), bytes); !s.ok()) {
-    if (s.code() == absl::StatusCode::kInvalidArgument) {
-      ReturnStaging(*std::move(staging));
-    } else {
-      Retire(*std::move(staging));
-    }
-    return s;
+  ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> staging,
+                   TakeStaging(bytes, "receive from", peer, tag));
+  if (absl::Status s = inner_->PostRecv(peer, tag, staging->data(), bytes); !s.ok()) {
+    return ReleaseRefused(std::move(s), std::move(staging));
   }
   absl::MutexLock lock(&mu_);
-  pending_recvs_[{peer, tag}] = PendingRecv{data, bytes, *std::move(staging)};
+  pending_recvs_[{peer, tag}] = PendingRecv{data, bytes, std::move(staging)};
   return absl::OkStatus();
 }
 

@@ -89,12 +89,18 @@ class HostStagedTransport final : public Transport {
     std::unique_ptr<HostBuffer> staging;
   };
 
-  // A staging buffer of at least `bytes` bytes: from the pool, or newly allocated.
-  absl::StatusOr<std::unique_ptr<HostBuffer>> TakeStaging(size_t bytes);
+  // A staging buffer of at least `bytes` bytes for the transfer `op` peer/tag: from the pool, or
+  // newly allocated (an allocation error says "<Describe>: allocating N bytes of host staging").
+  absl::StatusOr<std::unique_ptr<HostBuffer>> TakeStaging(size_t bytes, const char* op, int peer,
+                                                          uint64_t tag);
   // Back to the pool (or freed when the pool is full).
   void ReturnStaging(std::unique_ptr<HostBuffer> buffer);
   // Kept until destruction: the inner transport may still reference it after a failure.
   void Retire(std::unique_ptr<HostBuffer> buffer);
+  // After the inner transport refused a post with `refusal`: a post refused outright
+  // (INVALID_ARGUMENT) never referenced the buffer, so it goes back to the pool; otherwise it is
+  // retired. Returns `refusal`.
+  absl::Status ReleaseRefused(absl::Status refusal, std::unique_ptr<HostBuffer> buffer);
   // "rank 0: send to peer rank 1 tag 7": what a copy or allocation error was about.
   std::string Describe(const char* op, int peer, uint64_t tag) const;
 
