@@ -190,15 +190,7 @@ TEST(GpuGptMemoryTest, PlanArithmetic) {
 }
 
 TEST(GpuGptMemoryTest, Gpt2PresetCounts124MParameters) {
-  GpuGptConfig c;
-  c.n_layer = 12;
-  c.n_head = 12;
-  c.d_model = 768;
-  c.seq_len = 1024;
-  c.vocab = 50304;
-  c.batch = 8;
-  c.seq = 1024;
-  const absl::StatusOr<GpuGptMemory> m = PlanGpuGptMemory(c);
+  const absl::StatusOr<GpuGptMemory> m = PlanGpuGptMemory(Gpt2Config(GpuPrecision::kBf16, 8));
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->parameters, size_t{124475904} * 4);
 }
