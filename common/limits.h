@@ -30,6 +30,11 @@ inline constexpr double kMaxModelParameters = 4294967296.0;
 // Rows of one GEMM (B*T) stay within BLAS's int range.
 inline constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();
 
+// Data parallelism: pipeline replicas per job, and the workers of one job's gang (stages x
+// replicas).
+inline constexpr int64_t kMaxReplicas = 1024;
+inline constexpr int64_t kMaxGangWorkers = 4096;
+
 }  // namespace tandem
 
 #endif  // TANDEM_COMMON_LIMITS_H_

@@ -25,6 +25,13 @@ double TransferSeconds(const v1::LinkProfile& link, int64_t bytes) {
   return link.latency_seconds() + static_cast<double>(bytes) * link.seconds_per_byte();
 }
 
+double AllReduceSeconds(const v1::LinkProfile& link, int64_t bytes, int ranks) {
+  if (bytes <= 0 || ranks < 2) return 0.0;
+  // A ring: R - 1 reduce-scatter and R - 1 all-gather steps, each moving bytes / R per rank.
+  const int64_t piece = (bytes + ranks - 1) / ranks;
+  return 2.0 * (ranks - 1) * TransferSeconds(link, piece);
+}
+
 absl::Status FitLink(v1::LinkProfile* link) {
   const int n = link->samples_size();
   if (n == 0) return absl::InvalidArgumentError("link fit: no samples");

@@ -16,6 +16,10 @@ namespace tandem {
 // plans transfers as free, as before links were measured.
 double TransferSeconds(const v1::LinkProfile& link, int64_t bytes);
 
+// Seconds to sum `bytes` bytes across `ranks` workers with a ring all-reduce over such links:
+// 2 (R - 1) steps, each moving a 1/R piece one way. 0 for R < 2, bytes <= 0 or an empty link.
+double AllReduceSeconds(const v1::LinkProfile& link, int64_t bytes, int ranks);
+
 // Sets link->latency_seconds and link->seconds_per_byte to the least-squares fit of
 // one_way_seconds = latency + bytes x seconds_per_byte over link->samples(), with both terms
 // constrained to >= 0 (the best fit on the boundary when the free fit has a negative term).

@@ -105,6 +105,8 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
   ASSIGN_OR_RETURN(Schedule compute, ScheduleForSpec(spec));
   PipelinePlan plan;
   plan.schedule = LowerWithTransfers(compute);
+  const int replicas = std::max(1, spec.pipeline().replicas());
+  if (replicas > 1) plan.schedule = AddGradReductions(plan.schedule);
   // Every program is proved complete and deadlock-free before any worker sees it.
   RETURN_IF_ERROR(ValidateSchedule(plan.schedule));
   if (profile != nullptr && profile->layers_size() != NumLayers(spec.model())) {
@@ -165,6 +167,10 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
         if (r.begin > 0) bytes = std::max(bytes, profile->layers(r.begin - 1).output_bytes());
         c.transfer = TransferSeconds(profile->link(), bytes);
       }
+      // Its gradients summed across the replicas (fp32, one per parameter).
+      int64_t parameters = 0;
+      for (int g = r.begin; g < r.end; ++g) parameters += profile->layers(g).parameter_count();
+      c.reduce = AllReduceSeconds(profile->link(), parameters * 4, replicas);
       plan.stage_costs.push_back(c);
     }
     absl::StatusOr<SimulationResult> sim =
@@ -230,9 +236,12 @@ double PredictedBubble(const v1::JobSpec& spec) {
   return plan.ok() ? PredictedBubble(*plan) : 0.0;
 }
 
-v1::StageProgram StageProgramFor(const PipelinePlan& plan, const v1::JobSpec& spec, int rank,
+v1::StageProgram StageProgramFor(const PipelinePlan& plan, const v1::JobSpec& spec, int gang_rank,
                                  const std::string& job_id, const std::string& rendezvous_prefix) {
   const Placement& placement = plan.schedule.placement;
+  const int replicas = std::max(1, spec.pipeline().replicas());
+  const int rank = gang_rank % placement.num_ranks;
+  const int replica = gang_rank / placement.num_ranks;
   v1::StageProgram prog;
   prog.set_job_id(job_id);
   prog.set_rank(rank);
@@ -247,7 +256,16 @@ v1::StageProgram StageProgramFor(const PipelinePlan& plan, const v1::JobSpec& sp
   }
   for (const Action& a : plan.schedule.program[rank]) *prog.add_actions() = ToProto(a);
   *prog.mutable_spec() = spec;
-  prog.set_rendezvous_prefix(rendezvous_prefix);
+  if (replicas > 1) {
+    // Each replica's pipeline meets under its own prefix, each rank's data-parallel group
+    // under another.
+    prog.set_rendezvous_prefix(absl::StrCat(rendezvous_prefix, "replica-", replica, "/"));
+    prog.set_replica(replica);
+    prog.set_num_replicas(replicas);
+    prog.set_dp_rendezvous_prefix(absl::StrCat(rendezvous_prefix, "dp-rank-", rank, "/"));
+  } else {
+    prog.set_rendezvous_prefix(rendezvous_prefix);
+  }
   prog.set_micro_batches(plan.schedule.num_micro_batches);
   if (!plan.eval.program.empty()) {
     for (const Action& a : plan.eval.program[rank]) *prog.add_eval_actions() = ToProto(a);

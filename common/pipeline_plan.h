@@ -81,9 +81,13 @@ v1::JobSpec WithUniformCut(const v1::JobSpec& spec);
 // CSV: what the schedule comparisons plan.
 v1::JobSpec WithSchedule(const v1::JobSpec& spec, const std::string& schedule, int chunks);
 
-// The program of worker `rank` (layers, placement, actions, eval actions) for job `job_id`;
-// the caller adds what is not in the plan (restore). rank must be in [0, num_ranks).
-v1::StageProgram StageProgramFor(const PipelinePlan& plan, const v1::JobSpec& spec, int rank,
+// The program of the worker at `gang_rank` (layers, placement, actions, eval actions) for job
+// `job_id`; the caller adds what is not in the plan (restore). The gang is
+// pipeline.replicas x num_ranks workers: gang_rank = replica x num_ranks + rank, in
+// [0, GangSize(spec)). With one replica the program is rank gang_rank's under
+// `rendezvous_prefix`; with R > 1 its replica's pipeline meets under
+// "<prefix>replica-<r>/" and its data-parallel group under "<prefix>dp-rank-<rank>/".
+v1::StageProgram StageProgramFor(const PipelinePlan& plan, const v1::JobSpec& spec, int gang_rank,
                                  const std::string& job_id, const std::string& rendezvous_prefix);
 
 }  // namespace tandem

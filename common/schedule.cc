@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstddef>
 #include <map>
 #include <set>
 #include <tuple>
@@ -24,9 +25,15 @@ struct KindName {
 };
 // Longest names first so that parsing "SEND_F" is not mistaken for "F"-prefixed text.
 constexpr KindName kKindNames[] = {
-    {v1::ACTION_SEND_F, "SEND_F"}, {v1::ACTION_RECV_F, "RECV_F"}, {v1::ACTION_SEND_B, "SEND_B"},
-    {v1::ACTION_RECV_B, "RECV_B"}, {v1::ACTION_F, "F"},           {v1::ACTION_B, "B"},
-    {v1::ACTION_I, "I"},           {v1::ACTION_W, "W"},
+    {v1::ACTION_REDUCE_GRAD, "REDUCE_GRAD"},
+    {v1::ACTION_SEND_F, "SEND_F"},
+    {v1::ACTION_RECV_F, "RECV_F"},
+    {v1::ACTION_SEND_B, "SEND_B"},
+    {v1::ACTION_RECV_B, "RECV_B"},
+    {v1::ACTION_F, "F"},
+    {v1::ACTION_B, "B"},
+    {v1::ACTION_I, "I"},
+    {v1::ACTION_W, "W"},
 };
 
 absl::Status CheckSizes(int num_ranks, int num_micro_batches) {
@@ -153,6 +160,8 @@ bool IsTransferAction(ActionKind kind) {
          kind == v1::ACTION_RECV_B;
 }
 
+bool IsReductionAction(ActionKind kind) { return kind == v1::ACTION_REDUCE_GRAD; }
+
 std::vector<int> Placement::StagesOf(int rank) const {
   std::vector<int> stages;
   for (int s = 0; s < num_stages(); ++s) {
@@ -205,6 +214,7 @@ absl::Status ValidatePlacement(const Placement& placement) {
 }
 
 std::string ActionToString(const Action& a) {
+  if (IsReductionAction(a.kind)) return absl::StrCat(a.stage, ActionKindName(a.kind));
   return absl::StrCat(a.stage, ActionKindName(a.kind), a.micro_batch);
 }
 
@@ -222,6 +232,15 @@ absl::StatusOr<Action> ParseAction(absl::string_view text) {
     absl::string_view name(k.name);
     if (rest.substr(0, name.size()) == name) {
       absl::string_view mb = rest.substr(name.size());
+      if (IsReductionAction(k.kind)) {
+        // A whole stage's reduction: no micro-batch.
+        if (!mb.empty()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "action '", s, "': REDUCE_GRAD takes no micro-batch (e.g. 2REDUCE_GRAD)"));
+        }
+        a.kind = k.kind;
+        return a;
+      }
       if (mb.empty() ||
           !std::all_of(mb.begin(), mb.end(),
                        [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }) ||
@@ -234,7 +253,8 @@ absl::StatusOr<Action> ParseAction(absl::string_view text) {
     }
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "action '", s, "': unknown kind; expected F, B, I, W, SEND_F, RECV_F, SEND_B or RECV_B"));
+      "action '", s,
+      "': unknown kind; expected F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B or REDUCE_GRAD"));
 }
 
 std::string ActionsToString(const std::vector<Action>& actions) {
@@ -432,6 +452,59 @@ Program LowerWithTransfers(const Program& compute, const Placement& placement) {
 Schedule LowerWithTransfers(const Schedule& compute) {
   Schedule out = compute;
   out.program = LowerWithTransfers(compute.program, compute.placement);
+  return out;
+}
+
+Program AddGradReductions(const Program& lowered, const Placement& placement) {
+  Program out = lowered;
+  for (size_t r = 0; r < out.size(); ++r) {
+    std::vector<Action>& list = out[r];
+    for (int stage : placement.StagesOf(static_cast<int>(r))) {
+      if (std::any_of(list.begin(), list.end(), [&](const Action& a) {
+            return a.stage == stage && IsReductionAction(a.kind);
+          })) {
+        continue;  // already there: kept where it is
+      }
+      // After the stage's last weight gradient (B, or W when split) and the sends that follow
+      // it, so that the previous stage's gradient leaves first.
+      size_t at = list.size();
+      for (size_t i = 0; i < list.size(); ++i) {
+        const Action& a = list[i];
+        if (a.stage == stage && (a.kind == v1::ACTION_B || a.kind == v1::ACTION_W)) at = i + 1;
+      }
+      while (at < list.size() && list[at].stage == stage &&
+             (list[at].kind == v1::ACTION_SEND_B || list[at].kind == v1::ACTION_SEND_F)) {
+        ++at;
+      }
+      list.insert(list.begin() + static_cast<std::ptrdiff_t>(at),
+                  Action{stage, v1::ACTION_REDUCE_GRAD, 0});
+    }
+  }
+  return out;
+}
+
+Schedule AddGradReductions(const Schedule& lowered) {
+  Schedule out = lowered;
+  out.program = AddGradReductions(lowered.program, lowered.placement);
+  return out;
+}
+
+Schedule ReplicatedSchedule(const Schedule& lowered, int replicas) {
+  if (replicas <= 1) return lowered;
+  const int S = lowered.placement.num_stages();
+  const int P = lowered.placement.num_ranks;
+  Schedule out;
+  out.name = lowered.name;
+  out.num_micro_batches = lowered.num_micro_batches;
+  out.placement.num_ranks = P * replicas;
+  for (int r = 0; r < replicas; ++r) {
+    for (int s = 0; s < S; ++s)
+      out.placement.rank_of_stage.push_back(r * P + lowered.placement.rank_of_stage[s]);
+    for (int p = 0; p < P; ++p) {
+      std::vector<Action>& list = out.program.emplace_back(lowered.program[p]);
+      for (Action& a : list) a.stage += r * S;
+    }
+  }
   return out;
 }
 

@@ -78,8 +78,12 @@ const char* ActionKindName(ActionKind kind);
 // F, B, I, W: the actions that compute; the others move data between ranks.
 bool IsComputeAction(ActionKind kind);
 bool IsTransferAction(ActionKind kind);
+// REDUCE_GRAD: the stage's gradients summed across its data-parallel group (pipeline
+// replicas). Neither compute nor a point-to-point transfer; its micro_batch is always 0.
+bool IsReductionAction(ActionKind kind);
 
-// "2F0", "0B3", "3SEND_F1", "1RECV_B0": the notation of torch.distributed.pipelining.
+// "2F0", "0B3", "3SEND_F1", "1RECV_B0", "2REDUCE_GRAD" (no micro-batch): the notation of
+// torch.distributed.pipelining.
 std::string ActionToString(const Action& a);
 absl::StatusOr<Action> ParseAction(absl::string_view text);
 // Space-separated actions of one rank.
@@ -145,6 +149,21 @@ absl::StatusOr<Schedule> GenerateSchedule(absl::string_view schedule, int num_ra
 // not added again, so lowering a lowered program returns the same program.
 Program LowerWithTransfers(const Program& compute, const Placement& placement);
 Schedule LowerWithTransfers(const Schedule& compute);
+
+// Data parallelism: adds one REDUCE_GRAD per stage to its rank's list, right after the
+// stage's last weight gradient (its last B, or its last W when the backward is split) and the
+// sends that directly follow it. A reduction is posted, never blocks, and the step waits for
+// it at its end, so the rank goes on with its other stages' work while it runs. A stage that
+// already has one keeps it where it is.
+Program AddGradReductions(const Program& lowered, const Placement& placement);
+Schedule AddGradReductions(const Schedule& lowered);
+
+// The whole gang of a data-parallel job as one picture (its trace and timeline): the lowered
+// program once per replica, replica r's stage s numbered r S + s and placed on gang rank
+// r P + (its rank), each action renumbered so. Transfers still pair within their replica
+// (MessageOf: stage r S + s sends to r S + s + 1 only when s is not the last). Not a pipeline
+// program: ValidateProgram does not accept it for R > 1. `replicas` <= 1 returns `lowered`.
+Schedule ReplicatedSchedule(const Schedule& lowered, int replicas);
 
 // The message a lowered transfer action sends or receives, named as both ends of the link name
 // it: the payload (SEND_F for an activation, SEND_B for an input gradient), the stage that

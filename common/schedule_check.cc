@@ -83,8 +83,20 @@ class Validator {
           "invalid schedule: ", p_.size(), " rank lists for ", placement_.num_ranks, " ranks"));
     }
     progress_.assign(static_cast<size_t>(S_) * M_, Progress{});
+    reduced_.assign(static_cast<size_t>(S_), false);
     for (int r = 0; r < placement_.num_ranks; ++r) {
       RETURN_IF_ERROR(CheckRankStatically(r));
+    }
+    // Reductions all or none: a replica whose stage skipped its reduction would step apart.
+    const int reduced = static_cast<int>(std::count(reduced_.begin(), reduced_.end(), true));
+    if (reduced > 0 && reduced < S_) {
+      for (int s = 0; s < S_; ++s) {
+        if (reduced_[s]) continue;
+        const int r = placement_.rank_of_stage[s];
+        return Bad(p_, r, p_[r].size(),
+                   absl::StrCat("stage ", s, " has no REDUCE_GRAD, but ", reduced,
+                                " other stage(s) do: a data-parallel program reduces every stage"));
+      }
     }
     return RunBlocking();
   }
@@ -113,6 +125,10 @@ class Validator {
         return Bad(p_, r, i,
                    absl::StrCat("micro-batch ", a.micro_batch, " out of range [0, ", M_, ")"));
       }
+      if (IsReductionAction(a.kind)) {
+        RETURN_IF_ERROR(CheckReduction(r, i));
+        continue;
+      }
       RETURN_IF_ERROR(IsComputeAction(a.kind) ? CheckComputeOrder(r, i) : CheckTransferEnds(r, i));
     }
     for (int stage : placement_.StagesOf(r)) {
@@ -122,6 +138,26 @@ class Validator {
         if (!g.f) return Bad(p_, r, list.size(), absl::StrCat(what, "no forward"));
         if (!g.b && !g.i) return Bad(p_, r, list.size(), absl::StrCat(what, "no backward"));
         if (g.i && !g.w) return Bad(p_, r, list.size(), absl::StrCat(what, "an I but no W"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // REDUCE_GRAD of a stage: once, after every weight gradient of the stage (B, or W when
+  // split) for every micro-batch, since the reduction sums the finished gradients.
+  absl::Status CheckReduction(int r, size_t i) {
+    const Action& a = p_[r][i];
+    if (a.micro_batch != 0) return Bad(p_, r, i, "REDUCE_GRAD takes no micro-batch");
+    if (reduced_[a.stage]) return Bad(p_, r, i, "repeated REDUCE_GRAD");
+    reduced_[a.stage] = true;
+    for (int m = 0; m < M_; ++m) {
+      const Progress& g = At(a.stage, m);
+      if (!g.b && !g.w) {
+        return Bad(p_, r, i,
+                   absl::StrCat("REDUCE_GRAD of stage ", a.stage,
+                                " before its last weight "
+                                "gradient (micro-batch ",
+                                m, " has no B or W before it)"));
       }
     }
     return absl::OkStatus();
@@ -272,8 +308,8 @@ class Validator {
         g.backward_done = true;
         return true;
       }
-      default:  // W: its I ran earlier on this rank (checked statically)
-        return true;
+      default:        // W: its I ran earlier on this rank; REDUCE_GRAD: its gradients are done
+        return true;  // (both checked statically)
     }
   }
 
@@ -282,6 +318,7 @@ class Validator {
   const int S_;
   const int M_;
   std::vector<Progress> progress_;  // S x M
+  std::vector<bool> reduced_;       // per stage: its REDUCE_GRAD was seen
 };
 
 double ComputeCost(const ActionCosts& c, ActionKind kind) {
@@ -335,6 +372,8 @@ absl::StatusOr<SimulationResult> SimulateProgram(const Program& p, const Placeme
     out.end[r].assign(p[r].size(), 0.0);
   }
   std::vector<int> live(P, 0);
+  // Per rank: when its reductions (REDUCE_GRAD, one at a time) are done.
+  std::vector<double> reduce_done(P, 0.0);
   // The program is valid, so this terminates with every list done.
   for (bool moved = true; moved;) {
     moved = false;
@@ -349,6 +388,13 @@ absl::StatusOr<SimulationResult> SimulateProgram(const Program& p, const Placeme
           it->second.pop_front();
         } else if (a.kind == v1::ACTION_SEND_F || a.kind == v1::ACTION_SEND_B) {
           arrival[MessageKey(a)].push_back(clock[r] + cost_of(a.stage).transfer);
+        } else if (IsReductionAction(a.kind)) {
+          // Posted: it runs beside the rank's compute, after the rank's earlier reductions.
+          const double start = std::max(clock[r], reduce_done[r]);
+          reduce_done[r] = start + cost_of(a.stage).reduce;
+          out.start[r][pc[r]] = start;
+          out.end[r][pc[r]] = reduce_done[r];
+          continue;
         } else {
           const double cost = ComputeCost(cost_of(a.stage), a.kind);
           clock[r] += cost;
@@ -361,6 +407,11 @@ absl::StatusOr<SimulationResult> SimulateProgram(const Program& p, const Placeme
         out.end[r][pc[r]] = clock[r];
       }
     }
+  }
+  out.reduce_exposed.assign(P, 0.0);
+  for (int r = 0; r < P; ++r) {
+    out.reduce_exposed[r] = std::max(0.0, reduce_done[r] - clock[r]);
+    clock[r] = std::max(clock[r], reduce_done[r]);
   }
   out.step_time = *std::max_element(clock.begin(), clock.end());
   double idle = 0.0;

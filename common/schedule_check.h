@@ -25,7 +25,9 @@ namespace tandem {
 //    once by the rank holding the neighbouring stage; no transfer between two stages of one
 //    rank;
 //  - no deadlock: running the blocking semantics (sends never block, a receive waits for its
-//    send) finishes every rank's list.
+//    send) finishes every rank's list;
+//  - reductions (data parallelism): REDUCE_GRAD of a stage at most once, after the stage's
+//    weight gradient (B or W) of every micro-batch; and either every stage has one or none.
 // The message names the failing action and prints the per-rank grid with it in [brackets].
 absl::Status ValidateProgram(const Program& lowered, const Placement& placement,
                              int num_micro_batches);
@@ -37,6 +39,9 @@ struct ActionCosts {
   double backward_input = 1.0;   // I
   double backward_weight = 1.0;  // W
   double transfer = 0.0;         // from a send being posted to the data being receivable
+  // The stage's gradient reduction across its data-parallel group (REDUCE_GRAD), from its
+  // start; 0 without data parallelism.
+  double reduce = 0.0;
 };
 
 struct SimulationResult {
@@ -47,6 +52,9 @@ struct SimulationResult {
   // Per rank: the most (stage, micro-batch) pairs between their F and their last backward
   // action (B, or W when split): the activations the rank must hold at its peak.
   std::vector<int> peak_live_micro_batches;
+  // Per rank: the time its gradient reductions run past its last compute (the exposed part,
+  // which the step waits for); 0 without REDUCE_GRAD actions.
+  std::vector<double> reduce_exposed;
   // Per rank and action index: simulated start and end (for the timestep grid).
   std::vector<std::vector<double>> start;
   std::vector<std::vector<double>> end;
@@ -54,7 +62,11 @@ struct SimulationResult {
 
 // Runs the validated program: each rank executes its actions in order, a compute action
 // starts when the rank is free and its inputs are there; a send takes no rank time and its
-// message is receivable `transfer` later, a receive ends when its message is there.
+// message is receivable `transfer` later, a receive ends when its message is there. A
+// REDUCE_GRAD starts when posted (or when the rank's previous reduction ends) and takes the
+// stage's `reduce` beside the rank's compute; the rank's step ends when its compute and its
+// reductions have. (It is modelled as starting at its action; the buckets a worker starts
+// within the last backward make the real exposure smaller, so this is an upper bound.)
 // `per_stage` (optional, one entry per stage) overrides `costs` for measured, unequal stages
 // (a message takes its sending stage's `transfer`). INVALID_ARGUMENT when ValidateProgram
 // fails or `per_stage` has neither 0 nor S entries.

@@ -1,5 +1,6 @@
 #include "common/spec.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -60,7 +61,12 @@ absl::StatusOr<v1::JobSpec> LoadJobSpecYaml(absl::string_view yaml) {
 }
 
 int64_t EffectiveBatch(const v1::JobSpec& spec) {
-  return int64_t{spec.pipeline().micro_batch_size()} * spec.pipeline().micro_batches();
+  return int64_t{spec.pipeline().micro_batch_size()} * spec.pipeline().micro_batches() *
+         std::max(1, spec.pipeline().replicas());
+}
+
+int GangSize(const v1::JobSpec& spec) {
+  return spec.pipeline().stages() * std::max(1, spec.pipeline().replicas());
 }
 
 int64_t TokensPerStep(const v1::JobSpec& spec) {

@@ -34,11 +34,14 @@ v1::JobSpec WithDefaults(const v1::JobSpec& spec);
 // Parse + WithDefaults + Validate.
 absl::StatusOr<v1::JobSpec> LoadJobSpecYaml(absl::string_view yaml);
 
-// Sequences per optimizer step: micro_batch_size x micro_batches.
+// Sequences per optimizer step (the global batch): micro_batch_size x micro_batches x
+// replicas.
 int64_t EffectiveBatch(const v1::JobSpec& spec);
 // Predicted (target) tokens per optimizer step: EffectiveBatch x seq_len for gpt (every
 // position is predicted), EffectiveBatch for mlp_lm (one next token per window).
 int64_t TokensPerStep(const v1::JobSpec& spec);
+// Workers of the job's gang: pipeline.stages x pipeline.replicas.
+int GangSize(const v1::JobSpec& spec);
 // Tokens one training sample reads: seq_len + 1 (gpt) or context + 1 (mlp_lm).
 int64_t TrainingWindow(const v1::ModelSpec& model);
 

@@ -321,6 +321,17 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
   const v1::PipelineSpec& p = spec.pipeline();
   RETURN_IF_ERROR(CheckRange("pipeline.stages", p.stages(), 1, 4096));
   RETURN_IF_ERROR(CheckRange("pipeline.chunks", p.chunks(), 0, 64));
+  RETURN_IF_ERROR(CheckRange("pipeline.replicas", p.replicas(), 1, kMaxReplicas));
+  if (const int64_t gang = int64_t{p.stages()} * p.replicas(); gang > kMaxGangWorkers) {
+    return Invalid("pipeline.replicas",
+                   absl::StrCat(p.stages(), " stages x ", p.replicas(), " replicas = ", gang,
+                                " workers, over the limit of ", kMaxGangWorkers, " per job"));
+  }
+  if (p.replicas() > 1 && spec.device() == "cuda") {
+    return Invalid("pipeline.replicas",
+                   "data parallelism (replicas > 1) runs on cpu workers only in this release; "
+                   "the NCCL gradient reduction is not wired into cuda workers yet");
+  }
   RETURN_IF_ERROR(CheckRange("pipeline.micro_batch_size", p.micro_batch_size(), 1, 1 << 20));
   RETURN_IF_ERROR(CheckRange("pipeline.micro_batches", p.micro_batches(), 1, 1 << 16));
   if (p.schedule_csv().empty()) {

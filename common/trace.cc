@@ -158,13 +158,15 @@ void AppendStep(const StepTimeline& t, int64_t base_ns, int64_t* next_id,
   for (size_t i = 0; i < t.slices.size(); ++i) {
     const TimelineSlice& s = t.slices[i];
     const bool compute = IsComputeAction(s.kind);
+    const bool reduction = IsReductionAction(s.kind);
     out->push_back(absl::StrCat(
-        R"({"name":")", ActionKindName(s.kind), s.micro_batch, R"(","cat":")",
-        compute ? "compute" : "communication", R"(","ph":"X","ts":)", Micros(times[i].ts_ns),
-        R"(,"dur":)", Micros(times[i].dur_ns), R"(,"pid":)", Pid(s.stage), R"(,"tid":)",
-        Tid(s.stage, compute), R"(,"args":{"stage":)", s.stage, R"(,"micro_batch":)", s.micro_batch,
-        R"(,"kind":")", ActionKindName(s.kind), R"(","step":)", StepNumber(t.step), R"(,"rank":)",
-        s.rank, s.device_us > 0 ? absl::StrCat(R"(,"device_us":)", s.device_us) : "", "}}"));
+        R"({"name":")", ActionKindName(s.kind), reduction ? "" : absl::StrCat(s.micro_batch),
+        R"(","cat":")", compute ? "compute" : (reduction ? "reduction" : "communication"),
+        R"(","ph":"X","ts":)", Micros(times[i].ts_ns), R"(,"dur":)", Micros(times[i].dur_ns),
+        R"(,"pid":)", Pid(s.stage), R"(,"tid":)", Tid(s.stage, compute), R"(,"args":{"stage":)",
+        s.stage, R"(,"micro_batch":)", s.micro_batch, R"(,"kind":")", ActionKindName(s.kind),
+        R"(","step":)", StepNumber(t.step), R"(,"rank":)", s.rank,
+        s.device_us > 0 ? absl::StrCat(R"(,"device_us":)", s.device_us) : "", "}}"));
     // The flow starts right after its send, so that at an equal timestamp the viewer has
     // already opened the send and binds the flow to it.
     if (auto it = link_of_send.find(i); it != link_of_send.end()) {
@@ -363,15 +365,27 @@ absl::StatusOr<StepTimeline> BuildStepTimeline(const Schedule& lowered,
     out.stages[s].rank = placement.rank_of_stage[s];
     if (!stage_labels.empty()) out.stages[s].label = stage_labels[s];
   }
+  // Per rank: when its last compute ended (a reduction's exposed part comes after it).
+  std::vector<int64_t> compute_end(static_cast<size_t>(num_ranks), 0);
   for (const TimelineSlice& s : out.slices) {
     if (IsComputeAction(s.kind)) {
-      out.stages[s.stage].busy_us += s.busy_us();
+      compute_end[s.rank] = std::max(compute_end[s.rank], s.end_us);
+    }
+  }
+  for (const TimelineSlice& s : out.slices) {
+    StageTimes& st = out.stages[s.stage];
+    if (IsComputeAction(s.kind)) {
+      st.busy_us += s.busy_us();
+    } else if (IsReductionAction(s.kind)) {
+      st.reduce_us += s.duration_us();
+      st.reduce_exposed_us +=
+          std::max<int64_t>(0, s.end_us - std::max(s.start_us, compute_end[s.rank]));
     } else {
-      out.stages[s.stage].comm_us += s.duration_us();
+      st.comm_us += s.duration_us();
     }
   }
   for (StageTimes& st : out.stages) {
-    st.idle_us = std::max<int64_t>(0, out.span_us - st.busy_us - st.comm_us);
+    st.idle_us = std::max<int64_t>(0, out.span_us - st.busy_us - st.comm_us - st.reduce_exposed_us);
     st.bubble = out.span_us > 0
                     ? 1.0 - static_cast<double>(st.busy_us) / static_cast<double>(out.span_us)
                     : 0.0;

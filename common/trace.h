@@ -50,7 +50,12 @@ struct StageTimes {
   std::string label;    // as given to BuildStepTimeline (e.g. the worker's address), or empty
   int64_t busy_us = 0;  // compute: F, B, I, W (by the device's clock where it has one)
   int64_t comm_us = 0;  // SEND_* and RECV_* (a receive's time is mostly waiting for its data)
-  int64_t idle_us = 0;  // neither
+  // Data parallelism: the stage's gradient reduction (REDUCE_GRAD, from its first bucket's
+  // start to its last one's end), and the part of it after the last compute of the stage's
+  // rank ended: what the step waited for, not hidden under compute.
+  int64_t reduce_us = 0;
+  int64_t reduce_exposed_us = 0;
+  int64_t idle_us = 0;  // none of the above (exposed reduction excluded)
   double bubble = 0.0;  // 1 - busy / span: the share of the step the stage did not compute
 };
 

@@ -509,5 +509,60 @@ TEST(ScheduleCsvTest, ProgramsWithTransfersAreNotRelowered) {
               AllOf(HasSubstr("backward before its gradient arrives"), HasSubstr("[0B0]")));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Data parallelism: REDUCE_GRAD
+
+TEST(ValidateProgramTest, ReductionsAfterTheLastWeightGradientAreValid) {
+  for (const char* name : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v"}) {
+    SCOPED_TRACE(name);
+    const Schedule reduced = AddGradReductions(Lowered(name, 2, 4));
+    EXPECT_TRUE(ValidateSchedule(reduced).ok()) << ValidateSchedule(reduced);
+  }
+}
+
+TEST(ValidateProgramTest, ReductionBeforeALaterWeightGradientIsRejected) {
+  // zb_h1 on one rank: the reduction must wait for the last W, not the last I.
+  const Placement one = OneStagePerRank(1);
+  absl::Status s = ValidateProgram(Parse({"0F0 0I0 0F1 0I1 0W0 0REDUCE_GRAD 0W1"}), one, 2);
+  EXPECT_THAT(
+      std::string(s.message()),
+      AllOf(HasSubstr("REDUCE_GRAD of stage 0 before its last weight gradient"),
+            HasSubstr("micro-batch 1 has no B or W before it"), HasSubstr("[0REDUCE_GRAD]")));
+  s = ValidateProgram(Parse({"0F0 0B0 0REDUCE_GRAD 0REDUCE_GRAD"}), one, 1);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("repeated REDUCE_GRAD"));
+  EXPECT_TRUE(ValidateProgram(Parse({"0F0 0I0 0F1 0I1 0W0 0W1 0REDUCE_GRAD"}), one, 2).ok());
+}
+
+TEST(ValidateProgramTest, ReductionsAreAllOrNone) {
+  Schedule reduced = AddGradReductions(Lowered("1f1b", 2, 2));
+  auto& rank1 = reduced.program[1];
+  rank1.erase(std::remove_if(rank1.begin(), rank1.end(),
+                             [](const Action& a) { return IsReductionAction(a.kind); }),
+              rank1.end());
+  const absl::Status s = ValidateSchedule(reduced);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("stage 1 has no REDUCE_GRAD, but 1 other stage(s) do"));
+}
+
+// The simulator runs a reduction beside the rank's compute: only what runs past the rank's
+// last compute is exposed, and the step ends when the last rank's compute and reductions have.
+TEST(SimulateProgramTest, ReductionRunsBesideComputeAndOnlyItsTailIsExposed) {
+  ActionCosts costs;  // F 1, B 2
+  const SimulationResult plain = Simulate(Lowered("1f1b", 2, 4), costs);
+  costs.reduce = 0.5;
+  const SimulationResult with = Simulate(AddGradReductions(Lowered("1f1b", 2, 4)), costs);
+  ASSERT_EQ(with.reduce_exposed.size(), 2u);
+  // One stage per rank: each reduction starts after its rank's last compute, all exposed; rank
+  // 1's ends while rank 0 still computes, so only rank 0's lengthens the step.
+  EXPECT_DOUBLE_EQ(with.reduce_exposed[0], 0.5);
+  EXPECT_DOUBLE_EQ(with.reduce_exposed[1], 0.5);
+  EXPECT_DOUBLE_EQ(with.step_time, plain.step_time + 0.5);
+  // Two chunks per rank: the later chunk's reduction hides under the earlier chunk's last
+  // backwards; only the last one's is exposed.
+  const SimulationResult interleaved =
+      Simulate(AddGradReductions(Lowered("interleaved_1f1b", 2, 4, 2)), costs);
+  for (double exposed : interleaved.reduce_exposed) EXPECT_DOUBLE_EQ(exposed, 0.5);
+}
+
 }  // namespace
 }  // namespace tandem

@@ -642,5 +642,69 @@ TEST(IdealBubbleFraction, FlushScheduleFormula) {
   EXPECT_DOUBLE_EQ(IdealBubbleFraction(1, 4, 2), 0.0);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Data parallelism: REDUCE_GRAD
+
+TEST(ParseAction, ReduceGradHasNoMicroBatch) {
+  absl::StatusOr<Action> a = ParseAction("2REDUCE_GRAD");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(*a, (Action{2, v1::ACTION_REDUCE_GRAD, 0}));
+  EXPECT_EQ(ActionToString(*a), "2REDUCE_GRAD");
+  EXPECT_TRUE(IsReductionAction(a->kind));
+  EXPECT_FALSE(IsComputeAction(a->kind));
+  EXPECT_FALSE(IsTransferAction(a->kind));
+  absl::StatusOr<Action> bad = ParseAction("2REDUCE_GRAD0");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("takes no micro-batch"), std::string::npos);
+}
+
+// One REDUCE_GRAD per stage, right after its last weight gradient (B; W when split) and the
+// send that follows it; idempotent.
+TEST(AddGradReductions, FollowsEachStagesLastWeightGradient) {
+  for (const char* name : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v"}) {
+    SCOPED_TRACE(name);
+    absl::StatusOr<Schedule> s = GenerateSchedule(name, 2, 4);
+    ASSERT_TRUE(s.ok()) << s.status();
+    const Schedule lowered = LowerWithTransfers(*s);
+    const Schedule reduced = AddGradReductions(lowered);
+    EXPECT_EQ(AddGradReductions(reduced).program, reduced.program);
+    for (size_t r = 0; r < reduced.program.size(); ++r) {
+      const std::vector<Action>& list = reduced.program[r];
+      EXPECT_EQ(list.size(),
+                lowered.program[r].size() + reduced.placement.StagesOf(static_cast<int>(r)).size());
+      for (int stage : reduced.placement.StagesOf(static_cast<int>(r))) {
+        size_t last_grad = 0, at = list.size();
+        for (size_t i = 0; i < list.size(); ++i) {
+          if (list[i].stage != stage) continue;
+          if (list[i].kind == v1::ACTION_B || list[i].kind == v1::ACTION_W) last_grad = i;
+          if (list[i].kind == v1::ACTION_REDUCE_GRAD) at = i;
+        }
+        ASSERT_LT(at, list.size()) << "stage " << stage << " has no REDUCE_GRAD";
+        EXPECT_GT(at, last_grad);
+        for (size_t i = last_grad + 1; i < at; ++i) {
+          EXPECT_TRUE(list[i].stage == stage && IsTransferAction(list[i].kind))
+              << ActionsToString(list);
+        }
+      }
+    }
+  }
+}
+
+// The gang's picture: replica r's stages renumbered r S + s on ranks r P + p.
+TEST(ReplicatedSchedule, RenumbersStagesAndRanksPerReplica) {
+  absl::StatusOr<Schedule> s = GenerateSchedule("1f1b", 2, 2);
+  ASSERT_TRUE(s.ok());
+  const Schedule lowered = LowerWithTransfers(*s);
+  EXPECT_EQ(ReplicatedSchedule(lowered, 1).program, lowered.program);
+  const Schedule wide = ReplicatedSchedule(lowered, 3);
+  EXPECT_EQ(wide.placement.num_ranks, 6);
+  EXPECT_EQ(wide.placement.rank_of_stage, (std::vector<int>{0, 1, 2, 3, 4, 5}));
+  ASSERT_EQ(wide.program.size(), 6u);
+  EXPECT_EQ(ActionsToString(wide.program[3]),
+            "3RECV_F0 3F0 3B0 3SEND_B0 3RECV_F1 3F1 3B1 3SEND_B1");
+  // Transfers pair within a replica: replica 1's first stage sends to its own second.
+  EXPECT_EQ(MessageOf(Action{2, v1::ACTION_SEND_F, 0}).to_stage, 3);
+}
+
 }  // namespace
 }  // namespace tandem

@@ -169,6 +169,12 @@ const Malformed kCases[] = {
     {"pipeline:\n  transport: [nccl]\n", "pipeline.transport", "expected a string"},
     {"pipeline:\n  transport: nccl\n", "pipeline.transport",
      "nccl needs device: cuda, got device: \"cpu\""},
+    {"pipeline:\n  replicas: 0\n", "pipeline.replicas", "must be in [1, 1024]"},
+    {"pipeline:\n  replicas: 1025\n", "pipeline.replicas", "must be in [1, 1024]"},
+    {"model:\n  n_layer: 8\npipeline:\n  stages: 8\n  micro_batches: 8\n  replicas: 1000\n",
+     "pipeline.replicas", "8 stages x 1000 replicas = 8000 workers, over the limit of 4096"},
+    {"device: cuda\npipeline:\n  replicas: 2\n", "pipeline.replicas",
+     "runs on cpu workers only in this release"},
     // --- eval, checkpoint, init
     {"eval:\n  every: -1\n", "eval.every", "must be >= 0 (0 never evaluates)"},
     {"eval:\n  micro_batches: -4\n", "eval.micro_batches", "must be in [1, 65536]"},
