@@ -106,6 +106,7 @@ absl::Status CpuStageCompute::Backward(int chunk, int mb, v1::ActionKind kind,
   if (kind == v1::ACTION_W) {
     for (size_t l = layers.size(); l-- > 0;) {
       RETURN_IF_ERROR(layers[l]->BackwardWeight(saved[l]));
+      if (layer_done_) layer_done_(chunk, static_cast<int>(l));
     }
     saved.clear();
     return absl::OkStatus();
@@ -117,11 +118,26 @@ absl::Status CpuStageCompute::Backward(int chunk, int mb, v1::ActionKind kind,
     RETURN_IF_ERROR(split ? layers[l]->BackwardInput(g, saved[l], gin)
                           : layers[l]->Backward(g, saved[l], gin));
     if (!split) saved[l].Clear();
+    if (!split && layer_done_) layer_done_(chunk, static_cast<int>(l));
     std::swap(g, gin);
   }
   if (!split) saved.clear();
   if (!layers.front()->reads_tokens()) *grad_input = Wrap(std::move(g));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<absl::Span<float>>> CpuStageCompute::LayerGradients(int chunk,
+                                                                               int layer) {
+  if (chunk < 0 || static_cast<size_t>(chunk) >= chunks_.size() || layer < 0 ||
+      static_cast<size_t>(layer) >= chunks_[chunk].size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no layer ", layer, " in chunk ", chunk, " of this stage"));
+  }
+  std::vector<absl::Span<float>> out;
+  for (Parameter* p : chunks_[chunk][layer]->Parameters()) {
+    out.push_back(absl::MakeSpan(p->grad.vec()));
+  }
+  return out;
 }
 
 size_t CpuStageCompute::SavedBytes(int chunk, int mb) const {

@@ -47,6 +47,9 @@ class CpuStageCompute final : public StageCompute {
   absl::Status Restore(const TensorLookup& lookup, bool weights_only,
                        absl::string_view where) override;
   std::vector<Parameter*> HostParameters() override;
+  int num_layers(int chunk) const override { return static_cast<int>(chunks_[chunk].size()); }
+  absl::StatusOr<std::vector<absl::Span<float>>> LayerGradients(int chunk, int layer) override;
+  void set_layer_done_hook(LayerDoneHook hook) override { layer_done_ = std::move(hook); }
 
  private:
   CpuStageCompute() = default;
@@ -63,6 +66,7 @@ class CpuStageCompute final : public StageCompute {
   std::vector<std::vector<SavedContext>> saved_;  // chunk * slots_ + mb: one per layer
   int64_t parameter_count_ = 0;
   std::vector<StaticMemory> static_memory_;
+  LayerDoneHook layer_done_;
 };
 
 }  // namespace tandem::worker

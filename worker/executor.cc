@@ -57,22 +57,42 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
   absl::StatusOr<std::unique_ptr<CpuStageCompute>> compute =
       CpuStageCompute::Create(program, MicroBatchSlots(program));
   if (!compute.ok()) return WithPrefix(compute.status(), PrefixOf(program));
-  return CreateValidated(program, std::move(data), std::move(transport), *std::move(compute));
+  return CreateValidated(program, std::move(data), std::move(transport), *std::move(compute),
+                         nullptr);
 }
 
 absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     const v1::StageProgram& program, Dataset data, std::unique_ptr<Transport> transport,
-    std::unique_ptr<StageCompute> compute) {
+    std::unique_ptr<StageCompute> compute, std::unique_ptr<GradReducer> reducer) {
   RETURN_IF_ERROR(ValidateStageProgram(program));
-  return CreateValidated(program, std::move(data), std::move(transport), std::move(compute));
+  return CreateValidated(program, std::move(data), std::move(transport), std::move(compute),
+                         std::move(reducer));
 }
 
 absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::CreateValidated(
     const v1::StageProgram& program, Dataset data, std::unique_ptr<Transport> transport,
-    std::unique_ptr<StageCompute> compute) {
+    std::unique_ptr<StageCompute> compute, std::unique_ptr<GradReducer> reducer) {
   const std::string prefix = absl::StrCat("rank ", program.rank());
   if (compute == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(prefix, ": no compute backend"));
+  }
+  if (program.num_replicas() > 1) {
+    if (reducer == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, ": a gradient reducer is required with ", program.num_replicas(), " replicas"));
+    }
+    if (reducer->replica() != program.replica() || reducer->replicas() != program.num_replicas()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, ": the data-parallel group is rank ", reducer->replica(), " of ",
+                       reducer->replicas(), ", the program is replica ", program.replica(), " of ",
+                       program.num_replicas()));
+    }
+    for (int c = 0; c < program.chunks_size(); ++c) {
+      // A backend whose gradients are not on the host says so here, not mid-step.
+      RETURN_IF_ERROR(WithPrefix(compute->LayerGradients(c, 0).status(), prefix));
+    }
+  } else {
+    reducer = nullptr;
   }
   if (program.num_ranks() > 1) {
     if (transport == nullptr) {
@@ -100,8 +120,8 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::CreateValidated(
   } else {
     data = Dataset{};
   }
-  std::unique_ptr<StageExecutor> ex(
-      new StageExecutor(program, std::move(data), std::move(transport), std::move(compute)));
+  std::unique_ptr<StageExecutor> ex(new StageExecutor(
+      program, std::move(data), std::move(transport), std::move(compute), std::move(reducer)));
   // A run resumed from a checkpoint continues after its step.
   if (!program.restore().job_id().empty() && !program.restore().weights_only()) {
     ex->last_applied_step_ = program.restore().step();
@@ -113,7 +133,8 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::CreateValidated(
 
 StageExecutor::StageExecutor(const v1::StageProgram& program, Dataset data,
                              std::unique_ptr<Transport> transport,
-                             std::unique_ptr<StageCompute> compute)
+                             std::unique_ptr<StageCompute> compute,
+                             std::unique_ptr<GradReducer> reducer)
     : program_(program),
       rank_(program.rank()),
       num_stages_(program.num_stages()),
@@ -124,10 +145,13 @@ StageExecutor::StageExecutor(const v1::StageProgram& program, Dataset data,
       seq_len_(gpt_ ? program.spec().model().seq_len() : 1),
       window_(TrainingWindow(program.spec().model())),
       d_model_(program.spec().model().d_model()),
+      replica_(program.num_replicas() > 1 ? program.replica() : 0),
+      replicas_(std::max(1, program.num_replicas())),
       prefix_(PrefixOf(program)),
       chunk_of_stage_(program.num_stages(), -1),
       mb_slots_(MicroBatchSlots(program)),
       compute_(std::move(compute)),
+      reducer_(std::move(reducer)),
       transport_(std::move(transport)) {
   for (const v1::StageChunk& pc : program.chunks()) {
     Chunk c;
@@ -147,6 +171,18 @@ StageExecutor::StageExecutor(const v1::StageProgram& program, Dataset data,
     if (!c.first) c.prev = chunk_of_stage_[c.stage - 1];
     if (!c.last) c.next = chunk_of_stage_[c.stage + 1];
   }
+  last_grad_action_.assign(chunks_.size(), -1);
+  layer_posted_.resize(chunks_.size());
+  for (int i = 0; i < program.actions_size(); ++i) {
+    const v1::Action& a = program.actions(i);
+    if (a.kind() == v1::ACTION_B || a.kind() == v1::ACTION_W) {
+      last_grad_action_[chunk_of_stage_[a.stage()]] = i;
+    }
+  }
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    layer_posted_[c].assign(static_cast<size_t>(chunks_[c].layer_end - chunks_[c].layer_begin),
+                            false);
+  }
   next_recv_ = NextReceives(program.actions());
   eval_next_recv_ = NextReceives(program.eval_actions());
   mbs_.resize(chunks_.size() * mb_slots_);
@@ -162,11 +198,13 @@ StageExecutor::StageExecutor(const v1::StageProgram& program, Dataset data,
 
 StageExecutor::~StageExecutor() {
   if (transport_ != nullptr) transport_->Abort();
+  if (reducer_ != nullptr) reducer_->Abort();
 }
 
 void StageExecutor::Abort() {
   aborted_.store(true);
   if (transport_ != nullptr) transport_->Abort();
+  if (reducer_ != nullptr) reducer_->Abort();
 }
 
 StageExecutor::MicroBatch& StageExecutor::Mb(int chunk, int mb) {
@@ -194,10 +232,13 @@ StageBuffer& StageExecutor::KeepForSend(StageBufferPtr b) {
 absl::Status StageExecutor::Forward(int chunk, int mb, int64_t step, bool eval) {
   Chunk& c = chunks_[chunk];
   MicroBatch& m = Mb(chunk, mb);
-  // Training samples step*G + mb*B + i; evaluation always the same windows mb*B + i, so that
-  // validation losses are comparable across the run.
-  const int64_t global_batch = micro_batch_size_ * (eval ? eval_micro_batches_ : micro_batches_);
-  const int64_t first_sample = (eval ? 0 : step * global_batch) + mb * micro_batch_size_;
+  // Training samples step*G + r*M*B + mb*B + i (replica r's share of the global batch G);
+  // evaluation always the same windows mb*B + i, so that validation losses are comparable
+  // across the run.
+  const int64_t share = micro_batch_size_ * (eval ? eval_micro_batches_ : micro_batches_);
+  const int64_t global_batch = eval ? share : share * replicas_;
+  const int64_t first_sample =
+      (eval ? 0 : step * global_batch + replica_ * share) + mb * micro_batch_size_;
   if (c.first || c.last) {
     // One window of `window_` tokens per sequence: gpt predicts every next token (tokens
     // w[0..T), targets w[1..T]); mlp_lm the one after its context (w[0..K) -> w[K]).
@@ -330,6 +371,9 @@ absl::Status StageExecutor::RunAction(const v1::Action& a, int64_t step, bool ev
     case v1::ACTION_I:
     case v1::ACTION_W:
       return Backward(chunk, mb, a.kind());
+    case v1::ACTION_REDUCE_GRAD:
+      if (reducer_ == nullptr) return absl::InternalError("no data-parallel group");
+      return PostChunkReduction(chunk);
     case v1::ACTION_SEND_B: {
       if (m.grad_input == nullptr) return absl::InternalError("no input gradient to send");
       StageBuffer& gin = KeepForSend(std::move(m.grad_input));
@@ -387,6 +431,9 @@ void StageExecutor::ResetStepCounters() {
 
 absl::Status StageExecutor::FailStep(absl::Status s, absl::string_view what) {
   broken_.store(true);
+  // The group's peers must not wait for this worker's buckets: abort the reduction (and stop
+  // its thread touching the gradients) before anything else.
+  if (reducer_ != nullptr) reducer_->Abort();
   compute_->DropSaved();
   if (aborted_.load() && s.code() != absl::StatusCode::kAborted) {
     s = absl::AbortedError(s.message());
@@ -410,8 +457,16 @@ absl::Status StageExecutor::RunActions(int64_t step, bool eval, v1::StepReport* 
     v1::ActionTiming* timing = report->add_timings();
     timing->set_index(i);
     timing->set_start_us(UnixMicros());
+    // The chunk's last weight gradient hands each layer to the reducer as it finishes.
+    const int chunk = chunk_of_stage_[a.stage()];
+    const bool post_layers = reducer_ != nullptr && !eval && i == last_grad_action_[chunk];
+    if (post_layers) {
+      compute_->set_layer_done_hook(
+          [this](int c, int layer) { (void)PostLayerReduction(c, layer); });
+    }
     absl::Status s =
         !eval && fault_.Matches(step, a) ? InjectedFaultError() : RunAction(a, step, eval);
+    if (post_layers) compute_->set_layer_done_hook(nullptr);
     timing->set_end_us(UnixMicros());
     if (!s.ok()) return FailStep(s, Where(a));
     if (IsComputeAction(a.kind())) timing->set_device_us(compute_->last_device_us());
@@ -427,7 +482,46 @@ absl::Status StageExecutor::RunActions(int64_t step, bool eval, v1::StepReport* 
   return absl::OkStatus();
 }
 
+absl::Status StageExecutor::PostLayerReduction(int chunk, int layer) {
+  std::vector<bool>& posted = layer_posted_[chunk];
+  if (layer < 0 || static_cast<size_t>(layer) >= posted.size() || posted[layer]) {
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(std::vector<absl::Span<float>> grads, compute_->LayerGradients(chunk, layer));
+  posted[layer] = true;
+  reducer_->Post(GradBucket{chunk, chunks_[chunk].layer_begin + layer, std::move(grads)});
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::PostChunkReduction(int chunk) {
+  for (int l = static_cast<int>(layer_posted_[chunk].size()); l-- > 0;) {
+    RETURN_IF_ERROR(PostLayerReduction(chunk, l));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::FinishReductions(v1::StepReport* report) {
+  if (reducer_ == nullptr) return absl::OkStatus();
+  RETURN_IF_ERROR(reducer_->Wait());
+  for (v1::ActionTiming& t : *report->mutable_timings()) {
+    const v1::Action& a = program_.actions(t.index());
+    if (a.kind() != v1::ACTION_REDUCE_GRAD) continue;
+    const GradReducer::ChunkSpan span = reducer_->span_of(chunk_of_stage_[a.stage()]);
+    if (span.first_post_us > 0) {
+      // From the first bucket handed over (possibly inside the last backward) to the last
+      // one summed.
+      t.set_start_us(span.first_post_us);
+      t.set_end_us(std::max(span.end_us, span.first_post_us));
+    }
+  }
+  report->set_reduced_bytes(reducer_->step_bytes());
+  return absl::OkStatus();
+}
+
 absl::Status StageExecutor::FinishTrainingStep(int64_t step, v1::StepReport* report) {
+  // The replicas' gradients summed first, so that the tied copies' exchange below adds equal
+  // sums on both ends and every replica reports the same norm.
+  if (absl::Status s = FinishReductions(report); !s.ok()) return FailStep(s, "gradient reduction");
   if (absl::Status s = SumTiedGradients(); !s.ok()) return FailStep(s, "tied gradients");
   // A tied parameter counts once in the global norm: on the first stage's worker.
   absl::StatusOr<StageCompute::GradStats> stats = compute_->GradientStats(holds_first_);
@@ -483,6 +577,10 @@ absl::StatusOr<v1::StepReport> StageExecutor::RunStep(int64_t step, v1::StepMode
   start.bytes_received = transport_ ? transport_->bytes_received() : 0;
   start.time = std::chrono::steady_clock::now();
   ResetStepCounters();
+  if (reducer_ != nullptr && !eval) {
+    if (absl::Status s = reducer_->BeginStep(); !s.ok()) return FailStep(s, "gradient reduction");
+    for (std::vector<bool>& posted : layer_posted_) std::fill(posted.begin(), posted.end(), false);
+  }
   RETURN_IF_ERROR(RunActions(step, eval, &report));
   if (!eval) RETURN_IF_ERROR(FinishTrainingStep(step, &report));
   FillReport(start, &report);

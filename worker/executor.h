@@ -15,9 +15,16 @@
 // forward-only program over fixed validation windows. No gRPC here: the gRPC adapter and the
 // in-process tests drive it through the same interface.
 //
-// Per step and micro-batch mb, the sample indices are step*G + mb*B + i (G = B * M, the
-// global batch), so the data does not depend on the partition, the schedule or M. The last
-// stage reports the step loss: the sum over micro-batches of each one's cross-entropy / G.
+// Per step and micro-batch mb, the sample indices are step*G + r*M*B + mb*B + i (G = R * M * B,
+// the global batch; r the replica of R), so the data does not depend on the partition, the
+// schedule, M or R. The last stage reports its replica's share of the step loss: the sum over
+// its micro-batches of each one's cross-entropy / G (the coordinator adds the replicas').
+//
+// Data parallelism (R > 1): the program has a REDUCE_GRAD per stage after its last weight
+// gradient. During that last B (or W) each layer's gradients are handed to the GradReducer as
+// soon as the backward has added them, and at REDUCE_GRAD the rest; the step waits for the
+// reductions after its last action, before the tied gradients are summed and the norm taken,
+// so that every replica reports the same norm and applies the same update.
 //
 // Memory: what a micro-batch holds (received input, saved contexts, gradients) is freed as
 // soon as the program has no further use for it: the forward input after F, the contexts
@@ -47,6 +54,7 @@
 #include "tandem/v1/common.pb.h"
 #include "worker/data/corpus.h"
 #include "worker/fault_injection.h"
+#include "worker/grad_reducer.h"
 #include "worker/model/layer.h"
 #include "worker/stage_compute.h"
 #include "worker/stage_program.h"
@@ -68,10 +76,11 @@ class StageExecutor {
   static absl::StatusOr<std::unique_ptr<StageExecutor>> Create(
       const v1::StageProgram& program, Dataset data, std::unique_ptr<Transport> transport);
   // The same on a given compute backend, built for `program` with MicroBatchSlots(program)
-  // slots.
+  // slots. With program.num_replicas R > 1, `reducer` is required: the data-parallel group's
+  // (rank program.replica of R), which sums the gradients at the REDUCE_GRAD actions.
   static absl::StatusOr<std::unique_ptr<StageExecutor>> Create(
       const v1::StageProgram& program, Dataset data, std::unique_ptr<Transport> transport,
-      std::unique_ptr<StageCompute> compute);
+      std::unique_ptr<StageCompute> compute, std::unique_ptr<GradReducer> reducer = nullptr);
   // Micro-batch slots per chunk a compute backend needs for `program`.
   static size_t MicroBatchSlots(const v1::StageProgram& program);
   ~StageExecutor();
@@ -140,9 +149,9 @@ class StageExecutor {
   // Create after ValidateStageProgram(program) passed (once).
   static absl::StatusOr<std::unique_ptr<StageExecutor>> CreateValidated(
       const v1::StageProgram& program, Dataset data, std::unique_ptr<Transport> transport,
-      std::unique_ptr<StageCompute> compute);
+      std::unique_ptr<StageCompute> compute, std::unique_ptr<GradReducer> reducer);
   StageExecutor(const v1::StageProgram& program, Dataset data, std::unique_ptr<Transport> transport,
-                std::unique_ptr<StageCompute> compute);
+                std::unique_ptr<StageCompute> compute, std::unique_ptr<GradReducer> reducer);
 
   // RunStep's phases, in order.
   // The request itself: a valid step and mode, and (TRAIN) a step after the last applied one
@@ -174,6 +183,13 @@ class StageExecutor {
   // both copies are here, else by exchanging with the worker holding the other copy.
   absl::Status SumTiedGradients();
   absl::Status RunAction(const v1::Action& action, int64_t step, bool eval);
+  // Data parallelism: posts the reduction of `chunk`'s layer `layer` (once per step), and at
+  // the chunk's REDUCE_GRAD every layer not posted yet, last first.
+  absl::Status PostLayerReduction(int chunk, int layer);
+  absl::Status PostChunkReduction(int chunk);
+  // After the last action: waits for the reductions and stretches each REDUCE_GRAD's timing
+  // over its reduction (from its first bucket's hand-over to its last one's end).
+  absl::Status FinishReductions(v1::StepReport* report);
   absl::Status Forward(int chunk, int mb, int64_t step, bool eval);
   // B (input and weight gradients), I (input gradient only) or W (weight gradients of a
   // micro-batch whose I ran).
@@ -203,12 +219,19 @@ class StageExecutor {
   const int64_t seq_len_;           // T (gpt; 1 for mlp_lm)
   const int64_t window_;            // tokens a sample reads (T + 1, or context + 1)
   const int64_t d_model_;           // D: width of the activations between stages
+  const int replica_;               // this worker's pipeline replica (0 without data parallelism)
+  const int replicas_;              // R >= 1
   const std::string prefix_;        // "stage 2" or "rank 1 (stages 1, 6)" for messages
   std::vector<Chunk> chunks_;
   // Per action of the training (eval) list: the first receive after it, or -1.
   std::vector<int> next_recv_;
   std::vector<int> eval_next_recv_;
-  std::vector<int> chunk_of_stage_;             // per global stage: index into chunks_, or -1
+  std::vector<int> chunk_of_stage_;  // per global stage: index into chunks_, or -1
+  // Data parallelism: per chunk, the index of its last weight-gradient action (B or W) in the
+  // training list, during which layers are posted as they finish, or -1; and which layers of
+  // it are posted this step.
+  std::vector<int> last_grad_action_;
+  std::vector<std::vector<bool>> layer_posted_;
   bool holds_first_ = false;                    // some chunk holds the embedding
   bool holds_last_ = false;                     // some chunk holds the head
   std::unique_ptr<WindowSampler> sampler_;      // training split; null without first/last
@@ -237,6 +260,8 @@ class StageExecutor {
   std::atomic<bool> aborted_{false};
   std::atomic<bool> broken_{false};
   std::unique_ptr<StageCompute> compute_;
+  // Its thread reads the compute's gradients: destroyed (joined) before the compute.
+  std::unique_ptr<GradReducer> reducer_;
   // Declared last so it is destroyed first, while the send buffers in mbs_ still exist.
   std::unique_ptr<Transport> transport_;
 };

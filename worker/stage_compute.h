@@ -29,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "tandem/v1/common.pb.h"
 #include "worker/model/layer.h"
@@ -163,6 +164,21 @@ class StageCompute {
   // the gradients; INVALID_ARGUMENT (prefixed by `where`) naming a tensor whose size differs.
   virtual absl::Status Restore(const TensorLookup& lookup, bool weights_only,
                                absl::string_view where) = 0;
+
+  // Data parallelism (worker/grad_reducer.h). The layers of `chunk`, and the gradients of its
+  // `layer`-th (0-based within the chunk) as host float spans, valid until the next Apply or
+  // Restore; UNIMPLEMENTED where the gradients are not in host memory (a device backend).
+  virtual int num_layers(int chunk) const { return 0; }
+  virtual absl::StatusOr<std::vector<absl::Span<float>>> LayerGradients(int chunk, int layer) {
+    return absl::UnimplementedError(
+        absl::StrCat("the ", device(), " backend cannot reduce gradients across replicas"));
+  }
+  // Called by a B or W after it has added the weight gradients of `layer` (0-based within the
+  // chunk), in the backward's order (the last layer first), so that a caller can start
+  // reducing them while the rest of the backward runs. Null: none. A backend without host
+  // gradients never calls it.
+  using LayerDoneHook = std::function<void(int chunk, int layer)>;
+  virtual void set_layer_done_hook(LayerDoneHook hook) {}
 
   // The host-side parameters, in layer order, where the backend keeps them on the host (the
   // CPU's; empty for a device backend). For tests.

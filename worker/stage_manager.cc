@@ -11,6 +11,7 @@
 #include "common/spec.h"
 #include "common/status_macros.h"
 #include "common/version.h"
+#include "worker/cpu_stage_compute.h"
 #include "worker/profiler.h"
 
 namespace tandem::worker {
@@ -169,14 +170,28 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
       ASSIGN_OR_RETURN(transport, transport_factory_(program, *cancelled));
     }
     if (cancelled->load()) return absl::AbortedError("aborted while connecting");
-    absl::StatusOr<std::unique_ptr<StageExecutor>> ex;
-    if (config_.compute) {
-      ASSIGN_OR_RETURN(std::unique_ptr<StageCompute> compute, config_.compute(program));
-      ex =
-          StageExecutor::Create(program, std::move(data), std::move(transport), std::move(compute));
-    } else {
-      ex = StageExecutor::Create(program, std::move(data), std::move(transport));
+    // Data parallelism: the group of this rank's copies in every replica connects a transport
+    // of its own, from the same factory, for the gradient reduction.
+    std::unique_ptr<GradReducer> reducer;
+    if (program.num_replicas() > 1) {
+      if (!transport_factory_) {
+        return absl::FailedPreconditionError("this worker has no transport for data parallelism");
+      }
+      absl::StatusOr<std::unique_ptr<Transport>> group =
+          transport_factory_(DataParallelGroupProgram(program), *cancelled);
+      RETURN_IF_ERROR(WithPrefix(group.status(), "connecting the data-parallel group"));
+      reducer = std::make_unique<GradReducer>(*std::move(group));
     }
+    if (cancelled->load()) return absl::AbortedError("aborted while connecting");
+    std::unique_ptr<StageCompute> compute;
+    if (config_.compute) {
+      ASSIGN_OR_RETURN(compute, config_.compute(program));
+    } else {
+      ASSIGN_OR_RETURN(compute,
+                       CpuStageCompute::Create(program, StageExecutor::MicroBatchSlots(program)));
+    }
+    absl::StatusOr<std::unique_ptr<StageExecutor>> ex = StageExecutor::Create(
+        program, std::move(data), std::move(transport), std::move(compute), std::move(reducer));
     if (ex.ok()) (*ex)->set_fault(config_.fault);
     if (!ex.ok() || program.restore().job_id().empty()) return ex;
     // Resume: parameters and optimizer state by global name from the checkpoint.

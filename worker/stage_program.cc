@@ -1,5 +1,6 @@
 #include "worker/stage_program.h"
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <utility>
@@ -31,9 +32,11 @@ struct StageView {
 // forward_only, the backward (B, or I then W) after its output gradient (RECV_B, or the
 // backward of the next stage when it is here), SEND_B after B or I. Each action once, and
 // only the transfers to stages on other workers.
+// With `reduce` (a data-parallel program), each stage of this worker has exactly one
+// REDUCE_GRAD, after the backward of every micro-batch (B, or W); without, none.
 absl::Status ReplayActions(const google::protobuf::RepeatedPtrField<v1::Action>& actions,
                            absl::string_view field, int m, const std::vector<StageView>& stages,
-                           bool forward_only) {
+                           bool forward_only, bool reduce = false) {
   enum Bit { kRecvF = 1, kF = 2, kSendF = 4, kRecvB = 8, kB = 16, kSendB = 32, kI = 64, kW = 128 };
   const int num_stages = static_cast<int>(stages.size());
   std::vector<std::vector<int>> done(num_stages);
@@ -41,12 +44,32 @@ absl::Status ReplayActions(const google::protobuf::RepeatedPtrField<v1::Action>&
     if (stages[s].here) done[s].assign(m, 0);
   }
   auto backward_done = [](int d) { return (d & (kB | kI)) != 0; };
+  std::vector<bool> reduced(num_stages, false);
   for (int i = 0; i < actions.size(); ++i) {
     const v1::Action& a = actions[i];
     const std::string where = absl::StrCat(field, "[", i, "] (", ActionToString(FromProto(a)), ")");
     if (a.stage() < 0 || a.stage() >= num_stages || !stages[a.stage()].here) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": stage ", a.stage(), " is not held by this worker"));
+    }
+    if (a.kind() == v1::ACTION_REDUCE_GRAD) {
+      if (!reduce || forward_only) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": a gradient reduction in a program without data parallelism ",
+            "(program.num_replicas < 2", forward_only ? ", or a forward-only one)" : ")"));
+      }
+      if (a.micro_batch() != 0 || reduced[a.stage()]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, a.micro_batch() != 0 ? ": REDUCE_GRAD takes no micro-batch" : ": repeated"));
+      }
+      for (int mb = 0; mb < m; ++mb) {
+        if ((done[a.stage()][mb] & (kB | kW)) == 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": comes before the weight gradient of micro-batch ", mb));
+        }
+      }
+      reduced[a.stage()] = true;
+      continue;
     }
     if (a.micro_batch() < 0 || a.micro_batch() >= m) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": micro-batch outside [0, ", m, ")"));
@@ -119,6 +142,11 @@ absl::Status ReplayActions(const google::protobuf::RepeatedPtrField<v1::Action>&
   for (int s = 0; s < num_stages; ++s) {
     const StageView& v = stages[s];
     if (!v.here) continue;
+    if (reduce && !forward_only && !reduced[s]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": stage ", s,
+                       " has no REDUCE_GRAD (program.num_replicas > 1 needs one per stage)"));
+    }
     const int transfers_f =
         (v.first || v.prev_local ? 0 : kRecvF) | (v.last || v.next_local ? 0 : kSendF);
     const int transfers_b =
@@ -216,6 +244,26 @@ absl::Status CheckChunks(const v1::StageProgram& p, std::vector<StageView>& view
   return absl::OkStatus();
 }
 
+// Data parallelism: the replica within [0, num_replicas) and, with several, the group's
+// rendezvous prefix.
+absl::Status CheckReplicas(const v1::StageProgram& p) {
+  if (p.num_replicas() < 0 || p.num_replicas() > (1 << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("program.num_replicas ", p.num_replicas(), " is out of range"));
+  }
+  const int replicas = std::max(1, p.num_replicas());
+  if (p.replica() < 0 || p.replica() >= replicas) {
+    return absl::InvalidArgumentError(absl::StrCat("program.replica ", p.replica(),
+                                                   " is outside [0, num_replicas=", replicas, ")"));
+  }
+  if (replicas > 1 && p.dp_rendezvous_prefix().empty()) {
+    return absl::InvalidArgumentError(
+        "program.dp_rendezvous_prefix is empty but num_replicas > 1: the data-parallel group "
+        "cannot meet");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateStageProgram(const v1::StageProgram& p) {
@@ -248,7 +296,9 @@ absl::Status ValidateStageProgram(const v1::StageProgram& p) {
     return absl::InvalidArgumentError(absl::StrCat("pipeline.micro_batch_size must be in [1, ",
                                                    kMaxMicroBatchSize, "], got ", b));
   }
-  RETURN_IF_ERROR(ReplayActions(p.actions(), "program.actions", m, view, /*forward_only=*/false));
+  RETURN_IF_ERROR(CheckReplicas(p));
+  RETURN_IF_ERROR(ReplayActions(p.actions(), "program.actions", m, view, /*forward_only=*/false,
+                                /*reduce=*/p.num_replicas() > 1));
   if (p.eval_actions_size() > 0) {
     const int e = p.eval_micro_batches();
     if (e < 1 || e > kMaxMicroBatches) {
@@ -288,6 +338,17 @@ bool StageNeedsCorpus(const v1::StageProgram& program) {
     if (c.layer_begin() == 0 || c.layer_end() == num_layers) return true;
   }
   return false;
+}
+
+v1::StageProgram DataParallelGroupProgram(const v1::StageProgram& program) {
+  v1::StageProgram group;
+  group.set_job_id(program.job_id());
+  *group.mutable_spec() = program.spec();
+  group.set_rank(program.replica());
+  group.set_num_ranks(program.num_replicas());
+  group.set_rendezvous_prefix(program.dp_rendezvous_prefix());
+  group.set_attempt(program.attempt());
+  return group;
 }
 
 std::vector<int> NextReceives(const google::protobuf::RepeatedPtrField<v1::Action>& actions) {

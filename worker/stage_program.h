@@ -35,6 +35,11 @@ bool StageNeedsCorpus(const v1::StageProgram& program);
 // transport that connects only these pairs (NCCL's) connects each pair from both ends.
 std::vector<int> TransferPeers(const v1::StageProgram& program);
 
+// Data parallelism: what a TransportFactory connects for the data-parallel group of `program`
+// (num_replicas > 1): the same job and spec, rank = program.replica, num_ranks =
+// program.num_replicas, rendezvous_prefix = program.dp_rendezvous_prefix; no stages or actions.
+v1::StageProgram DataParallelGroupProgram(const v1::StageProgram& program);
+
 // The receive order of an action list: per action, the index of the first receive (RECV_F or
 // RECV_B) after it, or -1. The executor posts that receive before the action's compute, so
 // that the transfer overlaps it.

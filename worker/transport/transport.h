@@ -25,6 +25,7 @@ enum class Payload : uint32_t {
   kGradient = 2,      // input gradient of stage s + 1, output gradient of stage s
   kTiedGradient = 3,  // gradient of a tied parameter, exchanged between first and last stage
   kLinkProbe = 4,     // a ProbeLink ping or pong: (size index, exchange) in place of (stage, mb)
+  kGradReduce = 5,    // a piece of a ring all-reduce: (reduction id, step and piece)
 };
 
 // The tag both ends of a transfer use: (payload, the sending stage, micro-batch). Several
