@@ -1,5 +1,6 @@
 #include "coordinator/gang.h"
 
+#include <algorithm>
 #include <future>
 #include <utility>
 
@@ -86,8 +87,9 @@ absl::Status Gang::AwaitBatch(Batch* batch, absl::Duration timeout, const std::s
 }
 
 absl::Status Gang::CallAll(const std::string& what, absl::Duration timeout,
-                           const std::function<void(int, StageWorkerClient::Done)>& issue) {
-  const int p = size();
+                           const std::function<void(int, StageWorkerClient::Done)>& issue,
+                           int count) {
+  const int p = count < 0 ? size() : std::min(count, size());
   Batch batch(p);
   batch.deadline = timeout;
   for (int r = 0; r < p; ++r) issue(r, Completion(&batch, r));

@@ -5,8 +5,9 @@
 //
 // A gang can be interrupted (Interrupt) from any thread: a batch still waiting for its calls
 // stops waiting, every worker is aborted and the batch returns the interrupting status (so does
-// Diagnose); InterruptStatus tells the job's loop to stop. Ranks found lost (their heartbeats missed, or a probe unanswered) are neither waited
-// for nor aborted: a dead or hung worker cannot answer.
+// Diagnose); InterruptStatus tells the job's loop to stop. Ranks found lost (their heartbeats
+// missed, or a probe unanswered) are neither waited for nor aborted: a dead or hung worker cannot
+// answer.
 //
 // Thread-safe: Interrupt, InterruptStatus and RankLost may be called from any thread while the
 // job's own thread makes the calls.
@@ -46,9 +47,11 @@ class Gang {
   // interrupted or `timeout` (+5 s) passes first, aborts every worker and waits for the rest
   // (at most abort_timeout, then their calls are cancelled). Returns the interruption, else
   // OK when every call succeeded, else the diagnosis of the failure (Diagnose). `what` names
-  // the batch in errors ("step 7").
+  // the batch in errors ("step 7"). With `count` >= 0 only the first `count` ranks are called
+  // (a data-parallel job's replica 0: its evaluations and checkpoints).
   absl::Status CallAll(const std::string& what, absl::Duration timeout,
-                       const std::function<void(int, StageWorkerClient::Done)>& issue);
+                       const std::function<void(int, StageWorkerClient::Done)>& issue,
+                       int count = -1);
 
   // Explains failed calls made outside CallAll: `results` by rank, each call made with
   // `deadline`; the lowest failed rank is taken for the first failure. Returns the

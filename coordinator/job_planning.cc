@@ -1,5 +1,6 @@
 #include "coordinator/job_planning.h"
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <vector>
@@ -108,6 +109,18 @@ absl::Status JobPlanner::Plan(RunPlan* plan) {
     a.set_layer_begin(pipeline.ranges[s].begin);
     a.set_layer_end(pipeline.ranges[s].end);
     a.set_actions(ActionsToString(own));
+    // Data parallelism: the stage's worker in every replica (gang rank replica x P + r).
+    if (const int replicas = std::max(1, spec.pipeline().replicas()); replicas > 1) {
+      const int P = pipeline.num_ranks();
+      for (int k = 0; k < replicas; ++k) {
+        const WorkerRecord& w = workers[static_cast<size_t>(k * P + r)];
+        v1::ReplicaWorker* rw = a.add_replicas();
+        rw->set_replica(k);
+        rw->set_rank(k * P + r);
+        rw->set_worker_id(w.id);
+        rw->set_address(w.address);
+      }
+    }
     if (!pipeline.stage_costs.empty()) {
       a.set_predicted_seconds(pipeline.stage_costs[s].forward + pipeline.stage_costs[s].backward);
       a.set_predicted_bytes(pipeline.stage_bytes[s]);

@@ -97,10 +97,22 @@ void JobRunner::OnWorkerLost(const WorkerRecord& worker) {
 std::string JobRunner::WorkerName(int rank) const {
   const WorkerRecord& w = gang_.workers()[rank];
   const std::string worker = absl::StrCat("worker ", w.id, " at ", w.address);
-  const std::vector<int> stages = run_.pipeline.schedule.placement.StagesOf(rank);
-  if (stages.size() == 1) return absl::StrCat("stage ", stages[0], " (", worker, ")");
-  return absl::StrCat("rank ", rank, " (stages ", absl::StrJoin(stages, ", "), "; ", worker, ")");
+  const Placement& placement = run_.pipeline.schedule.placement;
+  if (placement.num_ranks < 1) return worker;  // not planned yet
+  // A data-parallel gang is R pipelines: gang rank = replica x P + pipeline rank.
+  const int replica = rank / placement.num_ranks;
+  const std::string of_replica = Replicas() > 1 ? absl::StrCat(" of replica ", replica) : "";
+  const std::vector<int> stages = placement.StagesOf(rank % placement.num_ranks);
+  if (stages.size() == 1) {
+    return absl::StrCat("stage ", stages[0], of_replica, " (", worker, ")");
+  }
+  return absl::StrCat("rank ", rank % placement.num_ranks, of_replica, " (stages ",
+                      absl::StrJoin(stages, ", "), "; ", worker, ")");
 }
+
+int JobRunner::Replicas() const { return std::max(1, run_.spec.pipeline().replicas()); }
+
+int JobRunner::PipelineRanks() const { return gang_.size() / Replicas(); }
 
 int JobRunner::LastStageRank() const {
   return run_.pipeline.schedule.placement.rank_of_stage.back();
@@ -246,7 +258,7 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
   std::vector<const v1::StepReport*> reports;
   for (const auto& resp : responses) reports.push_back(&resp.report());
   StepReports reported = SummarizeReports(step, plan.schedule, plan.num_stages(), reports, timings,
-                                          spec.optimizer().grad_clip());
+                                          spec.optimizer().grad_clip(), Replicas());
   v1::StepSummary& summary = reported.summary;
   if (!reported.has_loss) {
     return absl::InternalError(
@@ -290,7 +302,9 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
     summary.set_val_loss(val);
   }
   if (step == run_.first_step) {
-    env_.store->SetTraceProgram(job_.id(), TraceProgramOf(plan.schedule));
+    // The whole gang: every replica's pipeline (the same program), on the gang's ranks.
+    env_.store->SetTraceProgram(job_.id(),
+                                TraceProgramOf(ReplicatedSchedule(plan.schedule, Replicas())));
   }
   env_.store->RecordStepTimings(job_.id(), std::move(timings));
   env_.store->RecordStep(job_.id(), summary);
@@ -299,7 +313,9 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
 
 absl::Status JobRunner::SaveCheckpoint(int64_t step) {
   ScopedLogContext log_context({.step = step});
-  const int p = gang_.size();
+  // Replica 0's workers hold the whole model (every replica holds the same state): one file per
+  // stage, written once.
+  const int p = PipelineRanks();
   const std::string what = absl::StrCat("checkpoint after step ", StepNumber(step));
   std::vector<std::future<absl::Status>> saves;
   for (int r = 0; r < p; ++r) {
@@ -343,7 +359,8 @@ absl::Status JobRunner::SaveCheckpoint(int64_t step) {
 }
 
 absl::StatusOr<double> JobRunner::RunEval(int64_t step) {
-  const int p = gang_.size();
+  // Replica 0 alone: the validation windows are fixed, so every replica would compute the same.
+  const int p = PipelineRanks();
   std::vector<v1::RunStepResponse> responses(p);
   v1::RunStepRequest req;
   req.set_job_id(job_.id());
@@ -354,7 +371,8 @@ absl::StatusOr<double> JobRunner::RunEval(int64_t step) {
       absl::StrCat("validation after step ", StepNumber(step)), env_.options.step_timeout,
       [&](int r, auto done) {
         gang_.client(r).RunStep(req, &responses[r], env_.options.step_timeout, std::move(done));
-      }));
+      },
+      p));
   for (const auto& resp : responses) {
     if (resp.report().has_loss()) return resp.report().loss();
   }

@@ -115,6 +115,10 @@ class JobRunner {
   // "stage 2 (worker w-3 at host:port)", or "rank 1 (stages 1, 6; worker ...)".
   std::string WorkerName(int rank) const;
   int LastStageRank() const;
+  // Data parallelism: the pipeline replicas R (pipeline.replicas), and the workers of one
+  // pipeline P (the gang is R x P; replica 0 is gang ranks [0, P)).
+  int Replicas() const;
+  int PipelineRanks() const;
 
   RunnerEnv env_;
   const v1::Job job_;

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/spec.h"
 #include "common/status_macros.h"
 #include "coordinator/worker_registry.h"
 #include "spdlog/spdlog.h"
@@ -80,10 +81,16 @@ void Scheduler::Tick() {
     auto job = env_.store->Get(id, /*with_history=*/false);
     if (!job.ok()) continue;
     const std::string kind = job->spec().device();
-    const int p = job->spec().pipeline().stages();
+    // The gang: stages x replicas workers (replica-major: gang rank = replica x stages + rank).
+    const int p = GangSize(job->spec());
     auto workers = env_.registry->Allocate(kind, p, id);
     if (!workers.ok()) {
-      env_.store->SetReason(id, env_.registry->AvailabilityText(kind, p));
+      const v1::PipelineSpec& pipe = job->spec().pipeline();
+      env_.store->SetReason(id, env_.registry->AvailabilityText(
+                                    kind, p,
+                                    pipe.replicas() > 1 ? absl::StrCat(pipe.stages(), " stages x ",
+                                                                       pipe.replicas(), " replicas")
+                                                        : ""));
       continue;
     }
     spdlog::info("{}: allocated {} {} worker(s)", id, p, kind);

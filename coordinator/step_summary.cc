@@ -12,29 +12,38 @@ namespace tandem::coordinator {
 
 StepReports SummarizeReports(int64_t step, const Schedule& schedule, int num_stages,
                              const std::vector<const v1::StepReport*>& reports,
-                             const v1::StepTimings& timings, float clip) {
+                             const v1::StepTimings& timings, float clip, int replicas) {
   StepReports out;
   v1::StepSummary& summary = out.summary;
   summary.set_step(step);
   bool grads_finite = true;
   double norm_sq = 0.0;
-  for (const v1::StepReport* rep : reports) {
+  const size_t ranks = static_cast<size_t>(schedule.placement.num_ranks);
+  // Replica 0's reports: the per-stage figures (every replica runs the same program).
+  const std::vector<const v1::StepReport*> first(
+      reports.begin(),
+      reports.begin() + static_cast<std::ptrdiff_t>(std::min(ranks, reports.size())));
+  double loss = 0.0;
+  for (size_t g = 0; g < reports.size(); ++g) {
+    const v1::StepReport* rep = reports[g];
     if (rep->has_loss()) {
-      summary.set_loss(rep->loss());
+      loss += rep->loss();  // each replica's share of the global batch's mean
       out.has_loss = true;
     }
     grads_finite = grads_finite && rep->grads_finite();
-    norm_sq += rep->grad_norm_sq();
+    if (g < ranks) norm_sq += rep->grad_norm_sq();
+    summary.set_reduced_bytes(summary.reduced_bytes() + rep->reduced_bytes());
     out.max_exec_us = std::max(out.max_exec_us, rep->exec_us());
     summary.set_bytes_sent(summary.bytes_sent() + rep->bytes_sent());
     summary.set_peak_activation_bytes(
         std::max(summary.peak_activation_bytes(), rep->peak_activation_bytes()));
     summary.add_rank_peak_activation_bytes(rep->peak_activation_bytes());
   }
+  summary.set_loss(loss);
   // Per stage: static + peak activations, and their parts, as each stage's worker measured them.
   std::vector<v1::StageMemory> stage_memory(static_cast<size_t>(num_stages));
   for (int s = 0; s < num_stages; ++s) stage_memory[static_cast<size_t>(s)].set_stage(s);
-  for (const v1::StepReport* rep : reports) {
+  for (const v1::StepReport* rep : first) {
     for (const v1::StageMemory& m : rep->stage_memory()) {
       if (m.stage() >= 0 && m.stage() < num_stages)
         stage_memory[static_cast<size_t>(m.stage())] = m;
@@ -44,7 +53,7 @@ StepReports SummarizeReports(int64_t step, const Schedule& schedule, int num_sta
     summary.add_stage_peak_bytes(m.static_bytes() + m.peak_activation_bytes());
     *summary.add_stage_memory() = m;
   }
-  if (absl::StatusOr<StepProfile> profile = ProfileStep(schedule, reports); profile.ok()) {
+  if (absl::StatusOr<StepProfile> profile = ProfileStep(schedule, first); profile.ok()) {
     summary.set_bubble_measured(profile->measured_bubble);
     summary.set_bubble_predicted(profile->predicted_bubble);
     for (double b : profile->busy_seconds) summary.add_busy_seconds(b);
@@ -56,11 +65,18 @@ StepReports SummarizeReports(int64_t step, const Schedule& schedule, int num_sta
     out.warnings.push_back("cannot profile the step: " + profile.status().ToString());
   }
   // The per-stage busy time comes from the same record as the trace, so that they agree.
-  if (absl::StatusOr<StepTimeline> t = TimelineOf(schedule, timings); t.ok()) {
-    for (const StageTimes& st : t->stages) {
+  if (absl::StatusOr<StepTimeline> t =
+          TimelineOf(ReplicatedSchedule(schedule, std::max(1, replicas)), timings);
+      t.ok()) {
+    for (int s = 0; s < num_stages && s < static_cast<int>(t->stages.size()); ++s) {
+      const StageTimes& st = t->stages[s];
       summary.add_stage_busy_seconds(static_cast<double>(st.busy_us) * 1e-6);
       summary.add_stage_comm_seconds(static_cast<double>(st.comm_us) * 1e-6);
       summary.add_stage_idle_seconds(static_cast<double>(st.idle_us) * 1e-6);
+      if (replicas > 1) {
+        summary.add_stage_reduce_seconds(static_cast<double>(st.reduce_us) * 1e-6);
+        summary.add_stage_reduce_exposed_seconds(static_cast<double>(st.reduce_exposed_us) * 1e-6);
+      }
     }
   } else {
     out.warnings.push_back("cannot build the step's timeline: " + t.status().ToString());

@@ -33,12 +33,16 @@ struct StepReports {
   std::vector<std::string> warnings;  // parts left out, and why (for the caller's log)
 };
 
-// Combines the reports of one training step (`reports` by rank; `timings` the step's timings
-// on the coordinator's clock, StepTimingsOf) under `schedule` (lowered, `num_stages` stages)
-// with gradient clipping at `clip` (optimizer.grad_clip; <= 0: off).
+// Combines the reports of one training step (`reports` by gang rank; `timings` the step's
+// timings on the coordinator's clock, StepTimingsOf, of every gang rank) under `schedule`
+// (lowered, `num_stages` stages, P ranks) with gradient clipping at `clip`
+// (optimizer.grad_clip; <= 0: off). With `replicas` R > 1 the gang is R pipelines (gang rank
+// r P + p): the loss is the sum of the R last stages' shares, the gradient norm replica 0's
+// (after the reduction every replica holds the same gradients), finiteness every rank's; the
+// per-stage figures are replica 0's.
 StepReports SummarizeReports(int64_t step, const Schedule& schedule, int num_stages,
                              const std::vector<const v1::StepReport*>& reports,
-                             const v1::StepTimings& timings, float clip);
+                             const v1::StepTimings& timings, float clip, int replicas = 1);
 
 // The step's time and throughput inputs.
 struct StepThroughput {

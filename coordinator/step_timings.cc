@@ -237,10 +237,21 @@ absl::StatusOr<v1::GetJobTraceResponse> RenderJobTrace(const v1::Job& job,
     return absl::DataLossError(absl::StrCat("job ", job.id(), ": ", lowered.status().message()));
   }
   std::vector<std::string> labels;
+  const int replicas = job.stages_size() > 0 ? job.stages(0).replicas_size() : 0;
   if (job.stages_size() == lowered->placement.num_stages()) {
     for (const v1::StageAssignment& a : job.stages()) {
       labels.push_back(a.worker_id().empty() ? a.address()
                                              : absl::StrCat(a.worker_id(), " ", a.address()));
+    }
+  } else if (replicas > 1 && job.stages_size() * replicas == lowered->placement.num_stages()) {
+    // A data-parallel job's trace shows every replica's pipeline: stage r S + s is stage s of
+    // replica r.
+    for (int r = 0; r < replicas; ++r) {
+      for (const v1::StageAssignment& a : job.stages()) {
+        const v1::ReplicaWorker& w = a.replicas(r);
+        labels.push_back(absl::StrCat("stage ", a.stage(), " of replica ", w.replica(), ": ",
+                                      w.worker_id(), " ", w.address()));
+      }
     }
   }
   std::vector<StepTimeline> timelines;

@@ -147,7 +147,8 @@ void WorkerRegistry::Release(const std::string& job_id) {
   }
 }
 
-std::string WorkerRegistry::AvailabilityText(const std::string& device_kind, int count) const {
+std::string WorkerRegistry::AvailabilityText(const std::string& device_kind, int count,
+                                             const std::string& gang) const {
   int registered = 0;
   int idle = 0;
   absl::MutexLock lock(&mu_);
@@ -156,9 +157,14 @@ std::string WorkerRegistry::AvailabilityText(const std::string& device_kind, int
     ++registered;
     if (w.state == v1::IDLE) ++idle;
   }
-  return absl::StrCat("waiting for ", count, " idle ", device_kind, " worker",
-                      count == 1 ? "" : "s", ": ", registered, " registered and alive, ", idle,
-                      " idle");
+  std::string text =
+      absl::StrCat("waiting for ", count, " idle ", device_kind, " worker", count == 1 ? "" : "s",
+                   gang.empty() ? "" : " (", gang, gang.empty() ? "" : ")", ": ", registered,
+                   " registered and alive, ", idle, " idle");
+  if (registered < count) {
+    absl::StrAppend(&text, "; ", count - registered, " more must register");
+  }
+  return text;
 }
 
 std::vector<WorkerRecord> WorkerRegistry::List() const {

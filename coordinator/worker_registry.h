@@ -91,8 +91,11 @@ class WorkerRegistry {
   // Returns the job's workers to IDLE (LOST ones stay LOST).
   void Release(const std::string& job_id);
 
-  // "2 cpu workers registered, 1 idle": why a job that needs `count` must wait.
-  std::string AvailabilityText(const std::string& device_kind, int count) const;
+  // "waiting for 3 idle cpu workers: 2 registered and alive, 2 idle; 1 more must register":
+  // why a job that needs `count` must wait. `gang` (optional) says what the count is made of,
+  // e.g. "2 stages x 2 replicas", in parentheses after it.
+  std::string AvailabilityText(const std::string& device_kind, int count,
+                               const std::string& gang = "") const;
 
   std::vector<WorkerRecord> List() const;
   absl::StatusOr<WorkerRecord> Get(const std::string& worker_id) const;

@@ -233,12 +233,16 @@ absl::Status Validate(const CliOptions& opts, CommandIo io) {
   // JSON is YAML: the output can be submitted as it is.
   if (opts.output == OutputFormat::kJson) return PrintJson(spec, io.out);
   const v1::PipelineSpec& p = spec.pipeline();
+  const int gang = GangSize(spec);
+  const std::string replicas =
+      p.replicas() > 1 ? absl::StrCat(p.stages(), " stages x ", p.replicas(), " replicas, ") : "";
   io.out << absl::StrFormat(
-      "%s: valid. Job %s: %d steps on %d %s worker%s (%s), effective batch %d x %d = %d "
+      "%s: valid. Job %s: %d steps on %d %s worker%s (%s%s), effective batch %s%d x %d = %d "
       "sequences, ideal bubble %.1f%%.\n",
-      path, spec.name(), spec.steps(), p.stages(), spec.device(), p.stages() == 1 ? "" : "s",
-      p.schedule_csv().empty() ? p.schedule() : "csv", p.micro_batch_size(), p.micro_batches(),
-      EffectiveBatch(spec), 100 * PredictedBubble(spec));
+      path, spec.name(), spec.steps(), gang, spec.device(), gang == 1 ? "" : "s", replicas,
+      p.schedule_csv().empty() ? p.schedule() : "csv",
+      p.replicas() > 1 ? absl::StrCat(p.replicas(), " x ") : "", p.micro_batch_size(),
+      p.micro_batches(), EffectiveBatch(spec), 100 * PredictedBubble(spec));
   return absl::OkStatus();
 }
 

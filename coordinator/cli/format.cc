@@ -228,16 +228,20 @@ std::string FormatJobDetails(const v1::Job& job) {
   }
   const int64_t batch = job.effective_batch() > 0 ? job.effective_batch() : EffectiveBatch(spec);
   const int64_t tokens = job.tokens_per_step() > 0 ? job.tokens_per_step() : TokensPerStep(spec);
-  info.AddRow({"Batch", absl::StrCat(p.micro_batch_size(), " x ", p.micro_batches(), " = ", batch,
-                                     " sequences, ", tokens,
+  const std::string replicas_x = p.replicas() > 1 ? absl::StrCat(p.replicas(), " replicas x ") : "";
+  info.AddRow({"Batch", absl::StrCat(replicas_x, p.micro_batch_size(), " x ", p.micro_batches(),
+                                     " = ", batch, " sequences, ", tokens,
                                      " tokens per step (the effective batch the lr applies to)")});
   const double bubble = job.bubble_fraction_ideal() > 0 || p.stages() <= 1
                             ? job.bubble_fraction_ideal()
                             : PredictedBubble(spec);
-  info.AddRow(
-      {"Pipeline", absl::StrFormat("%d workers, %s, %s partition; ideal bubble %.1f%%", p.stages(),
-                                   p.schedule_csv().empty() ? p.schedule() : "csv", p.partition(),
-                                   100 * bubble)});
+  const std::string workers = p.replicas() > 1
+                                  ? absl::StrCat(p.stages(), " stages x ", p.replicas(),
+                                                 " replicas = ", GangSize(spec), " workers")
+                                  : absl::StrCat(p.stages(), " workers");
+  info.AddRow({"Pipeline", absl::StrFormat("%s, %s, %s partition; ideal bubble %.1f%%", workers,
+                                           p.schedule_csv().empty() ? p.schedule() : "csv",
+                                           p.partition(), 100 * bubble)});
   if (!job.plan().empty()) info.AddRow({"Planned", job.plan()});
   info.AddRow(
       {"Model",
@@ -312,6 +316,37 @@ std::string FormatJobDetails(const v1::Job& job) {
       stages.AddRow(row);
     }
     absl::StrAppend(&out, "\n", stages.Render());
+    // Data parallelism: the grid of workers, stage x replica, and what the reduction cost.
+    if (job.stages(0).replicas_size() > 1) {
+      std::vector<std::string> grid_header = {"STAGE"};
+      for (const v1::ReplicaWorker& w : job.stages(0).replicas()) {
+        grid_header.push_back(absl::StrCat("REPLICA ", w.replica()));
+      }
+      Table grid(grid_header);
+      for (const v1::StageAssignment& st : job.stages()) {
+        std::vector<std::string> row = {absl::StrCat(st.stage())};
+        for (const v1::ReplicaWorker& w : st.replicas()) {
+          row.push_back(absl::StrCat(w.worker_id(), " (", w.address(), ")"));
+        }
+        grid.AddRow(row);
+      }
+      absl::StrAppend(&out, "\nWorkers (stage x replica)\n", grid.Render());
+      if (last != nullptr && last->stage_reduce_seconds_size() > 0) {
+        double total = 0, exposed = 0;
+        for (int i = 0; i < last->stage_reduce_seconds_size(); ++i) {
+          total += last->stage_reduce_seconds(i);
+          if (i < last->stage_reduce_exposed_seconds_size()) {
+            exposed += last->stage_reduce_exposed_seconds(i);
+          }
+        }
+        absl::StrAppend(
+            &out,
+            absl::StrFormat("Gradient reduction (latest step): %s per worker on average, %.3f s "
+                            "over all stages, %.3f s of it exposed (%.0f%%)\n",
+                            FormatBytes(last->reduced_bytes() / std::max(1, GangSize(spec))), total,
+                            exposed, total > 0 ? 100 * exposed / total : 0.0));
+      }
+    }
     // What the peak is made of, per stage, on its worker's device.
     if (last != nullptr && last->stage_memory_size() == job.stages_size()) {
       Table mem({"STAGE", "PARAMETERS", "GRADIENTS", "OPTIMIZER", "WORKSPACE", "ACTIVATIONS"});

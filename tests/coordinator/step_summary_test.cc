@@ -113,6 +113,47 @@ TEST(SummarizeReportsTest, CombinesTheRanksReports) {
   EXPECT_GT(r.summary.bubble_predicted(), 0.0);
 }
 
+// Two replicas of a 2-stage 1F1B pipeline (gang ranks 0, 1 and 2, 3): the loss is the sum of
+// the replicas' shares, the norm replica 0's (the reduced gradients are the same on every
+// replica), finiteness everyone's; the per-stage figures are replica 0's, with the reduction's
+// time and its exposed part.
+TEST(SummarizeReportsTest, DataParallelReplicasCombine) {
+  const Schedule lowered = AddGradReductions(Lowered1F1B(2, 4));
+  std::vector<v1::StepReport> reports = Reports(lowered, 1.25);
+  std::vector<v1::StepReport> second = Reports(lowered, 1.5);
+  for (v1::StepReport& rep : second) {
+    rep.set_rank(rep.rank() + 2);
+    reports.push_back(rep);
+  }
+  for (v1::StepReport& rep : reports) rep.set_reduced_bytes(100);
+  std::vector<const v1::StepReport*> pointers;
+  for (const auto& r : reports) pointers.push_back(&r);
+  // Stage 0's reduction (its REDUCE_GRAD, the last action of rank 0) runs 30 us past the end
+  // of the rank's last compute.
+  for (v1::StepReport& rep : reports) {
+    const int p = rep.rank() % 2;
+    for (v1::ActionTiming& t : *rep.mutable_timings()) {
+      if (!IsReductionAction(lowered.program[p][t.index()].kind)) continue;
+      t.set_end_us(t.start_us() + 30);
+    }
+  }
+  const StepReports r =
+      SummarizeReports(7, lowered, 2, pointers, StepTimingsOf(7, reports, {0, 0, 0, 0}), 1.0f, 2);
+  EXPECT_TRUE(r.warnings.empty()) << r.warnings[0];
+  EXPECT_DOUBLE_EQ(r.summary.loss(), 2.75);
+  EXPECT_DOUBLE_EQ(r.grad_norm, std::sqrt(8.0)) << "replica 0's two ranks only";
+  EXPECT_EQ(r.summary.reduced_bytes(), 400);
+  EXPECT_EQ(r.summary.stage_busy_seconds_size(), 2);
+  ASSERT_EQ(r.summary.stage_reduce_seconds_size(), 2);
+  EXPECT_DOUBLE_EQ(r.summary.stage_reduce_seconds(0), 30e-6);
+  EXPECT_GT(r.summary.stage_reduce_exposed_seconds(0), 0.0);
+  // A non-finite gradient on any replica skips the step.
+  reports[3].set_grads_finite(false);
+  const StepReports bad =
+      SummarizeReports(7, lowered, 2, pointers, StepTimingsOf(7, reports, {0, 0, 0, 0}), 1.0f, 2);
+  EXPECT_FALSE(bad.finite);
+}
+
 TEST(SummarizeReportsTest, ClippingOffLeavesTheScaleAtOne) {
   const Schedule lowered = Lowered1F1B(2, 4);
   EXPECT_EQ(Summarize(lowered, Reports(lowered), /*clip=*/0.0f).grad_scale, 1.0f);

@@ -22,7 +22,7 @@ TEST(WorkerRegistryTest, GangAllocationIsAllOrNothing) {
   EXPECT_FALSE(registry.Allocate("cpu", 3, "job-1").ok());
   for (const auto& w : registry.List()) EXPECT_EQ(w.state, v1::IDLE);
   EXPECT_EQ(registry.AvailabilityText("cpu", 3),
-            "waiting for 3 idle cpu workers: 2 registered and alive, 2 idle");
+            "waiting for 3 idle cpu workers: 2 registered and alive, 2 idle; 1 more must register");
   auto gang = registry.Allocate("cpu", 2, "job-1");
   ASSERT_TRUE(gang.ok());
   EXPECT_EQ((*gang)[0].address, "a:1");
