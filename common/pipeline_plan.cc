@@ -186,6 +186,9 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
       }
       plan.predicted_step_seconds = sim->step_time + *std::max_element(apply.begin(), apply.end());
       plan.predicted_bubble = sim->bubble_fraction;
+      for (double e : sim->reduce_exposed) {
+        plan.predicted_reduce_exposed_seconds = std::max(plan.predicted_reduce_exposed_seconds, e);
+      }
     }
   } else if (problem.memory_budget_bytes > 0 && method != "parameters") {
     RETURN_IF_ERROR(EvaluatePartition(problem, plan.ranges));

@@ -153,8 +153,11 @@ absl::Status JobPlanner::ChooseAutoPlan(v1::JobSpec* spec) {
   }
   int feasible = 0;
   for (const PlanCandidate& c : candidates) feasible += c.status.ok();
-  const std::string note = absl::StrCat(DescribeChoice(*best, as_written), "; best of ", feasible,
-                                        " feasible of ", candidates.size(), " candidates");
+  std::string note = absl::StrCat(DescribeChoice(*best, as_written), "; best of ", feasible,
+                                  " feasible of ", candidates.size(), " candidates");
+  if (const std::string why = DescribeFactorizations(candidates); !why.empty()) {
+    absl::StrAppend(&note, "; ", why);
+  }
   *spec = best->spec;
   env_.store->SetPlan(job_.id(), spec->pipeline(), note);
   spdlog::info("{}: planned {}", job_.id(), note);

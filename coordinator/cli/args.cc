@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "common/limits.h"
 #include "common/status_macros.h"
 
 // The command line is a CLI11 app: one subcommand per command, every flag on the root app (the
@@ -115,6 +116,14 @@ absl::Status ParseChunks(absl::string_view v, int* out) {
   if (!absl::SimpleAtoi(v, out) || *out < 0 || *out > 64) {
     return UsageError(
         absl::StrCat("--chunks: expected stages per worker in [0, 64], got '", v, "'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseWorkers(absl::string_view v, int* out) {
+  if (!absl::SimpleAtoi(v, out) || *out < 1 || *out > kMaxGangWorkers) {
+    return UsageError(absl::StrCat("--workers: expected a number of workers in [1, ",
+                                   kMaxGangWorkers, "], got '", v, "'"));
   }
   return absl::OkStatus();
 }
@@ -342,9 +351,10 @@ class TandemApp {
                                  "--schedule, --schedule-csv, --chunks and --auto apply to plan, "
                                  "submit and validate"};
     const FlagScope plan_only = {
-        {"--print-actions", "--compare", "--csv", "--no-search", "--no-profile"},
+        {"--print-actions", "--compare", "--csv", "--no-search", "--no-profile", "--workers"},
         {Command::kPlan},
-        "--print-actions, --compare, --csv, --no-search and --no-profile apply to plan only"};
+        "--print-actions, --compare, --csv, --no-search, --no-profile and --workers apply to plan "
+        "only"};
     const FlagScope trace_only = {{"--step", "--steps", "--svg"},
                                   {Command::kTrace},
                                   "--step, --steps and --svg apply to trace only"};
@@ -425,6 +435,10 @@ class TandemApp {
     app_.add_flag("--no-profile", o.no_profile,
                   "With plan: do not ask the coordinator for measured layer\ncosts (plan with "
                   "unit costs)");
+    Value("--workers", "N",
+          "With plan: how to split N workers: every stages x replicas\nthat multiplies to N, "
+          "at the spec's global batch",
+          [&o](const std::string& v) { return ParseWorkers(v, &o.workers); });
     app_.add_flag("--no-search", o.no_search,
                   "With plan: skip the planner's search over schedules and\nsplits of the global "
                   "batch (one profile only)");

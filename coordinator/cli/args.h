@@ -61,7 +61,8 @@ struct CliOptions {
   std::string csv_out;         // --csv FILE: write the lowered program as schedule CSV
   bool auto_plan = false;      // --auto: pipeline.plan = auto (plan, submit, validate)
   bool no_search = false;      // --no-search: plan without searching the batch's splits
-  bool no_profile = false;     // --no-profile: do not ask the coordinator for a profile
+  int workers = 0;          // --workers N: plan for N workers (stages x replicas); 0 = the file's
+  bool no_profile = false;  // --no-profile: do not ask the coordinator for a profile
   // Transport security (files; main.cc reads them). TLS is on when tls_ca is set; a token is
   // sent only over TLS. Each flag defaults to its environment variable (CliEnvironment).
   std::string tls_ca;           // --tls-ca FILE: the CA that signs the coordinator's cert

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "common/model_desc.h"
 #include "common/pipeline_plan.h"
 #include "common/planner.h"
 #include "common/schedule.h"
@@ -365,7 +366,29 @@ absl::Status Trace(const CliOptions& opts, CoordinatorClient& client, CommandIo 
 }
 
 absl::Status Plan(const CliOptions& opts, CoordinatorClient& client, CommandIo io) {
-  ASSIGN_OR_RETURN(const v1::JobSpec spec, LoadJobFile(opts));
+  ASSIGN_OR_RETURN(v1::JobSpec spec, LoadJobFile(opts));
+  if (opts.workers > 0) {
+    // "How should I split N workers": the same global batch on N workers, shown first as the
+    // factorization with the most stages that can run; the search tries every one.
+    const int64_t global = EffectiveBatch(spec);
+    v1::JobSpec on_n = spec;
+    on_n.mutable_pipeline()->set_stages(opts.workers);
+    on_n.mutable_pipeline()->set_replicas(1);
+    on_n.mutable_pipeline()->set_micro_batches(
+        static_cast<int>(global / on_n.pipeline().micro_batch_size()));
+    on_n.mutable_pipeline()->clear_cuts();
+    if (on_n.pipeline().partition() == "manual") on_n.mutable_pipeline()->set_partition("profile");
+    const std::vector<std::pair<int, int>> ways = Factorizations(on_n);
+    if (ways.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan --workers ", opts.workers, ": no stages x replicas of ", opts.workers,
+          " workers can run this job (stages <= model.n_layer + 2 = ", NumLayers(spec.model()),
+          ", replicas dividing the global batch of ", global, " sequences)"));
+    }
+    spec = WithFactorization(on_n, ways[0].first, ways[0].second);
+    io.out << "Planning for " << opts.workers << " workers; shown first as " << ways[0].first
+           << " stages x " << ways[0].second << " replicas.\n\n";
+  }
   // The coordinator's measured layer profile for this shape, when it can give one.
   std::optional<v1::ModelProfile> profile;
   if (!opts.no_profile) {

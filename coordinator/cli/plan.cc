@@ -10,6 +10,7 @@
 #include "common/pipeline_plan.h"
 #include "common/planner.h"
 #include "common/schedule_check.h"
+#include "common/spec.h"
 #include "coordinator/cli/commands.h"
 #include "coordinator/cli/format.h"
 
@@ -282,13 +283,14 @@ std::string FormatPlannerSearch(const v1::JobSpec& spec,
                                 const std::vector<PlanCandidate>& candidates,
                                 double as_written_step_seconds, int max_rows) {
   const v1::PipelineSpec& p = spec.pipeline();
-  const int64_t batch = int64_t{p.micro_batch_size()} * p.micro_batches();
+  const int64_t batch = EffectiveBatch(spec);
+  const int workers = GangSize(spec);
   std::string out = absl::StrFormat(
-      "Planner: %d worker%s, the global batch of %d sequences split every way (a profile per "
-      "micro-batch size; the same gradient for every split):\n",
-      p.stages(), p.stages() == 1 ? "" : "s", batch);
-  Table table({"SCHEDULE", "CHUNKS", "M x SIZE", "STEP", "TOKENS/S", "BUBBLE", "SLOWEST STAGE",
-               "PEAK STAGE MEMORY"});
+      "Planner: %d worker%s as stages x replicas, the global batch of %d sequences split every "
+      "way (a profile per micro-batch size; the same gradient for every split):\n",
+      workers, workers == 1 ? "" : "s", batch);
+  Table table({"STAGES x REPLICAS", "SCHEDULE", "CHUNKS", "M x SIZE", "STEP", "TOKENS/S", "BUBBLE",
+               "REDUCE EXPOSED", "SLOWEST STAGE", "PEAK STAGE MEMORY"});
   int shown = 0, infeasible = 0;
   for (const PlanCandidate& c : candidates) {
     if (!c.status.ok()) {
@@ -296,11 +298,12 @@ std::string FormatPlannerSearch(const v1::JobSpec& spec,
       continue;
     }
     if (shown++ >= max_rows) continue;
-    table.AddRow({c.schedule, absl::StrCat(c.chunks),
+    table.AddRow({absl::StrCat(c.stages, " x ", c.replicas), c.schedule, absl::StrCat(c.chunks),
                   absl::StrCat(c.micro_batches, " x ", c.micro_batch_size),
                   absl::StrFormat("%.3f s", c.step_seconds),
                   absl::StrFormat("%.0f", c.tokens_per_second),
                   absl::StrFormat("%.1f%%", 100 * c.bubble),
+                  c.replicas > 1 ? absl::StrFormat("%.3f s", c.reduce_exposed_seconds) : "-",
                   absl::StrFormat("%.1f ms", 1000 * c.slowest_stage_seconds),
                   absl::StrFormat("%.1f MiB", c.peak_stage_bytes / 1048576.0)});
   }
@@ -336,6 +339,14 @@ std::string FormatPlannerSearch(const v1::JobSpec& spec,
     return out;
   }
   absl::StrAppend(&out, "Planner's choice: ", DescribeChoice(*best, as_written_step_seconds), "\n");
+  if (const std::string why = DescribeFactorizations(candidates); !why.empty()) {
+    absl::StrAppend(&out, "  ", why, "\n");
+  }
+  const bool other_factorization = best->stages != p.stages() || best->replicas != p.replicas();
+  if (other_factorization && p.plan() != "auto") {
+    absl::StrAppendFormat(&out, "  it splits the %d workers as pipeline.stages: %d, replicas: %d\n",
+                          workers, best->stages, best->replicas);
+  }
   if (p.plan() == "auto") {
     absl::StrAppend(&out, "  pipeline.plan is auto: the coordinator runs this choice.\n");
   } else if (best->micro_batches == p.micro_batches()) {
@@ -354,12 +365,12 @@ std::string FormatPlannerSearch(const v1::JobSpec& spec,
         best->schedule == "interleaved_1f1b" ? absl::StrCat(", chunks: ", best->chunks) : "",
         best->micro_batch_size, best->micro_batches);
   }
-  if (best->micro_batches < 4 * p.stages()) {
+  if (best->stages > 1 && best->micro_batches < 4 * best->stages) {
     absl::StrAppendFormat(&out,
-                          "warning: the choice has micro_batches %d < 4 x %d workers: the global "
+                          "warning: the choice has micro_batches %d < 4 x %d stages: the global "
                           "batch is too small to hide the bubble (the rule of thumb is M >= 4P, 8P "
                           "better); a larger batch would pipeline better\n",
-                          best->micro_batches, p.stages());
+                          best->micro_batches, best->stages);
   }
   return out;
 }

@@ -40,6 +40,10 @@ TEST(ParseArgs, AutoAndNoSearch) {
   EXPECT_TRUE(Parse({"submit", "--auto", "job.yaml"}).auto_plan);
   EXPECT_TRUE(Parse({"plan", "--auto", "job.yaml"}).auto_plan);
   EXPECT_TRUE(Parse({"plan", "--no-search", "job.yaml"}).no_search);
+  EXPECT_EQ(Parse({"plan", "--workers", "8", "job.yaml"}).workers, 8);
+  EXPECT_THAT(UsageError({"plan", "--workers", "0", "job.yaml"}),
+              HasSubstr("--workers: expected a number of workers in [1, 4096]"));
+  EXPECT_THAT(UsageError({"submit", "--workers", "2", "j.yaml"}), HasSubstr("--workers"));
   EXPECT_THAT(UsageError({"list", "--auto"}), HasSubstr("--auto apply to plan, submit"));
   EXPECT_THAT(UsageError({"submit", "--no-search", "j.yaml"}), HasSubstr("--no-search"));
 }

@@ -502,6 +502,34 @@ TEST_F(CommandsTest, PlanShowsTheMeasuredLink) {
                                     "activation (64.0 KiB) 0.12 ms each way"));
 }
 
+// --workers N: every stages x replicas of N at the spec's global batch; with a measured link the
+// all-reduce is priced and the output says why the choice splits the workers as it does.
+TEST_F(CommandsTest, PlanForNWorkersSearchesStagesTimesReplicas) {
+  const std::string path = WriteFile("workers.yaml",
+                                     "name: w\nmodel:\n  n_layer: 2\npipeline:\n  stages: 2\n"
+                                     "  micro_batch_size: 4\n  micro_batches: 4\n");
+  v1::ModelProfile profile = HeavyHeadProfile();
+  profile.mutable_link()->set_worker_a("w-1");
+  profile.mutable_link()->set_worker_b("w-2");
+  profile.mutable_link()->set_latency_seconds(50e-6);
+  profile.mutable_link()->set_seconds_per_byte(1e-9);
+  client_.profile = profile;
+  CliOptions opts = Opts(Command::kPlan, {path});
+  opts.workers = 4;
+  ASSERT_TRUE(Run(opts).ok()) << out_.str();
+  const std::string out = out_.str();
+  EXPECT_THAT(out, HasSubstr("Planning for 4 workers; shown first as 4 stages x 1 replicas."));
+  EXPECT_THAT(out, HasSubstr("Planner: 4 workers as stages x replicas, the global batch of 16"));
+  for (const char* way : {"4 x 1: ", "2 x 2: ", "1 x 4: "}) EXPECT_THAT(out, HasSubstr(way));
+  EXPECT_THAT(out, HasSubstr("stages x replicas, each at its best: "));
+  // 5 workers cannot split 4 layers' model... but 5 x 1 needs 5 layers: only 1 x 5 would, and
+  // 16 sequences do not divide by 5.
+  out_.str("");
+  opts.workers = 5;
+  const absl::Status none = Run(opts);
+  EXPECT_THAT(std::string(none.message()), HasSubstr("no stages x replicas of 5 workers"));
+}
+
 TEST_F(CommandsTest, PlanSearchesSplitsOfTheGlobalBatch) {
   const std::string path = WriteFile("search.yaml",
                                      "name: s\nmodel:\n  n_layer: 2\npipeline:\n  stages: 2\n"
@@ -510,17 +538,18 @@ TEST_F(CommandsTest, PlanSearchesSplitsOfTheGlobalBatch) {
   ASSERT_TRUE(Run(Opts(Command::kPlan, {path})).ok()) << out_.str();
   std::string out = out_.str();
   EXPECT_EQ(client_.profile_calls, 3);  // size 4 (the job's), then 2 and 1 (M >= P = 2)
-  EXPECT_THAT(out, HasSubstr("Planner: 2 workers, the global batch of 8 sequences split"));
-  EXPECT_THAT(out, HasSubstr("CHUNKS  M x SIZE  STEP     TOKENS/S"));
+  EXPECT_THAT(out, HasSubstr("Planner: 2 workers as stages x replicas, the global batch of 8 "
+                             "sequences split"));
+  EXPECT_THAT(out, HasSubstr("SCHEDULE          CHUNKS  M x SIZE  STEP     TOKENS/S"));
   EXPECT_THAT(out, HasSubstr("Planner's choice: "));
   EXPECT_THAT(out, HasSubstr("run it with `--auto` (pipeline.plan: auto)"));
   // This fake gives the same profile at every size, so a micro-batch costs the same however
   // large: the fewest micro-batches win, and the plan warns about the bubble.
-  EXPECT_THAT(out, HasSubstr("zb_h1             1       2 x 4     0.067 s"));
+  EXPECT_THAT(out, HasSubstr("2 x 1              zb_h1             1       2 x 4     0.067 s"));
   EXPECT_THAT(out, HasSubstr("Planner's choice: zb_h1, 2 micro-batches of 4, 1 stage per worker"));
   EXPECT_THAT(out, HasSubstr("it keeps the spec's split; run it with `--auto` (pipeline.plan: "
                              "auto) or `--schedule zb_h1`"));
-  EXPECT_THAT(out, HasSubstr("warning: the choice has micro_batches 2 < 4 x 2 workers"));
+  EXPECT_THAT(out, HasSubstr("warning: the choice has micro_batches 2 < 4 x 2 stages"));
 
   out_.str("");
   CliOptions opts = Opts(Command::kPlan, {path});
