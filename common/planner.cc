@@ -115,7 +115,9 @@ std::vector<PlanCandidate> SearchPlans(const v1::JobSpec& written, const Profile
   std::stable_partition(ways.begin(), ways.end(),
                         [&](const std::pair<int, int>& w) { return w == written_way; });
   std::optional<bool> has_link;  // known once a profile was fetched
-  for (const auto& [stages, replicas] : ways) {
+  for (const std::pair<int, int>& way : ways) {
+    const int stages = way.first;
+    const int replicas = way.second;
     const v1::JobSpec spec = WithFactorization(written, stages, replicas);
     const bool as_written = std::pair{stages, replicas} == written_way;
     for (int m : MicroBatchSplits(spec)) {

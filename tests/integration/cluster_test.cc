@@ -725,7 +725,9 @@ TEST_F(ClusterTest, AutoPlanKeepsTheGlobalBatchAndItsLosses) {
   auto a = cluster_->WaitForEnd(*planned, 120s);
   ASSERT_TRUE(a.ok() && a->state() == v1::SUCCEEDED) << a->reason();
   const v1::PipelineSpec& p = a->spec().pipeline();
-  EXPECT_EQ(p.micro_batch_size() * p.micro_batches(), 8);
+  // The same global batch, however the planner split the two workers (stages x replicas).
+  EXPECT_EQ(p.replicas() * p.micro_batch_size() * p.micro_batches(), 8);
+  EXPECT_EQ(p.stages() * p.replicas(), 2);
   EXPECT_EQ(a->effective_batch(), 8);
   EXPECT_THAT(a->plan(),
               HasSubstr(absl::StrCat(p.schedule(), ", ", p.micro_batches(), " micro-batch")));
