@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/limits.h"
 #include "common/proto_yaml.h"
@@ -67,6 +68,11 @@ int64_t EffectiveBatch(const v1::JobSpec& spec) {
 
 int GangSize(const v1::JobSpec& spec) {
   return spec.pipeline().stages() * std::max(1, spec.pipeline().replicas());
+}
+
+bool ShardsOptimizerState(const v1::JobSpec& spec) {
+  return spec.optimizer().shard_state() && spec.pipeline().replicas() > 1 &&
+         absl::AsciiStrToLower(spec.optimizer().name()) == "adamw";
 }
 
 int64_t TokensPerStep(const v1::JobSpec& spec) {

@@ -42,6 +42,9 @@ int64_t EffectiveBatch(const v1::JobSpec& spec);
 int64_t TokensPerStep(const v1::JobSpec& spec);
 // Workers of the job's gang: pipeline.stages x pipeline.replicas.
 int GangSize(const v1::JobSpec& spec);
+// Whether the job shards its optimizer state across replicas (ZeRO stage 1): optimizer.shard_state
+// with pipeline.replicas > 1 and adamw (sgd keeps no state). Otherwise shard_state does nothing.
+bool ShardsOptimizerState(const v1::JobSpec& spec);
 // Tokens one training sample reads: seq_len + 1 (gpt) or context + 1 (mlp_lm).
 int64_t TrainingWindow(const v1::ModelSpec& model);
 

@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/log_context.h"
 #include "common/partitioner.h"
+#include "common/spec.h"
 #include "common/status_macros.h"
 #include "common/step_number.h"
 #include "coordinator/step_summary.h"
@@ -257,8 +258,9 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
       StepTimingsOf(step, step_reports, env_.registry->ClockOffsets(worker_ids));
   std::vector<const v1::StepReport*> reports;
   for (const auto& resp : responses) reports.push_back(&resp.report());
-  StepReports reported = SummarizeReports(step, plan.schedule, plan.num_stages(), reports, timings,
-                                          spec.optimizer().grad_clip(), Replicas());
+  StepReports reported =
+      SummarizeReports(step, plan.schedule, plan.num_stages(), reports, timings,
+                       spec.optimizer().grad_clip(), Replicas(), ShardsOptimizerState(spec));
   v1::StepSummary& summary = reported.summary;
   if (!reported.has_loss) {
     return absl::InternalError(
@@ -314,12 +316,14 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
 absl::Status JobRunner::SaveCheckpoint(int64_t step) {
   ScopedLogContext log_context({.step = step});
   // Replica 0's workers hold the whole model (every replica holds the same state): one file per
-  // stage, written once.
+  // stage, written once. With sharded optimizer state every replica takes part, gathering the
+  // moments to replica 0, which alone streams them (the others send an empty index).
   const int p = PipelineRanks();
+  const int callees = ShardsOptimizerState(run_.spec) ? gang_.size() : p;
   const std::string what = absl::StrCat("checkpoint after step ", StepNumber(step));
   std::vector<std::future<absl::Status>> saves;
-  for (int r = 0; r < p; ++r) {
-    saves.push_back(std::async(std::launch::async, [this, r, step]() -> absl::Status {
+  for (int r = 0; r < callees; ++r) {
+    saves.push_back(std::async(std::launch::async, [this, r, step, p]() -> absl::Status {
       v1::SaveCheckpointRequest req;
       req.set_job_id(job_.id());
       req.set_step(step);
@@ -327,6 +331,11 @@ absl::Status JobRunner::SaveCheckpoint(int64_t step) {
       std::unique_ptr<SafetensorsWriter> writer;
       absl::Status s = gang_.client(r).SaveCheckpoint(
           req, env_.options.step_timeout, [&](const v1::TensorChunk& chunk) -> absl::Status {
+            if (r >= p) {  // another replica's: it only helped gather
+              return chunk.index_size() == 0 && chunk.data().empty()
+                         ? absl::OkStatus()
+                         : absl::DataLossError("a replica other than 0 streamed checkpoint data");
+            }
             if (writer == nullptr) {
               std::vector<TensorInfo> index;
               for (const auto& m : chunk.index()) {
@@ -338,14 +347,15 @@ absl::Status JobRunner::SaveCheckpoint(int64_t step) {
             }
             return writer->Append(chunk.data().data(), chunk.data().size());
           });
+      if (r >= p) return WithPrefix(s, WorkerName(r));
       if (s.ok() && writer == nullptr) s = absl::DataLossError("empty checkpoint stream");
       if (s.ok()) s = writer->Commit();
       return WithPrefix(s, WorkerName(r));
     }));
   }
-  std::vector<absl::Status> results(p);
+  std::vector<absl::Status> results(callees);
   bool failed = false;
-  for (int r = 0; r < p; ++r) {
+  for (int r = 0; r < callees; ++r) {
     results[r] = saves[r].get();
     failed = failed || !results[r].ok();
   }

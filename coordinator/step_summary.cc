@@ -12,7 +12,8 @@ namespace tandem::coordinator {
 
 StepReports SummarizeReports(int64_t step, const Schedule& schedule, int num_stages,
                              const std::vector<const v1::StepReport*>& reports,
-                             const v1::StepTimings& timings, float clip, int replicas) {
+                             const v1::StepTimings& timings, float clip, int replicas,
+                             bool sharded_state) {
   StepReports out;
   v1::StepSummary& summary = out.summary;
   summary.set_step(step);
@@ -31,7 +32,7 @@ StepReports SummarizeReports(int64_t step, const Schedule& schedule, int num_sta
       out.has_loss = true;
     }
     grads_finite = grads_finite && rep->grads_finite();
-    if (g < ranks) norm_sq += rep->grad_norm_sq();
+    if (g < ranks || sharded_state) norm_sq += rep->grad_norm_sq();
     summary.set_reduced_bytes(summary.reduced_bytes() + rep->reduced_bytes());
     out.max_exec_us = std::max(out.max_exec_us, rep->exec_us());
     summary.set_bytes_sent(summary.bytes_sent() + rep->bytes_sent());

@@ -38,11 +38,13 @@ struct StepReports {
 // (lowered, `num_stages` stages, P ranks) with gradient clipping at `clip`
 // (optimizer.grad_clip; <= 0: off). With `replicas` R > 1 the gang is R pipelines (gang rank
 // r P + p): the loss is the sum of the R last stages' shares, the gradient norm replica 0's
-// (after the reduction every replica holds the same gradients), finiteness every rank's; the
-// per-stage figures are replica 0's.
+// (after the reduction every replica holds the same gradients) or, with `sharded_state`
+// (optimizer.shard_state: each replica reports the norm of its segments), every rank's;
+// finiteness every rank's; the per-stage figures are replica 0's.
 StepReports SummarizeReports(int64_t step, const Schedule& schedule, int num_stages,
                              const std::vector<const v1::StepReport*>& reports,
-                             const v1::StepTimings& timings, float clip, int replicas = 1);
+                             const v1::StepTimings& timings, float clip, int replicas = 1,
+                             bool sharded_state = false);
 
 // The step's time and throughput inputs.
 struct StepThroughput {

@@ -8,6 +8,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/shard_range.h"
+#include "common/spec.h"
 #include "common/status_macros.h"
 #include "worker/model/gpt.h"
 #include "worker/model/mlp_lm.h"
@@ -50,9 +52,17 @@ absl::StatusOr<std::unique_ptr<CpuStageCompute>> CpuStageCompute::Create(
   }
   std::vector<Parameter*> params = c->HostParameters();
   for (const Parameter* p : params) c->parameter_count_ += static_cast<int64_t>(p->value.size());
-  ASSIGN_OR_RETURN(c->optimizer_, MakeOptimizer(program.spec().optimizer(), std::move(params)));
+  if (ShardsOptimizerState(program.spec())) {
+    // ZeRO stage 1: this replica's segment of every parameter (common/shard_range.h).
+    for (const Parameter* p : params) {
+      c->shard_.push_back(OwnedSegment(p->value.size(), program.num_replicas(), program.replica()));
+    }
+  }
+  ASSIGN_OR_RETURN(c->optimizer_,
+                   MakeOptimizer(program.spec().optimizer(), std::move(params), c->shard_));
   // Each chunk's static memory: value and gradient of its parameters, and the optimizer state
-  // in proportion (AdamW and SGD keep the same floats for every parameter element).
+  // in proportion (AdamW and SGD keep the same floats for every parameter element, or for
+  // every element of this replica's segment when sharded).
   const size_t state_bytes = c->optimizer_->StateBytes();
   for (const auto& layers : c->chunks_) {
     int64_t elements = 0;
@@ -140,6 +150,20 @@ absl::StatusOr<std::vector<absl::Span<float>>> CpuStageCompute::LayerGradients(i
   return out;
 }
 
+absl::StatusOr<std::vector<absl::Span<float>>> CpuStageCompute::LayerParameters(int chunk,
+                                                                                int layer) {
+  if (chunk < 0 || static_cast<size_t>(chunk) >= chunks_.size() || layer < 0 ||
+      static_cast<size_t>(layer) >= chunks_[chunk].size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no layer ", layer, " in chunk ", chunk, " of this stage"));
+  }
+  std::vector<absl::Span<float>> out;
+  for (Parameter* p : chunks_[chunk][layer]->Parameters()) {
+    out.push_back(absl::MakeSpan(p->value.vec()));
+  }
+  return out;
+}
+
 size_t CpuStageCompute::SavedBytes(int chunk, int mb) const {
   size_t n = 0;
   for (const SavedContext& c : saved_[static_cast<size_t>(chunk) * slots_ + mb]) n += c.Bytes();
@@ -206,11 +230,15 @@ absl::Status CpuStageCompute::AddToTiedGradient(size_t index, StageBuffer& other
 absl::StatusOr<StageCompute::GradStats> CpuStageCompute::GradientStats(bool count_tied) {
   GradStats stats;
   std::set<std::string> tied_counted;
-  for (const Parameter* p : HostParameters()) {
+  const std::vector<Parameter*> params = HostParameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Parameter* p = params[i];
     if (p->tied && (!count_tied || !tied_counted.insert(p->name).second)) continue;
-    for (float g : p->grad.vec()) {
-      stats.finite = stats.finite && std::isfinite(g);
-      stats.sum_sq += static_cast<double>(g) * g;
+    const ElementRange range = shard_.empty() ? ElementRange{0, p->grad.size()} : shard_[i];
+    const float* g = p->grad.data();
+    for (size_t j = range.begin; j < range.end; ++j) {
+      stats.finite = stats.finite && std::isfinite(g[j]);
+      stats.sum_sq += static_cast<double>(g[j]) * g[j];
     }
   }
   stats.finite = stats.finite && std::isfinite(stats.sum_sq);
@@ -249,8 +277,12 @@ absl::StatusOr<std::vector<StateTensor>> CpuStageCompute::CheckpointTensors(bool
     if (skip.contains(p)) continue;
     const std::string name = absl::StrCat(p->name, ".", slot.key);
     if (slot.f32 != nullptr) {
-      out.push_back(
-          {name, "F32", p->value.shape(), slot.f32->data(), slot.f32->size() * sizeof(float)});
+      StateTensor t{name, "F32", p->value.shape(), slot.f32->data(),
+                    slot.f32->size() * sizeof(float)};
+      if (!shard_.empty()) {  // the same tensors on every replica, so they gather in step
+        t.shard = ElementRange{slot.offset, slot.offset + slot.f32->size()};
+      }
+      out.push_back(std::move(t));
     } else {
       out.push_back({name, "I64", {1}, slot.i64, sizeof(int64_t)});
     }
@@ -285,10 +317,18 @@ absl::Status CpuStageCompute::Restore(const TensorLookup& lookup, bool weights_o
   }
   if (weights_only) return absl::OkStatus();
   for (const OptimizerSlot& slot : optimizer_->Slots()) {
-    const std::string name = absl::StrCat(params[slot.param]->name, ".", slot.key);
-    RETURN_IF_ERROR(slot.f32 != nullptr
-                        ? copy(name, slot.f32->data(), slot.f32->size() * sizeof(float))
-                        : copy(name, slot.i64, sizeof(int64_t)));
+    const Parameter* p = params[slot.param];
+    const std::string name = absl::StrCat(p->name, ".", slot.key);
+    if (slot.f32 == nullptr) {
+      RETURN_IF_ERROR(copy(name, slot.i64, sizeof(int64_t)));
+    } else if (shard_.empty()) {
+      RETURN_IF_ERROR(copy(name, slot.f32->data(), slot.f32->size() * sizeof(float)));
+    } else {
+      // Sharded: the checkpoint holds the whole tensor (whatever layout wrote it); this
+      // replica keeps its segment.
+      RETURN_IF_ERROR(CopyRestoredRange(lookup, name, p->value.bytes(), slot.offset * sizeof(float),
+                                        slot.f32->data(), slot.f32->size() * sizeof(float), where));
+    }
   }
   return absl::OkStatus();
 }

@@ -49,6 +49,7 @@ class CpuStageCompute final : public StageCompute {
   std::vector<Parameter*> HostParameters() override;
   int num_layers(int chunk) const override { return static_cast<int>(chunks_[chunk].size()); }
   absl::StatusOr<std::vector<absl::Span<float>>> LayerGradients(int chunk, int layer) override;
+  absl::StatusOr<std::vector<absl::Span<float>>> LayerParameters(int chunk, int layer) override;
   void set_layer_done_hook(LayerDoneHook hook) override { layer_done_ = std::move(hook); }
 
  private:
@@ -62,6 +63,7 @@ class CpuStageCompute final : public StageCompute {
 
   std::vector<std::vector<std::unique_ptr<Layer>>> chunks_;  // the layers of each chunk
   std::unique_ptr<Optimizer> optimizer_;
+  std::vector<ElementRange> shard_;  // per HostParameters() entry when sharded; else empty
   size_t slots_ = 0;
   std::vector<std::vector<SavedContext>> saved_;  // chunk * slots_ + mb: one per layer
   int64_t parameter_count_ = 0;

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/schedule.h"
+#include "common/shard_range.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
 #include "common/step_number.h"
@@ -90,6 +92,9 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::CreateValidated(
     for (int c = 0; c < program.chunks_size(); ++c) {
       // A backend whose gradients are not on the host says so here, not mid-step.
       RETURN_IF_ERROR(WithPrefix(compute->LayerGradients(c, 0).status(), prefix));
+      if (ShardsOptimizerState(program.spec())) {
+        RETURN_IF_ERROR(WithPrefix(compute->LayerParameters(c, 0).status(), prefix));
+      }
     }
   } else {
     reducer = nullptr;
@@ -147,6 +152,7 @@ StageExecutor::StageExecutor(const v1::StageProgram& program, Dataset data,
       d_model_(program.spec().model().d_model()),
       replica_(program.num_replicas() > 1 ? program.replica() : 0),
       replicas_(std::max(1, program.num_replicas())),
+      shard_state_(program.num_replicas() > 1 && ShardsOptimizerState(program.spec())),
       prefix_(PrefixOf(program)),
       chunk_of_stage_(program.num_stages(), -1),
       mb_slots_(MicroBatchSlots(program)),
@@ -489,7 +495,11 @@ absl::Status StageExecutor::PostLayerReduction(int chunk, int layer) {
   }
   ASSIGN_OR_RETURN(std::vector<absl::Span<float>> grads, compute_->LayerGradients(chunk, layer));
   posted[layer] = true;
-  reducer_->Post(GradBucket{chunk, chunks_[chunk].layer_begin + layer, std::move(grads)});
+  reducer_->Post(
+      GradBucket{.chunk = chunk,
+                 .layer = chunks_[chunk].layer_begin + layer,
+                 .tensors = std::move(grads),
+                 .op = shard_state_ ? GradBucket::Op::kReduceScatter : GradBucket::Op::kAllReduce});
   return absl::OkStatus();
 }
 
@@ -614,9 +624,51 @@ absl::Status StageExecutor::SumTiedGradients() {
   return absl::OkStatus();
 }
 
+absl::Status StageExecutor::GatherParameters() {
+  for (int c = 0; c < static_cast<int>(chunks_.size()); ++c) {
+    for (int l = 0; l < compute_->num_layers(c); ++l) {
+      ASSIGN_OR_RETURN(std::vector<absl::Span<float>> values, compute_->LayerParameters(c, l));
+      reducer_->Post(GradBucket{.chunk = c,
+                                .layer = chunks_[c].layer_begin + l,
+                                .tensors = std::move(values),
+                                .op = GradBucket::Op::kAllGather});
+    }
+  }
+  return reducer_->Wait();
+}
+
 absl::StatusOr<std::vector<StageExecutor::StateTensor>> StageExecutor::CheckpointTensors() {
   // A tied parameter is saved once: by the first stage.
-  return compute_->CheckpointTensors(holds_first_);
+  ASSIGN_OR_RETURN(std::vector<StateTensor> tensors, compute_->CheckpointTensors(holds_first_));
+  if (!shard_state_) return tensors;
+  // Sharded optimizer state: every replica holds a segment of each moment; the group gathers
+  // them whole (every replica calls this, in the same order), and replica 0 writes them.
+  gathered_.clear();
+  gathered_.reserve(tensors.size());
+  for (StateTensor& t : tensors) {
+    if (!t.shard.has_value()) continue;
+    size_t elements = 1;
+    for (int64_t d : t.shape) elements *= static_cast<size_t>(d);
+    if (t.shard->end > elements || t.shard->size() * sizeof(float) != t.bytes ||
+        *t.shard != OwnedSegment(elements, replicas_, replica_)) {
+      return absl::InternalError(absl::StrCat(prefix_, ": checkpoint: ", t.name,
+                                              " holds elements [", t.shard->begin, ", ",
+                                              t.shard->end, "), not this replica's segment"));
+    }
+    std::vector<float>& whole = gathered_.emplace_back(elements, 0.0f);
+    std::memcpy(whole.data() + t.shard->begin, t.data, t.bytes);
+    reducer_->Post(
+        GradBucket{.tensors = {absl::MakeSpan(whole)}, .op = GradBucket::Op::kAllGather});
+    t.data = whole.data();
+    t.bytes = elements * sizeof(float);
+    t.shard.reset();
+  }
+  if (absl::Status s = reducer_->Wait(); !s.ok()) {
+    broken_.store(true);
+    return WithPrefix(s, absl::StrCat(prefix_, ": checkpoint"));
+  }
+  if (replica_ > 0) return std::vector<StateTensor>{};  // replica 0 writes the checkpoint
+  return tensors;
 }
 
 std::vector<std::string> StageExecutor::RestoreNames(bool weights_only) {
@@ -655,6 +707,13 @@ absl::Status StageExecutor::ApplyStep(int64_t step, float learning_rate, float g
   if (absl::Status s = compute_->Apply(learning_rate, grad_scale, skip); !s.ok()) {
     broken_.store(true);
     return WithPrefix(s, prefix);
+  }
+  if (shard_state_ && !skip) {
+    // Each replica updated its segment of every parameter: gather the rest from the others.
+    if (absl::Status s = GatherParameters(); !s.ok()) {
+      broken_.store(true);
+      return WithPrefix(s, prefix);
+    }
   }
   pending_step_ = -1;
   last_applied_step_ = step;

@@ -24,7 +24,10 @@
 // gradient. During that last B (or W) each layer's gradients are handed to the GradReducer as
 // soon as the backward has added them, and at REDUCE_GRAD the rest; the step waits for the
 // reductions after its last action, before the tied gradients are summed and the norm taken,
-// so that every replica reports the same norm and applies the same update.
+// so that every replica reports the same norm and applies the same update. With sharded
+// optimizer state (optimizer.shard_state) the buckets are reduce-scattered instead, the norm
+// covers this replica's segments (the coordinator adds every replica's), each replica updates
+// its segments and ApplyStep all-gathers the parameters; a checkpoint gathers the moments.
 //
 // Memory: what a micro-batch holds (received input, saved contexts, gradients) is freed as
 // soon as the program has no further use for it: the forward input after F, the contexts
@@ -190,6 +193,8 @@ class StageExecutor {
   // After the last action: waits for the reductions and stretches each REDUCE_GRAD's timing
   // over its reduction (from its first bucket's hand-over to its last one's end).
   absl::Status FinishReductions(v1::StepReport* report);
+  // Sharded optimizer state, after the update: every parameter's segments from their owners.
+  absl::Status GatherParameters();
   absl::Status Forward(int chunk, int mb, int64_t step, bool eval);
   // B (input and weight gradients), I (input gradient only) or W (weight gradients of a
   // micro-batch whose I ran).
@@ -221,7 +226,10 @@ class StageExecutor {
   const int64_t d_model_;           // D: width of the activations between stages
   const int replica_;               // this worker's pipeline replica (0 without data parallelism)
   const int replicas_;              // R >= 1
-  const std::string prefix_;        // "stage 2" or "rank 1 (stages 1, 6)" for messages
+  // optimizer.shard_state in effect (ZeRO stage 1): gradients are reduce-scattered, each
+  // replica updates its segment of every parameter and ApplyStep all-gathers the rest.
+  const bool shard_state_;
+  const std::string prefix_;  // "stage 2" or "rank 1 (stages 1, 6)" for messages
   std::vector<Chunk> chunks_;
   // Per action of the training (eval) list: the first receive after it, or -1.
   std::vector<int> next_recv_;
@@ -260,6 +268,8 @@ class StageExecutor {
   std::atomic<bool> aborted_{false};
   std::atomic<bool> broken_{false};
   std::unique_ptr<StageCompute> compute_;
+  // The whole optimizer state gathered for the latest CheckpointTensors (sharded state only).
+  std::vector<std::vector<float>> gathered_;
   // Its thread reads the compute's gradients: destroyed (joined) before the compute.
   std::unique_ptr<GradReducer> reducer_;
   // Declared last so it is destroyed first, while the send buffers in mbs_ still exist.

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/shard_range.h"
 #include "common/status_macros.h"
 #include "worker/transport/ring_allreduce.h"
 
@@ -92,11 +93,13 @@ void GradReducer::Loop() {
     const int64_t end = UnixMicros();
     int64_t bytes = 0;
     for (const absl::Span<float>& t : bucket.tensors) bytes += static_cast<int64_t>(t.size() * 4);
+    const bool gather = bucket.op == GradBucket::Op::kAllGather;
     absl::MutexLock lock(&mu_);
     if (!s.ok() && status_.ok()) {
-      status_ = WithPrefix(s, absl::StrCat("gradient reduction of layer ", bucket.layer));
+      status_ = WithPrefix(s, absl::StrCat(gather ? "parameter all-gather" : "gradient reduction",
+                                           " of layer ", bucket.layer));
     }
-    if (!skip && s.ok()) {
+    if (!skip && s.ok() && !gather) {
       const size_t c = static_cast<size_t>(std::max(0, bucket.chunk));
       if (spans_.size() <= c) spans_.resize(c + 1);
       ChunkSpan& span = spans_[c];
@@ -110,20 +113,42 @@ void GradReducer::Loop() {
 }
 
 absl::Status GradReducer::Reduce(GradBucket& bucket) {
+  using Op = GradBucket::Op;
+  const int ranks = group_->size();
+  const int me = group_->rank();
   size_t small = 0;
   for (const absl::Span<float>& t : bucket.tensors) {
     if (t.size() < kCoalesceBelow) small += t.size();
   }
   for (const absl::Span<float>& t : bucket.tensors) {
     if (t.size() < kCoalesceBelow) continue;
-    RETURN_IF_ERROR(RingAllReduce(*group_, t.data(), t.size(), scratch_, {.id = next_id_++}));
+    const RingAllReduceOptions options{.id = next_id_++};
+    switch (bucket.op) {
+      case Op::kAllReduce:
+        RETURN_IF_ERROR(RingAllReduce(*group_, t.data(), t.size(), scratch_, options));
+        break;
+      case Op::kReduceScatter:
+        RETURN_IF_ERROR(RingReduceScatter(*group_, t.data(), t.size(), scratch_, options));
+        break;
+      case Op::kAllGather:
+        RETURN_IF_ERROR(RingAllGather(*group_, t.data(), t.size(), options));
+        break;
+    }
   }
   if (small == 0) return absl::OkStatus();
   staging_.resize(small);
   size_t at = 0;
   for (const absl::Span<float>& t : bucket.tensors) {
     if (t.size() >= kCoalesceBelow) continue;
-    std::memcpy(staging_.data() + at, t.data(), t.size() * sizeof(float));
+    if (bucket.op == Op::kAllGather) {
+      // Only the owner's segment is non-zero: the sum is an exact copy of it.
+      std::fill(staging_.data() + at, staging_.data() + at + t.size(), 0.0f);
+      const ElementRange own = OwnedSegment(t.size(), ranks, me);
+      std::memcpy(staging_.data() + at + own.begin, t.data() + own.begin,
+                  own.size() * sizeof(float));
+    } else {
+      std::memcpy(staging_.data() + at, t.data(), t.size() * sizeof(float));
+    }
     at += t.size();
   }
   RETURN_IF_ERROR(RingAllReduce(*group_, staging_.data(), small, scratch_, {.id = next_id_++}));

@@ -13,6 +13,13 @@
 // Small tensors of a bucket (biases, norm gains) are coalesced into one message; larger ones
 // are reduced in place.
 //
+// Sharded optimizer state (optimizer.shard_state, ZeRO stage 1): the executor posts the
+// gradients as kReduceScatter, so that each rank ends with the sum of its segment of every
+// tensor (common/shard_range.h) for the same traffic as half an all-reduce, and after the
+// update the parameters as kAllGather. Coalesced small tensors are all-reduced (a superset of
+// their reduce-scatter) and all-gathered as a sum in which only the owner's segment is
+// non-zero, which is exact (x + 0 = x), so every replica still ends bit-identical.
+//
 // Thread-safety: Post, Wait and BeginStep from one thread (the executor's); Abort from any.
 #ifndef TANDEM_WORKER_GRAD_REDUCER_H_
 #define TANDEM_WORKER_GRAD_REDUCER_H_
@@ -31,11 +38,18 @@
 
 namespace tandem::worker {
 
-// One layer's gradients, in host memory that stays valid and untouched until Wait() returns.
+// One layer's gradients (or, for kAllGather, parameters), in host memory that stays valid and
+// untouched until Wait() returns.
 struct GradBucket {
+  enum class Op {
+    kAllReduce,      // every tensor summed over the group
+    kReduceScatter,  // sharded optimizer state: each rank's OwnedSegment summed, the rest undefined
+    kAllGather,      // sharded optimizer state: each rank's OwnedSegment copied to all
+  };
   int chunk = 0;  // the executor's chunk (for timings)
   int layer = 0;  // global layer index (for messages)
   std::vector<absl::Span<float>> tensors;
+  Op op = Op::kAllReduce;
   int64_t posted_us = 0;  // set by Post
 };
 
@@ -63,7 +77,7 @@ class GradReducer {
 
   // Per chunk, after Wait(): when its first bucket was posted, when its reduction started and
   // when its last one ended (Unix microseconds; 0 when it had none), and the step's reduced
-  // bytes.
+  // bytes (kAllGather buckets count in neither).
   struct ChunkSpan {
     int64_t first_post_us = 0;  // when its first bucket was posted
     int64_t start_us = 0;

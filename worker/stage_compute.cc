@@ -31,16 +31,26 @@ absl::StatusOr<StageBufferPtr> NewHostBuffer(size_t bytes) {
 
 absl::Status CopyRestoredTensor(const TensorLookup& lookup, const std::string& name, void* dst,
                                 size_t bytes, absl::string_view where) {
+  return CopyRestoredRange(lookup, name, bytes, 0, dst, bytes, where);
+}
+
+absl::Status CopyRestoredRange(const TensorLookup& lookup, const std::string& name,
+                               size_t tensor_bytes, size_t offset, void* dst, size_t bytes,
+                               absl::string_view where) {
   absl::StatusOr<absl::Span<const uint8_t>> src = lookup(name);
   if (!src.ok()) {
     return absl::Status(src.status().code(), absl::StrCat(where, ": ", src.status().message()));
   }
-  if (src->size() != bytes) {
+  if (src->size() != tensor_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": tensor ", name, " has ", src->size(),
-                                                   " bytes, this stage needs ", bytes,
+                                                   " bytes, this stage needs ", tensor_bytes,
                                                    " (a different model shape?)"));
   }
-  std::memcpy(dst, src->data(), bytes);
+  if (offset > tensor_bytes || bytes > tensor_bytes - offset) {
+    return absl::InternalError(absl::StrCat(where, ": bytes [", offset, ", ", offset + bytes,
+                                            ") of tensor ", name, " out of its ", tensor_bytes));
+  }
+  std::memcpy(dst, src->data() + offset, bytes);
   return absl::OkStatus();
 }
 

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "common/shard_range.h"
 #include "tandem/v1/common.pb.h"
 #include "worker/model/layer.h"
 
@@ -57,6 +59,10 @@ struct StateTensor {
   std::vector<int64_t> shape;
   const void* data = nullptr;
   size_t bytes = 0;
+  // Sharded optimizer state (optimizer.shard_state): data holds only the float elements
+  // [shard->begin, shard->end) of the tensor of `shape`, this replica's segment; the executor
+  // gathers the whole tensor from the data-parallel group before it is written.
+  std::optional<ElementRange> shard;
 };
 
 // name -> the tensor's bytes, for Restore.
@@ -67,6 +73,11 @@ using TensorLookup =
 // lookup's error, or INVALID_ARGUMENT when its size differs, both prefixed by `where`.
 absl::Status CopyRestoredTensor(const TensorLookup& lookup, const std::string& name, void* dst,
                                 size_t bytes, absl::string_view where);
+// The same for bytes [offset, offset + bytes) of a tensor that must have `tensor_bytes` bytes
+// (a replica's segment of sharded optimizer state).
+absl::Status CopyRestoredRange(const TensorLookup& lookup, const std::string& name,
+                               size_t tensor_bytes, size_t offset, void* dst, size_t bytes,
+                               absl::string_view where);
 
 // One copy of a tied parameter's gradient held by this worker (see Parameter::tied).
 struct TiedGradient {
@@ -142,7 +153,9 @@ class StageCompute {
 
   // The squared L2 norm of the gradients (in double) and whether every element is finite.
   // With `count_tied` false the copies of tied parameters are left out; with it true each
-  // tied parameter counts once.
+  // tied parameter counts once. With sharded optimizer state only this replica's segment of
+  // each parameter counts (the rest is another replica's after the reduce-scatter), so the
+  // group's norms add up to the whole.
   struct GradStats {
     double sum_sq = 0.0;
     bool finite = true;
@@ -150,7 +163,8 @@ class StageCompute {
   virtual absl::StatusOr<GradStats> GradientStats(bool count_tied) = 0;
 
   // Scales the gradients by `grad_scale`, runs the optimizer with `learning_rate` and zeroes
-  // them; with `skip` only zeroes them.
+  // them; with `skip` only zeroes them. With sharded optimizer state only this replica's
+  // segment of each parameter changes; the caller all-gathers the rest (LayerParameters).
   virtual absl::Status Apply(float learning_rate, float grad_scale, bool skip) = 0;
 
   // The state for a checkpoint, with global names ("<parameter>" then "<parameter>.<key>" of
@@ -172,6 +186,12 @@ class StageCompute {
   virtual absl::StatusOr<std::vector<absl::Span<float>>> LayerGradients(int chunk, int layer) {
     return absl::UnimplementedError(
         absl::StrCat("the ", device(), " backend cannot reduce gradients across replicas"));
+  }
+  // The parameter values of `chunk`'s `layer`-th layer as host float spans, in the order of
+  // LayerGradients (what the all-gather of sharded optimizer state fills in); as LayerGradients.
+  virtual absl::StatusOr<std::vector<absl::Span<float>>> LayerParameters(int chunk, int layer) {
+    return absl::UnimplementedError(
+        absl::StrCat("the ", device(), " backend cannot shard optimizer state across replicas"));
   }
   // Called by a B or W after it has added the weight gradients of `layer` (0-based within the
   // chunk), in the backward's order (the last layer first), so that a caller can start

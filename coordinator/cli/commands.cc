@@ -228,6 +228,22 @@ absl::StatusOr<v1::JobSpec> LoadJobFile(const CliOptions& opts) {
   return spec;
 }
 
+// What optimizer.shard_state does for this job, in a sentence.
+std::string ShardStateNote(const v1::JobSpec& spec) {
+  const int r = std::max(1, spec.pipeline().replicas());
+  if (ShardsOptimizerState(spec)) {
+    return absl::StrCat("optimizer.shard_state: each of the ", r, " replicas keeps 1/", r,
+                        " of the AdamW moments (ZeRO stage 1: gradients reduce-scattered, "
+                        "parameters all-gathered after the update).");
+  }
+  if (r == 1) {
+    return "optimizer.shard_state: accepted, and does nothing with 1 replica (no other "
+           "replica to share the optimizer state with).";
+  }
+  return absl::StrCat("optimizer.shard_state: accepted, and does nothing with optimizer ",
+                      spec.optimizer().name(), " (it keeps no state to shard).");
+}
+
 absl::Status Validate(const CliOptions& opts, CommandIo io) {
   const std::string& path = opts.args[0];
   ASSIGN_OR_RETURN(const v1::JobSpec spec, LoadJobFile(opts));
@@ -244,6 +260,7 @@ absl::Status Validate(const CliOptions& opts, CommandIo io) {
       p.schedule_csv().empty() ? p.schedule() : "csv",
       p.replicas() > 1 ? absl::StrCat(p.replicas(), " x ") : "", p.micro_batch_size(),
       p.micro_batches(), EffectiveBatch(spec), 100 * PredictedBubble(spec));
+  if (spec.optimizer().shard_state()) io.out << ShardStateNote(spec) << "\n";
   return absl::OkStatus();
 }
 

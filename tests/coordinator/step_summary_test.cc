@@ -147,6 +147,11 @@ TEST(SummarizeReportsTest, DataParallelReplicasCombine) {
   ASSERT_EQ(r.summary.stage_reduce_seconds_size(), 2);
   EXPECT_DOUBLE_EQ(r.summary.stage_reduce_seconds(0), 30e-6);
   EXPECT_GT(r.summary.stage_reduce_exposed_seconds(0), 0.0);
+  // Sharded optimizer state: each replica reports the norm of its own segments, so every
+  // rank's counts.
+  const StepReports sharded = SummarizeReports(
+      7, lowered, 2, pointers, StepTimingsOf(7, reports, {0, 0, 0, 0}), 1.0f, 2, true);
+  EXPECT_DOUBLE_EQ(sharded.grad_norm, std::sqrt(16.0)) << "all four ranks";
   // A non-finite gradient on any replica skips the step.
   reports[3].set_grads_finite(false);
   const StepReports bad =

@@ -1,8 +1,8 @@
 // Data parallelism with real processes on 127.0.0.1: a job of 2 stages x 2 replicas on four
 // workers trains to SUCCEEDED with falling loss and names every (stage, replica) in its status
-// and its trace; SIGKILL of one of the four restarts the job from its checkpoint, and it ends
-// with the uninterrupted run's losses; a gang that the registered workers cannot fill waits
-// with a reason that says how many are missing.
+// and its trace; SIGKILL of one of the four (sharded optimizer state) restarts the job from its
+// checkpoint, and it ends with the uninterrupted run's losses; a gang that the registered workers
+// cannot fill waits with a reason that says how many are missing.
 #include <signal.h>
 
 #include <chrono>
@@ -26,12 +26,12 @@ using namespace std::chrono_literals;
 
 constexpr int kSteps = 60;
 
-std::string DataParallelJob(int stages, int replicas, int max_restarts) {
+std::string DataParallelJob(int stages, int replicas, int max_restarts, bool shard_state = false) {
   return absl::StrCat(
       "name: dp\nsteps: ", kSteps,
       "\nseed: 7\nmodel:\n  arch: mlp_lm\n  n_layer: 3\n  d_model: 32\n  d_embed: 8\n  context: 4\n"
-      "optimizer:\n  lr: 0.01\npipeline:\n  stages: ",
-      stages, "\n  replicas: ", replicas,
+      "optimizer:\n  lr: 0.01\n  shard_state: ",
+      shard_state ? "true" : "false", "\npipeline:\n  stages: ", stages, "\n  replicas: ", replicas,
       "\n  micro_batch_size: 8\n  micro_batches: 2\n  schedule: 1f1b\n  partition: uniform\n"
       "checkpoint:\n  every: 10\n  keep: 2\nmax_restarts: ",
       max_restarts, "\n");
@@ -118,14 +118,16 @@ TEST_F(DataParallelClusterTest, TwoStagesByTwoReplicasTrainAndShowTheirGrid) {
   EXPECT_THAT(text, HasSubstr(R"("name":"REDUCE_GRAD","cat":"reduction")"));
 }
 
+// With sharded optimizer state, so that the checkpoints it resumes from were gathered from
+// both replicas' segments and are split again on load.
 TEST_F(DataParallelClusterTest, AKilledWorkerRestartsTheGangWhichEndsWithTheSameLosses) {
   StartCluster(5);  // four for the job, one spare
-  auto ref_id = cluster_->Submit(DataParallelJob(2, 2, 0));
+  auto ref_id = cluster_->Submit(DataParallelJob(2, 2, 0, /*shard_state=*/true));
   ASSERT_TRUE(ref_id.ok()) << ref_id.status();
   auto reference = cluster_->WaitForEnd(*ref_id, 180s);
   ASSERT_TRUE(reference.ok() && reference->state() == v1::SUCCEEDED) << reference->reason();
 
-  auto id = cluster_->Submit(DataParallelJob(2, 2, 3));
+  auto id = cluster_->Submit(DataParallelJob(2, 2, 3, /*shard_state=*/true));
   ASSERT_TRUE(id.ok()) << id.status();
   ASSERT_TRUE(cluster_->WaitForSteps(*id, 25));
   auto running = cluster_->GetJob(*id);

@@ -38,6 +38,38 @@ TEST(AdamWTest, TwoStepsMatchHandComputation) {
   EXPECT_EQ(adam.StateBytes(), 2 * 3 * sizeof(float));
 }
 
+// ZeRO stage 1: a shard updates exactly its elements, with the unsharded optimizer's bits, and
+// keeps moments for them alone; its slots say where they sit in the parameter.
+TEST(AdamWTest, AShardUpdatesItsElementsBitForBit) {
+  AdamWOptions opt;
+  opt.weight_decay = 0.1f;
+  Parameter whole_w("w", {2, 5}, true), shard_w("w", {2, 5}, true);
+  for (size_t i = 0; i < 10; ++i) whole_w.value[i] = shard_w.value[i] = 0.1f * i - 0.3f;
+  AdamW whole({&whole_w}, opt);
+  AdamW shard({&shard_w}, opt, {ElementRange{3, 8}});
+  EXPECT_EQ(shard.StateBytes(), 2 * 5 * sizeof(float));
+  const std::vector<float> before = shard_w.value.vec();
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < 10; ++i) whole_w.grad[i] = shard_w.grad[i] = 0.05f * (i + step) - 0.2f;
+    whole.Step(0.01f);
+    shard.Step(0.01f);
+    for (size_t i = 0; i < 10; ++i) {
+      EXPECT_EQ(shard_w.grad[i], 0.0f) << "every gradient is zeroed";
+      if (i >= 3 && i < 8) {
+        EXPECT_EQ(shard_w.value[i], whole_w.value[i]) << "element " << i;
+      } else {
+        EXPECT_EQ(shard_w.value[i], before[i]) << "element " << i << " is another shard's";
+      }
+    }
+  }
+  const std::vector<OptimizerSlot> slots = shard.Slots();
+  ASSERT_EQ(slots.size(), 3u);
+  EXPECT_EQ(slots[0].key, "adam_m");
+  EXPECT_EQ(slots[0].offset, 3u);
+  EXPECT_EQ(slots[0].f32->size(), 5u);
+  EXPECT_EQ(*slots[2].i64, 3);
+}
+
 TEST(SgdTest, StepWithDecoupledDecay) {
   Parameter w("w", {1, 1}, true);
   Parameter b("b", {1}, false);

@@ -1,6 +1,7 @@
 // The ring all-reduce over real Gloo transports in one process: sums against a reference in
 // double, identical bits on every rank, sizes that do not divide by R (and smaller than R),
-// pieces smaller than a segment, and Abort.
+// pieces smaller than a segment, the reduce-scatter and all-gather halves of sharded optimizer
+// state, and Abort.
 #include "worker/transport/ring_allreduce.h"
 
 #include <gloo/rendezvous/hash_store.h>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/shard_range.h"
 #include "worker/grad_reducer.h"
 #include "worker/transport/gloo_transport.h"
 
@@ -86,6 +88,83 @@ TEST(RingAllReduceTest, SumsEveryElementAndEveryRankGetsTheSameBits) {
   }
 }
 
+// The halves for sharded optimizer state: after the reduce-scatter each rank's owned segment
+// (common/shard_range.h) holds the sum, exactly the bits the all-reduce gives; the all-gather
+// then copies every owned segment everywhere (bit for bit).
+TEST(RingAllReduceTest, ReduceScatterThenAllGatherIsTheAllReduce) {
+  for (int ranks : {2, 3, 4}) {
+    for (size_t count : {size_t{1}, size_t{5}, size_t{100003}}) {
+      SCOPED_TRACE(absl::StrCat(ranks, " ranks, ", count, " floats"));
+      gloo::rendezvous::HashStore store;
+      std::vector<std::unique_ptr<Transport>> ring = ConnectRing(store, ranks);
+      for (const auto& t : ring) ASSERT_NE(t, nullptr);
+      std::vector<std::vector<float>> reduced(ranks), scattered(ranks);
+      for (int r = 0; r < ranks; ++r) reduced[r] = scattered[r] = Inputs(r, count);
+      std::vector<absl::Status> status(ranks, absl::UnknownError("not run"));
+      std::vector<std::thread> threads;
+      for (int r = 0; r < ranks; ++r) {
+        threads.emplace_back([&, r] {
+          std::vector<float> scratch;
+          absl::Status s = RingAllReduce(*ring[r], reduced[r].data(), count, scratch,
+                                         {.id = 1, .piece_bytes = 4096});
+          if (s.ok()) {
+            s = RingReduceScatter(*ring[r], scattered[r].data(), count, scratch,
+                                  {.id = 2, .piece_bytes = 4096});
+          }
+          status[r] = s;
+        });
+      }
+      for (auto& t : threads) t.join();
+      threads.clear();
+      for (int r = 0; r < ranks; ++r) {
+        ASSERT_TRUE(status[r].ok()) << status[r];
+        const ElementRange own = OwnedSegment(count, ranks, r);
+        EXPECT_EQ(std::memcmp(scattered[r].data() + own.begin, reduced[0].data() + own.begin,
+                              own.size() * sizeof(float)),
+                  0)
+            << "rank " << r << "'s segment [" << own.begin << ", " << own.end << ")";
+        // What the optimizer would do to its segment: the rest is scribbled over, and the
+        // all-gather must overwrite all of it.
+        for (size_t i = 0; i < count; ++i) {
+          if (i < own.begin || i >= own.end) scattered[r][i] = -1e30f;
+        }
+      }
+      for (int r = 0; r < ranks; ++r) {
+        threads.emplace_back([&, r] {
+          status[r] =
+              RingAllGather(*ring[r], scattered[r].data(), count, {.id = 3, .piece_bytes = 4096});
+        });
+      }
+      for (auto& t : threads) t.join();
+      for (int r = 0; r < ranks; ++r) {
+        ASSERT_TRUE(status[r].ok()) << status[r];
+        EXPECT_EQ(std::memcmp(scattered[r].data(), reduced[0].data(), count * sizeof(float)), 0)
+            << "rank " << r;
+      }
+    }
+  }
+}
+
+// The owned segments cut the tensor: disjoint, covering, one per rank, (k + 1) mod R.
+TEST(ShardRangeTest, OwnedSegmentsPartitionTheTensor) {
+  for (int ranks : {1, 2, 3, 7}) {
+    for (size_t count : {size_t{0}, size_t{1}, size_t{6}, size_t{1001}}) {
+      std::vector<int> owner(count, -1);
+      for (int r = 0; r < ranks; ++r) {
+        const ElementRange own = OwnedSegment(count, ranks, r);
+        ASSERT_LE(own.begin, own.end);
+        ASSERT_LE(own.end, count);
+        EXPECT_EQ(own, SegmentOf(count, ranks, (r + 1) % ranks));
+        for (size_t i = own.begin; i < own.end; ++i) {
+          EXPECT_EQ(owner[i], -1) << "element " << i << " owned twice";
+          owner[i] = r;
+        }
+      }
+      for (size_t i = 0; i < count; ++i) EXPECT_GE(owner[i], 0) << "element " << i;
+    }
+  }
+}
+
 TEST(RingAllReduceTest, OneRankAndNothingToDoAreNoOps) {
   gloo::rendezvous::HashStore store;
   std::vector<std::unique_ptr<Transport>> one = ConnectRing(store, 1);
@@ -147,6 +226,7 @@ TEST(GradReducerTest, ReducesBucketsInOrderAndReportsSpansAndBytes) {
     });
   }
   for (auto& t : threads) t.join();
+  threads.clear();
   for (int r = 0; r < 2; ++r) {
     for (size_t k = 0; k < sizes.size(); ++k) {
       ASSERT_EQ(data[r][k], expected[k]) << "rank " << r << " tensor " << k;
@@ -159,6 +239,45 @@ TEST(GradReducerTest, ReducesBucketsInOrderAndReportsSpansAndBytes) {
     int64_t bytes = 0;
     for (size_t n : sizes) bytes += static_cast<int64_t>(n * 4);
     EXPECT_EQ(reducers[r]->step_bytes(), bytes);
+  }
+  // Sharded state: a reduce-scatter bucket leaves each rank the sum of its segment of every
+  // tensor (big ones by the ring's halves, small ones all-reduced); an all-gather bucket then
+  // makes every rank's tensors the owners' segments, exactly, and counts no reduced bytes.
+  for (int r = 0; r < 2; ++r) {
+    for (size_t k = 0; k < sizes.size(); ++k) data[r][k] = Inputs(20 * r + k, sizes[k]);
+  }
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    for (size_t i = 0; i < sizes[k]; ++i) expected[k][i] = data[0][k][i] + data[1][k][i];
+  }
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      ASSERT_TRUE(reducers[r]->BeginStep().ok());
+      std::vector<absl::Span<float>> all;
+      for (auto& t : data[r]) all.push_back(absl::MakeSpan(t));
+      reducers[r]->Post({.tensors = all, .op = GradBucket::Op::kReduceScatter});
+      EXPECT_TRUE(reducers[r]->Wait().ok());
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        const ElementRange own = OwnedSegment(sizes[k], 2, r);
+        for (size_t i = own.begin; i < own.end; ++i) {
+          ASSERT_EQ(data[r][k][i], expected[k][i]) << "rank " << r << " tensor " << k;
+        }
+        // An update of its own segment; the rest becomes garbage the gather must replace.
+        for (size_t i = 0; i < sizes[k]; ++i) {
+          data[r][k][i] = own.begin <= i && i < own.end ? 2.0f * data[r][k][i] : 1e30f;
+        }
+      }
+      reducers[r]->Post({.tensors = all, .op = GradBucket::Op::kAllGather});
+      EXPECT_TRUE(reducers[r]->Wait().ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  threads.clear();
+  for (int r = 0; r < 2; ++r) {
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      for (size_t i = 0; i < sizes[k]; ++i) {
+        ASSERT_EQ(data[r][k][i], 2.0f * expected[k][i]) << "rank " << r << " tensor " << k;
+      }
+    }
   }
   // Abort: the next step is refused, naming the abort.
   reducers[0]->Abort();

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/shard_range.h"
 #include "tandem/v1/spec.pb.h"
 #include "worker/model/layer.h"
 
@@ -21,12 +22,14 @@ namespace tandem::worker {
 
 // One piece of optimizer state for checkpoints: the parameter it belongs to (index into the
 // list given to the constructor), a key ("adam_m"), and its storage (f32 values of the
-// parameter's shape, or a single int64 counter).
+// parameter's shape, or a single int64 counter). A sharded optimizer's f32 slot holds only the
+// elements [offset, offset + f32->size()) of the parameter's.
 struct OptimizerSlot {
   size_t param = 0;
   std::string key;
   std::vector<float>* f32 = nullptr;
   int64_t* i64 = nullptr;
+  size_t offset = 0;
 };
 
 class Optimizer {
@@ -49,9 +52,16 @@ struct AdamWOptions {
 
 // p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p)   [wd only where Parameter::decay]
 // with m, v the biased moments and mhat = m / (1 - beta1^t), vhat = v / (1 - beta2^t).
+//
+// Sharded (ZeRO stage 1, optimizer.shard_state): with `shard` (one range per parameter) it keeps
+// the moments of those elements only and updates only them (the rest of the parameter is
+// another replica's, copied in by the all-gather); every gradient is still zeroed. Element for
+// element the arithmetic is the unsharded one's, so a sharded run's parameters are bit-for-bit
+// those of an unsharded run given the same gradients.
 class AdamW final : public Optimizer {
  public:
-  AdamW(std::vector<Parameter*> params, const AdamWOptions& options);
+  AdamW(std::vector<Parameter*> params, const AdamWOptions& options,
+        std::vector<ElementRange> shard = {});
   void Step(float lr) override;
   std::vector<OptimizerSlot> Slots() override;
   size_t StateBytes() const override;
@@ -63,7 +73,8 @@ class AdamW final : public Optimizer {
     int64_t step = 0;
   };
   std::vector<Parameter*> params_;
-  std::vector<State> state_;  // parallel to params_
+  std::vector<State> state_;          // parallel to params_
+  std::vector<ElementRange> ranges_;  // parallel to params_: the elements updated
   AdamWOptions options_;
 };
 
@@ -80,9 +91,10 @@ class Sgd final : public Optimizer {
 };
 
 // From OptimizerSpec.name ("adamw" or "sgd"); INVALID_ARGUMENT names optimizer.name or the
-// bad hyper-parameter.
+// bad hyper-parameter. `shard`: as AdamW's (sgd keeps no state and ignores it).
 absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const v1::OptimizerSpec& spec,
-                                                         std::vector<Parameter*> params);
+                                                         std::vector<Parameter*> params,
+                                                         std::vector<ElementRange> shard = {});
 
 }  // namespace tandem::worker
 

@@ -43,6 +43,16 @@ struct RingAllReduceOptions {
 absl::Status RingAllReduce(Transport& transport, float* data, size_t count,
                            std::vector<float>& scratch, const RingAllReduceOptions& options = {});
 
+// The two halves, for sharded optimizer state (optimizer.shard_state): after RingReduceScatter
+// this rank's OwnedSegment(count, size, rank) (common/shard_range.h) of data holds the sum over
+// the ranks and the rest of data is undefined; RingAllGather copies every rank's owned segment
+// to all the others (in place), so that data is the same everywhere. Errors as above.
+absl::Status RingReduceScatter(Transport& transport, float* data, size_t count,
+                               std::vector<float>& scratch,
+                               const RingAllReduceOptions& options = {});
+absl::Status RingAllGather(Transport& transport, float* data, size_t count,
+                           const RingAllReduceOptions& options = {});
+
 }  // namespace tandem::worker
 
 #endif  // TANDEM_WORKER_TRANSPORT_RING_ALLREDUCE_H_

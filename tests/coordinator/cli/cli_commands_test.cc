@@ -370,6 +370,25 @@ TEST_F(CommandsTest, ValidateLocally) {
   ASSERT_TRUE(Run(Opts(Command::kValidate, {good})).ok());
   EXPECT_THAT(out_.str(), HasSubstr("valid. Job ok: 50 steps on 2 cpu workers (1f1b), effective "
                                     "batch 32 x 4 = 128 sequences, ideal bubble 20.0%"));
+  // optimizer.shard_state: what it does for this job, including nothing.
+  out_.str("");
+  const std::string one =
+      WriteFile("one.yaml", "name: one\noptimizer:\n  shard_state: true\npipeline:\n  stages: 2\n");
+  ASSERT_TRUE(Run(Opts(Command::kValidate, {one})).ok());
+  EXPECT_THAT(out_.str(), HasSubstr("optimizer.shard_state: accepted, and does nothing with 1 "
+                                    "replica"));
+  out_.str("");
+  const std::string two = WriteFile("two.yaml",
+                                    "name: two\noptimizer:\n  shard_state: true\npipeline:\n  "
+                                    "stages: 2\n  replicas: 2\n");
+  ASSERT_TRUE(Run(Opts(Command::kValidate, {two})).ok());
+  EXPECT_THAT(out_.str(), HasSubstr("each of the 2 replicas keeps 1/2 of the AdamW moments"));
+  out_.str("");
+  const std::string sgd = WriteFile("sgd.yaml",
+                                    "name: sgd\noptimizer:\n  name: sgd\n  shard_state: true\n"
+                                    "pipeline:\n  stages: 2\n  replicas: 2\n");
+  ASSERT_TRUE(Run(Opts(Command::kValidate, {sgd})).ok());
+  EXPECT_THAT(out_.str(), HasSubstr("does nothing with optimizer sgd"));
   const std::string bad = WriteFile("bad.yaml", "optimizer:\n  lr: -1\n");
   absl::Status s = Run(Opts(Command::kValidate, {bad}));
   EXPECT_THAT(std::string(s.message()), HasSubstr("bad.yaml: optimizer.lr: must be"));
