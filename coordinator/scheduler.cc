@@ -4,6 +4,7 @@
 #include "absl/time/clock.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
+#include "coordinator/placement.h"
 #include "coordinator/worker_registry.h"
 #include "spdlog/spdlog.h"
 
@@ -83,7 +84,7 @@ void Scheduler::Tick() {
     const std::string kind = job->spec().device();
     // The gang: stages x replicas workers (replica-major: gang rank = replica x stages + rank).
     const int p = GangSize(job->spec());
-    auto workers = env_.registry->Allocate(kind, p, id);
+    auto workers = env_.registry->Allocate(kind, p, id, job->spec().pipeline().stages());
     if (!workers.ok()) {
       const v1::PipelineSpec& pipe = job->spec().pipeline();
       env_.store->SetReason(id, env_.registry->AvailabilityText(
@@ -93,7 +94,11 @@ void Scheduler::Tick() {
                                                         : ""));
       continue;
     }
-    spdlog::info("{}: allocated {} {} worker(s)", id, p, kind);
+    std::vector<std::string> nodes;
+    for (const WorkerRecord& w : *workers) nodes.push_back(w.node);
+    spdlog::info("{}: allocated {} {} worker(s): {}", id, p, kind,
+                 DescribePlacement(nodes, job->spec().pipeline().stages(),
+                                   std::max(1, job->spec().pipeline().replicas())));
     auto runner = std::make_unique<JobRunner>(env_, *std::move(job), *std::move(workers));
     runner->Start();
     runners_[id] = std::move(runner);

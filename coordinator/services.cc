@@ -35,6 +35,7 @@ v1::WorkerInfo InfoOf(const WorkerRecord& w, Clock::time_point now) {
   info.set_heartbeat_age_seconds(std::chrono::duration<double>(now - w.last_heartbeat).count());
   info.set_version(w.version);
   info.set_hostname(w.hostname);
+  info.set_node(w.node);
   info.set_peak_flops(w.peak_flops);
   info.set_device_uuid(w.device_uuid);
   info.set_clock_offset_us(w.clock_offset_us);

@@ -3,6 +3,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/spec.h"
+#include "coordinator/placement.h"
 
 namespace tandem::coordinator {
 namespace {
@@ -53,6 +54,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterRequest& 
   w.device = request.device();
   w.threads = request.threads();
   w.hostname = request.hostname();
+  w.node = request.node().empty() ? request.hostname() : request.node();
   w.version = request.version();
   w.peak_flops = request.peak_flops();
   w.device_uuid = request.device_uuid();
@@ -117,16 +119,24 @@ void WorkerRegistry::MarkLost(const std::string& worker_id) {
 
 absl::StatusOr<std::vector<WorkerRecord>> WorkerRegistry::Allocate(const std::string& device_kind,
                                                                    int count,
-                                                                   const std::string& job_id) {
+                                                                   const std::string& job_id,
+                                                                   int stages) {
   absl::MutexLock lock(&mu_);
-  std::vector<WorkerRecord*> picked;
+  std::vector<WorkerRecord*> idle;
+  std::vector<std::string> nodes;
   for (auto& [n, w] : workers_) {
-    if (static_cast<int>(picked.size()) == count) break;
-    if (w.state == v1::IDLE && DeviceKind(w.device) == device_kind) picked.push_back(&w);
+    if (w.state == v1::IDLE && DeviceKind(w.device) == device_kind) {
+      idle.push_back(&w);
+      nodes.push_back(w.node);
+    }
   }
-  if (static_cast<int>(picked.size()) < count) {
+  if (count <= 0 || static_cast<int>(idle.size()) < count) {
     return absl::UnavailableError("not enough idle workers");
   }
+  const bool grid = stages > 0 && count % stages == 0;
+  const std::vector<int> order = PlaceGang(nodes, grid ? stages : count, grid ? count / stages : 1);
+  std::vector<WorkerRecord*> picked;
+  for (int i : order) picked.push_back(idle[static_cast<size_t>(i)]);
   std::vector<WorkerRecord> out;
   for (int s = 0; s < count; ++s) {
     picked[s]->state = v1::BUSY;

@@ -29,6 +29,7 @@ struct WorkerRecord {
   std::string device;  // "cpu" or "cuda:N"
   int threads = 1;
   std::string hostname;
+  std::string node;  // RegisterRequest.node, or the hostname: what placement groups by
   std::string version;
   double peak_flops = 0.0;  // measured SGEMM FLOP/s (RegisterRequest.peak_flops); 0 = unknown
   std::string device_uuid;  // a cuda worker's GPU, "GPU-..." (RegisterRequest.device_uuid)
@@ -82,11 +83,13 @@ class WorkerRegistry {
   // (a heartbeat brings it back, IDLE, once it no longer serves a job).
   void MarkLost(const std::string& worker_id);
 
-  // Gang allocation: atomically takes `count` IDLE workers of `device_kind` for `job_id`, in
-  // registration order, and marks them BUSY with stages 0..count-1. UNAVAILABLE (with how
-  // many are registered and idle) if not enough are idle; nothing is taken then.
+  // Gang allocation: atomically takes `count` IDLE workers of `device_kind` for `job_id` and
+  // marks them BUSY with stages (gang ranks) 0..count-1. With `stages` dividing `count` the
+  // gang is stages x count/stages replicas, chosen and ordered by their nodes
+  // (coordinator/placement.h); otherwise (0) in registration order. UNAVAILABLE if not enough
+  // are idle; nothing is taken then.
   absl::StatusOr<std::vector<WorkerRecord>> Allocate(const std::string& device_kind, int count,
-                                                     const std::string& job_id);
+                                                     const std::string& job_id, int stages = 0);
 
   // Returns the job's workers to IDLE (LOST ones stay LOST).
   void Release(const std::string& job_id);

@@ -70,6 +70,9 @@ ABSL_FLAG(std::string, device, "cpu",
           "compute device: cpu, or cuda:N (GPU N: the stages run on it and the data plane is "
           "NCCL; needs a build with CUDA)");
 ABSL_FLAG(int, threads, 1, "OpenBLAS threads");
+ABSL_FLAG(std::string, node, "",
+          "the node (machine) this worker runs on, for placement: workers of one node are taken "
+          "to share the cheapest links (default: the host name)");
 ABSL_FLAG(std::string, data_root, ".", "directory that job data paths resolve under");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file");
 ABSL_FLAG(std::string, health_listen, "",
@@ -419,6 +422,7 @@ int Run() {
   reg.device = device;
   reg.threads = threads;
   reg.hostname = Hostname();
+  reg.node = absl::GetFlag(FLAGS_node).empty() ? reg.hostname : absl::GetFlag(FLAGS_node);
   reg.device_uuid = device_uuid;
   if (cuda_device >= 0) {
     reg.peak_flops = device_peak_flops;

@@ -56,6 +56,7 @@ grpc::Status RegistrationClient::Register() {
   req.set_device(options_.device);
   req.set_threads(options_.threads);
   req.set_hostname(options_.hostname);
+  req.set_node(options_.node);
   req.set_version(kVersion);
   req.set_peak_flops(options_.peak_flops);
   req.set_device_uuid(options_.device_uuid);

@@ -30,6 +30,7 @@ struct RegistrationOptions {
   std::string device;   // "cpu"
   int threads = 1;
   std::string hostname;
+  std::string node;         // for placement (--node); empty: the hostname
   double peak_flops = 0.0;  // MeasurePeakFlops at start
   std::string device_uuid;  // cuda: the GPU's uuid, "GPU-..." (cuda::DeviceUuid); cpu: empty
   // Used until the coordinator's RegisterResponse names its own interval.

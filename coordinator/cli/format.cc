@@ -159,11 +159,12 @@ std::string FormatJobsTable(const v1::ListJobsResponse& jobs) {
 }
 
 std::string FormatWorkersTable(const v1::ListWorkersResponse& workers) {
-  Table table({"ID", "ADDRESS", "DEVICE", "THREADS", "PEAK GFLOP/S", "STATE", "JOB", "STAGE",
-               "HEARTBEAT", "VERSION"});
+  Table table({"ID", "ADDRESS", "NODE", "DEVICE", "THREADS", "PEAK GFLOP/S", "STATE", "JOB",
+               "STAGE", "HEARTBEAT", "VERSION"});
   for (const v1::WorkerInfo& w : workers.workers()) {
     const bool has_job = !w.job_id().empty();
-    table.AddRow({w.worker_id(), w.address(), w.device(), absl::StrCat(w.threads()),
+    table.AddRow({w.worker_id(), w.address(), w.node().empty() ? "-" : w.node(), w.device(),
+                  absl::StrCat(w.threads()),
                   w.peak_flops() > 0 ? absl::StrFormat("%.1f", w.peak_flops() / 1e9) : "-",
                   WorkerStateName(w.state()), has_job ? w.job_id() : "-",
                   has_job ? absl::StrCat(w.stage()) : "-", FormatAge(w.heartbeat_age_seconds()),
@@ -187,6 +188,7 @@ std::string FormatWorkerDetails(const v1::WorkerInfo& w) {
   info.AddRow({"Heartbeat", FormatAge(w.heartbeat_age_seconds())});
   info.AddRow({"Version", w.version().empty() ? "-" : w.version()});
   if (!w.hostname().empty()) info.AddRow({"Host", w.hostname()});
+  if (!w.node().empty()) info.AddRow({"Node", w.node()});
   info.AddRow({"Clock", w.clock_uncertainty_us() >= 0
                             ? absl::StrFormat("%+d us from the coordinator's (+/- %d us)",
                                               w.clock_offset_us(), w.clock_uncertainty_us())

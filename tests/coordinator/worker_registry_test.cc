@@ -4,6 +4,7 @@
 #include <chrono>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/coordinator/runner_fixture.h"
@@ -30,6 +31,31 @@ TEST(WorkerRegistryTest, GangAllocationIsAllOrNothing) {
   EXPECT_FALSE(registry.Allocate("cpu", 1, "job-2").ok());
   registry.Release("job-1");
   EXPECT_TRUE(registry.Allocate("cpu", 1, "job-2").ok());
+}
+
+// A worker's node is its --node, else its hostname; a stages x replicas gang is placed by node
+// (coordinator/placement.h): here each stage's two replicas on one node, although the two
+// nodes' workers registered alternately.
+TEST(WorkerRegistryTest, AllocatesAGridByNode) {
+  WorkerRegistry registry(1000ms);
+  for (int i = 0; i < 4; ++i) {
+    v1::RegisterRequest r = RegistrationOf(absl::StrCat("h", i, ":1"));
+    r.set_hostname(absl::StrCat("host-", i % 2));
+    if (i == 3) r.set_node("node-x");  // given explicitly: wins over the hostname
+    ASSERT_TRUE(registry.Register(r).ok());
+  }
+  std::vector<WorkerRecord> all = registry.List();
+  ASSERT_EQ(all.size(), 4u);
+  EXPECT_EQ(all[0].node, "host-0");
+  EXPECT_EQ(all[3].node, "node-x");
+  // host-0 holds h0 and h2: with node-x and host-1 one worker each, stage 0's pair is host-0's.
+  auto gang = registry.Allocate("cpu", 4, "job-1", /*stages=*/2);
+  ASSERT_TRUE(gang.ok()) << gang.status();
+  ASSERT_EQ(gang->size(), 4u);
+  // Gang rank = replica x 2 + stage: ranks 0 and 2 are stage 0 of replicas 0 and 1.
+  EXPECT_EQ((*gang)[0].node, "host-0");
+  EXPECT_EQ((*gang)[2].node, "host-0");
+  for (int g = 0; g < 4; ++g) EXPECT_EQ((*gang)[g].stage, g) << "stage field = gang rank";
 }
 
 TEST(WorkerRegistryTest, BadRegistrationIsRefused) {

@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -70,7 +71,12 @@ class DataParallelClusterTest : public ::testing::Test {
 };
 
 TEST_F(DataParallelClusterTest, TwoStagesByTwoReplicasTrainAndShowTheirGrid) {
-  StartCluster(4);
+  // Two "nodes" (--node labels), their workers registered alternately: placement puts each
+  // stage's two replicas on one node.
+  StartCluster(0);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(cluster_->AddWorker({i % 2 == 0 ? "--node=rack-a" : "--node=rack-b"}).ok());
+  }
   auto id = cluster_->Submit(DataParallelJob(2, 2, 0));
   ASSERT_TRUE(id.ok()) << id.status();
   auto job = cluster_->WaitForEnd(*id, 180s);
@@ -88,6 +94,16 @@ TEST_F(DataParallelClusterTest, TwoStagesByTwoReplicasTrainAndShowTheirGrid) {
     for (const v1::ReplicaWorker& w : s.replicas()) workers.insert(w.worker_id());
   }
   EXPECT_EQ(workers.size(), 4u);
+  auto registered = cluster_->Workers();
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  std::map<std::string, std::string> node_of;
+  for (const v1::WorkerInfo& w : *registered) node_of[w.worker_id()] = w.node();
+  for (const v1::StageAssignment& s : job->stages()) {
+    EXPECT_EQ(node_of[s.replicas(0).worker_id()], node_of[s.replicas(1).worker_id()])
+        << "stage " << s.stage() << "'s data-parallel group spans two nodes";
+    EXPECT_THAT(node_of[s.worker_id()], ::testing::StartsWith("rack-"));
+  }
+  EXPECT_NE(node_of[job->stages(0).worker_id()], node_of[job->stages(1).worker_id()]);
   // The gradients were reduced every step, and most of the reduction hid under compute or ran
   // beside it (the figure itself is the benchmark's; here: it is reported).
   const v1::StepSummary& last = job->history(kSteps - 1);

@@ -110,6 +110,7 @@ v1::ListWorkersResponse TwoWorkers() {
   w->set_heartbeat_age_seconds(0.42);
   w->set_version("0.1.0");
   w->set_peak_flops(61.25e9);
+  w->set_node("rack1-a");
   w = workers.add_workers();
   w->set_worker_id("w-2");
   w->set_address("10.0.0.2:7100");
@@ -122,12 +123,12 @@ v1::ListWorkersResponse TwoWorkers() {
 
 TEST(FormatWorkersTable, Literal) {
   EXPECT_EQ(FormatWorkersTable(TwoWorkers()),
-            "ID   ADDRESS        DEVICE  THREADS  PEAK GFLOP/S  STATE  JOB    STAGE  HEARTBEAT  "
-            "VERSION\n"
-            "w-1  10.0.0.1:7100  cpu     2        61.2          BUSY   job-1  0      0.4s       "
-            "0.1.0\n"
-            "w-2  10.0.0.2:7100  cuda:0  8        -             LOST   -      -      1:35 ago   "
-            "-\n");
+            "ID   ADDRESS        NODE     DEVICE  THREADS  PEAK GFLOP/S  STATE  JOB    STAGE  "
+            "HEARTBEAT  VERSION\n"
+            "w-1  10.0.0.1:7100  rack1-a  cpu     2        61.2          BUSY   job-1  0      "
+            "0.4s       0.1.0\n"
+            "w-2  10.0.0.2:7100  -        cuda:0  8        -             LOST   -      -      "
+            "1:35 ago   -\n");
   EXPECT_EQ(FormatWorkersSummary(TwoWorkers()), "2 workers: 0 idle, 1 busy, 1 lost");
   EXPECT_EQ(FormatWorkersSummary({}), "0 workers: 0 idle, 0 busy, 0 lost");
 }
