@@ -6,7 +6,7 @@
 #   bench/data_parallel_bench.sh [--allreduce] [--no-speedup] [--small] [--steps N] [--m N]
 #                                [--vocab N] [--only tandem|torch] [--check-loss]
 #                                [--sizes-mib LIST] [--repeats N] [--torch2 PYTHON]
-#                                [--job-timeout S] [--keep] [--print-spec]
+#                                [--job-timeout S] [--keep] [--print-spec] [--shard]
 #
 # Needs a built tree (build/bin/tandem-coordinator, tandem-worker, tandem and, for
 # --allreduce, bench_allreduce; this script does not build) and Debian's python3-torch for
@@ -35,6 +35,9 @@
 #   2 processes) on the same sizes, and prints size | Tandem GB/s | torch GB/s | ratio
 #   (algorithm bandwidth, bytes / median seconds / 1e9; ratio = Tandem / torch).
 #   --sizes-mib LIST, --repeats N change both. About 1 min.
+# --shard: also runs Tandem stages 1, replicas 2 with optimizer.shard_state (ZeRO stage 1) and
+#   prints each worker's AdamW state bytes (StepSummary.stage_memory.optimizer_bytes) against
+#   the unsharded replicas 2 run's, the step-time ratio and the largest loss difference.
 # --torch2 PYTHON: also run the PyTorch parts (torch_ddp.py, torch_allreduce.py) with PYTHON,
 #   an interpreter with a PyPI torch 2.x (e.g. /tmp/torch2/bin/python), in extra rows.
 # --small: the speed-up part on small shapes (n_layer 2, d_model 256, n_head 4, seq_len 128,
@@ -54,7 +57,7 @@ root="$PWD"
 bin="${TANDEM_BIN:-$root/build/bin}"  # TANDEM_BIN: another build's programs
 py=/usr/bin/python3
 
-speedup=1 allreduce=0 keep=0 print_spec=0 small_run=0 check_loss=0 only=
+speedup=1 allreduce=0 keep=0 print_spec=0 small_run=0 check_loss=0 shard=0 only=
 steps=3 m=4 vocab='' torch2='' sizes=16,64,256 repeats=5 job_timeout=1200
 
 while [ $# -gt 0 ]; do
@@ -63,6 +66,7 @@ while [ $# -gt 0 ]; do
     --no-speedup) speedup=0 ;;
     --small) small_run=1 ;;
     --check-loss) check_loss=1 ;;
+    --shard) shard=1 ;;
     --keep) keep=1 ;;
     --print-spec) print_spec=1 ;;
     --steps) steps="$2"; shift ;;
@@ -90,7 +94,7 @@ if [ "$small_run" = 1 ]; then
 fi
 vocab="${vocab:-256}"
 
-# spec NAME STAGES REPLICAS M STEPS LAYERS D HEADS SEQ VOCAB MB: a Tandem job spec.
+# spec NAME STAGES REPLICAS M STEPS LAYERS D HEADS SEQ VOCAB MB [SHARD]: a Tandem job spec.
 spec() {
   cat <<EOF
 # Data-parallel benchmark job (bench/data_parallel_bench.sh): the shapes of bench/torch_ddp.py.
@@ -115,6 +119,7 @@ optimizer:
   warmup_steps: 0
   lr_schedule: constant
   grad_clip: 0.0
+  shard_state: ${12:-false}
 pipeline:
   stages: $2
   replicas: $3
@@ -175,6 +180,9 @@ def tandem(path, section, label):
         "reduce_med_s": med(mred), "reduce_exposed_med_s": med(mexp),
         "exposed_share": sum(mexp) / sum(mred) if sum(mred) > 0 else None,
         "reduced_bytes": [int(h.get("reduced_bytes", 0)) for h in hist],
+        # Replica 0's workers' AdamW state (the latest step carries stage_memory).
+        "optimizer_bytes": sum(int(m.get("optimizer_bytes", 0))
+                               for m in (hist[-1].get("stage_memory", []) if hist else [])),
         "stage_reduce_seconds": [floats(h, "stage_reduce_seconds") for h in hist],
         "stage_reduce_exposed_seconds": [floats(h, "stage_reduce_exposed_seconds")
                                          for h in hist],
@@ -316,6 +324,19 @@ def summary(path):
         def diff(a, b):
             n = min(len(a["losses"]), len(b["losses"]))
             return max(abs(x - y) for x, y in zip(a["losses"][:n], b["losses"][:n])) if n else None
+        ts = next((r for r in sp if r["label"] == "tandem-r2-shard"), None)
+        if ts and t2:
+            ratio = ts["optimizer_bytes"] / t2["optimizer_bytes"] if t2["optimizer_bytes"] else None
+            dl = diff(t2, ts)
+            print(f"Tandem replicas 2, optimizer.shard_state: AdamW state per worker "
+                  f"{ts['optimizer_bytes']} B vs {t2['optimizer_bytes']} B unsharded = "
+                  f"{fmt(ratio)}x; step {fmt(ts['step_s'])} s vs {fmt(t2['step_s'])} s = "
+                  f"{fmt(ts['step_s'] / t2['step_s'] if t2['step_s'] else None)}; losses max "
+                  f"|diff| {dl:.2e}")
+            res.update({"shard_optimizer_bytes": ts["optimizer_bytes"],
+                        "unsharded_optimizer_bytes": t2["optimizer_bytes"],
+                        "shard_state_ratio": ratio, "shard_step_s": ts["step_s"],
+                        "shard_loss_diff": dl})
         if tc and t2:
             dl = diff(tc, t2)
             print(f"loss agreement Tandem replicas 2 vs replicas 1 on the same global batch: "
@@ -445,6 +466,9 @@ torch_ddp_run() {
 if [ "$speedup" = 1 ]; then
   tandem_run tandem-r1 1 1 "$m" "$steps" $L $D $H $SEQ "$vocab" $MB
   tandem_run tandem-r2 1 2 "$m" "$steps" $L $D $H $SEQ "$vocab" $MB
+  if [ "$shard" = 1 ]; then
+    tandem_run tandem-r2-shard 1 2 "$m" "$steps" $L $D $H $SEQ "$vocab" $MB true
+  fi
   if [ "$check_loss" = 1 ]; then
     tandem_run tandem-r1-global 1 1 $((2 * m)) "$steps" $L $D $H $SEQ "$vocab" $MB
   fi
