@@ -102,6 +102,7 @@ json JobSummaryJson(const v1::Job& job) {
   const v1::PipelineSpec& p = job.spec().pipeline();
   j["schedule"] = p.schedule();
   j["stages"] = p.stages();
+  j["replicas"] = std::max(1, p.replicas());
   j["micro_batches"] = p.micro_batches();
   j["micro_batch_size"] = p.micro_batch_size();
   j["model"] = job.spec().model().arch();
@@ -235,6 +236,13 @@ HttpResponse WebHandlers::Job(const std::string& id, const HttpRequest& request)
     st["rank"] = s.rank();
     st["worker_id"] = s.worker_id();
     st["address"] = s.address();
+    // Data parallelism: the stage's worker in every replica (the grid's row).
+    json replicas = json::array();
+    for (const v1::ReplicaWorker& w : s.replicas()) {
+      replicas.push_back(
+          {{"replica", w.replica()}, {"worker_id", w.worker_id()}, {"address", w.address()}});
+    }
+    st["replicas"] = replicas;
     st["layer_begin"] = s.layer_begin();
     st["layer_end"] = s.layer_end();
     st["predicted_microbatch_seconds"] = s.predicted_seconds();
@@ -248,6 +256,9 @@ HttpResponse WebHandlers::Job(const std::string& id, const HttpRequest& request)
       }
       if (s.stage() < last->stage_seconds_size()) {
         st["microbatch_seconds"] = last->stage_seconds(s.stage());
+      }
+      if (s.stage() < last->stage_reduce_seconds_size()) {
+        st["reduce_seconds"] = last->stage_reduce_seconds(s.stage());
       }
       if (s.stage() < last->stage_peak_bytes_size()) {
         st["peak_bytes"] = last->stage_peak_bytes(s.stage());

@@ -189,8 +189,9 @@ function renderJob(data) {
   stat(dl, 'bubble measured', last ? fmtPercent(last.bubble_measured) : '-');
   stat(dl, 'bubble predicted', last ? fmtPercent(last.bubble_predicted) : '-');
   stat(dl, 'bubble ideal', fmtPercent(j.bubble_fraction_ideal));
-  stat(dl, 'schedule', j.schedule + ', ' + j.stages + ' stages, ' + j.micro_batches + ' x ' +
-       j.micro_batch_size);
+  stat(dl, 'schedule', j.schedule + ', ' + j.stages + ' stages' +
+       (j.replicas > 1 ? ' x ' + j.replicas + ' replicas' : '') + ', ' +
+       (j.replicas > 1 ? j.replicas + ' x ' : '') + j.micro_batches + ' x ' + j.micro_batch_size);
 
   const s = data.series;
   for (let i = 0; i < s.step.length; i++) {
@@ -223,7 +224,11 @@ function renderJob(data) {
     const utilCell = el('td');
     utilCell.appendChild(util);
     utilCell.appendChild(el('span', {class: 'muted'}, fmtPercent(st.utilisation)));
-    const cells = [st.stage, st.worker_id + ' ' + st.address,
+    // The grid's row: the stage's worker in every replica (one worker without replicas).
+    const workers = st.replicas && st.replicas.length > 1
+        ? st.replicas.map(w => 'r' + w.replica + ': ' + w.worker_id + ' ' + w.address).join('; ')
+        : st.worker_id + ' ' + st.address;
+    const cells = [st.stage, workers,
                    st.layer_begin + '..' + (st.layer_end - 1), fmtSeconds(st.busy_seconds),
                    fmtSeconds(st.microbatch_seconds),
                    st.predicted_microbatch_seconds > 0 ? fmtSeconds(st.predicted_microbatch_seconds)

@@ -59,6 +59,14 @@ class WebHandlersTest : public ::testing::Test {
       a.set_address(absl::StrCat("127.0.0.1:500", s));
       a.set_layer_begin(s * 2);
       a.set_layer_end(s * 2 + 2);
+      if (s == 0) {  // stage 0 lists its two replicas' workers (the grid's row)
+        for (int r = 0; r < 2; ++r) {
+          v1::ReplicaWorker* w = a.add_replicas();
+          w->set_replica(r);
+          w->set_worker_id(absl::StrCat("w-", 1 + 2 * r));
+          w->set_address(absl::StrCat("127.0.0.1:600", r));
+        }
+      }
     }
     store_->SetStages(job_, stages);
     ASSERT_TRUE(store_->Transition(job_, v1::RUNNING, "").ok());
@@ -156,6 +164,11 @@ TEST_F(WebHandlersTest, AJobHasItsSeriesStagesAndLatestStep) {
   EXPECT_EQ(j["stages"][1]["memory"]["parameters"], 2000);
   EXPECT_EQ(j["stages"][1]["memory"]["workspace"], 7);
   EXPECT_EQ(j["stages"][1]["memory"]["activations_peak"], 500);
+  ASSERT_EQ(j["stages"][0]["replicas"].size(), 2u);
+  EXPECT_EQ(j["stages"][0]["replicas"][1]["replica"], 1);
+  EXPECT_EQ(j["stages"][0]["replicas"][1]["worker_id"], "w-3");
+  EXPECT_EQ(j["stages"][1]["replicas"].size(), 0u);
+  EXPECT_EQ(j["job"]["replicas"], 1);
 }
 
 TEST_F(WebHandlersTest, AfterGivesOnlyNewerStepsButStillTheLatestStep) {
