@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/link_model.h"
 #include "common/schedule_check.h"
+#include "common/spec.h"
 #include "common/status_macros.h"
 
 namespace tandem {
@@ -36,6 +37,12 @@ PartitionProblem ProblemFor(const v1::JobSpec& spec, const Schedule& lowered,
       c.activation_bytes = p.activation_bytes();
     } else {
       c.static_bytes = params[g] * 16;  // fp32 value, gradient and AdamW's two moments
+    }
+    if (ShardsOptimizerState(spec)) {
+      // ZeRO stage 1: this worker keeps 1/R of AdamW's two fp32 moments.
+      const int64_t moments = params[g] * 8;
+      const int64_t replicas = std::max(1, spec.pipeline().replicas());
+      c.static_bytes -= moments - moments / replicas;
     }
     if (by_parameters) c.seconds = static_cast<double>(params[g]);
     problem.layers.push_back(c);

@@ -196,6 +196,31 @@ TEST(PlanPipelineTest, ProfileGivesPerStageCostsAndAPredictedStep) {
   EXPECT_NEAR(plan->predicted_bubble, static_cast<double>(p - 1) / (m + p - 1), 1e-12);
 }
 
+// Sharded optimizer state: each stage's predicted static memory keeps 1/R of AdamW's moments
+// (8 bytes per parameter), the rest as before; with one replica nothing changes.
+TEST(PlanPipelineTest, ShardedStateShrinksThePredictedMemory) {
+  v1::JobSpec spec = Spec("1f1b", 2, 4);
+  spec.mutable_pipeline()->set_partition("uniform");
+  spec.mutable_pipeline()->set_replicas(2);
+  const v1::ModelProfile profile = UnitProfile(spec);
+  absl::StatusOr<PipelinePlan> whole = PlanPipeline(spec, &profile);
+  spec.mutable_optimizer()->set_shard_state(true);
+  absl::StatusOr<PipelinePlan> sharded = PlanPipeline(spec, &profile);
+  ASSERT_TRUE(whole.ok() && sharded.ok());
+  ASSERT_EQ(whole->stage_bytes.size(), 2u);
+  ASSERT_EQ(sharded->stage_bytes.size(), 2u);
+  const std::vector<int64_t> params = LayerParameterCounts(spec.model());
+  for (int s = 0; s < 2; ++s) {
+    int64_t stage_params = 0;
+    for (int g = whole->ranges[s].begin; g < whole->ranges[s].end; ++g) stage_params += params[g];
+    EXPECT_EQ(whole->stage_bytes[s] - sharded->stage_bytes[s], stage_params * 4) << "stage " << s;
+  }
+  spec.mutable_pipeline()->set_replicas(1);
+  absl::StatusOr<PipelinePlan> one = PlanPipeline(spec, &profile);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->stage_bytes, whole->stage_bytes);
+}
+
 TEST(PlanPipelineTest, PartitionProfileWithoutAProfileCutsByParameters) {
   v1::JobSpec spec = Spec("1f1b", 2, 4);
   spec.mutable_pipeline()->set_partition("profile");
