@@ -44,6 +44,10 @@ ABSL_FLAG(std::string, health_listen, "",
 ABSL_FLAG(std::string, health_port_file, "", "write the bound health port to this file");
 ABSL_FLAG(int, heartbeat_ms, 1000, "heartbeat interval the workers are told to use");
 ABSL_FLAG(int, worker_timeout_ms, 5000, "a worker silent this long is marked LOST");
+ABSL_FLAG(int, heartbeat_per_worker_us, 10000,
+          "with many workers the heartbeat interval grows to workers x this (and the LOST "
+          "timeout with it), so that the coordinator answers about one heartbeat per this "
+          "interval whatever the count; 0 keeps --heartbeat-ms fixed");
 ABSL_FLAG(int, step_timeout_s, 600,
           "a step that takes longer fails the run (the job restarts up to its max_restarts)");
 ABSL_FLAG(int, step_deadline_floor_ms, 10000,
@@ -170,6 +174,9 @@ int main(int argc, char** argv) {
   if (!store.ok()) return Fail(store.status().ToString());
   tc::WorkerRegistry registry(std::chrono::milliseconds(absl::GetFlag(FLAGS_worker_timeout_ms)),
                               tc::FirstWorkerId((*store)->incarnation()));
+  registry.SetHeartbeatInterval(
+      std::chrono::milliseconds(absl::GetFlag(FLAGS_heartbeat_ms)),
+      std::chrono::microseconds(std::max(0, absl::GetFlag(FLAGS_heartbeat_per_worker_us))));
   tc::RendezvousStore rendezvous;
   tc::ProfileStore profiles(data_root.empty() ? "" : data_root + "/profiles");
   // Workers are dialled with the coordinator's certificate (their StageWorker API requires it).
@@ -196,7 +203,6 @@ int main(int argc, char** argv) {
   env.checkpoints = &checkpoints;
   env.profiles = &profiles;
   env.clients = clients.get();
-  env.heartbeat_interval_ms = absl::GetFlag(FLAGS_heartbeat_ms);
   auto coordinator_service = tc::MakeCoordinatorService(env);
   auto registry_service = tc::MakeWorkerRegistryService(env);
   auto rendezvous_service = tc::MakeRendezvousService(env);

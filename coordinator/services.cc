@@ -284,7 +284,8 @@ class WorkerRegistryServiceImpl final : public v1::WorkerRegistry::Service {
     spdlog::info("worker {} registered: {} device {} threads {} version {}", *id, req->address(),
                  req->device(), req->threads(), req->version());
     resp->set_worker_id(*id);
-    resp->set_heartbeat_interval_ms(env_.heartbeat_interval_ms);
+    resp->set_heartbeat_interval_ms(
+        static_cast<int32_t>(env_.registry->heartbeat_interval().count()));
     env_.scheduler->Notify();
     return grpc::Status::OK;
   }
@@ -306,6 +307,8 @@ class WorkerRegistryServiceImpl final : public v1::WorkerRegistry::Service {
       return ToGrpcStatus(s);
     }
     resp->set_coordinator_receive_unix_us(received_us);
+    resp->set_heartbeat_interval_ms(
+        static_cast<int32_t>(env_.registry->heartbeat_interval().count()));
     resp->set_coordinator_unix_us(UnixMicros());
     return grpc::Status::OK;
   }

@@ -26,7 +26,6 @@ struct ServiceEnv {
   CheckpointStore* checkpoints = nullptr;
   ProfileStore* profiles = nullptr;             // ProfileModel: UNAVAILABLE without
   StageWorkerClientFactory* clients = nullptr;  // ... and these
-  int heartbeat_interval_ms = 1000;
 };
 
 std::unique_ptr<grpc::Service> MakeCoordinatorService(const ServiceEnv& env);

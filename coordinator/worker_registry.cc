@@ -1,5 +1,7 @@
 #include "coordinator/worker_registry.h"
 
+#include <algorithm>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/spec.h"
@@ -20,6 +22,42 @@ int64_t FirstWorkerId(int64_t incarnation) {
 
 WorkerRegistry::WorkerRegistry(std::chrono::milliseconds heartbeat_timeout, int64_t first_id)
     : heartbeat_timeout_(heartbeat_timeout), next_id_(first_id) {}
+
+void WorkerRegistry::SetHeartbeatInterval(std::chrono::milliseconds base,
+                                          std::chrono::microseconds per_worker) {
+  absl::MutexLock lock(&mu_);
+  base_interval_ = std::max(std::chrono::milliseconds(1), base);
+  per_worker_ = std::max(std::chrono::microseconds(0), per_worker);
+}
+
+std::chrono::milliseconds WorkerRegistry::IntervalLocked() const {
+  // Capped at a minute: beyond that a lost idle worker would go unnoticed for too long.
+  const auto scaled = std::chrono::duration_cast<std::chrono::milliseconds>(per_worker_ * alive_);
+  return std::min(std::max(base_interval_, scaled),
+                  std::max(base_interval_, std::chrono::milliseconds(60000)));
+}
+
+std::chrono::milliseconds WorkerRegistry::TimeoutLocked() const {
+  const auto interval = IntervalLocked();
+  if (interval <= base_interval_) return heartbeat_timeout_;
+  return std::chrono::milliseconds(heartbeat_timeout_.count() * interval.count() /
+                                   base_interval_.count());
+}
+
+std::chrono::milliseconds WorkerRegistry::heartbeat_interval() const {
+  absl::MutexLock lock(&mu_);
+  return IntervalLocked();
+}
+
+std::chrono::milliseconds WorkerRegistry::heartbeat_timeout() const {
+  absl::MutexLock lock(&mu_);
+  return TimeoutLocked();
+}
+
+void WorkerRegistry::CountAliveLocked() {
+  alive_ = 0;
+  for (const auto& [n, w] : workers_) alive_ += w.state != v1::LOST;
+}
 
 absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterRequest& request) {
   if (request.address().empty()) {
@@ -60,6 +98,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterRequest& 
   w.device_uuid = request.device_uuid();
   w.state = v1::IDLE;
   w.last_heartbeat = Clock::now();
+  CountAliveLocked();
   return w.id;
 }
 
@@ -102,11 +141,13 @@ std::vector<WorkerRecord> WorkerRegistry::SweepLost() {
   std::vector<WorkerRecord> lost_busy;
   const auto now = Clock::now();
   absl::MutexLock lock(&mu_);
+  const auto timeout = TimeoutLocked();
   for (auto& [n, w] : workers_) {
-    if (w.state == v1::LOST || now - w.last_heartbeat <= heartbeat_timeout_) continue;
+    if (w.state == v1::LOST || now - w.last_heartbeat <= timeout) continue;
     if (w.state == v1::BUSY) lost_busy.push_back(w);
     w.state = v1::LOST;
   }
+  CountAliveLocked();
   return lost_busy;
 }
 

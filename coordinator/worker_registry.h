@@ -102,11 +102,28 @@ class WorkerRegistry {
 
   std::vector<WorkerRecord> List() const;
   absl::StatusOr<WorkerRecord> Get(const std::string& worker_id) const;
-  std::chrono::milliseconds heartbeat_timeout() const { return heartbeat_timeout_; }
+  // Heartbeats at scale. Every heartbeat costs the coordinator an RPC (a few hundred
+  // microseconds of its CPU), so the interval the workers are told (RegisterResponse,
+  // HeartbeatResponse) is `base` until alive workers x `per_worker` exceeds it, then grows with
+  // them: the coordinator answers about one heartbeat per `per_worker` whatever the count (100 a
+  // second at 10 ms). The loss timeout grows in the same proportion, so a worker is still
+  // declared lost after the same number of missed heartbeats. per_worker 0: a fixed `base`.
+  // Until called: a fixed 1 s.
+  void SetHeartbeatInterval(std::chrono::milliseconds base, std::chrono::microseconds per_worker);
+  std::chrono::milliseconds heartbeat_interval() const;
+  // The loss timeout now: the constructor's, scaled as heartbeat_interval() is.
+  std::chrono::milliseconds heartbeat_timeout() const;
 
  private:
+  std::chrono::milliseconds TimeoutLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::chrono::milliseconds IntervalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountAliveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const std::chrono::milliseconds heartbeat_timeout_;
   mutable absl::Mutex mu_;
+  std::chrono::milliseconds base_interval_ ABSL_GUARDED_BY(mu_){1000};
+  std::chrono::microseconds per_worker_ ABSL_GUARDED_BY(mu_){0};
+  int64_t alive_ ABSL_GUARDED_BY(mu_) = 0;  // workers not LOST, as of the last count
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   // Keyed by numeric id so iteration is registration order.
   std::map<int64_t, WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);

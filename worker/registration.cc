@@ -135,6 +135,11 @@ void RegistrationClient::Run() {
       previous_round->set_worker_receive_unix_us(received_us);
     }
     SetConnected(s.ok());
+    if (s.ok() && resp.heartbeat_interval_ms() > 0) {
+      // The coordinator stretches the interval as workers join (bounded heartbeat load).
+      absl::MutexLock lock(&mu_);
+      interval_ = std::chrono::milliseconds(resp.heartbeat_interval_ms());
+    }
     if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
       spdlog::warn("coordinator does not know worker {}; registering again", req.worker_id());
       absl::MutexLock lock(&mu_);

@@ -58,6 +58,26 @@ TEST(WorkerRegistryTest, AllocatesAGridByNode) {
   for (int g = 0; g < 4; ++g) EXPECT_EQ((*gang)[g].stage, g) << "stage field = gang rank";
 }
 
+// The heartbeat interval stays at its base for a few workers and grows with them past it (so
+// the coordinator's heartbeat load is bounded); the loss timeout grows in proportion.
+TEST(WorkerRegistryTest, HeartbeatIntervalGrowsWithTheWorkers) {
+  WorkerRegistry registry(5000ms);
+  EXPECT_EQ(registry.heartbeat_interval(), 1000ms) << "the default before it is set";
+  registry.SetHeartbeatInterval(1000ms, std::chrono::microseconds(10000));
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(registry.Register(RegistrationOf(absl::StrCat("a:", i))).ok());
+  }
+  EXPECT_EQ(registry.heartbeat_interval(), 1000ms) << "50 x 10 ms is under the base";
+  EXPECT_EQ(registry.heartbeat_timeout(), 5000ms);
+  for (int i = 50; i < 300; ++i) {
+    ASSERT_TRUE(registry.Register(RegistrationOf(absl::StrCat("a:", i))).ok());
+  }
+  EXPECT_EQ(registry.heartbeat_interval(), 3000ms);
+  EXPECT_EQ(registry.heartbeat_timeout(), 15000ms);
+  registry.SetHeartbeatInterval(1000ms, std::chrono::microseconds(0));
+  EXPECT_EQ(registry.heartbeat_interval(), 1000ms) << "0: fixed";
+}
+
 TEST(WorkerRegistryTest, BadRegistrationIsRefused) {
   WorkerRegistry registry(1000ms);
   EXPECT_EQ(registry.Register(RegistrationOf("")).status().code(),
