@@ -123,6 +123,7 @@ const Malformed kCases[] = {
      "expected \"constant\" or \"cosine\""},
     {"optimizer:\n  min_lr_ratio: -0.1\n", "optimizer.min_lr_ratio", "must be in [0, 1]"},
     {"optimizer:\n  grad_clip: .nan\n", "optimizer.grad_clip", "must be a finite number >= 0"},
+    {"optimizer:\n  shard_state: sometimes\n", "optimizer.shard_state", "expected true or false"},
     // --- pipeline: M < 1, more stages than layers, schedules and their constraints
     {"pipeline:\n  stages: -2\n", "pipeline.stages", "must be in [1, 4096], got -2"},
     {"pipeline:\n  micro_batches: -1\n", "pipeline.micro_batches", "must be in [1, 65536]"},
