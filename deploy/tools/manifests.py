@@ -102,7 +102,8 @@ class Container:
             elif "valueFrom" in e and "fieldRef" in e["valueFrom"]:
                 field = e["valueFrom"]["fieldRef"]["fieldPath"]
                 env[e["name"]] = {"metadata.name": pod_name, "metadata.namespace": self.namespace,
-                                  "status.podIP": pod_ip}.get(field, f"<{field}>")
+                                  "status.podIP": pod_ip, "spec.nodeName": "node-0"}.get(
+                                      field, f"<{field}>")
         return env
 
     def args(self, pod_name, pod_ip="10.0.0.1"):
