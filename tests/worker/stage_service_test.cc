@@ -56,6 +56,7 @@ class FakeRegistry final : public v1::WorkerRegistry::Service {
     if (!known_.count(req->worker_id())) return grpc::Status(grpc::StatusCode::NOT_FOUND, "who?");
     ++heartbeats_;
     last_ = *req;
+    resp->set_heartbeat_interval_ms(told_interval_ms_);
     return grpc::Status::OK;
   }
   void Forget() {
@@ -77,6 +78,7 @@ class FakeRegistry final : public v1::WorkerRegistry::Service {
   absl::Mutex mu_;
   int registrations_ = 0;
   int heartbeats_ = 0;
+  int told_interval_ms_ = 0;  // HeartbeatResponse.heartbeat_interval_ms (0: keep)
   std::map<std::string, std::string> known_;
   v1::HeartbeatRequest last_;
 };
@@ -369,6 +371,41 @@ TEST_F(StageServiceTest, RegistersHeartbeatsAndReRegisters) {
   ASSERT_TRUE(registry_.WaitFor([](const FakeRegistry& r) { return r.registrations_ >= 2; }));
   ASSERT_TRUE(
       registry_.WaitFor([](const FakeRegistry& r) { return r.last_.worker_id() == "w-2"; }));
+  client.Stop();
+}
+
+// The coordinator stretches the heartbeat interval as its gang grows (HeartbeatResponse): the
+// worker follows it from the next heartbeat on.
+TEST_F(StageServiceTest, HeartbeatsFollowTheIntervalTheCoordinatorTells) {
+  StageManager manager({}, nullptr);
+  RegistrationOptions ro;
+  ro.address = "127.0.0.1:1";
+  ro.device = "cpu";
+  RegistrationClient client(channel_, ro, &manager);
+  client.Start();
+  // Every 50 ms (the Register answer's interval) at first.
+  ASSERT_TRUE(registry_.WaitFor([](const FakeRegistry& r) { return r.heartbeats_ >= 3; }));
+  int told_at = 0;
+  {
+    absl::MutexLock lock(&registry_.mu_);
+    registry_.told_interval_ms_ = 5000;
+    told_at = registry_.heartbeats_;
+  }
+  // The next heartbeat learns 5 s; after it (and at most one already on its way) none come for
+  // 0.8 s, where 50 ms would have sent 16.
+  ASSERT_TRUE(
+      registry_.WaitFor([told_at](const FakeRegistry& r) { return r.heartbeats_ >= told_at + 1; }));
+  std::this_thread::sleep_for(milliseconds(100));
+  int before = 0;
+  {
+    absl::MutexLock lock(&registry_.mu_);
+    before = registry_.heartbeats_;
+  }
+  std::this_thread::sleep_for(milliseconds(800));
+  {
+    absl::MutexLock lock(&registry_.mu_);
+    EXPECT_LE(registry_.heartbeats_, before + 1);
+  }
   client.Stop();
 }
 
