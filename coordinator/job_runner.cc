@@ -238,6 +238,10 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
   req.set_step(step);
   req.set_mode(v1::STEP_MODE_TRAIN);
   req.set_attempt(attempt_);
+  if (pending_apply_.has_value()) {
+    *req.mutable_apply_first() = *std::move(pending_apply_);
+    pending_apply_.reset();
+  }
   const absl::Duration deadline = StepDeadline();
   RETURN_IF_ERROR(gang_.CallAll(what, deadline, [&](int r, auto done) {
     gang_.client(r).RunStep(req, &responses[r], deadline, std::move(done));
@@ -278,10 +282,18 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
   apply.set_grad_scale(reported.grad_scale);
   apply.set_skip(!reported.finite);
   apply.set_attempt(attempt_);
-  std::vector<v1::ApplyStepResponse> applied(p);
-  RETURN_IF_ERROR(gang_.CallAll(absl::StrCat(what, " apply"), deadline, [&](int r, auto done) {
-    gang_.client(r).ApplyStep(apply, &applied[r], deadline, std::move(done));
-  }));
+  // The update lands with the next step's RunStep, unless something must see it first.
+  const bool last = step + 1 >= spec.steps();
+  const bool checkpoint =
+      CheckpointDue(spec, step) && env_.checkpoints != nullptr && env_.checkpoints->enabled();
+  if (last || checkpoint || EvalDue(spec, step)) {
+    std::vector<v1::ApplyStepResponse> applied(p);
+    RETURN_IF_ERROR(gang_.CallAll(absl::StrCat(what, " apply"), deadline, [&](int r, auto done) {
+      gang_.client(r).ApplyStep(apply, &applied[r], deadline, std::move(done));
+    }));
+  } else {
+    pending_apply_ = apply;
+  }
   if (!reported.finite) {
     spdlog::warn("{}: {}: non-finite gradient (norm {}, loss {}); update skipped", job_.id(), what,
                  reported.grad_norm, summary.loss());

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -130,6 +131,10 @@ class JobRunner {
   RunPlan run_;
   const int32_t attempt_;              // job_.restarts(): this run's StageProgram.attempt
   double slowest_step_seconds_ = 0.0;  // over this run's steps
+  // The last step's update, not yet sent: it travels with the next step's RunStep
+  // (RunStepRequest.apply_first), so that a step costs one RPC per worker, not two; an explicit
+  // ApplyStep sends it where it must land first (evaluation, checkpoint, the last step).
+  std::optional<v1::ApplyStepRequest> pending_apply_;
 
   absl::Mutex mu_;
   // Which interrupt came first (the gang holds its status).

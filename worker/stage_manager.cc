@@ -10,6 +10,7 @@
 #include "common/partitioner.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
+#include "common/step_number.h"
 #include "common/version.h"
 #include "worker/cpu_stage_compute.h"
 #include "worker/profiler.h"
@@ -295,10 +296,25 @@ absl::Status StageManager::ApplyStep(const v1::ApplyStepRequest& request) {
 }
 
 absl::StatusOr<v1::StepReport> StageManager::RunStep(const std::string& job_id, int64_t step,
-                                                     v1::StepMode mode, int32_t attempt) {
+                                                     v1::StepMode mode, int32_t attempt,
+                                                     const v1::ApplyStepRequest* apply_first) {
   std::optional<ScopedLogContext> log_context;
   ASSIGN_OR_RETURN(StageExecutor * executor, BeginStep(job_id, attempt, step, &log_context));
-  absl::StatusOr<v1::StepReport> report = executor->RunStep(step, mode);
+  // The previous step's update first (the coordinator folds its ApplyStep into this call).
+  absl::Status applied = absl::OkStatus();
+  if (apply_first != nullptr) {
+    if (apply_first->job_id() != job_id || apply_first->step() >= step) {
+      applied = absl::InvalidArgumentError(
+          absl::StrCat("run of step ", StepNumber(step), " of job ", job_id,
+                       ": apply_first is step ", StepNumber(apply_first->step()), " of job '",
+                       apply_first->job_id(), "'; expected an earlier step of the same job"));
+    } else {
+      applied = executor->ApplyStep(apply_first->step(), apply_first->learning_rate(),
+                                    apply_first->grad_scale(), apply_first->skip());
+    }
+  }
+  absl::StatusOr<v1::StepReport> report =
+      applied.ok() ? executor->RunStep(step, mode) : absl::StatusOr<v1::StepReport>(applied);
   if (!report.ok() && report.status().code() != absl::StatusCode::kAborted) {
     spdlog::error("{} step failed: {}", mode == v1::STEP_MODE_EVAL ? "validation" : "training",
                   report.status().ToString());

@@ -93,9 +93,12 @@ class StageManager {
   // before the pending step's apply; INVALID_ARGUMENT for a negative step).
   // `attempt` must be the configured program's (StageProgram.attempt): a call from an earlier
   // run of the job gets FAILED_PRECONDITION.
+  // With `apply_first` (RunStepRequest.apply_first) the previous step's update is applied
+  // first, as ApplyStep would; its failure is the call's, and the step does not run.
   absl::StatusOr<v1::StepReport> RunStep(const std::string& job_id, int64_t step,
                                          v1::StepMode mode = v1::STEP_MODE_TRAIN,
-                                         int32_t attempt = 0);
+                                         int32_t attempt = 0,
+                                         const v1::ApplyStepRequest* apply_first = nullptr);
 
   // Applies (or skips) the pending update of `step`; same preconditions as RunStep, then
   // what StageExecutor::ApplyStep returns.

@@ -29,7 +29,8 @@ grpc::Status StageWorkerService::RunStep(grpc::ServerContext* ctx, const v1::Run
     return ToGrpcStatus(s);
   }
   absl::StatusOr<v1::StepReport> r =
-      manager_->RunStep(req->job_id(), req->step(), req->mode(), req->attempt());
+      manager_->RunStep(req->job_id(), req->step(), req->mode(), req->attempt(),
+                        req->has_apply_first() ? &req->apply_first() : nullptr);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp->mutable_report() = *std::move(r);
   return grpc::Status::OK;

@@ -31,6 +31,8 @@ class FakeWorker final : public StageWorkerClient {
   void RunStep(const v1::RunStepRequest& request, v1::RunStepResponse* response, absl::Duration,
                Done done) override {
     ++run_steps;
+    // The previous step's update, folded into this call (RunStepRequest.apply_first).
+    if (request.has_apply_first()) applies.push_back(request.apply_first());
     if (request.step() == fail_at_step) {
       done(absl::InternalError("boom"));
       return;

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/pipeline_plan.h"
+#include "common/version.h"
 #include "tandem/v1/worker.pb.h"
 #include "worker/stage_manager.h"
 
@@ -127,17 +128,17 @@ std::string Session(const v1::JobSpec& spec, bool eval, bool file_data) {
   }
   std::string out;
   v1::ConfigureRequest configure;
-  configure.set_protocol_version(2);
+  configure.set_protocol_version(tandem::kProtocolVersion);
   *configure.mutable_program() = tandem::StageProgramFor(*plan, s, 0, "job-1", "job-1/");
   Append(&out, kConfigure, configure);
   for (int step = 0; step < 2; ++step) {
     v1::RunStepRequest run;
-    run.set_protocol_version(2);
+    run.set_protocol_version(tandem::kProtocolVersion);
     run.set_job_id("job-1");
     run.set_step(step);
     Append(&out, kRunStep, run);
     v1::ApplyStepRequest apply;
-    apply.set_protocol_version(2);
+    apply.set_protocol_version(tandem::kProtocolVersion);
     apply.set_job_id("job-1");
     apply.set_step(step);
     apply.set_learning_rate(0.01f);
@@ -146,20 +147,20 @@ std::string Session(const v1::JobSpec& spec, bool eval, bool file_data) {
   }
   if (eval) {
     v1::RunStepRequest run;
-    run.set_protocol_version(2);
+    run.set_protocol_version(tandem::kProtocolVersion);
     run.set_job_id("job-1");
     run.set_step(1);
     run.set_mode(v1::STEP_MODE_EVAL);
     Append(&out, kRunStep, run);
   }
   v1::SaveCheckpointRequest save;
-  save.set_protocol_version(2);
+  save.set_protocol_version(tandem::kProtocolVersion);
   save.set_job_id("job-1");
   save.set_step(1);
   Append(&out, kSaveCheckpoint, save);
   Append(&out, kGetStatus, v1::GetStatusRequest());
   v1::AbortRequest abort;
-  abort.set_protocol_version(2);
+  abort.set_protocol_version(tandem::kProtocolVersion);
   abort.set_job_id("job-1");
   Append(&out, kAbort, abort);
   return out;
@@ -183,7 +184,7 @@ void WriteSeeds(const std::string& dir) {
     // A resume: the same program with a checkpoint to restore.
     absl::StatusOr<tandem::PipelinePlan> plan = tandem::PlanPipeline(restore);
     v1::ConfigureRequest c;
-    c.set_protocol_version(2);
+    c.set_protocol_version(tandem::kProtocolVersion);
     *c.mutable_program() = tandem::StageProgramFor(*plan, restore, 0, "job-2", "job-2/");
     c.mutable_program()->mutable_restore()->set_job_id("job-1");
     c.mutable_program()->mutable_restore()->set_step(1);
@@ -197,7 +198,7 @@ void WriteSeeds(const std::string& dir) {
     two.mutable_pipeline()->set_stages(2);
     absl::StatusOr<tandem::PipelinePlan> plan = tandem::PlanPipeline(two);
     v1::ConfigureRequest c;
-    c.set_protocol_version(2);
+    c.set_protocol_version(tandem::kProtocolVersion);
     *c.mutable_program() = tandem::StageProgramFor(*plan, two, 1, "job-3", "job-3/");
     std::string s;
     Append(&s, kConfigure, c);

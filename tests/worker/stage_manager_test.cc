@@ -337,6 +337,53 @@ TEST_F(StageManagerTest, ConfigureRunAbortLifecycle) {
   EXPECT_TRUE(w0.Abort("job-1", "test").ok());
 }
 
+// The coordinator folds a step's update into the next RunStep (apply_first): the same
+// parameters as a separate ApplyStep; one of another job, or not of an earlier step, refuses
+// the call before anything runs.
+TEST_F(StageManagerTest, RunStepAppliesTheFoldedUpdateFirst) {
+  const v1::JobSpec spec = TinyJob();
+  const auto programs = MakePrograms(spec, 1, "1f1b");
+  StageManager folded({}, Factory()), separate({}, Factory());
+  ASSERT_TRUE(folded.Configure(programs[0]).ok());
+  ASSERT_TRUE(separate.Configure(programs[0]).ok());
+  auto apply_of = [](int64_t step) {
+    v1::ApplyStepRequest apply;
+    apply.set_job_id("job-1");
+    apply.set_step(step);
+    apply.set_learning_rate(0.01f);
+    apply.set_grad_scale(1.0f);
+    return apply;
+  };
+  std::vector<double> a, b;
+  for (int step = 0; step < 3; ++step) {
+    const v1::ApplyStepRequest previous = apply_of(step - 1);
+    auto r = folded.RunStep("job-1", step, v1::STEP_MODE_TRAIN, 0,
+                            step > 0 ? &previous : nullptr);
+    ASSERT_TRUE(r.ok()) << r.status();
+    a.push_back(r->loss());
+    auto q = separate.RunStep("job-1", step);
+    ASSERT_TRUE(q.ok()) << q.status();
+    b.push_back(q->loss());
+    ASSERT_TRUE(separate.ApplyStep(apply_of(step)).ok());
+  }
+  EXPECT_EQ(a, b) << "the same updates, bit for bit";
+  EXPECT_LT(a[2], a[0]);
+  // Step 3 with step 2's update for another job, or for step 3 itself: refused, nothing runs.
+  v1::ApplyStepRequest wrong = apply_of(2);
+  wrong.set_job_id("job-2");
+  auto r = folded.RunStep("job-1", 3, v1::STEP_MODE_TRAIN, 0, &wrong);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  wrong = apply_of(3);
+  r = folded.RunStep("job-1", 3, v1::STEP_MODE_TRAIN, 0, &wrong);
+  EXPECT_THAT(std::string(r.status().message()),
+              ::testing::HasSubstr("expected an earlier step of the same job"));
+  // The pending update of step 2 is still there: a correct fold runs step 3.
+  const v1::ApplyStepRequest right = apply_of(2);
+  EXPECT_TRUE(folded.RunStep("job-1", 3, v1::STEP_MODE_TRAIN, 0, &right).ok());
+  EXPECT_TRUE(folded.Abort("job-1", "test").ok());
+  EXPECT_TRUE(separate.Abort("job-1", "test").ok());
+}
+
 // Steps are idempotent by (job, attempt, step): a call from an earlier run of the job is
 // refused, and a step once applied can neither run nor apply again.
 TEST_F(StageManagerTest, LateOrRepeatedCallsAreRefused) {
