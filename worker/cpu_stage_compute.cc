@@ -136,8 +136,9 @@ absl::Status CpuStageCompute::Backward(int chunk, int mb, v1::ActionKind kind,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<absl::Span<float>>> CpuStageCompute::LayerGradients(int chunk,
-                                                                               int layer) {
+// The spans of `layer` of `chunk`: each parameter's gradient, or its value.
+absl::StatusOr<std::vector<absl::Span<float>>> CpuStageCompute::LayerSpans(int chunk, int layer,
+                                                                           bool values) {
   if (chunk < 0 || static_cast<size_t>(chunk) >= chunks_.size() || layer < 0 ||
       static_cast<size_t>(layer) >= chunks_[chunk].size()) {
     return absl::InvalidArgumentError(
@@ -145,23 +146,19 @@ absl::StatusOr<std::vector<absl::Span<float>>> CpuStageCompute::LayerGradients(i
   }
   std::vector<absl::Span<float>> out;
   for (Parameter* p : chunks_[chunk][layer]->Parameters()) {
-    out.push_back(absl::MakeSpan(p->grad.vec()));
+    out.push_back(absl::MakeSpan(values ? p->value.vec() : p->grad.vec()));
   }
   return out;
 }
 
+absl::StatusOr<std::vector<absl::Span<float>>> CpuStageCompute::LayerGradients(int chunk,
+                                                                               int layer) {
+  return LayerSpans(chunk, layer, /*values=*/false);
+}
+
 absl::StatusOr<std::vector<absl::Span<float>>> CpuStageCompute::LayerParameters(int chunk,
                                                                                 int layer) {
-  if (chunk < 0 || static_cast<size_t>(chunk) >= chunks_.size() || layer < 0 ||
-      static_cast<size_t>(layer) >= chunks_[chunk].size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("no layer ", layer, " in chunk ", chunk, " of this stage"));
-  }
-  std::vector<absl::Span<float>> out;
-  for (Parameter* p : chunks_[chunk][layer]->Parameters()) {
-    out.push_back(absl::MakeSpan(p->value.vec()));
-  }
-  return out;
+  return LayerSpans(chunk, layer, /*values=*/true);
 }
 
 size_t CpuStageCompute::SavedBytes(int chunk, int mb) const {

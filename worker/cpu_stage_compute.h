@@ -60,6 +60,8 @@ class CpuStageCompute final : public StageCompute {
   // The tied parameters' copies here, by name (each name's in layer order), and flattened.
   std::map<std::string, std::vector<Parameter*>> TiedByName();
   std::vector<Parameter*> TiedCopies();
+  // LayerGradients / LayerParameters: the gradient (or value) spans of a layer.
+  absl::StatusOr<std::vector<absl::Span<float>>> LayerSpans(int chunk, int layer, bool values);
 
   std::vector<std::vector<std::unique_ptr<Layer>>> chunks_;  // the layers of each chunk
   std::unique_ptr<Optimizer> optimizer_;
