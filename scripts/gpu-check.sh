@@ -9,7 +9,8 @@
 #   2. configures build-gpu/ with the compiler, toolkit root and NCCL root passed explicitly
 #      (CMake's CUDA detection searches PATH only) and builds the CUDA tests, the daemons and
 #      the benchmarks; or, with --prebuilt DIR, uses a tree built elsewhere (on a machine with
-#      nvcc) and builds nothing;
+#      nvcc) and builds nothing; --prebuilt BUNDLE.tar.xz takes what scripts/gpu-bundle.sh packs
+#      for a device without the build packages or a network (programs and their libraries);
 #   3. runs the CUDA tests (kernels, GpuGpt, the StageCompute conformance suite against the CPU
 #      path, NCCL where two GPUs exist); a test that skips for want of a device fails the check;
 #   4. runs GPU jobs through the daemons, each checked for a finite, falling loss and zero
@@ -26,7 +27,7 @@
 # docs/architecture.md, "Eager module loading"). Every part runs under `timeout`, within an
 # 8-minute budget overall (TANDEM_GPU_BUDGET seconds).
 #
-#   scripts/gpu-check.sh [--dry-run] [--prebuilt DIR] [--batch 8] [--steps 10] [--warmup 3]
+#   scripts/gpu-check.sh [--dry-run] [--prebuilt DIR|BUNDLE.tar.xz] [--batch 8] [--steps 10] [--warmup 3]
 #   env: TANDEM_GPU_BUILD_DIR (build-gpu), CMAKE_CUDA_ARCHITECTURES (90), PYTHON (python3),
 #        PEAK_TFLOPS (989), TANDEM_BUILD_JOBS (nproc), TANDEM_GPU_BUDGET (470)
 # --dry-run: no device needed; says what it found, what it would install and what it would
@@ -65,8 +66,32 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ -n "$prebuilt" ]; then
-  [ -d "$prebuilt/bin" ] || { echo "--prebuilt $prebuilt: no $prebuilt/bin (a build tree)" >&2; exit 2; }
+  # A bundle from scripts/gpu-bundle.sh: unpack it beside itself (gpu-prebuilt/).
+  case "$prebuilt" in
+    *.tar.xz)
+      [ -f "$prebuilt" ] || { echo "--prebuilt $prebuilt: no such bundle" >&2; exit 2; }
+      into="$(dirname "$prebuilt")"
+      if [ "$dry_run" = 1 ]; then
+        echo "would: unpack $prebuilt into $into/gpu-prebuilt"
+      else
+        tar -C "$into" -xJf "$prebuilt" || { echo "--prebuilt $prebuilt: cannot unpack" >&2; exit 2; }
+      fi
+      prebuilt="$into/gpu-prebuilt" ;;
+  esac
+  [ -d "$prebuilt/bin" ] || [ "$dry_run" = 1 ] ||
+    { echo "--prebuilt $prebuilt: no $prebuilt/bin (a build tree or a gpu-bundle.sh bundle)" >&2; exit 2; }
   build_dir="$prebuilt"
+  # A bundle carries its non-CUDA libraries in lib/ and the commit it was built from.
+  if [ -d "$prebuilt/lib" ]; then
+    export LD_LIBRARY_PATH="$(cd "$prebuilt/lib" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+  if [ -f "$prebuilt/MANIFEST" ]; then
+    built_from="$(sed -n 's/^commit //p' "$prebuilt/MANIFEST")"
+    here="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+    echo "prebuilt from commit $built_from; this checkout is $here"
+    [ "${built_from%% *}" = "$here" ] ||
+      echo "WARNING: the bundle was built from another commit than this checkout's scripts and examples"
+  fi
 fi
 log_dir="$build_dir/gpu-check"
 [ "$dry_run" = 1 ] || mkdir -p "$log_dir"
@@ -97,6 +122,9 @@ if [ -n "$nvcc" ]; then
   cuda_root="$(dirname "$(dirname "$nvcc")")"
   cuda_major="$("$nvcc" --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p' | head -1)"
   echo "nvcc: $nvcc (CUDA ${cuda_major:-?}, toolkit root $cuda_root)"
+  # A prebuilt tree's programs load the toolkit's cudart and cuBLAS from here.
+  [ -n "$prebuilt" ] && [ -d "$cuda_root/lib64" ] &&
+    export LD_LIBRARY_PATH="$cuda_root/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 elif [ -z "$prebuilt" ]; then
   missing+=("nvcc (the CUDA toolkit: scripts/install-cuda-toolkit.sh, or --prebuilt DIR)")
 fi
@@ -161,6 +189,8 @@ torch_probe='import torch; print(torch.__version__, torch.version.cuda, torch.cu
 if ! torch_info="$("$python" -c "$torch_probe" 2>&1)"; then
   if [ "$dry_run" = 1 ]; then
     would "$python -m pip install torch   (not importable by $python)"
+  elif [ ${#missing[@]} -gt 0 ]; then
+    echo "PyTorch not importable by $python (not installing it: the check stops below)"
   else
     echo "PyTorch not importable by $python; installing torch from PyPI"
     timeout "$(cap 240)" "$python" -m pip install -q torch numpy >"$log_dir/pip-torch.log" 2>&1 ||
