@@ -80,6 +80,16 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterRequest& 
     return absl::InvalidArgumentError(absl::StrCat(
         "register: peak_flops must be a FLOP/s figure in [0, 1e18], got ", request.peak_flops()));
   }
+  if (request.peak_method().size() > 512) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("register: peak_method is ", request.peak_method().size(),
+                     " bytes; at most 512 (how the peak was measured)"));
+  }
+  if (request.peak_measured_unix_ms() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("register: peak_measured_unix_ms must be >= 0 (Unix milliseconds), got ",
+                     request.peak_measured_unix_ms()));
+  }
   absl::MutexLock lock(&mu_);
   // A worker restarted at the same address replaces its old record.
   for (auto& [n, w] : workers_) {
@@ -95,6 +105,8 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterRequest& 
   w.node = request.node().empty() ? request.hostname() : request.node();
   w.version = request.version();
   w.peak_flops = request.peak_flops();
+  w.peak_method = request.peak_method();
+  w.peak_measured_unix_ms = request.peak_measured_unix_ms();
   w.device_uuid = request.device_uuid();
   w.state = v1::IDLE;
   w.last_heartbeat = Clock::now();

@@ -32,6 +32,8 @@ struct WorkerRecord {
   std::string node;  // RegisterRequest.node, or the hostname: what placement groups by
   std::string version;
   double peak_flops = 0.0;  // measured SGEMM FLOP/s (RegisterRequest.peak_flops); 0 = unknown
+  std::string peak_method;  // how (RegisterRequest.peak_method)
+  int64_t peak_measured_unix_ms = 0;  // when, worker clock (0 = unknown)
   std::string device_uuid;  // a cuda worker's GPU, "GPU-..." (RegisterRequest.device_uuid)
   v1::WorkerState state = v1::IDLE;
   std::string job_id;  // set while allocated

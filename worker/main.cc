@@ -40,7 +40,7 @@
 #include "worker/backend/cuda/module_loading.h"
 #include "worker/checkpoint_client.h"
 #include "worker/executor.h"
-#include "worker/profiler.h"
+#include "worker/peak_flops.h"
 #include "worker/registration.h"
 #include "worker/stage_manager.h"
 #include "worker/stage_service.h"
@@ -74,6 +74,9 @@ ABSL_FLAG(std::string, node, "",
           "the node (machine) this worker runs on, for placement: workers of one node are taken "
           "to share the cheapest links (default: the host name)");
 ABSL_FLAG(std::string, data_root, ".", "directory that job data paths resolve under");
+ABSL_FLAG(std::string, peak_lock, "/tmp/tandem-peak-flops.lock",
+          "file the workers of one host lock while each measures its peak FLOP/s at start, so "
+          "that workers started together do not measure against each other (empty: no lock)");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file");
 ABSL_FLAG(std::string, health_listen, "",
           "also serve grpc.health.v1 in plaintext on this HOST:PORT (for Kubernetes probes): "
@@ -104,6 +107,12 @@ ABSL_FLAG(std::string, tls_server_name, "",
 
 namespace tandem::worker {
 namespace {
+
+PeakOptions PeakOptionsFromFlags() {
+  PeakOptions o;
+  o.lock_path = absl::GetFlag(FLAGS_peak_lock);
+  return o;
+}
 
 struct HostPort {
   std::string host;  // without IPv6 brackets
@@ -172,8 +181,8 @@ int Run() {
   const std::string device = absl::GetFlag(FLAGS_device);
   int cuda_device = -1;  // the ordinal of --device=cuda:N
   int64_t device_memory = 0;
-  double device_peak_flops = 0.0;  // measured on cuda:N
-  std::string device_uuid;         // cuda:N's "GPU-..." (how the coordinator tells a shared GPU)
+  PeakFlops device_peak;    // measured on cuda:N
+  std::string device_uuid;  // cuda:N's "GPU-..." (how the coordinator tells a shared GPU)
   if (device != "cpu") {
 #ifdef TANDEM_WORKER_CUDA
     absl::StatusOr<int> ordinal = ParseCudaDevice(device);
@@ -187,14 +196,21 @@ int Run() {
                     std::string(usable.status().message()));
       return 2;
     }
-    // The device's bf16 GEMM: the denominator of a GPU job's model-FLOPs utilisation.
-    absl::StatusOr<double> peak = cuda::MeasureGemmFlops(/*bf16=*/true);
+    // The device's bf16 GEMM: the denominator of a GPU job's model-FLOPs utilisation. Each
+    // sample is itself a warmed-up best of five 4096^3 GEMMs; two workers sharing the GPU
+    // measure one at a time (worker/peak_flops.h).
+    PeakOptions peak_options = PeakOptionsFromFlags();
+    peak_options.warmup = 0;
+    peak_options.samples = 2;
+    peak_options.what = "bf16 GEMM 4096^3 on the GPU";
+    absl::StatusOr<PeakFlops> peak =
+        MeasurePeak([] { return cuda::MeasureGemmFlops(/*bf16=*/true); }, peak_options);
     if (!peak.ok()) {
       spdlog::error("--device={}: measuring the GEMM peak: {}", device,
                     std::string(peak.status().message()));
       return 2;
     }
-    device_peak_flops = *peak;
+    device_peak = *peak;
     absl::StatusOr<std::string> uuid = cuda::DeviceUuid(*ordinal);
     if (!uuid.ok()) {
       spdlog::error("--device={}: reading the GPU's uuid: {}", device,
@@ -425,13 +441,21 @@ int Run() {
   reg.node = absl::GetFlag(FLAGS_node).empty() ? reg.hostname : absl::GetFlag(FLAGS_node);
   reg.device_uuid = device_uuid;
   if (cuda_device >= 0) {
-    reg.peak_flops = device_peak_flops;
-    spdlog::info("peak bf16 GEMM on {} ({}): {:.1f} TFLOP/s", device, device_uuid,
-                 reg.peak_flops / 1e12);
+    reg.peak = device_peak;
+    spdlog::info("peak bf16 GEMM on {} ({}): {:.1f} TFLOP/s ({})", device, device_uuid,
+                 reg.peak.flops / 1e12, reg.peak.method);
   } else {
-    reg.peak_flops = MeasurePeakFlops();
-    spdlog::info("peak single-precision GEMM: {:.1f} GFLOP/s on {} thread(s)", reg.peak_flops / 1e9,
-                 threads);
+    PeakOptions peak_options = PeakOptionsFromFlags();
+    peak_options.what =
+        absl::StrCat("fp32 SGEMM 768^3 on ", threads, " thread", threads == 1 ? "" : "s");
+    absl::StatusOr<PeakFlops> peak = MeasurePeak(CpuSgemmSample(768), peak_options);
+    if (!peak.ok()) {
+      spdlog::error("measuring the peak GEMM: {}", std::string(peak.status().message()));
+      return 2;
+    }
+    reg.peak = *peak;
+    spdlog::info("peak single-precision GEMM: {:.1f} GFLOP/s ({})", reg.peak.flops / 1e9,
+                 reg.peak.method);
   }
   reg.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   if (security.tls.has_value()) {

@@ -306,18 +306,4 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayersOn(const v1::JobSpec&
   return out;
 }
 
-double MeasurePeakFlops() {
-  constexpr int n = 768;
-  std::vector<float> a(size_t{n} * n, 0.5f), b(size_t{n} * n, 0.25f), c(size_t{n} * n, 0.0f);
-  double best = 0.0;
-  for (int r = 0; r < 4; ++r) {
-    const double t = Seconds([&] {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(),
-                  n, 0.0f, c.data(), n);
-    });
-    if (r > 0 && t > 0) best = std::max(best, 2.0 * n * n * n / t);
-  }
-  return best;
-}
-
 }  // namespace tandem::worker

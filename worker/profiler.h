@@ -41,10 +41,6 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayersOn(const v1::JobSpec&
                                                               int repeats,
                                                               const ComputeFactory& make);
 
-// FLOP/s of a single-precision GEMM (768 x 768 x 768, the best of three after a warm-up) on
-// this process's BLAS threads: the worker's peak, for model-FLOPs utilisation.
-double MeasurePeakFlops();
-
 }  // namespace tandem::worker
 
 #endif  // TANDEM_WORKER_PROFILER_H_

@@ -58,7 +58,11 @@ grpc::Status RegistrationClient::Register() {
   req.set_hostname(options_.hostname);
   req.set_node(options_.node);
   req.set_version(kVersion);
-  req.set_peak_flops(options_.peak_flops);
+  req.set_peak_flops(options_.peak.flops);
+  req.set_peak_method(options_.peak.method);
+  if (options_.peak.flops > 0) {
+    req.set_peak_measured_unix_ms(absl::ToUnixMillis(options_.peak.measured_at));
+  }
   req.set_device_uuid(options_.device_uuid);
   grpc::ClientContext ctx;
   SetDeadline(ctx, options_.rpc_timeout);

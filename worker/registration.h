@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
+#include "worker/peak_flops.h"
 #include "worker/stage_manager.h"
 
 namespace tandem::worker {
@@ -31,7 +32,7 @@ struct RegistrationOptions {
   int threads = 1;
   std::string hostname;
   std::string node;         // for placement (--node); empty: the hostname
-  double peak_flops = 0.0;  // MeasurePeakFlops at start
+  PeakFlops peak;           // measured at start (worker/peak_flops.h); flops 0 = unknown
   std::string device_uuid;  // cuda: the GPU's uuid, "GPU-..." (cuda::DeviceUuid); cpu: empty
   // Used until the coordinator's RegisterResponse names its own interval.
   std::chrono::milliseconds heartbeat_interval{1000};

@@ -173,16 +173,30 @@ std::string FormatWorkersTable(const v1::ListWorkersResponse& workers) {
   return table.Render();
 }
 
+// "45.0 GFLOP/s, fp32 SGEMM 768^3 on 1 thread, best of 8 samples 20ms apart, one worker of
+// this host at a time (...); measured at start, 2026-12-04 12:40:01 UTC". An older worker
+// sends no method: then what it measured is known, but not how.
+std::string FormatPeak(const v1::WorkerInfo& w) {
+  if (w.peak_flops() <= 0) return "-";
+  std::string out = absl::StrFormat("%.1f GFLOP/s", w.peak_flops() / 1e9);
+  absl::StrAppend(&out, ", ", w.peak_method().empty() ? "GEMM" : w.peak_method(),
+                  "; measured at start");
+  if (w.peak_measured_unix_ms() > 0) {
+    absl::StrAppend(
+        &out, ", ",
+        absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(w.peak_measured_unix_ms()),
+                         absl::UTCTimeZone()));
+  }
+  return out;
+}
+
 std::string FormatWorkerDetails(const v1::WorkerInfo& w) {
   Table info({"Worker", w.worker_id()});
   info.AddRow({"Address", w.address()});
   info.AddRow({"Device", absl::StrCat(w.device(), ", ", w.threads(), " thread",
                                       w.threads() == 1 ? "" : "s")});
   if (!w.device_uuid().empty()) info.AddRow({"GPU", w.device_uuid()});
-  info.AddRow({"Peak", w.peak_flops() > 0
-                           ? absl::StrFormat("%.1f GFLOP/s (fp32 GEMM, measured at start)",
-                                             w.peak_flops() / 1e9)
-                           : "-"});
+  info.AddRow({"Peak", FormatPeak(w)});
   info.AddRow({"State", WorkerStateName(w.state())});
   if (!w.job_id().empty()) info.AddRow({"Job", absl::StrCat(w.job_id(), ", stage ", w.stage())});
   info.AddRow({"Heartbeat", FormatAge(w.heartbeat_age_seconds())});

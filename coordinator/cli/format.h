@@ -62,6 +62,8 @@ std::string FormatJobsTable(const v1::ListJobsResponse& jobs);
 std::string FormatWorkersTable(const v1::ListWorkersResponse& workers);
 // One worker, a field per line: device, threads, peak, state, job and stage, heartbeat age,
 // version, host, clock offset.
+// A worker's peak FLOP/s with how and when it was measured ("-" when unknown).
+std::string FormatPeak(const v1::WorkerInfo& w);
 std::string FormatWorkerDetails(const v1::WorkerInfo& w);
 // "3 workers: 2 idle, 1 busy, 0 lost"
 std::string FormatWorkersSummary(const v1::ListWorkersResponse& workers);

@@ -112,6 +112,30 @@ TEST(WorkerRegistryTest, KeepsTheDeviceUuid) {
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("register: device_uuid"));
 }
 
+// How and when a worker measured its peak is kept with the peak (`tandem workers W` shows it);
+// a method longer than any the worker writes, or a negative time, is refused.
+TEST(WorkerRegistryTest, KeepsHowAndWhenThePeakWasMeasured) {
+  WorkerRegistry registry(1000ms);
+  v1::RegisterRequest r = RegistrationOf("p:1");
+  r.set_peak_flops(31.5e9);
+  r.set_peak_method("fp32 SGEMM 768^3 on 1 thread, best of 8 samples");
+  r.set_peak_measured_unix_ms(1'796'000'000'000);
+  absl::StatusOr<std::string> id = registry.Register(r);
+  ASSERT_TRUE(id.ok()) << id.status();
+  absl::StatusOr<WorkerRecord> w = registry.Get(*id);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(w->peak_method, "fp32 SGEMM 768^3 on 1 thread, best of 8 samples");
+  EXPECT_EQ(w->peak_measured_unix_ms, 1'796'000'000'000);
+  r.set_address("p:2");
+  r.set_peak_method(std::string(513, 'x'));
+  absl::StatusOr<std::string> long_method = registry.Register(r);
+  EXPECT_EQ(long_method.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(long_method.status().message()), HasSubstr("peak_method"));
+  r.set_peak_method("ok");
+  r.set_peak_measured_unix_ms(-1);
+  EXPECT_EQ(registry.Register(r).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(WorkerRegistryTest, SilentWorkersAreLostAndBusyOnesReported) {
   WorkerRegistry registry(50ms);
   auto a = registry.Register(RegistrationOf("a:1"));

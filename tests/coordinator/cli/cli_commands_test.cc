@@ -708,6 +708,8 @@ TEST_F(CommandsTest, WorkersWithAnIdShowsThatWorker) {
   w->set_device("cpu");
   w->set_threads(2);
   w->set_peak_flops(48.5e9);
+  w->set_peak_method("fp32 SGEMM 768^3 on 2 threads, best of 8 samples 20ms apart");
+  w->set_peak_measured_unix_ms(1'796'000'000'000);  // 2026-11-30 00:53:20 UTC
   w->set_state(v1::BUSY);
   w->set_job_id("job-4");
   w->set_stage(1);
@@ -719,7 +721,8 @@ TEST_F(CommandsTest, WorkersWithAnIdShowsThatWorker) {
   const std::string out = out_.str();
   EXPECT_THAT(out, HasSubstr("Worker     w-3"));
   EXPECT_THAT(out, HasSubstr("cpu, 2 threads"));
-  EXPECT_THAT(out, HasSubstr("48.5 GFLOP/s"));
+  EXPECT_THAT(out, HasSubstr("48.5 GFLOP/s, fp32 SGEMM 768^3 on 2 threads, best of 8 samples "
+                             "20ms apart; measured at start, 2026-11-30 00:53:20 UTC"));
   EXPECT_THAT(out, HasSubstr("job-4, stage 1"));
   EXPECT_THAT(out, HasSubstr("-120 us from the coordinator's (+/- 35 us)"));
   absl::Status missing = Run(Opts(Command::kWorkers, {"w-9"}));
