@@ -25,8 +25,12 @@
 namespace tandem::testing {
 namespace {
 
+// Starts argv with stdin from /dev/null and stdout/stderr to files, and no other descriptor
+// of the test's (a helper process that outlives its parent must not hold the test's pipes or
+// sockets open). With `own_group` the child leads a new process group, so that the whole of a
+// command (a browser and its renderers, a shell and what it started) can be killed at once.
 pid_t Spawn(const std::vector<std::string>& argv, const std::string& out_path,
-            const std::string& err_path) {
+            const std::string& err_path, bool own_group = false) {
   std::vector<char*> cargv;
   for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
@@ -43,6 +47,11 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::string& out_path,
     dup2(in, 0);
     dup2(out, 1);
     dup2(err, 2);
+    // Every other descriptor closes at exec (close_range(2), Linux 5.11; glibc 2.34).
+    if (close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
+      for (int fd = 3; fd < 65536; ++fd) fcntl(fd, F_SETFD, FD_CLOEXEC);  // an older kernel
+    }
+    if (own_group) setpgid(0, 0);
     execv(cargv[0], cargv.data());
     _exit(127);
   }
@@ -134,7 +143,10 @@ CommandResult RunCommand(const std::vector<std::string>& argv, std::chrono::seco
   char dir_template[] = "/tmp/tandem-cmd-XXXXXX";
   std::string dir = mkdtemp(dir_template);
   const std::string out = dir + "/out", err = dir + "/err";
-  pid_t pid = Spawn(argv, out, err);
+  pid_t pid = Spawn(argv, out, err, /*own_group=*/true);
+  // The parent sets the group too: whichever of the two runs first, a kill of -pid below
+  // cannot miss the child.
+  setpgid(pid, pid);
   CommandResult result;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   int status = 0;
@@ -142,13 +154,16 @@ CommandResult RunCommand(const std::vector<std::string>& argv, std::chrono::seco
     pid_t r = waitpid(pid, &status, WNOHANG);
     if (r == pid) break;
     if (std::chrono::steady_clock::now() > deadline) {
-      kill(pid, SIGKILL);
+      kill(-pid, SIGKILL);
       waitpid(pid, &status, 0);
       result.err = "timed out\n";
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  // What the command left running in its group (a browser's renderers and crash handler, a
+  // shell's background job) goes with it.
+  kill(-pid, SIGKILL);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   result.out = ReadFile(out);
   result.err += ReadFile(err);

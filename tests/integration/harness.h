@@ -46,7 +46,9 @@ struct CommandResult {
   std::string out;
   std::string err;
 };
-// Runs a command to completion (argv[0] is a path), capturing stdout and stderr.
+// Runs a command to completion (argv[0] is a path), capturing stdout and stderr. The command
+// runs in its own process group, which is killed when the command exits or after `timeout`
+// (then err starts "timed out"): nothing it started outlives it.
 CommandResult RunCommand(const std::vector<std::string>& argv,
                          std::chrono::seconds timeout = std::chrono::seconds(120));
 

@@ -59,7 +59,9 @@ v1::ProbeLinkRequest Request() {
 
 TEST(LinkProbeTest, BothEndsTimeEverySize) {
   gloo::rendezvous::HashStore store;
-  const std::vector<int64_t> sizes = {4096, 1 << 16, 4 << 20};
+  // The largest is big enough (16 MiB: milliseconds on any loopback) that its transfer, not
+  // the scheduler of a loaded machine, dominates its fastest round trip.
+  const std::vector<int64_t> sizes = {4096, 1 << 16, 16 << 20};
   LinkProbe p0(Options(0, sizes)), p1(Options(1, sizes));
   auto f1 = std::async(std::launch::async, [&] { return p1.Run(Connector(store, "a/", 1)); });
   auto s0 = p0.Run(Connector(store, "a/", 0));
@@ -79,12 +81,16 @@ TEST(LinkProbeTest, BothEndsTimeEverySize) {
       EXPECT_GT(s.one_way_seconds(), 0.0);
       EXPECT_LT(s.one_way_seconds(), 1.0);  // loopback
     }
-    // 4 MiB takes longer than 4 KiB on any link. Compared by the fastest round trip: on a
-    // loaded machine scheduling delays (milliseconds) can swamp a loopback median.
+    // 16 MiB takes longer than 4 KiB on any link. Compared by the fastest round trip: on a
+    // loaded machine scheduling delays (milliseconds) can swamp a loopback median, but not
+    // all five of the small size's trips and none of the large one's.
     auto fastest = [](const v1::LinkSample& s) {
       return *std::min_element(s.round_trip_seconds().begin(), s.round_trip_seconds().end());
     };
     EXPECT_GT(fastest((*samples)[2]), fastest((*samples)[0]));
+    // And the timing is of the bytes: 16 MiB each way cannot cross faster than 100 GB/s (no
+    // loopback of this decade moves memory that fast through the kernel's TCP stack).
+    EXPECT_GT(fastest((*samples)[2]), 2.0 * (16 << 20) / 100e9);
   }
   EXPECT_EQ((*s0)[0].rank(), 0);
   EXPECT_EQ((*s1)[0].rank(), 1);
