@@ -4,11 +4,27 @@
 #include <future>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem::coordinator {
+namespace {
+
+// The payload that carries a worker's own code on Gang's diagnosis of its error.
+constexpr char kWorkerErrorCodePayload[] = "type.tandem.dev/worker_error_code";
+
+}  // namespace
+
+std::optional<absl::StatusCode> WorkerErrorCode(const absl::Status& status) {
+  const auto payload = status.GetPayload(kWorkerErrorCodePayload);
+  int code = 0;
+  if (!payload.has_value() || !absl::SimpleAtoi(std::string(*payload), &code)) {
+    return std::nullopt;
+  }
+  return static_cast<absl::StatusCode>(code);
+}
 
 Gang::Gang(std::string job_id, std::vector<WorkerRecord> workers, StageWorkerClientFactory& clients,
            WorkerRegistry* registry, absl::Duration abort_timeout,
@@ -146,7 +162,12 @@ absl::Status Gang::Diagnose(const std::string& what, const std::vector<absl::Sta
                                                  "); first error: ", first_error));
     }
   }
-  return absl::InternalError(absl::StrCat(what, ": ", first_error));
+  absl::Status diagnosis = absl::InternalError(absl::StrCat(what, ": ", first_error));
+  if (first_failure >= 0) {
+    diagnosis.SetPayload(kWorkerErrorCodePayload,
+                         absl::Cord(absl::StrCat(static_cast<int>(results[first_failure].code()))));
+  }
+  return diagnosis;
 }
 
 void Gang::AbortAll(const std::string& reason) {

@@ -16,6 +16,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -28,6 +29,12 @@
 #include "coordinator/worker_registry.h"
 
 namespace tandem::coordinator {
+
+// The code of the worker's own error that `status` reports, when it is a gang's diagnosis of
+// one (INTERNAL "<what>: <worker>: <its error>", every worker reachable); nullopt for any other
+// status (an unreachable worker, an interruption, OK). The caller tells from it a worker's
+// refusal of its configuration from a fault (ClassifyRunFailure, job_runner.h).
+std::optional<absl::StatusCode> WorkerErrorCode(const absl::Status& status);
 
 class Gang {
  public:
@@ -57,7 +64,7 @@ class Gang {
   // `deadline`; the lowest failed rank is taken for the first failure. Returns the
   // interruption if the gang was interrupted; else probes every worker: UNAVAILABLE naming the
   // first unreachable one (which is marked lost, here and in the registry), else INTERNAL
-  // naming the first failure.
+  // naming the first failure, with that worker's own code attached (WorkerErrorCode).
   absl::Status Diagnose(const std::string& what, const std::vector<absl::Status>& results,
                         absl::Duration deadline);
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "common/clock.h"
 #include "common/log_context.h"
 #include "common/partitioner.h"
@@ -128,6 +129,29 @@ absl::Duration RestartBackoff(const RunnerOptions& options, int restarts) {
   return std::min(wait, options.restart_backoff_max);
 }
 
+FailureKind ClassifyRunFailure(RunPhase phase, std::optional<absl::StatusCode> worker_code) {
+  switch (phase) {
+    case RunPhase::kPlan:
+      return FailureKind::kPermanent;
+    case RunPhase::kTrain:
+      return FailureKind::kFault;
+    case RunPhase::kConfigure:
+      break;
+  }
+  // Only a worker's own answer can refuse a configuration.
+  if (!worker_code.has_value()) return FailureKind::kFault;
+  switch (*worker_code) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kResourceExhausted:
+      return FailureKind::kPermanent;
+    default:
+      return FailureKind::kFault;
+  }
+}
+
 absl::Duration JobRunner::StepDeadline() const {
   if (slowest_step_seconds_ <= 0) return env_.options.step_timeout;
   const absl::Duration derived = absl::Seconds(kStepDeadlineFactor * slowest_step_seconds_);
@@ -137,12 +161,15 @@ absl::Duration JobRunner::StepDeadline() const {
 void JobRunner::Run() {
   const std::string& id = job_.id();
   ScopedLogContext log_context({.job = id});
+  // Where the run is: a failure is classified by it (ClassifyRunFailure).
+  RunPhase phase = RunPhase::kPlan;
   absl::Status status = Plan();
-  // Only a fault after planning (configure, a step, a checkpoint, a lost worker) is worth a
-  // restart; a plan that fails fails the same way again.
-  const bool planned = status.ok();
-  if (status.ok()) status = env_.store->Transition(id, v1::RUNNING, "");
+  if (status.ok()) {
+    phase = RunPhase::kConfigure;
+    status = env_.store->Transition(id, v1::RUNNING, "");
+  }
   if (status.ok()) status = ConfigureAll();
+  if (status.ok()) phase = RunPhase::kTrain;
   for (int64_t step = run_.first_step; status.ok() && step < run_.spec.steps(); ++step) {
     status = gang_.InterruptStatus();
     if (status.ok()) status = RunOneStep(step);
@@ -161,15 +188,21 @@ void JobRunner::Run() {
     // from its latest checkpoint.
     spdlog::info("{}: left for the next coordinator to resume: {}", id,
                  std::string(status.message()));
-  } else if (!status.ok() && status.code() != absl::StatusCode::kCancelled && planned &&
+  } else if (!status.ok() && status.code() != absl::StatusCode::kCancelled &&
+             ClassifyRunFailure(phase, WorkerErrorCode(status)) == FailureKind::kFault &&
              job_.restarts() < run_.spec.max_restarts()) {
     const std::string cause = std::string(status.message());
     const int restart = job_.restarts() + 1;
-    const int64_t resume = env_.store->RecordRestart(id, cause);
+    // The backoff is stored with the job: a coordinator restarted meanwhile waits it out too.
+    const absl::Duration backoff = RestartBackoff(env_.options, restart);
+    const int64_t resume = env_.store->RecordRestart(id, cause, absl::Now() + backoff);
     const std::string reason = absl::StrCat(
         "restart ", restart, " of ", run_.spec.max_restarts(), " after: ", cause, "; resumes ",
         resume >= 0 ? absl::StrCat("from the checkpoint after step ", StepNumber(resume))
-                    : std::string("from the start (no checkpoint yet)"));
+                    : std::string("from the start (no checkpoint yet)"),
+        backoff > absl::ZeroDuration()
+            ? absl::StrCat("; waits ", absl::FormatDuration(backoff), " before its next run")
+            : std::string());
     (void)env_.store->Transition(id, v1::QUEUED, reason);
     spdlog::warn("{}: {}", id, reason);
   } else if (status.ok()) {
@@ -180,6 +213,9 @@ void JobRunner::Run() {
     spdlog::info("{}: CANCELLED: {}", id, std::string(status.message()));
   } else {
     std::string reason(status.message());
+    if (phase == RunPhase::kConfigure && job_.restarts() < run_.spec.max_restarts()) {
+      spdlog::warn("{}: not restarted: a worker refused its configuration, and would again", id);
+    }
     if (job_.restarts() > 0) {
       reason = absl::StrCat("failed after ", job_.restarts(),
                             " restart(s); first cause: ", job_.first_failure(), "; last: ", reason);

@@ -56,6 +56,38 @@ struct RunnerOptions {
 // How long a job waits before its run after `restarts` restarts starts (zero for none).
 absl::Duration RestartBackoff(const RunnerOptions& options, int restarts);
 
+// The phases of a run of a job, in order.
+enum class RunPhase {
+  kPlan,       // JobPlanner: the plan, the profile, the checkpoint or HF file to start from
+  kConfigure,  // Configure on every worker: its stage, data, transport, restored checkpoint
+  kTrain,      // the steps, validations and checkpoints
+};
+
+// What a failed run says about running the job again.
+enum class FailureKind {
+  kFault,      // the gang, not the job: a worker lost, hung or aborted, a link down; restart it
+  kPermanent,  // the job's configuration: every run would fail the same way; fail it now
+};
+
+// Classifies the failure that ended a run in `phase`. `worker_code` is the code a call to a
+// worker failed with when the run ended on one (WorkerErrorCode, gang.h), nullopt otherwise (a
+// worker unreachable or lost, an interruption, the coordinator's own error).
+//  - kPlan: permanent, whatever the error (the plan is computed from the spec and the stored
+//    checkpoints and profiles; a Hugging Face file that does not match the model fails here).
+//  - kConfigure: permanent when a worker refused its configuration with INVALID_ARGUMENT (the
+//    spec or a checkpoint does not fit the stage: a tensor of another shape), NOT_FOUND (a data
+//    file, a checkpoint tensor), PERMISSION_DENIED (a data path that leads out of the data
+//    root), FAILED_PRECONDITION (the worker cannot take such a stage: another device kind, no
+//    checkpoint source) or RESOURCE_EXHAUSTED (the stage does not fit its memory); a fault
+//    otherwise: no worker code (a worker that died mid-Configure is unreachable), UNAVAILABLE
+//    or DEADLINE_EXCEEDED (a peer or the checkpoint store out of reach), ABORTED, CANCELLED,
+//    DATA_LOSS (a checkpoint stream cut short; the next run picks a readable checkpoint),
+//    INTERNAL, UNKNOWN.
+//  - kTrain: a fault, whatever the code (a worker that restarted refuses the steps of a run it
+//    no longer holds with FAILED_PRECONDITION).
+// A cancel is neither: the caller tells it apart first.
+FailureKind ClassifyRunFailure(RunPhase phase, std::optional<absl::StatusCode> worker_code);
+
 inline constexpr double kStepDeadlineFactor = 5.0;
 
 // What a runner needs from the coordinator, passed explicitly.

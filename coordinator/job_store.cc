@@ -396,7 +396,10 @@ absl::Status JobStore::Transition(const std::string& job_id, v1::JobState state,
   const v1::JobState from = e.job.state();
   e.job.set_state(state);
   e.job.set_reason(reason);
-  if (state == v1::RUNNING) e.job.set_started_unix_ms(NowMs());
+  if (state == v1::RUNNING) {
+    e.job.set_started_unix_ms(NowMs());
+    e.job.clear_not_before_unix_ms();  // its backoff is over
+  }
   if (IsTerminal(state)) e.job.set_finished_unix_ms(NowMs());
   v1::JobEvent event;
   event.set_kind(v1::JobEvent::STATE);
@@ -491,12 +494,15 @@ absl::Status JobStore::DeleteStepRows(int64_t seq, int64_t from, const std::stri
   return del->Bind(1, seq).Bind(2, from).Run();
 }
 
-int64_t JobStore::RecordRestart(const std::string& job_id, const std::string& cause) {
+int64_t JobStore::RecordRestart(const std::string& job_id, const std::string& cause,
+                                absl::Time not_before) {
   absl::MutexLock lock(&mu_);
   Entry* e = Find(job_id);
   if (e == nullptr) return -1;
   e->job.set_restarts(e->job.restarts() + 1);
   if (e->job.first_failure().empty()) e->job.set_first_failure(cause);
+  e->job.set_not_before_unix_ms(not_before > absl::UnixEpoch() ? absl::ToUnixMillis(not_before)
+                                                               : 0);
   // The next run starts after the checkpoint: what was recorded after it runs again.
   const int64_t resume =
       e->job.checkpoint_step() >= 0 ? e->job.checkpoint_step() + 1 : e->job.first_step();

@@ -83,8 +83,8 @@ class JobStore {
   // Ids of QUEUED jobs in submission order.
   std::vector<std::string> Queued() const;
 
-  // Moves a job to `state`. FAILED_PRECONDITION if the job already ended (terminal states
-  // are final); NOT_FOUND for an unknown id.
+  // Moves a job to `state` (RUNNING clears its restart backoff). FAILED_PRECONDITION if the job
+  // already ended (terminal states are final); NOT_FOUND for an unknown id.
   absl::Status Transition(const std::string& job_id, v1::JobState state, const std::string& reason);
   // Updates the reason of a queued job without an event (the scheduler refreshes it often;
   // it is not written to the database by itself, only with the job's next write).
@@ -94,11 +94,13 @@ class JobStore {
   // checkpoint) supersedes the one recorded before and every later one.
   void RecordStep(const std::string& job_id, const v1::StepSummary& step);
   // A fault ends the job's current run and it will be restarted: counts the restart, keeps
-  // the first cause, and rolls the job's progress back to its latest checkpoint (the steps
-  // after it run again, and their earlier records are dropped so that none counts twice).
-  // The caller then moves it to QUEUED. Returns the checkpoint step the next run resumes
-  // after (-1: none, it starts again; also for an unknown job).
-  int64_t RecordRestart(const std::string& job_id, const std::string& cause);
+  // the first cause, stores `not_before` (its restart backoff: the scheduler allocates it no
+  // workers before this wall-clock time, Job.not_before_unix_ms; durable, so that it holds
+  // across a coordinator restart), and rolls the job's progress back to its latest checkpoint
+  // (the steps after it run again, and their earlier records are dropped so that none counts
+  // twice). The caller then moves it to QUEUED. Returns the checkpoint step the next run
+  // resumes after (-1: none, it starts again; also for an unknown job).
+  int64_t RecordRestart(const std::string& job_id, const std::string& cause, absl::Time not_before);
   // The job's latest complete checkpoint, recorded once its manifest is committed (durable
   // before the call returns).
   void SetCheckpoint(const std::string& job_id, int64_t step);

@@ -55,17 +55,7 @@ void Scheduler::Tick() {
   // Reap finished runners.
   for (auto it = runners_.begin(); it != runners_.end();) {
     if (it->second->finished()) {
-      const std::string id = it->first;
       it = runners_.erase(it);  // joins its thread
-      auto job = env_.store->Get(id, /*with_history=*/false);
-      if (job.ok() && job->state() == v1::QUEUED && job->restarts() > 0) {
-        const absl::Duration wait = RestartBackoff(env_.options, job->restarts());
-        if (wait > absl::ZeroDuration()) {
-          not_before_[id] = absl::Now() + wait;
-          spdlog::info("{}: restart {} waits {} before its next run", id, job->restarts(),
-                       absl::FormatDuration(wait));
-        }
-      }
     } else {
       ++it;
     }
@@ -75,12 +65,11 @@ void Scheduler::Tick() {
     // A job stays QUEUED while its runner plans it (profiling can take a while): it has its
     // workers already.
     if (runners_.count(id) > 0) continue;
-    if (auto wait = not_before_.find(id); wait != not_before_.end()) {
-      if (absl::Now() < wait->second) continue;
-      not_before_.erase(wait);
-    }
     auto job = env_.store->Get(id, /*with_history=*/false);
     if (!job.ok()) continue;
+    // A job requeued after a fault waits out its restart backoff, stored with it (the runner
+    // set it), so that a coordinator restarted meanwhile waits too.
+    if (absl::Now() < absl::FromUnixMillis(job->not_before_unix_ms())) continue;
     const std::string kind = job->spec().device();
     // The gang: stages x replicas workers (replica-major: gang rank = replica x stages + rank).
     const int p = GangSize(job->spec());

@@ -1,7 +1,8 @@
 // Turns queued jobs into running ones: watches worker liveness, gang-allocates the P workers
 // a job needs (first come first served, with backfill: a later job that fits may start while
 // an earlier one waits), owns the running jobs' runners, and cancels. A job its runner
-// requeued after a fault waits out its restart backoff (RestartBackoff) first.
+// requeued after a fault waits out its restart backoff first: it is not allocated before its
+// Job.not_before_unix_ms, stored with it (so that a restarted coordinator waits too).
 //
 // Thread-safe. Its loop runs on its own thread; Notify() wakes it early.
 #ifndef TANDEM_COORDINATOR_SCHEDULER_H_
@@ -43,8 +44,6 @@ class Scheduler {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool notified_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, std::unique_ptr<JobRunner>> runners_ ABSL_GUARDED_BY(mu_);
-  // Requeued jobs in their restart backoff: not allocated before this time.
-  std::map<std::string, absl::Time> not_before_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

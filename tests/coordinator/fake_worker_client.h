@@ -19,14 +19,15 @@
 
 namespace tandem::coordinator {
 
-// A worker that answers from memory; counts RunStep calls and can be told to fail or hang.
+// A worker that answers from memory; counts RunStep calls and can be told to fail (its
+// configure, a step) or hang.
 class FakeWorker final : public StageWorkerClient {
  public:
   explicit FakeWorker(int rank) : rank_(rank) {}
   void Configure(const v1::ConfigureRequest& request, v1::ConfigureResponse*, absl::Duration,
                  Done done) override {
     program_ = request.program();
-    done(absl::OkStatus());
+    done(configure_error);
   }
   void RunStep(const v1::RunStepRequest& request, v1::RunStepResponse* response, absl::Duration,
                Done done) override {
@@ -124,8 +125,9 @@ class FakeWorker final : public StageWorkerClient {
 
   double link_latency = 20e-6;
   double link_seconds_per_byte = 1e-9;
-  absl::Status probe_error;     // what ProbeLink answers
-  absl::Status liveness_error;  // what Probe answers
+  absl::Status configure_error;  // what Configure answers
+  absl::Status probe_error;      // what ProbeLink answers
+  absl::Status liveness_error;   // what Probe answers
   std::vector<v1::ProbeLinkRequest> probe_requests;
   std::function<double(int)> layer_seconds;
   std::function<double(int, int)> layer_seconds_by_size;  // (layer, micro_batch_size)

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/coordinator/fake_worker_client.h"
@@ -135,6 +136,33 @@ TEST(GangTest, DiagnoseNamesTheLowestFailedRankAndATimeout) {
   EXPECT_EQ(s.message(),
             "checkpoint after step 3: rank 1 timed out: no answer within 3s (late); it may be "
             "hung, or waiting on a peer or a link that is down");
+}
+
+// The diagnosis of a worker's own error carries that worker's code, so that the runner can
+// tell a refused configuration from a fault (issue 26); an unreachable worker's carries none.
+TEST(GangTest, TheDiagnosisOfAWorkersErrorCarriesItsCode) {
+  GangFixture f(2);
+  f.factory.configure = [](FakeWorker* w) {
+    if (w->rank_ == 1) w->configure_error = absl::NotFoundError("data.path 'x' does not exist");
+  };
+  auto gang = f.Make();
+  std::vector<v1::ConfigureResponse> responses(2);
+  auto configure = [&](int r, StageWorkerClient::Done done) {
+    gang->client(r).Configure(v1::ConfigureRequest(), &responses[r], absl::Seconds(1),
+                              std::move(done));
+  };
+  absl::Status s = gang->CallAll("configure", absl::Seconds(1), configure);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(s.message(), "configure: rank 1: NOT_FOUND: data.path 'x' does not exist");
+  EXPECT_EQ(WorkerErrorCode(s), absl::StatusCode::kNotFound);
+  EXPECT_EQ(WorkerErrorCode(WithPrefix(s, "job-1")), absl::StatusCode::kNotFound);
+
+  f.factory.made[0]->liveness_error = absl::UnavailableError("connection refused");
+  s = gang->CallAll("configure", absl::Seconds(1), configure);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(WorkerErrorCode(s), std::nullopt);
+  EXPECT_EQ(WorkerErrorCode(absl::OkStatus()), std::nullopt);
+  EXPECT_EQ(WorkerErrorCode(absl::NotFoundError("the coordinator's own")), std::nullopt);
 }
 
 }  // namespace

@@ -1,12 +1,19 @@
 // The job runner on fake workers: the step loop, clipping, validation, failures, cancels,
-// lost workers and restarts; and the learning-rate, eval and backoff arithmetic it uses.
+// lost workers and restarts; and the learning-rate, eval and backoff arithmetic and the
+// classification of failures (restart or fail) it uses.
 #include "coordinator/job_runner.h"
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "coordinator/step_summary.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -108,6 +115,31 @@ TEST(RestartBackoffTest, DoublesFromTheBaseUpToTheCap) {
   EXPECT_EQ(RestartBackoff(o, 1000), absl::Seconds(5));
   o.restart_backoff = absl::ZeroDuration();
   EXPECT_EQ(RestartBackoff(o, 3), absl::ZeroDuration());
+}
+
+// Which failures fail a job at once and which restart it (issue 26).
+TEST(RunFailureTest, AWorkerRefusingItsConfigurationIsPermanentAndEverythingElseAFault) {
+  using Code = absl::StatusCode;
+  for (Code code : {Code::kInvalidArgument, Code::kNotFound, Code::kPermissionDenied,
+                    Code::kFailedPrecondition, Code::kResourceExhausted}) {
+    EXPECT_EQ(ClassifyRunFailure(RunPhase::kConfigure, code), FailureKind::kPermanent)
+        << absl::StatusCodeToString(code);
+    // The same code from a step is a fault: a restarted worker refuses a run it no longer holds.
+    EXPECT_EQ(ClassifyRunFailure(RunPhase::kTrain, code), FailureKind::kFault)
+        << absl::StatusCodeToString(code);
+  }
+  for (Code code : {Code::kUnavailable, Code::kDeadlineExceeded, Code::kAborted, Code::kCancelled,
+                    Code::kDataLoss, Code::kInternal, Code::kUnknown}) {
+    EXPECT_EQ(ClassifyRunFailure(RunPhase::kConfigure, code), FailureKind::kFault)
+        << absl::StatusCodeToString(code);
+    EXPECT_EQ(ClassifyRunFailure(RunPhase::kTrain, code), FailureKind::kFault)
+        << absl::StatusCodeToString(code);
+  }
+  // No worker's own answer (unreachable, lost, interrupted): a fault, but at planning.
+  EXPECT_EQ(ClassifyRunFailure(RunPhase::kConfigure, std::nullopt), FailureKind::kFault);
+  EXPECT_EQ(ClassifyRunFailure(RunPhase::kTrain, std::nullopt), FailureKind::kFault);
+  EXPECT_EQ(ClassifyRunFailure(RunPhase::kPlan, std::nullopt), FailureKind::kPermanent);
+  EXPECT_EQ(ClassifyRunFailure(RunPhase::kPlan, Code::kUnavailable), FailureKind::kPermanent);
 }
 
 TEST(JobRunnerTest, ClipsByTheGlobalNormAndSkipsNonFiniteSteps) {
@@ -216,6 +248,79 @@ TEST(JobRunnerTest, AFaultWithRestartsLeftRequeuesTheJob) {
   job = *f.store->Get(runner->job_id());
   EXPECT_EQ(job.state(), v1::FAILED);
   EXPECT_THAT(job.reason(), HasSubstr("failed after 1 restart(s); first cause: step 3: stage 1"));
+}
+
+// Regression (issue 26): a configuration error that no restart can fix (INVALID_ARGUMENT from a
+// worker's Configure: a checkpoint of another shape) fails the job at once with the worker's
+// error, restarts untouched; it used to be restarted max_restarts times, failing identically.
+TEST(JobRunnerTest, AConfigurationErrorFailsTheJobAtOnce) {
+  RunnerFixture f;
+  f.factory.configure = [](FakeWorker* w) {
+    if (w->rank_ == 1) {
+      w->configure_error = absl::InvalidArgumentError(
+          "configure of job job-1 rank 1: restore: tensor h.0.w has 12 bytes, this stage needs 16 "
+          "(a different model shape?)");
+    }
+  };
+  auto runner = f.Start(JobSpecOf(2, 10, /*max_restarts=*/3));
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  EXPECT_EQ(job.state(), v1::FAILED) << job.reason();
+  EXPECT_EQ(job.restarts(), 0);
+  EXPECT_EQ(job.first_failure(), "");
+  EXPECT_THAT(job.reason(), HasSubstr("configure: stage 1 (worker w-2 at 127.0.0.1:1001): "
+                                      "INVALID_ARGUMENT: configure of job job-1 rank 1: restore: "
+                                      "tensor h.0.w has 12 bytes"));
+  for (FakeWorker* w : f.factory.made) {
+    EXPECT_EQ(w->run_steps.load(), 0);
+    EXPECT_GE(w->aborts.load(), 1) << "its stage is dropped";
+  }
+  EXPECT_EQ(f.registry.List()[0].state, v1::IDLE);
+}
+
+// A fault at configure (a worker's UNAVAILABLE: a peer out of reach; or a worker unreachable,
+// which outranks another's refusal) requeues the job with its restart backoff stored with it,
+// for the scheduler to honour across a coordinator restart (issue 26).
+TEST(JobRunnerTest, AFaultAtConfigureRequeuesTheJobWithItsBackoffStored) {
+  struct Case {
+    std::string name;
+    std::function<void(FakeWorker*)> configure;
+    std::string cause;
+  };
+  const std::vector<Case> cases = {
+      {"unavailable",
+       [](FakeWorker* w) {
+         if (w->rank_ % 2 == 1) {
+           w->configure_error = absl::UnavailableError("connecting the transport failed");
+         }
+       },
+       "configure: stage 1 (worker w-2 at 127.0.0.1:1001): UNAVAILABLE: connecting the "
+       "transport failed"},
+      {"unreachable",
+       [](FakeWorker* w) {
+         if (w->rank_ % 2 == 0) w->liveness_error = absl::UnavailableError("connection refused");
+         if (w->rank_ % 2 == 1) w->configure_error = absl::InvalidArgumentError("bad shape");
+       },
+       "configure: stage 0 (worker w-1 at 127.0.0.1:1000) is unreachable"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    RunnerFixture f;
+    f.env.options.restart_backoff = absl::Seconds(30);
+    f.factory.configure = c.configure;
+    const absl::Time before = absl::Now();
+    auto runner = f.Start(JobSpecOf(2, 10, /*max_restarts=*/3));
+    f.WaitFinished(*runner);
+    const absl::Time after = absl::Now();
+    auto job = *f.store->Get(runner->job_id());
+    EXPECT_EQ(job.state(), v1::QUEUED) << job.reason();
+    EXPECT_EQ(job.restarts(), 1);
+    EXPECT_THAT(job.first_failure(), HasSubstr(c.cause));
+    EXPECT_THAT(job.reason(), HasSubstr("; waits 30s before its next run"));
+    const absl::Time not_before = absl::FromUnixMillis(job.not_before_unix_ms());
+    EXPECT_GE(not_before, before + absl::Seconds(30) - absl::Milliseconds(1));
+    EXPECT_LE(not_before, after + absl::Seconds(30));
+  }
 }
 
 // A cancelled job is never restarted, whatever max_restarts says.

@@ -20,6 +20,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/spec.h"
 #include "coordinator/checkpoint_store.h"
 #include "gmock/gmock.h"
@@ -249,6 +251,30 @@ TEST_F(JobStorePersistenceTest, AnInterruptedJobWithoutACheckpointRunsAgainFromT
   EXPECT_EQ(job->steps_done(), 0);
   EXPECT_EQ(job->history_size(), 0);
   EXPECT_EQ(job->last_loss(), 0.0);
+}
+
+// Regression (issue 26): a job requeued after a fault keeps its restart backoff across a
+// reopen (a coordinator restart), so that the next scheduler waits it out too; it was kept in
+// the scheduler's memory only. Running again clears it.
+TEST_F(JobStorePersistenceTest, ARestartBackoffSurvivesReopen) {
+  std::string id;
+  const absl::Time not_before = absl::FromUnixMillis(absl::ToUnixMillis(absl::Now()) + 60'000);
+  {
+    auto store = Open();
+    id = *store->Add(Spec(10));
+    ASSERT_TRUE(store->Transition(id, v1::RUNNING, "").ok());
+    EXPECT_EQ(store->RecordRestart(id, "step 3: boom", not_before), -1);
+    ASSERT_TRUE(store->Transition(id, v1::QUEUED, "restart 1 of 3 after: step 3: boom").ok());
+    EXPECT_EQ(absl::FromUnixMillis(store->Get(id)->not_before_unix_ms()), not_before);
+  }
+  auto store = Open();
+  auto job = store->Get(id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::QUEUED);
+  EXPECT_EQ(job->restarts(), 1);
+  EXPECT_EQ(absl::FromUnixMillis(job->not_before_unix_ms()), not_before);
+  ASSERT_TRUE(store->Transition(id, v1::RUNNING, "").ok());
+  EXPECT_EQ(store->Get(id)->not_before_unix_ms(), 0) << "its backoff is over once it runs";
 }
 
 TEST_F(JobStorePersistenceTest, CheckpointRecordsAreReconciledWithTheManifestsOnDisk) {
@@ -679,7 +705,8 @@ TEST(JobStoreTest, ARestartRollsBackToTheCheckpointAndRerunStepsReplaceTheirReco
     store->RecordStep(id, step);
   }
   store->SetCheckpoint(id, 2);
-  EXPECT_EQ(store->RecordRestart(id, "step 6: boom"), 2) << "resumes after the checkpoint";
+  EXPECT_EQ(store->RecordRestart(id, "step 6: boom", absl::InfinitePast()), 2)
+      << "resumes after the checkpoint";
   auto job = *store->Get(id);
   EXPECT_EQ(job.restarts(), 1);
   EXPECT_EQ(job.first_failure(), "step 6: boom");
@@ -688,7 +715,7 @@ TEST(JobStoreTest, ARestartRollsBackToTheCheckpointAndRerunStepsReplaceTheirReco
   EXPECT_EQ(job.history(2).step(), 2);
   EXPECT_EQ(job.last_loss(), 8.0);
   EXPECT_EQ(job.skipped_steps(), 0);
-  store->RecordRestart(id, "later");
+  store->RecordRestart(id, "later", absl::InfinitePast());
   EXPECT_EQ(store->Get(id)->first_failure(), "step 6: boom") << "the first cause stays";
   // Steps 3.. run again; recording step 1 again (a rerun) drops what came after it.
   v1::StepSummary rerun;

@@ -1,9 +1,10 @@
 // The scheduler: a job that is still planning is not started twice; a restarted job waits
-// out its backoff.
+// out its backoff, also when it was stored by an earlier coordinator.
 #include "coordinator/scheduler.h"
 
 #include <chrono>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -79,6 +80,52 @@ TEST(SchedulerTest, ARestartedJobWaitsOutItsBackoff) {
   absl::MutexLock lock(&mu);
   ASSERT_EQ(connected.size(), 4u);
   EXPECT_GE(connected[2] - requeued, absl::Milliseconds(350)) << "the second run came too soon";
+}
+
+// Regression (issue 26): the restart backoff is the job's, in the store, not the scheduler's:
+// a new scheduler (a restarted coordinator's) does not allocate a job before its stored time,
+// and starts one whose time has passed at once. It used to start both at once.
+TEST(SchedulerTest, ANewSchedulerHonoursTheBackoffStoredWithAJob) {
+  RunnerFixture f;
+  for (int i = 0; i < 4; ++i) {
+    (void)f.registry.Register(RegistrationOf(absl::StrCat("127.0.0.1:", 2000 + i)));
+  }
+  v1::JobSpec spec = JobSpecOf(2, 2, /*max_restarts=*/3);
+  spec.mutable_pipeline()->set_partition("uniform");
+  // Two jobs an earlier coordinator requeued after a fault: one still in its backoff, one past.
+  const absl::Time start = absl::Now();
+  const absl::Time waiting_until = start + absl::Milliseconds(600);
+  const std::string waiting = *f.store->Add(spec);
+  const std::string past = *f.store->Add(spec);
+  for (const auto& [id, not_before] :
+       {std::pair{waiting, waiting_until}, std::pair{past, start - absl::Seconds(1)}}) {
+    ASSERT_TRUE(f.store->Transition(id, v1::RUNNING, "").ok());
+    f.store->RecordRestart(id, "step 1: boom", not_before);
+    ASSERT_TRUE(f.store->Transition(id, v1::QUEUED, "restart 1 of 3 after: step 1: boom").ok());
+  }
+  Scheduler scheduler(f.env, absl::Milliseconds(10));
+  scheduler.Start();
+  scheduler.Notify();
+  bool past_ran_first = false;
+  for (int i = 0; i < 500; ++i) {
+    auto w = f.store->Get(waiting, /*with_history=*/false);
+    auto p = f.store->Get(past, /*with_history=*/false);
+    if (w.ok() && w->state() == v1::QUEUED && p.ok() && p->state() != v1::QUEUED) {
+      past_ran_first = true;
+    }
+    if (w.ok() && IsTerminal(w->state()) && p.ok() && IsTerminal(p->state())) break;
+    std::this_thread::sleep_for(5ms);
+  }
+  scheduler.Stop();
+  EXPECT_TRUE(past_ran_first);
+  auto w = *f.store->Get(waiting, /*with_history=*/false);
+  auto p = *f.store->Get(past, /*with_history=*/false);
+  ASSERT_EQ(w.state(), v1::SUCCEEDED) << w.reason();
+  ASSERT_EQ(p.state(), v1::SUCCEEDED) << p.reason();
+  EXPECT_GE(absl::FromUnixMillis(w.started_unix_ms()), waiting_until - absl::Milliseconds(1))
+      << "allocated before its stored backoff ended";
+  EXPECT_LT(absl::FromUnixMillis(p.started_unix_ms()), waiting_until)
+      << "a job whose backoff has passed starts at once";
 }
 
 }  // namespace

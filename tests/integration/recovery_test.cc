@@ -153,6 +153,38 @@ TEST_F(RecoveryTest, AHungWorkerIsDetectedInTimeAndWakingItCorruptsNothing) {
       10s));
 }
 
+// Regression (issue 26): a configuration error that no restart can fix fails the job at once,
+// with the worker's error naming the file, rather than restarting it max_restarts times, each
+// run failing identically.
+TEST_F(RecoveryTest, AMissingDataFileFailsTheJobAtOnceNamingTheFile) {
+  StartCluster(2);
+  auto id = cluster_->Submit(TinyJobYaml(
+      2, 4, 10, "1f1b", "max_restarts: 3\ndata:\n  source: file\n  path: corpora/missing.txt\n"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto end = cluster_->WaitForEnd(*id, 60s);
+  ASSERT_TRUE(end.ok()) << end.status();
+  EXPECT_EQ(end->state(), v1::FAILED) << end->reason();
+  EXPECT_EQ(end->restarts(), 0) << end->reason();
+  EXPECT_EQ(end->first_failure(), "");
+  EXPECT_THAT(end->reason(), HasSubstr("configure: "));
+  EXPECT_THAT(end->reason(), HasSubstr("NOT_FOUND"));
+  EXPECT_THAT(end->reason(), HasSubstr("data.path 'corpora/missing.txt': " + cluster_->dir() +
+                                       "/corpora/missing.txt does not exist under the worker's "
+                                       "data root"));
+  EXPECT_THAT(ReadFile(cluster_->dir() + "/coordinator.log"),
+              ::testing::Not(HasSubstr(*id + ": restart 1 of 3")));
+  // Its workers are released.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto workers = cluster_->Workers();
+        if (!workers.ok()) return false;
+        int idle = 0;
+        for (const auto& w : *workers) idle += w.state() == v1::IDLE;
+        return idle == 2;
+      },
+      10s));
+}
+
 // A worker woken after its job moved on writes to Gloo sockets its peers have closed; the
 // write must fail with EPIPE, not kill the daemon with SIGPIPE (the default disposition).
 TEST_F(RecoveryTest, ABrokenPipeKillsNoDaemon) {

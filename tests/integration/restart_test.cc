@@ -6,6 +6,9 @@
 #include <chrono>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/harness.h"
@@ -147,6 +150,57 @@ TEST_F(RestartTest, ARunningJobSurvivesASigkilledCoordinatorWithEachStepOnce) {
   // The new coordinator resumed it from its checkpoint rather than from the start.
   EXPECT_THAT(ReadFile(cluster_->coordinator().log_path()),
               HasSubstr(*id + ": attempt 0 resumes from its checkpoint after step "));
+}
+
+// Regression (issue 26): a job's restart backoff is stored with it, so that a coordinator
+// restarted while the job waits out its backoff still waits until the same time (it used to
+// start the job at once), and then starts it without further delay.
+TEST_F(RestartTest, AJobInItsRestartBackoffWaitsItOutAcrossACoordinatorRestart) {
+  constexpr absl::Duration kBackoff = absl::Seconds(8);
+  Cluster::Options options;
+  options.workers = 2;
+  options.coordinator_args = {
+      absl::StrCat("--restart-backoff-ms=", absl::ToInt64Milliseconds(kBackoff))};
+  options.worker_args = {"--test-fail-at=2:F"};  // every run fails at its second step: a fault
+  cluster_ = std::make_unique<Cluster>(options);
+  ASSERT_TRUE(cluster_->Start().ok());
+  auto id = cluster_->Submit(TinyJobYaml(2, 4, 4, "1f1b", "max_restarts: 1\n"));
+  ASSERT_TRUE(id.ok()) << id.status();
+
+  // The job was requeued after `not_before`, the time of the last poll that saw it unrequeued.
+  absl::Time not_before = absl::Now();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const absl::Time asked = absl::Now();
+        auto j = cluster_->GetJob(*id);
+        if (j.ok() && j->restarts() == 1) return true;
+        not_before = asked;
+        return false;
+      },
+      60s, 5ms));
+  const absl::Time backoff_ends = not_before + kBackoff;  // at the earliest
+  ASSERT_TRUE(cluster_->RestartCoordinator(SIGKILL).ok());
+  ASSERT_LT(absl::Now(), backoff_ends - absl::Seconds(2))
+      << "the coordinator took too long to restart for the test to tell anything";
+
+  // The new coordinator keeps the job queued until its backoff ends ...
+  while (absl::Now() < backoff_ends - absl::Milliseconds(300)) {
+    auto j = cluster_->GetJob(*id);
+    ASSERT_TRUE(j.ok()) << j.status();
+    ASSERT_EQ(j->state(), v1::QUEUED)
+        << "started " << absl::FormatDuration(backoff_ends - absl::Now())
+        << " before its backoff ended: " << j->reason();
+    EXPECT_EQ(j->restarts(), 1);
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  // ... and then runs it (it fails at its second step again, with no restart left).
+  auto end = cluster_->WaitForEnd(*id, 60s);
+  ASSERT_TRUE(end.ok()) << end.status();
+  EXPECT_EQ(end->state(), v1::FAILED) << end->reason();
+  EXPECT_THAT(end->reason(), HasSubstr("failed after 1 restart(s)"));
+  const absl::Time started = absl::FromUnixMillis(end->started_unix_ms());
+  EXPECT_GE(started, backoff_ends - absl::Milliseconds(50));
+  EXPECT_LT(started, backoff_ends + absl::Seconds(10)) << "its backoff over, it starts at once";
 }
 
 }  // namespace
