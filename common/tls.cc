@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -118,29 +119,6 @@ std::string RoleList(const std::vector<Role>& roles) {
   return absl::StrJoin(names, " or ");
 }
 
-// Refused calls are logged, but at most once a second (a flood of them must not flood the log).
-class RefusalLog {
- public:
-  void Log(absl::string_view server, absl::string_view path, const absl::Status& status) {
-    const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            std::chrono::steady_clock::now().time_since_epoch())
-                            .count();
-    int64_t last = last_ms_.load();
-    if (now - last < 1000 || !last_ms_.compare_exchange_strong(last, now)) {
-      suppressed_.fetch_add(1);
-      return;
-    }
-    const int64_t more = suppressed_.exchange(0);
-    spdlog::warn(
-        "{}: refused a call of {}: {}{}", std::string(server), std::string(path), status.ToString(),
-        more > 0 ? absl::StrCat(" (and ", more, " more refusals since the last report)") : "");
-  }
-
- private:
-  std::atomic<int64_t> last_ms_{-1000000};
-  std::atomic<int64_t> suppressed_{0};
-};
-
 // Runs Authorize on every call of a TLS server, before its handler.
 class AccessProcessor final : public grpc::AuthMetadataProcessor {
  public:
@@ -164,7 +142,7 @@ class AccessProcessor final : public grpc::AuthMetadataProcessor {
     }
     const absl::Status status = Authorize(policy_, token_, path, caller);
     if (!status.ok()) {
-      refusals_.Log(policy_.server, path, status);
+      refusals_.Log(policy_.server, absl::StrCat("a call of ", path), status);
       return ToGrpcStatus(status);
     }
     // The handlers never see the token.
@@ -373,6 +351,57 @@ absl::Status Authorize(const AccessPolicy& policy, const std::string& token,
   }
   return absl::PermissionDeniedError(
       absl::StrCat("a ", policy.server, " serves no method ", method_path));
+}
+
+absl::Status AuthorizeMetricsReader(const std::vector<std::string>& tokens, const Caller& caller) {
+  if (!caller.authorization.has_value()) {
+    if (caller.has_certificate) return absl::OkStatus();
+    return absl::UnauthenticatedError(
+        "this port requires a client certificate signed by the coordinator's CA or a bearer token "
+        "(Authorization: Bearer TOKEN); the request carried neither");
+  }
+  absl::string_view value = absl::StripAsciiWhitespace(*caller.authorization);
+  std::string token;
+  if (absl::StartsWithIgnoreCase(value, "Bearer ")) {
+    token = std::string(absl::StripAsciiWhitespace(value.substr(7)));
+  } else if (absl::StartsWithIgnoreCase(value, "Basic ")) {
+    // base64(USER:PASSWORD), the password being the token.
+    std::string decoded;
+    if (!absl::Base64Unescape(absl::StripAsciiWhitespace(value.substr(6)), &decoded) ||
+        decoded.find(':') == std::string::npos) {
+      return absl::UnauthenticatedError(
+          "the Basic credentials are not base64 of USER:TOKEN (the token is the password)");
+    }
+    token = decoded.substr(decoded.find(':') + 1);
+  } else {
+    return absl::UnauthenticatedError(
+        "the Authorization header is neither 'Bearer TOKEN' nor 'Basic' with the token as the "
+        "password");
+  }
+  if (tokens.empty()) {
+    return absl::UnauthenticatedError(
+        "this port accepts no tokens (the coordinator has no --metrics-token-file or "
+        "--auth-token-file); authenticate with a client certificate signed by its CA");
+  }
+  bool valid = false;
+  for (const std::string& t : tokens) valid |= ConstantTimeEquals(token, t);  // try them all
+  if (!valid) return absl::UnauthenticatedError("the token is not valid");
+  return absl::OkStatus();
+}
+
+void RefusalLog::Log(absl::string_view server, absl::string_view what, const absl::Status& status) {
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  int64_t last = last_ms_.load();
+  if (now - last < 1000 || !last_ms_.compare_exchange_strong(last, now)) {
+    suppressed_.fetch_add(1);
+    return;
+  }
+  const int64_t more = suppressed_.exchange(0);
+  spdlog::warn(
+      "{}: refused {}: {}{}", std::string(server), std::string(what), status.ToString(),
+      more > 0 ? absl::StrCat(" (and ", more, " more refusals since the last report)") : "");
 }
 
 std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(const ServerSecurity& security) {

@@ -20,6 +20,8 @@
 #ifndef TANDEM_COMMON_TLS_H_
 #define TANDEM_COMMON_TLS_H_
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -128,6 +130,26 @@ struct Caller {
 // what the caller lacks.
 absl::Status Authorize(const AccessPolicy& policy, const std::string& token,
                        absl::string_view method_path, const Caller& caller);
+
+// The decision for one request to the coordinator's metrics and dashboard port under TLS
+// (coordinator/http_server.h). The port only reads, so it asks for no role: a client
+// certificate the CA verified opens it whatever its Common Name, and so does an `Authorization`
+// header of `Bearer TOKEN`, or `Basic` with TOKEN as the password (any user name: the form a
+// browser prompts for), for any of `tokens`. OK, or UNAUTHENTICATED saying what the request
+// lacked; a token not among `tokens` is refused even next to a valid certificate, as Authorize
+// refuses it. The message never repeats what the request sent.
+absl::Status AuthorizeMetricsReader(const std::vector<std::string>& tokens, const Caller& caller);
+
+// Logs refusals as warnings ("SERVER: refused WHAT: STATUS"), at most one a second with a count
+// of those left out since, so that a flood of refused calls cannot flood the log. Thread-safe.
+class RefusalLog {
+ public:
+  void Log(absl::string_view server, absl::string_view what, const absl::Status& status);
+
+ private:
+  std::atomic<int64_t> last_ms_{-1000000};
+  std::atomic<int64_t> suppressed_{0};
+};
 
 // An API server's security: plaintext (anyone may call anything) when `tls` is unset.
 struct ServerSecurity {

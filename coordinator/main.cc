@@ -1,7 +1,8 @@
 // tandem-coordinator: holds jobs, the worker registry and the step driver; serves the client
 // API, worker registration and transport rendezvous over gRPC, plus grpc.health.v1 (on the
 // API port, and in plaintext on --health-listen for Kubernetes probes); with --metrics-listen,
-// Prometheus metrics and the dashboard over plain HTTP.
+// Prometheus metrics and the dashboard: over HTTPS for authenticated readers when the API serves
+// TLS, else (or with --metrics-plaintext) over plain HTTP.
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
@@ -63,9 +64,20 @@ ABSL_FLAG(int, rpc_nice, 10,
           "monitoring load on a machine shared with workers does not slow the training step; "
           "0 keeps them at the process's priority");
 ABSL_FLAG(std::string, metrics_listen, "",
-          "HOST:PORT to serve plain HTTP on: Prometheus metrics at /metrics, the dashboard at /, "
-          "its JSON under /api/ (port 0: ephemeral); empty: none");
+          "HOST:PORT to serve Prometheus metrics at /metrics, the dashboard at /, its JSON under "
+          "/api/ (port 0: ephemeral); empty: none. Plain HTTP without the --tls-* flags; with "
+          "them HTTPS with the same certificate, and a request needs a client certificate "
+          "signed by --tls-ca (any Common Name) or a token of --metrics-token-file or "
+          "--auth-token-file (Authorization: Bearer TOKEN, or Basic with the token as the "
+          "password); else 401");
 ABSL_FLAG(std::string, metrics_port_file, "", "write the bound metrics port to this file");
+ABSL_FLAG(std::string, metrics_token_file, "",
+          "with TLS: a file holding a bearer token (one line, >= 16 characters) that opens "
+          "--metrics-listen and nothing else: give it to Prometheus (authorization: "
+          "credentials_file); read once at start");
+ABSL_FLAG(bool, metrics_plaintext, false,
+          "with TLS: serve --metrics-listen in plain HTTP without authentication all the same, "
+          "for a network that only trusted readers reach (logged as a warning)");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate (chain) of this coordinator, subject CN=tandem-coordinator: served "
           "on --listen and presented to workers; with --tls-key and --tls-ca turns on TLS with "
@@ -90,9 +102,11 @@ int main(int argc, char** argv) {
   tandem::DisableDebugMutexChecksInRelease();
   absl::SetProgramUsageMessage(
       "tandem-coordinator --listen HOST:PORT [--data-root DIR] [--metrics-listen HOST:PORT] "
-      "[--tls-cert FILE --tls-key FILE --tls-ca FILE [--auth-token-file FILE]]: the Tandem "
-      "coordinator. With --metrics-listen it also serves plain HTTP: Prometheus metrics at "
-      "/metrics and the dashboard at /. Without the --tls-* flags its API is plaintext and "
+      "[--tls-cert FILE --tls-key FILE --tls-ca FILE [--auth-token-file FILE] "
+      "[--metrics-token-file FILE]]: the Tandem "
+      "coordinator. With --metrics-listen it also serves Prometheus metrics at /metrics and the "
+      "dashboard at /: over HTTPS, to a client certificate or a token, with the --tls-* flags; "
+      "else over plain HTTP. Without the --tls-* flags its API is plaintext and "
       "unauthenticated (one trusted machine only). --helpon=main lists its flags.");
   tandem::NormalizeFlagDashes(argc, argv);
   tandem::HelpListsFlagsOf("coordinator/main.cc");
@@ -142,6 +156,34 @@ int main(int argc, char** argv) {
     auto token = tandem::ReadTokenFile(f);
     if (!token.ok()) return Fail("--auth-token-file: " + std::string(token.status().message()));
     security.token = *std::move(token);
+  }
+  // The metrics port follows the API: HTTPS with its certificate when it serves TLS, opened by
+  // a certificate from its CA or a token; plain HTTP on request, and without TLS.
+  tc::HttpSecurity metrics_security;
+  const bool metrics_plaintext = absl::GetFlag(FLAGS_metrics_plaintext);
+  if (security.tls.has_value() && !metrics_plaintext) {
+    metrics_security.tls = security.tls;
+    if (!security.token.empty()) metrics_security.tokens.push_back(security.token);
+  }
+  if (const std::string f = absl::GetFlag(FLAGS_metrics_token_file); !f.empty()) {
+    if (!security.tls.has_value() || metrics_plaintext) {
+      return Fail(
+          "--metrics-token-file needs the metrics port to serve HTTPS (the --tls-* flags, "
+          "without --metrics-plaintext): a bearer token sent in plain HTTP is readable by anyone "
+          "on the path");
+    }
+    auto token = tandem::ReadTokenFile(f);
+    if (!token.ok()) {
+      return Fail("--metrics-token-file: " + std::string(token.status().message()));
+    }
+    metrics_security.tokens.push_back(*std::move(token));
+  }
+  if (metrics_security.tls.has_value() && metrics_security.tls->ca_pem.empty() &&
+      metrics_security.tokens.empty()) {
+    return Fail(
+        "--metrics-listen with TLS needs a way in: --tls-ca (client certificates), "
+        "--metrics-token-file or --auth-token-file (tokens), or --metrics-plaintext for a "
+        "trusted network");
   }
 
   // Block the shutdown signals before any thread starts; main waits for them below.
@@ -213,18 +255,28 @@ int main(int argc, char** argv) {
   const tc::WebHandlers web({store->get(), &registry, &metrics});
   std::unique_ptr<tc::HttpServer> http;
   if (const std::string m = absl::GetFlag(FLAGS_metrics_listen); !m.empty()) {
-    auto started =
-        tc::HttpServer::Start(m, [&web](const tc::HttpRequest& r) { return web.Handle(r); });
+    auto started = tc::HttpServer::Start(
+        m, [&web](const tc::HttpRequest& r) { return web.Handle(r); }, metrics_security);
     if (!started.ok()) {
       return Fail(absl::StrCat("--metrics-listen=", m, ": ", started.status().ToString()));
     }
     http = *std::move(started);
-    spdlog::info("metrics and dashboard (HTTP) on port {}", http->port());
-    if (security.tls.has_value()) {
+    if (metrics_security.tls.has_value()) {
+      const size_t tokens = metrics_security.tokens.size();
+      spdlog::info(
+          "metrics and dashboard (HTTPS) on port {}: a request needs a client certificate "
+          "signed by the CA{}",
+          http->port(),
+          tokens == 0 ? " (no token is accepted)"
+                      : absl::StrCat(" or a bearer token (", tokens, " accepted)"));
+    } else {
+      spdlog::info("metrics and dashboard (HTTP) on port {}", http->port());
+    }
+    if (security.tls.has_value() && metrics_plaintext) {
       spdlog::warn(
-          "--metrics-listen serves plain HTTP without authentication, TLS or not: whoever "
-          "reaches port {} reads job names, losses and worker addresses (no call changes "
-          "anything); bind it to 127.0.0.1 or fence it",
+          "--metrics-plaintext: the metrics port serves plain HTTP without authentication "
+          "although the API serves TLS: whoever reaches port {} reads job names, losses and "
+          "worker addresses (no call changes anything); keep it to a trusted network",
           http->port());
     }
     if (const std::string f = absl::GetFlag(FLAGS_metrics_port_file); !f.empty()) {

@@ -5,7 +5,8 @@
 #
 # An overlay that mounts Secrets (deploy/k8s/secure/*: TLS) gets them from
 # scripts/dev-certs.sh, as docs/deploy.md creates them: tandem-{coordinator,worker,client}-tls
-# (tls.crt, tls.key, ca.crt) and tandem-api-token (token).
+# (tls.crt, tls.key, ca.crt), tandem-api-token and tandem-metrics-token (token); and Prometheus
+# scrapes the metrics port as the secure README configures it (HTTPS, the metrics token).
 #
 # Renders the overlay and runs its pods as processes: the coordinator, every worker of the
 # StatefulSet and the submit Job, each in a network namespace of its own (its own address on
@@ -98,6 +99,8 @@ if "$python" "$tool" render "$overlay" | grep -q 'secretName:'; then
   done
   mkdir -p "$run/secrets/tandem-api-token"
   cp "$run/certs/token" "$run/secrets/tandem-api-token/token"
+  mkdir -p "$run/secrets/tandem-metrics-token"
+  cp "$run/certs/metrics-token" "$run/secrets/tandem-metrics-token/token"
   secrets=(--secrets "$run/secrets")
 fi
 "$python" "$tool" rehearsal --bin "$bin" --run "$run" --subnet 192.0.2.0/24 "${secrets[@]}" \
@@ -236,6 +239,33 @@ if [ ${#secrets[@]} -gt 0 ]; then
     if grep -q "PLAINTEXT" "$run/logs/$name.log"; then echo "$name runs in plaintext"; exit 1; fi
   done
   echo "   every daemon serves mutual TLS (certificates from the Secrets)"
+  # Prometheus, from the node: HTTPS to the metrics Service's name, the CA and the metrics
+  # token; without the token the port answers 401.
+  ip netns exec "$node" "$python" - "$run" "${ip_of[$coordinator]}" <<'PY'
+import http.client, json, socket, ssl, sys
+run, ip = sys.argv[1], sys.argv[2]
+plan = json.load(open(f"{run}/plan.json"))
+argv = [p for p in plan["pods"] if p["role"] == "coordinator"][0]["argv"]
+port = int([a for a in argv if a.startswith("--metrics-listen=")][0].rpartition(":")[2])
+token = open(f"{run}/certs/metrics-token").read().strip()
+ctx = ssl.create_default_context(cafile=f"{run}/certs/ca.crt")
+def get(headers):
+    # The pod's address, checked against the name Prometheus dials (in the certificate).
+    conn = http.client.HTTPSConnection(ip, port, context=ctx, timeout=10)
+    conn.sock = ctx.wrap_socket(socket.create_connection((ip, port), timeout=10),
+                                server_hostname="tandem-coordinator-metrics")
+    conn.request("GET", "/metrics", headers=headers)
+    r = conn.getresponse()
+    return r.status, r.read().decode()
+status, body = get({"Authorization": f"Bearer {token}"})
+if status != 200 or "tandem_job_steps_completed_total" not in body:
+    sys.exit(f"scraping https://{ip}:{port}/metrics with the metrics token: {status} {body[:200]}")
+status, body = get({})
+if status != 401:
+    sys.exit(f"scraping without the token answered {status}, not 401")
+print(f"   Prometheus scrapes https://tandem-coordinator-metrics:{port}/metrics with the token "
+      "(401 without it)")
+PY
 fi
 
 echo "== stopping the pods (SIGTERM, as the kubelet does)"

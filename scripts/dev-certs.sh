@@ -9,11 +9,12 @@
 #   worker.crt worker.key          CN=tandem-worker (one certificate for every worker)
 #   client.crt client.key          CN=tandem-client (for `tandem --tls-cert/--tls-key`)
 #   token                          a random bearer token (for --auth-token-file/--token-file)
+#   metrics-token                  another, that opens only the metrics port (--metrics-token-file)
 #
 # The Common Name carries the role the peers check (docs/architecture.md, "Security"). The
 # subjectAltNames are the names the peers dial: localhost, 127.0.0.1 and ::1 for every
-# certificate; the coordinator's Service (tandem-coordinator, .NS, .NS.svc, .NS.svc.DOMAIN)
-# and the workers' pod names (*.tandem-worker.NS.svc.DOMAIN) of deploy/k8s; and every --host.
+# certificate; the coordinator's Services (tandem-coordinator and tandem-coordinator-metrics,
+# .NS, .NS.svc, .NS.svc.DOMAIN) and the workers' pod names (*.tandem-worker.NS.svc.DOMAIN) of deploy/k8s; and every --host.
 # NS defaults to tandem and DOMAIN to cluster.local, as in deploy/k8s. Keys are ECDSA P-256,
 # unencrypted, mode 0600. These are development certificates: for production use your own CA
 # (or cert-manager) with the same Common Names and names.
@@ -81,14 +82,19 @@ EOF
 }
 
 local_names=(localhost 127.0.0.1 ::1)
-svc="tandem-coordinator"
+svc_names=()
+for svc in tandem-coordinator tandem-coordinator-metrics; do
+  svc_names+=("$svc" "$svc.$namespace" "$svc.$namespace.svc" "$svc.$namespace.svc.$domain")
+done
 leaf coordinator tandem-coordinator serverAuth,clientAuth "$(san "${local_names[@]}" \
-  "$svc" "$svc.$namespace" "$svc.$namespace.svc" "$svc.$namespace.svc.$domain" "${hosts[@]}")"
+  "${svc_names[@]}" "${hosts[@]}")"
 leaf worker tandem-worker serverAuth,clientAuth "$(san "${local_names[@]}" \
   "*.tandem-worker.$namespace.svc.$domain" "*.tandem-worker.$namespace.svc" "${hosts[@]}")"
 leaf client tandem-client clientAuth "$(san "${local_names[@]}")"
 openssl rand -hex 32 >"$dir/token"
+openssl rand -hex 32 >"$dir/metrics-token"
 chmod 0644 "$dir"/*.crt
-chmod 0600 "$dir"/*.key "$dir/token"
-echo "dev-certs.sh: in $dir: ca.crt ca.key, coordinator/worker/client .crt .key, token" \
+chmod 0600 "$dir"/*.key "$dir/token" "$dir/metrics-token"
+echo "dev-certs.sh: in $dir: ca.crt ca.key, coordinator/worker/client .crt .key, token," \
+  "metrics-token" \
   "(namespace $namespace, cluster domain $domain${hosts[*]:+, hosts ${hosts[*]}})"

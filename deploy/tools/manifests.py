@@ -10,7 +10,8 @@
       the flags open against container, probe and Service ports, the probes' health service
       names against the ones the programs serve, the workers' and the client's coordinator
       address against the coordinator's Service, the example job against `tandem validate`,
-      the NetworkPolicies against the traffic Tandem needs
+      the NetworkPolicies against the traffic Tandem needs, TLS and its credentials (the
+      metrics port's scheme and token among them)
   manifests.py dockerfiles DIR
       the Dockerfiles build with the README's commands and run as a non-root user
   manifests.py rehearsal --bin DIR --run DIR --subnet PREFIX [--secrets DIR] OVERLAY
@@ -235,6 +236,8 @@ class Checker:
         self.programs = programs
         self.errors = []
         self.notes = []
+        self.metrics_services = []  # the Services that reach --metrics-listen's port
+        self.metrics_https = False
 
     def fail(self, where, message):
         self.errors.append(f"{self.overlay}: {where}: {message}")
@@ -549,6 +552,7 @@ class Checker:
                 self.fail(c.name, "--tls-cert, --tls-key and --tls-ca go together (mutual TLS); "
                           f"it has only {', '.join('--' + k.replace('_', '-') for k in have)}")
         co_tls, wo_tls, cl_tls = "tls_cert" in co, "tls_cert" in wo, "tls_ca" in cl
+        self.check_metrics_scheme(coordinator, co_tls)
         if co_tls != wo_tls:
             self.fail(worker.name, "the coordinator serves TLS but the workers dial it in "
                       "plaintext (they would never register)" if co_tls else
@@ -575,6 +579,47 @@ class Checker:
         if co_tls and wo_tls and not self.errors:
             self.check_certificate_names(coordinator, worker, client, services)
 
+    def check_metrics_scheme(self, c, tls):
+        """The metrics port serves HTTPS when the coordinator has TLS, unless --metrics-plaintext
+        (coordinator/main.cc): --metrics-token-file goes with HTTPS only, and the Services that
+        reach the port tell Prometheus the scheme it serves (prometheus.io/scheme, appProtocol)."""
+        flags, _ = c.flags(c.pod_names()[0])
+        plaintext = flags.get("metrics_plaintext", "false").lower() in ("", "true", "t", "1",
+                                                                        "yes", "y")
+        if "metrics_listen" not in flags:
+            for f in ("metrics_token_file", "metrics_plaintext"):
+                if f in flags:
+                    self.fail(c.name, f"--{f.replace('_', '-')} without --metrics-listen does "
+                              "nothing")
+            return
+        https = tls and not plaintext
+        self.metrics_https = https
+        if "metrics_token_file" in flags and not https:
+            self.fail(c.name, "--metrics-token-file without HTTPS on the metrics port: the "
+                      "coordinator refuses it (it needs the --tls-* flags and no "
+                      "--metrics-plaintext)")
+        _, port = split_host_port(flags["metrics_listen"])
+        scheme = "https" if https else "http"
+        why = ("the coordinator has TLS" if https else
+               "--metrics-plaintext" if tls else "the coordinator has no TLS")
+        for s in of_kind(self.docs, "Service"):
+            if not selects(s["spec"].get("selector"), c.pod_labels):
+                continue
+            ports = [p for p in s["spec"].get("ports") or []
+                     if c.port_number(p.get("targetPort", p["port"])) == port]
+            if not ports:
+                continue
+            self.metrics_services.append(s)
+            where = f"Service/{s['metadata']['name']}"
+            said = (s["metadata"].get("annotations") or {}).get("prometheus.io/scheme")
+            if said != scheme and (https or said is not None):
+                self.fail(where, f"prometheus.io/scheme is {said!r} but the metrics port serves "
+                          f"{scheme.upper()} ({why}): Prometheus would fail every scrape")
+            for p in ports:
+                if p.get("appProtocol", scheme) != scheme:
+                    self.fail(where, f"port {p['port']} says appProtocol {p['appProtocol']}; the "
+                              f"metrics port serves {scheme} ({why})")
+
     def check_secret_file(self, c, flag, path):
         what = f"--{flag.replace('_', '-')}={path}"
         mount = c.mount_of(path) if path.startswith("/") else None
@@ -597,7 +642,8 @@ class Checker:
             self.fail(c.name, f"{what}: Secret files are mode {mode:o}, owned by root"
                       f"{' and group ' + str(pod_sc['fsGroup']) if 'fsGroup' in pod_sc else ''}"
                       f"; user {user} cannot read them (defaultMode 0440 with the pod's fsGroup)")
-        if flag in ("tls_key", "auth_token_file", "token_file") and mode & 0o004:
+        if flag in ("tls_key", "auth_token_file", "token_file", "metrics_token_file") and \
+                mode & 0o004:
             self.fail(c.name, f"{what}: a key or token must not be world-readable (Secret "
                       f"defaultMode {mode:o}; use 0440 with the pod's fsGroup)")
 
@@ -627,6 +673,10 @@ class Checker:
                 host, _ = split_host_port(worker.flags(p)[0].get("advertise", ""))
                 if host:
                     dials.append((f"{coordinator.name} -> {p}", host, "worker"))
+            for s in self.metrics_services if self.metrics_https else []:
+                name = s["metadata"]["name"]  # Prometheus, dialling the metrics port by name
+                ns = s["metadata"].get("namespace", "default")
+                dials.append((f"Prometheus -> Service/{name}", f"{name}.{ns}.svc", "coordinator"))
             for who, host, cert in dials:
                 is_ip = re.fullmatch(r"[0-9.]+|.*:.*", host) is not None
                 check = run(["openssl", "x509", "-in", os.path.join(tmp, f"{cert}.crt"), "-noout",
@@ -639,7 +689,8 @@ class Checker:
 # What the CLI reads from its environment when the flag is not given (coordinator/cli/args.h).
 CLI_ENV_FLAGS = {"TANDEM_TLS_CA": "tls_ca", "TANDEM_TLS_CERT": "tls_cert",
                  "TANDEM_TLS_KEY": "tls_key", "TANDEM_TOKEN_FILE": "token_file"}
-TLS_FILE_FLAGS = ("tls_cert", "tls_key", "tls_ca", "auth_token_file", "token_file")
+TLS_FILE_FLAGS = ("tls_cert", "tls_key", "tls_ca", "auth_token_file", "token_file",
+                  "metrics_token_file")
 
 
 def admits(policies, dst, src_labels, port):

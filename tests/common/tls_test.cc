@@ -9,6 +9,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/escaping.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -16,6 +17,7 @@ namespace tandem {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 Caller Cert(const std::string& cn) {
   Caller c;
@@ -83,6 +85,41 @@ TEST(Authorize, TheWorkersRules) {
   EXPECT_TRUE(absl::IsUnauthenticated(Authorize(p, "", run, Token(kToken))));
   EXPECT_TRUE(absl::IsUnauthenticated(Authorize(p, "", run, Caller{})));
   EXPECT_TRUE(Authorize(p, "", "/grpc.health.v1.Health/Check", Cert("tandem-client")).ok());
+}
+
+TEST(AuthorizeMetricsReader, ACertificateOfAnyNameOrAnAcceptedToken) {
+  const std::vector<std::string> tokens = {kToken, "fedcba9876543210fedcba9876543210"};
+  EXPECT_TRUE(AuthorizeMetricsReader(tokens, Cert("tandem-client")).ok());
+  EXPECT_TRUE(AuthorizeMetricsReader(tokens, Cert("prometheus")).ok());  // no role needed
+  EXPECT_TRUE(AuthorizeMetricsReader(tokens, Token(kToken)).ok());
+  EXPECT_TRUE(AuthorizeMetricsReader(tokens, Token(tokens[1])).ok());
+  Caller basic;
+  basic.authorization = "Basic " + absl::Base64Escape(std::string("anyone:") + kToken);
+  EXPECT_TRUE(AuthorizeMetricsReader(tokens, basic).ok());
+
+  const absl::Status none = AuthorizeMetricsReader(tokens, Caller{});
+  EXPECT_TRUE(absl::IsUnauthenticated(none)) << none;
+  EXPECT_THAT(none.message(), HasSubstr("carried neither"));
+  absl::Status wrong = AuthorizeMetricsReader(tokens, Token("wrong-token-0123456789"));
+  EXPECT_TRUE(absl::IsUnauthenticated(wrong));
+  EXPECT_THAT(wrong.message(), HasSubstr("the token is not valid"));
+  EXPECT_THAT(wrong.message(), Not(HasSubstr("wrong-token")));  // never echoed
+  Caller both = Cert("tandem-client");
+  both.authorization = "Bearer nope-nope-nope-nope";
+  EXPECT_TRUE(absl::IsUnauthenticated(AuthorizeMetricsReader(tokens, both)));
+  Caller user_is_token;
+  user_is_token.authorization = "Basic " + absl::Base64Escape(std::string(kToken) + ":");
+  EXPECT_TRUE(absl::IsUnauthenticated(AuthorizeMetricsReader(tokens, user_is_token)));
+  Caller not_base64;
+  not_base64.authorization = "Basic ***";
+  EXPECT_TRUE(absl::IsUnauthenticated(AuthorizeMetricsReader(tokens, not_base64)));
+  Caller digest;
+  digest.authorization = std::string("Digest ") + kToken;
+  EXPECT_TRUE(absl::IsUnauthenticated(AuthorizeMetricsReader(tokens, digest)));
+  const absl::Status no_tokens = AuthorizeMetricsReader({}, Token(kToken));
+  EXPECT_TRUE(absl::IsUnauthenticated(no_tokens));
+  EXPECT_THAT(no_tokens.message(), HasSubstr("accepts no tokens"));
+  EXPECT_TRUE(AuthorizeMetricsReader({}, Cert("tandem-worker")).ok());
 }
 
 TEST(Roles, CommonNames) {

@@ -253,6 +253,7 @@ absl::Status Cluster::StartCoordinator(int port) {
     args.push_back("--tls-key=" + certs_dir() + "/coordinator.key");
     args.push_back("--tls-ca=" + certs_dir() + "/ca.crt");
     args.push_back("--auth-token-file=" + certs_dir() + "/token");
+    if (options_.http) args.push_back("--metrics-token-file=" + certs_dir() + "/metrics-token");
   }
   args.insert(args.end(), options_.coordinator_args.begin(), options_.coordinator_args.end());
   const std::string log = restarts_ == 0 ? dir_ + "/coordinator.log"

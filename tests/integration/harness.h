@@ -77,7 +77,9 @@ class Cluster {
     int worker_timeout_ms = 1500;
     std::vector<std::string> worker_args;       // appended to every worker's flags
     std::vector<std::string> coordinator_args;  // appended to the coordinator's flags
-    // Serve metrics and the dashboard on an ephemeral 127.0.0.1 port (http_port()).
+    // Serve metrics and the dashboard on an ephemeral 127.0.0.1 port (http_port()); with
+    // `tls`, over HTTPS, and the coordinator also gets --metrics-token-file (certs_dir()'s
+    // metrics-token).
     bool http = false;
     // The coordinator's plaintext health port on an ephemeral 127.0.0.1 port (health_port()).
     bool health = false;
@@ -118,7 +120,7 @@ class Cluster {
   // The coordinator's health port (Options::health), else 0.
   int health_port() const { return health_port_; }
   // Options::tls: where the certificates are (ca.crt, coordinator/worker/client .crt .key,
-  // token), and the security of a client that sends the token.
+  // token, metrics-token), and the security of a client that sends the token.
   std::string certs_dir() const { return dir_ + "/certs"; }
   ChannelSecurity ClientSecurity() const;
   // The flags a worker needs to reach this coordinator: plaintext none, with TLS the worker

@@ -1,7 +1,8 @@
 // Security, with real processes on 127.0.0.1: TLS with mutual authentication between the
 // coordinator and its workers, clients with a bearer token or a client certificate, and every
-// refusal the access rules promise (common/tls.h). Certificates are made at test time by
-// scripts/dev-certs.sh in the test's directory.
+// refusal the access rules promise (common/tls.h); the metrics and dashboard port over HTTPS
+// for a client certificate or a token, or plain HTTP when asked. Certificates are made at test
+// time by scripts/dev-certs.sh in the test's directory.
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
@@ -12,6 +13,8 @@
 #include <mutex>
 #include <regex>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/rpc.h"
@@ -21,12 +24,14 @@
 #include "gtest/gtest.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 #include "tandem/v1/worker.grpc.pb.h"
+#include "tests/https_client.h"
 #include "tests/integration/harness.h"
 
 namespace tandem::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using namespace std::chrono_literals;
 
 // TLS material as the test's own clients use it: the CA, and optionally a certificate.
@@ -77,6 +82,7 @@ class SecurityTest : public ::testing::Test {
     options.workers = 2;
     options.tls = true;
     options.health = true;
+    options.http = true;
     cluster_ = new Cluster(options);
     start_status_ = new absl::Status(cluster_->Start());
   }
@@ -276,6 +282,136 @@ TEST_F(SecurityTest, TheHealthPortAnswersWithoutCredentialsWhileTheApiPortRequir
   EXPECT_EQ(authenticated.status, 1);
 }
 
+// The metrics and dashboard port of a TLS coordinator: HTTPS with its certificate, opened by a
+// client certificate from the CA (of any role) or a token (--metrics-token-file's, or the
+// API's), and by nothing else.
+TEST_F(SecurityTest, TheMetricsPortServesHttpsToACertificateOrATokenOnly) {
+  const int port = cluster_->http_port();
+  ASSERT_GT(port, 0);
+  const std::string metrics_token =
+      std::string(absl::StripAsciiWhitespace(ReadFile(Certs() + "/metrics-token")));
+  const std::string api_token =
+      std::string(absl::StripAsciiWhitespace(ReadFile(Certs() + "/token")));
+  auto client = [&](const std::string& identity, std::vector<std::string> headers,
+                    const std::string& dir = "") {
+    HttpsOptions o;
+    o.ca_pem = ReadFile(Certs() + "/ca.crt");
+    if (!identity.empty()) {
+      o.cert_pem = ReadFile((dir.empty() ? Certs() : dir) + "/" + identity + ".crt");
+      o.key_pem = ReadFile((dir.empty() ? Certs() : dir) + "/" + identity + ".key");
+    }
+    o.headers = std::move(headers);
+    return o;
+  };
+
+  // Plain HTTP gets no HTTP answer at all.
+  auto plain = HttpGet(port, "/metrics");
+  EXPECT_FALSE(plain.ok()) << plain->status << "\n" << plain->body;
+  // HTTPS without credentials, or with a wrong token: 401, saying what is needed.
+  auto anonymous = HttpsGet(port, "/metrics", client("", {}));
+  ASSERT_TRUE(anonymous.ok()) << anonymous.status();
+  EXPECT_EQ(anonymous->status, 401);
+  EXPECT_THAT(anonymous->body,
+              HasSubstr("requires a client certificate signed by the coordinator's CA or a "
+                        "bearer token"));
+  EXPECT_THAT(anonymous->body, Not(HasSubstr("tandem_build_info")));
+  auto wrong =
+      HttpsGet(port, "/api/jobs", client("", {"Authorization: Bearer " + std::string(64, 'a')}));
+  ASSERT_TRUE(wrong.ok()) << wrong.status();
+  EXPECT_EQ(wrong->status, 401);
+  EXPECT_THAT(wrong->body, HasSubstr("the token is not valid"));
+  // A client certificate from another CA fails the handshake.
+  const std::string other = cluster_->dir() + "/metrics-other-ca";
+  ASSERT_TRUE(MakeDevCerts(other).ok());
+  EXPECT_EQ(HttpsGet(port, "/metrics", client("client", {}, other)).status().code(),
+            absl::StatusCode::kUnavailable);
+
+  // Each way in: the metrics token (Prometheus), the API token, a client certificate, another
+  // role's certificate, the token as a Basic password (a browser).
+  struct Case {
+    std::string what;
+    HttpsOptions options;
+  };
+  const std::vector<Case> cases = {
+      {"the metrics token", client("", {"Authorization: Bearer " + metrics_token})},
+      {"the API token", client("", {"Authorization: Bearer " + api_token})},
+      {"a client certificate", client("client", {})},
+      {"a worker certificate", client("worker", {})},
+      {"Basic",
+       client("", {"Authorization: Basic " + absl::Base64Escape("dashboard:" + metrics_token)})},
+  };
+  for (const Case& c : cases) {
+    auto r = HttpsGet(port, "/metrics", c.options);
+    ASSERT_TRUE(r.ok()) << c.what << ": " << r.status();
+    EXPECT_EQ(r->status, 200) << c.what << ": " << r->body;
+    EXPECT_THAT(r->body, HasSubstr("tandem_build_info")) << c.what;
+  }
+  auto page = HttpsGet(port, "/", cases[0].options);
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_EQ(page->status, 200);
+  EXPECT_THAT(page->headers["content-type"], HasSubstr("text/html"));
+  auto workers = HttpsGet(port, "/api/workers", cases[2].options);
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  EXPECT_EQ(workers->status, 200);
+  EXPECT_THAT(workers->body, HasSubstr("127.0.0.1"));
+
+  const std::string log = ReadFile(cluster_->dir() + "/coordinator.log");
+  EXPECT_THAT(log, HasSubstr("metrics and dashboard (HTTPS) on port"));
+  EXPECT_THAT(log, HasSubstr("metrics port: refused a request for /metrics"));
+  EXPECT_THAT(log, Not(HasSubstr(metrics_token)));
+  EXPECT_THAT(log, Not(HasSubstr(api_token)));
+}
+
+// --metrics-plaintext: a TLS coordinator whose metrics port serves plain HTTP all the same,
+// for a trusted network, and says so at start.
+TEST(MetricsPlaintextTest, TheOptOutServesPlainHttpAndWarns) {
+  char dir_template[] = "/tmp/tandem-metrics-plain-XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  ASSERT_TRUE(MakeDevCerts(dir + "/certs").ok());
+  const std::string certs = dir + "/certs";
+  {
+    Process coordinator(
+        std::string(TANDEM_BIN_DIR) + "/tandem-coordinator",
+        {"--listen=127.0.0.1:0", "--port-file=" + dir + "/api.port", "--metrics-listen=127.0.0.1:0",
+         "--metrics-port-file=" + dir + "/metrics.port", "--tls-cert=" + certs + "/coordinator.crt",
+         "--tls-key=" + certs + "/coordinator.key", "--tls-ca=" + certs + "/ca.crt",
+         "--auth-token-file=" + certs + "/token", "--metrics-plaintext"},
+        dir + "/coordinator.log");
+    ASSERT_TRUE(WaitFor([&] { return !ReadFile(dir + "/api.port").empty(); }, 20s))
+        << ReadFile(dir + "/coordinator.log");
+    const int port = std::stoi(ReadFile(dir + "/metrics.port"));
+    auto r = HttpGet(port, "/metrics");
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status, 200);
+    EXPECT_THAT(r->body, HasSubstr("tandem_build_info"));
+    HttpsOptions https;
+    https.ca_pem = ReadFile(certs + "/ca.crt");
+    EXPECT_FALSE(HttpsGet(port, "/metrics", https).ok());
+    const std::string log = ReadFile(dir + "/coordinator.log");
+    EXPECT_THAT(log, HasSubstr("metrics and dashboard (HTTP) on port"));
+    EXPECT_THAT(log, HasSubstr("--metrics-plaintext: the metrics port serves plain HTTP without "
+                               "authentication although the API serves TLS"));
+    // The API itself still requires TLS.
+    EXPECT_THAT(log, HasSubstr("TLS with mutual authentication"));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Without TLS the metrics port is plain HTTP, as it always was, and warns of nothing more.
+TEST(MetricsPlaintextTest, WithoutTlsTheMetricsPortIsPlainHttp) {
+  Cluster::Options options;
+  options.workers = 0;
+  options.http = true;
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start().ok());
+  auto r = HttpGet(cluster.http_port(), "/metrics");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, 200);
+  const std::string log = ReadFile(cluster.dir() + "/coordinator.log");
+  EXPECT_THAT(log, HasSubstr("metrics and dashboard (HTTP) on port"));
+  EXPECT_THAT(log, Not(HasSubstr("--metrics-plaintext")));
+}
+
 TEST(PlaintextTest, PlaintextModeWorksAndLogsItsWarning) {
   Cluster::Options options;
   options.workers = 1;
@@ -331,6 +467,20 @@ TEST(TlsFlagsTest, DaemonsAndTheCliRefuseHalfConfigurations) {
        "must say CN=tandem-worker"},
       {{cli, "--coordinator=127.0.0.1:1", "--token-file=" + dir + "/token", "list"},
        "is sent only over TLS"},
+      // The metrics port's token is only ever checked over HTTPS.
+      {{coordinator, listen, "--metrics-listen=127.0.0.1:0",
+        "--metrics-token-file=" + dir + "/metrics-token"},
+       "--metrics-token-file needs the metrics port to serve HTTPS"},
+      {{coordinator, listen, "--tls-cert=" + dir + "/coordinator.crt",
+        "--tls-key=" + dir + "/coordinator.key", "--tls-ca=" + dir + "/ca.crt",
+        "--metrics-listen=127.0.0.1:0", "--metrics-plaintext",
+        "--metrics-token-file=" + dir + "/metrics-token"},
+       "--metrics-token-file needs the metrics port to serve HTTPS (the --tls-* flags, without "
+       "--metrics-plaintext)"},
+      {{coordinator, listen, "--tls-cert=" + dir + "/coordinator.crt",
+        "--tls-key=" + dir + "/coordinator.key", "--tls-ca=" + dir + "/ca.crt",
+        "--metrics-listen=127.0.0.1:0", "--metrics-token-file=" + dir + "/short"},
+       "--metrics-token-file: the token in"},
       {{cli, "--coordinator=127.0.0.1:1", "--tls-ca=" + dir + "/ca.key", "list"},
        "holds no PEM certificate"},
   };
