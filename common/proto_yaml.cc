@@ -19,7 +19,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/status_macros.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/reflection.h"
@@ -61,16 +60,6 @@ class DocumentProbe final : public YAML::EventHandler {
     if (first.is_null()) first = mark;
   }
 };
-
-std::string Where(const YAML::Node& node) {
-  const YAML::Mark mark = node.Mark();
-  if (mark.is_null()) return "";
-  return absl::StrCat(" (line ", mark.line + 1, ", column ", mark.column + 1, ")");
-}
-
-absl::Status ErrorAt(absl::string_view path, const YAML::Node& node, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what, Where(node)));
-}
 
 // How a node reads in an error: its text for a scalar, its kind otherwise.
 std::string Describe(const YAML::Node& node) {
@@ -126,19 +115,21 @@ std::string ClosestField(const Descriptor* d, absl::string_view key) {
   return best;
 }
 
+// The scalar parsers below fail with INVALID_ARGUMENT whose message says what was wrong with
+// the value alone; the walker adds the field's path and the value's place.
+absl::Status Wrong(absl::string_view what) { return absl::InvalidArgumentError(what); }
+
 template <typename T>
-absl::StatusOr<T> ParseInteger(absl::string_view path, const YAML::Node& node) {
+absl::StatusOr<T> ParseInteger(const YAML::Node& node) {
   constexpr T kMin = std::numeric_limits<T>::min();
   constexpr T kMax = std::numeric_limits<T>::max();
   const std::string range = absl::StrCat("an integer in [", kMin, ", ", kMax, "]");
-  if (!node.IsScalar())
-    return ErrorAt(path, node, absl::StrCat("expected ", range, ", got ", Describe(node)));
+  if (!node.IsScalar()) return Wrong(absl::StrCat("expected ", range, ", got ", Describe(node)));
   // A quoted 64-bit integer is the canonical JSON form of int64 (what `tandem validate -o json`
   // prints), so it is accepted; any other quoted number is a mistake worth naming.
   if (IsQuoted(node) && sizeof(T) < 8) {
-    return ErrorAt(path, node,
-                   absl::StrCat("expected an integer, got the string ", Describe(node),
-                                "; write the number without quotes"));
+    return Wrong(absl::StrCat("expected an integer, got the string ", Describe(node),
+                              "; write the number without quotes"));
   }
   const std::string& text = node.Scalar();
   // Parse through the widest type of the same signedness, then check the range, so that
@@ -147,16 +138,14 @@ absl::StatusOr<T> ParseInteger(absl::string_view path, const YAML::Node& node) {
     int64_t wide;
     if (absl::SimpleAtoi(text, &wide)) {
       if (wide < kMin || wide > kMax) {
-        return ErrorAt(path, node, absl::StrCat("expected ", range, ", got ", Describe(node)));
+        return Wrong(absl::StrCat("expected ", range, ", got ", Describe(node)));
       }
       return static_cast<T>(wide);
     }
   } else {
     uint64_t wide;
     if (absl::SimpleAtoi(text, &wide)) {
-      if (wide > kMax) {
-        return ErrorAt(path, node, absl::StrCat("expected ", range, ", got ", Describe(node)));
-      }
+      if (wide > kMax) return Wrong(absl::StrCat("expected ", range, ", got ", Describe(node)));
       return static_cast<T>(wide);
     }
   }
@@ -164,27 +153,25 @@ absl::StatusOr<T> ParseInteger(absl::string_view path, const YAML::Node& node) {
   double d;
   if (absl::SimpleAtod(text, &d) && std::isfinite(d)) {
     if (d != std::floor(d)) {
-      return ErrorAt(
-          path, node,
+      return Wrong(
           absl::StrCat("expected an integer, got ", Describe(node), " (not a whole number)"));
     }
     constexpr double kExact = 9007199254740992.0;  // 2^53: beyond it doubles skip integers.
     if (d < static_cast<double>(kMin) || d > static_cast<double>(kMax) || std::fabs(d) > kExact) {
-      return ErrorAt(path, node, absl::StrCat("expected ", range, ", got ", Describe(node)));
+      return Wrong(absl::StrCat("expected ", range, ", got ", Describe(node)));
     }
     return static_cast<T>(d);
   }
   if (!text.empty() && text[0] == '-' && !std::is_signed_v<T>) {
-    return ErrorAt(path, node, absl::StrCat("expected ", range, ", got ", Describe(node)));
+    return Wrong(absl::StrCat("expected ", range, ", got ", Describe(node)));
   }
-  return ErrorAt(path, node, absl::StrCat("expected an integer, got ", Describe(node)));
+  return Wrong(absl::StrCat("expected an integer, got ", Describe(node)));
 }
 
-absl::StatusOr<double> ParseDouble(absl::string_view path, const YAML::Node& node) {
+absl::StatusOr<double> ParseDouble(const YAML::Node& node) {
   if (!node.IsScalar() || IsQuoted(node)) {
-    return ErrorAt(path, node,
-                   absl::StrCat("expected a number, got ", IsQuoted(node) ? "the string " : "",
-                                Describe(node)));
+    return Wrong(absl::StrCat("expected a number, got ", IsQuoted(node) ? "the string " : "",
+                              Describe(node)));
   }
   const std::string text = node.Scalar();
   // YAML spells the special values .inf, -.inf and .nan; validation decides whether a
@@ -195,198 +182,252 @@ absl::StatusOr<double> ParseDouble(absl::string_view path, const YAML::Node& nod
   if (lower == ".nan") return std::numeric_limits<double>::quiet_NaN();
   double d;
   if (!absl::SimpleAtod(text, &d)) {
-    return ErrorAt(path, node, absl::StrCat("expected a number, got ", Describe(node)));
+    return Wrong(absl::StrCat("expected a number, got ", Describe(node)));
   }
   return d;
 }
 
-absl::StatusOr<bool> ParseBool(absl::string_view path, const YAML::Node& node) {
+absl::StatusOr<bool> ParseBool(const YAML::Node& node) {
   if (node.IsScalar() && !IsQuoted(node)) {
     const std::string& t = node.Scalar();
     if (t == "true" || t == "True" || t == "TRUE") return true;
     if (t == "false" || t == "False" || t == "FALSE") return false;
   }
-  return ErrorAt(path, node, absl::StrCat("expected true or false, got ", Describe(node)));
+  return Wrong(absl::StrCat("expected true or false, got ", Describe(node)));
 }
 
-absl::Status ParseMessage(const YAML::Node& node, const std::string& path,
-                          absl::string_view document, Message* msg);
+// Walks a YAML tree against a message's descriptor, filling the message. Every error goes to
+// `errors` and the walk goes on with the next field, list item or map entry, so that one pass
+// finds the mistakes of every field; a field whose value is wrong is left unset or partly set.
+// The walk visits each node once: its work is bounded by the document's size.
+class Walker {
+ public:
+  Walker(absl::string_view document, FieldErrors* errors, FieldLines* lines)
+      : document_(document), errors_(errors), lines_(lines) {}
 
-// Sets (singular) or appends (repeated) one non-null value of `field`.
-absl::Status StoreValue(const YAML::Node& node, const std::string& path, const FieldDescriptor* f,
-                        absl::string_view document, Message* msg) {
-  const Reflection* r = msg->GetReflection();
-  const bool rep = f->is_repeated();
-  switch (f->cpp_type()) {
-    case FieldDescriptor::CPPTYPE_INT32: {
-      ASSIGN_OR_RETURN(const int32_t v, ParseInteger<int32_t>(path, node));
-      rep ? r->AddInt32(msg, f, v) : r->SetInt32(msg, f, v);
-      return absl::OkStatus();
+  // `path` is the path of `node` itself ("" for the document root).
+  void ParseMessage(const YAML::Node& node, const std::string& path, Message* msg) {
+    const Descriptor* d = msg->GetDescriptor();
+    if (!node.IsMap()) {
+      Error(path.empty() ? document_ : path, node,
+            absl::StrCat("expected a map with fields ", FieldNames(d), "; got ", Describe(node)));
+      return;
     }
-    case FieldDescriptor::CPPTYPE_INT64: {
-      ASSIGN_OR_RETURN(const int64_t v, ParseInteger<int64_t>(path, node));
-      rep ? r->AddInt64(msg, f, v) : r->SetInt64(msg, f, v);
-      return absl::OkStatus();
-    }
-    case FieldDescriptor::CPPTYPE_UINT32: {
-      ASSIGN_OR_RETURN(const uint32_t v, ParseInteger<uint32_t>(path, node));
-      rep ? r->AddUInt32(msg, f, v) : r->SetUInt32(msg, f, v);
-      return absl::OkStatus();
-    }
-    case FieldDescriptor::CPPTYPE_UINT64: {
-      ASSIGN_OR_RETURN(const uint64_t v, ParseInteger<uint64_t>(path, node));
-      rep ? r->AddUInt64(msg, f, v) : r->SetUInt64(msg, f, v);
-      return absl::OkStatus();
-    }
-    case FieldDescriptor::CPPTYPE_DOUBLE: {
-      ASSIGN_OR_RETURN(const double v, ParseDouble(path, node));
-      rep ? r->AddDouble(msg, f, v) : r->SetDouble(msg, f, v);
-      return absl::OkStatus();
-    }
-    case FieldDescriptor::CPPTYPE_FLOAT: {
-      ASSIGN_OR_RETURN(const double v, ParseDouble(path, node));
-      if (std::isfinite(v) && std::fabs(v) > FLT_MAX) {
-        return ErrorAt(path, node,
-                       absl::StrCat("expected a number within single-precision range (about "
-                                    "3.4e38), got ",
-                                    Describe(node)));
+    std::set<std::string> seen;
+    for (const auto& kv : node) {
+      const YAML::Node& key = kv.first;
+      if (!key.IsScalar()) {
+        Error(path.empty() ? document_ : path, key,
+              absl::StrCat("keys must be field names, got ", Describe(key)));
+        continue;
       }
-      const float fv = static_cast<float>(v);
-      rep ? r->AddFloat(msg, f, fv) : r->SetFloat(msg, f, fv);
-      return absl::OkStatus();
-    }
-    case FieldDescriptor::CPPTYPE_BOOL: {
-      ASSIGN_OR_RETURN(const bool v, ParseBool(path, node));
-      rep ? r->AddBool(msg, f, v) : r->SetBool(msg, f, v);
-      return absl::OkStatus();
-    }
-    case FieldDescriptor::CPPTYPE_STRING: {
-      if (!node.IsScalar()) {
-        return ErrorAt(path, node, absl::StrCat("expected a string, got ", Describe(node)));
+      const std::string& name = key.Scalar();
+      const std::string field_path = path.empty() ? name : absl::StrCat(path, ".", name);
+      Written(field_path, key);
+      // yaml-cpp keeps both pairs of a repeated key, so duplicates are visible here.
+      if (!seen.insert(name).second) {
+        Error(field_path, key, "duplicate key; each field may appear once");
+        continue;
       }
-      rep ? r->AddString(msg, f, node.Scalar()) : r->SetString(msg, f, node.Scalar());
-      return absl::OkStatus();
-    }
-    case FieldDescriptor::CPPTYPE_ENUM: {
-      const auto* value =
-          node.IsScalar() ? f->enum_type()->FindValueByName(node.Scalar()) : nullptr;
-      if (value == nullptr) {
-        std::vector<std::string> names;
-        for (int i = 0; i < f->enum_type()->value_count(); ++i) {
-          names.push_back(f->enum_type()->value(i)->name());
+      const FieldDescriptor* f = d->FindFieldByName(name);
+      if (f == nullptr) {
+        std::string hint;
+        if (std::string closest = ClosestField(d, name); !closest.empty()) {
+          hint = absl::StrCat(" (did you mean ", closest, "?)");
         }
-        return ErrorAt(
-            path, node,
-            absl::StrCat("expected one of ", absl::StrJoin(names, ", "), ", got ", Describe(node)));
+        Error(field_path, key,
+              absl::StrCat("unknown field", hint, "; expected one of: ", FieldNames(d)));
+        continue;
       }
-      rep ? r->AddEnum(msg, f, value) : r->SetEnum(msg, f, value);
-      return absl::OkStatus();
-    }
-    case FieldDescriptor::CPPTYPE_MESSAGE: {
-      Message* child = rep ? r->AddMessage(msg, f) : r->MutableMessage(msg, f);
-      return ParseMessage(node, path, document, child);
-    }
-  }
-  return ErrorAt(path, node, absl::StrCat("field type not supported in ", document));
-}
-
-// A proto map field written as a YAML map: each key and value converted by the entry's
-// key and value field types.
-absl::Status StoreMap(const YAML::Node& node, const std::string& path, const FieldDescriptor* f,
-                      absl::string_view document, Message* msg) {
-  if (!node.IsMap()) {
-    return ErrorAt(path, node, absl::StrCat("expected a map, got ", Describe(node)));
-  }
-  const Descriptor* entry_type = f->message_type();
-  const FieldDescriptor* key_field = entry_type->map_key();
-  const FieldDescriptor* value_field = entry_type->map_value();
-  std::set<std::string> seen;
-  for (const auto& kv : node) {
-    const std::string key_path =
-        absl::StrCat(path, "[", kv.first.IsScalar() ? kv.first.Scalar() : "?", "]");
-    if (kv.first.IsScalar() && !seen.insert(kv.first.Scalar()).second) {
-      return ErrorAt(key_path, kv.first, "duplicate key");
-    }
-    Message* entry = msg->GetReflection()->AddMessage(msg, f);
-    RETURN_IF_ERROR(StoreValue(kv.first, key_path, key_field, document, entry));
-    if (kv.second.IsNull()) return ErrorAt(key_path, kv.second, "expected a value, got nothing");
-    RETURN_IF_ERROR(StoreValue(kv.second, key_path, value_field, document, entry));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ParseField(const YAML::Node& node, const std::string& path, const FieldDescriptor* f,
-                        absl::string_view document, Message* msg) {
-  if (node.IsNull()) return absl::OkStatus();  // `key:` or `key: ~` leaves the field unset
-  if (f->is_map()) return StoreMap(node, path, f, document, msg);
-  if (!f->is_repeated()) return StoreValue(node, path, f, document, msg);
-  if (!node.IsSequence()) {
-    return ErrorAt(path, node, absl::StrCat("expected a list, got ", Describe(node)));
-  }
-  for (size_t i = 0; i < node.size(); ++i) {
-    const std::string item_path = absl::StrCat(path, "[", i, "]");
-    if (node[i].IsNull()) return ErrorAt(item_path, node[i], "expected a value, got nothing");
-    RETURN_IF_ERROR(StoreValue(node[i], item_path, f, document, msg));
-  }
-  return absl::OkStatus();
-}
-
-// `path` is the path of `node` itself ("" for the document root).
-absl::Status ParseMessage(const YAML::Node& node, const std::string& path,
-                          absl::string_view document, Message* msg) {
-  const Descriptor* d = msg->GetDescriptor();
-  if (!node.IsMap()) {
-    return ErrorAt(
-        path.empty() ? document : path, node,
-        absl::StrCat("expected a map with fields ", FieldNames(d), "; got ", Describe(node)));
-  }
-  std::set<std::string> seen;
-  for (const auto& kv : node) {
-    const YAML::Node& key = kv.first;
-    if (!key.IsScalar()) {
-      return ErrorAt(path.empty() ? document : path, key,
-                     absl::StrCat("keys must be field names, got ", Describe(key)));
-    }
-    const std::string& name = key.Scalar();
-    const std::string field_path = path.empty() ? name : absl::StrCat(path, ".", name);
-    // yaml-cpp keeps both pairs of a repeated key, so duplicates are visible here.
-    if (!seen.insert(name).second) {
-      return ErrorAt(field_path, key, "duplicate key; each field may appear once");
-    }
-    const FieldDescriptor* f = d->FindFieldByName(name);
-    if (f == nullptr) {
-      std::string hint;
-      if (std::string closest = ClosestField(d, name); !closest.empty()) {
-        hint = absl::StrCat(" (did you mean ", closest, "?)");
+      if (const auto* oneof = f->real_containing_oneof(); oneof != nullptr && !kv.second.IsNull()) {
+        const FieldDescriptor* set = msg->GetReflection()->GetOneofFieldDescriptor(*msg, oneof);
+        if (set != nullptr) {
+          Error(field_path, key,
+                absl::StrCat("conflicts with ", set->name(), ": set only one of the ",
+                             oneof->name(), " fields"));
+          continue;
+        }
       }
-      return ErrorAt(field_path, key,
-                     absl::StrCat("unknown field", hint, "; expected one of: ", FieldNames(d)));
+      ParseField(kv.second, field_path, f, msg);
     }
-    if (const auto* oneof = f->real_containing_oneof(); oneof != nullptr && !kv.second.IsNull()) {
-      const FieldDescriptor* set = msg->GetReflection()->GetOneofFieldDescriptor(*msg, oneof);
-      if (set != nullptr) {
-        return ErrorAt(field_path, key,
-                       absl::StrCat("conflicts with ", set->name(), ": set only one of the ",
-                                    oneof->name(), " fields"));
+  }
+
+ private:
+  void Error(absl::string_view path, const YAML::Node& node, absl::string_view what) {
+    const YAML::Mark mark = node.Mark();
+    if (mark.is_null()) {
+      errors_->Add(path, what);
+    } else {
+      errors_->Add(path, what, mark.line + 1, mark.column + 1);
+    }
+  }
+
+  // Records where `path` is written: the first place, if a key repeats.
+  void Written(const std::string& path, const YAML::Node& node) {
+    const YAML::Mark mark = node.Mark();
+    if (lines_ != nullptr && !mark.is_null()) lines_->emplace(path, mark.line + 1);
+  }
+
+  // Records the error of a scalar parser; true if `v` holds a value.
+  template <typename T>
+  bool Check(const absl::StatusOr<T>& v, const std::string& path, const YAML::Node& node) {
+    if (!v.ok()) Error(path, node, v.status().message());
+    return v.ok();
+  }
+
+  // Sets (singular) or appends (repeated) one non-null value of `field`.
+  void StoreValue(const YAML::Node& node, const std::string& path, const FieldDescriptor* f,
+                  Message* msg) {
+    const Reflection* r = msg->GetReflection();
+    const bool rep = f->is_repeated();
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_INT32: {
+        const absl::StatusOr<int32_t> v = ParseInteger<int32_t>(node);
+        if (Check(v, path, node)) rep ? r->AddInt32(msg, f, *v) : r->SetInt32(msg, f, *v);
+        return;
+      }
+      case FieldDescriptor::CPPTYPE_INT64: {
+        const absl::StatusOr<int64_t> v = ParseInteger<int64_t>(node);
+        if (Check(v, path, node)) rep ? r->AddInt64(msg, f, *v) : r->SetInt64(msg, f, *v);
+        return;
+      }
+      case FieldDescriptor::CPPTYPE_UINT32: {
+        const absl::StatusOr<uint32_t> v = ParseInteger<uint32_t>(node);
+        if (Check(v, path, node)) rep ? r->AddUInt32(msg, f, *v) : r->SetUInt32(msg, f, *v);
+        return;
+      }
+      case FieldDescriptor::CPPTYPE_UINT64: {
+        const absl::StatusOr<uint64_t> v = ParseInteger<uint64_t>(node);
+        if (Check(v, path, node)) rep ? r->AddUInt64(msg, f, *v) : r->SetUInt64(msg, f, *v);
+        return;
+      }
+      case FieldDescriptor::CPPTYPE_DOUBLE: {
+        const absl::StatusOr<double> v = ParseDouble(node);
+        if (Check(v, path, node)) rep ? r->AddDouble(msg, f, *v) : r->SetDouble(msg, f, *v);
+        return;
+      }
+      case FieldDescriptor::CPPTYPE_FLOAT: {
+        const absl::StatusOr<double> v = ParseDouble(node);
+        if (!Check(v, path, node)) return;
+        if (std::isfinite(*v) && std::fabs(*v) > FLT_MAX) {
+          Error(path, node,
+                absl::StrCat("expected a number within single-precision range (about 3.4e38), "
+                             "got ",
+                             Describe(node)));
+          return;
+        }
+        const float fv = static_cast<float>(*v);
+        rep ? r->AddFloat(msg, f, fv) : r->SetFloat(msg, f, fv);
+        return;
+      }
+      case FieldDescriptor::CPPTYPE_BOOL: {
+        const absl::StatusOr<bool> v = ParseBool(node);
+        if (Check(v, path, node)) rep ? r->AddBool(msg, f, *v) : r->SetBool(msg, f, *v);
+        return;
+      }
+      case FieldDescriptor::CPPTYPE_STRING: {
+        if (!node.IsScalar()) {
+          Error(path, node, absl::StrCat("expected a string, got ", Describe(node)));
+          return;
+        }
+        rep ? r->AddString(msg, f, node.Scalar()) : r->SetString(msg, f, node.Scalar());
+        return;
+      }
+      case FieldDescriptor::CPPTYPE_ENUM: {
+        const auto* value =
+            node.IsScalar() ? f->enum_type()->FindValueByName(node.Scalar()) : nullptr;
+        if (value == nullptr) {
+          std::vector<std::string> names;
+          for (int i = 0; i < f->enum_type()->value_count(); ++i) {
+            names.push_back(f->enum_type()->value(i)->name());
+          }
+          Error(path, node,
+                absl::StrCat("expected one of ", absl::StrJoin(names, ", "), ", got ",
+                             Describe(node)));
+          return;
+        }
+        rep ? r->AddEnum(msg, f, value) : r->SetEnum(msg, f, value);
+        return;
+      }
+      case FieldDescriptor::CPPTYPE_MESSAGE: {
+        Message* child = rep ? r->AddMessage(msg, f) : r->MutableMessage(msg, f);
+        ParseMessage(node, path, child);
+        return;
       }
     }
-    RETURN_IF_ERROR(ParseField(kv.second, field_path, f, document, msg));
+    Error(path, node, absl::StrCat("field type not supported in ", document_));
   }
-  return absl::OkStatus();
-}
 
-}  // namespace
+  // A proto map field written as a YAML map: each key and value converted by the entry's
+  // key and value field types.
+  void StoreMap(const YAML::Node& node, const std::string& path, const FieldDescriptor* f,
+                Message* msg) {
+    if (!node.IsMap()) {
+      Error(path, node, absl::StrCat("expected a map, got ", Describe(node)));
+      return;
+    }
+    const Descriptor* entry_type = f->message_type();
+    const FieldDescriptor* key_field = entry_type->map_key();
+    const FieldDescriptor* value_field = entry_type->map_value();
+    std::set<std::string> seen;
+    for (const auto& kv : node) {
+      const std::string key_path =
+          absl::StrCat(path, "[", kv.first.IsScalar() ? kv.first.Scalar() : "?", "]");
+      Written(key_path, kv.first);
+      if (kv.first.IsScalar() && !seen.insert(kv.first.Scalar()).second) {
+        Error(key_path, kv.first, "duplicate key");
+        continue;
+      }
+      if (kv.second.IsNull()) {
+        Error(key_path, kv.second, "expected a value, got nothing");
+        continue;
+      }
+      Message* entry = msg->GetReflection()->AddMessage(msg, f);
+      StoreValue(kv.first, key_path, key_field, entry);
+      StoreValue(kv.second, key_path, value_field, entry);
+    }
+  }
 
-absl::Status ParseYamlMessage(absl::string_view yaml, absl::string_view document, Message* msg) {
+  void ParseField(const YAML::Node& node, const std::string& path, const FieldDescriptor* f,
+                  Message* msg) {
+    if (node.IsNull()) return;  // `key:` or `key: ~` leaves the field unset
+    if (f->is_map()) return StoreMap(node, path, f, msg);
+    if (!f->is_repeated()) return StoreValue(node, path, f, msg);
+    if (!node.IsSequence()) {
+      Error(path, node, absl::StrCat("expected a list, got ", Describe(node)));
+      return;
+    }
+    for (size_t i = 0; i < node.size(); ++i) {
+      const std::string item_path = absl::StrCat(path, "[", i, "]");
+      Written(item_path, node[i]);
+      if (node[i].IsNull()) {
+        Error(item_path, node[i], "expected a value, got nothing");
+        continue;
+      }
+      StoreValue(node[i], item_path, f, msg);
+    }
+  }
+
+  const std::string document_;
+  FieldErrors* errors_;
+  FieldLines* lines_;  // may be null
+};
+
+// Finds the errors of the text as a whole (a control character, invalid YAML, not one
+// document), each under the document's name; returns the document's root, or a null node.
+YAML::Node LoadOneDocument(absl::string_view yaml, absl::string_view document,
+                           FieldErrors* errors) {
   // YAML allows no C0 control character but tab, line feed and carriage return (nor DEL);
   // refuse them here, naming where, rather than leave them to yaml-cpp.
   int line = 1, column = 1;
   for (const char c : yaml) {
     const unsigned char u = static_cast<unsigned char>(c);
     if ((u < 0x20 && c != '\t' && c != '\n' && c != '\r') || u == 0x7f) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(document, ": invalid YAML at line ", line, ", column ", column,
-                       ": control character 0x", absl::Hex(u, absl::kZeroPad2), " is not allowed"));
+      errors->Add(document,
+                  absl::StrCat("invalid YAML: control character 0x", absl::Hex(u, absl::kZeroPad2),
+                               " is not allowed"),
+                  line, column);
+      return YAML::Node();
     }
     if (c == '\n') {
       ++line;
@@ -395,12 +436,14 @@ absl::Status ParseYamlMessage(absl::string_view yaml, absl::string_view document
       ++column;
     }
   }
-  auto invalid_yaml = [document](const YAML::Exception& e) {
-    std::string where;
-    if (!e.mark.is_null()) {
-      where = absl::StrCat(" at line ", e.mark.line + 1, ", column ", e.mark.column + 1);
+  auto invalid_yaml = [&](const YAML::Exception& e) {
+    if (e.mark.is_null()) {
+      errors->Add(document, absl::StrCat("invalid YAML: ", e.msg));
+    } else {
+      errors->Add(document, absl::StrCat("invalid YAML: ", e.msg), e.mark.line + 1,
+                  e.mark.column + 1);
     }
-    return absl::InvalidArgumentError(absl::StrCat(document, ": invalid YAML", where, ": ", e.msg));
+    return YAML::Node();
   };
   // Count the documents first, without YAML::LoadAll: in yaml-cpp 0.7 it loops forever,
   // allocating, on a token its parser leaves unconsumed (a stray ',': ", b" or "# c\n, b"),
@@ -417,9 +460,9 @@ absl::Status ParseYamlMessage(absl::string_view yaml, absl::string_view document
       DocumentProbe probe;
       if (!parser.HandleNextDocument(probe)) break;
       if (num_docs > 0 && !probe.first.is_null() && probe.first.pos == previous.first.pos) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            document, ": invalid YAML at line ", probe.first.line + 1, ", column ",
-            probe.first.column + 1, ": unexpected token (a ',' outside a [list] or {map}?)"));
+        errors->Add(document, "invalid YAML: unexpected token (a ',' outside a [list] or {map}?)",
+                    probe.first.line + 1, probe.first.column + 1);
+        return YAML::Node();
       }
       previous = probe;
       ++num_docs;
@@ -428,9 +471,10 @@ absl::Status ParseYamlMessage(absl::string_view yaml, absl::string_view document
     return invalid_yaml(e);
   }
   if (num_docs > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        document, ": expected one YAML document, got ", num_docs > 64 ? "more than 64" : "",
-        num_docs > 64 ? "" : absl::StrCat(num_docs), " (remove the '---' lines)"));
+    errors->Add(document, absl::StrCat("expected one YAML document, got ",
+                                       num_docs > 64 ? "more than 64" : absl::StrCat(num_docs),
+                                       " (remove the '---' lines)"));
+    return YAML::Node();
   }
   YAML::Node root;
   try {
@@ -438,16 +482,27 @@ absl::Status ParseYamlMessage(absl::string_view yaml, absl::string_view document
   } catch (const YAML::Exception& e) {
     return invalid_yaml(e);
   }
-  if (num_docs == 0 || root.IsNull()) {
+  return num_docs == 0 ? YAML::Node() : root;
+}
+
+}  // namespace
+
+absl::Status ParseYamlMessage(absl::string_view yaml, absl::string_view document, Message* msg,
+                              FieldLines* lines) {
+  FieldErrors errors;
+  const YAML::Node root = LoadOneDocument(yaml, document, &errors);
+  if (!errors.empty()) return errors.ToStatus();
+  if (root.IsNull()) {
     return absl::InvalidArgumentError(
         absl::StrCat(document, ": the document is empty; expected a map with fields ",
                      FieldNames(msg->GetDescriptor())));
   }
   try {
-    return ParseMessage(root, "", document, msg);
+    Walker(document, &errors, lines).ParseMessage(root, "", msg);
   } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(document, ": ", e.msg));
+    errors.Add(document, e.msg);
   }
+  return errors.ToStatus();
 }
 
 void FillDefaults(Message* msg) {

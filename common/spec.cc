@@ -37,13 +37,13 @@ void ApplyModelPreset(v1::ModelSpec* m) {
 
 }  // namespace
 
-absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml) {
+absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml, FieldLines* lines) {
   if (yaml.size() > kMaxSpecBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("job spec: ", yaml.size(), " bytes is over the limit of ", kMaxSpecBytes));
   }
   v1::JobSpec spec;
-  RETURN_IF_ERROR(ParseYamlMessage(yaml, "job spec", &spec));
+  RETURN_IF_ERROR(ParseYamlMessage(yaml, "job spec", &spec, lines));
   return spec;
 }
 
@@ -55,9 +55,10 @@ v1::JobSpec WithDefaults(const v1::JobSpec& spec) {
 }
 
 absl::StatusOr<v1::JobSpec> LoadJobSpecYaml(absl::string_view yaml) {
-  ASSIGN_OR_RETURN(const v1::JobSpec parsed, ParseJobSpecYaml(yaml));
+  FieldLines lines;
+  ASSIGN_OR_RETURN(const v1::JobSpec parsed, ParseJobSpecYaml(yaml, &lines));
   v1::JobSpec spec = WithDefaults(parsed);
-  RETURN_IF_ERROR(ValidateJobSpec(spec));
+  RETURN_IF_ERROR(ValidateJobSpec(spec, lines));
   return spec;
 }
 

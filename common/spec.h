@@ -2,9 +2,10 @@
 //
 // The JobSpec proto is the schema. ParseJobSpecYaml walks the YAML against the proto's
 // descriptor (common/proto_yaml.h): every key must be a field, every value must have the
-// field's type; errors name the field path ("pipeline.micro_batches: expected an integer, got
-// 'four'"). ValidateJobSpec (common/spec_validation.h) then checks ranges and allowed names,
-// again naming the path.
+// field's type; errors name the field path and place ("pipeline.micro_batches: expected an
+// integer, got 'four' (line 2, column 18)"). ValidateJobSpec (common/spec_validation.h) then
+// checks ranges and allowed names, again naming the path. Either step reports every error it
+// finds, one per line (the text form of common/field_errors.h).
 #ifndef TANDEM_COMMON_SPEC_H_
 #define TANDEM_COMMON_SPEC_H_
 
@@ -14,24 +15,26 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/field_errors.h"
 #include "common/spec_validation.h"
 #include "tandem/v1/spec.pb.h"
 
 namespace tandem {
 
-// INVALID_ARGUMENT with the field path on any structural or type error, and for a text over
-// kMaxSpecBytes (common/limits.h).
-absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml);
+// INVALID_ARGUMENT listing every structural or type error, each with its field path and place,
+// and for a text over kMaxSpecBytes (common/limits.h). `lines`, when given, receives the line
+// where each field is written (also on error), for ValidateJobSpec's errors.
+absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml, FieldLines* lines = nullptr);
 
 // Returns `spec` with every field that has a default set explicitly (recursively), so that
 // the stored and shown spec says exactly what runs.
 v1::JobSpec WithDefaults(const v1::JobSpec& spec);
 
-// ValidateJobSpec(spec), declared in common/spec_validation.h: INVALID_ARGUMENT naming the
-// first bad field and what was expected. `spec` should already have defaults filled in
+// ValidateJobSpec(spec), declared in common/spec_validation.h: INVALID_ARGUMENT naming every
+// bad field and what was expected. `spec` should already have defaults filled in
 // (WithDefaults).
 
-// Parse + WithDefaults + Validate.
+// Parse + WithDefaults + Validate; the validation errors name the lines of their fields.
 absl::StatusOr<v1::JobSpec> LoadJobSpecYaml(absl::string_view yaml);
 
 // Sequences per optimizer step (the global batch): micro_batch_size x micro_batches x

@@ -56,7 +56,9 @@ constexpr CommandInfo kCommands[] = {
     {Command::kCancel, "cancel", "JOB", "Cancel a queued or running job", 1, 1},
     {Command::kWorkers, "workers", "[WORKER]", "List registered workers, or show one", 0, 1},
     {Command::kValidate, "validate", "JOB.yaml",
-     "Check a job file locally and print it with every default filled in", 1, 1},
+     "Check a job file locally and print it with every default filled in, or every error as "
+     "FILE:LINE",
+     1, 1},
     {Command::kExport, "export", "JOB -o FILE",
      "Write the job's latest checkpoint as a Hugging Face GPT-2 safetensors file", 1, 1},
     {Command::kPlan, "plan", "JOB.yaml",

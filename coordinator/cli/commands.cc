@@ -11,7 +11,10 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/field_errors.h"
 #include "common/model_desc.h"
 #include "common/pipeline_plan.h"
 #include "common/planner.h"
@@ -30,12 +33,23 @@ bool IsTerminal(v1::JobState state) {
   return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
 }
 
+// Text from the coordinator as one line: line breaks and other control characters (a
+// terminal's escape sequences) become spaces. Its messages are not trusted to be one line.
+std::string OneLine(absl::string_view text) {
+  std::string out(text);
+  for (char& c : out) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) c = ' ';
+  }
+  return out;
+}
+
 // Turns a failed call into the one line the user sees.
 absl::Status RpcError(Command command, const CliOptions& opts, const absl::Status& s) {
   const bool tls = !opts.tls_ca.empty();
   if (s.code() == absl::StatusCode::kUnavailable) {
     return absl::UnavailableError(absl::StrCat(
-        "cannot reach coordinator at ", opts.coordinator, ": ", s.message(),
+        "cannot reach coordinator at ", opts.coordinator, ": ", OneLine(s.message()),
         tls ? " (with TLS, check that --tls-ca signs the coordinator's certificate and that the "
               "certificate names the host dialled, or give --tls-server-name)"
             : " (if the coordinator serves TLS, give --tls-ca FILE)"));
@@ -56,7 +70,58 @@ absl::Status RpcError(Command command, const CliOptions& opts, const absl::Statu
   }
   return absl::Status(
       s.code(), absl::StrCat(CommandName(command), ": ", absl::StatusCodeToString(s.code()), ": ",
-                             s.message(), hint));
+                             OneLine(s.message()), hint));
+}
+
+// The name of a job file in errors; "-" is the standard input.
+std::string FileName(const std::string& path) { return path == "-" ? "<stdin>" : path; }
+
+// A spec's errors, in the text form of common/field_errors.h (from this process or from the
+// coordinator), restated for the file they are about as compilers print them, one per line:
+// "FILE:LINE: path: what", "FILE:LINE:COLUMN: path: what" where the text gives a column (a
+// parse error), "FILE: path: what" for a field the file does not write (a default). The line
+// of an error comes from the text when `text_lines_are_the_files` (what was checked is the
+// file's own text), else from `lines`, where the file writes each field. The first line starts
+// with `prefix`; the code and payloads of `s` are kept. Every line is made single-line here,
+// for the text may come from the network, and at most kMaxFieldErrors + 1 are read.
+absl::Status InFile(const absl::Status& s, absl::string_view prefix, const std::string& path,
+                    const FieldLines& lines, bool text_lines_are_the_files) {
+  const std::string file = FileName(path);
+  std::vector<std::string> out;
+  for (const FieldError& e : ParseFieldErrors(s.message(), kMaxFieldErrors + 1)) {
+    int line = text_lines_are_the_files ? e.line : 0;
+    int column = text_lines_are_the_files ? e.column : 0;
+    if (line == 0) {
+      if (auto it = lines.find(e.path); it != lines.end()) line = it->second;
+    }
+    const std::vector<absl::string_view> what = absl::StrSplit(e.what, '\n');
+    std::string text = absl::StrCat(file, line > 0 ? absl::StrCat(":", line) : "",
+                                    column > 0 ? absl::StrCat(":", column) : "", ": ",
+                                    OneLine(e.path), e.path.empty() ? "" : ": ", OneLine(what[0]));
+    for (size_t i = 1; i < what.size(); ++i) absl::StrAppend(&text, "\n", OneLine(what[i]));
+    out.push_back(std::move(text));
+  }
+  if (out.empty()) out.push_back(absl::StrCat(file, ": ", OneLine(s.message())));
+  absl::Status restated(s.code(), absl::StrCat(prefix, absl::StrJoin(out, "\n")));
+  s.ForEachPayload([&restated](absl::string_view url, const absl::Cord& payload) {
+    restated.SetPayload(url, payload);
+  });
+  return restated;
+}
+
+// The command line's overrides replace these fields: an error about them is not about the
+// line of the file that wrote them.
+void ForgetOverridden(const CliOptions& opts, FieldLines& lines) {
+  if (!opts.schedule.empty() || !opts.schedule_csv.empty()) {
+    lines.erase("pipeline.schedule");
+    lines.erase("pipeline.schedule_csv");
+  }
+  if (opts.chunks >= 0) lines.erase("pipeline.chunks");
+  if (opts.auto_plan) lines.erase("pipeline.plan");
+}
+
+bool HasOverrides(const CliOptions& opts) {
+  return !opts.schedule.empty() || !opts.schedule_csv.empty() || opts.chunks >= 0 || opts.auto_plan;
 }
 
 absl::Status PrintJson(const google::protobuf::Message& message, std::ostream& out) {
@@ -82,11 +147,12 @@ absl::Status Watch(const CliOptions& opts, CoordinatorClient& client, const std:
         (s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kCancelled)) {
       return absl::UnavailableError(absl::StrCat("watch: lost the coordinator at ",
                                                  opts.coordinator, " while following job ", job_id,
-                                                 ": ", s.message()));
+                                                 ": ", OneLine(s.message())));
     }
     return RpcError(Command::kWatch, opts, s);
   }
-  const std::string reason = printer.reason().empty() ? "no reason given" : printer.reason();
+  const std::string reason =
+      printer.reason().empty() ? "no reason given" : OneLine(printer.reason());
   switch (printer.state()) {
     case v1::SUCCEEDED:
       return absl::OkStatus();
@@ -114,14 +180,25 @@ absl::Status Submit(const CliOptions& opts, CoordinatorClient& client, CommandIo
     RETURN_IF_ERROR(WithPrefix(file.status(), "submit"));
     yaml = *std::move(file);
   }
-  if (!opts.schedule.empty() || !opts.schedule_csv.empty() || opts.chunks >= 0 || opts.auto_plan) {
+  // The coordinator parses and validates; its INVALID_ARGUMENT lists the spec's errors, which
+  // are restated for the file, each on the line of its field.
+  std::string sent = yaml;
+  if (HasOverrides(opts)) {
     // Overrides: parse here, apply them, and submit the result as JSON (JSON is YAML).
-    absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(yaml);
-    RETURN_IF_ERROR(WithPrefix(spec.status(), absl::StrCat("submit: ", path)));
+    FieldLines lines;
+    absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(yaml, &lines);
+    if (!spec.ok()) return InFile(spec.status(), "submit: ", path, lines, true);
     RETURN_IF_ERROR(WithPrefix(ApplyScheduleOverrides(opts, *spec), "submit"));
-    ASSIGN_OR_RETURN(yaml, ToJson(*spec, /*pretty=*/false));
+    ASSIGN_OR_RETURN(sent, ToJson(*spec, /*pretty=*/false));
   }
-  absl::StatusOr<std::string> job_id = client.SubmitJob(yaml);
+  absl::StatusOr<std::string> job_id = client.SubmitJob(sent);
+  if (job_id.status().code() == absl::StatusCode::kInvalidArgument) {
+    FieldLines lines;
+    (void)ParseJobSpecYaml(yaml, &lines);  // where each field is written, even if it is wrong
+    ForgetOverridden(opts, lines);
+    return InFile(job_id.status(), "submit: INVALID_ARGUMENT: ", path, lines,
+                  /*text_lines_are_the_files=*/!HasOverrides(opts));
+  }
   if (!job_id.ok()) return RpcError(Command::kSubmit, opts, job_id.status());
   if (opts.output == OutputFormat::kJson) {
     v1::SubmitJobResponse resp;
@@ -218,13 +295,15 @@ absl::StatusOr<v1::JobSpec> LoadJobFile(const CliOptions& opts) {
   const std::string cmd(CommandName(opts.command));
   absl::StatusOr<std::string> yaml = ReadJobFile(path);
   RETURN_IF_ERROR(WithPrefix(yaml.status(), cmd));
-  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(*yaml);
+  FieldLines lines;
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(*yaml, &lines);
   if (spec.ok()) {
     RETURN_IF_ERROR(WithPrefix(ApplyScheduleOverrides(opts, *spec), cmd));
+    ForgetOverridden(opts, lines);
     *spec = WithDefaults(*spec);
-    if (absl::Status s = ValidateJobSpec(*spec); !s.ok()) spec = s;
+    if (absl::Status s = ValidateJobSpec(*spec, lines); !s.ok()) spec = s;
   }
-  RETURN_IF_ERROR(WithPrefix(spec.status(), absl::StrCat(cmd, ": ", path)));
+  if (!spec.ok()) return InFile(spec.status(), absl::StrCat(cmd, ": "), path, lines, true);
   return spec;
 }
 

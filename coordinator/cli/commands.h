@@ -24,10 +24,18 @@ struct CommandIo {
   bool live = false;  // `out` is a terminal: redraw the watch line in place
 };
 
-// Runs `opts.command`. On failure the status message is the single line to print after
-// "tandem: ", e.g. "submit: INVALID_ARGUMENT: pipeline.micro_batches: ..." or "cannot reach
-// coordinator at 127.0.0.1:7070: ...". A watched job that ends FAILED or CANCELLED is an
-// ABORTED error naming the job, its final state and the reason.
+// Runs `opts.command`. On failure the status message is what to print after "tandem: ": one
+// line, e.g. "cannot reach coordinator at 127.0.0.1:7070: ...", or for a job spec's errors
+// (validate, plan, submit) one line per error, as compilers print them, the first after the
+// command's prefix:
+//
+//   submit: INVALID_ARGUMENT: job.yaml:2: steps: must be in [1, 10000000], got 0
+//   job.yaml:6: model.n_head: must divide model.d_model = 100, got 3
+//   job.yaml: data.path: required with data.source "file": ...   (a default: no line)
+//
+// Text from the coordinator is made single-line before it goes into a message, so every line
+// break in it is one of these. A watched job that ends FAILED or CANCELLED is an ABORTED
+// error naming the job, its final state and the reason.
 absl::Status RunCommand(const CliOptions& opts, CoordinatorClient& client, CommandIo io);
 
 // The contents of `path`, or an error saying why it cannot be read.

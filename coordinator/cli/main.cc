@@ -18,9 +18,11 @@
 
 namespace {
 
-// Errors are one line: messages from the server are not trusted to be.
-void PrintError(absl::string_view message) {
-  std::cerr << "tandem: " << absl::StrReplaceAll(message, {{"\r", " "}, {"\n", " "}}) << "\n";
+// Errors are one line, but for a job spec's errors from RunCommand, one per line (see
+// commands.h, which makes the coordinator's text single-line before it reaches a message).
+void PrintError(absl::string_view message, bool lines = false) {
+  std::cerr << "tandem: " << absl::StrReplaceAll(message, {{"\r", " "}, {"\n", lines ? "\n" : " "}})
+            << "\n";
 }
 
 // The channel's security from the options: TLS when --tls-ca is given, a client certificate
@@ -80,7 +82,7 @@ int main(int argc, char** argv) {
       tandem::cli::RunCommand(*opts, *client, {std::cout, std::cin, isatty(STDOUT_FILENO) == 1});
   std::cout.flush();
   if (!status.ok()) {
-    PrintError(status.message());
+    PrintError(status.message(), /*lines=*/true);
     return 1;
   }
   return 0;

@@ -4,9 +4,11 @@
 // spec_test.cc.
 #include "common/proto_yaml.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/wrappers.pb.h"
@@ -211,14 +213,79 @@ TEST(ParseYamlMessageTest, TheDocumentMustBeOneMap) {
 }
 
 TEST(ParseYamlMessageTest, InvalidYamlNamesLineAndColumn) {
-  EXPECT_THAT(Error<ListValue>("values:\n  - [1, 2\n"), StartsWith("config: invalid YAML at line"));
+  EXPECT_THAT(Error<ListValue>("values:\n  - [1, 2\n"),
+              AllOf(StartsWith("config: invalid YAML: "), HasSubstr("(line ")));
   EXPECT_THAT(Error<Int32Value>("value: 1\n  x: 3\n bad\n"), StartsWith("config: invalid YAML"));
   EXPECT_EQ(Error<Int32Value>("value: 1\nva\x01lue: 2\n"),
-            "config: invalid YAML at line 2, column 3: control character 0x01 is not allowed");
+            "config: invalid YAML: control character 0x01 is not allowed (line 2, column 3)");
   // A stray ',' (yaml-cpp 0.7 would loop forever on it: jbeder/yaml-cpp#1040).
   EXPECT_THAT(Error<Int32Value>(", b"), StartsWith("config: invalid YAML"));
   // Field errors carry the place of the value.
   EXPECT_THAT(Error<Int32Value>("\n\nvalue:   x\n"), HasSubstr("(line 3, column 10)"));
+}
+
+// One pass reports the error of every field, in the order written, each with its place; the
+// fields that are right are still read.
+TEST(ParseYamlMessageTest, ReportsEveryWrongFieldInOnePass) {
+  Struct msg;
+  const absl::Status s = ParseYamlMessage(R"(fields:
+  a: {number_value: x}
+  b: {string_value: fine}
+  c: {bool_value: maybe, numbr_value: 1}
+  a: {}
+)",
+                                          "config", &msg);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(s.message()),
+            "fields[a].number_value: expected a number, got 'x' (line 2, column 21)\n"
+            "fields[c].bool_value: expected true or false, got 'maybe' (line 4, column 19)\n"
+            "fields[c].numbr_value: unknown field (did you mean number_value?); expected one of: "
+            "null_value, number_value, string_value, bool_value, struct_value, list_value (line "
+            "4, column 26)\n"
+            "fields[a]: duplicate key (line 5, column 3)");
+  EXPECT_EQ(msg.fields().at("b").string_value(), "fine");
+  // List items each report too.
+  EXPECT_EQ(Error<ListValue>("values:\n  - {number_value: x}\n  - ~\n  - {bool_value: 2}\n"),
+            "values[0].number_value: expected a number, got 'x' (line 2, column 20)\n"
+            "values[1]: expected a value, got nothing (line 3, column 5)\n"
+            "values[2].bool_value: expected true or false, got '2' (line 4, column 18)");
+}
+
+// A document with a thousand wrong fields is answered with the first kMaxFieldErrors and a count.
+TEST(ParseYamlMessageTest, ListsAtMostTheLimitOfErrors) {
+  std::string yaml = "fields:\n";
+  for (int i = 0; i < 1000; ++i) absl::StrAppend(&yaml, "  k", i, ": 1\n");
+  const std::string message = Error<Struct>(yaml);
+  EXPECT_EQ(std::count(message.begin(), message.end(), '\n'), kMaxFieldErrors);
+  EXPECT_THAT(message, HasSubstr(absl::StrCat("\nand ", 1000 - kMaxFieldErrors, " more errors")));
+}
+
+// Where each field is written, for the errors that validation finds later: the line of the key
+// (of the item in a list), also when the document has errors.
+TEST(ParseYamlMessageTest, RecordsTheLineOfEveryField) {
+  v1::JobSpec spec;
+  FieldLines lines;
+  const absl::Status s = ParseYamlMessage(R"(# a comment
+name: a
+model:
+  n_layer: 2
+
+  n_head: four
+pipeline:
+  cuts:
+    - 1
+    - 3
+)",
+                                          "job spec", &spec, &lines);
+  EXPECT_THAT(std::string(s.message()), StartsWith("model.n_head: expected an integer"));
+  EXPECT_EQ(lines, (FieldLines{{"name", 2},
+                               {"model", 3},
+                               {"model.n_layer", 4},
+                               {"model.n_head", 6},
+                               {"pipeline", 7},
+                               {"pipeline.cuts", 8},
+                               {"pipeline.cuts[0]", 9},
+                               {"pipeline.cuts[1]", 10}}));
 }
 
 TEST(FillDefaultsTest, SetsDeclaredDefaultsAndKeepsExplicitValues) {

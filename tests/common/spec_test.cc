@@ -147,7 +147,7 @@ TEST(ParseJobSpecYaml, TopLevelMustBeAMap) {
 // its field paths.
 TEST(ParseJobSpecYaml, WalkerErrorsNameTheJobSpec) {
   EXPECT_THAT(LoadError("name: a\nmodel:\n  n_layer: [1, 2\n"),
-              StartsWith("job spec: invalid YAML at line"));
+              AllOf(StartsWith("job spec: invalid YAML: "), HasSubstr("(line ")));
   EXPECT_THAT(LoadError("name: a\n---\nname: b\n"),
               StartsWith("job spec: expected one YAML document, got 2"));
   EXPECT_THAT(LoadError("? [a, b]\n: 1\n"), StartsWith("job spec: keys must be field names"));

@@ -211,6 +211,32 @@ TEST_F(ClusterTest, BadSpecIsRejectedNamingTheFieldAndNothingIsStored) {
   EXPECT_TRUE(!jobs.contains("jobs") || jobs["jobs"].empty()) << list.out;
 }
 
+// Issue 26: the coordinator answers every error of a spec at once, each with the line of its
+// field, and the CLI prints them as FILE:LINE: path: what, one per line.
+TEST_F(ClusterTest, BadSpecAnswerListsEveryErrorWithItsLine) {
+  StartCluster(0);
+  const std::string yaml =
+      "name: three\nsteps: 0\nmodel:\n  d_model: 100\n  n_head: 3\npipeline:\n  transport: mpi\n";
+  auto bad = cluster_->Submit(yaml);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(bad.status().message()),
+            "steps: must be in [1, 10000000], got 0 (line 2)\n"
+            "model.n_head: must divide model.d_model = 100, got 3 (line 5)\n"
+            "pipeline.transport: expected \"auto\" or \"nccl\" or \"gloo\", got \"mpi\" (line 7)");
+
+  const std::string path = cluster_->dir() + "/three.yaml";
+  std::ofstream(path) << yaml;
+  CommandResult cli = cluster_->Cli({"submit", path});
+  EXPECT_EQ(cli.exit_code, 1);
+  EXPECT_EQ(cli.err,
+            absl::StrCat("tandem: submit: INVALID_ARGUMENT: ", path,
+                         ":2: steps: must be in [1, 10000000], got 0\n", path,
+                         ":5: model.n_head: must divide model.d_model = 100, got 3\n", path,
+                         ":7: pipeline.transport: expected \"auto\" or \"nccl\" or "
+                         "\"gloo\", got \"mpi\"\n"));
+}
+
 TEST_F(ClusterTest, JobNeedingMoreWorkersStaysQueuedWithAReason) {
   StartCluster(2);
   auto id = cluster_->Submit(TinyJobYaml(3, 4, 5));

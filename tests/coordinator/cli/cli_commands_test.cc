@@ -1,4 +1,6 @@
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 
 #include <filesystem>
 #include <fstream>
@@ -6,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "coordinator/cli/commands.h"
 #include "coordinator/cli/format.h"
@@ -180,9 +183,63 @@ TEST_F(CommandsTest, SubmitRejectedNamesCodeAndField) {
   const std::string path = WriteFile("bad.yaml", "pipeline:\n  micro_batches: four\n");
   absl::Status s = Run(Opts(Command::kSubmit, {path}));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(),
-            "submit: INVALID_ARGUMENT: pipeline.micro_batches: expected an integer, got 'four'");
+  // The answer names no line (an older coordinator): the file's own says where the field is.
+  EXPECT_EQ(s.message(), absl::StrCat("submit: INVALID_ARGUMENT: ", path,
+                                      ":2: pipeline.micro_batches: expected an integer, got "
+                                      "'four'"));
   EXPECT_EQ(out_.str(), "");
+}
+
+// Issue 26: the coordinator answers every error of the spec; each is printed on a line of its
+// own as FILE:LINE: path: what, the first after the command's prefix, a default without a line.
+TEST_F(CommandsTest, SubmitRejectedListsEveryErrorWithFileAndLine) {
+  client_.submit_result = absl::InvalidArgumentError(
+      "steps: must be in [1, 10000000], got 0 (line 2)\n"
+      "data.path: required with data.source \"file\"\n"
+      "pipeline.schedule_csv: deadlock (line 4)\n  rank 0: F0 [B0]\n"
+      "init.from_job: no job 'job-9'");
+  const std::string path = WriteFile(
+      "bad.yaml", "name: x\nsteps: 0\npipeline:\n  schedule_csv: x\ninit:\n  from_job: job-9\n");
+  absl::Status s = Run(Opts(Command::kSubmit, {path}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), absl::StrCat("submit: INVALID_ARGUMENT: ", path,
+                                      ":2: steps: must be in [1, 10000000], got 0\n", path,
+                                      ": data.path: required with data.source \"file\"\n", path,
+                                      ":4: pipeline.schedule_csv: deadlock\n  rank 0: F0 [B0]\n",
+                                      path, ":6: init.from_job: no job 'job-9'"));
+  // From the standard input.
+  client_.submit_result =
+      absl::InvalidArgumentError("steps: expected an integer (line 1, column 8)");
+  s = Run(Opts(Command::kSubmit, {"-"}));
+  EXPECT_EQ(s.message(), "submit: INVALID_ARGUMENT: <stdin>:1:8: steps: expected an integer");
+}
+
+// With overrides the coordinator checks a rewrite of the file (JSON on one line): the lines come
+// from the file, and an overridden field has none.
+TEST_F(CommandsTest, SubmitWithOverridesTakesTheLinesFromTheFile) {
+  client_.submit_result = absl::InvalidArgumentError(
+      "steps: must be in [1, 10000000], got 0 (line 1, column 40)\n"
+      "pipeline.schedule: 1f1b needs at least as many micro-batches (line 1, column 80)");
+  const std::string path =
+      WriteFile("bad.yaml", "name: x\nsteps: 0\npipeline:\n  schedule: gpipe\n");
+  CliOptions opts = Opts(Command::kSubmit, {path});
+  opts.schedule = "1f1b";
+  absl::Status s = Run(opts);
+  EXPECT_EQ(s.message(), absl::StrCat("submit: INVALID_ARGUMENT: ", path,
+                                      ":2: steps: must be in [1, 10000000], got 0\n", path,
+                                      ": pipeline.schedule: 1f1b needs at least as many "
+                                      "micro-batches"));
+}
+
+// The coordinator's text is not trusted: no line breaks of its own, no escape sequences.
+TEST_F(CommandsTest, TheCoordinatorsTextIsMadeSingleLine) {
+  client_.submit_result = absl::InvalidArgumentError("steps: bad\x1b[2J\r\nfake line\n  more\x07");
+  const std::string path = WriteFile("bad.yaml", "steps: 0\n");
+  EXPECT_EQ(Run(Opts(Command::kSubmit, {path})).message(),
+            absl::StrCat("submit: INVALID_ARGUMENT: ", path, ":1: steps: bad [2J\n", path,
+                         ": fake line\n  more "));
+  client_.jobs = absl::InternalError("two\nlines\x1b[0m");
+  EXPECT_EQ(Run(Opts(Command::kList)).message(), "list: INTERNAL: two lines [0m");
 }
 
 TEST_F(CommandsTest, UnreachableCoordinator) {
@@ -391,7 +448,60 @@ TEST_F(CommandsTest, ValidateLocally) {
   EXPECT_THAT(out_.str(), HasSubstr("does nothing with optimizer sgd"));
   const std::string bad = WriteFile("bad.yaml", "optimizer:\n  lr: -1\n");
   absl::Status s = Run(Opts(Command::kValidate, {bad}));
-  EXPECT_THAT(std::string(s.message()), HasSubstr("bad.yaml: optimizer.lr: must be"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("bad.yaml:2: optimizer.lr: must be"));
+}
+
+// Issue 26: three mistakes in one answer, each as FILE:LINE: path: what, in spec order.
+constexpr char kThreeErrors[] =
+    "name: three\n"
+    "steps: 0\n"
+    "model:\n"
+    "  d_model: 100\n"
+    "  n_head: 3\n"
+    "pipeline:\n"
+    "  stages: 2\n"
+    "  transport: mpi\n";
+
+TEST_F(CommandsTest, ValidateListsEveryErrorWithFileAndLine) {
+  const std::string path = WriteFile("three.yaml", kThreeErrors);
+  absl::Status s = Run(Opts(Command::kValidate, {path}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            absl::StrCat("validate: ", path, ":2: steps: must be in [1, 10000000], got 0\n", path,
+                         ":5: model.n_head: must divide model.d_model = 100, got 3\n", path,
+                         ":8: pipeline.transport: expected \"auto\" or \"nccl\" or \"gloo\", "
+                         "got \"mpi\""));
+  EXPECT_EQ(out_.str(), "");
+  // Type errors: each with its line and column.
+  const std::string types = WriteFile("types.yaml", "steps: ten\nmodel:\n  n_head: x\n");
+  EXPECT_EQ(Run(Opts(Command::kValidate, {types})).message(),
+            absl::StrCat("validate: ", types, ":1:8: steps: expected an integer, got 'ten'\n",
+                         types, ":3:11: model.n_head: expected an integer, got 'x'"));
+  // A field the file does not write (a default the rest makes wrong) has no line.
+  const std::string file = WriteFile("file.yaml", "name: f\ndata:\n  source: file\n");
+  EXPECT_THAT(std::string(Run(Opts(Command::kValidate, {file})).message()),
+              StartsWith(absl::StrCat("validate: ", file, ": data.path: required")));
+}
+
+// What the user sees: the real binary prints every error, one per line, after "tandem: ".
+TEST_F(CommandsTest, ValidateBinaryPrintsEveryErrorOnItsOwnLine) {
+  const std::string bin = std::string(TANDEM_BIN_DIR) + "/tandem";
+  if (!std::filesystem::exists(bin)) GTEST_SKIP() << bin << " not built";
+  const std::string path = WriteFile("three.yaml", kThreeErrors);
+  FILE* p = popen((bin + " validate " + path + " 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string output;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) output.append(buf, n);
+  const int status = pclose(p);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+  EXPECT_EQ(output,
+            absl::StrCat("tandem: validate: ", path,
+                         ":2: steps: must be in [1, 10000000], "
+                         "got 0\n",
+                         path, ":5: model.n_head: must divide model.d_model = 100, got 3\n", path,
+                         ":8: pipeline.transport: expected \"auto\" or \"nccl\" or "
+                         "\"gloo\", got \"mpi\"\n"));
 }
 
 constexpr char kPlanJob[] =
