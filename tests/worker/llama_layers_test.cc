@@ -254,7 +254,9 @@ std::vector<double> NaiveRope(const Vec& x, int64_t b, int64_t t, int64_t nhx, i
 class RopeTest : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, double>> {};
 
 TEST_P(RopeTest, MatchesHfRotateHalfAndItsGradient) {
-  const auto [t, hd, theta] = GetParam();
+  // Plain variables, not a structured binding: lambdas below capture them (C++17).
+  const int64_t t = std::get<0>(GetParam()), hd = std::get<1>(GetParam());
+  const double theta = std::get<2>(GetParam());
   const int64_t b = 2, nhx = 3, half = hd / 2;
   Tensor cos({t, half}), sin({t, half});
   kernels::RopeTables(t, hd, theta, cos.data(), sin.data());
@@ -358,7 +360,8 @@ class GqaAttentionTest : public ::testing::TestWithParam<std::tuple<int64_t, int
 
 TEST_P(GqaAttentionTest, MatchesNaiveReferenceAndFiniteDifferences) {
   openblas_set_num_threads(1);
-  const auto [kv, t, stride] = GetParam();
+  const int64_t kv = std::get<0>(GetParam()), t = std::get<1>(GetParam());
+  const size_t stride = std::get<2>(GetParam());
   const int64_t b = 2, nh = 4, hd = 4, qd = nh * hd, kd = kv * hd;
   Tensor q = RandomTensor({b, t, qd}, 61), k = RandomTensor({b, t, kd}, 62);
   Tensor v = RandomTensor({b, t, kd}, 63);
