@@ -7,42 +7,14 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/limits.h"
 #include "common/status_macros.h"
 #include "worker/model/kernels.h"
+#include "worker/model/layer_checks.h"
 #include "worker/model/layer_init.h"
 #include "worker/model/random.h"
 
 namespace tandem::worker {
-namespace {
-
-// Checks that t is (B, T, C) with 1 <= T <= max_t and cols == C; returns B*T in rows.
-absl::Status CheckActivation(const std::string& layer, const char* what, const Tensor& t,
-                             int64_t max_t, int64_t cols) {
-  if (t.rank() != 3 || t.dim(0) < 1 || t.dim(1) < 1 || t.dim(1) > max_t || t.dim(2) != cols) {
-    return absl::InvalidArgumentError(absl::StrCat(layer, ": ", what, " has shape ",
-                                                   t.ShapeString(), ", expected (B, T, ", cols,
-                                                   ") with 1 <= T <= ", max_t));
-  }
-  if (t.dim(0) * t.dim(1) > kMaxRows) {
-    return absl::InvalidArgumentError(absl::StrCat(layer, ": ", what, " has ", t.dim(0) * t.dim(1),
-                                                   " rows (limit ", kMaxRows, ")"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckSameShape(const std::string& layer, const char* what, const Tensor& t,
-                            const std::vector<int64_t>& shape) {
-  if (t.shape() != shape) {
-    return absl::InvalidArgumentError(absl::StrCat(layer, ": ", what, " has shape ",
-                                                   t.ShapeString(), ", expected (",
-                                                   absl::StrJoin(shape, ", "), ")"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::StatusOr<GptConfig> GptConfigFromSpec(const v1::ModelSpec& model) {
   if (model.arch() != "gpt") {
@@ -391,27 +363,13 @@ absl::Status GptHead::Forward(const Tensor& input, const MicroBatchData& data, S
   const int64_t c = cfg_.d_model, v = cfg_.vocab;
   RETURN_IF_ERROR(CheckActivation(name_, "input", input, std::numeric_limits<int32_t>::max(), c));
   const int64_t b = input.dim(0), t = input.dim(1), n = b * t;
-  const IntTensor* targets = data.targets;
-  if (targets == nullptr || targets->shape() != std::vector<int64_t>{b, t}) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("head: expected targets of shape (", b, ", ", t, "), got ",
-                     targets == nullptr ? "none" : targets->ShapeString()));
-  }
-  for (size_t i = 0; i < targets->size(); ++i) {
-    if ((*targets)[i] < 0 || (*targets)[i] >= v) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("head: target ", (*targets)[i], " is outside the vocabulary [0, ", v, ")"));
-    }
-  }
-  if (data.loss_normalizer < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("head: loss normalizer must be >= 1, got ", data.loss_normalizer));
-  }
+  RETURN_IF_ERROR(CheckHeadTargets(data, b, t, v));
   Tensor ln({n, c}), mean({n}), rstd({n}), logits({n, v});
   kernels::LayerNormForward(input.data(), ln_g_.value.data(), ln_b_.value.data(), ln.data(),
                             mean.data(), rstd.data(), n, c);
   kernels::LinearForward(ln.data(), w_.value.data(), nullptr, logits.data(), n, c, v);
-  const double total = kernels::SoftmaxCrossEntropyInPlace(logits.data(), targets->data(), n, v);
+  const double total =
+      kernels::SoftmaxCrossEntropyInPlace(logits.data(), data.targets->data(), n, v);
   output.Reset({1});
   output[0] = static_cast<float>(total / static_cast<double>(data.loss_normalizer));
   ctx.tensors.reserve(6);

@@ -290,12 +290,6 @@ void ScaledLinearBackward(const float* dout, const float* in, const float* w, fl
   }
 }
 
-// The causal GEMMs run over tiles of kAttentionTile query rows: rows [r0, r0 + rows) see keys
-// [0, r0 + rows) only, so the upper triangle beyond each tile's diagonal block is never
-// multiplied (10/16 of the square at T = 256). Probabilities above the diagonal are exact
-// zeros, so the partial sums match the full-square products exactly.
-constexpr int64_t kAttentionTile = 64;
-
 void CausalAttentionForward(const float* qkv, float* att, float* out, int64_t b, int64_t t,
                             int64_t c, int64_t nh) {
   const int64_t hd = c / nh;

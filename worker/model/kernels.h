@@ -84,6 +84,13 @@ void ScaledLinearBackward(const float* dout,  // (N, OC)
                           float* dw,   // (OC, C) or null
                           int64_t n, int64_t c, int64_t oc);
 
+// The causal attention GEMMs (here and in llama_kernels.h) run over tiles of kAttentionTile
+// query rows: rows [r0, r0 + rows) see keys [0, r0 + rows) only, so the upper triangle beyond
+// each tile's diagonal block is never multiplied (10/16 of the square at T = 256).
+// Probabilities above the diagonal are exact zeros, so the partial sums match the full-square
+// products exactly.
+inline constexpr int64_t kAttentionTile = 64;
+
 // Causal multi-head self-attention on a fused q | k | v projection (GPT-2 / llm.c layout):
 // head h of q is columns [h*hd, (h+1)*hd) of the first C columns of qkv, k and v follow at
 // offsets C and 2C (hd = C / NH). For each (b, h): att = softmax(q k^T / sqrt(hd)) with

@@ -6,16 +6,13 @@
 #include <cmath>
 #include <vector>
 
+#include "worker/model/kernels.h"
+
 namespace tandem::worker::kernels {
 namespace {
 
 // BLAS takes int dimensions; the layers keep each GEMM dimension far below 2^31.
 int Dim(int64_t d) { return static_cast<int>(d); }
-
-// Query rows per causal GEMM tile, as CausalAttentionForward's: rows [r0, r0 + rows) see keys
-// [0, r0 + rows) only. Probabilities above the diagonal are exact zeros, so the partial
-// products equal the full-square ones exactly.
-constexpr int64_t kTile = 64;
 
 // Softmax in place over z[0, n), n >= 1.
 void SoftmaxRow(float* z, int64_t n) {
@@ -154,8 +151,8 @@ void GqaCausalAttentionForward(const float* q, const float* k, const float* v, f
       const float* vg = v + row0 * kd + g * hd;
       float* p = att + static_cast<size_t>(bi * nh + h) * tt;  // (T, T)
       float* y = out + row0 * qd + h * hd;                     // (T, hd), ld NH*hd
-      for (int64_t r0 = 0; r0 < t; r0 += kTile) {
-        const int64_t rows = std::min(kTile, t - r0), cols = r0 + rows;
+      for (int64_t r0 = 0; r0 < t; r0 += kAttentionTile) {
+        const int64_t rows = std::min(kAttentionTile, t - r0), cols = r0 + rows;
         float* pt = p + static_cast<size_t>(r0) * t;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Dim(rows), Dim(cols), Dim(hd), scale,
                     qh + static_cast<size_t>(r0) * qd, Dim(qd), kg, Dim(kd), 0.0f, pt, Dim(t));
@@ -193,8 +190,8 @@ void GqaCausalAttentionBackward(const float* dout, const float* q, const float* 
       const float* p = att + static_cast<size_t>(bi * nh + h) * tt;
       // Per query tile: d att = dy v^T, then the softmax backward
       // ds = p * (d att - sum(p * d att)) (zero where masked), then dq += scale ds k.
-      for (int64_t r0 = 0; r0 < t; r0 += kTile) {
-        const int64_t rows = std::min(kTile, t - r0), cols = r0 + rows;
+      for (int64_t r0 = 0; r0 < t; r0 += kAttentionTile) {
+        const int64_t rows = std::min(kAttentionTile, t - r0), cols = r0 + rows;
         float* dst = ds.data() + static_cast<size_t>(r0) * t;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Dim(rows), Dim(cols), Dim(hd), 1.0f,
                     dy + static_cast<size_t>(r0) * qd, Dim(qd), vg, Dim(kd), 0.0f, dst, Dim(t));
@@ -212,8 +209,8 @@ void GqaCausalAttentionBackward(const float* dout, const float* q, const float* 
       }
       // Per key tile [c0, c0 + w): only queries i >= c0 see it.
       // dv += att^T dy; dk += scale ds^T q (summed over the group's query heads).
-      for (int64_t c0 = 0; c0 < t; c0 += kTile) {
-        const int64_t w = std::min(kTile, t - c0), rows = t - c0;
+      for (int64_t c0 = 0; c0 < t; c0 += kAttentionTile) {
+        const int64_t w = std::min(kAttentionTile, t - c0), rows = t - c0;
         const size_t at = static_cast<size_t>(c0) * t + c0;
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Dim(w), Dim(hd), Dim(rows), 1.0f,
                     p + at, Dim(t), dy + static_cast<size_t>(c0) * qd, Dim(qd), 1.0f,
