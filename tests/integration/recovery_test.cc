@@ -65,6 +65,19 @@ class RecoveryTest : public ::testing::Test {
     return *job;
   }
 
+  // Whether `n` workers are registered and idle within 10 s.
+  bool WaitForIdleWorkers(int n) {
+    return WaitFor(
+        [&] {
+          auto workers = cluster_->Workers();
+          if (!workers.ok()) return false;
+          int idle = 0;
+          for (const auto& w : *workers) idle += w.state() == v1::IDLE;
+          return idle == n;
+        },
+        10s);
+  }
+
   // The harness index of the worker serving `stage` of the job.
   int WorkerOfStage(const std::string& job_id, int stage) {
     auto job = cluster_->GetJob(job_id);
@@ -142,15 +155,7 @@ TEST_F(RecoveryTest, AHungWorkerIsDetectedInTimeAndWakingItCorruptsNothing) {
   EXPECT_THAT(end->first_failure(),
               ::testing::AnyOf(HasSubstr("no heartbeat"), HasSubstr("timed out")));
   // The woken worker registers as idle again and can take work.
-  EXPECT_TRUE(WaitFor(
-      [&] {
-        auto workers = cluster_->Workers();
-        if (!workers.ok()) return false;
-        int idle = 0;
-        for (const auto& w : *workers) idle += w.state() == v1::IDLE;
-        return idle == 3;
-      },
-      10s));
+  EXPECT_TRUE(WaitForIdleWorkers(3));
 }
 
 // Regression (issue 26): a configuration error that no restart can fix fails the job at once,
@@ -174,15 +179,7 @@ TEST_F(RecoveryTest, AMissingDataFileFailsTheJobAtOnceNamingTheFile) {
   EXPECT_THAT(ReadFile(cluster_->dir() + "/coordinator.log"),
               ::testing::Not(HasSubstr(*id + ": restart 1 of 3")));
   // Its workers are released.
-  EXPECT_TRUE(WaitFor(
-      [&] {
-        auto workers = cluster_->Workers();
-        if (!workers.ok()) return false;
-        int idle = 0;
-        for (const auto& w : *workers) idle += w.state() == v1::IDLE;
-        return idle == 2;
-      },
-      10s));
+  EXPECT_TRUE(WaitForIdleWorkers(2));
 }
 
 // A worker woken after its job moved on writes to Gloo sockets its peers have closed; the
