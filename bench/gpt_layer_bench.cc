@@ -18,75 +18,31 @@
 //   head           = 3 * 2*N*C*V                [logits; d ln_f; d W]
 // Elementwise work (LayerNorm, GELU, softmax, the residual adds) is timed but not counted.
 #include <cblas.h>
-#include <malloc.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/layer_timing.h"
 #include "worker/model/gpt.h"
 #include "worker/model/random.h"
 
 namespace {
 
+using tandem::bench::PrintRow;
+using tandem::bench::TimeLayer;
 using tandem::worker::GptBlock;
 using tandem::worker::GptConfig;
 using tandem::worker::GptHead;
 using tandem::worker::IntTensor;
-using tandem::worker::Layer;
 using tandem::worker::MicroBatchData;
-using tandem::worker::Parameter;
 using tandem::worker::Rng;
-using tandem::worker::SavedContext;
 using tandem::worker::Tensor;
-
-double NowMs() {
-  return std::chrono::duration<double, std::milli>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-// Median of `reps` timed forward + backward passes after one warm-up.
-double TimeFwdBwd(Layer& layer, const Tensor& input, const MicroBatchData& data, int reps,
-                  double* fwd_ms) {
-  std::vector<double> total, fwd;
-  Tensor grad_out;
-  if (!layer.is_loss()) {
-    grad_out = input;  // any (B, T, C) gradient
-    for (size_t i = 0; i < grad_out.size(); ++i) grad_out[i] *= 0.01f;
-  }
-  for (int r = 0; r <= reps; ++r) {
-    SavedContext ctx;
-    Tensor out, grad_in;
-    const double t0 = NowMs();
-    if (absl::Status s = layer.Forward(input, data, ctx, out); !s.ok()) {
-      std::fprintf(stderr, "forward: %s\n", std::string(s.message()).c_str());
-      std::exit(1);
-    }
-    const double t1 = NowMs();
-    if (absl::Status s = layer.Backward(grad_out, ctx, grad_in); !s.ok()) {
-      std::fprintf(stderr, "backward: %s\n", std::string(s.message()).c_str());
-      std::exit(1);
-    }
-    const double t2 = NowMs();
-    if (r > 0) {
-      total.push_back(t2 - t0);
-      fwd.push_back(t1 - t0);
-    }
-  }
-  std::sort(total.begin(), total.end());
-  std::sort(fwd.begin(), fwd.end());
-  *fwd_ms = fwd[fwd.size() / 2];
-  return total[total.size() / 2];
-}
 
 }  // namespace
 
@@ -139,10 +95,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (keep_heap) {
-    mallopt(M_MMAP_MAX, 0);
-    mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
-  }
+  if (keep_heap) tandem::bench::KeepHeap();
   GptConfig cfg;
   cfg.n_layer = 12;
   cfg.n_head = nh;
@@ -178,18 +131,14 @@ int main(int argc, char** argv) {
   for (int th : threads) {
     openblas_set_num_threads(th);
     double fwd = 0;
-    const double ms = TimeFwdBwd(block, x, MicroBatchData{}, reps, &fwd);
-    std::printf("%-22s %7d %10.1f %10.1f %9.1f\n", "block fwd+bwd", th, fwd, ms,
-                block_flops / (ms * 1e6));
-    std::fflush(stdout);
+    const double ms = TimeLayer(block, x, MicroBatchData{}, reps, &fwd);
+    PrintRow("block fwd+bwd", th, fwd, ms, block_flops);
   }
   for (int th : threads) {
     openblas_set_num_threads(th);
     double fwd = 0;
-    const double ms = TimeFwdBwd(head, x, head_data, reps, &fwd);
-    std::printf("%-22s %7d %10.1f %10.1f %9.1f\n", "head+loss fwd+bwd", th, fwd, ms,
-                head_flops / (ms * 1e6));
-    std::fflush(stdout);
+    const double ms = TimeLayer(head, x, head_data, reps, &fwd);
+    PrintRow("head+loss fwd+bwd", th, fwd, ms, head_flops);
   }
   std::printf("counted GFLOP: block %.2f (attention %.2f), head %.2f\n", block_flops / 1e9,
               3.0 * attention / 1e9, head_flops / 1e9);

@@ -30,20 +30,16 @@
 // OPENBLAS_CORETYPE (e.g. SkylakeX) overrides the choice, for this bench and for
 // torch_llama_layer.py on Debian's torch alike (see docs/benchmarks.md, "Llama block").
 #include <cblas.h>
-#include <malloc.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
-#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/layer_timing.h"
 #include "worker/model/kernels.h"
 #include "worker/model/llama.h"
 #include "worker/model/llama_kernels.h"
@@ -52,78 +48,16 @@
 namespace {
 
 using tandem::worker::IntTensor;
-using tandem::worker::Layer;
 using tandem::worker::LlamaBlock;
 using tandem::worker::LlamaConfig;
 using tandem::worker::LlamaHead;
 using tandem::worker::MicroBatchData;
 using tandem::worker::Rng;
-using tandem::worker::SavedContext;
 using tandem::worker::Tensor;
 namespace kernels = tandem::worker::kernels;
-
-double NowMs() {
-  return std::chrono::duration<double, std::milli>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Median of `reps` timed fwd() + bwd() pairs after one warm-up; *fwd_ms is the forward's.
-// release() frees what the pair made, untimed (as the executor frees a micro-batch's context
-// after its backward).
-double TimePair(const std::function<void()>& fwd, const std::function<void()>& bwd,
-                const std::function<void()>& release, int reps, double* fwd_ms) {
-  std::vector<double> total, forward;
-  for (int r = 0; r <= reps; ++r) {
-    const double t0 = NowMs();
-    fwd();
-    const double t1 = NowMs();
-    bwd();
-    const double t2 = NowMs();
-    release();
-    if (r > 0) {
-      total.push_back(t2 - t0);
-      forward.push_back(t1 - t0);
-    }
-  }
-  *fwd_ms = Median(forward);
-  return Median(total);
-}
-
-// A layer's forward + backward, as the executor runs them (a fresh SavedContext each time).
-double TimeLayer(Layer& layer, const Tensor& input, const MicroBatchData& data, int reps,
-                 double* fwd_ms) {
-  Tensor grad_out;
-  if (!layer.is_loss()) {
-    grad_out = input;  // any (B, T, C) gradient
-    for (size_t i = 0; i < grad_out.size(); ++i) grad_out[i] *= 0.01f;
-  }
-  SavedContext ctx;
-  Tensor out, grad_in;
-  auto fwd = [&] {
-    if (absl::Status s = layer.Forward(input, data, ctx, out); !s.ok()) {
-      std::fprintf(stderr, "forward: %s\n", std::string(s.message()).c_str());
-      std::exit(1);
-    }
-  };
-  auto bwd = [&] {
-    if (absl::Status s = layer.Backward(grad_out, ctx, grad_in); !s.ok()) {
-      std::fprintf(stderr, "backward: %s\n", std::string(s.message()).c_str());
-      std::exit(1);
-    }
-  };
-  auto release = [&] {
-    ctx = SavedContext{};
-    out = Tensor{};
-    grad_in = Tensor{};
-  };
-  return TimePair(fwd, bwd, release, reps, fwd_ms);
-}
+using tandem::bench::PrintRow;
+using tandem::bench::TimeLayer;
+using tandem::bench::TimePair;
 
 Tensor RandomTensor(std::vector<int64_t> shape, Rng& rng, float scale) {
   Tensor x(std::move(shape));
@@ -244,15 +178,6 @@ double TimeElementwise(const Shapes& s, Rng& rng, int reps, double* fwd_ms) {
   return TimePair(fwd, bwd, release, reps, fwd_ms);
 }
 
-void PrintRow(const char* what, int threads, double fwd_ms, double ms, double flops) {
-  if (flops > 0) {
-    std::printf("%-22s %7d %10.1f %10.1f %9.1f\n", what, threads, fwd_ms, ms, flops / (ms * 1e6));
-  } else {
-    std::printf("%-22s %7d %10.1f %10.1f %9s\n", what, threads, fwd_ms, ms, "-");
-  }
-  std::fflush(stdout);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -325,10 +250,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
     return 2;
   }
-  if (keep_heap) {
-    mallopt(M_MMAP_MAX, 0);
-    mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
-  }
+  if (keep_heap) tandem::bench::KeepHeap();
   const int64_t hd = c / nh, kvd = kv * hd, n = b * t;
   const double linear = 2.0 * n * c * (c + 2.0 * kvd + c + 3.0 * h);
   const double attention = 2.0 * 2.0 * b * t * t * c;
