@@ -81,15 +81,20 @@ absl::Status InField(const absl::Status& s, absl::string_view field, absl::strin
   return WithPrefix(s, absl::StrCat(field, " '", path, "'"));
 }
 
+// Every token of `stream` (one file, or the synthetic corpus: `where`) must be < vocab_size.
+// max_token() was computed when the stream was made (one vectorised pass); only a stream that
+// fails is read again, to name the first culprit.
 absl::Status CheckVocab(const v1::JobSpec& spec, const TokenStream& stream,
                         absl::string_view where) {
   const int32_t vocab = spec.model().vocab_size();
-  if (stream.max_token() >= vocab) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.vocab_size ", vocab, " is too small for the data: ", where,
-                     " holds token ", stream.max_token(), " (token ids must be < vocab_size)"));
-  }
-  return absl::OkStatus();
+  if (stream.max_token() < vocab) return absl::OkStatus();
+  const int64_t at = FindTokenAtLeast(stream, vocab);
+  int32_t id = stream.max_token();
+  if (at >= 0) stream.Read(at, 1, &id);
+  return absl::InvalidArgumentError(
+      absl::StrCat("model.vocab_size ", vocab, " is too small for the data: ", where,
+                   " holds token ", id, " at index ", at,
+                   " (token ids must be < vocab_size; its largest is ", stream.max_token(), ")"));
 }
 
 // The files `path` (spec field `field`) names, read as `format` and concatenated. Each
@@ -99,12 +104,15 @@ absl::StatusOr<std::shared_ptr<const TokenStream>> LoadFiles(
     const v1::JobSpec& spec, const std::string& data_root, absl::string_view path,
     absl::string_view field, int64_t* memory_budget, std::vector<std::string>* files) {
   ASSIGN_OR_RETURN(*files, ResolveDataFiles(data_root, path, field));
-  const bool bytes = spec.data().format() == "bytes";
+  const std::string& format = spec.data().format();
+  const bool bytes = format == "bytes";
   std::vector<std::shared_ptr<const TokenStream>> parts;
   int64_t total = 0;
   for (const std::string& file : *files) {
     absl::StatusOr<std::shared_ptr<const TokenStream>> part =
-        bytes ? ReadByteFile(file, *memory_budget) : MapTokenFile(file);
+        bytes                  ? ReadByteFile(file, *memory_budget)
+        : format == "tokens32" ? MapToken32File(file)
+                               : MapTokenFile(file);
     if (!part.ok()) {
       if (bytes && part.status().code() == absl::StatusCode::kInvalidArgument) {
         return InField(absl::InvalidArgumentError(absl::StrCat(
@@ -167,9 +175,10 @@ absl::StatusOr<Dataset> LoadDataset(const v1::JobSpec& spec, const std::string& 
     RETURN_IF_ERROR(CheckVocab(spec, *stream, "the synthetic corpus"));
     train_what = absl::StrCat("data.synthetic_bytes ", data.synthetic_bytes());
   } else if (data.source() == "file") {
-    if (data.format() != "bytes" && data.format() != "tokens") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data.format '", data.format(), "' is not supported; expected bytes or tokens"));
+    if (data.format() != "bytes" && data.format() != "tokens" && data.format() != "tokens32") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.format '", data.format(),
+                       "' is not supported; expected bytes, tokens or tokens32"));
     }
     std::vector<std::string> train_files;
     ASSIGN_OR_RETURN(

@@ -1,5 +1,5 @@
 // Training data: the dataset a job trains and validates on (synthetic, or files under the
-// worker's data root as bytes or uint16 tokens, one file or shards) and the deterministic
+// worker's data root as bytes, uint16 or uint32 tokens, one file or shards) and the deterministic
 // sampling of windows from it.
 //
 // Sampling depends only on (data seed, global sample index), so the first stage (which reads
@@ -50,16 +50,20 @@ struct Dataset {
 //   synthetic: GenerateSyntheticCorpus(DataSeed(spec), data.synthetic_bytes) (data.format is
 //     not consulted; data.val_path is refused).
 //   file: data.path (a file or a shard pattern, see data_path.h) read as data.format:
-//     "bytes" (in memory, kMaxCorpusBytes in total) or "tokens" (memory-mapped uint16 files,
-//     see MapTokenFile); shards concatenate in name order.
+//     "bytes" (in memory, kMaxCorpusBytes in total), "tokens" (memory-mapped uint16 files,
+//     see MapTokenFile) or "tokens32" (memory-mapped uint32 files, see MapToken32File); shards
+//     concatenate in name order.
 // Split: with data.val_path, val is those files (as data.format; they may not be training
 // files too). Otherwise val is the last max(window, floor(val_fraction * n)) tokens of the n
 // training tokens and train the rest (views, no copy); val_fraction 0 leaves val null.
 // Errors (INVALID_ARGUMENT unless said otherwise): a bad source, format or val_fraction
 // (outside [0, 1)); a split shorter than `window` (naming data.path, data.val_path,
 // data.val_fraction or data.synthetic_bytes, with the sizes); a token >= model.vocab_size
-// (naming the token and the file); path errors of ResolveDataFiles (NOT_FOUND for no file);
-// file errors of ReadByteFile / MapTokenFile (DATA_LOSS for a corrupt token file).
+// (naming the file, the first such token's index in it, its id and vocab_size: checked once
+// per file at load, from the maximum its stream computed); path errors of ResolveDataFiles
+// (NOT_FOUND for no file); file errors of ReadByteFile / MapTokenFile / MapToken32File
+// (DATA_LOSS for a truncated or corrupt token file, INVALID_ARGUMENT for a wrong magic or
+// version).
 absl::StatusOr<Dataset> LoadDataset(const v1::JobSpec& spec, const std::string& data_root,
                                     int64_t window);
 

@@ -2,9 +2,9 @@
 //
 // `TokenStream` is the interface; the implementations are an in-memory byte buffer (format
 // "bytes" and the synthetic corpus: every byte is a token 0..255), a read-only memory map of a
-// uint16 token file (format "tokens": llm.c's 256 x int32 header or nanoGPT's headerless .bin),
-// a concatenation of streams (shards) and a slice of a stream (the train/validation split; a
-// view, no copy).
+// token file (format "tokens": uint16, llm.c's 256 x int32 header or nanoGPT's headerless .bin;
+// format "tokens32": uint32 after llm.c's Llama 3 header), a concatenation of streams (shards)
+// and a slice of a stream (the train/validation split; a view, no copy).
 //
 // Thread-safety: every stream is immutable after construction and Read() is safe to call from
 // any number of threads at once.
@@ -20,11 +20,18 @@
 
 namespace tandem::worker {
 
-// llm.c token files: header[0] = magic, header[1] = version, header[2] = token count, then
-// the tokens (uint16 little-endian for version 1).
+// llm.c token files: a header of 256 little-endian int32, header[0] = magic, header[1] =
+// version, header[2] = token count, then the tokens, little-endian. GPT-2's (format "tokens"):
+// magic 20240520, version 1, uint16 tokens.
 inline constexpr int32_t kTokenFileMagic = 20240520;
 inline constexpr int32_t kTokenFileVersion = 1;
 inline constexpr int64_t kTokenFileHeaderBytes = 256 * 4;
+// Llama 3's (format "tokens32"), as llm.c's dev/data/data_common.py writes them: magic
+// 20240801, version 7, uint32 tokens. Tandem also reads header[3] as the token width in bytes:
+// 4, or 0 (llm.c leaves it 0) meaning 4; header[4..255] are reserved and ignored.
+inline constexpr int32_t kToken32FileMagic = 20240801;
+inline constexpr int32_t kToken32FileVersion = 7;
+inline constexpr int32_t kToken32FileWidth = 4;
 
 // A read-only token sequence.
 class TokenStream {
@@ -39,6 +46,10 @@ class TokenStream {
   // The largest token id present (for vocabulary checks); -1 for an empty stream.
   virtual int32_t max_token() const = 0;
 };
+
+// The index of the first token >= `limit` in `stream`, or -1 when there is none. One pass of
+// Read() in chunks: meant for naming the culprit once max_token() >= limit, not for every load.
+int64_t FindTokenAtLeast(const TokenStream& stream, int64_t limit);
 
 // Every byte is a token 0..255.
 std::shared_ptr<const TokenStream> MakeByteTokenStream(std::vector<uint8_t> bytes);
@@ -55,8 +66,18 @@ absl::StatusOr<std::shared_ptr<const TokenStream>> ReadByteFile(const std::strin
 // other file is headerless (nanoGPT .bin): raw uint16 tokens, so an odd size is DATA_LOSS.
 // (A headerless file cannot start with the magic by accident with GPT-2 tokens: its first two
 // tokens would be 55432 and 308, and 55432 is beyond GPT-2's 50257.) Errors name the file.
+// A file that starts with kToken32FileMagic is refused (INVALID_ARGUMENT: use "tokens32").
 // Scans the tokens once for max_token(), so opening costs one sequential read of the file.
 absl::StatusOr<std::shared_ptr<const TokenStream>> MapTokenFile(const std::string& path);
+
+// Maps the uint32 token file at `path` (format "tokens32") read-only. It must have the header:
+// fewer than 4 bytes, or kToken32FileMagic and fewer than kTokenFileHeaderBytes, is DATA_LOSS
+// (truncated); another magic (kTokenFileMagic says to use "tokens"), a version other than
+// kToken32FileVersion or a token width other than 0 or 4 is INVALID_ARGUMENT; a size other
+// than kTokenFileHeaderBytes + 4 * header[2] is DATA_LOSS. A token above INT32_MAX (beyond any
+// vocabulary) is INVALID_ARGUMENT naming its index and id. Errors name the file. Scans the
+// tokens once, as MapTokenFile does.
+absl::StatusOr<std::shared_ptr<const TokenStream>> MapToken32File(const std::string& path);
 
 // `parts` in order as one stream (a window may span a boundary). One part is returned as is.
 // Requires the total size to fit int64_t (callers check; see LoadDataset).
