@@ -397,6 +397,13 @@ std::vector<int64_t> LayerParameterCounts(const v1::ModelSpec& model) {
     // mlp.c_proj (C, H) + (C).
     block = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (h * d + h) + (d * h + d);
     head = 2 * d + v * d;  // ln_f and lm_head (V, C), or the head's own copy of a tied wte
+  } else if (model.arch() == "llama") {
+    const int64_t kv = model.n_head() > 0 ? d / model.n_head() * model.n_kv_head() : 0;
+    embedding = v * d;  // embed_tokens (V, C); no learned positions
+    // input_layernorm, q_proj (C, C), k_proj and v_proj (KV*hd, C), o_proj (C, C),
+    // post_attention_layernorm, gate_proj and up_proj (H, C), down_proj (C, H); no biases.
+    block = 2 * d + 2 * d * d + 2 * kv * d + 3 * h * d;
+    head = d + v * d;  // model.norm and lm_head (V, C), or the head's own copy of a tied one
   } else if (model.arch() == "mlp_lm") {
     const int64_t k = model.context(), e = model.d_embed();
     embedding = v * e + k * e + (d * k * e + d);  // tok (V, E), pos (K, E), proj (D, K*E) + (D)
@@ -411,13 +418,23 @@ std::vector<int64_t> LayerParameterCounts(const v1::ModelSpec& model) {
   return counts;
 }
 
+int64_t ModelParameterCount(const v1::ModelSpec& model) {
+  int64_t total = 0;
+  for (int64_t n : LayerParameterCounts(model)) total += n;
+  if (total > 0 && (model.arch() == "gpt" || model.arch() == "llama") && model.tie_embeddings()) {
+    total -= int64_t{model.vocab_size()} * model.d_model();
+  }
+  return total;
+}
+
 double ModelFlopsPerToken(const v1::ModelSpec& model) {
   const std::vector<int64_t> params = LayerParameterCounts(model);
   if (params.size() < 2) return 0.0;
   double multiplied = 0.0;  // every layer but the embedding (a lookup, no multiply)
   for (size_t g = 1; g < params.size(); ++g) multiplied += static_cast<double>(params[g]);
   double flops = 6.0 * multiplied;
-  if (model.arch() == "gpt") {
+  if (model.arch() == "gpt" || model.arch() == "llama") {
+    // Attention's scores and weighted sum: 2 T C multiply-adds per token and block, x 6.
     flops += 12.0 * model.n_layer() * static_cast<double>(model.d_model()) * model.seq_len();
   }
   return flops;

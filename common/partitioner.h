@@ -80,7 +80,8 @@ absl::StatusOr<Partition> EvaluatePartition(const PartitionProblem& problem,
 absl::StatusOr<std::vector<LayerRange>> RangesFromCuts(const std::vector<int>& cuts, int num_layers,
                                                        int num_stages);
 
-// Parameter count of every global layer of a model (gpt or mlp_lm), as the workers build it;
+// Parameter count of every global layer of a model (gpt, llama or mlp_lm), as the workers
+// build it;
 // the `parameters` partition balances these. n_layer + 2 entries: the embedding, the blocks
 // (all equal), the head. d_hidden 0 means 4 * d_model, as GptConfigFromSpec and
 // MlpLmConfigFromSpec read it; gpt's embedding holds wte and wpe (seq_len rows), and its head
@@ -88,6 +89,11 @@ absl::StatusOr<std::vector<LayerRange>> RangesFromCuts(const std::vector<int>& c
 // The model must be one the workers accept (its preset resolved, its fields validated); empty
 // for another arch or a negative n_layer.
 std::vector<int64_t> LayerParameterCounts(const v1::ModelSpec& model);
+
+// The model's distinct parameters, as Hugging Face counts them: the sum of
+// LayerParameterCounts less the tied head's copy of the token embedding (gpt, llama with
+// tie_embeddings). 0 for a model LayerParameterCounts does not know.
+int64_t ModelParameterCount(const v1::ModelSpec& model);
 
 // Model FLOPs of one training token (forward + backward), the convention model-FLOPs
 // utilisation is quoted in (PaLM, Megatron-LM): 6 per parameter a token multiplies through

@@ -102,7 +102,8 @@ std::string ProfileKey(const v1::JobSpec& spec, const std::string& device, int t
   const v1::ModelSpec& m = spec.model();
   return absl::StrCat(m.arch(), "-L", m.n_layer(), "-H", m.n_head(), "-C", m.d_model(), "-F",
                       m.d_hidden(), "-E", m.d_embed(), "-K", m.context(), "-T", m.seq_len(), "-V",
-                      m.vocab_size(), m.tie_embeddings() ? "-tied" : "-untied", "-B",
+                      m.vocab_size(), m.tie_embeddings() ? "-tied" : "-untied",
+                      m.arch() == "llama" ? absl::StrCat("-KV", m.n_kv_head()) : "", "-B",
                       spec.pipeline().micro_batch_size(), "-", spec.optimizer().name(), "-", device,
                       "-t", threads);
 }

@@ -40,7 +40,13 @@ absl::StatusOr<v1::JobSpec> LoadJobSpecYaml(absl::string_view yaml);
 // Sequences per optimizer step (the global batch): micro_batch_size x micro_batches x
 // replicas.
 int64_t EffectiveBatch(const v1::JobSpec& spec);
-// Predicted (target) tokens per optimizer step: EffectiveBatch x seq_len for gpt (every
+// Whether model.arch is a decoder trained on seq_len windows predicting every position
+// (gpt, llama), as opposed to mlp_lm (context tokens predict one next token).
+bool IsDecoder(const v1::ModelSpec& model);
+// llama's d_hidden when the spec leaves it 0: the smallest multiple of 64 at or above
+// 8 d_model / 3 (SwiGLU's three matrices cost what GELU's two of width 4 d_model do).
+int32_t LlamaDefaultHidden(int32_t d_model);
+// Predicted (target) tokens per optimizer step: EffectiveBatch x seq_len for a decoder (every
 // position is predicted), EffectiveBatch for mlp_lm (one next token per window).
 int64_t TokensPerStep(const v1::JobSpec& spec);
 // Workers of the job's gang: pipeline.stages x pipeline.replicas.
@@ -48,7 +54,7 @@ int GangSize(const v1::JobSpec& spec);
 // Whether the job shards its optimizer state across replicas (ZeRO stage 1): optimizer.shard_state
 // with pipeline.replicas > 1 and adamw (sgd keeps no state). Otherwise shard_state does nothing.
 bool ShardsOptimizerState(const v1::JobSpec& spec);
-// Tokens one training sample reads: seq_len + 1 (gpt) or context + 1 (mlp_lm).
+// Tokens one training sample reads: seq_len + 1 (a decoder) or context + 1 (mlp_lm).
 int64_t TrainingWindow(const v1::ModelSpec& model);
 
 // The device kind a worker offers, the JobSpec.device it runs: "cuda:3" -> "cuda", "cpu" -> "cpu".

@@ -64,6 +64,8 @@ void CheckModelSize(const v1::ModelSpec& m, FieldErrors* errors) {
     matrices.push_back({"model.seq_len x model.d_model (the position embedding)",
                         static_cast<double>(m.seq_len()), d});
     matrices.push_back({"3 model.d_model x model.d_model (a block's attention)", 3 * d, d});
+  } else if (m.arch() == "llama") {
+    matrices.push_back({"model.d_model x model.d_model (a block's q_proj)", d, d});
   } else {
     matrices.push_back({"model.d_model x model.context x model.d_embed (the input projection)", d,
                         static_cast<double>(m.context()) * m.d_embed()});
@@ -152,24 +154,60 @@ void ValidateTop(const v1::JobSpec& spec, FieldErrors* errors) {
   }
 }
 
+// llama's own fields, once n_head is known to be in range: n_kv_head dividing n_head, an even
+// head size for RoPE, rope_theta and rms_eps finite and positive. WithDefaults has resolved
+// n_kv_head 0 to n_head. False when a dimension is unusable.
+bool ValidateLlamaFields(const v1::ModelSpec& m, bool d_model_ok, FieldErrors* errors) {
+  bool ok = true;
+  const bool n_head_ok = m.n_head() >= 1 && m.n_head() <= 1024;
+  if (CheckRange(errors, "model.n_kv_head", m.n_kv_head(), 1, 1024)) {
+    if (n_head_ok && m.n_head() % m.n_kv_head() != 0) {
+      errors->Add("model.n_kv_head", absl::StrCat("must divide model.n_head = ", m.n_head(),
+                                                  " (each key/value head "
+                                                  "serves the same number of query heads), got ",
+                                                  m.n_kv_head()));
+      ok = false;
+    }
+  } else {
+    ok = false;
+  }
+  if (n_head_ok && d_model_ok && m.d_model() % m.n_head() == 0 &&
+      (m.d_model() / m.n_head()) % 2 != 0) {
+    errors->Add("model.n_head",
+                absl::StrCat("gives an odd head size model.d_model / model.n_head = ",
+                             m.d_model() / m.n_head(),
+                             "; rotary positions rotate pairs of features, so it must be even"));
+    ok = false;
+  }
+  if (!std::isfinite(m.rope_theta()) || m.rope_theta() <= 1.0) {
+    errors->Add("model.rope_theta",
+                absl::StrCat("must be a finite number > 1 (the RoPE base), got ", m.rope_theta()));
+  }
+  if (!std::isfinite(m.rms_eps()) || m.rms_eps() <= 0 || m.rms_eps() > 1) {
+    errors->Add("model.rms_eps", absl::StrCat("must be in (0, 1], got ", m.rms_eps()));
+  }
+  return ok;
+}
+
 void ValidateModel(const v1::JobSpec& spec, FieldErrors* errors) {
   const v1::ModelSpec& m = spec.model();
-  CheckOneOf(errors, "model.preset", m.preset(), {"", "gpt2", "gpt2-tiny"});
+  CheckOneOf(errors, "model.preset", m.preset(),
+             {"", "gpt2", "gpt2-tiny", "smollm2-135m", "tinyllama-1.1b", "llama-tiny"});
   // The rules of one architecture apply once the architecture is known; the size check needs
   // every dimension in range.
-  const bool arch_ok = CheckOneOf(errors, "model.arch", m.arch(), {"gpt", "mlp_lm"});
+  const bool arch_ok = CheckOneOf(errors, "model.arch", m.arch(), {"gpt", "llama", "mlp_lm"});
   bool dims_ok = arch_ok;
-  if (arch_ok && spec.device() == "cuda" && m.arch() != "gpt") {
-    // The CUDA backend (worker/cuda_stage_compute.h) implements gpt only.
-    errors->Add("model.arch",
-                absl::StrCat("device cuda runs gpt models only, got \"", m.arch(), "\""));
+  if (arch_ok && spec.device() == "cuda" && m.arch() != "gpt" && m.arch() != "llama") {
+    // The CUDA backend (worker/cuda_stage_compute.h) implements gpt and llama only.
+    errors->Add("model.arch", absl::StrCat("device cuda runs gpt and llama models only, got \"",
+                                           m.arch(), "\""));
   }
   dims_ok &= CheckRange(errors, "model.n_layer", m.n_layer(), 1, 1024);
   const bool d_model_ok = CheckRange(errors, "model.d_model", m.d_model(), 1, 65536);
   dims_ok &= d_model_ok;
   const bool vocab_ok = CheckRange(errors, "model.vocab_size", m.vocab_size(), 2, 1 << 20);
   dims_ok &= vocab_ok;
-  if (arch_ok && m.arch() == "gpt") {
+  if (arch_ok && IsDecoder(m)) {
     // n_head must be in range before it divides anything.
     if (CheckRange(errors, "model.n_head", m.n_head(), 1, 1024)) {
       if (d_model_ok && m.d_model() % m.n_head() != 0) {
@@ -181,6 +219,7 @@ void ValidateModel(const v1::JobSpec& spec, FieldErrors* errors) {
       dims_ok = false;
     }
     dims_ok &= CheckRange(errors, "model.seq_len", m.seq_len(), 1, 1 << 16);
+    if (m.arch() == "llama") dims_ok &= ValidateLlamaFields(m, d_model_ok, errors);
   } else if (arch_ok) {
     dims_ok &= CheckRange(errors, "model.d_embed", m.d_embed(), 1, 65536);
     dims_ok &= CheckRange(errors, "model.context", m.context(), 1, 4096);
@@ -207,7 +246,8 @@ void ValidateModel(const v1::JobSpec& spec, FieldErrors* errors) {
 void ValidateData(const v1::JobSpec& spec, FieldErrors* errors) {
   const v1::DataSpec& d = spec.data();
   CheckOneOf(errors, "data.source", d.source(), {"synthetic", "file"});
-  const bool format_ok = CheckOneOf(errors, "data.format", d.format(), {"bytes", "tokens"});
+  const bool format_ok =
+      CheckOneOf(errors, "data.format", d.format(), {"bytes", "tokens", "tokens32"});
   if (!std::isfinite(d.val_fraction()) || d.val_fraction() < 0 || d.val_fraction() > 0.5) {
     errors->Add("data.val_fraction", absl::StrCat("must be in [0, 0.5], got ", d.val_fraction()));
   }
@@ -231,8 +271,8 @@ void ValidateData(const v1::JobSpec& spec, FieldErrors* errors) {
   // The smallest corpus is one training window of the model: known once the model's context
   // is (seq_len for gpt, context for mlp_lm).
   const v1::ModelSpec& m = spec.model();
-  const bool window_ok = !errors->Has("model.arch") &&
-                         !errors->Has(m.arch() == "gpt" ? "model.seq_len" : "model.context");
+  const bool window_ok =
+      !errors->Has("model.arch") && !errors->Has(IsDecoder(m) ? "model.seq_len" : "model.context");
   const int64_t min_bytes = window_ok ? TrainingWindow(m) : 1;
   if (d.synthetic_bytes() < min_bytes || d.synthetic_bytes() > (int64_t{1} << 30)) {
     errors->Add("data.synthetic_bytes",
@@ -321,7 +361,8 @@ void ValidateInit(const v1::JobSpec& spec, FieldErrors* errors) {
   }
   if (!init.hf_file().empty()) {
     if (spec.model().arch() == "mlp_lm") {
-      errors->Add("init.hf_file", "fine-tuning from a GPT-2 file needs model.arch gpt");
+      errors->Add("init.hf_file",
+                  "fine-tuning from a Hugging Face file needs model.arch gpt (GPT-2) or llama");
     }
     ValidateRelativePath("init.hf_file", init.hf_file(), "the coordinator's <data-root>/models",
                          /*pattern=*/false, errors);

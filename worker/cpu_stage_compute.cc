@@ -11,8 +11,7 @@
 #include "common/shard_range.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
-#include "worker/model/gpt.h"
-#include "worker/model/mlp_lm.h"
+#include "worker/model/model_layers.h"
 
 namespace tandem::worker {
 namespace {
@@ -45,9 +44,7 @@ absl::StatusOr<std::unique_ptr<CpuStageCompute>> CpuStageCompute::Create(
   for (const v1::StageChunk& pc : program.chunks()) {
     ASSIGN_OR_RETURN(
         std::vector<std::unique_ptr<Layer>> layers,
-        model.arch() == "gpt"
-            ? BuildGptLayers(model, program.spec().seed(), pc.layer_begin(), pc.layer_end())
-            : BuildMlpLmLayers(model, program.spec().seed(), pc.layer_begin(), pc.layer_end()));
+        BuildModelLayers(model, program.spec().seed(), pc.layer_begin(), pc.layer_end()));
     c->chunks_.push_back(std::move(layers));
   }
   std::vector<Parameter*> params = c->HostParameters();

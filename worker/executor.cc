@@ -32,8 +32,8 @@ std::string PrefixOf(const v1::StageProgram& p) {
 // Everything one micro-batch of one chunk holds during a step, besides what the compute saved
 // from its forward for its backward (StageCompute::SavedBytes). Buffers are the compute's.
 struct StageExecutor::MicroBatch {
-  IntTensor tokens;            // (B, T) gpt or (B, K) mlp_lm; first stage only
-  IntTensor targets;           // (B, T) gpt or (B,) mlp_lm; last stage only
+  IntTensor tokens;            // (B, T) decoder or (B, K) mlp_lm; first stage only
+  IntTensor targets;           // (B, T) decoder or (B,) mlp_lm; last stage only
   StageBufferPtr input;        // (B, T, D) or (B, D) received activation, until F
   StageBufferPtr output;       // forward output, until sent or handed to the next stage
   StageBufferPtr grad_output;  // received output gradient, until B or I
@@ -146,8 +146,8 @@ StageExecutor::StageExecutor(const v1::StageProgram& program, Dataset data,
       micro_batches_(MicroBatchesOf(program)),
       eval_micro_batches_(program.eval_actions_size() > 0 ? program.eval_micro_batches() : 0),
       micro_batch_size_(program.spec().pipeline().micro_batch_size()),
-      gpt_(program.spec().model().arch() == "gpt"),
-      seq_len_(gpt_ ? program.spec().model().seq_len() : 1),
+      decoder_(IsDecoder(program.spec().model())),
+      seq_len_(decoder_ ? program.spec().model().seq_len() : 1),
       window_(TrainingWindow(program.spec().model())),
       d_model_(program.spec().model().d_model()),
       replica_(program.num_replicas() > 1 ? program.replica() : 0),
@@ -259,7 +259,7 @@ absl::Status StageExecutor::Forward(int chunk, int mb, int64_t step, bool eval) 
       }
     }
     if (c.last) {
-      if (gpt_) {
+      if (decoder_) {
         m.targets.Reset({b, t});
         for (int64_t i = 0; i < b; ++i) {
           std::copy_n(windows_.begin() + i * window_ + 1, t, m.targets.vec().begin() + i * t);
@@ -322,8 +322,9 @@ absl::Status StageExecutor::PostRecv(const v1::Action& a) {
   MicroBatch& m = Mb(chunk, a.micro_batch());
   StageBufferPtr& buffer = a.kind() == v1::ACTION_RECV_F ? m.input : m.grad_output;
   ASSIGN_OR_RETURN(
-      buffer, compute_->NewBuffer(gpt_ ? std::vector<int64_t>{micro_batch_size_, seq_len_, d_model_}
-                                       : std::vector<int64_t>{micro_batch_size_, d_model_}));
+      buffer,
+      compute_->NewBuffer(decoder_ ? std::vector<int64_t>{micro_batch_size_, seq_len_, d_model_}
+                                   : std::vector<int64_t>{micro_batch_size_, d_model_}));
   absl::Status s = transport_->PostRecv(ends.peer, ends.tag, buffer->data(), buffer->bytes());
   Account(chunk, a.micro_batch());
   return s;

@@ -220,8 +220,8 @@ class StageExecutor {
   const int micro_batches_;
   const int eval_micro_batches_;    // 0 when the program has no eval actions
   const int64_t micro_batch_size_;  // B
-  const bool gpt_;                  // arch gpt (else mlp_lm)
-  const int64_t seq_len_;           // T (gpt; 1 for mlp_lm)
+  const bool decoder_;              // arch gpt or llama (else mlp_lm)
+  const int64_t seq_len_;           // T (a decoder; 1 for mlp_lm)
   const int64_t window_;            // tokens a sample reads (T + 1, or context + 1)
   const int64_t d_model_;           // D: width of the activations between stages
   const int replica_;               // this worker's pipeline replica (0 without data parallelism)

@@ -10,9 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model_desc.h"
+#include "common/spec.h"
 #include "common/status_macros.h"
-#include "worker/model/gpt.h"
-#include "worker/model/mlp_lm.h"
+#include "worker/model/model_layers.h"
 #include "worker/model/optimizer.h"
 #include "worker/model/random.h"
 
@@ -51,19 +51,19 @@ struct ProfileRequest {
   std::vector<int> layers;  // the global layers to profile (all when the request names none)
   int repeats = 3;
   int num_layers = 0;
-  bool gpt = false;
-  int64_t b = 1;      // micro-batch size
-  int64_t t = 1;      // positions per sequence (gpt), else 1
-  int64_t c = 1;      // d_model
-  int64_t vocab = 1;  // token ids are below it
-  int64_t k = 1;      // context of an mlp_lm sample
+  bool decoder = false;  // gpt or llama: (B, T) tokens, (B, T, C) activations
+  int64_t b = 1;         // micro-batch size
+  int64_t t = 1;         // positions per sequence (a decoder), else 1
+  int64_t c = 1;         // d_model
+  int64_t vocab = 1;     // token ids are below it
+  int64_t k = 1;         // context of an mlp_lm sample
 };
 
 absl::StatusOr<ProfileRequest> CheckProfileRequest(const v1::JobSpec& spec,
                                                    const std::vector<int>& layers, int repeats) {
   const v1::ModelSpec& model = spec.model();
   ProfileRequest r;
-  r.gpt = model.arch() == "gpt";
+  r.decoder = IsDecoder(model);
   r.num_layers = NumLayers(model);
   r.layers = layers;
   if (r.layers.empty()) {
@@ -77,13 +77,10 @@ absl::StatusOr<ProfileRequest> CheckProfileRequest(const v1::JobSpec& spec,
   }
   r.c = model.d_model();
   r.vocab = model.vocab_size();
-  if (r.gpt) {
-    ASSIGN_OR_RETURN(GptConfig cfg, GptConfigFromSpec(model));
-    r.t = cfg.seq_len;
-    r.c = cfg.d_model;
-    r.vocab = cfg.vocab;
+  RETURN_IF_ERROR(CheckModelSpec(model));
+  if (r.decoder) {
+    r.t = model.seq_len();
   } else {
-    RETURN_IF_ERROR(MlpLmConfigFromSpec(model));
     r.k = model.context();
   }
   return r;
@@ -98,11 +95,11 @@ absl::Status CheckProfiledLayer(const ProfileRequest& r, int g) {
 
 // A layer's token inputs of the job's shape: tokens and targets drawn uniformly from `rng`.
 void DrawIds(const ProfileRequest& r, Rng& rng, IntTensor& tokens, IntTensor& targets) {
-  tokens.Reset(r.gpt ? std::vector<int64_t>{r.b, r.t} : std::vector<int64_t>{r.b, r.k});
+  tokens.Reset(r.decoder ? std::vector<int64_t>{r.b, r.t} : std::vector<int64_t>{r.b, r.k});
   for (size_t i = 0; i < tokens.size(); ++i) {
     tokens[i] = static_cast<int32_t>(rng.Below(static_cast<uint64_t>(r.vocab)));
   }
-  targets.Reset(r.gpt ? std::vector<int64_t>{r.b, r.t} : std::vector<int64_t>{r.b});
+  targets.Reset(r.decoder ? std::vector<int64_t>{r.b, r.t} : std::vector<int64_t>{r.b});
   for (size_t i = 0; i < targets.size(); ++i) {
     targets[i] = static_cast<int32_t>(rng.Below(static_cast<uint64_t>(r.vocab)));
   }
@@ -110,7 +107,7 @@ void DrawIds(const ProfileRequest& r, Rng& rng, IntTensor& tokens, IntTensor& ta
 
 // The activation (and gradient) shape between layers.
 std::vector<int64_t> ActivationShape(const ProfileRequest& r) {
-  return r.gpt ? std::vector<int64_t>{r.b, r.t, r.c} : std::vector<int64_t>{r.b, r.c};
+  return r.decoder ? std::vector<int64_t>{r.b, r.t, r.c} : std::vector<int64_t>{r.b, r.c};
 }
 
 // The timed repeats of one layer: its passes (forward, backward, I, W) and its applies.
@@ -142,15 +139,13 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& s
                                                             int repeats) {
   ASSIGN_OR_RETURN(const ProfileRequest r, CheckProfileRequest(spec, layers, repeats));
   const v1::ModelSpec& model = spec.model();
-  const bool gpt = r.gpt;
   const int64_t b = r.b, t = r.t;
   const int64_t state_floats = 2 + OptimizerFloatsPerElement(spec.optimizer());
   std::vector<v1::LayerProfile> out;
   for (int g : r.layers) {
     RETURN_IF_ERROR(CheckProfiledLayer(r, g));
     ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Layer>> built,
-                     gpt ? BuildGptLayers(model, spec.seed(), g, g + 1)
-                         : BuildMlpLmLayers(model, spec.seed(), g, g + 1));
+                     BuildModelLayers(model, spec.seed(), g, g + 1));
     Layer& layer = *built[0];
     // Inputs of the job's shape: tokens and targets drawn uniformly, activations normal.
     Rng rng(MixSeed(spec.seed(), 0x9e3779b9u + static_cast<uint64_t>(g)));

@@ -35,7 +35,7 @@ namespace {
 double LayerBytes(const v1::JobSpec& spec, const std::vector<int64_t>& params, int g) {
   const v1::ModelSpec& model = spec.model();
   const double rows = static_cast<double>(spec.pipeline().micro_batch_size()) *
-                      (model.arch() == "gpt" ? model.seq_len() : 1);
+                      (IsDecoder(model) ? model.seq_len() : 1);
   double bytes = 4.0 * rows * model.d_model();
   if (g >= 0 && static_cast<size_t>(g) < params.size()) {
     bytes += 16.0 * static_cast<double>(params[g]);

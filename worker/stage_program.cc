@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/model_desc.h"
 #include "common/schedule.h"
+#include "common/spec.h"
 #include "common/status_macros.h"
-#include "worker/model/gpt.h"
-#include "worker/model/mlp_lm.h"
+#include "worker/model/model_layers.h"
 
 namespace tandem::worker {
 namespace {
@@ -279,11 +279,7 @@ absl::Status ValidateStageProgram(const v1::StageProgram& p) {
         absl::StrCat("model.vocab_size must be at least 256 for byte data, got ",
                      p.spec().model().vocab_size()));
   }
-  if (p.spec().model().arch() == "gpt") {
-    RETURN_IF_ERROR(GptConfigFromSpec(p.spec().model()));
-  } else {
-    RETURN_IF_ERROR(MlpLmConfigFromSpec(p.spec().model()));
-  }
+  RETURN_IF_ERROR(CheckModelSpec(p.spec().model()));
   std::vector<StageView> view;
   RETURN_IF_ERROR(CheckChunks(p, view));
   const int m = MicroBatchesOf(p);
@@ -326,7 +322,7 @@ std::vector<int> TransferPeers(const v1::StageProgram& program) {
   };
   for (int s = 0; s + 1 < num_stages; ++s) link(program.stage_ranks(s), program.stage_ranks(s + 1));
   const v1::ModelSpec& model = program.spec().model();
-  if (num_stages > 1 && model.arch() == "gpt" && model.tie_embeddings()) {
+  if (num_stages > 1 && IsDecoder(model) && model.tie_embeddings()) {
     link(program.stage_ranks(0), program.stage_ranks(num_stages - 1));
   }
   return {peers.begin(), peers.end()};

@@ -16,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "common/field_errors.h"
 #include "common/model_desc.h"
+#include "common/partitioner.h"
 #include "common/pipeline_plan.h"
 #include "common/planner.h"
 #include "common/schedule.h"
@@ -339,6 +340,13 @@ absl::Status Validate(const CliOptions& opts, CommandIo io) {
       p.schedule_csv().empty() ? p.schedule() : "csv",
       p.replicas() > 1 ? absl::StrCat(p.replicas(), " x ") : "", p.micro_batch_size(),
       p.micro_batches(), EffectiveBatch(spec), 100 * PredictedBubble(spec));
+  const v1::ModelSpec& m = spec.model();
+  io.out << absl::StrFormat("Model: %s, %s parameters (%.1fM)%s.\n", m.arch(),
+                            WithThousands(ModelParameterCount(m)),
+                            static_cast<double>(ModelParameterCount(m)) / 1e6,
+                            m.tie_embeddings() && m.arch() != "mlp_lm"
+                                ? "; the LM head shares the token embedding"
+                                : "");
   if (spec.optimizer().shard_state()) io.out << ShardStateNote(spec) << "\n";
   return absl::OkStatus();
 }

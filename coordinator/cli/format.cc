@@ -97,6 +97,16 @@ absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message, boo
   return out;
 }
 
+std::string WithThousands(int64_t n) {
+  std::string digits = absl::StrCat(n < 0 ? -(n + 1) + uint64_t{1} : static_cast<uint64_t>(n));
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return n < 0 ? "-" + out : out;
+}
+
 std::string FormatEta(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "--:--";
   const int64_t total = static_cast<int64_t>(std::llround(seconds));
@@ -264,6 +274,12 @@ std::string FormatJobDetails(const v1::Job& job) {
        m.arch() == "gpt"
            ? absl::StrFormat("gpt  n_layer %d  n_head %d  d_model %d  seq_len %d  vocab %d%s",
                              m.n_layer(), m.n_head(), m.d_model(), m.seq_len(), m.vocab_size(),
+                             m.tie_embeddings() ? "  tied" : "")
+       : m.arch() == "llama"
+           ? absl::StrFormat("llama  n_layer %d  n_head %d  n_kv_head %d  d_model %d  d_hidden %d  "
+                             "seq_len %d  vocab %d  rope_theta %g%s",
+                             m.n_layer(), m.n_head(), m.n_kv_head(), m.d_model(), m.d_hidden(),
+                             m.seq_len(), m.vocab_size(), m.rope_theta(),
                              m.tie_embeddings() ? "  tied" : "")
            : absl::StrFormat("%s  n_layer %d  d_model %d  context %d  vocab %d", m.arch(),
                              m.n_layer(), m.d_model(), m.context(), m.vocab_size())});

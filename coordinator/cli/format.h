@@ -37,6 +37,8 @@ absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message, boo
 
 // "0:06", "12:34", "1:02:03"; "--:--" when unknown (negative or not finite).
 std::string FormatEta(double seconds);
+// 134515008 -> "134,515,008".
+std::string WithThousands(int64_t n);
 // "[#####---------------]" for done/total over `width` cells.
 std::string ProgressBar(int64_t done, int64_t total, int width);
 // Integer percentage, rounded down, clamped to [0, 100].

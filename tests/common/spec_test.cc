@@ -177,6 +177,54 @@ TEST(WithDefaults, KeepsExplicitValues) {
   EXPECT_EQ(WithDefaults(full).SerializeAsString(), full.SerializeAsString());
 }
 
+// The llama presets carry the published shapes (the models' config.json) and resolve
+// llama's zero fields; what the spec sets wins over the preset.
+TEST(WithDefaults, LlamaPresetsAndArchDefaults) {
+  v1::JobSpec smol;
+  smol.mutable_model()->set_preset("smollm2-135m");
+  const v1::ModelSpec m = WithDefaults(smol).model();
+  EXPECT_EQ(m.arch(), "llama");
+  EXPECT_EQ(m.n_layer(), 30);
+  EXPECT_EQ(m.n_head(), 9);
+  EXPECT_EQ(m.n_kv_head(), 3);
+  EXPECT_EQ(m.d_model(), 576);
+  EXPECT_EQ(m.d_hidden(), 1536);
+  EXPECT_EQ(m.vocab_size(), 49152);
+  EXPECT_DOUBLE_EQ(m.rope_theta(), 100000);
+  EXPECT_TRUE(m.tie_embeddings());
+  EXPECT_TRUE(ValidateJobSpec(WithDefaults(smol)).ok()) << ValidateJobSpec(WithDefaults(smol));
+
+  v1::JobSpec tiny_llama;
+  tiny_llama.mutable_model()->set_preset("tinyllama-1.1b");
+  tiny_llama.mutable_model()->set_n_layer(4);  // the spec's own value wins
+  const v1::ModelSpec t = WithDefaults(tiny_llama).model();
+  EXPECT_EQ(t.n_layer(), 4);
+  EXPECT_EQ(t.n_head(), 32);
+  EXPECT_EQ(t.n_kv_head(), 4);
+  EXPECT_EQ(t.d_model(), 2048);
+  EXPECT_EQ(t.d_hidden(), 5632);
+  EXPECT_EQ(t.vocab_size(), 32000);
+  EXPECT_FALSE(t.tie_embeddings());
+
+  // A bare llama: untied, n_kv_head = n_head, d_hidden = SwiGLU's rounded 8/3 d_model.
+  v1::JobSpec bare;
+  bare.mutable_model()->set_arch("llama");
+  bare.mutable_model()->set_d_model(96);
+  bare.mutable_model()->set_n_head(6);
+  const v1::ModelSpec b = WithDefaults(bare).model();
+  EXPECT_FALSE(b.tie_embeddings());
+  EXPECT_EQ(b.n_kv_head(), 6);
+  EXPECT_EQ(b.d_hidden(), 256);
+  EXPECT_EQ(LlamaDefaultHidden(576), 1536);
+  EXPECT_EQ(LlamaDefaultHidden(64), 192);
+  // gpt keeps its own meaning of 0 and its tied default.
+  EXPECT_EQ(WithDefaults(v1::JobSpec()).model().d_hidden(), 0);
+  EXPECT_TRUE(WithDefaults(v1::JobSpec()).model().tie_embeddings());
+  // Idempotent.
+  EXPECT_EQ(WithDefaults(WithDefaults(bare)).SerializeAsString(),
+            WithDefaults(bare).SerializeAsString());
+}
+
 struct BadCase {
   const char* yaml;
   const char* prefix;  // the message must begin with this (the field path and the rule)
@@ -200,7 +248,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"steps: 0\n", "steps: must be in [1, 10000000]", "got 0"},
         BadCase{"steps: 10000001\n", "steps: must be in [1, 10000000]", "got 10000001"},
         BadCase{"device: gpu\n", "device: expected \"cpu\" or \"cuda\"", "got \"gpu\""},
-        BadCase{"model:\n  arch: gpt2\n", "model.arch: expected \"gpt\" or \"mlp_lm\"",
+        BadCase{"model:\n  arch: gpt2\n", "model.arch: expected \"gpt\" or \"llama\" or \"mlp_lm\"",
                 "got \"gpt2\""},
         BadCase{"model:\n  preset: gpt3\n", "model.preset: expected", "got \"gpt3\""},
         BadCase{"model:\n  arch: gpt\n  d_model: 30\n  n_head: 4\n",

@@ -66,7 +66,7 @@ const Malformed kCases[] = {
     {"precision: fp16\n", "precision", "got \"fp16\""},
     {"precision: [bf16]\n", "precision", "expected a string"},
     {"precision: bf16\n", "precision", "bf16 needs device: cuda"},
-    {"device: cuda\nmodel:\n  arch: mlp_lm\n", "model.arch", "device cuda runs gpt models only"},
+    {"device: cuda\nmodel:\n  arch: mlp_lm\n", "model.arch", "device cuda runs gpt and llama models only"},
     {"device: cuda\noptimizer:\n  name: sgd\n", "optimizer.name", "device cuda supports adamw"},
     {"max_restarts: -1\n", "max_restarts", "must be in [0, 1000], got -1"},
     {"max_restarts: many\n", "max_restarts", "expected an integer, got 'many'"},
@@ -82,7 +82,18 @@ const Malformed kCases[] = {
     {"model:\n  arch: mlp_lm\n  d_embed: -2\n", "model.d_embed", "must be in [1, 65536], got -2"},
     {"model:\n  arch: mlp_lm\n  context: 0\n", "model.context", "must be in [1, 4096], got 0"},
     {"model:\n  vocab_size: 0\n", "model.vocab_size", "must be in [2, 1048576], got 0"},
-    {"model:\n  arch: transformer\n", "model.arch", "expected \"gpt\" or \"mlp_lm\""},
+    {"model:\n  arch: transformer\n", "model.arch",
+     "expected \"gpt\" or \"llama\" or \"mlp_lm\""},
+    // --- llama: grouped-query heads, RoPE's even head size, its constants
+    {"model:\n  arch: llama\n  n_head: 4\n  n_kv_head: 3\n", "model.n_kv_head",
+     "must divide model.n_head = 4"},
+    {"model:\n  arch: llama\n  n_kv_head: -2\n", "model.n_kv_head", "must be in [1, 1024], got -2"},
+    {"model:\n  arch: llama\n  d_model: 36\n  n_head: 4\n", "model.n_head",
+     "odd head size model.d_model / model.n_head = 9"},
+    {"model:\n  arch: llama\n  rope_theta: 0\n", "model.rope_theta",
+     "must be a finite number > 1"},
+    {"model:\n  arch: llama\n  rms_eps: -1\n", "model.rms_eps", "must be in (0, 1], got -1"},
+    {"model:\n  arch: llama\n  rms_eps: [1]\n", "model.rms_eps", "expected a number"},
     {"model:\n  preset: gpt4\n", "model.preset", "expected \"\" or \"gpt2\" or \"gpt2-tiny\""},
     {"model:\n  d_model: 65536\n  n_head: 1\n  vocab_size: 65536\n", "model",
      "too large: model.vocab_size x model.d_model"},
@@ -350,7 +361,7 @@ TEST(EveryError, TypeErrorsOfEveryFieldInOnePass) {
             "steps: expected an integer, got 'ten' (line 1, column 8)\n"
             "model.n_layr: unknown field (did you mean n_layer?); expected one of: arch, n_layer, "
             "d_model, d_hidden, d_embed, context, vocab_size, n_head, seq_len, tie_embeddings, "
-            "preset (line 3, column 3)\n"
+            "n_kv_head, rope_theta, rms_eps, preset (line 3, column 3)\n"
             "optimizer.lr: expected a number, got 'fast' (line 5, column 7)");
 }
 

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/pipeline_plan.h"
+#include "common/spec.h"
 #include "common/version.h"
 #include "tandem/v1/worker.pb.h"
 #include "worker/stage_manager.h"
@@ -57,12 +58,13 @@ void Log(const char* op, const absl::Status& s) {
 bool TooExpensive(const v1::StageProgram& p) {
   const v1::JobSpec& s = p.spec();
   const v1::ModelSpec& m = s.model();
-  const int64_t rows = int64_t{s.pipeline().micro_batch_size()} *
-                       (m.arch() == "gpt" ? int64_t{m.seq_len()} : int64_t{1});
-  const bool gpt = m.arch() == "gpt";
+  const bool gpt = tandem::IsDecoder(m);
+  const int64_t rows =
+      int64_t{s.pipeline().micro_batch_size()} * (gpt ? int64_t{m.seq_len()} : int64_t{1});
   return s.data().synthetic_bytes() > (1 << 16) || m.d_model() > 64 || m.d_hidden() > 256 ||
          m.n_layer() > 6 || m.vocab_size() > 512 ||
-         (gpt ? m.seq_len() > 32 || m.n_head() > 8 : m.d_embed() > 64 || m.context() > 16) ||
+         (gpt ? m.seq_len() > 32 || m.n_head() > 8 || m.n_kv_head() > 8
+              : m.d_embed() > 64 || m.context() > 16) ||
          s.pipeline().micro_batch_size() > 16 || rows > 256 || p.micro_batches() > 8 ||
          s.pipeline().micro_batches() > 8 || p.eval_micro_batches() > 8 || p.actions_size() > 256 ||
          p.eval_actions_size() > 256 || p.chunks_size() > 8;
@@ -75,17 +77,22 @@ void Check(bool ok, const char* what) {
   }
 }
 
-// A tiny job: mlp_lm (or gpt) of 1-2 blocks at width 8.
-v1::JobSpec TinySpec(bool gpt) {
+// A tiny job: mlp_lm, gpt or llama of 1-2 blocks at width 8.
+v1::JobSpec TinySpec(const std::string& arch) {
   v1::JobSpec spec;
   spec.set_seed(7);
   auto* m = spec.mutable_model();
-  if (gpt) {
-    m->set_arch("gpt");
+  if (arch == "gpt" || arch == "llama") {
+    m->set_arch(arch);
     m->set_n_layer(1);
     m->set_n_head(2);
     m->set_d_model(8);
     m->set_seq_len(4);
+    if (arch == "llama") {
+      m->set_n_kv_head(1);
+      m->set_d_hidden(16);
+      m->set_tie_embeddings(false);
+    }
   } else {
     m->set_arch("mlp_lm");
     m->set_n_layer(2);
@@ -173,12 +180,13 @@ void WriteSeeds(const std::string& dir) {
     std::string bytes;
   };
   std::vector<Seed> seeds = {
-      {"mlp_lm_session", Session(TinySpec(false), false, false)},
-      {"mlp_lm_eval_session", Session(TinySpec(false), true, false)},
-      {"gpt_session", Session(TinySpec(true), false, false)},
-      {"gpt_file_data_session", Session(TinySpec(true), true, true)},
+      {"mlp_lm_session", Session(TinySpec("mlp_lm"), false, false)},
+      {"mlp_lm_eval_session", Session(TinySpec("mlp_lm"), true, false)},
+      {"gpt_session", Session(TinySpec("gpt"), false, false)},
+      {"gpt_file_data_session", Session(TinySpec("gpt"), true, true)},
+      {"llama_session", Session(TinySpec("llama"), false, false)},
   };
-  v1::JobSpec restore = TinySpec(false);
+  v1::JobSpec restore = TinySpec("mlp_lm");
   std::string resumed = Session(restore, false, false);
   {
     // A resume: the same program with a checkpoint to restore.
@@ -194,7 +202,7 @@ void WriteSeeds(const std::string& dir) {
   }
   {
     // Two ranks: the transport cannot connect.
-    v1::JobSpec two = TinySpec(false);
+    v1::JobSpec two = TinySpec("mlp_lm");
     two.mutable_pipeline()->set_stages(2);
     absl::StatusOr<tandem::PipelinePlan> plan = tandem::PlanPipeline(two);
     v1::ConfigureRequest c;

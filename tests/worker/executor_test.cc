@@ -193,6 +193,50 @@ TEST_F(ExecutorTest, GptEverySchedulePartitionInvariance) {
   }
 }
 
+// The main correctness test for llama, as for GPT: P in {1, 2, 4} x M in {1, 4, 8} over the
+// same global batch of 8 sequences give the same 20 losses as one worker, tied and untied;
+// relative tolerance 1e-5 (another M changes GEMM heights: float reassociation).
+TEST_F(ExecutorTest, LlamaPartitionInvarianceAcrossStagesAndMicroBatches) {
+  constexpr int kLlamaSteps = 20;
+  for (bool tied : {false, true}) {
+    v1::JobSpec spec = testing::TinyLlamaJob(tied);
+    const std::vector<double> ref = Train(spec, 1, "1f1b", nullptr, kLlamaSteps);
+    ASSERT_EQ(ref.size(), static_cast<size_t>(kLlamaSteps));
+    EXPECT_NEAR(ref[0], std::log(256.0), 0.2);
+    EXPECT_LT(ref.back(), ref.front() - 0.5) << "tied " << tied;
+    for (int m : {1, 4, 8}) {
+      spec.mutable_pipeline()->set_micro_batch_size(8 / m);
+      spec.mutable_pipeline()->set_micro_batches(m);
+      for (int p : {1, 2, 4}) {
+        SCOPED_TRACE(absl::StrCat("tied ", tied, " P ", p, " M ", m));
+        ExpectSameLosses(ref, Train(spec, p, m >= p ? "1f1b" : "gpipe", nullptr, kLlamaSteps),
+                         1e-5, kLlamaSteps);
+      }
+    }
+  }
+}
+
+// Every schedule trains the same llama to the same 20 losses on two and four workers:
+// interleaved and V placements (two stages per worker; in a V the tied embedding and head on
+// one worker) and the split backward (RoPE, GQA and SwiGLU's I and W passes).
+TEST_F(ExecutorTest, LlamaEverySchedulePartitionInvariance) {
+  constexpr int kLlamaSteps = 20;
+  for (bool tied : {false, true}) {
+    v1::JobSpec spec = testing::TinyLlamaJob(tied);
+    spec.mutable_pipeline()->set_micro_batch_size(1);
+    spec.mutable_pipeline()->set_micro_batches(8);
+    const std::vector<double> ref = Train(spec, 1, "1f1b", nullptr, kLlamaSteps);
+    ASSERT_EQ(ref.size(), static_cast<size_t>(kLlamaSteps));
+    for (int p : {2, 4}) {
+      for (const char* schedule : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v"}) {
+        SCOPED_TRACE(absl::StrCat("tied ", tied, " P ", p, " ", schedule));
+        ExpectSameLosses(ref, Train(spec, p, schedule, nullptr, kLlamaSteps), 1e-5, kLlamaSteps);
+      }
+    }
+    ExpectSameLosses(ref, Train(spec, 1, "zb_h1", nullptr, kLlamaSteps), 1e-5, kLlamaSteps);
+  }
+}
+
 // A transport that records the peers of every transfer, for TransferPeers.
 class PeerRecorder final : public testing::ForwardingTransport {
  public:

@@ -11,6 +11,7 @@
 #include "common/partitioner.h"
 #include "worker/model/gpt.h"
 #include "worker/model/mlp_lm.h"
+#include "worker/model/model_layers.h"
 
 namespace tandem::worker {
 namespace {
@@ -96,6 +97,46 @@ TEST(LayerParameterCounts, MatchTheMlpLmLayers) {
   // fc1 240 + 20, fc2 240 + 12; the head's norm 24 + (V, D) 204 + 17.
   EXPECT_EQ(LayerParameterCounts(MlpLm(3, 17, 3, 5, 12, 20)),
             (std::vector<int64_t>{292, 536, 536, 536, 245}));
+}
+
+v1::ModelSpec Llama(int n_layer, int n_head, int n_kv_head, int d_model, int d_hidden, int vocab,
+                    bool tied) {
+  v1::ModelSpec m = Gpt(n_layer, n_head, d_model, d_hidden, 8, vocab, tied);
+  m.set_arch("llama");
+  m.set_n_kv_head(n_kv_head);
+  m.set_rope_theta(10000);
+  m.set_rms_eps(1e-5);
+  return m;
+}
+
+TEST(LayerParameterCounts, MatchTheLlamaLayers) {
+  for (const v1::ModelSpec& model : {
+           Llama(2, 4, 2, 16, 32, 11, false),  // GQA, untied
+           Llama(2, 4, 2, 16, 32, 11, true),   // tied: the head's own copy
+           Llama(3, 4, 4, 16, 0, 20, false),   // MHA, d_hidden from d_model
+           Llama(1, 6, 1, 24, 40, 9, false),   // MQA
+           Llama(0, 2, 1, 8, 8, 5, true),      // no blocks
+       }) {
+    SCOPED_TRACE(model.ShortDebugString());
+    const std::vector<int64_t> counts = LayerParameterCounts(model);
+    ASSERT_EQ(static_cast<int>(counts.size()), NumLayers(model));
+    if (model.d_hidden() == 0) continue;  // WithDefaults resolves it first (spec_test)
+    EXPECT_EQ(counts, BuiltCounts(model, &BuildModelLayers));
+  }
+  // By hand for C 16, NH 4, KV 2 (KVD 8), H 32, V 11: embed 176; a block's norms 32, q and o
+  // 512, k and v 256, gate, up and down 1536: 2336; norm + lm_head 16 + 176.
+  EXPECT_EQ(LayerParameterCounts(Llama(2, 4, 2, 16, 32, 11, false)),
+            (std::vector<int64_t>{176, 2336, 2336, 192}));
+}
+
+// The published totals of the presets' models (Hugging Face's num_parameters()).
+TEST(ModelParameterCount, TheLlamaPresetsHaveTheirPublishedSizes) {
+  v1::ModelSpec smol = Llama(30, 9, 3, 576, 1536, 49152, true);
+  EXPECT_EQ(ModelParameterCount(smol), 134515008);  // SmolLM2-135M
+  v1::ModelSpec tiny = Llama(22, 32, 4, 2048, 5632, 32000, false);
+  EXPECT_EQ(ModelParameterCount(tiny), 1100048384);  // TinyLlama-1.1B
+  // GPT-2 124M: 124,439,808 with the vocabulary of 50257.
+  EXPECT_EQ(ModelParameterCount(Gpt(12, 12, 768, 0, 1024, 50257, true)), 124439808);
 }
 
 TEST(LayerParameterCounts, EmptyForAnotherArch) {

@@ -57,6 +57,22 @@ inline v1::JobSpec TinyGptJob(bool tie_embeddings) {
   return spec;
 }
 
+// A llama of 6 blocks (8 layers: four stages of two, or eight of one for the interleaved and
+// V schedules on four workers) at width 16: 4 query heads of size 4 sharing 2 kv heads, SwiGLU
+// width 32, seq_len 8, byte vocabulary.
+inline v1::JobSpec TinyLlamaJob(bool tie_embeddings) {
+  v1::JobSpec spec = TinyGptJob(tie_embeddings);
+  auto* m = spec.mutable_model();
+  m->set_arch("llama");
+  m->set_n_layer(6);
+  m->set_n_head(4);
+  m->set_n_kv_head(2);
+  m->set_d_hidden(32);
+  m->set_rope_theta(10000);
+  m->set_rms_eps(1e-5);
+  return spec;
+}
+
 // One program per worker, from the plan the coordinator would make (PlanPipeline) for `spec`
 // with `stages` workers and `schedule` (chunks: the schedule's default unless given). The
 // plan's errors are test bugs, hence no Status here.
