@@ -1,10 +1,11 @@
-// Conversion of a Tandem GPT checkpoint to the layout of Hugging Face's GPT2LMHeadModel.
+// Conversion between Tandem checkpoints and Hugging Face model files, for every arch with a
+// counterpart (coordinator/hf_layout.h): gpt <-> GPT2LMHeadModel, llama <-> LlamaForCausalLM.
 //
-// Names already follow GPT2LMHeadModel's state_dict; what differs is layout: HF keeps the four
-// projection matrices of each block (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) as Conv1D
-// weights of shape (in, out), Tandem as (out, in), so those are transposed. A vocabulary
-// padded to 50304 (the gpt2 preset) is cut back to GPT-2's 50257 rows. With tied embeddings
-// lm_head.weight is left out: GPT2LMHeadModel ties it to transformer.wte.weight on load.
+// Names already follow HF's state_dicts; what differs is layout, which hf_layout.h lists per
+// tensor: GPT-2's four Conv1D projections are (in, out) in HF, (out, in) in Tandem, and a
+// vocabulary padded to 50304 (the gpt2 preset) is cut back to GPT-2's 50257 rows. Llama needs
+// no transposes. With tied embeddings lm_head.weight is left out of an export: HF ties it to
+// the token embedding on load. The config.json beside an export comes from hf_config.h.
 #ifndef TANDEM_COORDINATOR_HF_EXPORT_H_
 #define TANDEM_COORDINATOR_HF_EXPORT_H_
 
@@ -12,26 +13,32 @@
 
 #include "absl/status/status.h"
 #include "coordinator/checkpoint_store.h"
+#include "coordinator/hf_config.h"
+#include "coordinator/hf_weights.h"
 #include "tandem/v1/spec.pb.h"
 
 namespace tandem::coordinator {
 
-// GPT-2's real vocabulary, and the padded size the gpt2 preset trains with.
-inline constexpr int kGpt2Vocab = 50257;
-inline constexpr int kGpt2PaddedVocab = 50304;
-
 // Writes the parameters (not the optimizer state) of `checkpoint`, taken from a job whose
-// model is `model` (arch gpt), to `path` atomically. INVALID_ARGUMENT for another arch.
-absl::Status ExportGpt2Safetensors(const CheckpointReader& checkpoint, const v1::ModelSpec& model,
-                                   const std::string& path);
+// model is `model`, to `path` atomically as F32 safetensors in HF's names and layouts.
+//   INVALID_ARGUMENT  an arch with no HF counterpart (mlp_lm);
+//   DATA_LOSS         the checkpoint lacks a tensor of the model, or holds one with another
+//                     dtype or shape (naming it).
+absl::Status ExportHfSafetensors(const CheckpointReader& checkpoint, const v1::ModelSpec& model,
+                                 const std::string& path);
 
-// Converts a Hugging Face GPT-2 safetensors file (F32) into a weights-only checkpoint
-// (job_id, step 0) of `store` with one stage file holding Tandem's names and layouts for
-// `model`: Conv1D weights transposed back, the vocabulary padded with zero rows up to
-// model.vocab_size, lm_head taken from wte when the file has none. INVALID_ARGUMENT names a
-// tensor that is missing or whose shape does not fit the model.
-absl::Status ImportGpt2Safetensors(const std::string& hf_path, const v1::ModelSpec& model,
-                                   CheckpointStore& store, const std::string& job_id);
+// Converts HF weights (init.hf_file: F32, BF16 or F16, one file or shards) into a
+// weights-only checkpoint (job_id, step 0) of `store` with one stage file holding Tandem's
+// names and layouts for `model`: Conv1D weights transposed back, a GPT-2 vocabulary padded
+// with zero rows up to model.vocab_size, an untied lm_head the file lacks taken from the
+// token embedding (the file's model was tied). Tensors the model does not use (e.g. an
+// older transformers' rotary_emb.inv_freq) are ignored. INVALID_ARGUMENT, starting
+// "init.hf_file: ", for an arch with no HF counterpart, a missing tensor, another dtype, or
+// a shape that does not fit the spec, naming the tensor:
+//   "init.hf_file: tensor model.layers.3.self_attn.k_proj.weight is [256, 576], the spec
+//    needs [192, 576]".
+absl::Status ImportHfWeights(const HfWeights& weights, const v1::ModelSpec& model,
+                             CheckpointStore& store, const std::string& job_id);
 
 }  // namespace tandem::coordinator
 

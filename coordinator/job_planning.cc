@@ -2,17 +2,18 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/confined_path.h"
 #include "common/planner.h"
 #include "common/schedule.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
 #include "common/step_number.h"
 #include "coordinator/hf_export.h"
+#include "coordinator/hf_weights.h"
 #include "coordinator/model_profiler.h"
 #include "coordinator/transport_choice.h"
 #include "spdlog/spdlog.h"
@@ -47,11 +48,11 @@ absl::Status JobPlanner::Plan(RunPlan* plan) {
       return absl::FailedPreconditionError("init.hf_file: this coordinator keeps no models");
     }
     const std::string import_id = absl::StrCat("import-", job_.id());
-    // Confined to the models root on the file system too: no symlink out of it.
-    ASSIGN_OR_RETURN(const std::string hf_path,
-                     ResolveConfined(env_.models_root, hf, "init.hf_file",
-                                     "the coordinator's <data-root>/models"));
-    RETURN_IF_ERROR(ImportGpt2Safetensors(hf_path, spec.model(), *env_.checkpoints, import_id));
+    // Confined to the models root on the file system too (a sharded file's shards as well):
+    // no symlink out of it.
+    ASSIGN_OR_RETURN(std::unique_ptr<HfWeights> weights,
+                     HfWeights::Open(env_.models_root, hf, "the coordinator's <data-root>/models"));
+    RETURN_IF_ERROR(ImportHfWeights(*weights, spec.model(), *env_.checkpoints, import_id));
     plan->restore.set_job_id(import_id);
     plan->restore.set_step(0);
     plan->restore.set_weights_only(true);

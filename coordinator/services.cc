@@ -188,12 +188,11 @@ class CoordinatorServiceImpl final : public v1::Coordinator::Service {
     }
     auto step = env_.checkpoints->Latest(job->id());
     if (!step.ok()) return ToGrpcStatus(step.status());
-    const std::string path =
-        env_.checkpoints->Dir(job->id(), *step) + "/export-hf-gpt2.safetensors";
+    const std::string path = env_.checkpoints->Dir(job->id(), *step) + "/export-hf.safetensors";
     if (!std::filesystem::exists(path)) {
       auto reader = env_.checkpoints->Open(job->id(), *step);
       if (!reader.ok()) return ToGrpcStatus(reader.status());
-      if (absl::Status s = ExportGpt2Safetensors(**reader, job->spec().model(), path); !s.ok()) {
+      if (absl::Status s = ExportHfSafetensors(**reader, job->spec().model(), path); !s.ok()) {
         return ToGrpcStatus(s);
       }
     }

@@ -60,7 +60,10 @@ constexpr CommandInfo kCommands[] = {
      "FILE:LINE",
      1, 1},
     {Command::kExport, "export", "JOB -o FILE",
-     "Write the job's latest checkpoint as a Hugging Face GPT-2 safetensors file", 1, 1},
+     "Write the job's latest checkpoint as a Hugging Face safetensors file (GPT2LMHeadModel "
+     "for gpt, LlamaForCausalLM for llama) and its config.json in FILE's directory (name "
+     "FILE model.safetensors for from_pretrained(directory))",
+     1, 1},
     {Command::kPlan, "plan", "JOB.yaml",
      "Show, without running anything, the job's schedule: per-rank actions, timestep grid "
      "and predicted bubble and memory",

@@ -26,6 +26,7 @@
 #include "common/version.h"
 #include "coordinator/cli/format.h"
 #include "coordinator/cli/plan.h"
+#include "coordinator/hf_config.h"
 
 namespace tandem::cli {
 namespace {
@@ -341,12 +342,10 @@ absl::Status Validate(const CliOptions& opts, CommandIo io) {
       p.replicas() > 1 ? absl::StrCat(p.replicas(), " x ") : "", p.micro_batch_size(),
       p.micro_batches(), EffectiveBatch(spec), 100 * PredictedBubble(spec));
   const v1::ModelSpec& m = spec.model();
-  io.out << absl::StrFormat("Model: %s, %s parameters (%.1fM)%s.\n", m.arch(),
-                            WithThousands(ModelParameterCount(m)),
-                            static_cast<double>(ModelParameterCount(m)) / 1e6,
-                            m.tie_embeddings() && m.arch() != "mlp_lm"
-                                ? "; the LM head shares the token embedding"
-                                : "");
+  io.out << absl::StrFormat(
+      "Model: %s, %s parameters (%.1fM)%s.\n", m.arch(), WithThousands(ModelParameterCount(m)),
+      static_cast<double>(ModelParameterCount(m)) / 1e6,
+      m.tie_embeddings() && m.arch() != "mlp_lm" ? "; the LM head shares the token embedding" : "");
   if (spec.optimizer().shard_state()) io.out << ShardStateNote(spec) << "\n";
   return absl::OkStatus();
 }
@@ -391,9 +390,35 @@ absl::StatusOr<std::string> MergeJsonObjects(const std::string& a, const std::st
   return absl::StrCat(absl::StripTrailingAsciiWhitespace(left), ",", right);
 }
 
+// Writes `text` to `path` through "<path>.tmp" and a rename: never a torn file.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    if (!out.flush()) {
+      std::remove(tmp.c_str());
+      return absl::FailedPreconditionError(absl::StrCat("cannot write ", tmp));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return absl::FailedPreconditionError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+// The safetensors file, then config.json in its directory (coordinator/hf_config.h) from the
+// job's model spec, so that from_pretrained(directory) loads an export named
+// model.safetensors.
 absl::Status Export(const CliOptions& opts, CoordinatorClient& client, CommandIo io) {
   const std::string& path = opts.output_path;
   const std::string tmp = path + ".tmp";
+  // The config is made first: a job the coordinator does not know fails here, and a model
+  // without a Hugging Face counterpart is refused by the export itself.
+  absl::StatusOr<v1::Job> job = client.GetJob(opts.args[0], /*history_limit=*/1);
+  if (!job.ok()) return RpcError(Command::kExport, opts, job.status());
+  const absl::StatusOr<std::string> config = coordinator::HfConfigJson(job->spec().model());
   std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
   if (!out) return absl::FailedPreconditionError(absl::StrCat("export: cannot write ", tmp));
   int64_t written = 0, total = -1, step = -1;
@@ -420,6 +445,11 @@ absl::Status Export(const CliOptions& opts, CoordinatorClient& client, CommandIo
   }
   io.out << "wrote " << path << " (" << written << " bytes, checkpoint after step " << step + 1
          << ")\n";
+  if (config.ok()) {
+    const std::string config_path = coordinator::HfConfigPath(path);
+    RETURN_IF_ERROR(WithPrefix(WriteFileAtomically(config_path, *config), "export"));
+    io.out << "wrote " << config_path << "\n";
+  }
   return absl::OkStatus();
 }
 
