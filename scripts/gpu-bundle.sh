@@ -44,7 +44,7 @@ jobs="${TANDEM_BUILD_JOBS:-$(nproc)}"
 
 # What gpu-check.sh runs (its "targets"), split by where it looks for them.
 bins=(tandem tandem-coordinator tandem-worker bench_gpu_gpt bench_host_staged bench_nccl_p2p)
-tests=(worker_cuda_kernels_test worker_gpu_gpt_test worker_conformance_test
+tests=(worker_cuda_kernels_test worker_gpu_gpt_test worker_gpu_llama_test worker_conformance_test
   worker_cuda_device_copier_test worker_nccl_collectives_test worker_nccl_transport_test)
 
 # Libraries the device provides: the C and C++ runtimes, the dynamic loader, and the CUDA

@@ -216,7 +216,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # ---- 2. Configure and build only what the check needs (or take a prebuilt tree).
-targets=(worker_cuda_kernels_test worker_gpu_gpt_test worker_conformance_test bench_gpu_gpt
+targets=(worker_cuda_kernels_test worker_gpu_gpt_test worker_gpu_llama_test worker_conformance_test bench_gpu_gpt
   tandem-coordinator tandem-worker tandem worker_nccl_transport_test bench_nccl_p2p
   bench_host_staged worker_cuda_device_copier_test worker_nccl_collectives_test)
 cmake_args=(-S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
@@ -257,7 +257,7 @@ bin="$build_dir/bin"
 failed=()
 # worker_nccl_collectives_test: its one-rank cases run on one GPU; the 2- and 3-rank ones skip
 # below that many GPUs ("needs N CUDA devices"), which is not a failure.
-tests=(worker_cuda_kernels_test worker_gpu_gpt_test worker_conformance_test
+tests=(worker_cuda_kernels_test worker_gpu_gpt_test worker_gpu_llama_test worker_conformance_test
   worker_cuda_device_copier_test worker_nccl_collectives_test)
 [ "$gpus" -ge 2 ] && tests+=(worker_nccl_transport_test)
 for t in "${tests[@]}"; do

@@ -15,13 +15,16 @@
 #include "common/status_macros.h"
 #include "worker/backend/cuda/device.h"
 #include "worker/backend/cuda/gpu_gpt.h"
+#include "worker/backend/cuda/gpu_llama.h"
 #include "worker/model/gpt.h"
+#include "worker/model/llama.h"
+#include "worker/model/model_layers.h"
 
 namespace tandem::worker {
 namespace {
 
 using cuda::DeviceMemory;
-using cuda::GpuGpt;
+using cuda::GpuStage;
 
 }  // namespace
 
@@ -116,13 +119,75 @@ absl::Status CudaStageCompute::Use() const { return cuda::SetDevice(device_); }
 
 std::string CudaStageCompute::device() const { return absl::StrCat("cuda:", device_); }
 
+namespace {
+
+// The GPU stage of one chunk: the model's shape from the spec, the micro-batch (B, seq_len).
+absl::StatusOr<std::unique_ptr<GpuStage>> CreateStage(const v1::JobSpec& spec,
+                                                      const v1::StageChunk& chunk,
+                                                      const cuda::AdamWHyper& hyper) {
+  const int64_t batch = spec.pipeline().micro_batch_size();
+  const cuda::GpuPrecision precision =
+      spec.precision() == "fp32" ? cuda::GpuPrecision::kFp32 : cuda::GpuPrecision::kBf16;
+  if (spec.model().arch() == "llama") {
+    ASSIGN_OR_RETURN(const LlamaConfig llama, LlamaConfigFromSpec(spec.model()));
+    cuda::GpuLlamaConfig cfg;
+    cfg.n_layer = llama.n_layer;
+    cfg.n_head = llama.n_head;
+    cfg.n_kv_head = llama.n_kv_head;
+    cfg.d_model = llama.d_model;
+    cfg.d_hidden = llama.d_hidden;
+    cfg.seq_len = llama.seq_len;
+    cfg.vocab = llama.vocab;
+    cfg.rope_theta = llama.rope_theta;
+    cfg.rms_eps = llama.rms_eps;
+    cfg.tie_embeddings = llama.tie_embeddings;
+    cfg.batch = batch;
+    cfg.seq = llama.seq_len;
+    cfg.precision = precision;
+    cfg.seed = spec.seed();
+    cfg.layer_begin = chunk.layer_begin();
+    cfg.layer_end = chunk.layer_end();
+    ASSIGN_OR_RETURN(std::unique_ptr<cuda::GpuLlama> stage, cuda::GpuLlama::Create(cfg, hyper));
+    return std::unique_ptr<GpuStage>(std::move(stage));
+  }
+  ASSIGN_OR_RETURN(const GptConfig gpt, GptConfigFromSpec(spec.model()));
+  cuda::GpuGptConfig cfg;
+  cfg.n_layer = gpt.n_layer;
+  cfg.n_head = gpt.n_head;
+  cfg.d_model = gpt.d_model;
+  cfg.d_hidden = gpt.d_hidden;
+  cfg.seq_len = gpt.seq_len;
+  cfg.vocab = gpt.vocab;
+  cfg.tie_embeddings = gpt.tie_embeddings;
+  cfg.batch = batch;
+  cfg.seq = gpt.seq_len;
+  cfg.precision = precision;
+  cfg.seed = spec.seed();
+  cfg.layer_begin = chunk.layer_begin();
+  cfg.layer_end = chunk.layer_end();
+  ASSIGN_OR_RETURN(std::unique_ptr<cuda::GpuGpt> stage, cuda::GpuGpt::Create(cfg, hyper));
+  return std::unique_ptr<GpuStage>(std::move(stage));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<CudaStageCompute>> CudaStageCompute::Create(
     const v1::StageProgram& program, int device) {
   const v1::JobSpec& spec = program.spec();
-  absl::StatusOr<GptConfig> gpt = GptConfigFromSpec(spec.model());
-  if (!gpt.ok()) {
+  const std::string& arch = spec.model().arch();
+  if (arch != "gpt" && arch != "llama") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the CUDA backend runs gpt and llama models only, got model.arch '", arch, "'"));
+  }
+  // The model's errors before the device's (INVALID_ARGUMENT, as on a machine without one).
+  if (arch == "gpt") {
+    if (absl::StatusOr<GptConfig> gpt = GptConfigFromSpec(spec.model()); !gpt.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the CUDA backend's gpt model: ", gpt.status().message()));
+    }
+  } else if (absl::StatusOr<LlamaConfig> llama = LlamaConfigFromSpec(spec.model()); !llama.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("the CUDA backend runs gpt models only: ", gpt.status().message()));
+        absl::StrCat("the CUDA backend's llama model: ", llama.status().message()));
   }
   const v1::OptimizerSpec& opt = spec.optimizer();
   if (absl::AsciiStrToLower(opt.name()) != "adamw") {
@@ -144,32 +209,19 @@ absl::StatusOr<std::unique_ptr<CudaStageCompute>> CudaStageCompute::Create(
   hyper.eps = opt.eps();
   hyper.weight_decay = opt.weight_decay();
   for (const v1::StageChunk& chunk : program.chunks()) {
-    cuda::GpuGptConfig cfg;
-    cfg.n_layer = gpt->n_layer;
-    cfg.n_head = gpt->n_head;
-    cfg.d_model = gpt->d_model;
-    cfg.d_hidden = gpt->d_hidden;
-    cfg.seq_len = gpt->seq_len;
-    cfg.vocab = gpt->vocab;
-    cfg.tie_embeddings = gpt->tie_embeddings;
-    cfg.batch = spec.pipeline().micro_batch_size();
-    cfg.seq = gpt->seq_len;
-    cfg.precision =
-        spec.precision() == "fp32" ? cuda::GpuPrecision::kFp32 : cuda::GpuPrecision::kBf16;
-    cfg.seed = spec.seed();
-    cfg.layer_begin = chunk.layer_begin();
-    cfg.layer_end = chunk.layer_end();
-    absl::StatusOr<std::unique_ptr<GpuGpt>> created = GpuGpt::Create(cfg, hyper);
+    absl::StatusOr<std::unique_ptr<GpuStage>> created = CreateStage(spec, chunk, hyper);
     RETURN_IF_ERROR(
         WithPrefix(created.status(), absl::StrCat("stage ", chunk.stage(), " on cuda:", device)));
-    std::unique_ptr<GpuGpt> stage = *std::move(created);
-    const cuda::GpuGptMemory& m = stage->memory();
+    std::unique_ptr<GpuStage> stage = *std::move(created);
+    const cuda::GpuStageMemory& m = stage->memory();
     // The activation slots are the saved activations (SavedBytes), not static memory.
     c->static_memory_.push_back(
         {static_cast<int64_t>(m.parameters + m.compute_weights), static_cast<int64_t>(m.gradients),
          static_cast<int64_t>(m.optimizer_state), static_cast<int64_t>(m.workspace)});
     c->parameter_count_ += stage->num_parameters();
-    c->activation_elements_ = cfg.batch * cfg.seq * cfg.d_model;
+    c->activation_elements_ = spec.pipeline().micro_batch_size() *
+                              static_cast<int64_t>(spec.model().seq_len()) *
+                              static_cast<int64_t>(spec.model().d_model());
     c->stages_.push_back(std::move(stage));
   }
   return c;
@@ -187,7 +239,7 @@ absl::StatusOr<double> CudaStageCompute::Forward(int chunk, int mb, StageBufferP
                                                  const MicroBatchData& data, bool save,
                                                  StageBufferPtr* output) {
   RETURN_IF_ERROR(Use());
-  GpuGpt& stage = *stages_[chunk];
+  GpuStage& stage = *stages_[chunk];
   float* out = nullptr;
   if (!stage.has_head()) {
     ASSIGN_OR_RETURN(*output, NewBuffer({activation_elements_}));
@@ -206,10 +258,10 @@ absl::StatusOr<double> CudaStageCompute::Forward(int chunk, int mb, StageBufferP
 absl::Status CudaStageCompute::Backward(int chunk, int mb, v1::ActionKind kind,
                                         StageBufferPtr grad_output, StageBufferPtr* grad_input) {
   RETURN_IF_ERROR(Use());
-  GpuGpt& stage = *stages_[chunk];
+  GpuStage& stage = *stages_[chunk];
   last_device_us_ = 0;
   // The split backward: I computes the input gradient and keeps what W needs; W adds the
-  // weight gradients (GpuGpt::BackwardInput / BackwardWeight).
+  // weight gradients (GpuStage::BackwardInput / BackwardWeight).
   if (kind == v1::ACTION_W) {
     RETURN_IF_ERROR(stage.BackwardWeight(mb));
     last_device_us_ = DeviceMicros(stage.last_times().backward_ms);
@@ -235,10 +287,11 @@ void CudaStageCompute::DropSaved() {
 }
 
 std::vector<std::pair<size_t, size_t>> CudaStageCompute::TiedCopies() const {
-  // Only wte is ever tied: chunk order lists the embedding's copy before the head's.
+  // Only the token embedding is ever tied: chunk order lists the embedding's copy before the
+  // head's.
   std::vector<std::pair<size_t, size_t>> out;
   for (size_t s = 0; s < stages_.size(); ++s) {
-    const std::vector<cuda::GpuGptTensor>& layout = stages_[s]->layout();
+    const std::vector<cuda::GpuTensor>& layout = stages_[s]->layout();
     for (size_t i = 0; i < layout.size(); ++i) {
       if (layout[i].tied) out.emplace_back(s, i);
     }
@@ -249,7 +302,7 @@ std::vector<std::pair<size_t, size_t>> CudaStageCompute::TiedCopies() const {
 std::vector<TiedGradient> CudaStageCompute::TiedGradients() {
   std::vector<TiedGradient> out;
   for (auto [s, i] : TiedCopies()) {
-    const cuda::GpuGptTensor& t = stages_[s]->layout()[i];
+    const cuda::GpuTensor& t = stages_[s]->layout()[i];
     out.push_back({t.name, stages_[s]->DeviceGradient(i), t.count * sizeof(float)});
   }
   return out;
@@ -259,8 +312,8 @@ absl::Status CudaStageCompute::SumLocalTiedGradients() {
   RETURN_IF_ERROR(Use());
   const std::vector<std::pair<size_t, size_t>> copies = TiedCopies();
   if (copies.size() != 2) return absl::OkStatus();
-  GpuGpt& a = *stages_[copies[0].first];
-  GpuGpt& b = *stages_[copies[1].first];
+  GpuStage& a = *stages_[copies[0].first];
+  GpuStage& b = *stages_[copies[1].first];
   RETURN_IF_ERROR(a.AddToGradient(copies[0].second, b.DeviceGradient(copies[1].second)));
   return b.CopyGradientFrom(copies[1].second, a.DeviceGradient(copies[0].second));
 }
@@ -309,9 +362,9 @@ absl::StatusOr<std::vector<StateTensor>> CudaStageCompute::CheckpointTensors(boo
   host_steps_.clear();
   std::vector<StateTensor> params, state;
   for (auto& stage : stages_) {
-    const std::vector<cuda::GpuGptTensor>& layout = stage->layout();
+    const std::vector<cuda::GpuTensor>& layout = stage->layout();
     for (size_t i = 0; i < layout.size(); ++i) {
-      const cuda::GpuGptTensor& t = layout[i];
+      const cuda::GpuTensor& t = layout[i];
       if (t.tied_copy || (t.tied && !list_tied)) continue;
       std::vector<float>& value = host_f32_.emplace_back(t.count);
       std::vector<float>& m = host_f32_.emplace_back(t.count);
@@ -336,7 +389,7 @@ std::vector<std::string> CudaStageCompute::RestoreNames(bool weights_only) {
   for (const char* suffix : {"", ".adam_m", ".adam_v", ".adam_step"}) {
     if (weights_only && *suffix != '\0') break;
     for (const auto& stage : stages_) {
-      for (const cuda::GpuGptTensor& t : stage->layout()) {
+      for (const cuda::GpuTensor& t : stage->layout()) {
         std::string n = t.name + suffix;
         if (seen.insert(n).second) names.push_back(std::move(n));
       }
@@ -354,9 +407,9 @@ absl::Status CudaStageCompute::Restore(const TensorLookup& lookup, bool weights_
   std::vector<float> value, m, v;
   for (auto& stage : stages_) {
     int64_t steps = 0;
-    const std::vector<cuda::GpuGptTensor>& layout = stage->layout();
+    const std::vector<cuda::GpuTensor>& layout = stage->layout();
     for (size_t i = 0; i < layout.size(); ++i) {
-      const cuda::GpuGptTensor& t = layout[i];
+      const cuda::GpuTensor& t = layout[i];
       const size_t bytes = t.count * sizeof(float);
       value.resize(t.count);
       RETURN_IF_ERROR(copy(t.name, value.data(), bytes));

@@ -1,21 +1,22 @@
 // CudaStageCompute: the StageCompute of a CUDA device. Each chunk of the worker's program is a
-// cuda::GpuGpt stage (worker/backend/cuda/gpu_gpt.h) holding the chunk's layer range on the
-// device, with its fp32 master weights, gradients and AdamW moments, bf16 compute copies of
-// the GEMM weights (precision bf16) and pooled activation slots; activations and gradients
-// between stages are device buffers (the NCCL transport moves them; two chunks of this worker
-// hand them over in device memory, no copy through the host).
+// cuda::GpuStage (worker/backend/cuda/gpu_stage.h) of the spec's architecture, a GpuGpt (gpt)
+// or a GpuLlama (llama), holding the chunk's layer range on the device, with its fp32 master
+// weights, gradients and AdamW moments, bf16 compute copies of the GEMM weights (precision bf16)
+// and pooled activation slots; activations and gradients between stages are device buffers (the
+// NCCL transport moves them; two chunks of this worker hand them over in device memory, no copy
+// through the host).
 //
 // Semantics match the CPU backend's (CpuStageCompute): the same parameter names, initial
 // values and checkpoint tensors (so a checkpoint moves between CPU and GPU jobs), the loss as
 // summed cross-entropy / loss normalizer, the tied wte's two copies summed by the executor.
 // The split backward (I, then W) keeps each micro-batch's output gradients from I to W, so
-// W's weight gradients can fill a zero-bubble schedule's bubble. gpt models with AdamW only
-// (the spec validation says so first).
+// W's weight gradients can fill a zero-bubble schedule's bubble. gpt and llama models with
+// AdamW only (the spec validation says so first).
 //
 // Every call makes the worker's device current on the calling thread (gRPC may call from any
 // thread) and returns when the device is done, so that the transport may read the outputs.
 // The header names no CUDA type (the device is reached through worker/backend/cuda/device.h
-// and gpu_gpt.h), so that main.cc includes it without the CUDA headers.
+// and gpu_stage.h), so that main.cc includes it without the CUDA headers.
 // Thread-safety: as StageCompute.
 #ifndef TANDEM_WORKER_CUDA_STAGE_COMPUTE_H_
 #define TANDEM_WORKER_CUDA_STAGE_COMPUTE_H_
@@ -31,7 +32,7 @@
 
 namespace tandem::worker {
 namespace cuda {
-class GpuGpt;  // worker/backend/cuda/gpu_gpt.h
+class GpuStage;  // worker/backend/cuda/gpu_stage.h
 }  // namespace cuda
 
 // "cuda:N" -> N, or INVALID_ARGUMENT naming the text.
@@ -83,7 +84,7 @@ class CudaStageCompute final : public StageCompute {
   int device_ = 0;
   int64_t activation_elements_ = 0;  // B * T * C
   int64_t last_device_us_ = 0;
-  std::vector<std::unique_ptr<cuda::GpuGpt>> stages_;
+  std::vector<std::unique_ptr<cuda::GpuStage>> stages_;
   std::shared_ptr<BufferPool> pool_;
   int64_t parameter_count_ = 0;
   std::vector<StaticMemory> static_memory_;

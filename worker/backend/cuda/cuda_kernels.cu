@@ -6,9 +6,19 @@
 #include "common/status_macros.h"
 #include "worker/backend/cuda/cuda_kernels.h"
 #include "worker/backend/cuda/cuda_status.h"
+#include "worker/backend/cuda/kernel_util.cuh"
 
 namespace tandem::worker::cuda {
 namespace {
+
+using kernel_util::BlockMax;
+using kernel_util::BlockSum;
+using kernel_util::ColumnTiles;
+using kernel_util::kTile;
+using kernel_util::LaunchStatus;
+using kernel_util::WarpAllSum;
+using kernel_util::WarpMax;
+using kernel_util::WarpSum;
 
 // Same value as kernels::kLayerNormEps (worker/model/kernels.h, not included here: nvcc need
 // not see the CPU headers).
@@ -105,59 +115,6 @@ absl::Status GemmBf16(cublasHandle_t h, cudaStream_t s, bool ta, bool tb, int64_
 __device__ __forceinline__ float ToF(float x) { return x; }
 __device__ __forceinline__ float ToF(bf16 x) { return __bfloat162float(x); }
 
-template <typename T>
-__device__ __forceinline__ T WarpSum(T v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-  return v;  // complete in lane 0
-}
-
-__device__ __forceinline__ float WarpMax(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;  // in every lane
-}
-
-__device__ __forceinline__ float WarpAllSum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;  // in every lane
-}
-
-// Sum over the block (blockDim.x a multiple of 32, at most 1024), returned to every thread.
-// `shared` holds 32 elements; it may be reused after the call returns.
-template <typename T>
-__device__ T BlockSum(T v, T* shared) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = WarpSum(v);
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  const int warps = blockDim.x >> 5;
-  if (warp == 0) {
-    v = lane < warps ? shared[lane] : T(0);
-    v = WarpSum(v);
-    if (lane == 0) shared[0] = v;
-  }
-  __syncthreads();
-  const T r = shared[0];
-  __syncthreads();
-  return r;
-}
-
-__device__ float BlockMax(float v, float* shared) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = WarpMax(v);
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  const int warps = blockDim.x >> 5;
-  if (warp == 0) {
-    v = lane < warps ? shared[lane] : -INFINITY;
-    v = WarpMax(v);
-    if (lane == 0) shared[0] = v;
-  }
-  __syncthreads();
-  const float r = shared[0];
-  __syncthreads();
-  return r;
-}
-
 // ---- Kernels.
 
 template <typename T>
@@ -173,12 +130,11 @@ __global__ void AddBiasKernel(T* out, const float* b, int64_t n, int64_t oc) {
   }
 }
 
-// Column reductions over N rows: a block of kTile x kTile threads owns kTile columns;
-// threadIdx.x is the column (a warp reads kTile consecutive floats of a row: coalesced),
-// threadIdx.y a row lane that sums rows y, y + kTile, ... in order; the lanes' partials are then
-// added in lane order. A fixed order, so bit-reproducible, with N / kTile sequential steps per
-// thread instead of N.
-constexpr int kTile = 32;
+// Column reductions over N rows (kernel_util.cuh's kTile): a block of kTile x kTile threads
+// owns kTile columns; threadIdx.x is the column (a warp reads kTile consecutive floats of a
+// row: coalesced), threadIdx.y a row lane that sums rows y, y + kTile, ... in order; the lanes'
+// partials are then added in lane order. A fixed order, so bit-reproducible, with N / kTile
+// sequential steps per thread instead of N.
 
 // db[j] += sum_i dout[i, j].
 template <typename T>
@@ -405,16 +361,6 @@ __global__ void ToFloatKernel(const bf16* in, float* out, int64_t count) {
   }
 }
 
-unsigned ColumnTiles(int64_t cols) { return static_cast<unsigned>((cols + kTile - 1) / kTile); }
-
-// The error of the launch just made (configuration errors surface here, not at the next sync).
-absl::Status LaunchStatus(const char* kernel) {
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
-    return CudaError(e, kernel, __FILE__, __LINE__);
-  }
-  return absl::OkStatus();
-}
-
 template <typename T>
 absl::Status AddBias(cudaStream_t stream, T* out, const float* b, int64_t n, int64_t oc) {
   if (b == nullptr || n == 0 || oc == 0) return absl::OkStatus();
@@ -620,6 +566,111 @@ absl::Status CausalAttentionBackward(cublasHandle_t blas, cudaStream_t stream, c
     // dk (T, hd) += scale ds^T (T, T) q (T, hd)
     RETURN_IF_ERROR(SgemmStridedBatched(blas, stream, true, false, t, hd, t, scale, ds, t, tt, q,
                                         c3, hd, 1.0f, dk, c3, hd, nh));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status CheckGqa(const char* what, int64_t b, int64_t t, int64_t nh, int64_t kv, int64_t hd) {
+  if (b < 0 || t < 0 || hd < 1 || nh < 1 || kv < 1 || nh % kv != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": bad shape b=", b, " t=", t, " nh=", nh,
+                                                   " kv=", kv, " hd=", hd,
+                                                   " (need kv >= 1 dividing nh >= 1, hd >= 1)"));
+  }
+  if (nh * hd > INT_MAX || t * t > INT_MAX || t > INT_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": shape t=", t, " nh=", nh, " hd=", hd, " exceeds cuBLAS's int range"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// In both passes, per sequence and per r in [0, group): the query heads h = g * group + r of
+// every kv head g form one strided batch of KV GEMMs (h's q columns are group * hd apart, g's
+// k / v columns hd apart, h's (T, T) probabilities group * T * T apart).
+absl::Status GqaCausalAttentionForward(cublasHandle_t blas, cudaStream_t stream, const float* q,
+                                       const float* k, const float* v, float* att, float* out,
+                                       int64_t b, int64_t t, int64_t nh, int64_t kv, int64_t hd) {
+  RETURN_IF_ERROR(CheckGqa("GqaCausalAttentionForward", b, t, nh, kv, hd));
+  if (b == 0 || t == 0) return absl::OkStatus();
+  const int64_t group = nh / kv, qd = nh * hd, kd = kv * hd, tt = t * t;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  for (int64_t bi = 0; bi < b; ++bi) {
+    const float* qb = q + bi * t * qd;  // head h at + h * hd, (T, hd), ld NH*hd
+    const float* kb = k + bi * t * kd;  // kv head g at + g * hd, (T, hd), ld KV*hd
+    const float* vb = v + bi * t * kd;
+    float* p = att + bi * nh * tt;  // (NH, T, T)
+    float* y = out + bi * t * qd;
+    for (int64_t r = 0; r < group; ++r) {
+      // scores (T, T) = scale * q_h (T, hd) k_g^T (hd, T)
+      RETURN_IF_ERROR(SgemmStridedBatched(blas, stream, false, true, t, t, hd, scale, qb + r * hd,
+                                          qd, group * hd, kb, kd, hd, 0.0f, p + r * tt, t,
+                                          group * tt, kv));
+    }
+    const int64_t rows = nh * t;
+    const int64_t rows_per_block = kThreads / 32;
+    CausalSoftmaxKernel<<<static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block),
+                          kThreads, 0, stream>>>(p, rows, t);
+    RETURN_IF_ERROR(LaunchStatus("CausalSoftmaxKernel<<<>>>"));
+    for (int64_t r = 0; r < group; ++r) {
+      // y_h (T, hd) = p_h (T, T) v_g (T, hd)
+      RETURN_IF_ERROR(SgemmStridedBatched(blas, stream, false, false, t, hd, t, 1.0f, p + r * tt, t,
+                                          group * tt, vb, kd, hd, 0.0f, y + r * hd, qd, group * hd,
+                                          kv));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GqaCausalAttentionBackward(cublasHandle_t blas, cudaStream_t stream, const float* dout,
+                                        const float* q, const float* k, const float* v,
+                                        const float* att, float* dq, float* dk, float* dv,
+                                        float* scratch, int64_t b, int64_t t, int64_t nh,
+                                        int64_t kv, int64_t hd) {
+  RETURN_IF_ERROR(CheckGqa("GqaCausalAttentionBackward", b, t, nh, kv, hd));
+  if (b == 0 || t == 0) return absl::OkStatus();
+  const int64_t group = nh / kv, qd = nh * hd, kd = kv * hd, tt = t * t;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  for (int64_t bi = 0; bi < b; ++bi) {
+    const float* qb = q + bi * t * qd;
+    const float* kb = k + bi * t * kd;
+    const float* vb = v + bi * t * kd;
+    const float* dy = dout + bi * t * qd;
+    float* dqb = dq + bi * t * qd;
+    float* dkb = dk + bi * t * kd;
+    float* dvb = dv + bi * t * kd;
+    const float* p = att + bi * nh * tt;
+    float* ds = scratch;  // (NH, T, T)
+    for (int64_t r = 0; r < group; ++r) {
+      // d att_h (T, T) = dy_h (T, hd) v_g^T
+      RETURN_IF_ERROR(SgemmStridedBatched(blas, stream, false, true, t, t, hd, 1.0f, dy + r * hd,
+                                          qd, group * hd, vb, kd, hd, 0.0f, ds + r * tt, t,
+                                          group * tt, kv));
+    }
+    const int64_t rows = nh * t;
+    const int64_t rows_per_block = kThreads / 32;
+    CausalSoftmaxBackwardKernel<<<
+        static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block), kThreads, 0, stream>>>(
+        p, ds, rows, t);
+    RETURN_IF_ERROR(LaunchStatus("CausalSoftmaxBackwardKernel<<<>>>"));
+    // Query head by query head of each group (r in order), so each kv head's sums run in head
+    // order.
+    for (int64_t r = 0; r < group; ++r) {
+      // dq_h (T, hd) += scale ds_h (T, T) k_g (T, hd)
+      RETURN_IF_ERROR(SgemmStridedBatched(blas, stream, false, false, t, hd, t, scale, ds + r * tt,
+                                          t, group * tt, kb, kd, hd, 1.0f, dqb + r * hd, qd,
+                                          group * hd, kv));
+      // dv_g (T, hd) += p_h^T (T, T) dy_h (T, hd)
+      RETURN_IF_ERROR(SgemmStridedBatched(blas, stream, true, false, t, hd, t, 1.0f, p + r * tt, t,
+                                          group * tt, dy + r * hd, qd, group * hd, 1.0f, dvb, kd,
+                                          hd, kv));
+      // dk_g (T, hd) += scale ds_h^T (T, T) q_h (T, hd)
+      RETURN_IF_ERROR(SgemmStridedBatched(blas, stream, true, false, t, hd, t, scale, ds + r * tt,
+                                          t, group * tt, qb + r * hd, qd, group * hd, 1.0f, dkb, kd,
+                                          hd, kv));
+    }
   }
   return absl::OkStatus();
 }

@@ -140,6 +140,34 @@ absl::Status CausalAttentionBackward(cublasHandle_t blas, cudaStream_t stream,
                                      float* scratch,     // (NH, T, T)
                                      int64_t b, int64_t t, int64_t c, int64_t nh);
 
+// Causal grouped-query self-attention on separate q, k and v, as the CPU kernel
+// (worker/model/llama_kernels.h): query head h reads key/value head g = h / (NH / KV); att =
+// softmax(q_h k_g^T / sqrt(hd)) masked to t' <= t (zeros above the diagonal), out_h = att v_g.
+// Per sequence, cublasSgemmStridedBatched over the KV groups for each of the NH / KV query heads
+// of a group, and the masked softmax kernel.
+absl::Status GqaCausalAttentionForward(cublasHandle_t blas, cudaStream_t stream,
+                                       const float* q,  // (B, T, NH * hd)
+                                       const float* k,  // (B, T, KV * hd)
+                                       const float* v,  // (B, T, KV * hd)
+                                       float* att,      // (B, NH, T, T) probabilities, saved
+                                       float* out,      // (B, T, NH * hd)
+                                       int64_t b, int64_t t, int64_t nh, int64_t kv, int64_t hd);
+
+// dq, dk, dv += the attention's gradients, from the saved probabilities; a kv head's gradients
+// sum its NH / KV query heads' in head order (deterministic). `scratch` holds the score
+// gradients of one sequence at a time.
+absl::Status GqaCausalAttentionBackward(cublasHandle_t blas, cudaStream_t stream,
+                                        const float* dout,  // (B, T, NH * hd)
+                                        const float* q,     // (B, T, NH * hd)
+                                        const float* k,     // (B, T, KV * hd)
+                                        const float* v,     // (B, T, KV * hd)
+                                        const float* att,   // (B, NH, T, T)
+                                        float* dq,          // (B, T, NH * hd) +=
+                                        float* dk,          // (B, T, KV * hd) +=
+                                        float* dv,          // (B, T, KV * hd) +=
+                                        float* scratch,     // (NH, T, T)
+                                        int64_t b, int64_t t, int64_t nh, int64_t kv, int64_t hd);
+
 // ---- Loss.
 
 // Fused softmax cross-entropy, as the CPU SoftmaxCrossEntropyInPlace: each row of logits

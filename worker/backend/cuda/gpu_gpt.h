@@ -35,9 +35,9 @@
 // when more micro-batches are in flight and kept for reuse. PlanGpuGptMemory gives the figures
 // without a device. cuBLAS's own workspace (inside its handle) is not counted.
 //
-// Errors: every call returns absl::Status / StatusOr; device failures come through the
-// TANDEM_*_RETURN_IF_ERROR macros (never exit). After a device error the object should be
-// dropped (its buffers may hold partial results).
+// The parameters, slots, optimizer and calls are GpuStage's (gpu_stage.h), shared with
+// GpuLlama; this class is GPT-2's layers: LayerNorm, the fused c_attn, GELU, biases, wpe.
+// Errors: as GpuStage (never exit; drop the object after a device error).
 // Determinism: every reduction is in a fixed order except the token-embedding gradient, which
 // scatters rows with atomicAdd (two positions holding the same token add in either order).
 // Thread-safety: thread-compatible; one owner calls it at a time.
@@ -54,18 +54,15 @@
 #include "absl/status/statusor.h"
 #include "worker/backend/cuda/adamw_hyper.h"
 #include "worker/backend/cuda/gpu_gpt_layout.h"
+#include "worker/backend/cuda/gpu_stage.h"
 
 namespace tandem::worker::cuda {
 
-// Per-phase device times of the latest ForwardBackward and Step, from CUDA events on the
-// model's stream, in milliseconds.
-struct GpuGptTimes {
-  float forward_ms = 0.0f;
-  float backward_ms = 0.0f;
-  float optimizer_ms = 0.0f;
-};
+using GpuGptTimes = GpuStageTimes;
 
-class GpuGpt {
+// The calls (Forward, Backward, the split backward, Step, the tensor copies) are GpuStage's
+// (gpu_stage.h); GpuGpt adds GPT-2's layers.
+class GpuGpt final : public GpuStage {
  public:
   // Validates `config`, allocates every buffer on the current device, initialises the
   // parameters (InitGpuGptParameters) and zeroes gradients and moments. INVALID_ARGUMENT for a
@@ -73,101 +70,21 @@ class GpuGpt {
   // memory does not fit. `hyper.lr` is ignored (each Step passes its own).
   static absl::StatusOr<std::unique_ptr<GpuGpt>> Create(const GpuGptConfig& config,
                                                         const AdamWHyper& hyper);
-  ~GpuGpt();
-  GpuGpt(const GpuGpt&) = delete;
-  GpuGpt& operator=(const GpuGpt&) = delete;
-
-  bool has_embedding() const;
-  bool has_head() const;
-
-  // F of micro-batch `mb` (any int key, one Forward per key until its Backward): `tokens` (the
-  // embedding's) and `targets` (the head's) are host arrays of B*T ids (row-major (B, T)) in
-  // [0, V), checked before anything is enqueued (INVALID_ARGUMENT); `input` (a stage without
-  // the embedding) and `output` (a stage without the head) are device arrays of (B, T, C)
-  // floats. With `save`, what the backward needs stays in the micro-batch's slot, and on the
-  // head stage the head's backward runs now with d loss = `grad_scale` per position. Returns
-  // the micro-batch's SUMMED cross-entropy over its B*T positions on the head stage, else 0.
-  // Waits for the device. FAILED_PRECONDITION when `mb` already has a saved forward.
-  absl::StatusOr<double> Forward(int mb, const int32_t* tokens, const int32_t* targets,
-                                 const float* input, float* output, float grad_scale, bool save);
-  // B of `mb`: `dout` (device (B, T, C), a stage without the head) is d loss / d output;
-  // writes d loss / d input into `din` (a stage without the embedding) and ADDS the parameter
-  // gradients; frees the slot. INTERNAL when `mb` has no saved forward. Waits for the device.
-  absl::Status Backward(int mb, const float* dout, float* din);
-  // The split backward of zero-bubble schedules, B in two: BackwardInput (I) writes `din` as
-  // Backward does and keeps, with the slot, each output gradient the weight gradients need;
-  // BackwardWeight (W) then ADDS the parameter gradients, the same operations as Backward's,
-  // and frees the slot. INTERNAL for I without a forward or twice, W without its I, and B
-  // after I. Both wait for the device.
-  absl::Status BackwardInput(int mb, const float* dout, float* din);
-  absl::Status BackwardWeight(int mb);
-  // Bytes held by `mb`'s saved forward (0 when none), with its output gradients between I
-  // and W.
-  size_t SavedBytes(int mb) const;
-  // Returns every slot to the pool (after a failed step).
-  void DropSaved();
-
-  // The whole model (INVALID_ARGUMENT for a stage): Forward and Backward of one micro-batch,
-  // ADDING into the gradients d(loss / accumulation)/d(params), where loss is the micro-batch's
-  // mean cross-entropy over its B*T positions: over `accumulation` micro-batches the gradients
-  // sum to those of the mean over all of them. Returns the micro-batch's mean loss.
-  absl::StatusOr<float> ForwardBackward(const int32_t* tokens, const int32_t* targets,
-                                        int64_t accumulation = 1);
-
-  // The L2 norm of all gradients (the tied wte once), reduced in double. Waits for the device.
-  absl::StatusOr<float> GradNorm();
-  // The squared L2 norm of the gradients in double, the head's tied_copy left out unless
-  // `include_tied_copy`. Waits for the device.
-  absl::StatusOr<double> GradSquaredNorm(bool include_tied_copy);
-
-  // One AdamW update of every parameter with learning rate `lr` of the gradients times
-  // `grad_scale` (weight decay only where GpuGptTensor::decay), then zeroes the gradients and,
-  // in kBf16, refreshes the compute copies. Returns the norm of the (unscaled) gradients before
-  // the update. Waits for the device.
-  absl::StatusOr<float> Step(float lr, float grad_scale = 1.0f);
-
-  // Zeroes the gradients (without an update).
-  absl::Status ZeroGradients();
-
-  // Host copies of one tensor (index into layout()); `count` must equal its element count
-  // (INVALID_ARGUMENT otherwise). SetParameter also refreshes its compute copy.
-  absl::Status SetParameter(size_t index, const float* host, size_t count);
-  absl::Status GetParameter(size_t index, float* host, size_t count) const;
-  absl::Status GetGradient(size_t index, float* host, size_t count) const;
-  // The AdamW moments of one tensor (host copies), and the update count every tensor shares.
-  absl::Status GetMoments(size_t index, float* m, float* v, size_t count) const;
-  absl::Status SetMoments(size_t index, const float* m, const float* v, size_t count);
-  void set_steps(int64_t steps) { step_ = steps; }
-
-  // Device access to one tensor's gradient (index into layout()), for the pipeline's tied
-  // gradients: its address, adding `other` (device, same count) into it, copying it from
-  // `other`.
-  float* DeviceGradient(size_t index);
-  absl::Status AddToGradient(size_t index, const float* other);
-  absl::Status CopyGradientFrom(size_t index, const float* other);
+  ~GpuGpt() override;
 
   const GpuGptConfig& config() const { return config_; }
-  const std::vector<GpuGptTensor>& layout() const { return layout_; }
-  // Parameter count, the tied wte once.
-  int64_t num_parameters() const { return static_cast<int64_t>(num_params_); }
-  // What Create allocated (one activation slot), and the activation slots allocated so far.
-  const GpuGptMemory& memory() const { return memory_; }
-  size_t activation_slots() const;
-  const GpuGptTimes& last_times() const { return times_; }
-  int64_t steps() const { return step_; }
 
  private:
-  struct Impl;  // device buffers, handles and the forward / backward passes (gpu_gpt.cc)
+  struct Impl;  // the workspace and the passes over the blocks (gpu_gpt.cc)
   GpuGpt();
-  absl::Status CheckIndex(size_t index, size_t count) const;
+  void CarveWorkspace(uintptr_t base) override;
+  absl::StatusOr<std::unique_ptr<Slot>> NewSlot() override;
+  void CarveWeightGradInputs(Slot& slot, uintptr_t base) override;
+  absl::Status ForwardPass(Slot& slot, float grad_scale) override;
+  absl::StatusOr<const float*> BackwardPass(Slot& slot, const float* dout, bool split) override;
+  absl::Status WeightPass(Slot& slot) override;
 
   GpuGptConfig config_;
-  AdamWHyper hyper_;
-  std::vector<GpuGptTensor> layout_;
-  size_t num_params_ = 0;
-  GpuGptMemory memory_;
-  GpuGptTimes times_;
-  int64_t step_ = 0;
   std::unique_ptr<Impl> impl_;
 };
 

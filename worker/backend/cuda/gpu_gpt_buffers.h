@@ -1,10 +1,8 @@
 // GpuGpt's internals shared by its host half (gpu_gpt_layout.cc: the memory plan) and its
 // device half (gpu_gpt.cc: the buffers themselves): which layers a stage holds, where each
-// tensor sits in the layout, and how one allocation is carved into the saved activations, the
-// split backward's output gradients and the workspace. The carving is written once, over the
-// element type of a bf16 buffer (`Half`): gpu_gpt.cc carves device pointers with the device's
-// bf16, the plan sizes the same carving with Bf16Bits (2 bytes, as bf16), so the plan is what
-// Create allocates. Not a public API: only gpu_gpt.cc and gpu_gpt_layout.cc include it.
+// tensor sits in the layout, and how one allocation is carved (gpu_stage_buffers.h) into the
+// saved activations, the split backward's output gradients and the workspace. Not a public
+// API: only gpu_gpt.cc and gpu_gpt_layout.cc include it.
 #ifndef TANDEM_WORKER_BACKEND_CUDA_GPU_GPT_BUFFERS_H_
 #define TANDEM_WORKER_BACKEND_CUDA_GPU_GPT_BUFFERS_H_
 
@@ -14,15 +12,12 @@
 #include <vector>
 
 #include "worker/backend/cuda/gpu_gpt_layout.h"
+#include "worker/backend/cuda/gpu_stage_buffers.h"
 
 namespace tandem::worker::cuda::gpu_gpt_internal {
 
-// A bf16 element for sizing only (the device's bf16 has the same size; gpu_gpt.cc checks).
-struct Bf16Bits {
-  uint16_t bits;
-};
-
-constexpr size_t kAlign = 256;
+using gpu_stage_internal::Bf16Bits;
+using gpu_stage_internal::Carver;
 
 // Tensors per block, in GptBlock::Parameters() order.
 enum BlockTensor {
@@ -40,15 +35,7 @@ enum BlockTensor {
   kMlpProjB,
   kTensorsPerBlock
 };
-// Which layers a (validated) config's stage holds: blocks [b0, b1) by block index.
-struct StageShape {
-  bool embedding = false;
-  bool head = false;
-  int64_t b0 = 0;
-  int64_t b1 = 0;
-  int64_t blocks() const { return b1 - b0; }
-};
-
+using StageShape = GpuStageShape;
 StageShape ShapeOf(const GpuGptConfig& cfg);
 
 // Positions in a stage's layout: wte, wpe (embedding), 12 per block from block_base, ln_f gain
@@ -66,30 +53,8 @@ struct LayoutIndex {
 
 LayoutIndex IndexOf(const GpuGptConfig& cfg);
 
-// Elements of the fp32 parameter buffer, and of the bf16 compute-copy buffer.
-size_t ParameterElements(const std::vector<GpuGptTensor>& layout);
-size_t ComputeCopyElements(const std::vector<GpuGptTensor>& layout);
-
 // The memory of a validated config with its layout (PlanGpuGptMemory without the validation).
 GpuGptMemory PlanValidated(const GpuGptConfig& cfg, const std::vector<GpuGptTensor>& layout);
-
-// Carves typed sub-buffers out of one allocation (or, with base 0, only sizes them).
-class Carver {
- public:
-  explicit Carver(uintptr_t base) : base_(base) {}
-  template <typename T>
-  T* Take(size_t count) {
-    used_ = (used_ + kAlign - 1) / kAlign * kAlign;
-    T* p = reinterpret_cast<T*>(base_ + used_);
-    used_ += count * sizeof(T);
-    return p;
-  }
-  size_t used() const { return used_; }
-
- private:
-  uintptr_t base_;
-  size_t used_ = 0;
-};
 
 // Saved for backward, one micro-batch. Of each "_f" / "_h" pair only the fp32 (kFp32) or the
 // bf16 (kBf16) member is allocated; the other stays null.

@@ -35,7 +35,8 @@ __global__ void EmbeddingForwardKernel(const int32_t* tokens, const float* wte, 
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t row = i / c, j = i % c;
-    out[i] = wte[int64_t{tokens[row]} * c + j] + wpe[(row % t) * c + j];
+    const float e = wte[int64_t{tokens[row]} * c + j];
+    out[i] = wpe == nullptr ? e : e + wpe[(row % t) * c + j];
   }
 }
 
@@ -84,8 +85,10 @@ absl::Status EmbeddingBackward(cudaStream_t stream, const int32_t* tokens, const
   RETURN_IF_ERROR(CheckShape("EmbeddingBackward", b, t, c));
   const int64_t total = b * t * c;
   if (total == 0) return absl::OkStatus();
-  PositionGradKernel<<<Blocks(t * c), kThreads, 0, stream>>>(dout, dwpe, b, t, c);
-  RETURN_IF_ERROR(LaunchStatus("PositionGradKernel<<<>>>"));
+  if (dwpe != nullptr) {
+    PositionGradKernel<<<Blocks(t * c), kThreads, 0, stream>>>(dout, dwpe, b, t, c);
+    RETURN_IF_ERROR(LaunchStatus("PositionGradKernel<<<>>>"));
+  }
   TokenGradKernel<<<Blocks(total), kThreads, 0, stream>>>(tokens, dout, dwte, c, total);
   return LaunchStatus("TokenGradKernel<<<>>>");
 }

@@ -17,13 +17,7 @@ namespace tandem::worker::cuda {
 namespace gpu_gpt_internal {
 
 StageShape ShapeOf(const GpuGptConfig& cfg) {
-  StageShape s;
-  s.embedding = cfg.layer_begin == 0;
-  s.head = cfg.layer_end == cfg.n_layer + 2;
-  s.b0 = std::max<int64_t>(cfg.layer_begin, 1) - 1;
-  s.b1 = std::min<int64_t>(cfg.layer_end, cfg.n_layer + 1) - 1;
-  if (s.b1 < s.b0) s.b1 = s.b0;
-  return s;
+  return StageShapeOf(cfg.n_layer, cfg.layer_begin, cfg.layer_end);
 }
 
 LayoutIndex IndexOf(const GpuGptConfig& cfg) {
@@ -34,18 +28,6 @@ LayoutIndex IndexOf(const GpuGptConfig& cfg) {
   ix.lnf = ix.block_base + static_cast<size_t>(sh.blocks()) * kTensorsPerBlock;
   ix.head_w = cfg.tie_embeddings && sh.embedding ? ix.wte : ix.lnf + 2;
   return ix;
-}
-
-size_t ComputeCopyElements(const std::vector<GpuGptTensor>& layout) {
-  size_t n = 0;
-  for (const GpuGptTensor& t : layout) {
-    if (t.compute_copy) n = std::max(n, t.compute_offset + t.count);
-  }
-  return n;
-}
-
-size_t ParameterElements(const std::vector<GpuGptTensor>& layout) {
-  return layout.empty() ? 0 : layout.back().offset + layout.back().count;
 }
 
 void CarveWeightGradInputs(const GpuGptConfig& cfg, Carver& r, WeightGradInputs* g) {
@@ -65,12 +47,8 @@ void CarveWeightGradInputs(const GpuGptConfig& cfg, Carver& r, WeightGradInputs*
 }
 
 GpuGptMemory PlanValidated(const GpuGptConfig& cfg, const std::vector<GpuGptTensor>& layout) {
-  GpuGptMemory m;
-  const size_t p = ParameterElements(layout);
-  m.parameters = p * sizeof(float);
-  m.compute_weights = ComputeCopyElements(layout) * sizeof(Bf16Bits);
-  m.gradients = p * sizeof(float);
-  m.optimizer_state = 2 * p * sizeof(float);
+  static_assert(sizeof(Bf16Bits) == sizeof(uint16_t));
+  GpuGptMemory m = ParameterMemory(layout);
   Carver act(0), work(0), split(0);
   Activations<Bf16Bits> a;
   Workspace<Bf16Bits> w;
@@ -91,23 +69,18 @@ namespace {
 using gpu_gpt_internal::BlockTensor;
 using gpu_gpt_internal::IndexOf;
 using gpu_gpt_internal::LayoutIndex;
-using gpu_gpt_internal::ParameterElements;
 using gpu_gpt_internal::PlanValidated;
 using gpu_gpt_internal::ShapeOf;
 using gpu_gpt_internal::StageShape;
 using enum BlockTensor;
 
 // The CPU layers' constants (worker/model/gpt.cc; the limits from common/limits.h).
-constexpr float kInitStd = 0.02f;
+constexpr float kInitStd = kGpuInitStd;
 using ::tandem::kMaxDim;
 using ::tandem::kMaxLayers;
 using ::tandem::kMaxTensorElements;
 // No device holds more; keeps every size_t below free of overflow.
 constexpr double kMaxDeviceBytes = 1125899906842624.0;  // 2^50
-
-void FillNormal(Rng& rng, float stddev, float* out, size_t count) {
-  for (size_t i = 0; i < count; ++i) out[i] = static_cast<float>(rng.Normal() * stddev);
-}
 
 }  // namespace
 
@@ -122,12 +95,7 @@ absl::StatusOr<GpuGptConfig> ValidateGpuGptConfig(const GpuGptConfig& config) {
         absl::StrCat("d_hidden must be >= 0 (0 means 4 * d_model), got ", cfg.d_hidden));
   }
   if (cfg.d_hidden == 0) cfg.d_hidden = 4 * cfg.d_model;
-  if (cfg.layer_end == -1) cfg.layer_end = cfg.n_layer + 2;
-  if (cfg.layer_begin < 0 || cfg.layer_begin >= cfg.layer_end || cfg.layer_end > cfg.n_layer + 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "layers [", cfg.layer_begin, ", ", config.layer_end,
-        ") are not a non-empty range within the model's ", cfg.n_layer + 2, " layers"));
-  }
+  RETURN_IF_ERROR(ResolveLayerRange(cfg.n_layer, &cfg.layer_begin, &cfg.layer_end));
   for (auto [field, value] : {std::pair{"n_head", cfg.n_head},
                               {"d_model", cfg.d_model},
                               {"d_hidden", cfg.d_hidden},
@@ -179,33 +147,17 @@ absl::StatusOr<GpuGptConfig> ValidateGpuGptConfig(const GpuGptConfig& config) {
 }
 
 std::vector<GpuGptTensor> GpuGptParameterLayout(const GpuGptConfig& cfg) {
-  const bool h16 = cfg.precision == GpuPrecision::kBf16;
   const StageShape sh = ShapeOf(cfg);
   const int64_t c = cfg.d_model, h = cfg.d_hidden, v = cfg.vocab;
   // A tied wte is the pipeline's to sum when this stage has only one of its two readers.
   const bool tied_split = cfg.tie_embeddings && sh.embedding != sh.head;
-  std::vector<GpuGptTensor> layout;
-  size_t offset = 0, compute_offset = 0;
+  LayoutBuilder layout(cfg.precision);
   auto add = [&](std::string name, std::vector<int64_t> shape, bool decay, bool gemm) {
-    GpuGptTensor t;
-    t.name = std::move(name);
-    t.count = 1;
-    for (int64_t d : shape) t.count *= static_cast<size_t>(d);
-    t.shape = std::move(shape);
-    t.offset = offset;
-    offset += t.count;
-    t.decay = decay;
-    t.compute_copy = h16 && gemm;
-    if (t.compute_copy) {
-      t.compute_offset = compute_offset;
-      compute_offset += t.count;
-    }
-    layout.push_back(std::move(t));
+    return &layout.Add(std::move(name), std::move(shape), decay, gemm);
   };
   if (sh.embedding) {
     // The tied wte is also the LM head's GEMM weight.
-    add("transformer.wte.weight", {v, c}, true, cfg.tie_embeddings && sh.head);
-    layout.back().tied = tied_split;
+    add("transformer.wte.weight", {v, c}, true, cfg.tie_embeddings && sh.head)->tied = tied_split;
     add("transformer.wpe.weight", {cfg.seq_len, c}, true, false);
   }
   for (int64_t i = sh.b0; i < sh.b1; ++i) {
@@ -229,12 +181,12 @@ std::vector<GpuGptTensor> GpuGptParameterLayout(const GpuGptConfig& cfg) {
     if (!cfg.tie_embeddings) {
       add("lm_head.weight", {v, c}, true, true);
     } else if (!sh.embedding) {
-      add("transformer.wte.weight", {v, c}, true, true);
-      layout.back().tied = true;
-      layout.back().tied_copy = true;
+      GpuGptTensor* copy = add("transformer.wte.weight", {v, c}, true, true);
+      copy->tied = true;
+      copy->tied_copy = true;
     }
   }
-  return layout;
+  return layout.Take();
 }
 
 std::vector<float> InitGpuGptParameters(const GpuGptConfig& cfg,

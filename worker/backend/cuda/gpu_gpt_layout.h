@@ -13,10 +13,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/backend/cuda/gpu_stage_layout.h"
 
 namespace tandem::worker::cuda {
-
-enum class GpuPrecision { kFp32, kBf16 };
 
 struct GpuGptConfig {
   // The model (the fields of worker::GptConfig).
@@ -44,20 +43,9 @@ struct GpuGptConfig {
 // the int range cuBLAS and the kernels take.
 absl::StatusOr<GpuGptConfig> ValidateGpuGptConfig(const GpuGptConfig& config);
 
-// One parameter tensor in the flat buffers.
-struct GpuGptTensor {
-  std::string name;            // GPT2LMHeadModel's, as in worker/model/gpt.h
-  std::vector<int64_t> shape;  // as the CPU Parameter's
-  size_t offset = 0;           // into the fp32 parameter / gradient / moment buffers
-  size_t count = 0;            // elements
-  bool decay = false;          // weight decay applies (2-D weights), as Parameter::decay
-  bool compute_copy = false;   // has a bf16 compute copy (GEMM weights, in kBf16 only)
-  size_t compute_offset = 0;   // into the bf16 buffer, when compute_copy
-  // One copy of a parameter another stage holds too (tied wte, on a stage that has only one of
-  // embedding and head): its gradient must be summed with the other copy's.
-  bool tied = false;
-  bool tied_copy = false;  // the head's copy (a tied wte on a stage without the embedding)
-};
+// The shared stage types (gpu_stage_layout.h) under the names GpuGpt has always used.
+using GpuGptTensor = GpuTensor;
+using GpuGptMemory = GpuStageMemory;
 
 // The tensors of a validated config's stage, in the order gpu_gpt.h describes (Parameters).
 std::vector<GpuGptTensor> GpuGptParameterLayout(const GpuGptConfig& config);
@@ -66,22 +54,6 @@ std::vector<GpuGptTensor> GpuGptParameterLayout(const GpuGptConfig& config);
 // config.seed. Host only.
 std::vector<float> InitGpuGptParameters(const GpuGptConfig& config,
                                         const std::vector<GpuGptTensor>& layout);
-
-// Device memory, in bytes, by purpose.
-struct GpuGptMemory {
-  size_t parameters = 0;       // fp32 master weights
-  size_t compute_weights = 0;  // bf16 copies of the GEMM weights (0 in kFp32)
-  size_t gradients = 0;        // fp32, one per parameter
-  size_t optimizer_state = 0;  // AdamW m and v, fp32
-  size_t activations = 0;      // saved for backward, one micro-batch (one slot), all layers
-  size_t workspace = 0;        // scratch reused by every layer, token ids, loss, norm
-  // The split backward's, one micro-batch between its I and W: the output gradients W needs
-  // (allocated with a slot at its first I; not in total(), which 1F1B and GPipe never use).
-  size_t weight_grad_inputs = 0;
-  size_t total() const {
-    return parameters + compute_weights + gradients + optimizer_state + activations + workspace;
-  }
-};
 
 // What Create allocates for `config` (validated first; INVALID_ARGUMENT as above). Host only.
 absl::StatusOr<GpuGptMemory> PlanGpuGptMemory(const GpuGptConfig& config);
