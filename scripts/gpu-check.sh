@@ -15,7 +15,8 @@
 #      path, NCCL where two GPUs exist); a test that skips for want of a device fails the check;
 #   4. runs GPU jobs through the daemons, each checked for a finite, falling loss and zero
 #      skipped steps (scripts/check_losses.py), not only for SUCCEEDED: examples/gpu-pipeline.yaml
-#      (one worker, two chunks on one GPU), examples/gpu-pipeline-2stage.yaml (two workers on
+#      (one worker, two chunks on one GPU), examples/gpu-llama.yaml (the same for a llama),
+#      examples/gpu-pipeline-2stage.yaml (two workers on
 #      ONE GPU: the host-staged transport) and, where two GPUs exist, the same two stages on two
 #      GPUs over NCCL;
 #   5. benchmarks, each loss checked: bench_gpu_gpt beside bench/torch_gpt_gpu.py on the same
@@ -321,6 +322,7 @@ run_job() {
   fi
 }
 run_job one-gpu-two-chunks examples/gpu-pipeline.yaml cuda:0
+[ -f examples/gpu-llama.yaml ] && run_job one-gpu-llama examples/gpu-llama.yaml cuda:0
 if [ -f examples/gpu-pipeline-2stage.yaml ]; then
   run_job one-gpu-two-workers examples/gpu-pipeline-2stage.yaml cuda:0 cuda:0
   [ "$gpus" -ge 2 ] && run_job two-gpus-nccl examples/gpu-pipeline-2stage.yaml cuda:0 cuda:1

@@ -3,7 +3,8 @@
 // itself (bit-exact: the suite's own check), and, in a build with CUDA, the CUDA backend in
 // fp32 (relative tolerance kFp32Tol on losses and gradient norms) and in bf16 (kBf16Tol, on a
 // wider model at a smaller learning rate: kBf16Scale). The CUDA cases skip, saying so, without
-// a device. What every backend must do:
+// a device. Every case runs for both decoders, gpt and llama (the "_llama" cases). What every
+// backend must do:
 //   - train a worker's single stage to the reference's losses and gradient norms;
 //   - hand activations and gradients between two stages of one worker in its own memory (two
 //     chunks, interleaved 1F1B), tied embeddings summed locally;
@@ -66,6 +67,7 @@ constexpr double kBf16Tol = 1e-2;
 
 struct Backend {
   std::string name;
+  std::string arch;           // the model: gpt (TinyGptJob) or llama (TinyLlamaJob, 2 blocks)
   std::string precision;      // the spec's
   double tol = 0.0;           // relative, against the CPU reference
   bool device_clock = false;  // times its compute by the device's clock (device_us)
@@ -79,13 +81,13 @@ void PrintTo(const Backend& b, std::ostream* os) { *os << b.name; }
 
 std::vector<Backend> Backends() {
   std::vector<Backend> out;
-  out.push_back({"cpu", "", 0.0, false, kTinyScale,
-                 [](const v1::StageProgram& p) -> absl::StatusOr<std::unique_ptr<StageCompute>> {
-                   ASSIGN_OR_RETURN(auto c,
-                                    CpuStageCompute::Create(p, StageExecutor::MicroBatchSlots(p)));
-                   return std::unique_ptr<StageCompute>(std::move(c));
-                 },
-                 [] { return std::string(); }});
+  auto cpu = [](const v1::StageProgram& p) -> absl::StatusOr<std::unique_ptr<StageCompute>> {
+    ASSIGN_OR_RETURN(auto c, CpuStageCompute::Create(p, StageExecutor::MicroBatchSlots(p)));
+    return std::unique_ptr<StageCompute>(std::move(c));
+  };
+  auto usable = [] { return std::string(); };
+  out.push_back({"cpu", "gpt", "", 0.0, false, kTinyScale, cpu, usable});
+  out.push_back({"cpu_llama", "llama", "", 0.0, false, kTinyScale, cpu, usable});
 #ifdef TANDEM_TEST_CUDA
   auto cuda = [](const v1::StageProgram& p) -> absl::StatusOr<std::unique_ptr<StageCompute>> {
     ASSIGN_OR_RETURN(auto c, CudaStageCompute::Create(p, 0));
@@ -95,20 +97,32 @@ std::vector<Backend> Backends() {
     absl::Status s = cuda::CudaAvailable();
     return s.ok() ? std::string() : absl::StrCat("no CUDA device: ", s.ToString());
   };
-  out.push_back({"cuda_fp32", "fp32", kFp32Tol, true, kTinyScale, cuda, no_device});
-  out.push_back({"cuda_bf16", "bf16", kBf16Tol, true, kBf16Scale, cuda, no_device});
+  for (const char* arch : {"gpt", "llama"}) {
+    const std::string suffix = std::string(arch) == "gpt" ? "" : "_llama";
+    out.push_back(
+        {"cuda_fp32" + suffix, arch, "fp32", kFp32Tol, true, kTinyScale, cuda, no_device});
+    out.push_back(
+        {"cuda_bf16" + suffix, arch, "bf16", kBf16Tol, true, kBf16Scale, cuda, no_device});
+  }
 #endif
   return out;
 }
 
-// TinyGptJob at `scale`, with `micro_batches` micro-batches.
-v1::JobSpec ScaledJob(const Scale& scale, bool tied, int micro_batches) {
-  v1::JobSpec spec = TinyGptJob(tied);
+// TinyGptJob, or TinyLlamaJob cut to 2 blocks, at `scale`, with `micro_batches` micro-batches.
+// A llama keeps half as many kv heads as query heads and a SwiGLU of twice d_model.
+v1::JobSpec ScaledJob(const Scale& scale, bool tied, int micro_batches,
+                      const std::string& arch = "gpt") {
+  v1::JobSpec spec = arch == "llama" ? testing::TinyLlamaJob(tied) : TinyGptJob(tied);
+  if (arch == "llama") spec.mutable_model()->set_n_layer(2);
   spec.mutable_pipeline()->set_micro_batches(micro_batches);
   if (scale.d_model != 0) {
     spec.mutable_model()->set_d_model(scale.d_model);
     spec.mutable_model()->set_n_head(scale.n_head);
     spec.mutable_model()->set_seq_len(scale.seq_len);
+    if (arch == "llama") {
+      spec.mutable_model()->set_n_kv_head(scale.n_head / 2);
+      spec.mutable_model()->set_d_hidden(2 * scale.d_model);
+    }
   }
   spec.mutable_optimizer()->set_lr(scale.lr);
   return spec;
@@ -140,7 +154,7 @@ class ConformanceTest : public ::testing::TestWithParam<Backend> {
 
   // The spec as the backend runs it (device and precision), and as the CPU reference does.
   v1::JobSpec Spec(bool tied, int micro_batches) const {
-    v1::JobSpec spec = ScaledJob(GetParam().scale, tied, micro_batches);
+    v1::JobSpec spec = ScaledJob(GetParam().scale, tied, micro_batches, GetParam().arch);
     if (GetParam().name != "cpu") {
       spec.set_device("cuda");
       spec.set_precision(GetParam().precision);
@@ -339,24 +353,27 @@ TEST_P(ConformanceTest, ComputeActionsCarryTheDevicesOwnTime) {
 // The bf16 case's scale is a job the CPU reference trains: checked in every build, so that the
 // device run cannot fail for a reason of the spec's (a bad shape, too little data).
 TEST(ConformanceScaleTest, TheBf16ScaleTrainsOnTheCpu) {
-  const v1::JobSpec spec = ScaledJob(kBf16Scale, /*tied=*/true, 2);
-  EXPECT_EQ(spec.model().d_model(), 128);
-  const std::vector<v1::StageProgram> programs = MakePrograms(spec, 1, "1f1b");
-  ASSERT_EQ(programs.size(), 1u);
-  const absl::StatusOr<Dataset> data = LoadDataset(spec, ".", TrainingWindow(spec.model()));
-  ASSERT_TRUE(data.ok()) << data.status();
-  absl::StatusOr<std::unique_ptr<StageExecutor>> ex =
-      StageExecutor::Create(programs[0], *data, nullptr);
-  ASSERT_TRUE(ex.ok()) << ex.status();
-  const std::vector<std::pair<double, double>> steps = TrainSteps(**ex, 0, 3, kBf16Scale.lr);
-  ASSERT_EQ(steps.size(), 3u);
-  // Near-uniform predictions over 256 bytes at first, then learning (the trajectory the bf16
-  // case compares is not flat: 5.5, 4.8, 4.5 here).
-  EXPECT_NEAR(steps[0].first, std::log(256.0), 0.1);
-  EXPECT_LT(steps[2].first, steps[0].first - 0.5);
-  for (const auto& [loss, norm_sq] : steps) {
-    EXPECT_TRUE(std::isfinite(loss));
-    EXPECT_GT(norm_sq, 0.0);
+  for (const char* arch : {"gpt", "llama"}) {
+    SCOPED_TRACE(arch);
+    const v1::JobSpec spec = ScaledJob(kBf16Scale, /*tied=*/true, 2, arch);
+    EXPECT_EQ(spec.model().d_model(), 128);
+    const std::vector<v1::StageProgram> programs = MakePrograms(spec, 1, "1f1b");
+    ASSERT_EQ(programs.size(), 1u);
+    const absl::StatusOr<Dataset> data = LoadDataset(spec, ".", TrainingWindow(spec.model()));
+    ASSERT_TRUE(data.ok()) << data.status();
+    absl::StatusOr<std::unique_ptr<StageExecutor>> ex =
+        StageExecutor::Create(programs[0], *data, nullptr);
+    ASSERT_TRUE(ex.ok()) << ex.status();
+    const std::vector<std::pair<double, double>> steps = TrainSteps(**ex, 0, 3, kBf16Scale.lr);
+    ASSERT_EQ(steps.size(), 3u);
+    // Near-uniform predictions over 256 bytes at first, then learning (the trajectory the bf16
+    // case compares is not flat: 5.5, 4.8, 4.5 here).
+    EXPECT_NEAR(steps[0].first, std::log(256.0), 0.1);
+    EXPECT_LT(steps[2].first, steps[0].first - 0.5);
+    for (const auto& [loss, norm_sq] : steps) {
+      EXPECT_TRUE(std::isfinite(loss));
+      EXPECT_GT(norm_sq, 0.0);
+    }
   }
 }
 
