@@ -128,6 +128,7 @@ std::string NormalizedName(absl::string_view schedule) {
   absl::StrReplaceAll({{"-", "_"}}, &name);
   if (name == "interleaved") return "interleaved_1f1b";
   if (name == "zbh1") return "zb_h1";
+  if (name == "zbh2") return "zb_h2";
   if (name == "zbv") return "zb_v";
   return name;
 }
@@ -327,6 +328,82 @@ absl::StatusOr<Schedule> GenerateInterleaved1F1B(int num_ranks, int chunks, int 
   return out;
 }
 
+absl::StatusOr<Schedule> GenerateLoopedBFS(int num_ranks, int chunks, int num_micro_batches) {
+  RETURN_IF_ERROR(CheckSizes(num_ranks, num_micro_batches));
+  const int P = num_ranks, v = chunks, M = num_micro_batches;
+  if (v < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("looped_bfs needs at least 1 chunk per rank; got ", v));
+  }
+  Schedule out = MakeSchedule("looped_bfs", InterleavedPlacement(P, v), M);
+  for (int r = 0; r < P; ++r) {
+    auto& list = out.program[r];
+    for (int c = 0; c < v; ++c) {
+      for (int m = 0; m < M; ++m) list.push_back({c * P + r, v1::ACTION_F, m});
+    }
+    for (int c = v - 1; c >= 0; --c) {
+      for (int m = M - 1; m >= 0; --m) list.push_back({c * P + r, v1::ACTION_B, m});
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<Schedule> GenerateInterleavedZeroBubble(int num_ranks, int chunks,
+                                                       int num_micro_batches) {
+  RETURN_IF_ERROR(CheckSizes(num_ranks, num_micro_batches));
+  const int P = num_ranks, v = chunks, M = num_micro_batches;
+  if (v < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("interleaved_zb needs at least 2 chunks per rank; got ", v,
+                     ". Set pipeline.chunks to 2 or more, or use schedule: zb_h1 for one chunk"));
+  }
+  RETURN_IF_ERROR(CheckEnoughMicroBatches("interleaved_zb", P, M));
+  // Micro-batches go through the chunks in rounds of n (n = P when M is a multiple of P).
+  const int rounds = std::max(1, M / P);
+  if (M % rounds != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "interleaved_zb needs the micro-batches to be a multiple of the number of rounds (M % "
+        "max(1, M / P) == 0, micro-batches go through the chunks in rounds of equal size); got "
+        "M=",
+        M, ", P=", P, " (", rounds, " rounds). Use a multiple of ", P,
+        " for pipeline.micro_batches"));
+  }
+  const int n = M / rounds;
+  Schedule out = MakeSchedule("interleaved_zb", InterleavedPlacement(P, v), M);
+  const int total = v * M;  // forwards (and I's, and W's) per rank
+  for (int r = 0; r < P; ++r) {
+    auto& list = out.program[r];
+    const int warmup = std::min((v - 1) * n + P - 1 - r, total);
+    std::vector<int> next_f(v, 0), next_i(v, 0), next_w(v, 0);  // per chunk
+    std::vector<int> input_chunks;  // the chunk of each I, in order: W's follow the same order
+    int forwards = 0, weights = 0;
+    auto forward = [&] {
+      const int c = (forwards++ / n) % v;
+      list.push_back({c * P + r, v1::ACTION_F, next_f[c]++});
+    };
+    auto weight = [&] {
+      const int c = input_chunks[weights++];
+      list.push_back({c * P + r, v1::ACTION_W, next_w[c]++});
+    };
+    // The j-th I, then (from the r-th on) the W of the oldest pending I.
+    auto input_then_weight = [&] {
+      const int j = static_cast<int>(input_chunks.size());
+      const int c = v - 1 - (j / n) % v;
+      input_chunks.push_back(c);
+      list.push_back({c * P + r, v1::ACTION_I, next_i[c]++});
+      if (j >= r) weight();
+    };
+    while (forwards < warmup) forward();
+    while (forwards < total) {
+      forward();
+      input_then_weight();
+    }
+    while (static_cast<int>(input_chunks.size()) < total) input_then_weight();
+    while (weights < total) weight();
+  }
+  return out;
+}
+
 absl::StatusOr<Schedule> GenerateZBH1(int num_ranks, int num_micro_batches) {
   RETURN_IF_ERROR(CheckSizes(num_ranks, num_micro_batches));
   RETURN_IF_ERROR(CheckEnoughMicroBatches("zb_h1", num_ranks, num_micro_batches));
@@ -346,6 +423,36 @@ absl::StatusOr<Schedule> GenerateZBH1(int num_ranks, int num_micro_batches) {
       input_then_weights();
     }
     while (next_i < M) input_then_weights();
+    while (next_w < M) list.push_back({r, v1::ACTION_W, next_w++});
+  }
+  return out;
+}
+
+absl::StatusOr<Schedule> GenerateZBH2(int num_ranks, int num_micro_batches) {
+  RETURN_IF_ERROR(CheckSizes(num_ranks, num_micro_batches));
+  RETURN_IF_ERROR(CheckEnoughMicroBatches("zb_h2", num_ranks, num_micro_batches));
+  const int P = num_ranks, M = num_micro_batches;
+  Schedule out = MakeSchedule("zb_h2", OneStagePerRank(P), M);
+  for (int r = 0; r < P; ++r) {
+    auto& list = out.program[r];
+    int next_f = 0, next_i = 0, next_w = 0;
+    // The oldest W's while more than 2r are pending: rank r defers 2r W's, which fill the
+    // time its last input gradients take to come back.
+    auto weights = [&] {
+      while (next_i - next_w > 2 * r) list.push_back({r, v1::ACTION_W, next_w++});
+    };
+    for (; next_f < std::min(2 * (P - r) - 1, M); ++next_f) {
+      list.push_back({r, v1::ACTION_F, next_f});
+    }
+    while (next_f < M) {  // steady: I F W
+      list.push_back({r, v1::ACTION_I, next_i++});
+      list.push_back({r, v1::ACTION_F, next_f++});
+      weights();
+    }
+    while (next_i < M) {  // cool-down: I W
+      list.push_back({r, v1::ACTION_I, next_i++});
+      weights();
+    }
     while (next_w < M) list.push_back({r, v1::ACTION_W, next_w++});
   }
   return out;
@@ -386,19 +493,29 @@ std::vector<std::string> ScheduleNames() {
   return {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v"};
 }
 
-int DefaultChunks(absl::string_view schedule) {
+std::vector<std::string> AllScheduleNames() {
+  std::vector<std::string> names = ScheduleNames();
+  for (const char* name : {"looped_bfs", "interleaved_zb", "zb_h2"}) names.push_back(name);
+  return names;
+}
+
+bool TakesChunks(absl::string_view schedule) {
   const std::string name = NormalizedName(schedule);
-  return name == "interleaved_1f1b" || name == "zb_v" ? 2 : 1;
+  return name == "interleaved_1f1b" || name == "looped_bfs" || name == "interleaved_zb";
+}
+
+int DefaultChunks(absl::string_view schedule) {
+  return TakesChunks(schedule) || NormalizedName(schedule) == "zb_v" ? 2 : 1;
 }
 
 absl::StatusOr<Schedule> GenerateSchedule(absl::string_view schedule, int num_ranks,
                                           int num_micro_batches, int chunks) {
   const std::string name = NormalizedName(schedule);
-  const std::vector<std::string> names = ScheduleNames();
+  const std::vector<std::string> names = AllScheduleNames();
   if (std::find(names.begin(), names.end(), name) == names.end()) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown schedule '", schedule, "'; expected one of ",
-                     absl::StrJoin(names, ", "), " (or interleaved, zbh1, zbv)"));
+                     absl::StrJoin(names, ", "), " (or interleaved, zbh1, zbh2, zbv)"));
   }
   if (chunks < 0) {
     return absl::InvalidArgumentError(
@@ -406,6 +523,10 @@ absl::StatusOr<Schedule> GenerateSchedule(absl::string_view schedule, int num_ra
   }
   const int v = chunks == 0 ? DefaultChunks(name) : chunks;
   if (name == "interleaved_1f1b") return GenerateInterleaved1F1B(num_ranks, v, num_micro_batches);
+  if (name == "looped_bfs") return GenerateLoopedBFS(num_ranks, v, num_micro_batches);
+  if (name == "interleaved_zb") {
+    return GenerateInterleavedZeroBubble(num_ranks, v, num_micro_batches);
+  }
   if (v != DefaultChunks(name)) {
     return absl::InvalidArgumentError(
         absl::StrCat("schedule ", name, " runs ", DefaultChunks(name), " chunk",
@@ -416,6 +537,7 @@ absl::StatusOr<Schedule> GenerateSchedule(absl::string_view schedule, int num_ra
   if (name == "gpipe") return GenerateGPipe(num_ranks, num_micro_batches);
   if (name == "1f1b") return Generate1F1B(num_ranks, num_micro_batches);
   if (name == "zb_h1") return GenerateZBH1(num_ranks, num_micro_batches);
+  if (name == "zb_h2") return GenerateZBH2(num_ranks, num_micro_batches);
   return GenerateZBV(num_ranks, num_micro_batches);
 }
 

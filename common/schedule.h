@@ -66,7 +66,8 @@ absl::Status ValidatePlacement(const Placement& placement);
 
 // A generated (or imported) schedule: its placement and its program.
 struct Schedule {
-  // "gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "forward_only" or "csv"
+  // "gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "interleaved_zb", "zb_h1", "zb_h2",
+  // "zb_v", "forward_only" or "csv"
   std::string name;
   Placement placement;
   Program program;
@@ -103,6 +104,24 @@ absl::StatusOr<Schedule> Generate1F1B(int num_ranks, int num_micro_batches);
 // backward, then drains. Requires M >= P and M % P == 0 (and v >= 2; v == 1 is 1F1B).
 absl::StatusOr<Schedule> GenerateInterleaved1F1B(int num_ranks, int chunks, int num_micro_batches);
 
+// Looped BFS (Lamy-Poirier, "Breadth-First Pipeline Parallelism", 2022), as
+// torch.distributed.pipelining's ScheduleLoopedBFS orders it, on InterleavedPlacement with
+// v >= 1 chunks: rank r runs F for each of its stages ascending, every micro-batch 0..M-1 of one
+// stage before the next stage's, then B for its stages descending, micro-batches M-1..0. A
+// looped GPipe: M micro-batches of every chunk live at the peak, (P-1)/(vM+P-1) bubble with
+// unit costs. Any P >= 1, M >= 1 (v == 1 is GPipe).
+absl::StatusOr<Schedule> GenerateLoopedBFS(int num_ranks, int chunks, int num_micro_batches);
+
+// Interleaved zero bubble (ZB1P over v >= 2 chunks, Qi et al.), as torch.distributed.pipelining's
+// ScheduleInterleavedZeroBubble orders it, on InterleavedPlacement. Micro-batches go through
+// the chunks in rounds of n = M / max(1, M / P) (M must be a multiple of the number of rounds,
+// max(1, M / P)). Rank r runs min((v-1) n + P-1-r, v M) warm-up forwards (the k-th on chunk
+// (k / n) % v), then alternates F and I, then drains the I's; the j-th I runs chunk
+// v-1-(j / n) % v, and from the r-th I on each I is followed by the W of the oldest pending
+// I; the r W's left over finish the rank. Requires M >= P.
+absl::StatusOr<Schedule> GenerateInterleavedZeroBubble(int num_ranks, int chunks,
+                                                       int num_micro_batches);
+
 // ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2023, section 3.1): 1F1B's order with
 // every backward split into I (input gradient) and W (weight gradient), rank r deferring up to
 // r W's so that they fill the cool-down while the I's, now on the critical path alone, travel
@@ -112,6 +131,17 @@ absl::StatusOr<Schedule> GenerateInterleaved1F1B(int num_ranks, int chunks, int 
 // 1F1B's peak (its rank 0). With unit costs F = I = W = 1 the idle time per rank is P-1, a
 // third of 1F1B's 3(P-1) with B = 2. Requires M >= P.
 absl::StatusOr<Schedule> GenerateZBH1(int num_ranks, int num_micro_batches);
+
+// ZB-H2 (Qi et al., section 3.1): the zero-bubble schedule at up to twice 1F1B's activation
+// memory. Rank r runs min(2(P-r)-1, M) warm-up forwards (enough to reach its first input
+// gradient without waiting), then I, F and W while forwards remain, then I and W; a W runs only
+// while more than 2r are pending (the oldest first), and the 2r deferred W's finish the rank.
+// With unit costs F = I = W = 1 and M >= 2P-1 no rank is ever idle between its first and its
+// last action: rank r runs from r to r + 3M, a parallelogram whose skew the paper leaves to the
+// next step (its zero bubble); the step is 3M + P - 1. At most 2P micro-batches are live on a
+// rank (F to W), twice 1F1B's peak: rank 0's by its warm-up, the last rank's by its deferred
+// W's. Requires M >= P.
+absl::StatusOr<Schedule> GenerateZBH2(int num_ranks, int num_micro_batches);
 
 // ZB-V (Qi et al., section 6): 2 chunks per rank on VShapePlacement (rank r holds chunk 0 =
 // stage r going down the V and chunk 1 = stage 2P-1-r coming back up), backward split into I
@@ -132,10 +162,17 @@ absl::StatusOr<Schedule> GenerateZBV(int num_ranks, int num_micro_batches);
 // topological order). ValidateProgram does not accept it (it requires backwards).
 absl::StatusOr<Schedule> GenerateForwardOnly(const Placement& placement, int num_micro_batches);
 
-// The schedules GenerateSchedule knows, in the order `tandem plan --compare` lists them.
+// The established schedules, in the order `tandem plan --compare` lists them: the candidates
+// the planner (common/planner.h) tries.
 std::vector<std::string> ScheduleNames();
-// The chunks per rank a schedule uses when the spec leaves it 0: 2 for interleaved_1f1b and
-// zb_v, 1 otherwise.
+// Every schedule GenerateSchedule knows (what `pipeline.schedule` accepts): ScheduleNames()
+// and the newer ones (looped_bfs, interleaved_zb, zb_h2), which the planner does not try yet.
+std::vector<std::string> AllScheduleNames();
+// Whether `schedule` takes a choice of chunks per rank (interleaved_1f1b, looped_bfs,
+// interleaved_zb); the others run a fixed number.
+bool TakesChunks(absl::string_view schedule);
+// The chunks per rank a schedule uses when the spec leaves it 0: 2 for interleaved_1f1b,
+// looped_bfs, interleaved_zb and zb_v, 1 otherwise.
 int DefaultChunks(absl::string_view schedule);
 // Generates the compute-only schedule named `schedule` (case-insensitive; "interleaved" and
 // "zbh1"/"zbv" are accepted as aliases). `chunks` 0 means DefaultChunks; a schedule that takes

@@ -462,7 +462,7 @@ void ValidatePipeline(const v1::JobSpec& spec, FieldErrors* errors) {
   CheckRange(errors, "pipeline.micro_batch_size", p.micro_batch_size(), 1, 1 << 20);
   CheckRange(errors, "pipeline.micro_batches", p.micro_batches(), 1, 1 << 16);
   if (p.schedule_csv().empty()) {
-    const std::vector<std::string> names = ScheduleNames();
+    const std::vector<std::string> names = AllScheduleNames();
     CheckOneOf(errors, "pipeline.schedule", absl::AsciiStrToLower(p.schedule()),
                {names.begin(), names.end()});
   }

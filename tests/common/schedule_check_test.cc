@@ -81,6 +81,38 @@ TEST(ValidateProgramTest, GeneratedSchedulesAreValid) {
   EXPECT_EQ(checked, 623);
 }
 
+// The newer schedules (not planner candidates yet, so not in ScheduleNames) are complete and
+// deadlock-free, and simulate, for P in {2, 4, 8} and M from P to 4P; each accepts every such
+// shape but interleaved_zb's M that its rounds do not divide.
+TEST(ValidateProgramTest, NewerSchedulesAreValidAndSimulate) {
+  int checked = 0;
+  for (int p : {2, 4, 8}) {
+    for (int m = p; m <= 4 * p; ++m) {
+      for (const auto& [name, v] : std::vector<std::pair<std::string, int>>{{"looped_bfs", 1},
+                                                                            {"looped_bfs", 2},
+                                                                            {"looped_bfs", 3},
+                                                                            {"interleaved_zb", 2},
+                                                                            {"interleaved_zb", 3},
+                                                                            {"interleaved_zb", 4},
+                                                                            {"zb_h2", 1}}) {
+        const std::string label = absl::StrCat(name, " P=", p, " M=", m, " v=", v);
+        absl::StatusOr<Schedule> s = GenerateSchedule(name, p, m, v);
+        if (name == "interleaved_zb" && m % std::max(1, m / p) != 0) {
+          EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << label;
+          continue;
+        }
+        ASSERT_TRUE(s.ok()) << label << ": " << s.status();
+        const Schedule lowered = LowerWithTransfers(*s);
+        const absl::Status valid = ValidateSchedule(lowered);
+        EXPECT_TRUE(valid.ok()) << label << ": " << valid;
+        EXPECT_TRUE(SimulateSchedule(lowered).ok()) << label;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 270);
+}
+
 // A compute-only program is not valid by itself across ranks: it needs its transfers.
 TEST(ValidateProgramTest, ComputeOnlyProgramsNeedLowering) {
   absl::StatusOr<Schedule> s = GenerateSchedule("1f1b", 2, 2);
@@ -353,6 +385,81 @@ TEST(SimulateProgramTest, ZBVBeatsOneFOneBAtEqualWorkAndMemory) {
         EXPECT_DOUBLE_EQ(zbv.step_time, 6.0 * m + p - 1) << label;
         EXPECT_DOUBLE_EQ(TotalIdle(ofob), 6.0 * TotalIdle(zbv)) << label;
         EXPECT_THAT(zbv.peak_live_micro_batches, ::testing::Each(2 * p)) << label;
+      }
+    }
+  }
+}
+
+// A rank's idle time between its first compute action's start and its last one's end: the
+// bubble inside its own span, without the skew at the start and the end of the step that the
+// zero-bubble paper's parallelogram leaves to the next step.
+std::vector<double> InSpanIdle(const Schedule& lowered, const SimulationResult& r) {
+  std::vector<double> out;
+  for (size_t rank = 0; rank < lowered.program.size(); ++rank) {
+    double first = -1, last = 0;
+    for (size_t i = 0; i < lowered.program[rank].size(); ++i) {
+      if (!IsComputeAction(lowered.program[rank][i].kind)) continue;
+      if (first < 0) first = r.start[rank][i];
+      last = r.end[rank][i];
+    }
+    out.push_back(last - std::max(first, 0.0) - r.busy[rank]);
+  }
+  return out;
+}
+
+// Looped BFS is a looped GPipe: with M >= P the chunks follow each other without a stall, so its
+// unit-cost bubble is interleaved 1F1B's (P-1)/(vM+P-1), at M micro-batches of every chunk live.
+TEST(SimulateProgramTest, LoopedBFSHasTheInterleavedBubbleAtGPipesMemory) {
+  for (int p : {2, 4, 8}) {
+    for (int m : {p, 2 * p, 4 * p}) {
+      for (int v : {1, 2, 3}) {
+        const std::string label = absl::StrCat("P", p, " M", m, " v", v);
+        const SimulationResult r = Simulate(Lowered("looped_bfs", p, m, v));
+        EXPECT_NEAR(r.bubble_fraction, IdealBubbleFraction(p, m, v), 1e-12) << label;
+        EXPECT_THAT(r.peak_live_micro_batches, ::testing::Each(v * m)) << label;
+      }
+    }
+  }
+}
+
+// Interleaved zero bubble with F = I = W = 1 per chunk against interleaved 1F1B with F = 1,
+// B = 2 (the same work, the same chunks): less idle time on every shape, and rank r's own span
+// has no more idle than ZB-H1's (P-1 per rank, the paper's (P-1)(F+B-W)) spread over v chunks.
+TEST(SimulateProgramTest, InterleavedZeroBubbleBeatsInterleaved1F1B) {
+  for (int p : {2, 4, 8}) {
+    for (int m : {p, 2 * p, 4 * p}) {
+      for (int v : {2, 3}) {
+        const std::string label = absl::StrCat("P", p, " M", m, " v", v);
+        const SimulationResult ofob = Simulate(Lowered("interleaved_1f1b", p, m, v));
+        const Schedule zb = Lowered("interleaved_zb", p, m, v);
+        const SimulationResult r = Simulate(zb);
+        EXPECT_DOUBLE_EQ(r.busy[0], ofob.busy[0]) << label;
+        EXPECT_LT(TotalIdle(r), TotalIdle(ofob)) << label;
+        EXPECT_LE(r.bubble_fraction, 0.5 * ofob.bubble_fraction + 1e-12) << label;
+      }
+    }
+  }
+}
+
+// ZB-H2 with F = I = W = 1 (Qi et al. section 3.1, bubble (P-1)(F+B-2W) = 0): for M >= 2P-1 no
+// rank idles inside its span and the step is 3M+P-1 (each rank's only idle is its skew, P-1
+// in all), against ZB-H1's P-1 inside rank 0's span ((P-1)(F+B-W)) and 1F1B's 3(P-1) per rank;
+// at most 2P micro-batches live, twice 1F1B's P.
+TEST(SimulateProgramTest, ZBH2HasNoBubbleInsideAnySpanAtTwice1F1BsMemory) {
+  for (int p : {2, 3, 4, 6, 8}) {
+    for (int m : {p, 2 * p - 1, 2 * p, 3 * p, 4 * p, 8 * p}) {
+      const std::string label = absl::StrCat("P", p, " M", m);
+      const Schedule h2 = Lowered("zb_h2", p, m);
+      const SimulationResult r = Simulate(h2);
+      const SimulationResult ofob = Simulate(Lowered("1f1b", p, m));
+      EXPECT_DOUBLE_EQ(r.busy[0], ofob.busy[0]) << label;
+      EXPECT_LE(MaxPeak(r), 2 * MaxPeak(ofob)) << label;
+      if (m >= 2 * p - 1) {
+        EXPECT_THAT(InSpanIdle(h2, r), ::testing::Each(0.0)) << label;
+        EXPECT_DOUBLE_EQ(r.step_time, 3.0 * m + p - 1) << label;
+        EXPECT_EQ(MaxPeak(r), std::min(m, 2 * p)) << label;
+        const Schedule h1 = Lowered("zb_h1", p, m);
+        EXPECT_DOUBLE_EQ(InSpanIdle(h1, Simulate(h1))[0], p - 1.0) << label;
       }
     }
   }

@@ -1,5 +1,6 @@
 #include "common/schedule.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <tuple>
@@ -292,6 +293,174 @@ TEST(GenerateZBV, RefusesFewerMicroBatchesThanRanks) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Looped BFS and interleaved zero bubble: torch.distributed.pipelining's per-rank orders
+
+// One row of the orders torch's generator gives, rank by rank (its idle slots dropped).
+struct TorchOrder {
+  int p, v, m;
+  std::vector<std::string> ranks;
+};
+
+// Made once with PyPI torch 2.15.0 (torch.distributed.pipelining.schedules), building each
+// schedule object without a process group and printing its `pipeline_order` without the None
+// slots (for ScheduleInterleavedZeroBubble after `_add_bubbles_to_actions`, which only inserts
+// None):
+//   o = cls.__new__(cls); o.pp_group_size = P; o._n_microbatches = M; o.n_local_stages = v
+//   o._stages = [None] * v; o.number_of_rounds = max(1, M // P)
+//   o.microbatches_per_round = M // o.number_of_rounds
+//   [o._calculate_single_rank_operations(r) for r in range(P)]
+const std::vector<TorchOrder>& TorchLoopedBFSOrders() {
+  static const auto* kOrders = new std::vector<TorchOrder>{
+      {2, 2, 2, {"0F0 0F1 2F0 2F1 2B1 2B0 0B1 0B0", "1F0 1F1 3F0 3F1 3B1 3B0 1B1 1B0"}},
+      {3,
+       2,
+       3,
+       {"0F0 0F1 0F2 3F0 3F1 3F2 3B2 3B1 3B0 0B2 0B1 0B0",
+        "1F0 1F1 1F2 4F0 4F1 4F2 4B2 4B1 4B0 1B2 1B1 1B0",
+        "2F0 2F1 2F2 5F0 5F1 5F2 5B2 5B1 5B0 2B2 2B1 2B0"}},
+      {2,
+       3,
+       4,
+       {"0F0 0F1 0F2 0F3 2F0 2F1 2F2 2F3 4F0 4F1 4F2 4F3 4B3 4B2 4B1 4B0 2B3 2B2 2B1 2B0 0B3 0B2 "
+        "0B1 0B0",
+        "1F0 1F1 1F2 1F3 3F0 3F1 3F2 3F3 5F0 5F1 5F2 5F3 5B3 5B2 5B1 5B0 3B3 3B2 3B1 3B0 1B3 1B2 "
+        "1B1 1B0"}},
+      {4,
+       2,
+       4,
+       {"0F0 0F1 0F2 0F3 4F0 4F1 4F2 4F3 4B3 4B2 4B1 4B0 0B3 0B2 0B1 0B0",
+        "1F0 1F1 1F2 1F3 5F0 5F1 5F2 5F3 5B3 5B2 5B1 5B0 1B3 1B2 1B1 1B0",
+        "2F0 2F1 2F2 2F3 6F0 6F1 6F2 6F3 6B3 6B2 6B1 6B0 2B3 2B2 2B1 2B0",
+        "3F0 3F1 3F2 3F3 7F0 7F1 7F2 7F3 7B3 7B2 7B1 7B0 3B3 3B2 3B1 3B0"}},
+  };
+  return *kOrders;
+}
+
+const std::vector<TorchOrder>& TorchInterleavedZeroBubbleOrders() {
+  static const auto* kOrders = new std::vector<TorchOrder>{
+      {2,
+       2,
+       2,
+       {"0F0 0F1 2F0 2F1 2I0 2W0 2I1 2W1 0I0 0W0 0I1 0W1",
+        "1F0 1F1 3F0 3I0 3F1 3I1 3W0 1I0 3W1 1I1 1W0 1W1"}},
+      {2,
+       2,
+       4,
+       {"0F0 0F1 2F0 2F1 2I0 2W0 0F2 2I1 2W1 0F3 0I0 0W0 2F2 0I1 0W1 2F3 2I2 2W2 2I3 2W3 0I2 0W2 "
+        "0I3 0W3",
+        "1F0 1F1 3F0 3I0 3F1 3I1 3W0 1F2 1I0 3W1 1F3 1I1 1W0 3F2 3I2 1W1 3F3 3I3 3W2 1I2 3W3 1I3 "
+        "1W2 1W3"}},
+      {3,
+       2,
+       3,
+       {"0F0 0F1 0F2 3F0 3F1 3F2 3I0 3W0 3I1 3W1 3I2 3W2 0I0 0W0 0I1 0W1 0I2 0W2",
+        "1F0 1F1 1F2 4F0 4F1 4I0 4F2 4I1 4W0 4I2 4W1 1I0 4W2 1I1 1W0 1I2 1W1 1W2",
+        "2F0 2F1 2F2 5F0 5I0 5F1 5I1 5F2 5I2 5W0 2I0 5W1 2I1 5W2 2I2 2W0 2W1 2W2"}},
+      {2,
+       3,
+       4,
+       {"0F0 0F1 2F0 2F1 4F0 4F1 4I0 4W0 0F2 4I1 4W1 0F3 2I0 2W0 2F2 2I1 2W1 2F3 0I0 0W0 4F2 0I1 "
+        "0W1 4F3 4I2 4W2 4I3 4W3 2I2 2W2 2I3 2W3 0I2 0W2 0I3 0W3",
+        "1F0 1F1 3F0 3F1 5F0 5I0 5F1 5I1 5W0 1F2 3I0 5W1 1F3 3I1 3W0 3F2 1I0 3W1 3F3 1I1 1W0 5F2 "
+        "5I2 1W1 5F3 5I3 5W2 3I2 5W3 3I3 3W2 1I2 3W3 1I3 1W2 1W3"}},
+      {4,
+       2,
+       8,
+       {"0F0 0F1 0F2 0F3 4F0 4F1 4F2 4F3 4I0 4W0 0F4 4I1 4W1 0F5 4I2 4W2 0F6 4I3 4W3 0F7 0I0 0W0 "
+        "4F4 0I1 0W1 4F5 0I2 0W2 4F6 0I3 0W3 4F7 4I4 4W4 4I5 4W5 4I6 4W6 4I7 4W7 0I4 0W4 0I5 0W5 "
+        "0I6 0W6 0I7 0W7",
+        "1F0 1F1 1F2 1F3 5F0 5F1 5F2 5I0 5F3 5I1 5W0 1F4 5I2 5W1 1F5 5I3 5W2 1F6 1I0 5W3 1F7 1I1 "
+        "1W0 5F4 1I2 1W1 5F5 1I3 1W2 5F6 5I4 1W3 5F7 5I5 5W4 5I6 5W5 5I7 5W6 1I4 5W7 1I5 1W4 1I6 "
+        "1W5 1I7 1W6 1W7",
+        "2F0 2F1 2F2 2F3 6F0 6F1 6I0 6F2 6I1 6F3 6I2 6W0 2F4 6I3 6W1 2F5 2I0 6W2 2F6 2I1 6W3 2F7 "
+        "2I2 2W0 6F4 2I3 2W1 6F5 6I4 2W2 6F6 6I5 2W3 6F7 6I6 6W4 6I7 6W5 2I4 6W6 2I5 6W7 2I6 2W4 "
+        "2I7 2W5 2W6 2W7",
+        "3F0 3F1 3F2 3F3 7F0 7I0 7F1 7I1 7F2 7I2 7F3 7I3 7W0 3F4 3I0 7W1 3F5 3I1 7W2 3F6 3I2 7W3 "
+        "3F7 3I3 3W0 7F4 7I4 3W1 7F5 7I5 3W2 7F6 7I6 3W3 7F7 7I7 7W4 3I4 7W5 3I5 7W6 3I6 7W7 3I7 "
+        "3W4 3W5 3W6 3W7"}},
+      // M not a multiple of P: one round of 6 micro-batches per chunk.
+      {4,
+       2,
+       6,
+       {"0F0 0F1 0F2 0F3 0F4 0F5 4F0 4F1 4F2 4F3 4I0 4W0 4F4 4I1 4W1 4F5 4I2 4W2 4I3 4W3 4I4 4W4 "
+        "4I5 4W5 0I0 0W0 0I1 0W1 0I2 0W2 0I3 0W3 0I4 0W4 0I5 0W5",
+        "1F0 1F1 1F2 1F3 1F4 1F5 5F0 5F1 5F2 5I0 5F3 5I1 5W0 5F4 5I2 5W1 5F5 5I3 5W2 5I4 5W3 5I5 "
+        "5W4 1I0 5W5 1I1 1W0 1I2 1W1 1I3 1W2 1I4 1W3 1I5 1W4 1W5",
+        "2F0 2F1 2F2 2F3 2F4 2F5 6F0 6F1 6I0 6F2 6I1 6F3 6I2 6W0 6F4 6I3 6W1 6F5 6I4 6W2 6I5 6W3 "
+        "2I0 6W4 2I1 6W5 2I2 2W0 2I3 2W1 2I4 2W2 2I5 2W3 2W4 2W5",
+        "3F0 3F1 3F2 3F3 3F4 3F5 7F0 7I0 7F1 7I1 7F2 7I2 7F3 7I3 7W0 7F4 7I4 7W1 7F5 7I5 7W2 3I0 "
+        "7W3 3I1 7W4 3I2 7W5 3I3 3W0 3I4 3W1 3I5 3W2 3W3 3W4 3W5"}},
+  };
+  return *kOrders;
+}
+
+TEST(GenerateLoopedBFS, SameOrderAsTorch) {
+  for (const TorchOrder& t : TorchLoopedBFSOrders()) {
+    absl::StatusOr<Schedule> s = GenerateSchedule("looped_bfs", t.p, t.m, t.v);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->placement, InterleavedPlacement(t.p, t.v));
+    EXPECT_EQ(ToStrings(s->program), t.ranks) << "P=" << t.p << " v=" << t.v << " M=" << t.m;
+  }
+}
+
+TEST(GenerateLoopedBFS, OneChunkIsGPipeAndFewMicroBatchesAreFine) {
+  EXPECT_EQ(ProgramOf(GenerateLoopedBFS(4, 1, 3)), ProgramOf(GenerateGPipe(4, 3)));
+  absl::StatusOr<Schedule> none = GenerateLoopedBFS(2, 0, 4);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(none.status().message(), AllOf(HasSubstr("looped_bfs"), HasSubstr("1 chunk")));
+  EXPECT_FALSE(GenerateLoopedBFS(2, 2, 0).ok());
+}
+
+TEST(GenerateInterleavedZeroBubble, SameOrderAsTorch) {
+  for (const TorchOrder& t : TorchInterleavedZeroBubbleOrders()) {
+    absl::StatusOr<Schedule> s = GenerateSchedule("interleaved_zb", t.p, t.m, t.v);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->placement, InterleavedPlacement(t.p, t.v));
+    EXPECT_EQ(ToStrings(s->program), t.ranks) << "P=" << t.p << " v=" << t.v << " M=" << t.m;
+  }
+}
+
+TEST(GenerateInterleavedZeroBubble, RefusesBadShapesNamingTheRule) {
+  absl::StatusOr<Schedule> one = GenerateInterleavedZeroBubble(2, 1, 4);
+  ASSERT_FALSE(one.ok());
+  EXPECT_EQ(one.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(one.status().message(), AllOf(HasSubstr("interleaved_zb"),
+                                            HasSubstr("at least 2 chunks"), HasSubstr("zb_h1")));
+  absl::StatusOr<Schedule> few = GenerateInterleavedZeroBubble(4, 2, 3);
+  ASSERT_FALSE(few.ok());
+  EXPECT_THAT(few.status().message(),
+              AllOf(HasSubstr("interleaved_zb"), HasSubstr("M >= P"), HasSubstr("M=3")));
+  // M = 9, P = 4: two rounds do not divide 9 micro-batches.
+  absl::StatusOr<Schedule> uneven = GenerateInterleavedZeroBubble(4, 2, 9);
+  ASSERT_FALSE(uneven.ok());
+  EXPECT_THAT(uneven.status().message(),
+              AllOf(HasSubstr("interleaved_zb"), HasSubstr("rounds"), HasSubstr("M=9")));
+  EXPECT_TRUE(GenerateInterleavedZeroBubble(4, 2, 10).ok());  // two rounds of 5
+}
+
+// ---------------------------------------------------------------------------------------------
+// ZB-H2
+
+TEST(GenerateZBH2, TwoRanksFourMicroBatches) {
+  // Rank 0: 3 warm-up forwards, then I F W, then I W; rank 1 defers 2 W's: 1 forward, then I F
+  // (and a W once 3 are pending), then I W and the 2 deferred W's.
+  EXPECT_THAT(ToStrings(ProgramOf(GenerateZBH2(2, 4))),
+              ElementsAre("0F0 0F1 0F2 0I0 0F3 0W0 0I1 0W1 0I2 0W2 0I3 0W3",
+                          "1F0 1I0 1F1 1I1 1F2 1I2 1F3 1W0 1I3 1W1 1W2 1W3"));
+}
+
+TEST(GenerateZBH2, RefusesFewerMicroBatchesThanRanks) {
+  absl::StatusOr<Schedule> s = GenerateZBH2(4, 3);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.status().message(), AllOf(HasSubstr("zb_h2"), HasSubstr("M=3"), HasSubstr("P=4")));
+  absl::StatusOr<Schedule> chunks = GenerateSchedule("zb_h2", 2, 4, 2);
+  ASSERT_FALSE(chunks.ok());
+  EXPECT_THAT(chunks.status().message(), AllOf(HasSubstr("zb_h2"), HasSubstr("1 chunk per rank")));
+}
+
+// ---------------------------------------------------------------------------------------------
 // All generators
 
 struct Shape {
@@ -309,6 +478,11 @@ std::vector<Shape> ValidShapes() {
       out.push_back({"1f1b", p, m, 1});
       out.push_back({"zb_h1", p, m, 1});
       out.push_back({"zb_v", p, m, 2});
+      out.push_back({"zb_h2", p, m, 1});
+      for (int v = 1; v <= 3; ++v) out.push_back({"looped_bfs", p, m, v});
+      if (m % std::max(1, m / p) == 0) {
+        for (int v = 2; v <= 3; ++v) out.push_back({"interleaved_zb", p, m, v});
+      }
       if (m % p != 0) continue;
       for (int v = 2; v <= 4; ++v) out.push_back({"interleaved_1f1b", p, m, v});
     }
@@ -328,7 +502,8 @@ TEST(GenerateSchedule, EveryStageRunsEachMicroBatchOnceForwardBeforeBackward) {
     ASSERT_TRUE(ValidatePlacement(s->placement).ok()) << label;
     ASSERT_EQ(s->placement.num_stages(), sh.p * sh.v) << label;
     ASSERT_EQ(s->program.size(), static_cast<size_t>(sh.p)) << label;
-    const bool split = sh.name == "zb_h1" || sh.name == "zb_v";
+    const bool split = sh.name == "zb_h1" || sh.name == "zb_h2" || sh.name == "zb_v" ||
+                       sh.name == "interleaved_zb";
     // (stage, mb) -> counts of F, B, I, W
     std::map<std::pair<int, int>, std::vector<int>> seen;
     for (int r = 0; r < sh.p; ++r) {
@@ -380,6 +555,16 @@ TEST(GenerateSchedule, NamesAndDefaultChunks) {
   EXPECT_EQ(DefaultChunks("Interleaved"), 2);
   EXPECT_EQ(DefaultChunks("zb_v"), 2);
   EXPECT_EQ(DefaultChunks("ZBV"), 2);
+  // The newer schedules are selectable, not yet planner candidates.
+  EXPECT_THAT(AllScheduleNames(), ElementsAre("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v",
+                                              "looped_bfs", "interleaved_zb", "zb_h2"));
+  EXPECT_EQ(DefaultChunks("looped_bfs"), 2);
+  EXPECT_EQ(DefaultChunks("interleaved_zb"), 2);
+  EXPECT_EQ(DefaultChunks("zb_h2"), 1);
+  EXPECT_TRUE(TakesChunks("looped_bfs"));
+  EXPECT_TRUE(TakesChunks("interleaved_zb"));
+  EXPECT_FALSE(TakesChunks("zb_h2"));
+  EXPECT_FALSE(TakesChunks("zb_v"));
 }
 
 TEST(GenerateSchedule, ByNameWithAliases) {
@@ -392,6 +577,10 @@ TEST(GenerateSchedule, ByNameWithAliases) {
                                                         {"zbh1", "zb_h1"},
                                                         {"ZB-H1", "zb_h1"},
                                                         {"zbv", "zb_v"},
+                                                        {"zbh2", "zb_h2"},
+                                                        {"ZB-H2", "zb_h2"},
+                                                        {"Looped-BFS", "looped_bfs"},
+                                                        {"interleaved_zb", "interleaved_zb"},
                                                         {"zb_v", "zb_v"}}) {
     absl::StatusOr<Schedule> s = GenerateSchedule(alias, 2, 4);
     ASSERT_TRUE(s.ok()) << alias << ": " << s.status();

@@ -184,7 +184,8 @@ TEST_F(ExecutorTest, GptEverySchedulePartitionInvariance) {
     spec.mutable_pipeline()->set_micro_batches(4);
     const std::vector<double> ref = Train(spec, 1, "1f1b", nullptr, kGptSteps);
     ASSERT_EQ(ref.size(), static_cast<size_t>(kGptSteps));
-    for (const char* schedule : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v"}) {
+    for (const char* schedule : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "looped_bfs",
+                                 "interleaved_zb", "zb_h2"}) {
       SCOPED_TRACE(absl::StrCat("tied ", tied, " ", schedule));
       ExpectSameLosses(ref, Train(spec, 2, schedule, nullptr, kGptSteps), 1e-5, kGptSteps);
     }
@@ -228,7 +229,8 @@ TEST_F(ExecutorTest, LlamaEverySchedulePartitionInvariance) {
     const std::vector<double> ref = Train(spec, 1, "1f1b", nullptr, kLlamaSteps);
     ASSERT_EQ(ref.size(), static_cast<size_t>(kLlamaSteps));
     for (int p : {2, 4}) {
-      for (const char* schedule : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v"}) {
+      for (const char* schedule : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v",
+                                   "looped_bfs", "interleaved_zb", "zb_h2"}) {
         SCOPED_TRACE(absl::StrCat("tied ", tied, " P ", p, " ", schedule));
         ExpectSameLosses(ref, Train(spec, p, schedule, nullptr, kLlamaSteps), 1e-5, kLlamaSteps);
       }
@@ -275,7 +277,8 @@ TEST_F(ExecutorTest, TransferPeersAreTheRanksTheExecutorTalksTo) {
     spec.mutable_model()->set_n_layer(6);  // 8 layers: 8 stages of 4 workers x 2 chunks
     spec.mutable_pipeline()->set_micro_batch_size(2);
     spec.mutable_pipeline()->set_micro_batches(4);
-    for (const char* schedule : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v"}) {
+    for (const char* schedule : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "looped_bfs",
+                                 "interleaved_zb", "zb_h2"}) {
       for (int stages : {2, 3, 4}) {
         if (std::string(schedule) == "interleaved_1f1b" && stages == 3) continue;  // M % P
         SCOPED_TRACE(absl::StrCat("tied ", tied, " ", schedule, " P ", stages));
