@@ -208,6 +208,29 @@ TEST_F(StageManagerTest, ProfileLayersMeasuresAndRefusesWhileBusy) {
   EXPECT_EQ(w.ProfileLayers(spec, {0}, 1).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A llama profiles as a gpt does, with its own layers' sizes: the block's nine tensors (no
+// biases, k and v at the kv width), the head's RMSNorm gain and LM head, and the per-layer
+// bytes the partitioner and the memory model read.
+TEST_F(StageManagerTest, ProfileLayersMeasuresALlama) {
+  StageManager w({}, Factory());
+  v1::JobSpec spec = testing::TinyLlamaJob(/*tie_embeddings=*/false);
+  spec.mutable_pipeline()->set_stages(1);
+  const int head_index = spec.model().n_layer() + 1;
+  auto profile = w.ProfileLayers(spec, {0, 1, head_index}, 2);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  ASSERT_EQ(profile->size(), 3u);
+  // C 16, KVD 8, H 32: norms 32, q and o 512, k and v 256, gate, up and down 1536.
+  EXPECT_EQ((*profile)[1].parameter_count(), 2336);
+  EXPECT_EQ((*profile)[2].parameter_count(), 16 + 256 * 16);  // model.norm + lm_head
+  EXPECT_EQ((*profile)[0].parameter_count(), 256 * 16);       // embed_tokens only
+  for (const v1::LayerProfile& p : *profile) {
+    EXPECT_GT(p.forward_seconds(), 0.0) << p.layer();
+    EXPECT_GT(p.backward_input_seconds(), 0.0) << p.layer();
+    EXPECT_GT(p.activation_bytes(), 0) << p.layer();
+  }
+  EXPECT_EQ((*profile)[1].output_bytes(), 8 * 8 * 16 * 4);  // (B, T, C) fp32
+}
+
 // A worker runs jobs of its own device kind only, and builds their compute through its
 // device's factory (main.cc gives cuda:N workers the CUDA one; a CPU compute stands in here).
 TEST_F(StageManagerTest, AJobOfAnotherDeviceKindIsRefusedAndTheDevicesComputeIsUsed) {
@@ -357,8 +380,7 @@ TEST_F(StageManagerTest, RunStepAppliesTheFoldedUpdateFirst) {
   std::vector<double> a, b;
   for (int step = 0; step < 3; ++step) {
     const v1::ApplyStepRequest previous = apply_of(step - 1);
-    auto r = folded.RunStep("job-1", step, v1::STEP_MODE_TRAIN, 0,
-                            step > 0 ? &previous : nullptr);
+    auto r = folded.RunStep("job-1", step, v1::STEP_MODE_TRAIN, 0, step > 0 ? &previous : nullptr);
     ASSERT_TRUE(r.ok()) << r.status();
     a.push_back(r->loss());
     auto q = separate.RunStep("job-1", step);
