@@ -451,6 +451,25 @@ TEST_F(CommandsTest, ValidateLocally) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("bad.yaml:2: optimizer.lr: must be"));
 }
 
+// The parameter count, as Hugging Face counts it (a tied matrix once), for the presets.
+TEST_F(CommandsTest, ValidatePrintsTheParameterCount) {
+  const std::string smol = WriteFile("smol.yaml", "model:\n  preset: smollm2-135m\n");
+  ASSERT_TRUE(Run(Opts(Command::kValidate, {smol})).ok());
+  EXPECT_THAT(out_.str(), HasSubstr("Model: llama, 134,515,008 parameters (134.5M); the LM head "
+                                    "shares the token embedding."));
+  out_.str("");
+  const std::string tiny = WriteFile("tiny.yaml", "model:\n  preset: tinyllama-1.1b\n");
+  ASSERT_TRUE(Run(Opts(Command::kValidate, {tiny})).ok());
+  EXPECT_THAT(out_.str(), HasSubstr("Model: llama, 1,100,048,384 parameters (1100.0M)."));
+  out_.str("");
+  const std::string odd = WriteFile("odd.yaml",
+                                    "model:\n  arch: llama\n  d_model: 36\n  n_head: 4\n"
+                                    "  n_kv_head: 3\n");
+  const absl::Status s = Run(Opts(Command::kValidate, {odd}));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("odd.yaml:5: model.n_kv_head: must divide"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("odd head size"));
+}
+
 // Issue 26: three mistakes in one answer, each as FILE:LINE: path: what, in spec order.
 constexpr char kThreeErrors[] =
     "name: three\n"
