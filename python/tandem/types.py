@@ -1,0 +1,311 @@
+"""Plain dataclasses over the coordinator's messages (proto/tandem/v1/coordinator.proto).
+
+Each keeps the message it came from in `raw` (not compared, not printed) for the fields not
+mapped here. Steps are numbered by their 0-based index, as StepSummary.step, `tandem status
+-o json` and the trace: the step after which N steps are done has index N - 1.
+"""
+
+import dataclasses
+import datetime
+from typing import Any, Dict, Optional, Tuple
+
+from google.protobuf import json_format
+
+from tandem._proto import common_pb2, coordinator_pb2
+
+TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+def _state_name(value: int) -> str:
+    return common_pb2.JobState.Name(value)
+
+
+def _time(unix_ms: int) -> Optional[datetime.datetime]:
+    if unix_ms <= 0:
+        return None
+    return datetime.datetime.fromtimestamp(unix_ms / 1000.0, tz=datetime.timezone.utc)
+
+
+def message_to_dict(message) -> Dict[str, Any]:
+    """A message as `tandem ... -o json` prints it: proto field names, every field present
+    (int64 values as numbers here, not JSON strings)."""
+    kwargs = dict(preserving_proto_field_name=True)
+    try:
+        d = json_format.MessageToDict(message, including_default_value_fields=True, **kwargs)
+    except TypeError:  # protobuf >= 5.26 renamed the option
+        d = json_format.MessageToDict(message, always_print_fields_with_no_presence=True, **kwargs)
+    return _ints(message, d)
+
+
+def _is_repeated(field) -> bool:
+    # protobuf >= 7 dropped FieldDescriptor.label for is_repeated (which older ones lack).
+    if hasattr(field, "is_repeated"):
+        return field.is_repeated
+    return field.label == field.LABEL_REPEATED
+
+
+def _ints(message, d):
+    # MessageToDict writes 64-bit integers as strings (JSON's numbers are doubles); give them
+    # back as Python ints, walking the descriptor so that string fields stay strings.
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    int64s = (F.TYPE_INT64, F.TYPE_UINT64, F.TYPE_SINT64, F.TYPE_FIXED64, F.TYPE_SFIXED64)
+    for field in message.DESCRIPTOR.fields:
+        name = field.name
+        if name not in d:
+            continue
+        repeated = _is_repeated(field)
+        if field.type in int64s:
+            d[name] = [int(v) for v in d[name]] if repeated else int(d[name])
+        elif field.type == F.TYPE_MESSAGE and not field.message_type.GetOptions().map_entry:
+            value = getattr(message, name)
+            if repeated:
+                d[name] = [_ints(m, x) for m, x in zip(value, d[name])]
+            else:
+                d[name] = _ints(value, d[name])
+    return d
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One training step's summary (StepSummary): what `tandem watch` prints per line."""
+
+    step: int                       # 0-based index
+    loss: float
+    step_seconds: float             # coordinator wall time of the step
+    tokens_per_second: float
+    grad_norm: float                # global, before clipping
+    learning_rate: float
+    skipped: bool                   # non-finite gradient: no update applied
+    val_loss: Optional[float]       # when a validation pass ran after this step
+    bubble_measured: float          # idle share of the workers' time
+    bubble_predicted: float
+    mfu: float                      # model-FLOPs utilisation (0 when a peak is unknown)
+    coordinator_overhead_seconds: float
+    max_worker_exec_seconds: float
+    bytes_sent: int
+    peak_activation_bytes: int
+    reduced_bytes: int
+    busy_seconds: Tuple[float, ...]                 # per rank
+    rank_peak_activation_bytes: Tuple[int, ...]     # per rank
+    stage_seconds: Tuple[float, ...]                # per stage: F + B per micro-batch
+    stage_busy_seconds: Tuple[float, ...]
+    stage_comm_seconds: Tuple[float, ...]
+    stage_idle_seconds: Tuple[float, ...]
+    stage_peak_bytes: Tuple[int, ...]
+    stage_reduce_seconds: Tuple[float, ...]
+    stage_reduce_exposed_seconds: Tuple[float, ...]
+    raw: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    # StepSummary fields not mapped to an attribute of their own (in `raw`): has_val_loss is
+    # val_loss's presence; stage_memory only rides on the latest step (see the proto).
+    UNMAPPED = ("has_val_loss", "stage_memory")
+
+    @classmethod
+    def from_proto(cls, s: "coordinator_pb2.StepSummary") -> "Step":
+        return cls(
+            step=s.step, loss=s.loss, step_seconds=s.step_seconds,
+            tokens_per_second=s.tokens_per_second, grad_norm=s.grad_norm,
+            learning_rate=s.learning_rate, skipped=s.skipped,
+            val_loss=s.val_loss if s.has_val_loss else None,
+            bubble_measured=s.bubble_measured, bubble_predicted=s.bubble_predicted, mfu=s.mfu,
+            coordinator_overhead_seconds=s.coordinator_overhead_seconds,
+            max_worker_exec_seconds=s.max_worker_exec_seconds, bytes_sent=s.bytes_sent,
+            peak_activation_bytes=s.peak_activation_bytes, reduced_bytes=s.reduced_bytes,
+            busy_seconds=tuple(s.busy_seconds),
+            rank_peak_activation_bytes=tuple(s.rank_peak_activation_bytes),
+            stage_seconds=tuple(s.stage_seconds), stage_busy_seconds=tuple(s.stage_busy_seconds),
+            stage_comm_seconds=tuple(s.stage_comm_seconds),
+            stage_idle_seconds=tuple(s.stage_idle_seconds),
+            stage_peak_bytes=tuple(s.stage_peak_bytes),
+            stage_reduce_seconds=tuple(s.stage_reduce_seconds),
+            stage_reduce_exposed_seconds=tuple(s.stage_reduce_exposed_seconds),
+            raw=s,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One pipeline stage of a job and the worker holding it (StageAssignment)."""
+
+    stage: int
+    worker_id: str
+    address: str
+    layer_begin: int
+    layer_end: int
+    actions: str            # its compute actions in text notation, in its worker's order
+    rank: int
+    predicted_seconds: float
+    predicted_bytes: int
+
+    @classmethod
+    def from_proto(cls, s) -> "Stage":
+        return cls(stage=s.stage, worker_id=s.worker_id, address=s.address,
+                   layer_begin=s.layer_begin, layer_end=s.layer_end, actions=s.actions,
+                   rank=s.rank, predicted_seconds=s.predicted_seconds,
+                   predicted_bytes=s.predicted_bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobStatus:
+    """A job as the coordinator holds it (Job), without its step history."""
+
+    id: str
+    name: str
+    state: str                      # QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED
+    reason: str                     # why it is queued, failed or cancelled
+    steps_done: int
+    total_steps: int
+    last_loss: Optional[float]      # None before the first step
+    last_val_loss: Optional[float]
+    created: Optional[datetime.datetime]
+    started: Optional[datetime.datetime]
+    finished: Optional[datetime.datetime]
+    effective_batch: int            # sequences per step
+    tokens_per_step: int
+    skipped_steps: int
+    checkpoint_step: Optional[int]  # the latest complete checkpoint's step, or None
+    first_step: int
+    restarts: int
+    first_failure: str
+    plan: str                       # pipeline.plan: auto's choice and why
+    predicted_step_seconds: float
+    bubble_fraction_ideal: float
+    stages: Tuple[Stage, ...]
+    spec: Dict[str, Any]            # the spec with every default filled in, as a dict
+    raw: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def done(self) -> bool:
+        """Whether the job has ended (SUCCEEDED, FAILED or CANCELLED)."""
+        return self.state in TERMINAL_STATES
+
+    @property
+    def progress(self) -> float:
+        """steps_done / total_steps, in [0, 1]."""
+        return min(1.0, self.steps_done / self.total_steps) if self.total_steps > 0 else 0.0
+
+    @classmethod
+    def from_proto(cls, j: "coordinator_pb2.Job") -> "JobStatus":
+        return cls(
+            id=j.id, name=j.name, state=_state_name(j.state), reason=j.reason,
+            steps_done=j.steps_done, total_steps=j.total_steps,
+            last_loss=j.last_loss if j.steps_done > 0 else None,
+            last_val_loss=j.last_val_loss if j.has_val_loss else None,
+            created=_time(j.created_unix_ms), started=_time(j.started_unix_ms),
+            finished=_time(j.finished_unix_ms), effective_batch=j.effective_batch,
+            tokens_per_step=j.tokens_per_step, skipped_steps=j.skipped_steps,
+            checkpoint_step=j.checkpoint_step if j.checkpoint_step >= 0 else None,
+            first_step=j.first_step, restarts=j.restarts, first_failure=j.first_failure,
+            plan=j.plan, predicted_step_seconds=j.predicted_step_seconds,
+            bubble_fraction_ideal=j.bubble_fraction_ideal,
+            stages=tuple(Stage.from_proto(s) for s in j.stages),
+            spec=message_to_dict(j.spec), raw=j,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One event of a job's WatchJob stream.
+
+    kind: "snapshot" (the first: the job as it stands, in `job`), "step" (a step finished: in
+    `step`) or "state" (the job changed state: `state`, `reason`).
+    """
+
+    kind: str
+    job_id: str
+    state: str
+    reason: str
+    total_steps: int
+    step: Optional[Step] = None
+    job: Optional[JobStatus] = None
+
+    @classmethod
+    def from_proto(cls, e: "coordinator_pb2.JobEvent") -> "Event":
+        kinds = {coordinator_pb2.JobEvent.SNAPSHOT: "snapshot", coordinator_pb2.JobEvent.STEP: "step",
+                 coordinator_pb2.JobEvent.STATE: "state"}
+        return cls(
+            kind=kinds.get(e.kind, "unknown"), job_id=e.job_id, state=_state_name(e.state),
+            reason=e.reason, total_steps=e.total_steps,
+            step=Step.from_proto(e.step) if e.kind == coordinator_pb2.JobEvent.STEP else None,
+            job=JobStatus.from_proto(e.job) if e.HasField("job") else None,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Worker:
+    """A registered stage worker (WorkerInfo)."""
+
+    worker_id: str
+    address: str
+    device: str
+    threads: int
+    state: str                      # IDLE, BUSY, LOST
+    job_id: str
+    stage: int
+    heartbeat_age_seconds: float
+    version: str
+    hostname: str
+    node: str
+    peak_flops: float
+    raw: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_proto(cls, w) -> "Worker":
+        return cls(worker_id=w.worker_id, address=w.address, device=w.device, threads=w.threads,
+                   state=common_pb2.WorkerState.Name(w.state), job_id=w.job_id, stage=w.stage,
+                   heartbeat_age_seconds=w.heartbeat_age_seconds, version=w.version,
+                   hostname=w.hostname, node=w.node, peak_flops=w.peak_flops, raw=w)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCost:
+    """One global layer's measured cost per micro-batch (LayerProfile)."""
+
+    layer: int
+    forward_seconds: float
+    backward_seconds: float
+    backward_input_seconds: float
+    backward_weight_seconds: float
+    apply_seconds: float
+    parameter_count: int
+    static_bytes: int
+    activation_bytes: int
+    output_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelProfile:
+    """A model's measured layer costs at a spec's shape on one kind of worker (ModelProfile)."""
+
+    key: str
+    device: str
+    threads: int
+    layers: Tuple[LayerCost, ...]
+    link_latency_seconds: Optional[float]   # None when measured on a single worker
+    link_seconds_per_byte: Optional[float]
+    raw: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_proto(cls, p) -> "ModelProfile":
+        has_link = bool(p.link.worker_a or p.link.worker_b)
+        return cls(
+            key=p.key, device=p.device, threads=p.threads,
+            layers=tuple(LayerCost(l.layer, l.forward_seconds, l.backward_seconds,
+                                   l.backward_input_seconds, l.backward_weight_seconds,
+                                   l.apply_seconds, l.parameter_count, l.static_bytes,
+                                   l.activation_bytes, l.output_bytes) for l in p.layers),
+            link_latency_seconds=p.link.latency_seconds if has_link else None,
+            link_seconds_per_byte=p.link.seconds_per_byte if has_link else None,
+            raw=p,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Export:
+    """What Job.export wrote."""
+
+    path: str                 # the safetensors file
+    config_path: Optional[str]  # config.json beside it (None for a model without an HF config)
+    bytes: int
+    step: int                 # the checkpoint's step (0-based index)
