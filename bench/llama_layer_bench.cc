@@ -1,12 +1,13 @@
 // Time of one Llama block forward + backward, and of the head (RMSNorm + LM head +
 // cross-entropy) forward + backward, on the CPU reference kernels (worker/model/llama.h), at 1
-// and 2 OpenBLAS threads. bench/torch_llama_layer.py prints the same table for PyTorch on the
-// same shapes. The defaults are issue 21's figure: micro-batch 4, seq 256, d 768, 12 query
+// and 2 threads (openblas_set_num_threads, which the kernels also read as their own thread
+// count: kernels::KernelThreads()). bench/torch_llama_layer.py prints the same table for PyTorch on
+// the same shapes. The defaults are issue 21's figure: micro-batch 4, seq 256, d 768, 12 query
 // heads, 4 kv heads, SwiGLU width 2048, and SmolLM2's vocabulary (49152) for the head.
 //
 //   build/bin/bench_llama_layer [--reps N] [--b 4] [--t 256] [--c 768] [--nh 12] [--kv 4]
 //                               [--h 2048] [--v 49152] [--threads 1,2] [--keep-heap 1]
-//                               [--phases 1]
+//                               [--phases 1] [--head 0]
 //
 // --keep-heap 1 keeps every allocation in glibc's heap (mallopt M_MMAP_MAX = 0,
 // M_TRIM_THRESHOLD = INT_MAX), as tandem-worker does by default; see bench_gpt_layer.
@@ -14,7 +15,8 @@
 // (GqaCausalAttentionForward + Backward: rotated q, k, v -> merged heads), the seven linears
 // (forward, input and weight gradients) and the elementwise kernels (RMSNorm, RoPE, SwiGLU,
 // the residual adds). Their sum is close to the block's time, which also pays for its
-// allocations and gradient copies.
+// allocations and gradient copies. --head 0 skips the head + loss rows (the block's figures
+// alone, in a fraction of the time).
 //
 // FLOPs, 2*m*n*k per GEMM (N = B*T rows, C = d_model, KVD = KV * C / NH, H = d_hidden):
 //   block forward  = 2*N*C*(C + 2 KVD + C + 3H)  [q, k, v, o, gate, up, down]
@@ -135,7 +137,8 @@ double TimeLinears(const Shapes& s, Rng& rng, int reps, double* fwd_ms) {
 
 // The block's elementwise kernels as LlamaBlock runs them: forward two RMSNorms, RoPE on q
 // and k, SwiGLU and the two residual adds; backward the SwiGLU recompute and gradient, two
-// RMSNorm gradients and RoPE's on dq and dk. Single-threaded (no BLAS) at any --threads.
+// RMSNorm gradients and RoPE's on dq and dk. No BLAS: threaded over --threads by the kernels
+// themselves (kernels::KernelThreads()).
 double TimeElementwise(const Shapes& s, Rng& rng, int reps, double* fwd_ms) {
   const int64_t n = s.n(), c = s.c, h = s.h, hd = s.hd();
   const Tensor x = RandomTensor({n, c}, rng, 1.0f), gain = RandomTensor({c}, rng, 1.0f);
@@ -155,14 +158,14 @@ double TimeElementwise(const Shapes& s, Rng& rng, int reps, double* fwd_ms) {
     kernels::RopeForward(k.data(), cos.data(), sin.data(), s.b, s.t, s.kv, hd);
     kernels::Add(xn1.data(), x.data(), sum.data(), n * c);
     kernels::RmsNormForward(sum.data(), gain.data(), xn2.data(), rstd2.data(), n, c, 1e-5f);
-    kernels::SwiGluForward(gate.data(), up.data(), act.data(), n * h);
+    kernels::SwiGluForwardFast(gate.data(), up.data(), act.data(), n * h);
     kernels::Add(xn2.data(), sum.data(), sum.data(), n * c);
   };
   auto bwd = [&] {
     for (Tensor* p : {&act2, &dgate, &dup}) p->Reset({n, h});
     dx.Reset({n, c});
-    kernels::SwiGluForward(gate.data(), up.data(), act2.data(), n * h);
-    kernels::SwiGluBackward(gate.data(), up.data(), dact.data(), dgate.data(), dup.data(), n * h);
+    kernels::SwiGluBackwardFast(gate.data(), up.data(), dact.data(), act2.data(), dgate.data(),
+                                dup.data(), n * h);
     kernels::RmsNormBackward(dxn.data(), sum.data(), gain.data(), rstd2.data(), dx.data(),
                              dgain.data(), n, c);
     kernels::RopeBackward(q.data(), cos.data(), sin.data(), s.b, s.t, s.nh, hd);
@@ -184,7 +187,7 @@ int main(int argc, char** argv) {
   int reps = 5;
   int64_t b = 4, t = 256, c = 768, nh = 12, kv = 4, h = 2048, v = 49152;
   std::vector<int> threads = {1, 2};
-  bool keep_heap = false, phases = false;
+  bool keep_heap = false, phases = false, with_head = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     int64_t value = 0;
@@ -210,6 +213,10 @@ int main(int argc, char** argv) {
     }
     if (flag == "--phases") {
       phases = value != 0;
+      continue;
+    }
+    if (flag == "--head") {
+      with_head = value != 0;
       continue;
     }
     if (value < 1) {
@@ -295,7 +302,7 @@ int main(int argc, char** argv) {
       PrintRow("  norms+rope+swiglu", th, fwd, ms, 0.0);
     }
   }
-  for (int th : threads) {
+  for (int th : with_head ? threads : std::vector<int>{}) {
     openblas_set_num_threads(th);
     double fwd = 0;
     const double ms = TimeLayer(head, x, head_data, reps, &fwd);

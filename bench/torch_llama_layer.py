@@ -9,7 +9,7 @@ h // (NH / KV)), the SwiGLU MLP (Shazeer 2020), no biases.
 
     /usr/bin/python3 bench/torch_llama_layer.py [--reps 5] [--b 4] [--t 256] [--c 768]
         [--nh 12] [--kv 4] [--h 2048] [--v 49152] [--threads 1,2] [--phases 1]
-        [--attn auto|manual|sdpa]
+        [--head 0] [--attn auto|manual|sdpa]
 
 Debian 12's python3-torch (1.13, linked to the system OpenBLAS) has no
 F.scaled_dot_product_attention: there (and with --attn manual) k and v are repeated to NH
@@ -20,7 +20,7 @@ where that argument exists (torch >= 2.5) instead of repeating k and v.
 FLOPs are counted exactly as the C++ bench counts them (2*m*n*k per GEMM; see its header).
 --phases 1 also times the attention core (rotated q, k, v -> merged heads), the seven
 linears and the elementwise ops (RMSNorm, RoPE, SwiGLU, the residual adds) alone, as the C++
-bench does.
+bench does. --head 0 skips the head + loss rows (as the C++ bench's --head 0).
 
 torch.set_num_threads(n) sets only torch's own pool; an OpenBLAS that torch loaded keeps its
 own (all cores by default), so the script also calls openblas_set_num_threads(n) on it (found
@@ -262,6 +262,7 @@ def main():
     ap.add_argument("--v", type=int, default=49152)  # SmolLM2's vocabulary
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--phases", type=int, default=0)
+    ap.add_argument("--head", type=int, default=1)
     ap.add_argument("--attn", choices=["auto", "manual", "sdpa"], default="auto")
     a = ap.parse_args()
     threads = [int(s) for s in a.threads.split(",")]
@@ -315,7 +316,7 @@ def main():
             row("  7 linears", th, fwd, ms, 3 * linear)
             fwd, ms = time_pair(phases.elementwise, backward_all, a.reps, phases.elem_leaves)
             row("  norms+rope+swiglu", th, fwd, ms, 0)
-    for th in threads:
+    for th in threads if a.head else []:
         set_threads(th, blas_set)
         fwd, ms = time_pair(lambda: head(x, targets, n), backward_of, a.reps, [x])
         row("head+loss fwd+bwd", th, fwd, ms, head_flops)

@@ -6,7 +6,11 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
+#include <thread>
 #include <vector>
+
+#include "worker/model/simd.h"
 
 namespace tandem::worker::kernels {
 namespace {
@@ -16,85 +20,48 @@ int Dim(int64_t d) { return static_cast<int>(d); }
 
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 
-// ---- Vectorised helpers for the *Fast kernels (GCC/Clang vector extensions: 8 floats, which
-// the baseline x86-64 build lowers to pairs of SSE registers). No -ffast-math is needed: the
-// approximations are explicit arithmetic, so every build computes the same values.
-using V8 = float __attribute__((vector_size(16)));
-using V8i = int32_t __attribute__((vector_size(16)));
-constexpr int64_t kLanes = 4;
-
-inline V8 Load8(const float* p) {
-  V8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void Store8(float* p, V8 v) { std::memcpy(p, &v, sizeof v); }
-inline V8 Splat(float x) { return V8{} + x; }
-
-// exp(x) (Cephes expf): x = n ln2 + r with n = round(x / ln2), |r| <= ln2 / 2, e^r by a
-// degree-6 polynomial, 2^n through the exponent bits. Relative error below 3e-7 on
-// [-87.3, 88.3]; inputs are clamped to that range (exp(-87.3) ~ 1e-38 stands in for 0).
-inline V8 Exp8(V8 x) {
-  x = x < -87.3f ? Splat(-87.3f) : x;
-  x = x > 88.3f ? Splat(88.3f) : x;
-  // Round to nearest by the 1.5 * 2^23 trick (exact for |x / ln2| < 2^22).
-  const V8 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const V8 r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-  V8 p = Splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  const V8i bits = (__builtin_convertvector(n, V8i) + 127) << 23;
-  V8 scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
+using simd::F4;
+using simd::kLanes;
+using simd::Load;
+using simd::Splat;
+using simd::Store;
 
 // tanh(u) = 1 - 2 / (exp(2u) + 1): absolute error below 1e-6 (relative accuracy is lost only
 // for |u| < ~1e-3, where GELU multiplies it by x anyway).
-inline V8 Tanh8(V8 u) { return 1.0f - 2.0f / (Exp8(2.0f * u) + 1.0f); }
+inline F4 Tanh4(F4 u) { return 1.0f - 2.0f / (simd::Exp(2.0f * u) + 1.0f); }
 
-inline V8 GeluForward8(V8 x) {
-  const V8 t = Tanh8(kGeluScale * (x + 0.044715f * x * x * x));
+inline F4 GeluForward4(F4 x) {
+  const F4 t = Tanh4(kGeluScale * (x + 0.044715f * x * x * x));
   return 0.5f * x * (1.0f + t);
 }
 
-inline V8 GeluGrad8(V8 x) {
-  const V8 t = Tanh8(kGeluScale * (x + 0.044715f * x * x * x));
-  const V8 du = kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+inline F4 GeluGrad4(F4 x) {
+  const F4 t = Tanh4(kGeluScale * (x + 0.044715f * x * x * x));
+  const F4 du = kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
 }
 
 // Applies f to [0, count) by whole vectors, the tail through a zero-padded vector, so every
 // element sees the same arithmetic.
 template <typename F>
-inline void Map8(const float* in, float* out, int64_t count, F f) {
+inline void Map4(const float* in, float* out, int64_t count, F f) {
   int64_t i = 0;
-  for (; i + kLanes <= count; i += kLanes) Store8(out + i, f(Load8(in + i)));
+  for (; i + kLanes <= count; i += kLanes) Store(out + i, f(Load(in + i)));
   if (i < count) {
     float buf[kLanes] = {};
     std::copy(in + i, in + count, buf);
-    Store8(buf, f(Load8(buf)));
+    Store(buf, f(Load(buf)));
     std::copy(buf, buf + (count - i), out + i);
   }
-}
-
-float HorizontalSum(V8 v) {
-  float s = 0.0f;
-  for (int64_t j = 0; j < kLanes; ++j) s += v[j];
-  return s;
 }
 
 float RowMax(const float* z, int64_t n) {
   float m = -std::numeric_limits<float>::infinity();
   int64_t j = 0;
   if (n >= kLanes) {
-    V8 vm = Load8(z);
+    F4 vm = Load(z);
     for (j = kLanes; j + kLanes <= n; j += kLanes) {
-      const V8 v = Load8(z + j);
+      const F4 v = Load(z + j);
       vm = v > vm ? v : vm;
     }
     for (int64_t k = 0; k < kLanes; ++k) m = std::max(m, vm[k]);
@@ -103,21 +70,21 @@ float RowMax(const float* z, int64_t n) {
   return m;
 }
 
-// z = exp(z - shift) in place; returns the sum of the new z (in eight partial sums).
+// z = exp(z - shift) in place; returns the sum of the new z (in four partial sums).
 float ExpShiftSum(float* z, int64_t n, float shift) {
-  V8 acc{};
+  F4 acc{};
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
-    const V8 e = Exp8(Load8(z + j) - shift);
-    Store8(z + j, e);
+    const F4 e = simd::Exp(Load(z + j) - shift);
+    Store(z + j, e);
     acc += e;
   }
-  float sum = HorizontalSum(acc);
+  float sum = simd::HorizontalSum(acc);
   if (j < n) {
     float buf[kLanes];
     std::fill(buf, buf + kLanes, shift - 100.0f);  // padding: exp(-100) clamps to ~1e-38
     std::copy(z + j, z + n, buf);
-    const V8 e = Exp8(Load8(buf) - shift);
+    const F4 e = simd::Exp(Load(buf) - shift);
     for (int64_t k = 0; k < n - j; ++k) {
       z[j + k] = e[k];
       sum += e[k];
@@ -128,7 +95,7 @@ float ExpShiftSum(float* z, int64_t n, float shift) {
 
 void Scale(float* z, int64_t n, float s) {
   int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) Store8(z + j, Load8(z + j) * s);
+  for (; j + kLanes <= n; j += kLanes) Store(z + j, Load(z + j) * s);
   for (; j < n; ++j) z[j] *= s;
 }
 
@@ -138,12 +105,149 @@ void SoftmaxInPlace(float* z, int64_t n) {
   Scale(z, n, 1.0f / sum);
 }
 
+// sum_j p[j] * d[j] over [0, n), in four partial sums.
+float Dot(const float* p, const float* d, int64_t n) {
+  F4 acc{};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) acc += Load(p + j) * Load(d + j);
+  float sum = simd::HorizontalSum(acc);
+  for (; j < n; ++j) sum += p[j] * d[j];
+  return sum;
+}
+
+// d = p * (d - dot) over [0, n).
+void SoftmaxGradRow(const float* p, float* d, int64_t n, float dot) {
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) Store(d + j, Load(p + j) * (Load(d + j) - dot));
+  for (; j < n; ++j) d[j] = p[j] * (d[j] - dot);
+}
+
+// While held, OpenBLAS runs every GEMM on its calling thread alone. The threaded kernels hold
+// it while their own threads call sgemm: OpenBLAS's pthreads build serialises multi-threaded
+// GEMMs on one process-wide lock, which would undo their split, its GEMMs are not
+// bit-identical across thread counts, and its idle pool threads spin beside ours. The thread
+// count is process-wide state, so concurrent holders (two stages' kernels in one process)
+// share one save and restore: the first holder saves it, the last one restores it (meanwhile
+// KernelThreads() reads 1, so a concurrent kernel runs on its calling thread: slower, same
+// result).
+class BlasOnCallingThread {
+ public:
+  BlasOnCallingThread() {
+    std::lock_guard<std::mutex> lock(state().mu);
+    if (state().holders++ == 0) {
+      state().saved = openblas_get_num_threads();
+      openblas_set_num_threads(1);
+    }
+  }
+  ~BlasOnCallingThread() {
+    std::lock_guard<std::mutex> lock(state().mu);
+    if (--state().holders == 0) openblas_set_num_threads(state().saved);
+  }
+  BlasOnCallingThread(const BlasOnCallingThread&) = delete;
+  BlasOnCallingThread& operator=(const BlasOnCallingThread&) = delete;
+
+ private:
+  struct State {
+    std::mutex mu;
+    int holders = 0;  // guarded by mu
+    int saved = 1;    // guarded by mu
+  };
+  static State& state() {
+    static State* s = new State;  // never destroyed: OpenBLAS may outlive static destructors
+    return *s;
+  }
+};
+
+}  // namespace
+
+int KernelThreads() { return std::max(1, openblas_get_num_threads()); }
+
+void ParallelFor(int threads, int64_t count, int64_t min_per_thread,
+                 const std::function<void(int64_t, int64_t)>& fn) {
+  if (count <= 0) return;
+  const int64_t most = std::max<int64_t>(1, count / std::max<int64_t>(1, min_per_thread));
+  const int64_t parts = std::min<int64_t>(std::max(1, threads), most);
+  if (parts == 1) {
+    fn(0, count);
+    return;
+  }
+  // Part p covers [p * count / parts, (p + 1) * count / parts): sizes differ by at most one.
+  auto bound = [&](int64_t p) { return p * count / parts; };
+  std::vector<std::thread> workers;
+  workers.reserve(static_cast<size_t>(parts - 1));
+  for (int64_t p = 1; p < parts; ++p) workers.emplace_back(fn, bound(p), bound(p + 1));
+  fn(0, bound(1));
+  for (std::thread& w : workers) w.join();
+}
+
+void ParallelForElements(int64_t count, const std::function<void(int64_t, int64_t)>& fn) {
+  // Blocks of kBlock elements (a multiple of the vector width, so every part but the last
+  // starts and ends on whole vectors); a thread takes at least 16 blocks (64 K elements):
+  // below that, starting it costs about as much as the work.
+  constexpr int64_t kBlock = 4096;
+  const int64_t blocks = (count + kBlock - 1) / kBlock;
+  ParallelFor(KernelThreads(), blocks, 16,
+              [&](int64_t b0, int64_t b1) { fn(b0 * kBlock, std::min(count, b1 * kBlock)); });
+}
+
+namespace {
+
+// Output rows per GEMM part are multiples of this (OpenBLAS's row tiles are at most 32 rows,
+// so a part boundary never cuts one).
+constexpr int64_t kGemmRowAlign = 64;
+
+// Runs gemm(r0, r1) over the output rows [0, rows): in one call on one thread, or split into
+// at most KernelThreads() parts at multiples of kGemmRowAlign, each on its own thread with
+// OpenBLAS running on that thread alone (BlasOnCallingThread). Every output element is the
+// same single-threaded sum over the inner dimension either way (the tests check bit-identity
+// at 1, 2 and 3 threads), and OpenBLAS's own pool is never woken: its idle threads would
+// otherwise spin (sched_yield) beside ours for 2^28 cycles after each GEMM.
+void GemmRows(int64_t rows, const std::function<void(int64_t, int64_t)>& gemm) {
+  const int threads = KernelThreads();
+  if (threads == 1) {
+    gemm(0, rows);
+    return;
+  }
+  BlasOnCallingThread blas;  // also for a single part: OpenBLAS's threads must stay out
+  const int64_t units = (rows + kGemmRowAlign - 1) / kGemmRowAlign;
+  ParallelFor(threads, units, 1, [&](int64_t u0, int64_t u1) {
+    gemm(u0 * kGemmRowAlign, std::min(rows, u1 * kGemmRowAlign));
+  });
+}
+
+// out (N, OC) = in (N, C) * w^T (C, OC), by rows of out.
+void GemmForward(const float* in, const float* w, float* out, int64_t n, int64_t c, int64_t oc) {
+  GemmRows(n, [&](int64_t r0, int64_t r1) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Dim(r1 - r0), Dim(oc), Dim(c), 1.0f,
+                in + static_cast<size_t>(r0) * c, Dim(c), w, Dim(c), 0.0f,
+                out + static_cast<size_t>(r0) * oc, Dim(oc));
+  });
+}
+
+// din (N, C) += scale * dout (N, OC) * w (OC, C), by rows of din.
+void GemmInputGrad(const float* dout, const float* w, float* din, int64_t n, int64_t c, int64_t oc,
+                   float scale) {
+  GemmRows(n, [&](int64_t r0, int64_t r1) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Dim(r1 - r0), Dim(c), Dim(oc), scale,
+                dout + static_cast<size_t>(r0) * oc, Dim(oc), w, Dim(c), 1.0f,
+                din + static_cast<size_t>(r0) * c, Dim(c));
+  });
+}
+
+// dw (OC, C) += scale * dout^T (OC, N) * in (N, C), by rows of dw (columns of dout).
+void GemmWeightGrad(const float* dout, const float* in, float* dw, int64_t n, int64_t c, int64_t oc,
+                    float scale) {
+  GemmRows(oc, [&](int64_t o0, int64_t o1) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Dim(o1 - o0), Dim(c), Dim(n), scale,
+                dout + o0, Dim(oc), in, Dim(c), 1.0f, dw + static_cast<size_t>(o0) * c, Dim(c));
+  });
+}
+
 }  // namespace
 
 void LinearForward(const float* in, const float* w, const float* b, float* out, int64_t n,
                    int64_t c, int64_t oc) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Dim(n), Dim(oc), Dim(c), 1.0f, in, Dim(c), w,
-              Dim(c), 0.0f, out, Dim(oc));
+  GemmForward(in, w, out, n, c, oc);
   if (b != nullptr) {
     for (int64_t i = 0; i < n; ++i) {
       float* row = out + i * oc;
@@ -154,14 +258,8 @@ void LinearForward(const float* in, const float* w, const float* b, float* out, 
 
 void LinearBackward(const float* dout, const float* in, const float* w, float* din, float* dw,
                     float* db, int64_t n, int64_t c, int64_t oc) {
-  if (din != nullptr) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Dim(n), Dim(c), Dim(oc), 1.0f, dout,
-                Dim(oc), w, Dim(c), 1.0f, din, Dim(c));
-  }
-  if (dw != nullptr) {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Dim(oc), Dim(c), Dim(n), 1.0f, dout,
-                Dim(oc), in, Dim(c), 1.0f, dw, Dim(c));
-  }
+  if (din != nullptr) GemmInputGrad(dout, w, din, n, c, oc, 1.0f);
+  if (dw != nullptr) GemmWeightGrad(dout, in, dw, n, c, oc, 1.0f);
   if (db != nullptr) {
     for (int64_t i = 0; i < n; ++i) {
       const float* row = dout + i * oc;
@@ -280,33 +378,30 @@ void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, flo
 
 void ScaledLinearBackward(const float* dout, const float* in, const float* w, float scale,
                           float* din, float* dw, int64_t n, int64_t c, int64_t oc) {
-  if (din != nullptr) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Dim(n), Dim(c), Dim(oc), scale, dout,
-                Dim(oc), w, Dim(c), 1.0f, din, Dim(c));
-  }
-  if (dw != nullptr) {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Dim(oc), Dim(c), Dim(n), scale, dout,
-                Dim(oc), in, Dim(c), 1.0f, dw, Dim(c));
-  }
+  if (din != nullptr) GemmInputGrad(dout, w, din, n, c, oc, scale);
+  if (dw != nullptr) GemmWeightGrad(dout, in, dw, n, c, oc, scale);
 }
 
-void CausalAttentionForward(const float* qkv, float* att, float* out, int64_t b, int64_t t,
-                            int64_t c, int64_t nh) {
-  const int64_t hd = c / nh;
+void StridedCausalAttentionForward(const AttentionLayout& l, const float* q, const float* k,
+                                   const float* v, float* att, float* out) {
+  const int64_t t = l.t, hd = l.hd, group = l.nh / l.kv;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   const size_t tt = static_cast<size_t>(t) * static_cast<size_t>(t);
-  for (int64_t bi = 0; bi < b; ++bi) {
-    for (int64_t h = 0; h < nh; ++h) {
-      const float* q = qkv + static_cast<size_t>(bi * t) * 3 * c + h * hd;  // (T, hd), ld 3C
-      const float* k = q + c;
-      const float* v = q + 2 * c;
-      float* p = att + static_cast<size_t>(bi * nh + h) * tt;     // (T, T)
-      float* y = out + static_cast<size_t>(bi * t) * c + h * hd;  // (T, hd), ld C
+  // One task per (batch, query head): its probabilities and its columns of out are its own.
+  auto run = [&](int64_t task0, int64_t task1) {
+    for (int64_t task = task0; task < task1; ++task) {
+      const int64_t bi = task / l.nh, h = task % l.nh, g = h / group;
+      const size_t row0 = static_cast<size_t>(bi * t);
+      const float* qh = q + row0 * l.ldq + h * hd;  // (T, hd), ld ldq
+      const float* kg = k + row0 * l.ldk + g * hd;  // (T, hd), ld ldk
+      const float* vg = v + row0 * l.ldk + g * hd;
+      float* p = att + static_cast<size_t>(task) * tt;  // (T, T)
+      float* y = out + row0 * l.ldo + h * hd;           // (T, hd), ld ldo
       for (int64_t r0 = 0; r0 < t; r0 += kAttentionTile) {
         const int64_t rows = std::min(kAttentionTile, t - r0), cols = r0 + rows;
         float* pt = p + static_cast<size_t>(r0) * t;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Dim(rows), Dim(cols), Dim(hd), scale,
-                    q + static_cast<size_t>(r0) * 3 * c, Dim(3 * c), k, Dim(3 * c), 0.0f, pt,
+                    qh + static_cast<size_t>(r0) * l.ldq, Dim(l.ldq), kg, Dim(l.ldk), 0.0f, pt,
                     Dim(t));
         for (int64_t i = r0; i < r0 + rows; ++i) {
           float* row = p + static_cast<size_t>(i) * t;
@@ -315,63 +410,98 @@ void CausalAttentionForward(const float* qkv, float* att, float* out, int64_t b,
           std::fill(row + len, row + t, 0.0f);
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Dim(rows), Dim(hd), Dim(cols), 1.0f,
-                    pt, Dim(t), v, Dim(3 * c), 0.0f, y + static_cast<size_t>(r0) * c, Dim(c));
+                    pt, Dim(t), vg, Dim(l.ldk), 0.0f, y + static_cast<size_t>(r0) * l.ldo,
+                    Dim(l.ldo));
       }
     }
+  };
+  const int threads = KernelThreads();
+  const int64_t tasks = l.b * l.nh;
+  if (threads == 1) {
+    run(0, tasks);
+    return;
   }
+  BlasOnCallingThread blas;  // also for a single task: OpenBLAS's threads must stay out
+  ParallelFor(threads, tasks, 1, run);
+}
+
+void StridedCausalAttentionBackward(const AttentionLayout& l, const float* dout, const float* q,
+                                    const float* k, const float* v, const float* att, float* dq,
+                                    float* dk, float* dv) {
+  const int64_t t = l.t, hd = l.hd, group = l.nh / l.kv;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const size_t tt = static_cast<size_t>(t) * static_cast<size_t>(t);
+  const int ldq = Dim(l.ldq), ldk = Dim(l.ldk), ldo = Dim(l.ldo);
+  // One task per (batch, kv head): the kv head's dk and dv are the sum over its query heads,
+  // added in head order by the one task that owns them.
+  auto run = [&](int64_t task0, int64_t task1) {
+    std::vector<float> ds(tt);  // (T, T) d scores, one head at a time
+    for (int64_t task = task0; task < task1; ++task) {
+      const int64_t bi = task / l.kv, g = task % l.kv;
+      const size_t row0 = static_cast<size_t>(bi * t);
+      const float* kg = k + row0 * l.ldk + g * hd;  // (T, hd), ld ldk
+      const float* vg = v + row0 * l.ldk + g * hd;
+      float* dkg = dk + row0 * l.ldk + g * hd;
+      float* dvg = dv + row0 * l.ldk + g * hd;
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        const float* qh = q + row0 * l.ldq + h * hd;  // (T, hd), ld ldq
+        float* dqh = dq + row0 * l.ldq + h * hd;
+        const float* dy = dout + row0 * l.ldo + h * hd;  // (T, hd), ld ldo
+        const float* p = att + static_cast<size_t>(bi * l.nh + h) * tt;
+        // Per query tile: d att = dy v^T, then the softmax backward
+        // ds = p * (d att - sum(p * d att)) (zero where masked), then dq += scale ds k.
+        for (int64_t r0 = 0; r0 < t; r0 += kAttentionTile) {
+          const int64_t rows = std::min(kAttentionTile, t - r0), cols = r0 + rows;
+          float* dst = ds.data() + static_cast<size_t>(r0) * t;
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Dim(rows), Dim(cols), Dim(hd), 1.0f,
+                      dy + static_cast<size_t>(r0) * l.ldo, ldo, vg, ldk, 0.0f, dst, Dim(t));
+          for (int64_t i = r0; i < r0 + rows; ++i) {
+            float* d = ds.data() + static_cast<size_t>(i) * t;
+            const float* pr = p + static_cast<size_t>(i) * t;
+            const int64_t len = i + 1;
+            SoftmaxGradRow(pr, d, len, Dot(pr, d, len));
+            std::fill(d + len, d + t, 0.0f);
+          }
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Dim(rows), Dim(hd), Dim(cols),
+                      scale, dst, Dim(t), kg, ldk, 1.0f, dqh + static_cast<size_t>(r0) * l.ldq,
+                      ldq);
+        }
+        // Per key tile [c0, c0 + w): only queries i >= c0 see it.
+        // dv += att^T dy; dk += scale ds^T q.
+        for (int64_t c0 = 0; c0 < t; c0 += kAttentionTile) {
+          const int64_t w = std::min(kAttentionTile, t - c0), rows = t - c0;
+          const size_t at = static_cast<size_t>(c0) * t + c0;
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Dim(w), Dim(hd), Dim(rows), 1.0f,
+                      p + at, Dim(t), dy + static_cast<size_t>(c0) * l.ldo, ldo, 1.0f,
+                      dvg + static_cast<size_t>(c0) * l.ldk, ldk);
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Dim(w), Dim(hd), Dim(rows), scale,
+                      ds.data() + at, Dim(t), qh + static_cast<size_t>(c0) * l.ldq, ldq, 1.0f,
+                      dkg + static_cast<size_t>(c0) * l.ldk, ldk);
+        }
+      }
+    }
+  };
+  const int threads = KernelThreads();
+  const int64_t tasks = l.b * l.kv;
+  if (threads == 1) {
+    run(0, tasks);
+    return;
+  }
+  BlasOnCallingThread blas;  // also for a single task: OpenBLAS's threads must stay out
+  ParallelFor(threads, tasks, 1, run);
+}
+
+void CausalAttentionForward(const float* qkv, float* att, float* out, int64_t b, int64_t t,
+                            int64_t c, int64_t nh) {
+  const AttentionLayout l{b, t, nh, nh, c / nh, 3 * c, 3 * c, c};
+  StridedCausalAttentionForward(l, qkv, qkv + c, qkv + 2 * c, att, out);
 }
 
 void CausalAttentionBackward(const float* dout, const float* qkv, const float* att, float* dqkv,
                              int64_t b, int64_t t, int64_t c, int64_t nh) {
-  const int64_t hd = c / nh;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-  const size_t tt = static_cast<size_t>(t) * static_cast<size_t>(t);
-  const int ld3 = Dim(3 * c);
-  std::vector<float> ds(tt);  // (T, T) d scores, one head at a time
-  for (int64_t bi = 0; bi < b; ++bi) {
-    for (int64_t h = 0; h < nh; ++h) {
-      const size_t row0 = static_cast<size_t>(bi * t);
-      const float* q = qkv + row0 * 3 * c + h * hd;  // (T, hd), ld 3C
-      const float* k = q + c;
-      const float* v = q + 2 * c;
-      float* dq = dqkv + row0 * 3 * c + h * hd;
-      float* dk = dq + c;
-      float* dv = dq + 2 * c;
-      const float* dy = dout + row0 * c + h * hd;  // (T, hd), ld C
-      const float* p = att + static_cast<size_t>(bi * nh + h) * tt;
-      // Per query tile: d att = dy v^T, then the softmax backward
-      // ds = p * (d att - sum(p * d att)) (zero where masked), then dq += scale ds k.
-      for (int64_t r0 = 0; r0 < t; r0 += kAttentionTile) {
-        const int64_t rows = std::min(kAttentionTile, t - r0), cols = r0 + rows;
-        float* dst = ds.data() + static_cast<size_t>(r0) * t;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Dim(rows), Dim(cols), Dim(hd), 1.0f,
-                    dy + static_cast<size_t>(r0) * c, Dim(c), v, ld3, 0.0f, dst, Dim(t));
-        for (int64_t i = r0; i < r0 + rows; ++i) {
-          float* d = ds.data() + static_cast<size_t>(i) * t;
-          const float* pr = p + static_cast<size_t>(i) * t;
-          const int64_t len = i + 1;
-          float dot = 0.0f;
-          for (int64_t j = 0; j < len; ++j) dot += pr[j] * d[j];
-          for (int64_t j = 0; j < len; ++j) d[j] = pr[j] * (d[j] - dot);
-          std::fill(d + len, d + t, 0.0f);
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Dim(rows), Dim(hd), Dim(cols), scale,
-                    dst, Dim(t), k, ld3, 1.0f, dq + static_cast<size_t>(r0) * 3 * c, ld3);
-      }
-      // Per key tile [c0, c0 + w): only queries i >= c0 see it.
-      // dv += att^T dy; dk += scale ds^T q.
-      for (int64_t c0 = 0; c0 < t; c0 += kAttentionTile) {
-        const int64_t w = std::min(kAttentionTile, t - c0), rows = t - c0;
-        const size_t at = static_cast<size_t>(c0) * t + c0;
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Dim(w), Dim(hd), Dim(rows), 1.0f,
-                    p + at, Dim(t), dy + static_cast<size_t>(c0) * c, Dim(c), 1.0f,
-                    dv + static_cast<size_t>(c0) * 3 * c, ld3);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Dim(w), Dim(hd), Dim(rows), scale,
-                    ds.data() + at, Dim(t), q + static_cast<size_t>(c0) * 3 * c, ld3, 1.0f,
-                    dk + static_cast<size_t>(c0) * 3 * c, ld3);
-      }
-    }
-  }
+  const AttentionLayout l{b, t, nh, nh, c / nh, 3 * c, 3 * c, c};
+  StridedCausalAttentionBackward(l, dout, qkv, qkv + c, qkv + 2 * c, att, dqkv, dqkv + c,
+                                 dqkv + 2 * c);
 }
 
 double SoftmaxCrossEntropyInPlace(float* logits, const int32_t* targets, int64_t n, int64_t v) {
@@ -389,26 +519,36 @@ double SoftmaxCrossEntropyInPlace(float* logits, const int32_t* targets, int64_t
 }
 
 void GeluForwardFast(const float* in, float* out, int64_t count) {
-  Map8(in, out, count, GeluForward8);
+  ParallelForElements(
+      count, [&](int64_t i0, int64_t i1) { Map4(in + i0, out + i0, i1 - i0, GeluForward4); });
 }
 
-void GeluBackwardFast(const float* in, const float* dout, float* din, int64_t count) {
+namespace {
+void GeluBackward4(const float* in, const float* dout, float* din, int64_t count) {
   int64_t i = 0;
   for (; i + kLanes <= count; i += kLanes) {
-    Store8(din + i, Load8(din + i) + GeluGrad8(Load8(in + i)) * Load8(dout + i));
+    Store(din + i, Load(din + i) + GeluGrad4(Load(in + i)) * Load(dout + i));
   }
   if (i < count) {
     float x[kLanes] = {}, d[kLanes] = {}, g[kLanes] = {};
     std::copy(in + i, in + count, x);
     std::copy(dout + i, dout + count, d);
     std::copy(din + i, din + count, g);
-    Store8(g, Load8(g) + GeluGrad8(Load8(x)) * Load8(d));
+    Store(g, Load(g) + GeluGrad4(Load(x)) * Load(d));
     std::copy(g, g + (count - i), din + i);
   }
 }
+}  // namespace
+
+void GeluBackwardFast(const float* in, const float* dout, float* din, int64_t count) {
+  ParallelForElements(
+      count, [&](int64_t i0, int64_t i1) { GeluBackward4(in + i0, dout + i0, din + i0, i1 - i0); });
+}
 
 void Add(const float* a, const float* b, float* out, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) out[i] = a[i] + b[i];
+  ParallelForElements(count, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) out[i] = a[i] + b[i];
+  });
 }
 
 }  // namespace tandem::worker::kernels

@@ -5,16 +5,43 @@
 // their gradient outputs (d*), which the caller zeroes: parameter gradients accumulate over
 // micro-batches, and a residual branch can add its input gradient onto the skip path's.
 // Counts are int64_t. All kernels are pure functions of their arguments and thread-compatible.
+//
+// Threads: the kernels marked "threaded" split their work over KernelThreads() threads, each
+// thread taking whole rows, columns, element ranges or (batch, head) pairs, never a share of
+// one sum: every output element is computed by the same arithmetic in the same order at any
+// thread count, so results are bit-identical at 1 and N threads (tests/worker/
+// llama_layers_test.cc checks each Llama kernel and the block). That includes the GEMMs: a
+// threaded kernel splits a GEMM's output rows over its threads and runs OpenBLAS on each
+// calling thread alone, so OpenBLAS's own pool stays asleep instead of spinning beside ours.
 #ifndef TANDEM_WORKER_MODEL_KERNELS_H_
 #define TANDEM_WORKER_MODEL_KERNELS_H_
 
 #include <cstdint>
+#include <functional>
 
 namespace tandem::worker::kernels {
 
 inline constexpr float kLayerNormEps = 1e-5f;
 
-// out = in * w^T + b (b may be null).
+// How many threads the threaded kernels use: OpenBLAS's thread count
+// (openblas_set_num_threads; tandem-worker's --threads), so one setting governs a stage's GEMMs
+// and the rest of its kernels.
+int KernelThreads();
+
+// Calls fn(begin, end) on consecutive ranges that together cover [0, count), each on its own
+// thread (the caller runs the first), and returns when all have returned. At most `threads`
+// ranges, each at least min_per_thread long (one range when count < 2 * min_per_thread), so
+// small work stays on the calling thread. fn must be safe to run concurrently on disjoint
+// ranges. Threads are started per call (tens of microseconds): meant for work of a millisecond
+// or more.
+void ParallelFor(int threads, int64_t count, int64_t min_per_thread,
+                 const std::function<void(int64_t, int64_t)>& fn);
+
+// ParallelFor over [0, count) elements of a flat array, on KernelThreads() threads, in ranges
+// whose bounds (except count) are multiples of 4096 and which hold at least 64 K elements.
+void ParallelForElements(int64_t count, const std::function<void(int64_t, int64_t)>& fn);
+
+// out = in * w^T + b (b may be null). Threaded (the GEMM by rows of out).
 void LinearForward(const float* in,  // (N, C)
                    const float* w,   // (OC, C)
                    const float* b,   // (OC) or null
@@ -23,7 +50,8 @@ void LinearForward(const float* in,  // (N, C)
 
 // din += dout * w; dw += dout^T * in; db += sum_rows(dout). Any of din, dw and db may be null
 // (the split backward computes din in one call and dw, db in another; in and w are read only
-// for the outputs asked for).
+// for the outputs asked for). Threaded: the din GEMM by rows of din, the dw GEMM by rows of dw;
+// db is summed over the rows in order on the calling thread.
 void LinearBackward(const float* dout,  // (N, OC)
                     const float* in,    // (N, C)
                     const float* w,     // (OC, C)
@@ -75,7 +103,8 @@ void SoftmaxCrossEntropyBackward(const float* probs,      // (N, V)
 
 // Linear backward with the output gradient scaled and no bias: din += scale * dout * w;
 // dw += scale * dout^T * in. din or dw may be null. Lets a caller apply a late scalar (the loss
-// gradient) inside the GEMMs instead of materialising a scaled copy of a large dout.
+// gradient) inside the GEMMs instead of materialising a scaled copy of a large dout. Threaded
+// as LinearBackward.
 void ScaledLinearBackward(const float* dout,  // (N, OC)
                           const float* in,    // (N, C)
                           const float* w,     // (OC, C)
@@ -91,17 +120,53 @@ void ScaledLinearBackward(const float* dout,  // (N, OC)
 // products exactly.
 inline constexpr int64_t kAttentionTile = 64;
 
+// Where the attention kernels find their operands: B sequences of T tokens, NH query heads
+// and KV key/value heads (KV divides NH) of size hd. Query head h of token (b, t) is at
+// q[(b*T + t) * ldq + h*hd, + hd); kv head g at k[(b*T + t) * ldk + g*hd, + hd) (v likewise);
+// the merged heads' output (and its gradient) has row stride ldo. Gradients share their
+// operand's stride.
+struct AttentionLayout {
+  int64_t b, t, nh, kv, hd;
+  int64_t ldq, ldk, ldo;
+};
+
+// Causal grouped-query self-attention on strided q, k and v (threaded): query head h reads
+// key/value head g = h / (NH / KV). For each (b, h): att = softmax(q_h k_g^T / sqrt(hd)) with
+// att[t][t'] = 0 for t' > t (exact zeros), and out's columns of head h = att v_g. Two sgemm
+// calls per (b, h) and query tile, reading q, k, v in place; the (b, h) pairs are spread over
+// KernelThreads() threads, each GEMM running on its caller's thread. The softmax uses the
+// polynomial exp of simd.h (relative error < 1e-7).
+void StridedCausalAttentionForward(const AttentionLayout& layout,
+                                   const float* q,  // (B, T, ldq)
+                                   const float* k,  // (B, T, ldk)
+                                   const float* v,  // (B, T, ldk)
+                                   float* att,      // (B, NH, T, T) softmax probabilities, saved
+                                   float* out);     // (B, T, ldo) heads merged
+
+// dq, dk, dv += the attention's gradients, from the saved probabilities (threaded over (b, kv
+// head) pairs). The key/value gradients of a kv head are the sum over its NH / KV query heads,
+// added in head order by one thread, so the result does not depend on the thread count. Four
+// sgemm calls per (b, h) and tile.
+void StridedCausalAttentionBackward(const AttentionLayout& layout,
+                                    const float* dout,  // (B, T, ldo)
+                                    const float* q,     // (B, T, ldq)
+                                    const float* k,     // (B, T, ldk)
+                                    const float* v,     // (B, T, ldk)
+                                    const float* att,   // (B, NH, T, T)
+                                    float* dq,          // (B, T, ldq) +=
+                                    float* dk,          // (B, T, ldk) +=
+                                    float* dv);         // (B, T, ldk) +=
+
 // Causal multi-head self-attention on a fused q | k | v projection (GPT-2 / llm.c layout):
 // head h of q is columns [h*hd, (h+1)*hd) of the first C columns of qkv, k and v follow at
-// offsets C and 2C (hd = C / NH). For each (b, h): att = softmax(q k^T / sqrt(hd)) with
-// att[t][t'] = 0 for t' > t, and out[b, :, h*hd:(h+1)*hd] = att v. Two sgemm calls per
-// (b, h), reading q, k, v in place (leading dimension 3C).
+// offsets C and 2C (hd = C / NH). StridedCausalAttentionForward with KV = NH and leading
+// dimensions 3C (q, k, v) and C (out).
 void CausalAttentionForward(const float* qkv,  // (B, T, 3C)
                             float* att,        // (B, NH, T, T) softmax probabilities, saved
                             float* out,        // (B, T, C) heads merged
                             int64_t b, int64_t t, int64_t c, int64_t nh);
 
-// dqkv += d(out)/d(qkv)^T dout, from the saved probabilities. Four sgemm calls per (b, h).
+// dqkv += d(out)/d(qkv)^T dout, from the saved probabilities (StridedCausalAttentionBackward).
 void CausalAttentionBackward(const float* dout,  // (B, T, C)
                              const float* qkv,   // (B, T, 3C)
                              const float* att,   // (B, NH, T, T)
@@ -116,14 +181,14 @@ double SoftmaxCrossEntropyInPlace(float* logits,           // (N, V) in: logits;
                                   const int32_t* targets,  // (N)
                                   int64_t n, int64_t v);
 
-// GeluForward / GeluBackward computed eight lanes at a time with a polynomial exp (tanh(u) =
+// GeluForward / GeluBackward computed four lanes at a time with a polynomial exp (tanh(u) =
 // 1 - 2 / (exp(2u) + 1)); they agree with the reference kernels to 1e-6 absolute on the
 // output and 1e-5 relative on the gradient (tests/worker/gpt_layers_test.cc). in-place
-// (out == in) is allowed for the forward.
+// (out == in) is allowed for the forward. Threaded.
 void GeluForwardFast(const float* in, float* out, int64_t count);
 void GeluBackwardFast(const float* in, const float* dout, float* din, int64_t count);
 
-// out[i] = a[i] + b[i]; out may alias a or b.
+// out[i] = a[i] + b[i]; out may alias a or b. Threaded.
 void Add(const float* a, const float* b, float* out, int64_t count);
 
 }  // namespace tandem::worker::kernels

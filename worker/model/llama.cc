@@ -239,7 +239,7 @@ absl::Status LlamaBlock::Forward(const Tensor& input, const MicroBatchData& data
   kernels::RmsNormForward(x1.data(), rms2_g_.value.data(), xn2.data(), rstd2.data(), n, c, eps);
   kernels::LinearForward(xn2.data(), gate_w_.value.data(), nullptr, gate.data(), n, c, h);
   kernels::LinearForward(xn2.data(), up_w_.value.data(), nullptr, up.data(), n, c, h);
-  kernels::SwiGluForward(gate.data(), up.data(), act.data(), n * h);
+  kernels::SwiGluForwardFast(gate.data(), up.data(), act.data(), n * h);
   output.Reset({b, t, c});
   kernels::LinearForward(act.data(), down_w_.value.data(), nullptr, output.data(), n, h, c);
   kernels::Add(output.data(), x1.data(), output.data(), n * c);
@@ -270,11 +270,10 @@ absl::Status LlamaBlock::InputGradients(const Tensor& grad_output, const SavedCo
   wpass[kAct].Reset({n, h});
   wpass[kDGate].Reset({n, h});
   wpass[kDUp].Reset({n, h});
-  kernels::SwiGluForward(sv[kGate].data(), sv[kUp].data(), wpass[kAct].data(), n * h);
   kernels::LinearBackward(grad_output.data(), nullptr, down_w_.value.data(), dact.data(), nullptr,
                           nullptr, n, h, c);
-  kernels::SwiGluBackward(sv[kGate].data(), sv[kUp].data(), dact.data(), wpass[kDGate].data(),
-                          wpass[kDUp].data(), n * h);
+  kernels::SwiGluBackwardFast(sv[kGate].data(), sv[kUp].data(), dact.data(), wpass[kAct].data(),
+                              wpass[kDGate].data(), wpass[kDUp].data(), n * h);
   dact.Clear();
   kernels::LinearBackward(wpass[kDGate].data(), nullptr, gate_w_.value.data(), dxn2.data(), nullptr,
                           nullptr, n, c, h);
