@@ -16,6 +16,7 @@
 #include "common/spec.h"
 #include "coordinator/hf_export.h"
 #include "coordinator/model_profiler.h"
+#include "coordinator/plan_search.h"
 #include "coordinator/step_timings.h"
 #include "spdlog/spdlog.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
@@ -266,6 +267,24 @@ class CoordinatorServiceImpl final : public v1::Coordinator::Service {
                                           absl::Seconds(300), req->refresh(), env_.rendezvous);
     if (!profile.ok()) return ToGrpcStatus(profile.status());
     *resp = *std::move(profile);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status PlanJob(grpc::ServerContext*, const v1::PlanJobRequest* req,
+                       v1::PlanJobResponse* resp) override {
+    TANDEM_RETURN_IF_BAD_VERSION(req);
+    if (env_.profiles == nullptr || env_.clients == nullptr) {
+      return ToGrpcStatus(absl::UnimplementedError("this coordinator does not profile models"));
+    }
+    const v1::JobSpec spec = WithDefaults(req->spec());
+    if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return ToGrpcStatus(s);
+    // Each micro-batch size's profile as ProfileModel gets it: cached, or measured on an idle
+    // worker. A size that cannot be measured makes its candidates infeasible, saying why.
+    *resp = SearchPlanJob(spec, [&](const v1::JobSpec& s) {
+      return tandem::coordinator::ProfileModel(s, *env_.registry, *env_.clients, *env_.profiles,
+                                               absl::Seconds(300), /*refresh=*/false,
+                                               env_.rendezvous);
+    });
     return grpc::Status::OK;
   }
 

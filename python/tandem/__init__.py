@@ -14,7 +14,8 @@ are generated from the protos when the package is built (`pip install ./python`)
 from tandem.client import DEFAULT_COORDINATOR, Client, Job, to_frame
 from tandem.errors import FieldError, JobFailed, SpecError, TandemError
 from tandem.hf_config import hf_config, hf_config_json
-from tandem.types import Event, Export, JobStatus, LayerCost, ModelProfile, Stage, Step, Worker
+from tandem.types import (Event, Export, JobStatus, LayerCost, ModelProfile, Plan, PlanCandidate,
+                          Stage, Step, Worker)
 
 __version__ = "0.1.0"
 
@@ -22,5 +23,6 @@ __all__ = [
     "Client", "Job", "DEFAULT_COORDINATOR", "to_frame",
     "TandemError", "SpecError", "JobFailed", "FieldError",
     "JobStatus", "Step", "Stage", "Event", "Worker", "ModelProfile", "LayerCost", "Export",
+    "Plan", "PlanCandidate",
     "hf_config", "hf_config_json",
 ]

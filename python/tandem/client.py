@@ -16,7 +16,8 @@ from tandem import specs
 from tandem._proto import PROTOCOL_VERSION, coordinator_pb2, coordinator_pb2_grpc
 from tandem.errors import JobFailed, TandemError, from_rpc_error
 from tandem.hf_config import hf_config_json, hf_config_path
-from tandem.types import (TERMINAL_STATES, Event, Export, JobStatus, ModelProfile, Step, Worker)
+from tandem.types import (TERMINAL_STATES, Event, Export, JobStatus, ModelProfile, Plan, Step,
+                          Worker)
 
 DEFAULT_COORDINATOR = "127.0.0.1:7070"  # coordinator/cli/args.h kDefaultCoordinator
 
@@ -184,8 +185,8 @@ class Client:
                 timeout: float = 600.0) -> ModelProfile:
         """The measured per-layer costs of the spec's model at its micro-batch shape, on a
         worker of its device kind (ProfileModel): cached by the coordinator, or measured on an
-        idle worker (which may take a while: `timeout`). This is what `tandem plan` plans with;
-        the planning itself (schedules, cuts, the simulator) is C++ in the CLI, not an RPC.
+        idle worker (which may take a while: `timeout`). This is what `tandem plan` and
+        Client.plan plan with.
 
         A dict or JobSpec works as is; YAML text or a file needs PyYAML (the call takes a
         message, not text). SpecError when the coordinator rejects the spec.
@@ -194,6 +195,19 @@ class Client:
         request.spec.CopyFrom(specs.to_message(spec))
         return ModelProfile.from_proto(self._call("ProfileModel", request, spec=True,
                                                   timeout=timeout))
+
+    def plan(self, spec: specs.SpecLike, timeout: float = 600.0) -> Plan:
+        """The planner's search for the spec (PlanJob), as `pipeline.plan: auto` runs it at
+        submit, with nothing submitted: every (stages x replicas, schedule, chunks, split of the
+        global batch) candidate with its predicted step, bubble and memory, fastest feasible
+        first, and the one it would run (`Plan.chosen`, None when nothing fits the memory
+        budget; `Plan.choice` says why). Profiles are measured on idle workers or cached, as
+        for profile() (`timeout`). A dict or JobSpec works as is; YAML text or a file needs
+        PyYAML. SpecError when the coordinator rejects the spec.
+        """
+        request = coordinator_pb2.PlanJobRequest()
+        request.spec.CopyFrom(specs.to_message(spec))
+        return Plan.from_proto(self._call("PlanJob", request, spec=True, timeout=timeout))
 
     # The raw calls Job uses.
 

@@ -302,6 +302,60 @@ class ModelProfile:
 
 
 @dataclasses.dataclass(frozen=True)
+class PlanCandidate:
+    """One arrangement the planner weighed (PlanCandidateInfo): P stages x R replicas, a
+    schedule with its chunks, a split of the global batch, and what it predicts."""
+
+    stages: int
+    replicas: int
+    schedule: str
+    chunks: int
+    micro_batches: int
+    micro_batch_size: int
+    feasible: bool
+    reason: str                  # why it cannot run; "" when feasible
+    step_seconds: float          # predicted
+    bubble: float
+    peak_stage_bytes: int
+    tokens_per_second: float
+    reduce_exposed_seconds: float
+
+    @classmethod
+    def from_proto(cls, c) -> "PlanCandidate":
+        return cls(c.stages, c.replicas, c.schedule, c.chunks, c.micro_batches,
+                   c.micro_batch_size, c.feasible, c.reason, c.step_seconds, c.bubble,
+                   c.peak_stage_bytes, c.tokens_per_second, c.reduce_exposed_seconds)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The planner's search for a spec (PlanJobResponse): what `pipeline.plan: auto` would
+    run (`chosen`, None when nothing fits the memory budget; `choice` says what and why) and
+    every candidate it weighed, feasible and fastest first."""
+
+    candidates: Tuple[PlanCandidate, ...]
+    chosen: Optional[PlanCandidate]
+    choice: str
+    as_written_step_seconds: Optional[float]  # the spec as written, predicted
+    raw: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_proto(cls, p) -> "Plan":
+        candidates = tuple(PlanCandidate.from_proto(c) for c in p.candidates)
+        chosen = candidates[p.chosen] if 0 <= p.chosen < len(candidates) else None
+        return cls(candidates, chosen, p.choice,
+                   p.as_written_step_seconds if p.as_written_step_seconds > 0 else None, p)
+
+    def as_frame(self):
+        """The candidates as a pandas DataFrame (pandas is optional: ImportError says so)."""
+        try:
+            import pandas as pd
+        except ImportError as e:
+            raise ImportError("Plan.as_frame() needs pandas (pip install pandas)") from e
+        return pd.DataFrame([dataclasses.asdict(c) for c in self.candidates])
+
+
+@dataclasses.dataclass(frozen=True)
 class Export:
     """What Job.export wrote."""
 

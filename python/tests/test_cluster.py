@@ -204,6 +204,25 @@ def test_profile(client):
     assert "pipeline.micro_batches" in e.value.paths
 
 
+def test_plan(client):
+    # Two stages of micro-batches of 2, 4 sequences in all: the planner tries every split and
+    # schedule on the two idle workers and says which it would run; nothing is submitted.
+    before = len(client.jobs())
+    plan = client.plan(tiny_spec("plan", pipeline={"partition": "profile"}))
+    assert plan.chosen is not None and plan.chosen is plan.candidates[0]
+    assert plan.chosen.feasible and plan.chosen.step_seconds > 0
+    assert plan.chosen.schedule in plan.choice
+    assert plan.as_written_step_seconds is not None
+    assert plan.as_written_step_seconds >= plan.chosen.step_seconds
+    for c in plan.candidates:
+        assert c.micro_batches * c.micro_batch_size * c.replicas == 4
+        assert c.feasible or c.reason
+    assert len(client.jobs()) == before
+    with pytest.raises(tandem.SpecError) as e:
+        client.plan(tiny_spec("plan", pipeline={"micro_batches": 0}))
+    assert "pipeline.micro_batches" in e.value.paths
+
+
 def test_repr_html_and_watch_progress(client, monkeypatch):
     bars = []
 
