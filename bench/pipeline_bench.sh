@@ -2,7 +2,7 @@
 # Pipeline speed-up, bubble and memory: Tandem against a hand-written PyTorch 1.13 pipeline
 # (bench/torch_pipeline.py), measured side by side in one run on 127.0.0.1.
 #
-#   bench/pipeline_bench.sh [--bubble] [--memory] [--no-speedup] [--small] [--steps N]
+#   bench/pipeline_bench.sh [--bubble] [--memory] [--recompute] [--no-speedup] [--small] [--steps N]
 #                           [--m N] [--vocab N] [--only tandem|torch] [--keep] [--print-spec]
 #                           [--torch2 PYTHON]
 #
@@ -28,6 +28,10 @@
 # --memory: peak live activation bytes per rank, Tandem P=2 gpipe vs 1f1b vs zb_h1 at M=16
 #   on the same shapes (2 steps), plus the PyTorch pipeline's peak RSS per rank, gpipe vs 1f1b,
 #   at M=8 (2 steps each). About 3 min.
+# --recompute: activation recomputation (pipeline.recompute: full) on the issue's shapes, P=2
+#   1f1b at M=16, --steps steps each, with and without: stage 0's peak live activation bytes
+#   and the step time, their ratios, and the largest loss difference (0: the same arithmetic).
+#   About 3 min on an idle 2-core machine (7 on a busy one).
 # --torch2 PYTHON: also run, in the speed-up part, the torch.distributed.pipelining peer
 #   (bench/torch_pipelining.py: the same model, seeds and data, one process and 2 processes
 #   Schedule1F1B over gloo, one thread each) with PYTHON, an interpreter with a PyPI torch 2.x
@@ -50,13 +54,14 @@ root="$PWD"
 bin="${TANDEM_BIN:-$root/build/bin}"  # TANDEM_BIN: another build's programs (e.g. before/after a change)
 py=/usr/bin/python3
 
-speedup=1 bubble=0 memory=0 keep=0 print_spec=0 small_run=0 only=
+speedup=1 bubble=0 memory=0 recompute=0 keep=0 print_spec=0 small_run=0 only=
 steps=3 m=8 vocab='' torch2=
 
 while [ $# -gt 0 ]; do
   case "$1" in
     --bubble) bubble=1 ;;
     --memory) memory=1 ;;
+    --recompute) recompute=1 ;;
     --no-speedup) speedup=0 ;;
     --small) small_run=1 ;;
     --keep) keep=1 ;;
@@ -82,9 +87,10 @@ if [ "$small_run" = 1 ]; then
 fi
 vocab="${vocab:-256}"
 
-# spec NAME STAGES M SCHEDULE STEPS LAYERS D HEADS SEQ VOCAB MB: a Tandem job spec.
+# spec NAME STAGES M SCHEDULE STEPS LAYERS D HEADS SEQ VOCAB MB [RECOMPUTE]: a Tandem job spec
+# (pipeline.recompute written only when not none, so older builds read the others' specs).
 spec() {
-  cat <<EOF
+  sed '/^$/d' <<EOF
 # Pipeline benchmark job (bench/pipeline_bench.sh): the shapes of bench/torch_pipeline.py.
 name: $1
 steps: $5
@@ -113,6 +119,7 @@ pipeline:
   micro_batches: $3
   schedule: $4
   partition: uniform
+$([ "${12:-none}" = none ] || echo "  recompute: ${12}")
 eval:
   every: 0
 checkpoint:
@@ -154,7 +161,7 @@ local_cluster_start "$bin" "$run" "$run" ||
   { echo "pipeline_bench.sh: the coordinator and two workers did not come up" >&2; exit 1; }
 log "coordinator $TANDEM_COORDINATOR, 2 workers (--threads 1); $("$bin/tandem" version)"
 
-# tandem_run SECTION NAME STAGES M SCHEDULE STEPS LAYERS D HEADS SEQ VOCAB MB
+# tandem_run SECTION NAME STAGES M SCHEDULE STEPS LAYERS D HEADS SEQ VOCAB MB [RECOMPUTE]
 tandem_run() {
   [ "$only" = torch ] && return 0
   local section="$1"; shift
@@ -226,6 +233,12 @@ if [ "$memory" = 1 ]; then
   for s in gpipe 1f1b; do
     torch_run memory "memory-torch-$s" --pipeline --schedule "$s" "${full[@]}" --vocab "$vocab" \
       --m 8 --steps 2
+  done
+fi
+
+if [ "$recompute" = 1 ]; then
+  for rc in none full; do
+    tandem_run recompute "recompute-p2-1f1b-$rc" 2 16 1f1b "$steps" $L $D $H $SEQ "$vocab" $MB $rc
   done
 fi
 

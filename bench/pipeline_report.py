@@ -54,6 +54,7 @@ def tandem_record(path, section, label):
         "reason": job.get("reason", ""),
         "mode": "single" if stages == 1 else "pipeline",
         "schedule": pipe.get("schedule") if stages > 1 else None,
+        "recompute": pipe.get("recompute", "none"),
         "stages": stages,
         "stage_layers": [[int(s.get("layer_begin", 0)), int(s.get("layer_end", 0))]
                          for s in job.get("stages", [])],
@@ -111,7 +112,7 @@ def loss_diff(a, b):
 
 def summary(path):
     recs = [json.loads(line) for line in open(path) if line.strip()]
-    out = {"speedup": None, "bubble": [], "memory": None}
+    out = {"speedup": None, "bubble": [], "memory": None, "recompute": None}
     md = []
 
     # ------------------------------------------------------------------ speed-up
@@ -310,6 +311,35 @@ def summary(path):
             md.append(f"PyTorch {r['schedule']} M={r['shape']['m']}: RSS "
                       f"{', '.join('%.0f' % x for x in r['rss_mib'])} MiB")
         out["memory"] = res
+        print()
+
+    # ------------------------------------------------------------------ recompute
+    plain = find(recs, "recompute", peer="tandem", recompute="none")
+    full = find(recs, "recompute", peer="tandem", recompute="full")
+    if plain and full:
+        print("== Activation recomputation ==")
+        shape = plain["shape"]
+        print("Tandem P=2 1f1b, pipeline.recompute none vs full: %s" % ", ".join(
+            f"{k} {v}" for k, v in shape.items()))
+        for r in (plain, full):
+            print(f"  {r['recompute']:<4}: stage 0 peak {stage0(r) / 2**20:8.1f} MiB; per rank "
+                  + ", ".join("%.1f" % (b / 2**20) for b in r["rank_peak_activation_bytes"]
+                              or [r["peak_activation_bytes"]])
+                  + f" MiB; step {fmt(r['step_s'])} s (exec {fmt(r['exec_s'])} s)")
+        mem_ratio = stage0(full) / stage0(plain) if stage0(plain) else None
+        time_ratio = full["step_s"] / plain["step_s"] if plain["step_s"] else None
+        diff = loss_diff(plain, full)
+        print(f"  stage 0 peak full / none = {fmt(mem_ratio)}; step time full / none = "
+              f"{fmt(time_ratio)}; largest loss difference {fmt(diff, '.3g')}")
+        out["recompute"] = {"shape": shape, "none_stage0_bytes": stage0(plain),
+                            "full_stage0_bytes": stage0(full),
+                            "none_step_s": plain["step_s"], "full_step_s": full["step_s"],
+                            "memory_ratio": mem_ratio, "step_time_ratio": time_ratio,
+                            "max_loss_diff": diff}
+        md.append(f"\nRecomputation (P=2 1f1b M={shape['m']}): stage 0 peak "
+                  f"{stage0(plain) / 2**20:.1f} -> {stage0(full) / 2**20:.1f} MiB "
+                  f"({fmt(mem_ratio)}x), step {fmt(plain['step_s'])} -> {fmt(full['step_s'])} s "
+                  f"({fmt(time_ratio)}x)")
         print()
 
     print("== Markdown ==")

@@ -111,6 +111,9 @@ std::string ProfileKey(const v1::JobSpec& spec, const std::string& device, int t
 absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
                                           const v1::ModelProfile* profile) {
   ASSIGN_OR_RETURN(Schedule compute, ScheduleForSpec(spec));
+  // Full recomputation: every F keeps only its stage's input, and an R before each backward
+  // recomputes the rest.
+  if (spec.pipeline().recompute() == "full") compute = AddRecomputation(compute);
   PipelinePlan plan;
   plan.schedule = LowerWithTransfers(compute);
   const int replicas = std::max(1, spec.pipeline().replicas());

@@ -34,6 +34,7 @@ constexpr KindName kKindNames[] = {
     {v1::ACTION_B, "B"},
     {v1::ACTION_I, "I"},
     {v1::ACTION_W, "W"},
+    {v1::ACTION_R, "R"},  // after RECV_* and REDUCE_GRAD, which also start with R
 };
 
 absl::Status CheckSizes(int num_ranks, int num_micro_batches) {
@@ -153,7 +154,7 @@ const char* ActionKindName(ActionKind kind) {
 
 bool IsComputeAction(ActionKind kind) {
   return kind == v1::ACTION_F || kind == v1::ACTION_B || kind == v1::ACTION_I ||
-         kind == v1::ACTION_W;
+         kind == v1::ACTION_W || kind == v1::ACTION_R;
 }
 
 bool IsTransferAction(ActionKind kind) {
@@ -255,7 +256,7 @@ absl::StatusOr<Action> ParseAction(absl::string_view text) {
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "action '", s,
-      "': unknown kind; expected F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B or REDUCE_GRAD"));
+      "': unknown kind; expected F, B, I, W, R, SEND_F, RECV_F, SEND_B, RECV_B or REDUCE_GRAD"));
 }
 
 std::string ActionsToString(const std::vector<Action>& actions) {
@@ -574,6 +575,42 @@ Program LowerWithTransfers(const Program& compute, const Placement& placement) {
 Schedule LowerWithTransfers(const Schedule& compute) {
   Schedule out = compute;
   out.program = LowerWithTransfers(compute.program, compute.placement);
+  return out;
+}
+
+Program AddRecomputation(const Program& program) {
+  Program out(program.size());
+  for (size_t r = 0; r < program.size(); ++r) {
+    const std::vector<Action>& list = program[r];
+    // The (stage, micro-batch) pairs that already have an R: kept where they are.
+    std::set<std::pair<int, int>> present;
+    for (const Action& a : list) {
+      if (a.kind == v1::ACTION_R) present.insert({a.stage, a.micro_batch});
+    }
+    std::vector<Action>& dst = out[r];
+    dst.reserve(list.size() * 3 / 2);
+    for (const Action& a : list) {
+      const bool backward = a.kind == v1::ACTION_B || a.kind == v1::ACTION_I;
+      if (backward && present.insert({a.stage, a.micro_batch}).second) {
+        // Before the receive of the output gradient too (a lowered program's RECV_B sits just
+        // before its backward), so that the recomputation runs while the gradient travels.
+        size_t at = dst.size();
+        while (at > 0 && dst[at - 1].kind == v1::ACTION_RECV_B && dst[at - 1].stage == a.stage &&
+               dst[at - 1].micro_batch == a.micro_batch) {
+          --at;
+        }
+        dst.insert(dst.begin() + static_cast<std::ptrdiff_t>(at),
+                   Action{a.stage, v1::ACTION_R, a.micro_batch});
+      }
+      dst.push_back(a);
+    }
+  }
+  return out;
+}
+
+Schedule AddRecomputation(const Schedule& schedule) {
+  Schedule out = schedule;
+  out.program = AddRecomputation(schedule.program);
   return out;
 }
 

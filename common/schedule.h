@@ -74,17 +74,17 @@ struct Schedule {
   int num_micro_batches = 0;
 };
 
-// "F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B" ("?" for anything else).
+// "F", "B", "I", "W", "R", "SEND_F", "RECV_F", "SEND_B", "RECV_B" ("?" for anything else).
 const char* ActionKindName(ActionKind kind);
-// F, B, I, W: the actions that compute; the others move data between ranks.
+// F, B, I, W, R: the actions that compute; the others move data between ranks.
 bool IsComputeAction(ActionKind kind);
 bool IsTransferAction(ActionKind kind);
 // REDUCE_GRAD: the stage's gradients summed across its data-parallel group (pipeline
 // replicas). Neither compute nor a point-to-point transfer; its micro_batch is always 0.
 bool IsReductionAction(ActionKind kind);
 
-// "2F0", "0B3", "3SEND_F1", "1RECV_B0", "2REDUCE_GRAD" (no micro-batch): the notation of
-// torch.distributed.pipelining.
+// "2F0", "0B3", "1R3", "3SEND_F1", "1RECV_B0", "2REDUCE_GRAD" (no micro-batch): the notation of
+// torch.distributed.pipelining (R, recompute, is Tandem's own).
 std::string ActionToString(const Action& a);
 absl::StatusOr<Action> ParseAction(absl::string_view text);
 // Space-separated actions of one rank.
@@ -186,6 +186,17 @@ absl::StatusOr<Schedule> GenerateSchedule(absl::string_view schedule, int num_ra
 // not added again, so lowering a lowered program returns the same program.
 Program LowerWithTransfers(const Program& compute, const Placement& placement);
 Schedule LowerWithTransfers(const Schedule& compute);
+
+// Activation recomputation (pipeline.recompute: full): an R of (stage, micro-batch) just before
+// each B or I that has none yet (and before the RECV_B right in front of it, in a lowered
+// program). A micro-batch with an R has its F run without saving (only the stage's input is
+// kept); the R re-runs that forward with saving, so the backward finds what it needs. R costs
+// one forward of the stage (the simulator counts it so) and moves no data, so lowering is
+// unchanged. R placed just before its backward is the simplest placement; moving R's into the
+// schedule's idle slots (1F1B's warm-up and cool-down bubbles, the gaps zero bubble leaves)
+// when memory allows is a later pass.
+Program AddRecomputation(const Program& program);
+Schedule AddRecomputation(const Schedule& schedule);
 
 // Data parallelism: adds one REDUCE_GRAD per stage to its rank's list, right after the
 // stage's last weight gradient (its last B, or its last W when the backward is split) and the

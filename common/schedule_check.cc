@@ -6,6 +6,7 @@
 #include <deque>
 #include <limits>
 #include <map>
+#include <set>
 #include <tuple>
 #include <utility>
 
@@ -59,6 +60,7 @@ Key MessageKey(const Action& a) {
 // What the validator knows about one (stage, micro-batch).
 struct Progress {
   bool f = false, b = false, i = false, w = false;  // seen in the rank's list (static pass)
+  bool r = false;                                   // its R (recompute) seen (static pass)
   bool forward_done = false;                        // F ran (blocking pass)
   bool backward_done = false;                       // B or I ran
   bool input_received = false;                      // RECV_F ran
@@ -178,6 +180,13 @@ class Validator {
         if (g.i || g.w) return Bad(p_, r, i, both);
         if (g.b) return Bad(p_, r, i, "repeated backward");
         g.b = true;
+        break;
+      case v1::ACTION_R:
+        // The recomputation re-runs the forward from the input the F kept, for the backward.
+        if (!g.f) return Bad(p_, r, i, "recompute (R) before its forward");
+        if (g.b || g.i) return Bad(p_, r, i, "recompute (R) after its backward");
+        if (g.r) return Bad(p_, r, i, "repeated R");
+        g.r = true;
         break;
       case v1::ACTION_I:
         if (!g.f) return Bad(p_, r, i, "backward (I) before its forward");
@@ -308,8 +317,8 @@ class Validator {
         g.backward_done = true;
         return true;
       }
-      default:        // W: its I ran earlier on this rank; REDUCE_GRAD: its gradients are done
-        return true;  // (both checked statically)
+      default:        // W: its I ran earlier on this rank; R: its F did; REDUCE_GRAD: its
+        return true;  // gradients are done (all checked statically)
     }
   }
 
@@ -324,6 +333,7 @@ class Validator {
 double ComputeCost(const ActionCosts& c, ActionKind kind) {
   switch (kind) {
     case v1::ACTION_F:
+    case v1::ACTION_R:  // the same forward again
       return c.forward;
     case v1::ACTION_B:
       return c.backward;
@@ -372,6 +382,17 @@ absl::StatusOr<SimulationResult> SimulateProgram(const Program& p, const Placeme
     out.end[r].assign(p[r].size(), 0.0);
   }
   std::vector<int> live(P, 0);
+  // The memory model: a micro-batch holds its stage's activation_bytes from F to its last
+  // backward, or, when the program recomputes it (has an R for it), input_bytes from F to R
+  // and activation_bytes from R to its last backward.
+  out.peak_activation_bytes.assign(P, 0.0);
+  std::vector<double> live_bytes(P, 0.0);
+  std::set<std::pair<int, int>> recomputed;
+  for (const auto& list : p) {
+    for (const Action& a : list) {
+      if (a.kind == v1::ACTION_R) recomputed.insert({a.stage, a.micro_batch});
+    }
+  }
   // Per rank: when its reductions (REDUCE_GRAD, one at a time) are done.
   std::vector<double> reduce_done(P, 0.0);
   // The program is valid, so this terminates with every list done.
@@ -399,9 +420,19 @@ absl::StatusOr<SimulationResult> SimulateProgram(const Program& p, const Placeme
           const double cost = ComputeCost(cost_of(a.stage), a.kind);
           clock[r] += cost;
           out.busy[r] += cost;
-          if (a.kind == v1::ACTION_F) ++live[r];
-          if (a.kind == v1::ACTION_B || a.kind == v1::ACTION_W) --live[r];
+          const ActionCosts& mem = cost_of(a.stage);
+          if (a.kind == v1::ACTION_F) {
+            ++live[r];
+            live_bytes[r] +=
+                recomputed.count({a.stage, a.micro_batch}) ? mem.input_bytes : mem.activation_bytes;
+          } else if (a.kind == v1::ACTION_R) {
+            live_bytes[r] += mem.activation_bytes - mem.input_bytes;
+          } else if (a.kind == v1::ACTION_B || a.kind == v1::ACTION_W) {
+            --live[r];
+            live_bytes[r] -= mem.activation_bytes;
+          }
           out.peak_live_micro_batches[r] = std::max(out.peak_live_micro_batches[r], live[r]);
+          out.peak_activation_bytes[r] = std::max(out.peak_activation_bytes[r], live_bytes[r]);
         }
         out.start[r][pc[r]] = begin;
         out.end[r][pc[r]] = clock[r];

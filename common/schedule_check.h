@@ -18,7 +18,8 @@ namespace tandem {
 // INVALID_ARGUMENT unless:
 //  - completeness: every stage runs F for micro-batches 0..M-1 exactly once, on its rank, and
 //    for each micro-batch either B exactly once or I and W exactly once each (I before W,
-//    never both B and I/W), after its F;
+//    never both B and I/W), after its F; and at most one R (recompute), after its F and
+//    before its B or I;
 //  - dependencies: F of stage s for a micro-batch after F of s-1 (received, or done earlier
 //    on the same rank); the backward (B or I) of s after the backward of s+1;
 //  - transfers: every send follows the compute that produced its data and is received exactly
@@ -42,6 +43,12 @@ struct ActionCosts {
   // The stage's gradient reduction across its data-parallel group (REDUCE_GRAD), from its
   // start; 0 without data parallelism.
   double reduce = 0.0;
+  // An R (recompute) costs `forward`. Memory, for peak_activation_bytes (in any unit; the
+  // defaults count micro-batches): what one micro-batch's forward of the stage keeps for its
+  // backward, and what a recomputed micro-batch keeps between its F and its R (the stage's
+  // input; the activations again from R to its backward).
+  double activation_bytes = 1.0;
+  double input_bytes = 0.0;
 };
 
 struct SimulationResult {
@@ -52,6 +59,11 @@ struct SimulationResult {
   // Per rank: the most (stage, micro-batch) pairs between their F and their last backward
   // action (B, or W when split): the activations the rank must hold at its peak.
   std::vector<int> peak_live_micro_batches;
+  // Per rank: the most activation memory held at once under the memory model of ActionCosts
+  // (activation_bytes per micro-batch between F and its last backward; input_bytes only
+  // between F and R for a micro-batch the program recomputes). With the default costs and no
+  // R it equals peak_live_micro_batches.
+  std::vector<double> peak_activation_bytes;
   // Per rank: the time its gradient reductions run past its last compute (the exposed part,
   // which the step waits for); 0 without REDUCE_GRAD actions.
   std::vector<double> reduce_exposed;

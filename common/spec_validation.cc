@@ -199,8 +199,8 @@ void ValidateModel(const v1::JobSpec& spec, FieldErrors* errors) {
   bool dims_ok = arch_ok;
   if (arch_ok && spec.device() == "cuda" && m.arch() != "gpt" && m.arch() != "llama") {
     // The CUDA backend (worker/cuda_stage_compute.h) implements gpt and llama only.
-    errors->Add("model.arch", absl::StrCat("device cuda runs gpt and llama models only, got \"",
-                                           m.arch(), "\""));
+    errors->Add("model.arch",
+                absl::StrCat("device cuda runs gpt and llama models only, got \"", m.arch(), "\""));
   }
   dims_ok &= CheckRange(errors, "model.n_layer", m.n_layer(), 1, 1024);
   const bool d_model_ok = CheckRange(errors, "model.d_model", m.d_model(), 1, 65536);
@@ -485,6 +485,17 @@ void ValidatePipeline(const v1::JobSpec& spec, FieldErrors* errors) {
     errors->Add("pipeline.transport",
                 absl::StrCat("nccl needs device: cuda, got device: \"", spec.device(),
                              "\" (cpu workers use gloo; use auto or gloo)"));
+  }
+  if (p.recompute() == "selective" || p.recompute() == "auto") {
+    errors->Add("pipeline.recompute",
+                absl::StrCat("\"", p.recompute(),
+                             "\" is not implemented yet; use \"full\" (keep only each stage's "
+                             "input and recompute its forward before the backward) or \"none\""));
+  } else if (CheckOneOf(errors, "pipeline.recompute", p.recompute(), {"none", "full"}) &&
+             p.recompute() == "full" && !errors->Has("device") && spec.device() == "cuda") {
+    errors->Add("pipeline.recompute",
+                "full recomputation runs on cpu workers only in this release (the cuda "
+                "backend does not keep a stage's input for its R action yet); use none");
   }
   if (partition_ok && p.partition() == "manual") {
     if (num_stages > 0) {  // the cut points divide the schedule's stages

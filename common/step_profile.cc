@@ -22,7 +22,11 @@ absl::StatusOr<StepProfile> ProfileStep(const Schedule& lowered,
   std::vector<std::array<double, 4>> sum(s, {0, 0, 0, 0});
   std::vector<std::array<int, 4>> count(s, {0, 0, 0, 0});
   auto slot = [](v1::ActionKind k) {
-    return k == v1::ACTION_F ? 0 : k == v1::ACTION_B ? 1 : k == v1::ACTION_I ? 2 : 3;
+    // An R (recompute) is a forward again: it counts toward the stage's forward cost.
+    return k == v1::ACTION_F || k == v1::ACTION_R ? 0
+           : k == v1::ACTION_B                    ? 1
+           : k == v1::ACTION_I                    ? 2
+                                                  : 3;
   };
   for (int r = 0; r < p; ++r) {
     const v1::StepReport& rep = *reports[r];

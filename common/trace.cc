@@ -241,6 +241,7 @@ constexpr KindStyle kStyles[] = {
     {v1::ACTION_W, "#59a14f", "W weight gradient"},
     {v1::ACTION_SEND_F, "#6f6f6f", "send"},
     {v1::ACTION_RECV_F, "#bdbdbd", "receive (and wait)"},
+    {v1::ACTION_R, "#76b7b2", "R recompute"},
 };
 
 const char* Fill(ActionKind kind) {

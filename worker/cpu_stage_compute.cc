@@ -78,6 +78,8 @@ absl::StatusOr<std::unique_ptr<CpuStageCompute>> CpuStageCompute::Create(
   }
   c->slots_ = slots;
   c->saved_.resize(c->chunks_.size() * slots);
+  c->kept_inputs_.resize(c->chunks_.size() * slots);
+  c->kept_.assign(c->chunks_.size() * slots, false);
   return c;
 }
 
@@ -101,6 +103,43 @@ absl::StatusOr<double> CpuStageCompute::Forward(int chunk, int mb, StageBufferPt
   if (layers.back()->is_loss()) return static_cast<double>(x[0]);
   *output = Wrap(std::move(x));
   return 0.0;
+}
+
+absl::StatusOr<double> CpuStageCompute::ForwardKeepingInput(int chunk, int mb, StageBufferPtr input,
+                                                            const MicroBatchData& data,
+                                                            StageBufferPtr* output) {
+  const auto& layers = chunks_[chunk];
+  const size_t i = static_cast<size_t>(chunk) * slots_ + static_cast<size_t>(mb);
+  Saved(chunk, mb).clear();
+  kept_inputs_[i] = Unwrap(std::move(input));
+  kept_[i] = true;
+  // Layer by layer as Forward runs them, each layer's context dropped as soon as the next
+  // layer starts: the same arithmetic, one layer's working set at a time.
+  SavedContext scratch;
+  const Tensor* in = &kept_inputs_[i];
+  Tensor x;
+  Tensor y;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    scratch = SavedContext{};
+    RETURN_IF_ERROR(layers[l]->Forward(*in, data, scratch, y));
+    std::swap(x, y);
+    in = &x;
+  }
+  if (layers.back()->is_loss()) return static_cast<double>(x[0]);
+  *output = Wrap(std::move(x));
+  return 0.0;
+}
+
+absl::Status CpuStageCompute::Recompute(int chunk, int mb, const MicroBatchData& data) {
+  const size_t i = static_cast<size_t>(chunk) * slots_ + static_cast<size_t>(mb);
+  if (!kept_[i]) return absl::InternalError("recompute without a kept input");
+  kept_[i] = false;
+  // Forward with saving from the same input: what the F without saving would have saved.
+  StageBufferPtr input =
+      chunks_[chunk].front()->reads_tokens() ? nullptr : Wrap(std::move(kept_inputs_[i]));
+  kept_inputs_[i] = Tensor{};
+  StageBufferPtr output;
+  return Forward(chunk, mb, std::move(input), data, /*save=*/true, &output).status();
 }
 
 absl::Status CpuStageCompute::Backward(int chunk, int mb, v1::ActionKind kind,
@@ -159,13 +198,16 @@ absl::StatusOr<std::vector<absl::Span<float>>> CpuStageCompute::LayerParameters(
 }
 
 size_t CpuStageCompute::SavedBytes(int chunk, int mb) const {
-  size_t n = 0;
-  for (const SavedContext& c : saved_[static_cast<size_t>(chunk) * slots_ + mb]) n += c.Bytes();
+  const size_t i = static_cast<size_t>(chunk) * slots_ + static_cast<size_t>(mb);
+  size_t n = kept_[i] ? kept_inputs_[i].bytes() : 0;
+  for (const SavedContext& c : saved_[i]) n += c.Bytes();
   return n;
 }
 
 void CpuStageCompute::DropSaved() {
   for (auto& s : saved_) s.clear();
+  for (Tensor& t : kept_inputs_) t = Tensor{};
+  std::fill(kept_.begin(), kept_.end(), false);
 }
 
 std::vector<Parameter*> CpuStageCompute::HostParameters() {

@@ -31,6 +31,11 @@ class CpuStageCompute final : public StageCompute {
   absl::StatusOr<double> Forward(int chunk, int mb, StageBufferPtr input,
                                  const MicroBatchData& data, bool save,
                                  StageBufferPtr* output) override;
+  bool recomputes() const override { return true; }
+  absl::StatusOr<double> ForwardKeepingInput(int chunk, int mb, StageBufferPtr input,
+                                             const MicroBatchData& data,
+                                             StageBufferPtr* output) override;
+  absl::Status Recompute(int chunk, int mb, const MicroBatchData& data) override;
   absl::Status Backward(int chunk, int mb, v1::ActionKind kind, StageBufferPtr grad_output,
                         StageBufferPtr* grad_input) override;
   size_t SavedBytes(int chunk, int mb) const override;
@@ -68,6 +73,10 @@ class CpuStageCompute final : public StageCompute {
   std::vector<ElementRange> shard_;  // per HostParameters() entry when sharded; else empty
   size_t slots_ = 0;
   std::vector<std::vector<SavedContext>> saved_;  // chunk * slots_ + mb: one per layer
+  // chunk * slots_ + mb: the input kept by ForwardKeepingInput for Recompute ((B, T, D) or
+  // (B, D); empty on the first stage), and whether one is kept.
+  std::vector<Tensor> kept_inputs_;
+  std::vector<bool> kept_;
   int64_t parameter_count_ = 0;
   std::vector<StaticMemory> static_memory_;
   LayerDoneHook layer_done_;

@@ -99,6 +99,15 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::CreateValidated(
   } else {
     reducer = nullptr;
   }
+  if (!compute->recomputes() &&
+      std::any_of(program.actions().begin(), program.actions().end(),
+                  [](const v1::Action& a) { return a.kind() == v1::ACTION_R; })) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(prefix,
+                     ": the program recomputes activations (R actions, "
+                     "pipeline.recompute), which the ",
+                     compute->device(), " backend cannot do"));
+  }
   if (program.num_ranks() > 1) {
     if (transport == nullptr) {
       return absl::InvalidArgumentError(
@@ -189,6 +198,14 @@ StageExecutor::StageExecutor(const v1::StageProgram& program, Dataset data,
     layer_posted_[c].assign(static_cast<size_t>(chunks_[c].layer_end - chunks_[c].layer_begin),
                             false);
   }
+  // The micro-batches the training program recomputes: their F keeps only the input.
+  recomputed_.assign(chunks_.size() * mb_slots_, false);
+  for (const v1::Action& a : program.actions()) {
+    if (a.kind() == v1::ACTION_R) {
+      recomputed_[static_cast<size_t>(chunk_of_stage_[a.stage()]) * mb_slots_ +
+                  static_cast<size_t>(a.micro_batch())] = true;
+    }
+  }
   next_recv_ = NextReceives(program.actions());
   eval_next_recv_ = NextReceives(program.eval_actions());
   mbs_.resize(chunks_.size() * mb_slots_);
@@ -274,6 +291,8 @@ absl::Status StageExecutor::Forward(int chunk, int mb, int64_t step, bool eval) 
   data.tokens = &m.tokens;
   data.targets = &m.targets;
   data.loss_normalizer = global_batch * seq_len_;
+  const bool keep_input_only =
+      !eval && recomputed_[static_cast<size_t>(chunk) * mb_slots_ + static_cast<size_t>(mb)];
   // The input: received, or handed over by the previous stage on this worker.
   StageBufferPtr x;
   if (c.prev >= 0) {
@@ -282,13 +301,32 @@ absl::Status StageExecutor::Forward(int chunk, int mb, int64_t step, bool eval) 
   } else {
     x = std::move(m.input);
   }
-  // The compute saves what the backward needs (nothing in evaluation: no backward follows).
-  absl::StatusOr<double> loss = compute_->Forward(chunk, mb, std::move(x), data, !eval, &m.output);
-  m.tokens.Clear();
-  m.targets.Clear();
+  // The compute saves what the backward needs (nothing in evaluation: no backward follows;
+  // only the input when the program recomputes the micro-batch, whose R then needs the
+  // tokens and targets again).
+  absl::StatusOr<double> loss =
+      keep_input_only ? compute_->ForwardKeepingInput(chunk, mb, std::move(x), data, &m.output)
+                      : compute_->Forward(chunk, mb, std::move(x), data, !eval, &m.output);
+  if (!keep_input_only) {
+    m.tokens.Clear();
+    m.targets.Clear();
+  }
   if (!loss.ok()) return loss.status();
   if (c.last) loss_ += *loss;
   return absl::OkStatus();
+}
+
+absl::Status StageExecutor::Recompute(int chunk, int mb) {
+  MicroBatch& m = Mb(chunk, mb);
+  MicroBatchData data;
+  data.tokens = &m.tokens;
+  data.targets = &m.targets;
+  // As its F had it (training: the global batch's predictions).
+  data.loss_normalizer = micro_batch_size_ * micro_batches_ * replicas_ * seq_len_;
+  absl::Status s = compute_->Recompute(chunk, mb, data);
+  m.tokens.Clear();
+  m.targets.Clear();
+  return s;
 }
 
 absl::Status StageExecutor::Backward(int chunk, int mb, v1::ActionKind kind) {
@@ -368,6 +406,8 @@ absl::Status StageExecutor::RunAction(const v1::Action& a, int64_t step, bool ev
     }
     case v1::ACTION_F:
       return Forward(chunk, mb, step, eval);
+    case v1::ACTION_R:
+      return Recompute(chunk, mb);
     case v1::ACTION_SEND_F: {
       if (m.output == nullptr) return absl::InternalError("no forward output to send");
       StageBuffer& out = KeepForSend(std::move(m.output));

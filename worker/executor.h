@@ -31,9 +31,11 @@
 //
 // Memory: what a micro-batch holds (received input, saved contexts, gradients) is freed as
 // soon as the program has no further use for it: the forward input after F, the contexts
-// after B (or, split, what only I needed after I and the rest after W). The executor accounts
-// these live activation bytes and reports their peak per step. A sent buffer is owned by the
-// transport until the end of the step (Gloo has no non-blocking completion test) and is
+// after B (or, split, what only I needed after I and the rest after W). A micro-batch the
+// program recomputes (pipeline.recompute: full, an R action) keeps only its stage's input
+// from F to R (StageCompute::ForwardKeepingInput), and its contexts from R on. The executor
+// accounts these live activation bytes and reports their peak per step. A sent buffer is owned by
+// the transport until the end of the step (Gloo has no non-blocking completion test) and is
 // reported separately as send-buffer bytes.
 //
 // Thread-safety: RunStep is called by one thread at a time (a second concurrent call gets
@@ -196,6 +198,9 @@ class StageExecutor {
   // Sharded optimizer state, after the update: every parameter's segments from their owners.
   absl::Status GatherParameters();
   absl::Status Forward(int chunk, int mb, int64_t step, bool eval);
+  // R: re-runs the forward of a micro-batch whose F kept only its input, saving for the
+  // backward (training only).
+  absl::Status Recompute(int chunk, int mb);
   // B (input and weight gradients), I (input gradient only) or W (weight gradients of a
   // micro-batch whose I ran).
   absl::Status Backward(int chunk, int mb, v1::ActionKind kind);
@@ -235,6 +240,9 @@ class StageExecutor {
   std::vector<int> next_recv_;
   std::vector<int> eval_next_recv_;
   std::vector<int> chunk_of_stage_;  // per global stage: index into chunks_, or -1
+  // chunk * mb_slots_ + micro-batch: the training program has an R for it, so its F keeps
+  // only its input (and, on the first and last stage, its tokens and targets) until the R.
+  std::vector<bool> recomputed_;
   // Data parallelism: per chunk, the index of its last weight-gradient action (B or W) in the
   // training list, during which layers are posted as they finish, or -1; and which layers of
   // it are posted this step.

@@ -110,6 +110,28 @@ class StageCompute {
                                          const MicroBatchData& data, bool save,
                                          StageBufferPtr* output) = 0;
 
+  // Activation recomputation (an R action in the program). Whether this backend implements
+  // ForwardKeepingInput and Recompute; the executor refuses a program with R's otherwise.
+  virtual bool recomputes() const { return false; }
+  // F of a micro-batch the program recomputes: as Forward with `save` (the same output and
+  // loss), but all that stays for `mb` afterwards is its input (nothing on the first stage,
+  // whose tokens the caller keeps), counted in SavedBytes, until Recompute. The forward itself
+  // holds one layer's working set at a time.
+  virtual absl::StatusOr<double> ForwardKeepingInput(int chunk, int mb, StageBufferPtr input,
+                                                     const MicroBatchData& data,
+                                                     StageBufferPtr* output) {
+    return absl::UnimplementedError(
+        absl::StrCat("the ", device(), " backend cannot recompute activations"));
+  }
+  // R of `chunk` for `mb`: re-runs its forward from the input ForwardKeepingInput kept, with
+  // the same `data`, saving what the backward needs exactly as Forward with `save` does (the
+  // same arithmetic, so the backward computes the same bits as without recomputation), and
+  // releases the input; the output and loss are dropped. INTERNAL when no input is kept.
+  virtual absl::Status Recompute(int chunk, int mb, const MicroBatchData& data) {
+    return absl::UnimplementedError(
+        absl::StrCat("the ", device(), " backend cannot recompute activations"));
+  }
+
   // B (input and weight gradients), I (input gradient only, leaving what W needs) or W (the
   // weight gradients of a micro-batch whose I ran) of `chunk` for `mb`, ADDING the parameter
   // gradients. `grad_output` is null on the last stage (d loss = 1) and for W; *grad_input is
@@ -122,7 +144,8 @@ class StageCompute {
   // host's interval around the call is the compute).
   virtual int64_t last_device_us() const { return 0; }
 
-  // Bytes saved by `mb`'s forward of `chunk` and not yet released by its backward.
+  // Bytes saved by `mb`'s forward of `chunk` (or the input kept for its recomputation) and
+  // not yet released by its backward.
   virtual size_t SavedBytes(int chunk, int mb) const = 0;
   // Drops every micro-batch's saved state (end of a step, or after a failure).
   virtual void DropSaved() = 0;

@@ -32,12 +32,23 @@ struct StageView {
 // forward_only, the backward (B, or I then W) after its output gradient (RECV_B, or the
 // backward of the next stage when it is here), SEND_B after B or I. Each action once, and
 // only the transfers to stages on other workers.
+// An R (recompute) at most once, after its F and before its backward.
 // With `reduce` (a data-parallel program), each stage of this worker has exactly one
 // REDUCE_GRAD, after the backward of every micro-batch (B, or W); without, none.
 absl::Status ReplayActions(const google::protobuf::RepeatedPtrField<v1::Action>& actions,
                            absl::string_view field, int m, const std::vector<StageView>& stages,
                            bool forward_only, bool reduce = false) {
-  enum Bit { kRecvF = 1, kF = 2, kSendF = 4, kRecvB = 8, kB = 16, kSendB = 32, kI = 64, kW = 128 };
+  enum Bit {
+    kRecvF = 1,
+    kF = 2,
+    kSendF = 4,
+    kRecvB = 8,
+    kB = 16,
+    kSendB = 32,
+    kI = 64,
+    kW = 128,
+    kR = 256
+  };
   const int num_stages = static_cast<int>(stages.size());
   std::vector<std::vector<int>> done(num_stages);
   for (int s = 0; s < num_stages; ++s) {
@@ -115,6 +126,14 @@ absl::Status ReplayActions(const google::protobuf::RepeatedPtrField<v1::Action>&
         bit = kW;
         ready = (d & kI) != 0;
         break;
+      case v1::ACTION_R:  // recompute: after its F, before its backward
+        bit = kR;
+        if (backward_done(d)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": recomputes after the micro-batch's backward"));
+        }
+        ready = (d & kF) != 0;
+        break;
       case v1::ACTION_SEND_B:
         bit = kSendB;
         allowed = !v.first && !v.prev_local;
@@ -125,7 +144,7 @@ absl::Status ReplayActions(const google::protobuf::RepeatedPtrField<v1::Action>&
                                                        v1::ActionKind_Name(a.kind()),
                                                        " is not supported by this worker"));
     }
-    if (forward_only && (bit & (kRecvB | kB | kI | kW | kSendB)) != 0) allowed = false;
+    if (forward_only && (bit & (kRecvB | kB | kI | kW | kSendB | kR)) != 0) allowed = false;
     if (!allowed) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": stage ", a.stage(), " of ", num_stages,

@@ -139,6 +139,33 @@ TEST(PlanPipelineTest, EvalProgramIsForwardOnlyOverTheEvalMicroBatches) {
   EXPECT_EQ(Count(plan->eval.program[1], v1::ACTION_RECV_F), 3);
 }
 
+// pipeline.recompute: full puts an R before every backward of the training program (before
+// the gradient's receive), none in the eval program; a CSV's own R's are kept.
+TEST(PlanPipelineTest, FullRecomputationAddsAnRBeforeEveryBackward) {
+  v1::JobSpec spec = Spec("zb_h1", 2, 4);
+  spec.mutable_pipeline()->set_recompute("full");
+  spec.mutable_eval()->set_every(10);
+  absl::StatusOr<PipelinePlan> plan = PlanPipeline(spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (int r = 0; r < 2; ++r) {
+    const std::vector<Action>& actions = plan->schedule.program[r];
+    EXPECT_EQ(Count(actions, v1::ACTION_R), 4) << "rank " << r;
+    for (size_t i = 0; i < actions.size(); ++i) {
+      if (actions[i].kind != v1::ACTION_I) continue;
+      // R, then (rank 0) the gradient's receive, then I.
+      const size_t back = r == 0 ? 2 : 1;
+      ASSERT_GE(i, back);
+      EXPECT_EQ(actions[i - back], (Action{r, v1::ACTION_R, actions[i].micro_batch})) << i;
+    }
+    EXPECT_EQ(Count(plan->eval.program[r], v1::ACTION_R), 0);
+  }
+  v1::JobSpec csv = Spec("1f1b", 1, 2);
+  csv.mutable_pipeline()->set_schedule_csv("0F0,0F1,0R1,0B1,0R0,0B0\n");
+  plan = PlanPipeline(csv);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(ActionsToString(plan->schedule.program[0]), "0F0 0F1 0R1 0B1 0R0 0B0");
+}
+
 // With unit costs the simulator's bubble is the textbook (P-1)/(M+P-1) for GPipe and 1F1B.
 TEST(PlanPipelineTest, UnitCostBubbleIsTheTextbookOne) {
   for (const char* schedule : {"gpipe", "1f1b"}) {

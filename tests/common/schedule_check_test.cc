@@ -671,5 +671,91 @@ TEST(SimulateProgramTest, ReductionRunsBesideComputeAndOnlyItsTailIsExposed) {
   for (double exposed : interleaved.reduce_exposed) EXPECT_DOUBLE_EQ(exposed, 0.5);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Recomputation (R)
+
+TEST(ValidateProgramTest, RecomputeMustComeAfterItsForwardAndBeforeItsBackward) {
+  const Placement one = OneStagePerRank(1);
+  EXPECT_TRUE(ValidateProgram(Parse({"0F0 0R0 0B0"}), one, 1).ok());
+  EXPECT_TRUE(ValidateProgram(Parse({"0F0 0F1 0R1 0I1 0R0 0B0 0W1"}), one, 2).ok());
+  struct Case {
+    std::string program;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"0F0 0B0 0R0", "rank 0 action 2 (0R0): recompute (R) after its backward"},
+           {"0F0 0I0 0R0 0W0", "rank 0 action 2 (0R0): recompute (R) after its backward"},
+           {"0R0 0F0 0B0", "rank 0 action 0 (0R0): recompute (R) before its forward"},
+           {"0F0 0R0 0R0 0B0", "rank 0 action 2 (0R0): repeated R"},
+       }) {
+    const absl::Status s = ValidateProgram(Parse({c.program}), one, 1);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.program;
+    EXPECT_THAT(s.message(), HasSubstr(c.message)) << c.program;
+  }
+  // Across ranks: R is local and waits for nothing, so it may run before the gradient's
+  // receive; stage 1's R before its forward is still refused.
+  const Placement two = OneStagePerRank(2);
+  EXPECT_TRUE(ValidateProgram(
+                  Parse({"0F0 0SEND_F0 0R0 0RECV_B0 0B0", "1RECV_F0 1F0 1R0 1B0 1SEND_B0"}), two, 1)
+                  .ok());
+  EXPECT_THAT(ValidateProgram(
+                  Parse({"0F0 0SEND_F0 0R0 0RECV_B0 0B0", "1R0 1RECV_F0 1F0 1B0 1SEND_B0"}), two, 1)
+                  .message(),
+              HasSubstr("recompute (R) before its forward"));
+}
+
+// Every schedule with full recomputation stays valid; unit costs count each R as one F.
+TEST(SimulateProgramTest, RecomputationCostsOneForwardPerMicroBatch) {
+  for (const auto& [name, v] : std::vector<std::pair<std::string, int>>{{"gpipe", 1},
+                                                                        {"1f1b", 1},
+                                                                        {"interleaved_1f1b", 2},
+                                                                        {"zb_h1", 1},
+                                                                        {"zb_v", 2},
+                                                                        {"looped_bfs", 2},
+                                                                        {"interleaved_zb", 2},
+                                                                        {"zb_h2", 1}}) {
+    for (int p : {1, 2, 4}) {
+      const int m = 8;
+      const Schedule plain = Lowered(name, p, m);
+      const Schedule recomputed = AddRecomputation(plain);
+      const std::string label = absl::StrCat(name, " P", p);
+      ASSERT_TRUE(ValidateSchedule(recomputed).ok()) << label << ValidateSchedule(recomputed);
+      ActionCosts unit;
+      unit.forward = unit.backward_input = unit.backward_weight = 1.0;
+      const SimulationResult a = Simulate(plain, unit);
+      const SimulationResult b = Simulate(recomputed, unit);
+      for (int r = 0; r < p; ++r) {
+        // Each (stage, micro-batch) of the rank: one more forward.
+        EXPECT_DOUBLE_EQ(b.busy[r], a.busy[r] + v * m) << label << " rank " << r;
+      }
+      EXPECT_GE(b.step_time, a.step_time) << label;
+      EXPECT_EQ(b.peak_live_micro_batches, a.peak_live_micro_batches) << label;
+    }
+  }
+}
+
+// The hand count: 1F1B's rank r holds P - r micro-batches at its peak; with full recomputation
+// all but one of them are just their stage's input, and one (between its R and its B) is
+// whole: (P - r - 1) inputs + one stage's working set.
+TEST(SimulateProgramTest, OneFOneBPeakMemoryWithFullRecomputationIsTheHandCount) {
+  const int p = 4, m = 8;
+  ActionCosts costs;
+  costs.activation_bytes = 1000.0;  // one micro-batch's saved activations of a stage
+  costs.input_bytes = 10.0;         // its stage input
+  const SimulationResult plain = Simulate(Lowered("1f1b", p, m), costs);
+  const SimulationResult full = Simulate(AddRecomputation(Lowered("1f1b", p, m)), costs);
+  EXPECT_THAT(plain.peak_activation_bytes, ElementsAre(4000, 3000, 2000, 1000));
+  EXPECT_THAT(full.peak_activation_bytes,
+              ElementsAre(3 * 10 + 1000, 2 * 10 + 1000, 1 * 10 + 1000, 0 * 10 + 1000));
+  // GPipe: M inputs in flight, then one working set at a time.
+  const SimulationResult gpipe = Simulate(AddRecomputation(Lowered("gpipe", p, m)), costs);
+  EXPECT_THAT(gpipe.peak_activation_bytes, ::testing::Each((m - 1) * 10 + 1000));
+  // Default costs and no R: the memory is the live micro-batch count.
+  const SimulationResult counted = Simulate(Lowered("zb_v", p, m));
+  for (int r = 0; r < p; ++r) {
+    EXPECT_DOUBLE_EQ(counted.peak_activation_bytes[r], counted.peak_live_micro_batches[r]);
+  }
+}
+
 }  // namespace
 }  // namespace tandem

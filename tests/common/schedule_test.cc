@@ -879,6 +879,39 @@ TEST(AddGradReductions, FollowsEachStagesLastWeightGradient) {
   }
 }
 
+// Full recomputation: an R just before each backward, before its RECV_B once lowered.
+TEST(AddRecomputation, PutsAnRBeforeEachBackward) {
+  const Program compute = ProgramOf(Generate1F1B(2, 2));
+  EXPECT_THAT(ToStrings(AddRecomputation(compute)),
+              ElementsAre("0F0 0F1 0R0 0B0 0R1 0B1", "1F0 1R0 1B0 1F1 1R1 1B1"));
+  // Lowering after: the receive of the gradient comes between R and its backward.
+  EXPECT_THAT(ToStrings(LowerWithTransfers(AddRecomputation(compute), OneStagePerRank(2))),
+              ElementsAre("0F0 0SEND_F0 0F1 0SEND_F1 0R0 0RECV_B0 0B0 0R1 0RECV_B1 0B1",
+                          "1RECV_F0 1F0 1R0 1B0 1SEND_B0 1RECV_F1 1F1 1R1 1B1 1SEND_B1"));
+  // Recomputing a lowered program gives the same, and a second pass changes nothing.
+  const Program lowered = LowerWithTransfers(compute, OneStagePerRank(2));
+  EXPECT_EQ(AddRecomputation(lowered),
+            LowerWithTransfers(AddRecomputation(compute), OneStagePerRank(2)));
+  EXPECT_EQ(AddRecomputation(AddRecomputation(lowered)), AddRecomputation(lowered));
+  // The split backward: before I, never before W.
+  EXPECT_THAT(ToStrings(AddRecomputation(ProgramOf(GenerateZBH1(1, 2)))),
+              ElementsAre("0F0 0R0 0I0 0W0 0F1 0R1 0I1 0W1"));
+}
+
+TEST(ParseAction, RecomputeRoundTripsBesideTheOtherRKinds) {
+  for (const char* text : {"1R3", "0R0", "12R7", "1RECV_B0", "1RECV_F2", "2REDUCE_GRAD"}) {
+    absl::StatusOr<Action> a = ParseAction(text);
+    ASSERT_TRUE(a.ok()) << text << ": " << a.status();
+    EXPECT_EQ(ActionToString(*a), text);
+  }
+  absl::StatusOr<Action> r = ParseAction("1R3");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, (Action{1, v1::ACTION_R, 3}));
+  EXPECT_TRUE(IsComputeAction(v1::ACTION_R));
+  EXPECT_FALSE(IsTransferAction(v1::ACTION_R));
+  EXPECT_FALSE(ParseAction("1R").ok());
+}
+
 // The gang's picture: replica r's stages renumbered r S + s on ranks r P + p.
 TEST(ReplicatedSchedule, RenumbersStagesAndRanksPerReplica) {
   absl::StatusOr<Schedule> s = GenerateSchedule("1f1b", 2, 2);

@@ -70,6 +70,35 @@ TEST(ValidateStageProgramTest, RejectsBadPrograms) {
   EXPECT_NE(ValidateStageProgram(last).message().find("no such transfer"), std::string::npos);
 }
 
+// Recomputation (R): once, after the micro-batch's F and before its backward.
+TEST(ValidateStageProgramTest, RecomputeComesBetweenForwardAndBackward) {
+  v1::JobSpec spec = TinyJob();
+  spec.mutable_pipeline()->set_recompute("full");
+  const auto good = MakePrograms(spec, 2, "1f1b");
+  ASSERT_EQ(good.size(), 2u);
+  ASSERT_TRUE(ValidateStageProgram(good[0]).ok());
+  ASSERT_TRUE(ValidateStageProgram(good[1]).ok());
+  auto with_r_at = [](v1::StageProgram p, int index, int mb) {
+    v1::Action r;
+    r.set_stage(p.chunks(0).stage());
+    r.set_kind(v1::ACTION_R);
+    r.set_micro_batch(mb);
+    auto* list = p.mutable_actions();
+    list->Add(std::move(r));
+    for (int i = list->size() - 1; i > index; --i) list->SwapElements(i, i - 1);
+    return p;
+  };
+  const v1::StageProgram plain = MakePrograms(TinyJob(), 2, "1f1b")[1];
+  // Stage 1's list: 1RECV_F0 1F0 1B0 1SEND_B0 ...
+  EXPECT_TRUE(ValidateStageProgram(with_r_at(plain, 2, 0)).ok());
+  EXPECT_NE(ValidateStageProgram(with_r_at(plain, 0, 0)).message().find("depends on"),
+            std::string::npos);
+  EXPECT_NE(ValidateStageProgram(with_r_at(plain, 3, 0)).message().find("after the micro-batch"),
+            std::string::npos);
+  EXPECT_NE(ValidateStageProgram(with_r_at(good[1], 3, 0)).message().find("repeated"),
+            std::string::npos);
+}
+
 TEST(StageProgramQueriesTest, MicroBatchesOfFallsBackToTheSpec) {
   v1::StageProgram p = MakePrograms(TinyJob(), 2, "1f1b")[0];
   EXPECT_EQ(MicroBatchesOf(p), 4);
