@@ -4,6 +4,7 @@
 # (n_layer 6), vocab 50304 untied, seq_len 128, micro-batch 4, on 2 workers (--threads 1).
 #
 #   ./scripts/build.sh && bench/partition_bench.sh [--steps N] [--keep]     # about 6 min
+#   bench/partition_bench.sh --smollm2 [--steps N] [--keep]                  # about 8 min
 #
 # Starts a real coordinator (with a data root, so the profile is cached after the first job)
 # and two workers on 127.0.0.1, then runs, 3 steps each (the first is a warm-up; figures are
@@ -12,13 +13,19 @@
 # same global batch as the first (the planner profiles every split of it). Prints per job the cut, the
 # measured step, the step the plan predicted from the profile (Job.predicted_step_seconds), and
 # their ratio; and the profiled cut's speed-up over the uniform one.
+#
+# --smollm2: instead, a SmolLM2-135M-shaped llama (preset smollm2-135m: 30 blocks, d_model 576,
+# 9 heads, 3 kv heads, SwiGLU 1536, vocab 49152 tied) at seq_len 256, micro-batch 1, M 4,
+# 1f1b on the same 2 workers with the profiled partition only: its cut, tokens/s, and the
+# measured step against the predicted one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="$PWD/build/bin"
-steps=3 keep=0
+steps=3 keep=0 smollm2=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps="$2"; shift ;;
+    --smollm2) smollm2=1 ;;
     --keep) keep=1 ;;
     *) echo "partition_bench.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
@@ -38,19 +45,21 @@ trap cleanup EXIT
 source scripts/local-cluster.sh
 local_cluster_start "$bin" "$run" "$run" --data-root "$run/store" || [ "$?" = 2 ]
 
+model_yaml() {
+  if [ "$smollm2" = 1 ]; then
+    printf 'model:\n  preset: smollm2-135m\n  seq_len: 256\n'
+  else
+    printf 'model:\n  arch: gpt\n  n_layer: 6\n  n_head: 12\n  d_model: 768\n  seq_len: 128\n'
+    printf '  vocab_size: 50304\n  tie_embeddings: false\n'
+  fi
+}
+
 spec() {  # NAME PARTITION SCHEDULE M [PLAN]
   cat <<YAML
 name: $1
 steps: $steps
 seed: 1234
-model:
-  arch: gpt
-  n_layer: 6
-  n_head: 12
-  d_model: 768
-  seq_len: 128
-  vocab_size: 50304
-  tie_embeddings: false
+$(model_yaml)
 data:
   source: synthetic
 optimizer:
@@ -58,7 +67,7 @@ optimizer:
   lr_schedule: constant
 pipeline:
   stages: 2
-  micro_batch_size: 4
+  micro_batch_size: $mbs
   micro_batches: $4
   schedule: $3
   partition: $2
@@ -94,9 +103,33 @@ print(json.dumps({
     "stage_predicted_ms": [1000 * float(s.get("predicted_seconds", 0)) for s in stages],
     "stage_measured_ms": [1000 * float(x) for x in h[-1].get("stage_seconds", [])],
     "losses": [float(s["loss"]) for s in h],
+    "tokens_per_step": int(job["spec"]["pipeline"]["micro_batch_size"]) *
+                       int(job["spec"]["pipeline"]["micro_batches"]) *
+                       int(job["spec"]["model"]["seq_len"]),
 }))
 PY
 }
+
+if [ "$smollm2" = 1 ]; then
+  mbs=1
+  job smollm2-profile-1f1b-m4 profile 1f1b 4
+  /usr/bin/python3 - "$run/results.jsonl" <<'PY'
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][0]
+ratio = r["step_s"] / r["predicted_s"] if r["predicted_s"] else float("nan")
+cut = " | ".join(f"[{a},{b})" for a, b in r["cut"])
+print("== SmolLM2-135M-shaped llama (seq_len 256), 2 CPU workers, profiled partition, 1f1b M=4 ==")
+print(f"cut {cut}; stage ms (pred / meas): "
+      + ", ".join(f"{p:.0f}/{m:.0f}" for p, m in zip(r["stage_predicted_ms"], r["stage_measured_ms"])))
+print(f"measured step {r['step_s']:.2f} s, predicted {r['predicted_s']:.2f} s, measured / predicted "
+      f"{ratio:.3f} (target within 10%: {'PASS' if abs(ratio - 1) <= 0.10 else 'FAIL'})")
+print(f"tokens/s {r['tokens_per_step'] / r['step_s']:.0f}; losses "
+      + " ".join(f"{x:.3f}" for x in r["losses"]))
+print(json.dumps({"partition_bench_smollm2": r}))
+PY
+  exit 0
+fi
+mbs=4
 
 # The profiled job first: it measures (and caches) the profile, so the uniform job gets
 # predictions too.
