@@ -449,8 +449,8 @@ class TandemApp {
                   "batch (one profile only)");
     CLI::Option* step =
         Value("--step", "N",
-              "With trace: the step (its index from 0, as in the trace\nand "
-              "status -o json; default the latest kept)",
+              "With trace: the step number (from 1, as watch and status\nshow "
+              "it; default the latest kept)",
               [&o](const std::string& v) { return ParseStep("--step", v, &o.trace_step); });
     CLI::Option* steps = Value(
         "--steps", "A..B", "With trace: every kept step from A to B, in one JSON file",
