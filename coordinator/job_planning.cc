@@ -1,7 +1,6 @@
 #include "coordinator/job_planning.h"
 
 #include <algorithm>
-#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -15,6 +14,7 @@
 #include "coordinator/hf_export.h"
 #include "coordinator/hf_weights.h"
 #include "coordinator/model_profiler.h"
+#include "coordinator/plan_search.h"
 #include "coordinator/transport_choice.h"
 #include "spdlog/spdlog.h"
 
@@ -133,25 +133,14 @@ absl::Status JobPlanner::Plan(RunPlan* plan) {
 }
 
 absl::Status JobPlanner::ChooseAutoPlan(v1::JobSpec* spec) {
-  const v1::JobSpec written = *spec;
-  // One profile per micro-batch size, kept here too: the spec as written is costed from the
-  // one the search already got, even when there is no profile store to cache it.
-  std::map<int, absl::StatusOr<v1::ModelProfile>> by_size;
-  auto profile_at = [&](const v1::JobSpec& s) -> const absl::StatusOr<v1::ModelProfile>& {
-    const int size = s.pipeline().micro_batch_size();
-    auto it = by_size.find(size);
-    if (it == by_size.end()) it = by_size.emplace(size, ProfileAt(s)).first;
-    return it->second;
-  };
-  const std::vector<PlanCandidate> candidates = SearchPlans(written, profile_at);
-  absl::StatusOr<PlanCandidate> best = ChoosePlan(candidates);
+  // Kept here too: the spec as written is costed from the profile the search already got,
+  // even when there is no profile store to cache it.
+  const PlanSearch search =
+      RunPlanSearch(*spec, [this](const v1::JobSpec& s) { return ProfileAt(s); });
+  const std::vector<PlanCandidate>& candidates = search.candidates;
+  const absl::StatusOr<PlanCandidate>& best = search.best;
   RETURN_IF_ERROR(WithPrefix(best.status(), "pipeline.plan: auto"));
-  double as_written = 0.0;
-  if (const absl::StatusOr<v1::ModelProfile>& p = profile_at(written); p.ok()) {
-    if (absl::StatusOr<PipelinePlan> plan = PlanPipeline(written, &*p); plan.ok()) {
-      as_written = plan->predicted_step_seconds;
-    }
-  }
+  const double as_written = search.as_written_step_seconds;
   int feasible = 0;
   for (const PlanCandidate& c : candidates) feasible += c.status.ok();
   std::string note = absl::StrCat(DescribeChoice(*best, as_written), "; best of ", feasible,

@@ -8,7 +8,7 @@
 
 namespace tandem::coordinator {
 
-v1::PlanJobResponse SearchPlanJob(const v1::JobSpec& spec, const ProfileSource& profiles) {
+PlanSearch RunPlanSearch(const v1::JobSpec& spec, const ProfileSource& profiles) {
   // One profile per micro-batch size, also for the spec as written.
   std::map<int, absl::StatusOr<v1::ModelProfile>> by_size;
   auto profile_at = [&](const v1::JobSpec& s) -> const absl::StatusOr<v1::ModelProfile>& {
@@ -17,7 +17,20 @@ v1::PlanJobResponse SearchPlanJob(const v1::JobSpec& spec, const ProfileSource& 
     if (it == by_size.end()) it = by_size.emplace(size, profiles(s)).first;
     return it->second;
   };
-  const std::vector<PlanCandidate> candidates = SearchPlans(spec, profile_at);
+  PlanSearch out{SearchPlans(spec, profile_at), absl::UnknownError("not chosen"), 0.0};
+  out.best = ChoosePlan(out.candidates);
+  if (!out.best.ok()) return out;  // nothing to compare the spec as written with
+  if (const absl::StatusOr<v1::ModelProfile>& p = profile_at(spec); p.ok()) {
+    if (absl::StatusOr<PipelinePlan> plan = PlanPipeline(spec, &*p); plan.ok()) {
+      out.as_written_step_seconds = plan->predicted_step_seconds;
+    }
+  }
+  return out;
+}
+
+v1::PlanJobResponse SearchPlanJob(const v1::JobSpec& spec, const ProfileSource& profiles) {
+  const PlanSearch search = RunPlanSearch(spec, profiles);
+  const std::vector<PlanCandidate>& candidates = search.candidates;
   v1::PlanJobResponse out;
   for (const PlanCandidate& c : candidates) {
     v1::PlanCandidateInfo* info = out.add_candidates();
@@ -35,13 +48,9 @@ v1::PlanJobResponse SearchPlanJob(const v1::JobSpec& spec, const ProfileSource& 
     info->set_tokens_per_second(c.tokens_per_second);
     info->set_reduce_exposed_seconds(c.reduce_exposed_seconds);
   }
-  if (const absl::StatusOr<v1::ModelProfile>& p = profile_at(spec); p.ok()) {
-    if (absl::StatusOr<PipelinePlan> plan = PlanPipeline(spec, &*p); plan.ok()) {
-      out.set_as_written_step_seconds(plan->predicted_step_seconds);
-    }
-  }
+  out.set_as_written_step_seconds(search.as_written_step_seconds);
   out.set_chosen(-1);
-  const absl::StatusOr<PlanCandidate> best = ChoosePlan(candidates);
+  const absl::StatusOr<PlanCandidate>& best = search.best;
   if (!best.ok()) {
     out.set_choice(std::string(best.status().message()));
     return out;
