@@ -122,12 +122,22 @@ std::string CudaStageCompute::device() const { return absl::StrCat("cuda:", devi
 namespace {
 
 // The GPU stage of one chunk: the model's shape from the spec, the micro-batch (B, seq_len).
+// The fields every architecture's GPU stage config has alike: the micro-batch shape (full
+// sequences), precision, seed and the chunk's layer range.
+template <typename GpuConfig>
+void SetStageFields(const v1::JobSpec& spec, const v1::StageChunk& chunk, GpuConfig& cfg) {
+  cfg.batch = spec.pipeline().micro_batch_size();
+  cfg.seq = cfg.seq_len;
+  cfg.precision =
+      spec.precision() == "fp32" ? cuda::GpuPrecision::kFp32 : cuda::GpuPrecision::kBf16;
+  cfg.seed = spec.seed();
+  cfg.layer_begin = chunk.layer_begin();
+  cfg.layer_end = chunk.layer_end();
+}
+
 absl::StatusOr<std::unique_ptr<GpuStage>> CreateStage(const v1::JobSpec& spec,
                                                       const v1::StageChunk& chunk,
                                                       const cuda::AdamWHyper& hyper) {
-  const int64_t batch = spec.pipeline().micro_batch_size();
-  const cuda::GpuPrecision precision =
-      spec.precision() == "fp32" ? cuda::GpuPrecision::kFp32 : cuda::GpuPrecision::kBf16;
   if (spec.model().arch() == "llama") {
     ASSIGN_OR_RETURN(const LlamaConfig llama, LlamaConfigFromSpec(spec.model()));
     cuda::GpuLlamaConfig cfg;
@@ -141,12 +151,7 @@ absl::StatusOr<std::unique_ptr<GpuStage>> CreateStage(const v1::JobSpec& spec,
     cfg.rope_theta = llama.rope_theta;
     cfg.rms_eps = llama.rms_eps;
     cfg.tie_embeddings = llama.tie_embeddings;
-    cfg.batch = batch;
-    cfg.seq = llama.seq_len;
-    cfg.precision = precision;
-    cfg.seed = spec.seed();
-    cfg.layer_begin = chunk.layer_begin();
-    cfg.layer_end = chunk.layer_end();
+    SetStageFields(spec, chunk, cfg);
     ASSIGN_OR_RETURN(std::unique_ptr<cuda::GpuLlama> stage, cuda::GpuLlama::Create(cfg, hyper));
     return std::unique_ptr<GpuStage>(std::move(stage));
   }
@@ -159,12 +164,7 @@ absl::StatusOr<std::unique_ptr<GpuStage>> CreateStage(const v1::JobSpec& spec,
   cfg.seq_len = gpt.seq_len;
   cfg.vocab = gpt.vocab;
   cfg.tie_embeddings = gpt.tie_embeddings;
-  cfg.batch = batch;
-  cfg.seq = gpt.seq_len;
-  cfg.precision = precision;
-  cfg.seed = spec.seed();
-  cfg.layer_begin = chunk.layer_begin();
-  cfg.layer_end = chunk.layer_end();
+  SetStageFields(spec, chunk, cfg);
   ASSIGN_OR_RETURN(std::unique_ptr<cuda::GpuGpt> stage, cuda::GpuGpt::Create(cfg, hyper));
   return std::unique_ptr<GpuStage>(std::move(stage));
 }

@@ -68,14 +68,7 @@ void GpuGpt::CarveWorkspace(uintptr_t base) {
   Carver carver(base);
   Workspace& w = impl_->w;
   gpu_gpt_internal::CarveWorkspace(impl_->cfg, carver, &w);
-  Core& co = core();
-  co.targets = w.targets;
-  co.logits = w.logits;
-  co.losses = w.losses;
-  co.loss_sum = w.loss_sum;
-  co.norm_sq = w.norm_sq;
-  co.out_f = w.out_f;
-  co.dout_h = w.dout_h;
+  core().UseWorkspace(w);
 }
 
 absl::StatusOr<std::unique_ptr<GpuStage::Slot>> GpuGpt::NewSlot() {

@@ -59,6 +59,19 @@ struct GpuStage::Core {
   // fwd_start, fwd_end, bwd_start, bwd_end, opt_start, opt_end.
   CudaEvent ev[6];
 
+  // Takes the shared buffers above from an architecture's carved workspace, which names them
+  // alike (gpu_gpt_buffers.h, gpu_llama_buffers.h).
+  template <typename Workspace>
+  void UseWorkspace(const Workspace& w) {
+    targets = w.targets;
+    logits = w.logits;
+    losses = w.losses;
+    loss_sum = w.loss_sum;
+    norm_sq = w.norm_sq;
+    out_f = w.out_f;
+    dout_h = w.dout_h;
+  }
+
   bool bf16_mode() const { return precision == GpuPrecision::kBf16; }
   cudaStream_t s() const { return stream.get(); }
   float* P(size_t i) { return params.data() + (*layout)[i].offset; }
