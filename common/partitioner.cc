@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/spec.h"
 #include "common/status_macros.h"
 
 namespace tandem {
@@ -421,7 +422,7 @@ std::vector<int64_t> LayerParameterCounts(const v1::ModelSpec& model) {
 int64_t ModelParameterCount(const v1::ModelSpec& model) {
   int64_t total = 0;
   for (int64_t n : LayerParameterCounts(model)) total += n;
-  if (total > 0 && (model.arch() == "gpt" || model.arch() == "llama") && model.tie_embeddings()) {
+  if (total > 0 && IsDecoder(model) && model.tie_embeddings()) {
     total -= int64_t{model.vocab_size()} * model.d_model();
   }
   return total;
@@ -433,7 +434,7 @@ double ModelFlopsPerToken(const v1::ModelSpec& model) {
   double multiplied = 0.0;  // every layer but the embedding (a lookup, no multiply)
   for (size_t g = 1; g < params.size(); ++g) multiplied += static_cast<double>(params[g]);
   double flops = 6.0 * multiplied;
-  if (model.arch() == "gpt" || model.arch() == "llama") {
+  if (IsDecoder(model)) {
     // Attention's scores and weighted sum: 2 T C multiply-adds per token and block, x 6.
     flops += 12.0 * model.n_layer() * static_cast<double>(model.d_model()) * model.seq_len();
   }

@@ -345,7 +345,7 @@ absl::Status Validate(const CliOptions& opts, CommandIo io) {
   io.out << absl::StrFormat(
       "Model: %s, %s parameters (%.1fM)%s.\n", m.arch(), WithThousands(ModelParameterCount(m)),
       static_cast<double>(ModelParameterCount(m)) / 1e6,
-      m.tie_embeddings() && m.arch() != "mlp_lm" ? "; the LM head shares the token embedding" : "");
+      m.tie_embeddings() && IsDecoder(m) ? "; the LM head shares the token embedding" : "");
   if (spec.optimizer().shard_state()) io.out << ShardStateNote(spec) << "\n";
   return absl::OkStatus();
 }
