@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -131,6 +132,9 @@ std::string NormalizedName(absl::string_view schedule) {
   if (name == "zbh1") return "zb_h1";
   if (name == "zbh2") return "zb_h2";
   if (name == "zbv") return "zb_v";
+  if (name == "dualpipev") return "dualpipe_v";
+  if (name == "vhalf") return "v_half";
+  if (name == "vmin") return "v_min";
   return name;
 }
 
@@ -141,6 +145,71 @@ bool NeighbourIsRemote(const Placement& placement, int stage, int delta) {
   if (stage < 0 || stage >= placement.num_stages()) return false;
   if (other < 0 || other >= placement.num_stages()) return false;
   return placement.rank_of_stage[other] != placement.rank_of_stage[stage];
+}
+
+// Whether `first`, `second` may form an overlapped pair: the forward of one stage with the
+// backward (B or I) of another, as DualPipe overlaps the two chunks of a rank.
+bool OverlapPartners(const Action& first, const Action& second) {
+  return first.kind == v1::ACTION_F &&
+         (second.kind == v1::ACTION_B || second.kind == v1::ACTION_I) &&
+         first.stage != second.stage;
+}
+
+constexpr absl::string_view kOverlapSuffix = "OVERLAP_F_B";
+
+// The cells of torch's compute_comms CSV that are runtime bookkeeping Tandem does its own way
+// (see ScheduleFromCsv): "<stage><kind>[<micro-batch>]" with one of these kinds.
+bool IsTorchRuntimeCell(absl::string_view cell) {
+  size_t i = 0;
+  while (i < cell.size() && std::isdigit(static_cast<unsigned char>(cell[i]))) ++i;
+  if (i == 0) return false;
+  absl::string_view rest = cell.substr(i);
+  // Checked before ParseAction, which would read WAIT_SEND_F0 as a malformed W.
+  for (absl::string_view kind :
+       {"UNSHARD", "RESHARD", "WAIT_SEND_F", "WAIT_SEND_B", "WAIT_REDUCE_GRAD", "REDUCE_GRAD"}) {
+    if (!absl::StartsWith(rest, kind)) continue;
+    absl::string_view mb = rest.substr(kind.size());
+    return std::all_of(mb.begin(), mb.end(),
+                       [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+  }
+  return false;
+}
+
+// torch posts a receive where its CSV writes it (as early as its lowering could) and waits
+// for it just before the compute that consumes it; Tandem's RECV is that wait (its worker posts
+// receives ahead by itself). So each receive moves to just before its consumer, the F (RECV_F)
+// or the B or I (RECV_B) of its stage and micro-batch, or before the overlapped pair holding
+// it. A receive with no later consumer stays where it is, for the validator to judge.
+std::vector<Action> ReceivesAtTheirConsumers(const std::vector<Action>& list) {
+  std::map<std::tuple<int, int, int>, size_t> consumer;  // (stage, receive kind, mb) -> index
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Action& a = list[i];
+    if (a.kind == v1::ACTION_F)
+      consumer.emplace(std::tuple(a.stage, v1::ACTION_RECV_F, a.micro_batch), i);
+    if (a.kind == v1::ACTION_B || a.kind == v1::ACTION_I) {
+      consumer.emplace(std::tuple(a.stage, v1::ACTION_RECV_B, a.micro_batch), i);
+    }
+  }
+  std::vector<std::vector<size_t>> before(list.size());  // receives to put before each action
+  std::vector<bool> moved(list.size(), false);
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Action& a = list[i];
+    if (a.kind != v1::ACTION_RECV_F && a.kind != v1::ACTION_RECV_B) continue;
+    auto it = consumer.find(std::tuple(a.stage, a.kind, a.micro_batch));
+    if (it == consumer.end()) continue;
+    size_t at = it->second;
+    if (at > 0 && StartsOverlappedPair(list, at - 1)) --at;  // before the whole pair
+    if (at <= i) continue;
+    before[at].push_back(i);
+    moved[i] = true;
+  }
+  std::vector<Action> out;
+  out.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    for (size_t k : before[i]) out.push_back(list[k]);
+    if (!moved[i]) out.push_back(list[i]);
+  }
+  return out;
 }
 
 }  // namespace
@@ -259,9 +328,58 @@ absl::StatusOr<Action> ParseAction(absl::string_view text) {
       "': unknown kind; expected F, B, I, W, R, SEND_F, RECV_F, SEND_B, RECV_B or REDUCE_GRAD"));
 }
 
+bool StartsOverlappedPair(const std::vector<Action>& actions, size_t i) {
+  return i + 1 < actions.size() && actions[i].overlap_with_next &&
+         OverlapPartners(actions[i], actions[i + 1]);
+}
+
+std::vector<std::string> ActionCells(const std::vector<Action>& actions) {
+  std::vector<std::string> cells;
+  cells.reserve(actions.size());
+  for (size_t i = 0; i < actions.size(); ++i) {
+    if (StartsOverlappedPair(actions, i)) {
+      cells.push_back(absl::StrCat("(", ActionToString(actions[i]), ";",
+                                   ActionToString(actions[i + 1]), ")", kOverlapSuffix));
+      ++i;
+    } else {
+      cells.push_back(ActionToString(actions[i]));
+    }
+  }
+  return cells;
+}
+
+absl::StatusOr<std::vector<Action>> ParseActionCell(absl::string_view text) {
+  absl::string_view s = absl::StripAsciiWhitespace(text);
+  if (!absl::StartsWith(s, "(")) {
+    ASSIGN_OR_RETURN(Action a, ParseAction(s));
+    return std::vector<Action>{a};
+  }
+  const size_t close = s.find(')');
+  std::vector<absl::string_view> parts;
+  if (close != absl::string_view::npos) parts = absl::StrSplit(s.substr(1, close - 1), ';');
+  if (close == absl::string_view::npos || s.substr(close + 1) != kOverlapSuffix ||
+      parts.size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "action '", s, "': expected an overlapped pair (<F>;<B or I>)OVERLAP_F_B, e.g. ",
+        "(0F7;7B3)OVERLAP_F_B"));
+  }
+  std::vector<Action> pair;
+  for (absl::string_view part : parts) {
+    ASSIGN_OR_RETURN(Action a, ParseAction(part));
+    pair.push_back(a);
+  }
+  if (!OverlapPartners(pair[0], pair[1])) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("action '", s,
+                     "': an overlapped pair is the forward (F) of one stage followed by the "
+                     "backward (B or I) of another"));
+  }
+  pair[0].overlap_with_next = true;
+  return pair;
+}
+
 std::string ActionsToString(const std::vector<Action>& actions) {
-  return absl::StrJoin(actions, " ",
-                       [](std::string* out, const Action& a) { out->append(ActionToString(a)); });
+  return absl::StrJoin(ActionCells(actions), " ");
 }
 
 absl::StatusOr<Schedule> GenerateGPipe(int num_ranks, int num_micro_batches) {
@@ -496,7 +614,10 @@ std::vector<std::string> ScheduleNames() {
 
 std::vector<std::string> AllScheduleNames() {
   std::vector<std::string> names = ScheduleNames();
-  for (const char* name : {"looped_bfs", "interleaved_zb", "zb_h2"}) names.push_back(name);
+  for (const char* name :
+       {"looped_bfs", "interleaved_zb", "zb_h2", "dualpipe_v", "v_half", "v_min"}) {
+    names.push_back(name);
+  }
   return names;
 }
 
@@ -506,7 +627,11 @@ bool TakesChunks(absl::string_view schedule) {
 }
 
 int DefaultChunks(absl::string_view schedule) {
-  return TakesChunks(schedule) || NormalizedName(schedule) == "zb_v" ? 2 : 1;
+  const std::string name = NormalizedName(schedule);
+  return TakesChunks(name) || name == "zb_v" || name == "dualpipe_v" || name == "v_half" ||
+                 name == "v_min"
+             ? 2
+             : 1;
 }
 
 absl::StatusOr<Schedule> GenerateSchedule(absl::string_view schedule, int num_ranks,
@@ -516,7 +641,7 @@ absl::StatusOr<Schedule> GenerateSchedule(absl::string_view schedule, int num_ra
   if (std::find(names.begin(), names.end(), name) == names.end()) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown schedule '", schedule, "'; expected one of ",
-                     absl::StrJoin(names, ", "), " (or interleaved, zbh1, zbh2, zbv)"));
+                     absl::StrJoin(names, ", "), " (or interleaved, zbh1, zbh2, zbv, dualpipev)"));
   }
   if (chunks < 0) {
     return absl::InvalidArgumentError(
@@ -529,16 +654,19 @@ absl::StatusOr<Schedule> GenerateSchedule(absl::string_view schedule, int num_ra
     return GenerateInterleavedZeroBubble(num_ranks, v, num_micro_batches);
   }
   if (v != DefaultChunks(name)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("schedule ", name, " runs ", DefaultChunks(name), " chunk",
-                     DefaultChunks(name) == 1 ? "" : "s", " per rank; got chunks=", chunks,
-                     ". Leave pipeline.chunks at 0 or ", DefaultChunks(name),
-                     name == "zb_v" ? "" : ", or use schedule: interleaved_1f1b for more"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule ", name, " runs ", DefaultChunks(name), " chunk",
+        DefaultChunks(name) == 1 ? "" : "s", " per rank; got chunks=", chunks,
+        ". Leave pipeline.chunks at 0 or ", DefaultChunks(name),
+        DefaultChunks(name) == 2 ? "" : ", or use schedule: interleaved_1f1b for more"));
   }
   if (name == "gpipe") return GenerateGPipe(num_ranks, num_micro_batches);
   if (name == "1f1b") return Generate1F1B(num_ranks, num_micro_batches);
   if (name == "zb_h1") return GenerateZBH1(num_ranks, num_micro_batches);
   if (name == "zb_h2") return GenerateZBH2(num_ranks, num_micro_batches);
+  if (name == "dualpipe_v") return GenerateDualPipeV(num_ranks, num_micro_batches);
+  if (name == "v_half") return GenerateVHalf(num_ranks, num_micro_batches);
+  if (name == "v_min") return GenerateVMin(num_ranks, num_micro_batches);
   return GenerateZBV(num_ranks, num_micro_batches);
 }
 
@@ -554,19 +682,41 @@ Program LowerWithTransfers(const Program& compute, const Placement& placement) {
     auto add_missing = [&](const Action& a) {
       if (!present.count({a.stage, a.kind, a.micro_batch})) out.push_back(a);
     };
-    for (const Action& a : compute[r]) {
+    auto receives = [&](const Action& a) {
       const int s = a.stage, m = a.micro_batch;
-      const bool forward = a.kind == v1::ACTION_F;
-      const bool input_backward = a.kind == v1::ACTION_B || a.kind == v1::ACTION_I;
-      if (forward && NeighbourIsRemote(placement, s, -1)) add_missing({s, v1::ACTION_RECV_F, m});
-      if (input_backward && NeighbourIsRemote(placement, s, +1)) {
-        add_missing({s, v1::ACTION_RECV_B, m});
+      if (a.kind == v1::ACTION_F && NeighbourIsRemote(placement, s, -1)) {
+        add_missing({s, v1::ACTION_RECV_F, m});
       }
-      out.push_back(a);
-      if (forward && NeighbourIsRemote(placement, s, +1)) add_missing({s, v1::ACTION_SEND_F, m});
-      if (input_backward && NeighbourIsRemote(placement, s, -1)) {
+      if ((a.kind == v1::ACTION_B || a.kind == v1::ACTION_I) &&
+          NeighbourIsRemote(placement, s, +1) && !present.count({s, v1::ACTION_RECV_B, m})) {
+        // Before an R right in front of the backward too, which stays adjacent to it (an R
+        // there runs inside the backward: RecomputeAtBackward).
+        const Action recv{s, v1::ACTION_RECV_B, m};
+        if (!out.empty() && out.back() == Action{s, v1::ACTION_R, m}) {
+          out.insert(out.end() - 1, recv);
+        } else {
+          out.push_back(recv);
+        }
+      }
+    };
+    auto sends = [&](const Action& a) {
+      const int s = a.stage, m = a.micro_batch;
+      if (a.kind == v1::ACTION_F && NeighbourIsRemote(placement, s, +1)) {
+        add_missing({s, v1::ACTION_SEND_F, m});
+      }
+      if ((a.kind == v1::ACTION_B || a.kind == v1::ACTION_I) &&
+          NeighbourIsRemote(placement, s, -1)) {
         add_missing({s, v1::ACTION_SEND_B, m});
       }
+    };
+    const std::vector<Action>& list = compute[r];
+    for (size_t i = 0; i < list.size(); ++i) {
+      // An overlapped pair is bracketed as one unit: both receives, the pair, both sends.
+      const size_t n = StartsOverlappedPair(list, i) ? 2 : 1;
+      for (size_t k = i; k < i + n; ++k) receives(list[k]);
+      for (size_t k = i; k < i + n; ++k) out.push_back(list[k]);
+      for (size_t k = i; k < i + n; ++k) sends(list[k]);
+      i += n - 1;
     }
   }
   return lowered;
@@ -592,13 +742,11 @@ Program AddRecomputation(const Program& program) {
     for (const Action& a : list) {
       const bool backward = a.kind == v1::ACTION_B || a.kind == v1::ACTION_I;
       if (backward && present.insert({a.stage, a.micro_batch}).second) {
-        // Before the receive of the output gradient too (a lowered program's RECV_B sits just
-        // before its backward), so that the recomputation runs while the gradient travels.
+        // Right before the backward, after the receive of its output gradient: the backward
+        // recomputes layer by layer (RecomputeAtBackward). A backward that is the second half
+        // of an overlapped pair gets its R before the pair, which stays together.
         size_t at = dst.size();
-        while (at > 0 && dst[at - 1].kind == v1::ACTION_RECV_B && dst[at - 1].stage == a.stage &&
-               dst[at - 1].micro_batch == a.micro_batch) {
-          --at;
-        }
+        if (at > 0 && dst[at - 1].overlap_with_next) --at;
         dst.insert(dst.begin() + static_cast<std::ptrdiff_t>(at),
                    Action{a.stage, v1::ACTION_R, a.micro_batch});
       }
@@ -611,6 +759,19 @@ Program AddRecomputation(const Program& program) {
 Schedule AddRecomputation(const Schedule& schedule) {
   Schedule out = schedule;
   out.program = AddRecomputation(schedule.program);
+  return out;
+}
+
+std::vector<bool> RecomputeAtBackward(const std::vector<Action>& actions) {
+  std::vector<bool> out(actions.size(), false);
+  for (size_t i = 0; i < actions.size(); ++i) {
+    if (actions[i].kind != v1::ACTION_R) continue;
+    if (i + 1 < actions.size()) {
+      const Action& next = actions[i + 1];
+      out[i] = (next.kind == v1::ACTION_B || next.kind == v1::ACTION_I) &&
+               next.stage == actions[i].stage && next.micro_batch == actions[i].micro_batch;
+    }
+  }
   return out;
 }
 
@@ -684,13 +845,8 @@ TransferMessage MessageOf(const Action& a) {
 
 std::string ProgramToCsv(const Program& program) {
   std::string out;
-  for (const auto& rank : program) {
-    absl::StrAppend(
-        &out,
-        absl::StrJoin(rank, ",",
-                      [](std::string* o, const Action& a) { o->append(ActionToString(a)); }),
-        "\n");
-  }
+  for (const auto& rank : program)
+    absl::StrAppend(&out, absl::StrJoin(ActionCells(rank), ","), "\n");
   return out;
 }
 
@@ -712,23 +868,28 @@ absl::StatusOr<Schedule> ScheduleFromCsv(absl::string_view csv, int num_ranks,
     for (absl::string_view cell : absl::StrSplit(line, ',')) {
       ++col;
       cell = absl::StripAsciiWhitespace(cell);
-      if (cell.empty()) continue;  // trailing commas, padded rows
+      if (cell.empty()) continue;              // trailing commas, padded rows
+      if (IsTorchRuntimeCell(cell)) continue;  // torch's FSDP, send-wait and reduction cells
       const std::string where = absl::StrCat("schedule CSV row ", row, " column ", col, ": ");
-      absl::StatusOr<Action> a = ParseAction(cell);
-      if (!a.ok()) return absl::InvalidArgumentError(absl::StrCat(where, a.status().message()));
-      if (a->micro_batch >= num_micro_batches) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, "action ", cell, " names micro-batch ", a->micro_batch, ", but the step has ",
-            num_micro_batches, " (0..", num_micro_batches - 1, ")"));
+      absl::StatusOr<std::vector<Action>> actions = ParseActionCell(cell);
+      if (!actions.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, actions.status().message()));
       }
-      const int rank = rank_of_stage.try_emplace(a->stage, row - 1).first->second;
-      if (rank != row - 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, "action ", cell, " belongs to stage ", a->stage, ", whose actions are on row ",
-            rank + 1, " (rank ", rank, "); a stage runs on one rank"));
+      for (const Action& a : *actions) {
+        if (a.micro_batch >= num_micro_batches) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, "action ", cell, " names micro-batch ", a.micro_batch, ", but the step has ",
+              num_micro_batches, " (0..", num_micro_batches - 1, ")"));
+        }
+        const int rank = rank_of_stage.try_emplace(a.stage, row - 1).first->second;
+        if (rank != row - 1) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, "action ", cell, " belongs to stage ", a.stage, ", whose actions are on row ",
+              rank + 1, " (rank ", rank, "); a stage runs on one rank"));
+        }
+        has_transfers = has_transfers || IsTransferAction(a.kind);
+        out.program.back().push_back(a);
       }
-      has_transfers = has_transfers || IsTransferAction(a->kind);
-      out.program.back().push_back(*a);
     }
   }
   if (row != num_ranks) {
@@ -748,7 +909,11 @@ absl::StatusOr<Schedule> ScheduleFromCsv(absl::string_view csv, int num_ranks,
   if (absl::Status s = ValidatePlacement(out.placement); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("schedule CSV: ", s.message()));
   }
-  if (!has_transfers) out.program = LowerWithTransfers(out.program, out.placement);
+  if (!has_transfers) {
+    out.program = LowerWithTransfers(out.program, out.placement);
+  } else {
+    for (std::vector<Action>& list : out.program) list = ReceivesAtTheirConsumers(list);
+  }
   return out;
 }
 
@@ -762,9 +927,12 @@ v1::Action ToProto(const Action& a) {
   p.set_stage(a.stage);
   p.set_kind(a.kind);
   p.set_micro_batch(a.micro_batch);
+  p.set_overlap_with_next(a.overlap_with_next);
   return p;
 }
 
-Action FromProto(const v1::Action& a) { return Action{a.stage(), a.kind(), a.micro_batch()}; }
+Action FromProto(const v1::Action& a) {
+  return Action{a.stage(), a.kind(), a.micro_batch(), a.overlap_with_next()};
+}
 
 }  // namespace tandem

@@ -34,6 +34,15 @@ struct Action {
   int stage = 0;
   ActionKind kind = tandem::v1::ACTION_F;
   int micro_batch = 0;
+  // An overlapped pair (DualPipe's, torch's OVERLAP_F_B): this action, an F, and the next one
+  // of the rank's list, the B or I of another stage of the rank, are one unit of the schedule,
+  // printed "(0F7;7B3)OVERLAP_F_B". They stay adjacent through lowering (the receives of both
+  // before the pair, the sends of both after it), and everything else, the validator, the
+  // simulator and the workers, runs them as the two actions in order. A GPU worker could run
+  // the two on two streams, so that one's communication and memory-bound kernels hide under
+  // the other's GEMMs (what DualPipe gains); Tandem's workers run them one after the other,
+  // which is correct but gains no overlap.
+  bool overlap_with_next = false;
 
   bool operator==(const Action&) const = default;
 };
@@ -67,7 +76,7 @@ absl::Status ValidatePlacement(const Placement& placement);
 // A generated (or imported) schedule: its placement and its program.
 struct Schedule {
   // "gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "interleaved_zb", "zb_h1", "zb_h2",
-  // "zb_v", "forward_only" or "csv"
+  // "zb_v", "dualpipe_v", "v_half", "v_min", "forward_only" or "csv"
   std::string name;
   Placement placement;
   Program program;
@@ -84,11 +93,23 @@ bool IsTransferAction(ActionKind kind);
 bool IsReductionAction(ActionKind kind);
 
 // "2F0", "0B3", "1R3", "3SEND_F1", "1RECV_B0", "2REDUCE_GRAD" (no micro-batch): the notation of
-// torch.distributed.pipelining (R, recompute, is Tandem's own).
+// torch.distributed.pipelining (R, recompute, is Tandem's own). One action: the overlap flag is
+// neither printed nor parsed here (see ActionCells).
 std::string ActionToString(const Action& a);
 absl::StatusOr<Action> ParseAction(absl::string_view text);
-// Space-separated actions of one rank.
+// A rank's list as cells: one per action, or one per overlapped pair, "(0F7;7B3)OVERLAP_F_B"
+// as torch prints it. A flagged action not followed by a valid partner (an F followed by the B
+// or I of another stage) is printed alone, unflagged; the validator refuses such a list.
+std::vector<std::string> ActionCells(const std::vector<Action>& actions);
+// One cell: a single action (ParseAction) or an overlapped pair "(a;b)OVERLAP_F_B", returned
+// as its two actions with the first flagged. INVALID_ARGUMENT unless the pair is an F followed
+// by the B or I of another stage.
+absl::StatusOr<std::vector<Action>> ParseActionCell(absl::string_view text);
+// Space-separated cells (ActionCells) of one rank.
 std::string ActionsToString(const std::vector<Action>& actions);
+// Whether a[i] is the first action of a well-formed overlapped pair: flagged, an F, followed by
+// the B or I of another stage.
+bool StartsOverlappedPair(const std::vector<Action>& actions, size_t i);
 
 // GPipe: all M forwards, then all M backwards (reverse order). Any P >= 1, M >= 1.
 absl::StatusOr<Schedule> GenerateGPipe(int num_ranks, int num_micro_batches);
@@ -157,6 +178,62 @@ absl::StatusOr<Schedule> GenerateZBH2(int num_ranks, int num_micro_batches);
 // M >= P.
 absl::StatusOr<Schedule> GenerateZBV(int num_ranks, int num_micro_batches);
 
+// The controllable-memory V schedules (Qi et al., "Pipeline Parallelism with Controllable
+// Memory", 2024; common/schedule_v.cc): 2 chunks per rank on VShapePlacement, backward split
+// into I and W, each built as a unit-cost timeline (F = I = W = 1 per chunk) whose per-rank
+// order is emitted, so it is deadlock-free whatever the real costs; a rank's peak live
+// activations depend only on its order. 1F1B at equal work (one stage = two chunks) keeps P
+// micro-batches of a whole stage, 2P chunk activations, and idles 6(P-1) chunk units per rank.
+//
+// V-Min ("v_min"): a building block in the paper's sense (one micro-batch's actions on every
+// stage, repeated every 6 units) with the shortest lifespans: F straight down and up the V, I
+// straight back, each W as soon after its I as the rank has a free slot (every rank's six
+// actions of a micro-batch on six different times modulo 6, so the repetition has no
+// steady-state bubble). Lifespans add up to 4P + 4 units per rank (plus the W's waits), so at
+// most 2 floor((P+4)/3) chunk activations are live on any rank (P = 2, 4, 8, 16: 4, 4, 8, 12,
+// that is 1, 1/2, 1/2, 3/8 of 1F1B's 2P, tending to a third as P grows). The price is the
+// bubble: with unit costs every rank idles 4P-5 units for every M (4P-3 for the multiples of 3
+// from 6 on, where a rank's forward and input gradient collide modulo 6 and the input
+// gradients wait), about 2/3 of 1F1B's 6(P-1). Any P >= 1, M >= 1.
+absl::StatusOr<Schedule> GenerateVMin(int num_ranks, int num_micro_batches);
+
+// V-Half ("v_half"): a greedy construction (as the paper's scheduler builds its V schedules)
+// under V-Half's memory limit, (P/2 + 1) micro-batches of a whole stage: P + 2 chunk
+// activations per rank (about half of 1F1B's 2P), split between the chunks by their round
+// trips, (r+1)/2 + 1 for chunk 1 on rank r and the rest for chunk 0. Unit time steps; at each
+// step a free rank runs the first of: the ready input gradient of its oldest micro-batch
+// (chunk 1 on a tie: the I's are the critical path); a ready chunk 1 forward within its
+// chunk's limit; a ready chunk 0 forward within its chunk's limit; the oldest deferred W
+// (filling the gap and freeing memory). It never stalls: the oldest unfinished micro-batch
+// always finds room on every rank (its forward of a chunk comes before any newer one's, and
+// every older micro-batch is done), and I and W need none. At most P + 2 chunk activations
+// live on any rank. With unit costs the idle time per rank does not grow with M (the repeated
+// pattern has no bubble): 1, 7 and 19 units for P = 2, 4, 8 and M >= 4P (21 at most for P = 8
+// and smaller M), against P-1 for ZB-V at 2P activations, 4P-5 for V-Min and 6(P-1) for 1F1B.
+// The limit itself costs at least 2P-3 (1, 5, 13): rank r's first input gradient cannot start
+// before 2P + r, and until then it can only run forwards, at most P + 2 of them, so the last
+// rank, starting at P-1, idles P-2 more. Any P >= 1, M >= 1.
+absl::StatusOr<Schedule> GenerateVHalf(int num_ranks, int num_micro_batches);
+
+// DualPipeV (DeepSeek's DualPipe cut in half into a V, named "dualpipe_v"), as
+// torch.distributed.pipelining's ScheduleDualPipeV orders it: 2 chunks per rank on
+// VShapePlacement (chunk 0 = stage r going down the V, chunk 1 = stage 2P-1-r coming back up),
+// the steady state made of overlapped pairs (the forward of one chunk with the full backward of
+// the other: Action::overlap_with_next), the warm-up and cool-down using the split backward
+// (I, W) where it fills a gap. Rank r runs:
+//   1. 2(P-r-1) F0;           2. r+1 times F0 F1;       3. P-r-1 times I1 W F1;
+//   4. M-2P+r+1 times (F0;B1) (F1;B0), the last rank's first (F0;B1) not overlapped;
+//   5. P-r-1 times B1 (F1;B0);
+//   6. r+1 times B1 B0, each backward a B up to half-way, an I after;
+//   7. P-r-1 times W B0 (or W I0 past the half-way point);   8. r+1 W's.
+// W runs the weight gradient of the oldest pending I (of either chunk). DualPipe's README gives
+// the bubble as (PP/2-1)(F&B + B - 3W) (PP = 2P stages, F&B the time of a pair); simulated,
+// the most idle rank idles exactly that when F = I (e.g. F = I = W), and (P-1)(F - I) more
+// when the forward is longer (F = B = 2W: (P-1) F&B). At most 2P+1 chunk activations on a rank
+// (the README's PP+1). Requires P >= 1 and M >= 2P (torch's "at least as many micro-batches as
+// stages").
+absl::StatusOr<Schedule> GenerateDualPipeV(int num_ranks, int num_micro_batches);
+
 // Forward only (validation), named "forward_only": every rank runs F for each of its stages,
 // ascending, over micro-batches 0..M-1 (deadlock-free once lowered: stage order is a
 // topological order). ValidateProgram does not accept it (it requires backwards).
@@ -166,13 +243,14 @@ absl::StatusOr<Schedule> GenerateForwardOnly(const Placement& placement, int num
 // the planner (common/planner.h) tries.
 std::vector<std::string> ScheduleNames();
 // Every schedule GenerateSchedule knows (what `pipeline.schedule` accepts): ScheduleNames()
-// and the newer ones (looped_bfs, interleaved_zb, zb_h2), which the planner does not try yet.
+// and the newer ones (looped_bfs, interleaved_zb, zb_h2, dualpipe_v, v_half, v_min), which the
+// planner does not try yet.
 std::vector<std::string> AllScheduleNames();
 // Whether `schedule` takes a choice of chunks per rank (interleaved_1f1b, looped_bfs,
 // interleaved_zb); the others run a fixed number.
 bool TakesChunks(absl::string_view schedule);
 // The chunks per rank a schedule uses when the spec leaves it 0: 2 for interleaved_1f1b,
-// looped_bfs, interleaved_zb and zb_v, 1 otherwise.
+// looped_bfs, interleaved_zb, zb_v, dualpipe_v, v_half and v_min, 1 otherwise.
 int DefaultChunks(absl::string_view schedule);
 // Generates the compute-only schedule named `schedule` (case-insensitive; "interleaved" and
 // "zbh1"/"zbv" are accepted as aliases). `chunks` 0 means DefaultChunks; a schedule that takes
@@ -182,21 +260,29 @@ absl::StatusOr<Schedule> GenerateSchedule(absl::string_view schedule, int num_ra
 
 // Inserts, only where the neighbouring stage is on another rank: RECV_F before and SEND_F
 // after each forward; RECV_B before and SEND_B after each B or I (the input gradient flows
-// backwards; W has no transfers). A transfer already in a rank's list is kept where it is and
-// not added again, so lowering a lowered program returns the same program.
+// backwards; W has no transfers). An overlapped pair is bracketed as one: the receives of both
+// its actions before it, the sends of both after it. A transfer already in a rank's list is
+// kept where it is and not added again, so lowering a lowered program returns the same program.
 Program LowerWithTransfers(const Program& compute, const Placement& placement);
 Schedule LowerWithTransfers(const Schedule& compute);
 
-// Activation recomputation (pipeline.recompute: full): an R of (stage, micro-batch) just before
-// each B or I that has none yet (and before the RECV_B right in front of it, in a lowered
-// program). A micro-batch with an R has its F run without saving (only the stage's input is
-// kept); the R re-runs that forward with saving, so the backward finds what it needs. R costs
-// one forward of the stage (the simulator counts it so) and moves no data, so lowering is
-// unchanged. R placed just before its backward is the simplest placement; moving R's into the
-// schedule's idle slots (1F1B's warm-up and cool-down bubbles, the gaps zero bubble leaves)
-// when memory allows is a later pass.
+// Activation recomputation (pipeline.recompute: full): an R of (stage, micro-batch) right
+// before each B or I that has none yet (after the RECV_B in front of it, in a lowered
+// program). A micro-batch with an R has its F run without saving (only its layers' inputs are
+// kept); the R re-runs that forward with saving, so the backward finds what it needs. R
+// costs one forward of the stage (the simulator counts it so) and moves no data, so lowering
+// is unchanged. An R right before its backward runs inside it, layer by layer
+// (RecomputeAtBackward): the least memory. PlaceRecomputation moves R's earlier, into the
+// rank's idle time, where that shortens the step within a memory limit.
 Program AddRecomputation(const Program& program);
 Schedule AddRecomputation(const Schedule& schedule);
+// Per action of one rank's list: true for an R directly followed by the backward (B or I) of
+// the same stage and micro-batch (nothing between). Such an R is run inside that backward,
+// one layer at a time just before each layer's backward (per-layer recomputation: the stage
+// holds its layers' inputs and one layer's working set); any other R (one placed earlier, in
+// an idle slot) recomputes the whole stage at once and its activations stay until the
+// backward. The workers and the simulator decide it by this one rule.
+std::vector<bool> RecomputeAtBackward(const std::vector<Action>& actions);
 
 // Data parallelism: adds one REDUCE_GRAD per stage to its rank's list, right after the
 // stage's last weight gradient (its last B, or its last W when the backward is split) and the
@@ -229,14 +315,23 @@ struct TransferMessage {
 };
 TransferMessage MessageOf(const Action& transfer);
 
-// CSV in the format torch.distributed.pipelining reads and writes: one row per rank, one
-// action per cell in the notation above ("0F0,0SEND_F0,0F1"). Rows may differ in length.
+// CSV in the format torch.distributed.pipelining reads and writes (its _dump_csv and
+// _load_csv, torch 2.x): one row per rank, one cell per action or overlapped pair in the
+// notation above (ActionCells: "0F0,0SEND_F0,(0F3;3B1)OVERLAP_F_B"). Rows may differ in length.
 std::string ProgramToCsv(const Program& program);
-// INVALID_ARGUMENT naming the row and column of a bad cell (malformed, or a micro-batch >= M),
-// or when there are not `num_ranks` rows. The placement is read from the rows (a stage's
-// actions must all be on one row; stages must be 0..S-1; every row must hold one). A compute-only
-// program (no SEND/RECV cells at all) is lowered with LowerWithTransfers; a program with any
-// transfer is taken as written (and must then be complete: see ValidateProgram).
+// Reads both of torch's formats: compute_only (empty cells, torch's idle slots, are skipped)
+// and compute_comms. Of the latter's runtime bookkeeping, UNSHARD and RESHARD (FSDP),
+// WAIT_SEND_F/WAIT_SEND_B (Tandem's sends complete at the end of the step) and REDUCE_GRAD /
+// WAIT_REDUCE_GRAD (the plan adds Tandem's own REDUCE_GRAD, at the same place, when the job has
+// pipeline.replicas > 1) are dropped. B is the full backward. INVALID_ARGUMENT naming the row
+// and column of a bad cell (malformed, or a micro-batch >= M), or when there are not
+// `num_ranks` rows. The placement is read from the rows (a stage's actions must all be on one
+// row; stages must be 0..S-1; every row must hold one). A compute-only program (no SEND/RECV
+// cells at all) is lowered with LowerWithTransfers; a program with any transfer is taken as
+// written (and must then be complete: see ValidateProgram), but for its receives: torch posts a
+// receive where it writes it and waits for it before its consumer, and a Tandem RECV is that
+// wait, so each receive moves to just before the compute (or overlapped pair) that consumes it
+// (a no-op for the programs Tandem writes).
 absl::StatusOr<Schedule> ScheduleFromCsv(absl::string_view csv, int num_ranks,
                                          int num_micro_batches);
 

@@ -127,6 +127,11 @@ class Validator {
         return Bad(p_, r, i,
                    absl::StrCat("micro-batch ", a.micro_batch, " out of range [0, ", M_, ")"));
       }
+      if (a.overlap_with_next && !StartsOverlappedPair(list, i)) {
+        return Bad(p_, r, i,
+                   "an overlapped pair (overlap_with_next) is an F followed directly by the B or "
+                   "I of another stage, with no action between them");
+      }
       if (IsReductionAction(a.kind)) {
         RETURN_IF_ERROR(CheckReduction(r, i));
         continue;
@@ -388,9 +393,14 @@ absl::StatusOr<SimulationResult> SimulateProgram(const Program& p, const Placeme
   out.peak_activation_bytes.assign(P, 0.0);
   std::vector<double> live_bytes(P, 0.0);
   std::set<std::pair<int, int>> recomputed;
+  std::set<std::pair<int, int>> at_backward;  // recomputed layer by layer inside its backward
   for (const auto& list : p) {
-    for (const Action& a : list) {
-      if (a.kind == v1::ACTION_R) recomputed.insert({a.stage, a.micro_batch});
+    const std::vector<bool> inside = RecomputeAtBackward(list);
+    for (size_t i = 0; i < list.size(); ++i) {
+      const Action& a = list[i];
+      if (a.kind != v1::ACTION_R) continue;
+      recomputed.insert({a.stage, a.micro_batch});
+      if (inside[i]) at_backward.insert({a.stage, a.micro_batch});
     }
   }
   // Per rank: when its reductions (REDUCE_GRAD, one at a time) are done.
@@ -417,7 +427,13 @@ absl::StatusOr<SimulationResult> SimulateProgram(const Program& p, const Placeme
           out.end[r][pc[r]] = reduce_done[r];
           continue;
         } else {
-          const double cost = ComputeCost(cost_of(a.stage), a.kind);
+          double cost = ComputeCost(cost_of(a.stage), a.kind);
+          if (StartsOverlappedPair(p[r], pc[r]) && cost_of(a.stage).overlapped_pair > 0) {
+            // The pair takes F&B in all: its F is charged what its second action leaves.
+            const Action& second = p[r][pc[r] + 1];
+            cost = std::max(0.0, cost_of(a.stage).overlapped_pair -
+                                     ComputeCost(cost_of(second.stage), second.kind));
+          }
           clock[r] += cost;
           out.busy[r] += cost;
           const ActionCosts& mem = cost_of(a.stage);
@@ -426,7 +442,21 @@ absl::StatusOr<SimulationResult> SimulateProgram(const Program& p, const Placeme
             live_bytes[r] +=
                 recomputed.count({a.stage, a.micro_batch}) ? mem.input_bytes : mem.activation_bytes;
           } else if (a.kind == v1::ACTION_R) {
-            live_bytes[r] += mem.activation_bytes - mem.input_bytes;
+            if (!at_backward.count({a.stage, a.micro_batch})) {
+              live_bytes[r] += mem.activation_bytes - mem.input_bytes;
+            }
+          } else if (at_backward.count({a.stage, a.micro_batch}) && a.kind != v1::ACTION_W) {
+            // Each layer recomputed just before its backward: the checkpoints and one layer's
+            // working set at the most. A B frees it all; an I leaves what the W's need (taken
+            // as the whole working set: an upper bound).
+            out.peak_activation_bytes[r] =
+                std::max(out.peak_activation_bytes[r], live_bytes[r] + mem.layer_bytes);
+            if (a.kind == v1::ACTION_B) {
+              --live[r];
+              live_bytes[r] -= mem.input_bytes;
+            } else {
+              live_bytes[r] += mem.activation_bytes - mem.input_bytes;
+            }
           } else if (a.kind == v1::ACTION_B || a.kind == v1::ACTION_W) {
             --live[r];
             live_bytes[r] -= mem.activation_bytes;

@@ -28,7 +28,10 @@ namespace tandem {
 //  - no deadlock: running the blocking semantics (sends never block, a receive waits for its
 //    send) finishes every rank's list;
 //  - reductions (data parallelism): REDUCE_GRAD of a stage at most once, after the stage's
-//    weight gradient (B or W) of every micro-batch; and either every stage has one or none.
+//    weight gradient (B or W) of every micro-batch; and either every stage has one or none;
+//  - overlapped pairs: an action with overlap_with_next is an F directly followed by the B or I
+//    of another stage (StartsOverlappedPair). The pair is then checked, and simulated (its cost
+//    the sum of the two), as its two actions in order.
 // The message names the failing action and prints the per-rank grid with it in [brackets].
 absl::Status ValidateProgram(const Program& lowered, const Placement& placement,
                              int num_micro_batches);
@@ -40,15 +43,23 @@ struct ActionCosts {
   double backward_input = 1.0;   // I
   double backward_weight = 1.0;  // W
   double transfer = 0.0;         // from a send being posted to the data being receivable
+  // DualPipe's F&B: an overlapped pair (Action::overlap_with_next, costed by its F's stage)
+  // from its start to its end, both results ready at its end. 0: the sum of its two actions,
+  // as Tandem's workers run it (one after the other).
+  double overlapped_pair = 0.0;
   // The stage's gradient reduction across its data-parallel group (REDUCE_GRAD), from its
   // start; 0 without data parallelism.
   double reduce = 0.0;
   // An R (recompute) costs `forward`. Memory, for peak_activation_bytes (in any unit; the
   // defaults count micro-batches): what one micro-batch's forward of the stage keeps for its
-  // backward, and what a recomputed micro-batch keeps between its F and its R (the stage's
-  // input; the activations again from R to its backward).
+  // backward (activation_bytes); what a recomputed micro-batch keeps between its F and its R
+  // (input_bytes: its layers' inputs, the per-layer checkpoints); and the largest working set
+  // of one layer of the stage (layer_bytes), which a backward that recomputes layer by layer
+  // (an R right before it: RecomputeAtBackward) holds beside the checkpoints. An R placed
+  // earlier brings the activations back from the R to the backward.
   double activation_bytes = 1.0;
   double input_bytes = 0.0;
+  double layer_bytes = 0.0;
 };
 
 struct SimulationResult {
@@ -60,9 +71,10 @@ struct SimulationResult {
   // action (B, or W when split): the activations the rank must hold at its peak.
   std::vector<int> peak_live_micro_batches;
   // Per rank: the most activation memory held at once under the memory model of ActionCosts
-  // (activation_bytes per micro-batch between F and its last backward; input_bytes only
-  // between F and R for a micro-batch the program recomputes). With the default costs and no
-  // R it equals peak_live_micro_batches.
+  // (activation_bytes per micro-batch between F and its last backward; for a micro-batch the
+  // program recomputes, input_bytes from F to R, then activation_bytes to its last backward,
+  // or, with the R right before a B, input_bytes until that B and layer_bytes more during it).
+  // With the default costs and no R it equals peak_live_micro_batches.
   std::vector<double> peak_activation_bytes;
   // Per rank: the time its gradient reductions run past its last compute (the exposed part,
   // which the step waits for); 0 without REDUCE_GRAD actions.

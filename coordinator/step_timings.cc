@@ -35,12 +35,13 @@ absl::StatusOr<Schedule> ScheduleOf(const v1::TraceProgram& program) {
   for (int r = 0; r < program.rank_actions_size(); ++r) {
     std::vector<Action>& actions = out.program.emplace_back();
     for (absl::string_view text : absl::StrSplit(program.rank_actions(r), ' ', absl::SkipEmpty())) {
-      absl::StatusOr<Action> a = ParseAction(text);
-      if (!a.ok()) {
+      // A cell: one action or an overlapped pair, as ActionsToString wrote it.
+      absl::StatusOr<std::vector<Action>> cell = ParseActionCell(text);
+      if (!cell.ok()) {
         return absl::InvalidArgumentError(
-            absl::StrCat("trace program: rank ", r, ": ", a.status().message()));
+            absl::StrCat("trace program: rank ", r, ": ", cell.status().message()));
       }
-      actions.push_back(*a);
+      actions.insert(actions.end(), cell->begin(), cell->end());
     }
   }
   return out;

@@ -421,7 +421,7 @@ class TandemApp {
     CLI::Option* schedule = NonEmptyValue(
         "--schedule", "NAME",
         "With plan, submit, validate: use this schedule (gpipe,\n1f1b, interleaved_1f1b, zb_h1, "
-        "zb_v)",
+        "zb_v, looped_bfs,\ninterleaved_zb, zb_h2, v_half, v_min, dualpipe_v)",
         &o.schedule);
     NonEmptyValue("--schedule-csv", "FILE",
                   "... or this one, in torch.distributed.pipelining's CSV", &o.schedule_csv)

@@ -735,21 +735,35 @@ TEST(SimulateProgramTest, RecomputationCostsOneForwardPerMicroBatch) {
 }
 
 // The hand count: 1F1B's rank r holds P - r micro-batches at its peak; with full recomputation
-// all but one of them are just their stage's input, and one (between its R and its B) is
-// whole: (P - r - 1) inputs + one stage's working set.
+// each of them is only its layers' inputs (the checkpoints), and the backward, which
+// recomputes one layer at a time, holds one layer's working set beside them:
+// (P - r) inputs + one layer. An R moved ahead of its backward (here before its RECV_B)
+// brings the micro-batch's whole working set back from the R to its backward.
 TEST(SimulateProgramTest, OneFOneBPeakMemoryWithFullRecomputationIsTheHandCount) {
   const int p = 4, m = 8;
   ActionCosts costs;
   costs.activation_bytes = 1000.0;  // one micro-batch's saved activations of a stage
-  costs.input_bytes = 10.0;         // its stage input
+  costs.input_bytes = 10.0;         // its layers' inputs
+  costs.layer_bytes = 300.0;        // the largest layer's working set
   const SimulationResult plain = Simulate(Lowered("1f1b", p, m), costs);
-  const SimulationResult full = Simulate(AddRecomputation(Lowered("1f1b", p, m)), costs);
+  const Schedule recomputed = AddRecomputation(Lowered("1f1b", p, m));
+  const SimulationResult full = Simulate(recomputed, costs);
   EXPECT_THAT(plain.peak_activation_bytes, ElementsAre(4000, 3000, 2000, 1000));
   EXPECT_THAT(full.peak_activation_bytes,
-              ElementsAre(3 * 10 + 1000, 2 * 10 + 1000, 1 * 10 + 1000, 0 * 10 + 1000));
-  // GPipe: M inputs in flight, then one working set at a time.
+              ElementsAre(4 * 10 + 300, 3 * 10 + 300, 2 * 10 + 300, 1 * 10 + 300));
+  // GPipe: M micro-batches' inputs in flight, then one layer at a time.
   const SimulationResult gpipe = Simulate(AddRecomputation(Lowered("gpipe", p, m)), costs);
-  EXPECT_THAT(gpipe.peak_activation_bytes, ::testing::Each((m - 1) * 10 + 1000));
+  EXPECT_THAT(gpipe.peak_activation_bytes, ::testing::Each(m * 10 + 300));
+  // Rank 0's first R moved before its RECV_B: from there to its B, 1F1B's steady state holds
+  // it whole beside the other P - 1 micro-batches' inputs.
+  Schedule early = recomputed;
+  std::vector<Action>& rank0 = early.program[0];
+  const auto r0 = std::find(rank0.begin(), rank0.end(), Action{0, v1::ACTION_R, 0});
+  ASSERT_NE(r0, rank0.end());
+  ASSERT_EQ((r0 - 1)->kind, v1::ACTION_RECV_B);
+  std::iter_swap(r0 - 1, r0);
+  ASSERT_TRUE(ValidateSchedule(early).ok()) << ValidateSchedule(early);
+  EXPECT_DOUBLE_EQ(Simulate(early, costs).peak_activation_bytes[0], 3 * 10 + 1000);
   // Default costs and no R: the memory is the live micro-batch count.
   const SimulationResult counted = Simulate(Lowered("zb_v", p, m));
   for (int r = 0; r < p; ++r) {

@@ -77,6 +77,16 @@ TEST(StepTimingsTest, ProgramAndReportsRoundTripThroughTheRecord) {
   bad.set_rank_actions(1, "1F0 1X9");
   EXPECT_THAT(ScheduleOf(bad).status().message(), HasSubstr("rank 1"));
 
+  // Overlapped pairs (dualpipe_v) travel as one "(a;b)OVERLAP_F_B" cell and come back flagged.
+  absl::StatusOr<Schedule> dualpipe = GenerateSchedule("dualpipe_v", 2, 4);
+  ASSERT_TRUE(dualpipe.ok());
+  const Schedule paired = LowerWithTransfers(*dualpipe);
+  const v1::TraceProgram paired_program = TraceProgramOf(paired);
+  EXPECT_THAT(paired_program.rank_actions(0), HasSubstr("(0F3;3B1)OVERLAP_F_B"));
+  absl::StatusOr<Schedule> paired_back = ScheduleOf(paired_program);
+  ASSERT_TRUE(paired_back.ok()) << paired_back.status();
+  EXPECT_EQ(paired_back->program, paired.program);
+
   const int64_t t0 = 1'700'000'000'000'000;
   std::vector<v1::StepReport> reports = Reports(lowered, 7, {t0, t0 + 5000});
   std::swap(reports[0], reports[1]);  // any order
