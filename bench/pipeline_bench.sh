@@ -30,8 +30,11 @@
 #   at M=8 (2 steps each). About 3 min.
 # --recompute: activation recomputation (pipeline.recompute: full) on the issue's shapes, P=2
 #   1f1b at M=16, --steps steps each, with and without: stage 0's peak live activation bytes
-#   and the step time, their ratios, and the largest loss difference (0: the same arithmetic).
-#   About 3 min on an idle 2-core machine (7 on a busy one).
+#   and the step time, their ratios, and the largest loss difference (0: the same arithmetic);
+#   then full with the R's the coordinator places in idle slots (partition: profile,
+#   memory_budget_mb 4096), and the hand-written PyTorch pipeline without and with
+#   torch.utils.checkpoint on every module: Tandem's recomputation overhead against PyTorch's.
+#   About 10 min on an idle 2-core machine.
 # --torch2 PYTHON: also run, in the speed-up part, the torch.distributed.pipelining peer
 #   (bench/torch_pipelining.py: the same model, seeds and data, one process and 2 processes
 #   Schedule1F1B over gloo, one thread each) with PYTHON, an interpreter with a PyPI torch 2.x
@@ -87,8 +90,9 @@ if [ "$small_run" = 1 ]; then
 fi
 vocab="${vocab:-256}"
 
-# spec NAME STAGES M SCHEDULE STEPS LAYERS D HEADS SEQ VOCAB MB [RECOMPUTE]: a Tandem job spec
-# (pipeline.recompute written only when not none, so older builds read the others' specs).
+# spec NAME STAGES M SCHEDULE STEPS LAYERS D HEADS SEQ VOCAB MB [RECOMPUTE [PARTITION BUDGET_MB]]:
+# a Tandem job spec (pipeline.recompute written only when not none, memory_budget_mb only when
+# given, so older builds read the others' specs).
 spec() {
   sed '/^$/d' <<EOF
 # Pipeline benchmark job (bench/pipeline_bench.sh): the shapes of bench/torch_pipeline.py.
@@ -118,8 +122,9 @@ pipeline:
   micro_batch_size: ${11}
   micro_batches: $3
   schedule: $4
-  partition: uniform
+  partition: ${13:-uniform}
 $([ "${12:-none}" = none ] || echo "  recompute: ${12}")
+$([ -z "${14:-}" ] || echo "  memory_budget_mb: ${14}")
 eval:
   every: 0
 checkpoint:
@@ -240,6 +245,15 @@ if [ "$recompute" = 1 ]; then
   for rc in none full; do
     tandem_run recompute "recompute-p2-1f1b-$rc" 2 16 1f1b "$steps" $L $D $H $SEQ "$vocab" $MB $rc
   done
+  # R's in idle slots: the coordinator places them from the layer profile (partition: profile),
+  # within a budget that leaves room (4 GiB per worker).
+  tandem_run recompute "recompute-p2-1f1b-full-idle" 2 16 1f1b "$steps" $L $D $H $SEQ "$vocab" \
+    $MB full profile 4096
+  # The same pipeline in PyTorch, without and with torch.utils.checkpoint on every module.
+  torch_run recompute recompute-torch-none --pipeline --schedule 1f1b "${full[@]}" \
+    --vocab "$vocab" --m 16 --steps "$steps"
+  torch_run recompute recompute-torch-checkpoint --pipeline --schedule 1f1b "${full[@]}" \
+    --vocab "$vocab" --m 16 --steps "$steps" --checkpoint
 fi
 
 "$py" bench/pipeline_report.py summary "$results"

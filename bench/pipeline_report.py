@@ -340,6 +340,39 @@ def summary(path):
                   f"{stage0(plain) / 2**20:.1f} -> {stage0(full) / 2**20:.1f} MiB "
                   f"({fmt(mem_ratio)}x), step {fmt(plain['step_s'])} -> {fmt(full['step_s'])} s "
                   f"({fmt(time_ratio)}x)")
+        idle = find(recs, "recompute", label="recompute-p2-1f1b-full-idle")
+        if idle:
+            idle_ratio = idle["step_s"] / plain["step_s"] if plain["step_s"] else None
+            share = ((idle_ratio - 1) / (time_ratio - 1)
+                     if idle_ratio and time_ratio and time_ratio > 1 else None)
+            print(f"  full, R's in idle slots: stage 0 peak {stage0(idle) / 2**20:.1f} MiB; step "
+                  f"{fmt(idle['step_s'])} s ({fmt(idle_ratio)}x of none; its overhead "
+                  f"{fmt(share)} of plain recomputation's); largest loss difference "
+                  f"{fmt(loss_diff(plain, idle), '.3g')}")
+            out["recompute"].update({"idle_stage0_bytes": stage0(idle),
+                                     "idle_step_s": idle["step_s"],
+                                     "idle_step_time_ratio": idle_ratio,
+                                     "idle_overhead_share": share})
+            md.append(f"R's in idle slots: {stage0(idle) / 2**20:.1f} MiB, step "
+                      f"{fmt(idle['step_s'])} s ({fmt(idle_ratio)}x)")
+        tnone = find(recs, "recompute", label="recompute-torch-none")
+        tckpt = find(recs, "recompute", label="recompute-torch-checkpoint")
+        if tnone and tckpt:
+            tratio = tckpt["step_s"] / tnone["step_s"] if tnone["step_s"] else None
+            versus = ((time_ratio - 1) / (tratio - 1)
+                      if time_ratio and tratio and tratio > 1 else None)
+            print(f"  PyTorch pipeline: step {fmt(tnone['step_s'])} s, with torch.utils.checkpoint "
+                  f"{fmt(tckpt['step_s'])} s ({fmt(tratio)}x); peak RSS per rank "
+                  f"{', '.join('%.0f' % x for x in tnone['rss_mib'])} -> "
+                  f"{', '.join('%.0f' % x for x in tckpt['rss_mib'])} MiB")
+            print(f"  recomputation overhead, Tandem / PyTorch = {fmt(versus)}")
+            out["recompute"].update({"torch_none_step_s": tnone["step_s"],
+                                     "torch_checkpoint_step_s": tckpt["step_s"],
+                                     "torch_step_time_ratio": tratio,
+                                     "overhead_vs_torch": versus})
+            md.append(f"PyTorch checkpoint: step {fmt(tnone['step_s'])} -> "
+                      f"{fmt(tckpt['step_s'])} s ({fmt(tratio)}x); overhead Tandem / PyTorch "
+                      f"{fmt(versus)}")
         print()
 
     print("== Markdown ==")

@@ -58,6 +58,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+import torch.utils.checkpoint  # noqa: E402
 
 from torch_gpt_layer import Block, Head, find_openblas  # noqa: E402
 from pipeline_sim import schedule, simulate  # noqa: E402
@@ -135,15 +136,27 @@ def make_optimizer(a, modules):
     return torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
 
 
+# --checkpoint: every module's forward under torch.utils.checkpoint (non-reentrant), which
+# keeps each module's input and re-runs its forward inside the backward: the per-layer
+# recomputation Tandem's pipeline.recompute: full does.
+CHECKPOINT = False
+
+
+def call(mod, *args):
+    if CHECKPOINT:
+        return torch.utils.checkpoint.checkpoint(mod, *args, use_reentrant=False)
+    return mod(*args)
+
+
 def run_stage(mods, h, mask, targets, normalizer):
     """Forward through a stage's modules; returns the activation, or the loss on the last."""
     for mod in mods:
         if isinstance(mod, Embedding):
-            h = mod(h)
+            h = call(mod, h)
         elif isinstance(mod, Head):
-            h = mod(h, targets, normalizer)
+            h = call(mod, h, targets, normalizer)
         else:
-            h = mod(h, mask)
+            h = call(mod, h, mask)
     return h
 
 
@@ -285,6 +298,10 @@ def launch_ranks(a, script):
     for k, v in vars(a).items():
         if k in ("single", "pipeline", "rank_worker", "rank", "port") or v is None:
             continue
+        if isinstance(v, bool):  # a store_true flag
+            if v:
+                args.append("--" + k.replace("_", "-"))
+            continue
         args += ["--" + k.replace("_", "-"), str(v)]
     procs = [subprocess.Popen(args + ["--rank", str(r), "--port", str(port)],
                               stdout=subprocess.PIPE, text=True) for r in range(a.stages)]
@@ -387,11 +404,15 @@ def main():
     ap.add_argument("--m", type=int, default=8, help="micro-batches per step")
     ap.add_argument("--vocab", type=int, default=50304)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--checkpoint", action="store_true",
+                    help="recompute every module in its backward (torch.utils.checkpoint)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    global CHECKPOINT
+    CHECKPOINT = a.checkpoint
     if a.d % a.heads:
         ap.error("--d must be a multiple of --heads")
     if a.rank_worker:

@@ -53,6 +53,10 @@ class Costs {
           absl::StrCat("partition: memory_budget_bytes must be >= 0 (0 = unlimited), got ",
                        problem.memory_budget_bytes));
     }
+    if (problem.working_set_bytes < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "partition: working_set_bytes must be >= 0, got ", problem.working_set_bytes));
+    }
     if (!problem.live_micro_batches.empty() &&
         static_cast<int>(problem.live_micro_batches.size()) != p) {
       return absl::InvalidArgumentError(
@@ -96,7 +100,8 @@ class Costs {
     // The largest figure that StageBytes can produce; StageSeconds adds at most two transfers.
     int64_t live_bytes = 0, total_bytes = 0;
     if (__builtin_mul_overflow(max_live, c.activation_[n], &live_bytes) ||
-        __builtin_add_overflow(live_bytes, c.static_[n], &total_bytes)) {
+        __builtin_add_overflow(live_bytes, c.static_[n], &total_bytes) ||
+        __builtin_add_overflow(total_bytes, problem.working_set_bytes, &total_bytes)) {
       return absl::InvalidArgumentError(
           "partition: static plus live activation bytes overflow int64");
     }
@@ -126,7 +131,7 @@ class Costs {
   int64_t ActivationBytes(int i, int j) const { return activation_[j] - activation_[i]; }
   int Live(int s) const { return live_[s]; }
   int64_t StageBytes(int s, int i, int j) const {
-    return StaticBytes(i, j) + live_[s] * ActivationBytes(i, j);
+    return StaticBytes(i, j) + live_[s] * ActivationBytes(i, j) + problem_->working_set_bytes;
   }
 
   // "stage 1 (layers [2, 6)) needs 22 bytes (12 static + 2 x 5 activation)".
@@ -134,7 +139,11 @@ class Costs {
     return absl::StrCat("stage ", s, " (layers ", RangeString(r), ") needs ",
                         StageBytes(s, r.begin, r.end), " bytes (", StaticBytes(r.begin, r.end),
                         " static + ", Live(s), " x ", ActivationBytes(r.begin, r.end),
-                        " activation)");
+                        " activation",
+                        problem_->working_set_bytes > 0
+                            ? absl::StrCat(" + ", problem_->working_set_bytes, " working set")
+                            : "",
+                        ")");
   }
 
   Partition Figures(const std::vector<LayerRange>& ranges) const {

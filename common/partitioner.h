@@ -30,14 +30,20 @@ struct PartitionProblem {
   // Per stage: how many micro-batches of activations the schedule keeps alive at its peak
   // (1F1B: P - s; GPipe: M). Empty = 1 for every stage.
   std::vector<int> live_micro_batches;
-  // Bytes a worker may use for its stage (static + live x activation); 0 = unlimited.
+  // Bytes a worker may use for its stage (static + live x activation + working set);
+  // 0 = unlimited.
   int64_t memory_budget_bytes = 0;
+  // Bytes every stage holds once beside its live micro-batches' activations: with
+  // recomputation, where a layer's activation_bytes is only its input (the checkpoint), the
+  // working set of one layer that a backward recomputing layer by layer holds (the model's
+  // largest, an upper bound for every stage); 0 without.
+  int64_t working_set_bytes = 0;
 };
 
 struct Partition {
   std::vector<LayerRange> ranges;     // one per stage, contiguous, covering every layer
   std::vector<double> stage_seconds;  // per stage: its layers' seconds + its transfers
-  std::vector<int64_t> stage_bytes;   // per stage: static + live x activation bytes
+  std::vector<int64_t> stage_bytes;   // per stage: static + live x activation (+ working set)
   double bottleneck_seconds = 0.0;    // max of stage_seconds
 };
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/link_model.h"
+#include "common/recompute_placement.h"
 #include "common/schedule_check.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
@@ -21,6 +22,16 @@ absl::StatusOr<Schedule> ScheduleForSpec(const v1::JobSpec& spec) {
 
 namespace {
 
+// What recomputation keeps of global layer g per micro-batch: its input, the previous layer's
+// output (the embedding's: the micro-batch's int32 tokens).
+int64_t LayerInputBytes(const v1::JobSpec& spec, const v1::ModelProfile& profile, int g) {
+  if (g > 0) return profile.layers(g - 1).output_bytes();
+  const int64_t tokens_per_sequence =
+      IsDecoder(spec.model()) ? spec.model().seq_len() : spec.model().context();
+  return spec.pipeline().micro_batch_size() * tokens_per_sequence *
+         static_cast<int64_t>(sizeof(int32_t));
+}
+
 // The partition problem of a plan: per-layer costs (the profile's, or parameter counts for
 // `parameters`), the schedule's live micro-batches per stage, and the budget.
 PartitionProblem ProblemFor(const v1::JobSpec& spec, const Schedule& lowered,
@@ -28,6 +39,7 @@ PartitionProblem ProblemFor(const v1::JobSpec& spec, const Schedule& lowered,
   PartitionProblem problem;
   problem.num_stages = lowered.placement.num_stages();
   const std::vector<int64_t> params = LayerParameterCounts(spec.model());
+  const bool recompute = spec.pipeline().recompute() == "full";
   for (size_t g = 0; g < params.size(); ++g) {
     LayerCost c;
     if (profile != nullptr && static_cast<int>(g) < profile->layers_size()) {
@@ -35,6 +47,13 @@ PartitionProblem ProblemFor(const v1::JobSpec& spec, const Schedule& lowered,
       c.seconds = p.forward_seconds() + p.backward_seconds();
       c.static_bytes = p.static_bytes();
       c.activation_bytes = p.activation_bytes();
+      if (recompute) {
+        // The forward again (R), and only the layer's input kept per micro-batch; the
+        // backward holds one layer's working set beside them.
+        c.seconds += p.forward_seconds();
+        c.activation_bytes = LayerInputBytes(spec, *profile, static_cast<int>(g));
+        problem.working_set_bytes = std::max(problem.working_set_bytes, p.activation_bytes());
+      }
     } else {
       c.static_bytes = params[g] * 16;  // fp32 value, gradient and AdamW's two moments
     }
@@ -63,6 +82,43 @@ PartitionProblem ProblemFor(const v1::JobSpec& spec, const Schedule& lowered,
         2 * TransferSeconds(profile->link(), profile->layers(0).output_bytes());
   }
   return problem;
+}
+
+// Recomputation hidden in the idle time (common/recompute_placement.h), under the measured
+// costs: each worker may hold up to memory_budget_mb less its stages' static bytes (without
+// a budget, no more than the plain placement's peak). The moved R's raise a worker's peak
+// within that; the stages' predicted bytes take their share of the rise.
+absl::Status PlaceRecomputeInIdleTime(const v1::JobSpec& spec, const v1::ModelProfile& profile,
+                                      PipelinePlan* plan) {
+  const Placement& placement = plan->schedule.placement;
+  ASSIGN_OR_RETURN(SimulationResult plain,
+                   SimulateSchedule(plan->schedule, ActionCosts{}, plan->stage_costs));
+  std::vector<double> limit = plain.peak_activation_bytes;
+  const int64_t budget = spec.pipeline().memory_budget_mb() << 20;
+  if (budget > 0) {
+    for (int r = 0; r < placement.num_ranks; ++r) {
+      // The budget less the rank's parameters, gradients and optimizer state (unsharded: an
+      // upper bound).
+      double fixed = 0;
+      for (int s : placement.StagesOf(r)) {
+        for (int g = plan->ranges[s].begin; g < plan->ranges[s].end; ++g) {
+          fixed += static_cast<double>(profile.layers(g).static_bytes());
+        }
+      }
+      limit[r] = std::max(limit[r], static_cast<double>(budget) - fixed);
+    }
+  }
+  ASSIGN_OR_RETURN(RecomputePlacement placed,
+                   PlaceRecomputation(plan->schedule, ActionCosts{}, plan->stage_costs, limit));
+  plan->schedule = std::move(placed.schedule);
+  plan->recompute_moved = placed.moved;
+  for (int s = 0; s < plan->num_stages() && s < static_cast<int>(plan->stage_bytes.size()); ++s) {
+    const int r = placement.rank_of_stage[s];
+    const double rise = placed.after.peak_activation_bytes[r] - plain.peak_activation_bytes[r];
+    plan->stage_bytes[s] +=
+        static_cast<int64_t>(rise / static_cast<double>(placement.StagesOf(r).size()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -165,12 +221,18 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
     plan.stage_bytes = figures.stage_bytes;
     for (const LayerRange& r : plan.ranges) {
       ActionCosts c{0, 0, 0, 0, 0};
+      c.activation_bytes = 0;
       for (int g = r.begin; g < r.end; ++g) {
         const v1::LayerProfile& p = profile->layers(g);
         c.forward += p.forward_seconds();
         c.backward += p.backward_seconds();
         c.backward_input += p.backward_input_seconds();
         c.backward_weight += p.backward_weight_seconds();
+        // Memory (common/schedule_check.h): the stage's working set per micro-batch, what
+        // recomputation keeps of it, and its largest layer's.
+        c.activation_bytes += static_cast<double>(p.activation_bytes());
+        c.input_bytes += static_cast<double>(LayerInputBytes(spec, *profile, g));
+        c.layer_bytes = std::max(c.layer_bytes, static_cast<double>(p.activation_bytes()));
       }
       // A message from this stage: its activation forward, or its input gradient back.
       if (profile->has_link()) {
@@ -184,6 +246,8 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
       c.reduce = AllReduceSeconds(profile->link(), parameters * 4, replicas);
       plan.stage_costs.push_back(c);
     }
+    if (spec.pipeline().recompute() == "full")
+      RETURN_IF_ERROR(PlaceRecomputeInIdleTime(spec, *profile, &plan));
     absl::StatusOr<SimulationResult> sim =
         SimulateSchedule(plan.schedule, ActionCosts{}, plan.stage_costs);
     if (sim.ok()) {

@@ -42,6 +42,9 @@ struct PipelinePlan {
   // Data parallelism: the slowest rank's gradient reduction past its last compute (what the
   // simulator added to the step); 0 without replicas or a profile.
   double predicted_reduce_exposed_seconds = 0.0;
+  // recompute: full with a profile: the R's moved ahead of their backwards into the workers'
+  // idle time (common/recompute_placement.h); 0 otherwise.
+  int recompute_moved = 0;
   int num_ranks() const { return schedule.placement.num_ranks; }
   int num_stages() const { return schedule.placement.num_stages(); }
 };

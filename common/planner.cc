@@ -170,6 +170,22 @@ std::vector<PlanCandidate> SearchPlans(const v1::JobSpec& written, const Profile
             continue;
           }
           absl::StatusOr<PipelinePlan> plan = PlanPipeline(c.spec, &*profile);
+          // Over the budget without recomputation: recomputation trades time for memory
+          // (cpu workers; the GPU backend does not recompute yet).
+          if (!plan.ok() && plan.status().code() == absl::StatusCode::kResourceExhausted &&
+              c.spec.device() != "cuda" && c.spec.pipeline().recompute() == "none") {
+            v1::JobSpec recomputed = c.spec;
+            recomputed.mutable_pipeline()->set_recompute("full");
+            absl::StatusOr<PipelinePlan> with = PlanPipeline(recomputed, &*profile);
+            // It fits so; or, when nothing fits, it needs the smaller budget (what the
+            // refusal then names).
+            const int64_t needed = SmallestBudgetBytes(with.status());
+            if (with.ok() || (needed > 0 && needed < SmallestBudgetBytes(plan.status()))) {
+              plan = std::move(with);
+              c.spec = std::move(recomputed);
+              c.recompute = true;
+            }
+          }
           if (!plan.ok()) {
             c.status = plan.status();
             out.push_back(std::move(c));
@@ -222,7 +238,8 @@ absl::StatusOr<PlanCandidate> ChoosePlan(const std::vector<PlanCandidate>& candi
         "no schedule or split of the global batch fits pipeline.memory_budget_mb; the least "
         "demanding is ",
         least->schedule, " with ", least->micro_batches, " micro-batches of ",
-        least->micro_batch_size, ": ", least->status.message()));
+        least->micro_batch_size, least->recompute ? " and full recomputation" : "", ": ",
+        least->status.message()));
     status.SetPayload(kSmallestBudgetPayload,
                       absl::Cord(absl::StrCat(SmallestBudgetBytes(least->status))));
     return status;
@@ -243,6 +260,7 @@ std::string DescribeChoice(const PlanCandidate& c, double as_written_step_second
     absl::StrAppendFormat(&out, ", gradient reduction exposed %.3f s", c.reduce_exposed_seconds);
   }
   absl::StrAppend(&out, ")");
+  if (c.recompute) absl::StrAppend(&out, ", with full recomputation (it fits the budget only so)");
   if (as_written_step_seconds > 0 && c.step_seconds > 0) {
     absl::StrAppendFormat(&out, ", %.2fx the spec as written (%.3f s)",
                           as_written_step_seconds / c.step_seconds, as_written_step_seconds);

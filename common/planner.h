@@ -30,6 +30,9 @@ struct PlanCandidate {
   int micro_batches = 0;
   int micro_batch_size = 0;
   v1::JobSpec spec;  // the job's spec running this candidate (schedule, chunks, split)
+  // Planned with pipeline.recompute: full because it fits the budget only so (a spec with
+  // recompute none, on cpu workers).
+  bool recompute = false;
   // OK when it runs within the budget, else why not (the schedule's constraint, the cut's
   // RESOURCE_EXHAUSTED, a profile that could not be measured).
   absl::Status status;

@@ -78,8 +78,7 @@ absl::StatusOr<std::unique_ptr<CpuStageCompute>> CpuStageCompute::Create(
   }
   c->slots_ = slots;
   c->saved_.resize(c->chunks_.size() * slots);
-  c->kept_inputs_.resize(c->chunks_.size() * slots);
-  c->kept_.assign(c->chunks_.size() * slots, false);
+  c->checkpoints_.resize(c->chunks_.size() * slots);
   return c;
 }
 
@@ -105,47 +104,99 @@ absl::StatusOr<double> CpuStageCompute::Forward(int chunk, int mb, StageBufferPt
   return 0.0;
 }
 
+size_t CpuStageCompute::Checkpoint::Bytes() const {
+  size_t n = 0;
+  for (const Tensor& t : inputs) n += t.bytes();
+  return n;
+}
+
 absl::StatusOr<double> CpuStageCompute::ForwardKeepingInput(int chunk, int mb, StageBufferPtr input,
                                                             const MicroBatchData& data,
                                                             StageBufferPtr* output) {
   const auto& layers = chunks_[chunk];
-  const size_t i = static_cast<size_t>(chunk) * slots_ + static_cast<size_t>(mb);
   Saved(chunk, mb).clear();
-  kept_inputs_[i] = Unwrap(std::move(input));
-  kept_[i] = true;
-  // Layer by layer as Forward runs them, each layer's context dropped as soon as the next
-  // layer starts: the same arithmetic, one layer's working set at a time.
+  Checkpoint& cp = CheckpointOf(chunk, mb);
+  cp.inputs.assign(layers.size(), Tensor{});
+  cp.inputs[0] = Unwrap(std::move(input));
+  cp.kept = true;
+  cp.at_backward = false;
+  // Layer by layer as Forward runs them, each layer's context dropped as soon as it is
+  // filled and its output kept as the next layer's checkpoint: the same arithmetic, one
+  // layer's working set at a time.
   SavedContext scratch;
-  const Tensor* in = &kept_inputs_[i];
-  Tensor x;
   Tensor y;
   for (size_t l = 0; l < layers.size(); ++l) {
     scratch = SavedContext{};
-    RETURN_IF_ERROR(layers[l]->Forward(*in, data, scratch, y));
-    std::swap(x, y);
-    in = &x;
+    RETURN_IF_ERROR(layers[l]->Forward(cp.inputs[l], data, scratch, y));
+    if (l + 1 < layers.size()) cp.inputs[l + 1] = std::move(y);
   }
-  if (layers.back()->is_loss()) return static_cast<double>(x[0]);
-  *output = Wrap(std::move(x));
+  if (layers.back()->is_loss()) return static_cast<double>(y[0]);
+  *output = Wrap(std::move(y));
   return 0.0;
 }
 
-absl::Status CpuStageCompute::Recompute(int chunk, int mb, const MicroBatchData& data) {
-  const size_t i = static_cast<size_t>(chunk) * slots_ + static_cast<size_t>(mb);
-  if (!kept_[i]) return absl::InternalError("recompute without a kept input");
-  kept_[i] = false;
-  // Forward with saving from the same input: what the F without saving would have saved.
-  StageBufferPtr input =
-      chunks_[chunk].front()->reads_tokens() ? nullptr : Wrap(std::move(kept_inputs_[i]));
-  kept_inputs_[i] = Tensor{};
-  StageBufferPtr output;
-  return Forward(chunk, mb, std::move(input), data, /*save=*/true, &output).status();
+absl::Status CpuStageCompute::Recompute(int chunk, int mb, const MicroBatchData& data,
+                                        bool at_backward) {
+  Checkpoint& cp = CheckpointOf(chunk, mb);
+  if (!cp.kept || cp.at_backward) return absl::InternalError("recompute without checkpoints");
+  last_call_peak_ = SavedBytes(chunk, mb);
+  if (at_backward) {
+    cp.at_backward = true;
+    cp.data = data;
+    return absl::OkStatus();
+  }
+  // Every layer's forward again with saving, from its own checkpoint (what the F without
+  // saving would have saved), each checkpoint released once its layer has run.
+  const auto& layers = chunks_[chunk];
+  std::vector<SavedContext>& saved = Saved(chunk, mb);
+  saved.assign(layers.size(), SavedContext{});
+  Tensor y;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    RETURN_IF_ERROR(layers[l]->Forward(cp.inputs[l], data, saved[l], y));
+    last_call_peak_ = std::max(last_call_peak_, SavedBytes(chunk, mb));
+    cp.inputs[l] = Tensor{};
+  }
+  cp = Checkpoint{};
+  return absl::OkStatus();
+}
+
+absl::Status CpuStageCompute::RecomputingBackward(int chunk, int mb, bool split, Tensor g,
+                                                  Tensor& grad_input) {
+  const auto& layers = chunks_[chunk];
+  Checkpoint& cp = CheckpointOf(chunk, mb);
+  std::vector<SavedContext>& saved = Saved(chunk, mb);
+  saved.assign(layers.size(), SavedContext{});
+  Tensor gin;
+  Tensor y;
+  for (size_t l = layers.size(); l-- > 0;) {
+    RETURN_IF_ERROR(layers[l]->Forward(cp.inputs[l], cp.data, saved[l], y));
+    y = Tensor{};
+    cp.inputs[l] = Tensor{};
+    last_call_peak_ = std::max(last_call_peak_, SavedBytes(chunk, mb));
+    RETURN_IF_ERROR(split ? layers[l]->BackwardInput(g, saved[l], gin)
+                          : layers[l]->Backward(g, saved[l], gin));
+    if (!split) saved[l].Clear();
+    if (!split && layer_done_) layer_done_(chunk, static_cast<int>(l));
+    std::swap(g, gin);
+  }
+  cp = Checkpoint{};
+  if (!split) saved.clear();
+  grad_input = std::move(g);
+  return absl::OkStatus();
 }
 
 absl::Status CpuStageCompute::Backward(int chunk, int mb, v1::ActionKind kind,
                                        StageBufferPtr grad_output, StageBufferPtr* grad_input) {
   const auto& layers = chunks_[chunk];
   std::vector<SavedContext>& saved = Saved(chunk, mb);
+  last_call_peak_ = SavedBytes(chunk, mb);
+  const bool split = kind == v1::ACTION_I;
+  if (kind != v1::ACTION_W && CheckpointOf(chunk, mb).at_backward) {
+    Tensor g;
+    RETURN_IF_ERROR(RecomputingBackward(chunk, mb, split, Unwrap(std::move(grad_output)), g));
+    if (!layers.front()->reads_tokens()) *grad_input = Wrap(std::move(g));
+    return absl::OkStatus();
+  }
   if (saved.size() != layers.size()) {
     return absl::InternalError("backward without a saved forward");
   }
@@ -159,7 +210,6 @@ absl::Status CpuStageCompute::Backward(int chunk, int mb, v1::ActionKind kind,
   }
   Tensor g = Unwrap(std::move(grad_output));
   Tensor gin;
-  const bool split = kind == v1::ACTION_I;
   for (size_t l = layers.size(); l-- > 0;) {
     RETURN_IF_ERROR(split ? layers[l]->BackwardInput(g, saved[l], gin)
                           : layers[l]->Backward(g, saved[l], gin));
@@ -199,15 +249,14 @@ absl::StatusOr<std::vector<absl::Span<float>>> CpuStageCompute::LayerParameters(
 
 size_t CpuStageCompute::SavedBytes(int chunk, int mb) const {
   const size_t i = static_cast<size_t>(chunk) * slots_ + static_cast<size_t>(mb);
-  size_t n = kept_[i] ? kept_inputs_[i].bytes() : 0;
+  size_t n = checkpoints_[i].Bytes();
   for (const SavedContext& c : saved_[i]) n += c.Bytes();
   return n;
 }
 
 void CpuStageCompute::DropSaved() {
   for (auto& s : saved_) s.clear();
-  for (Tensor& t : kept_inputs_) t = Tensor{};
-  std::fill(kept_.begin(), kept_.end(), false);
+  for (Checkpoint& c : checkpoints_) c = Checkpoint{};
 }
 
 std::vector<Parameter*> CpuStageCompute::HostParameters() {

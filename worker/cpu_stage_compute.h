@@ -35,7 +35,8 @@ class CpuStageCompute final : public StageCompute {
   absl::StatusOr<double> ForwardKeepingInput(int chunk, int mb, StageBufferPtr input,
                                              const MicroBatchData& data,
                                              StageBufferPtr* output) override;
-  absl::Status Recompute(int chunk, int mb, const MicroBatchData& data) override;
+  absl::Status Recompute(int chunk, int mb, const MicroBatchData& data, bool at_backward) override;
+  size_t LastCallPeakSavedBytes() const override { return last_call_peak_; }
   absl::Status Backward(int chunk, int mb, v1::ActionKind kind, StageBufferPtr grad_output,
                         StageBufferPtr* grad_input) override;
   size_t SavedBytes(int chunk, int mb) const override;
@@ -73,10 +74,25 @@ class CpuStageCompute final : public StageCompute {
   std::vector<ElementRange> shard_;  // per HostParameters() entry when sharded; else empty
   size_t slots_ = 0;
   std::vector<std::vector<SavedContext>> saved_;  // chunk * slots_ + mb: one per layer
-  // chunk * slots_ + mb: the input kept by ForwardKeepingInput for Recompute ((B, T, D) or
-  // (B, D); empty on the first stage), and whether one is kept.
-  std::vector<Tensor> kept_inputs_;
-  std::vector<bool> kept_;
+  // chunk * slots_ + mb: the per-layer checkpoints ForwardKeepingInput kept for Recompute
+  // (each layer's input, (B, T, D) or (B, D); empty for a first layer that reads tokens),
+  // whether they are kept, and, for a micro-batch armed by Recompute(at_backward), the data
+  // its backward recomputes with.
+  struct Checkpoint {
+    std::vector<Tensor> inputs;  // one per layer
+    bool kept = false;
+    bool at_backward = false;
+    MicroBatchData data;
+    size_t Bytes() const;
+  };
+  Checkpoint& CheckpointOf(int chunk, int mb) {
+    return checkpoints_[static_cast<size_t>(chunk) * slots_ + static_cast<size_t>(mb)];
+  }
+  // B or I of an armed micro-batch: each layer's forward recomputed from its checkpoint just
+  // before that layer's backward.
+  absl::Status RecomputingBackward(int chunk, int mb, bool split, Tensor g, Tensor& grad_input);
+  std::vector<Checkpoint> checkpoints_;
+  size_t last_call_peak_ = 0;  // LastCallPeakSavedBytes
   int64_t parameter_count_ = 0;
   std::vector<StaticMemory> static_memory_;
   LayerDoneHook layer_done_;

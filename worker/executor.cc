@@ -200,11 +200,16 @@ StageExecutor::StageExecutor(const v1::StageProgram& program, Dataset data,
   }
   // The micro-batches the training program recomputes: their F keeps only the input.
   recomputed_.assign(chunks_.size() * mb_slots_, false);
-  for (const v1::Action& a : program.actions()) {
-    if (a.kind() == v1::ACTION_R) {
-      recomputed_[static_cast<size_t>(chunk_of_stage_[a.stage()]) * mb_slots_ +
-                  static_cast<size_t>(a.micro_batch())] = true;
-    }
+  recompute_at_backward_.assign(chunks_.size() * mb_slots_, false);
+  std::vector<Action> actions;
+  for (const v1::Action& a : program.actions()) actions.push_back(FromProto(a));
+  const std::vector<bool> at_backward = RecomputeAtBackward(actions);
+  for (size_t i = 0; i < actions.size(); ++i) {
+    if (actions[i].kind != v1::ACTION_R) continue;
+    const size_t slot = static_cast<size_t>(chunk_of_stage_[actions[i].stage]) * mb_slots_ +
+                        static_cast<size_t>(actions[i].micro_batch);
+    recomputed_[slot] = true;
+    recompute_at_backward_[slot] = at_backward[i];
   }
   next_recv_ = NextReceives(program.actions());
   eval_next_recv_ = NextReceives(program.eval_actions());
@@ -234,8 +239,18 @@ StageExecutor::MicroBatch& StageExecutor::Mb(int chunk, int mb) {
   return mbs_[static_cast<size_t>(chunk) * mb_slots_ + static_cast<size_t>(mb)];
 }
 
-void StageExecutor::Account(int chunk, int mb) {
+void StageExecutor::Account(int chunk, int mb, size_t saved_during) {
   const size_t i = static_cast<size_t>(chunk) * mb_slots_ + static_cast<size_t>(mb);
+  if (saved_during > 0) {
+    // The moment inside the action when the compute held saved_during for this micro-batch.
+    const size_t during = mbs_[i].Bytes() + saved_during;
+    if (during > mb_bytes_[i]) {
+      peak_bytes_ = std::max(peak_bytes_, live_bytes_ - mb_bytes_[i] + during);
+      const size_t chunk_live = chunk_live_bytes_[static_cast<size_t>(chunk)];
+      chunk_peak_bytes_[static_cast<size_t>(chunk)] = std::max(
+          chunk_peak_bytes_[static_cast<size_t>(chunk)], chunk_live - mb_bytes_[i] + during);
+    }
+  }
   const size_t now = mbs_[i].Bytes() + compute_->SavedBytes(chunk, mb);
   live_bytes_ = live_bytes_ - mb_bytes_[i] + now;
   size_t& chunk_live = chunk_live_bytes_[static_cast<size_t>(chunk)];
@@ -323,9 +338,14 @@ absl::Status StageExecutor::Recompute(int chunk, int mb) {
   data.targets = &m.targets;
   // As its F had it (training: the global batch's predictions).
   data.loss_normalizer = micro_batch_size_ * micro_batches_ * replicas_ * seq_len_;
-  absl::Status s = compute_->Recompute(chunk, mb, data);
-  m.tokens.Clear();
-  m.targets.Clear();
+  const bool at_backward =
+      recompute_at_backward_[static_cast<size_t>(chunk) * mb_slots_ + static_cast<size_t>(mb)];
+  absl::Status s = compute_->Recompute(chunk, mb, data, at_backward);
+  // Armed for the backward, the compute reads the tokens and targets there.
+  if (!at_backward) {
+    m.tokens.Clear();
+    m.targets.Clear();
+  }
   return s;
 }
 
@@ -342,7 +362,12 @@ absl::Status StageExecutor::Backward(int chunk, int mb, v1::ActionKind kind) {
   } else {
     g = std::move(m.grad_output);
   }
-  return compute_->Backward(chunk, mb, kind, std::move(g), c.first ? nullptr : &m.grad_input);
+  absl::Status s =
+      compute_->Backward(chunk, mb, kind, std::move(g), c.first ? nullptr : &m.grad_input);
+  // A micro-batch recomputed inside this backward kept them until now.
+  m.tokens.Clear();
+  m.targets.Clear();
+  return s;
 }
 
 StageExecutor::RecvEnds StageExecutor::RecvEndsOf(const v1::Action& a) const {
@@ -517,7 +542,12 @@ absl::Status StageExecutor::RunActions(int64_t step, bool eval, v1::StepReport* 
     timing->set_end_us(UnixMicros());
     if (!s.ok()) return FailStep(s, Where(a));
     if (IsComputeAction(a.kind())) timing->set_device_us(compute_->last_device_us());
-    Account(chunk_of_stage_[a.stage()], a.micro_batch());
+    // R and the backwards report their transient peak (a backward that recomputes layer by
+    // layer holds more inside than before or after it).
+    const bool transient = a.kind() == v1::ACTION_R || a.kind() == v1::ACTION_B ||
+                           a.kind() == v1::ACTION_I || a.kind() == v1::ACTION_W;
+    Account(chunk_of_stage_[a.stage()], a.micro_batch(),
+            transient ? compute_->LastCallPeakSavedBytes() : 0);
   }
   if (transport_ != nullptr) {
     if (absl::Status s = transport_->WaitSends(); !s.ok()) return FailStep(s, "waiting for sends");

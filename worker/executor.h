@@ -198,8 +198,8 @@ class StageExecutor {
   // Sharded optimizer state, after the update: every parameter's segments from their owners.
   absl::Status GatherParameters();
   absl::Status Forward(int chunk, int mb, int64_t step, bool eval);
-  // R: re-runs the forward of a micro-batch whose F kept only its input, saving for the
-  // backward (training only).
+  // R: re-runs the forward of a micro-batch whose F kept only its layers' inputs, saving for
+  // the backward, now or (recompute_at_backward_) layer by layer inside it (training only).
   absl::Status Recompute(int chunk, int mb);
   // B (input and weight gradients), I (input gradient only) or W (weight gradients of a
   // micro-batch whose I ran).
@@ -213,7 +213,10 @@ class StageExecutor {
   // Posts the receive `a` into its micro-batch's buffer, unless it is already posted.
   absl::Status PostRecv(const v1::Action& a);
   MicroBatch& Mb(int chunk, int mb);
-  void Account(int chunk, int mb);
+  // Re-counts the micro-batch's live bytes (its buffers and the compute's SavedBytes) into the
+  // rank's and the chunk's live and peak bytes; `saved_during` > 0 is the compute's transient
+  // peak for it inside the action just run (StageCompute::LastCallPeakSavedBytes).
+  void Account(int chunk, int mb, size_t saved_during = 0);
   // Moves a buffer that a posted send reads into the buffers kept until the step's end.
   StageBuffer& KeepForSend(StageBufferPtr b);
   std::string Where(const v1::Action& a) const;
@@ -241,8 +244,12 @@ class StageExecutor {
   std::vector<int> eval_next_recv_;
   std::vector<int> chunk_of_stage_;  // per global stage: index into chunks_, or -1
   // chunk * mb_slots_ + micro-batch: the training program has an R for it, so its F keeps
-  // only its input (and, on the first and last stage, its tokens and targets) until the R.
+  // only its layers' inputs (and, on the first and last stage, its tokens and targets) until
+  // the R; and whether that R comes right before the micro-batch's backward (the next compute
+  // action of this rank after it is its B or I), so that the backward recomputes one layer at
+  // a time (StageCompute::Recompute's at_backward), keeping the tokens and targets until then.
   std::vector<bool> recomputed_;
+  std::vector<bool> recompute_at_backward_;
   // Data parallelism: per chunk, the index of its last weight-gradient action (B or W) in the
   // training list, during which layers are posted as they finish, or -1; and which layers of
   // it are posted this step.

@@ -114,23 +114,34 @@ class StageCompute {
   // ForwardKeepingInput and Recompute; the executor refuses a program with R's otherwise.
   virtual bool recomputes() const { return false; }
   // F of a micro-batch the program recomputes: as Forward with `save` (the same output and
-  // loss), but all that stays for `mb` afterwards is its input (nothing on the first stage,
-  // whose tokens the caller keeps), counted in SavedBytes, until Recompute. The forward itself
-  // holds one layer's working set at a time.
+  // loss), but all that stays for `mb` afterwards is each layer's input (a checkpoint per
+  // layer, as Megatron's and DeepSpeed's per-layer checkpointing keep; nothing for a first
+  // layer that reads tokens, which the caller keeps), counted in SavedBytes, until Recompute.
+  // The forward itself holds one layer's working set at a time.
   virtual absl::StatusOr<double> ForwardKeepingInput(int chunk, int mb, StageBufferPtr input,
                                                      const MicroBatchData& data,
                                                      StageBufferPtr* output) {
     return absl::UnimplementedError(
         absl::StrCat("the ", device(), " backend cannot recompute activations"));
   }
-  // R of `chunk` for `mb`: re-runs its forward from the input ForwardKeepingInput kept, with
-  // the same `data`, saving what the backward needs exactly as Forward with `save` does (the
-  // same arithmetic, so the backward computes the same bits as without recomputation), and
-  // releases the input; the output and loss are dropped. INTERNAL when no input is kept.
-  virtual absl::Status Recompute(int chunk, int mb, const MicroBatchData& data) {
+  // R of `chunk` for `mb`: re-runs its forward from the checkpoints ForwardKeepingInput kept,
+  // with the same `data`, saving what the backward needs exactly as Forward with `save` does
+  // (the same arithmetic, so the backward computes the same bits as without recomputation).
+  // With `at_backward` false it does so now, layer by layer, and releases the checkpoints
+  // (an R placed ahead of its backward, in an idle slot: the whole working set is held from
+  // here to the backward). With `at_backward` true (the R right before its B or I) it only
+  // arms the micro-batch: its backward then recomputes one layer at a time just before that
+  // layer's backward, so at most one layer's working set beyond the checkpoints is ever held;
+  // `data` must stay valid until that backward. INTERNAL when nothing is kept.
+  virtual absl::Status Recompute(int chunk, int mb, const MicroBatchData& data, bool at_backward) {
     return absl::UnimplementedError(
         absl::StrCat("the ", device(), " backend cannot recompute activations"));
   }
+  // The most bytes SavedBytes(chunk, mb) reached inside the last Recompute or Backward call,
+  // for the micro-batch it ran (its transient peak, which the sizes before and after the
+  // call do not show: a backward that recomputes layer by layer); 0 where a backend keeps no
+  // such record.
+  virtual size_t LastCallPeakSavedBytes() const { return 0; }
 
   // B (input and weight gradients), I (input gradient only, leaving what W needs) or W (the
   // weight gradients of a micro-batch whose I ran) of `chunk` for `mb`, ADDING the parameter

@@ -105,6 +105,18 @@ std::string ProfiledFigures(const v1::JobSpec& spec, const PipelinePlan& plan,
       profile.device(), profile.threads(), profile.threads() == 1 ? "" : "s",
       plan.predicted_step_seconds, 100 * plan.predicted_bubble, 1000 * slowest);
   absl::StrAppend(&out, "  cut: ", plan.partition, "\n");
+  if (p.recompute() == "full") {
+    int total = 0;
+    for (const auto& list : plan.schedule.program) {
+      for (const Action& a : list) total += a.kind == v1::ACTION_R ? 1 : 0;
+    }
+    absl::StrAppendFormat(&out,
+                          "  recomputation: %d of %d R's placed in idle time (ahead of a wait), "
+                          "the rest inside their backwards, layer by layer%s\n",
+                          plan.recompute_moved, total,
+                          p.memory_budget_mb() > 0 ? " (within memory_budget_mb)"
+                                                   : " (no budget: within the plain peak)");
+  }
   if (profile.has_link()) {
     const v1::LinkProfile& link = profile.link();
     const int64_t activation = profile.layers(0).output_bytes();

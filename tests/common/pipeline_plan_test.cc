@@ -139,8 +139,9 @@ TEST(PlanPipelineTest, EvalProgramIsForwardOnlyOverTheEvalMicroBatches) {
   EXPECT_EQ(Count(plan->eval.program[1], v1::ACTION_RECV_F), 3);
 }
 
-// pipeline.recompute: full puts an R before every backward of the training program (before
-// the gradient's receive), none in the eval program; a CSV's own R's are kept.
+// pipeline.recompute: full puts an R right before every backward of the training program
+// (after the gradient's receive: it runs inside the backward), none in the eval program; a
+// CSV's own R's are kept.
 TEST(PlanPipelineTest, FullRecomputationAddsAnRBeforeEveryBackward) {
   v1::JobSpec spec = Spec("zb_h1", 2, 4);
   spec.mutable_pipeline()->set_recompute("full");
@@ -152,10 +153,10 @@ TEST(PlanPipelineTest, FullRecomputationAddsAnRBeforeEveryBackward) {
     EXPECT_EQ(Count(actions, v1::ACTION_R), 4) << "rank " << r;
     for (size_t i = 0; i < actions.size(); ++i) {
       if (actions[i].kind != v1::ACTION_I) continue;
-      // R, then (rank 0) the gradient's receive, then I.
-      const size_t back = r == 0 ? 2 : 1;
-      ASSERT_GE(i, back);
-      EXPECT_EQ(actions[i - back], (Action{r, v1::ACTION_R, actions[i].micro_batch})) << i;
+      // (Rank 0: the gradient's receive,) R, then I.
+      ASSERT_GE(i, 1u);
+      EXPECT_EQ(actions[i - 1], (Action{r, v1::ACTION_R, actions[i].micro_batch})) << i;
+      if (r == 0) EXPECT_EQ(actions[i - 2].kind, v1::ACTION_RECV_B) << i;
     }
     EXPECT_EQ(Count(plan->eval.program[r], v1::ACTION_R), 0);
   }
@@ -221,6 +222,50 @@ TEST(PlanPipelineTest, ProfileGivesPerStageCostsAndAPredictedStep) {
   ASSERT_EQ(most_layers, 4);
   EXPECT_DOUBLE_EQ(plan->predicted_step_seconds, (m + p - 1) * 3.0 * 4 + 4 * 0.5);
   EXPECT_NEAR(plan->predicted_bubble, static_cast<double>(p - 1) / (m + p - 1), 1e-12);
+}
+
+// recompute: full with a profile: the stage costs carry the memory model (the working set,
+// the checkpoints, the largest layer), the partition counts the R's forward and keeps only
+// checkpoints plus one layer per stage; and with a memory budget that leaves room, R's of
+// the worker that waits for a slower neighbour move into those waits, which shortens the
+// predicted step, with the predicted bytes still within the budget.
+TEST(PlanPipelineTest, RecomputationIsCostedAndHiddenInIdleTimeWithinTheBudget) {
+  v1::JobSpec spec = Spec("1f1b", 2, 8);
+  spec.mutable_pipeline()->set_recompute("full");
+  spec.mutable_pipeline()->set_partition("manual");
+  spec.mutable_pipeline()->add_cuts(3);  // 3 layers | 5 layers: stage 1 is the slower
+  v1::ModelProfile profile = UnitProfile(spec);
+  for (v1::LayerProfile& l : *profile.mutable_layers()) {
+    l.set_activation_bytes(1 << 20);  // a layer's working set: 16x its output, as in a block
+    l.set_output_bytes(1 << 16);
+  }
+  absl::StatusOr<PipelinePlan> plain = PlanPipeline(spec, &profile);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_EQ(plain->stage_costs.size(), 2u);
+  EXPECT_DOUBLE_EQ(plain->stage_costs[0].activation_bytes, 3 << 20);
+  EXPECT_DOUBLE_EQ(plain->stage_costs[1].activation_bytes, 5 << 20);
+  // Stage 0: the tokens (micro_batch_size x seq_len int32) and two layers' outputs.
+  const double tokens =
+      static_cast<double>(spec.pipeline().micro_batch_size()) * spec.model().seq_len() * 4;
+  EXPECT_DOUBLE_EQ(plain->stage_costs[0].input_bytes, tokens + 2 * (1 << 16));
+  EXPECT_DOUBLE_EQ(plain->stage_costs[1].input_bytes, 5 * (1 << 16));
+  EXPECT_DOUBLE_EQ(plain->stage_costs[0].layer_bytes, 1 << 20);
+  // Without a budget nothing may raise a worker's peak: every R stays in its backward.
+  EXPECT_EQ(plain->recompute_moved, 0);
+  for (const auto& list : plain->schedule.program) {
+    const std::vector<bool> inside = RecomputeAtBackward(list);
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (list[i].kind == v1::ACTION_R) EXPECT_TRUE(inside[i]) << i;
+    }
+  }
+  spec.mutable_pipeline()->set_memory_budget_mb(64);
+  absl::StatusOr<PipelinePlan> hidden = PlanPipeline(spec, &profile);
+  ASSERT_TRUE(hidden.ok()) << hidden.status();
+  EXPECT_GT(hidden->recompute_moved, 0);
+  EXPECT_LT(hidden->predicted_step_seconds, plain->predicted_step_seconds);
+  EXPECT_GT(hidden->stage_bytes[0], plain->stage_bytes[0]);  // the price, on stage 0
+  for (int64_t b : hidden->stage_bytes) EXPECT_LE(b, int64_t{64} << 20);
+  EXPECT_TRUE(ValidateSchedule(hidden->schedule).ok());
 }
 
 // Sharded optimizer state: each stage's predicted static memory keeps 1/R of AdamW's moments

@@ -143,7 +143,13 @@ TEST(SearchPlansTest, TheBudgetRulesOutGpipesManyLiveMicroBatches) {
   bool saw_gpipe_refused = false;
   for (const PlanCandidate& c : all) {
     if (c.schedule == "gpipe" && c.micro_batches == 32) {
-      EXPECT_EQ(c.status.code(), absl::StatusCode::kResourceExhausted) << c.status;
+      // Refused, or planned only with recomputation (32 micro-batches' layer inputs fit).
+      if (c.status.ok()) {
+        EXPECT_TRUE(c.recompute);
+        EXPECT_EQ(c.spec.pipeline().recompute(), "full");
+      } else {
+        EXPECT_EQ(c.status.code(), absl::StatusCode::kResourceExhausted) << c.status;
+      }
       saw_gpipe_refused = true;
     }
     if (c.status.ok()) EXPECT_LE(c.peak_stage_bytes, (4 + 2 * 4 + 1) << 20);
@@ -173,6 +179,34 @@ TEST(SearchPlansTest, NoFeasiblePlanNamesTheSmallestBudget) {
   }
   EXPECT_EQ(SmallestBudgetBytes(best.status()), least);
   EXPECT_THAT(std::string(best.status().message()), HasSubstr("smallest budget that fits"));
+}
+
+// A candidate that fits the budget only with recomputation is planned with it, not refused
+// (and the choice says so); every candidate planned stays within the budget.
+TEST(SearchPlansTest, ACandidateThatOnlyRecomputationFitsIsPlannedWithIt) {
+  v1::JobSpec spec = Spec(2, 4, 8);
+  CountingSource src{0.0, 0.002, {}};
+  // 1F1B with 8 micro-batches of 4: stage 0 holds about 4 layers x 1 MiB static and two
+  // micro-batches of 4 x 4 MiB (36 MiB); with recomputation only their layers' inputs,
+  // 4 x 256 KiB each, and one layer's 4 MiB working set (about 10.5 MiB).
+  const int64_t budget_mb = 12;
+  spec.mutable_pipeline()->set_memory_budget_mb(budget_mb);
+  const std::vector<PlanCandidate> all = SearchPlans(spec, src.Source());
+  const PlanCandidate* ofob = nullptr;
+  for (const PlanCandidate& c : all) {
+    if (c.schedule == "1f1b" && c.micro_batches == 8 && c.replicas == 1) ofob = &c;
+    if (!c.status.ok()) continue;
+    EXPECT_LE(c.peak_stage_bytes, budget_mb << 20) << c.schedule << " M=" << c.micro_batches;
+    EXPECT_EQ(c.spec.pipeline().recompute(), c.recompute ? "full" : "none");
+  }
+  ASSERT_NE(ofob, nullptr);
+  ASSERT_TRUE(ofob->status.ok()) << ofob->status;
+  EXPECT_TRUE(ofob->recompute);
+  EXPECT_THAT(DescribeChoice(*ofob, 0), HasSubstr("with full recomputation"));
+  EXPECT_TRUE(ChoosePlan(all).ok());
+  // cuda workers do not recompute: nothing is planned so.
+  spec.set_device("cuda");
+  for (const PlanCandidate& c : SearchPlans(spec, src.Source())) EXPECT_FALSE(c.recompute);
 }
 
 TEST(SearchPlansTest, AProfileThatCannotBeMeasuredMakesItsSplitInfeasible) {
