@@ -2,7 +2,8 @@
 # Pipeline speed-up, bubble and memory: Tandem against a hand-written PyTorch 1.13 pipeline
 # (bench/torch_pipeline.py), measured side by side in one run on 127.0.0.1.
 #
-#   bench/pipeline_bench.sh [--bubble] [--memory] [--recompute] [--no-speedup] [--small] [--steps N]
+#   bench/pipeline_bench.sh [--bubble] [--memory] [--recompute] [--schedules] [--no-speedup] [--small]
+#                           [--steps N]
 #                           [--m N] [--vocab N] [--only tandem|torch] [--keep] [--print-spec]
 #                           [--torch2 PYTHON]
 #
@@ -42,6 +43,10 @@
 #   then --torch2 /tmp/torch2/bin/python), and print its rows and Tandem P2 / its P2 next to
 #   the hand-written peer's. About 2 min more at the default shapes. --only torch runs both
 #   PyTorch peers.
+# --schedules: every schedule Tandem generates (tandem's AllScheduleNames: gpipe ... v_min) on
+#   the issue's shapes, P=2, M=8, 2 steps each, one after the other: step time, measured bubble
+#   and the simulator's prediction from the step's measured action costs (target within 0.03),
+#   and stage 0's peak activation bytes. About 12 min on an idle 2-core machine.
 # --small runs the default part on small balanced shapes (n_layer 4, d_model 256, n_head 4,
 #   seq_len 128, vocab 256, micro-batch 4; a smoke test: under a minute);
 # --no-speedup skips the default part; --keep keeps the run directory (logs, specs, JSON);
@@ -57,7 +62,7 @@ root="$PWD"
 bin="${TANDEM_BIN:-$root/build/bin}"  # TANDEM_BIN: another build's programs (e.g. before/after a change)
 py=/usr/bin/python3
 
-speedup=1 bubble=0 memory=0 recompute=0 keep=0 print_spec=0 small_run=0 only=
+speedup=1 bubble=0 memory=0 recompute=0 schedules=0 keep=0 print_spec=0 small_run=0 only=
 steps=3 m=8 vocab='' torch2=
 
 while [ $# -gt 0 ]; do
@@ -65,6 +70,7 @@ while [ $# -gt 0 ]; do
     --bubble) bubble=1 ;;
     --memory) memory=1 ;;
     --recompute) recompute=1 ;;
+    --schedules) schedules=1 ;;
     --no-speedup) speedup=0 ;;
     --small) small_run=1 ;;
     --keep) keep=1 ;;
@@ -254,6 +260,13 @@ if [ "$recompute" = 1 ]; then
     --vocab "$vocab" --m 16 --steps "$steps"
   torch_run recompute recompute-torch-checkpoint --pipeline --schedule 1f1b "${full[@]}" \
     --vocab "$vocab" --m 16 --steps "$steps" --checkpoint
+fi
+
+if [ "$schedules" = 1 ]; then
+  for s in gpipe 1f1b interleaved_1f1b zb_h1 zb_v looped_bfs interleaved_zb zb_h2 dualpipe_v \
+    v_half v_min; do
+    tandem_run schedules "schedule-p2-$s" 2 8 "$s" 2 $L $D $H $SEQ "$vocab" $MB
+  done
 fi
 
 "$py" bench/pipeline_report.py summary "$results"

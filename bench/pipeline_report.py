@@ -265,6 +265,31 @@ def summary(path):
             print("(n/a: this build's StepSummary has no busy_seconds / bubble_measured)")
         print()
 
+    # ------------------------------------------------------------------ schedules
+    srecs = [r for r in recs if r.get("section") == "schedules" and r["peer"] == "tandem"]
+    if srecs:
+        shape = srecs[0]["shape"]
+        print("== Every schedule, P=2: %s ==" % ", ".join(f"{k} {v}" for k, v in shape.items()))
+        print(f"{'schedule':<17} {'step s':>8} {'meas':>6} {'pred':>6} {'|d|':>6} {'':>4} "
+              f"{'stage 0 peak MiB':>16}")
+        md.append("\n| schedule | step s | bubble measured | predicted | stage 0 peak MiB |")
+        md.append("|---|---|---|---|---|")
+        rows = []
+        for r in srecs:
+            tm, tp = r.get("bubble_measured"), r.get("bubble_predicted")
+            d = abs(tm - tp) if tm is not None and tp is not None else None
+            ok = "" if d is None else ("PASS" if d <= 0.03 else "FAIL")
+            peak = stage0(r) / 2**20
+            print(f"{r['schedule']:<17} {fmt(r['step_s']):>8} {fmt(tm):>6} {fmt(tp):>6} "
+                  f"{fmt(d):>6} {ok:>4} {peak:>16.1f}")
+            md.append(f"| {r['schedule']} | {fmt(r['step_s'])} | {fmt(tm)} | {fmt(tp)} | "
+                      f"{peak:.1f} |")
+            rows.append({"schedule": r["schedule"], "step_s": r["step_s"],
+                         "bubble_measured": tm, "bubble_predicted": tp,
+                         "stage0_bytes": stage0(r)})
+        out["schedules"] = rows
+        print()
+
     # ------------------------------------------------------------------ memory
     mem = [r for r in recs if r.get("section") == "memory"]
     if mem:

@@ -123,7 +123,7 @@ std::vector<PlanCandidate> SearchPlans(const v1::JobSpec& written, const Profile
     for (int m : MicroBatchSplits(spec)) {
       const v1::JobSpec split = WithSplit(spec, m);
       const int size = split.pipeline().micro_batch_size();
-      for (const std::string& name : ScheduleNames()) {
+      for (const std::string& name : AllScheduleNames()) {
         // One stage: every schedule does the same work on one worker; 1F1B stands for them.
         if (stages == 1 && replicas > 1 && name != "1f1b") continue;
         for (int chunks :

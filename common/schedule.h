@@ -239,12 +239,12 @@ absl::StatusOr<Schedule> GenerateDualPipeV(int num_ranks, int num_micro_batches)
 // topological order). ValidateProgram does not accept it (it requires backwards).
 absl::StatusOr<Schedule> GenerateForwardOnly(const Placement& placement, int num_micro_batches);
 
-// The established schedules, in the order `tandem plan --compare` lists them: the candidates
-// the planner (common/planner.h) tries.
+// The five established schedules (gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_v).
 std::vector<std::string> ScheduleNames();
-// Every schedule GenerateSchedule knows (what `pipeline.schedule` accepts): ScheduleNames()
-// and the newer ones (looped_bfs, interleaved_zb, zb_h2, dualpipe_v, v_half, v_min), which the
-// planner does not try yet.
+// Every schedule GenerateSchedule knows (what `pipeline.schedule` accepts), in the order
+// `tandem plan --compare` lists them and the planner (common/planner.h) tries them:
+// ScheduleNames() and the newer ones (looped_bfs, interleaved_zb, zb_h2, dualpipe_v, v_half,
+// v_min).
 std::vector<std::string> AllScheduleNames();
 // Whether `schedule` takes a choice of chunks per rank (interleaved_1f1b, looped_bfs,
 // interleaved_zb); the others run a fixed number.

@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/link_model.h"
 #include "common/pipeline_plan.h"
 #include "common/planner.h"
@@ -22,15 +23,6 @@ constexpr double kMaxGridColumns = 240;
 
 std::string ScheduleLabel(const v1::PipelineSpec& p) {
   return p.schedule_csv().empty() ? absl::AsciiStrToLower(p.schedule()) : "csv";
-}
-
-// Peak live activations of a rank in micro-batches of a whole worker's layers: (stage,
-// micro-batch) pairs divided by the stages per worker.
-double PeakLiveEquivalent(const SimulationResult& sim, const Placement& placement) {
-  const double v = static_cast<double>(placement.num_stages()) / placement.num_ranks;
-  int peak = 0;
-  for (int n : sim.peak_live_micro_batches) peak = std::max(peak, n);
-  return peak / v;
 }
 
 // The textbook bubble of the flush schedules, where there is one.
@@ -65,7 +57,7 @@ std::string Recommendation(const v1::JobSpec& spec, const PipelinePlan& plan,
   std::string best_name;
   int best_chunks = 0;
   double best = 0.0;
-  for (const std::string& name : ScheduleNames()) {
+  for (const std::string& name : AllScheduleNames()) {
     for (int chunks :
          name == "interleaved_1f1b" ? std::vector<int>{2, 3, 4} : std::vector<int>{0}) {
       v1::JobSpec s = WithSchedule(spec, name, chunks);
@@ -388,43 +380,67 @@ std::string FormatPlannerSearch(const v1::JobSpec& spec,
 }
 
 std::string FormatScheduleComparison(const v1::JobSpec& spec, const v1::ModelProfile* profile) {
-  Table table({"SCHEDULE", "CHUNKS", "STAGES", "STEP", "BUBBLE", "PEAK LIVE (MB-EQUIV)",
-               "SENDS/STEP", "NOTE"});
-  for (const std::string& name : ScheduleNames()) {
+  Table table({"SCHEDULE", "CHUNKS", "STAGES", "STEP", "BUBBLE", "PEAK LIVE PER RANK",
+               profile != nullptr ? "PEAK MEM" : "", "SENDS/STEP", "NOTE"});
+  // Every schedule Tandem generates; the rows are made first, the fastest that fits marked.
+  std::vector<std::vector<std::string>> rows;
+  int fastest = -1;
+  double fastest_step = 0.0;
+  for (const std::string& name : AllScheduleNames()) {
     // A spec's chunks apply to the schedules that take a choice; others use their own.
     const v1::JobSpec s =
-        WithSchedule(spec, name, name == "interleaved_1f1b" ? spec.pipeline().chunks() : 0);
+        WithSchedule(spec, name, TakesChunks(name) ? spec.pipeline().chunks() : 0);
     absl::StatusOr<PipelinePlan> plan = PlanPipeline(s, profile);
     if (!plan.ok()) {
-      table.AddRow({name, "-", "-", "-", "-", "-", "-",
-                    absl::StrCat("does not fit: ", plan.status().message())});
+      rows.push_back({name, "-", "-", "-", "-", "-", "-", "-",
+                      absl::StrCat("does not fit: ", plan.status().message())});
       continue;
     }
     absl::StatusOr<SimulationResult> sim =
         SimulateSchedule(plan->schedule, UnitCosts(plan->schedule.placement));
     if (!sim.ok()) {
-      table.AddRow({name, "-", "-", "-", "-", "-", "-", std::string(sim.status().message())});
+      rows.push_back(
+          {name, "-", "-", "-", "-", "-", "-", "-", std::string(sim.status().message())});
       continue;
     }
     const int v = plan->num_stages() / plan->num_ranks();
     const bool timed = plan->predicted_step_seconds > 0;
-    table.AddRow(
+    const double step = timed ? plan->predicted_step_seconds : sim->step_time;
+    // Per rank: the most micro-batches of its activations held at once (in whole-stage units:
+    // a chunk's micro-batch counts 1/v).
+    std::vector<std::string> live;
+    for (int n : sim->peak_live_micro_batches) {
+      live.push_back(absl::StrFormat("%g", static_cast<double>(n) / v));
+    }
+    int64_t peak_bytes = 0;
+    for (int64_t b : plan->stage_bytes) peak_bytes = std::max(peak_bytes, b);
+    if (fastest < 0 || step < fastest_step) {
+      fastest = static_cast<int>(rows.size());
+      fastest_step = step;
+    }
+    rows.push_back(
         {name, absl::StrCat(v), absl::StrCat(plan->num_stages()),
-         timed ? absl::StrFormat("%.3f s", plan->predicted_step_seconds)
-               : absl::StrFormat("%.2f", sim->step_time),
+         timed ? absl::StrFormat("%.3f s", step) : absl::StrFormat("%.2f", step),
          absl::StrFormat("%.1f%%", 100 * (timed ? plan->predicted_bubble : sim->bubble_fraction)),
-         absl::StrFormat("%.1f", PeakLiveEquivalent(*sim, plan->schedule.placement)),
-         absl::StrCat(CountSends(plan->schedule.program))});
+         absl::StrJoin(live, " "),
+         profile != nullptr ? absl::StrFormat("%.1f MiB", peak_bytes / 1048576.0) : "",
+         absl::StrCat(CountSends(plan->schedule.program)), ""});
   }
+  if (fastest >= 0) {
+    rows[fastest].back() =
+        spec.pipeline().memory_budget_mb() > 0 ? "fastest within memory_budget_mb" : "fastest";
+  }
+  for (std::vector<std::string>& row : rows) table.AddRow(std::move(row));
   return absl::StrCat(
       profile != nullptr
           ? absl::StrFormat("Predicted from the measured profile (%s, %d threads; transfers "
                             "free). ",
                             profile->device(), profile->threads())
           : "Predicted with unit costs (a worker's forward 1, backward 2; transfers free). ",
-      "PEAK "
-      "LIVE: the most micro-batches of a worker's activations held at once; SENDS: activations "
-      "and gradients sent between workers per step.\n",
+      "PEAK LIVE PER RANK: the most micro-batches of each worker's activations held at once "
+      "(a chunk's count 1/chunks); PEAK MEM: the largest stage's predicted bytes; SENDS: "
+      "activations and gradients sent between workers per step. Schedules that do not fit "
+      "the job (its micro-batches, layers or memory_budget_mb) say why.\n",
       table.Render());
 }
 

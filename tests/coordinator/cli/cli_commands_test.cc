@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/schedule.h"
 #include "common/status_macros.h"
 #include "coordinator/cli/commands.h"
 #include "coordinator/cli/format.h"
@@ -723,10 +724,9 @@ TEST_F(CommandsTest, PlanCompareListsEverySchedule) {
   CliOptions opts = Opts(Command::kPlan, {path});
   opts.compare = true;
   ASSERT_TRUE(Run(opts).ok());
-  for (const char* name : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v"}) {
-    EXPECT_THAT(out_.str(), HasSubstr(name));
-  }
+  for (const std::string& name : AllScheduleNames()) EXPECT_THAT(out_.str(), HasSubstr(name));
   EXPECT_THAT(out_.str(), HasSubstr("20.0%"));  // 1f1b and gpipe
+  EXPECT_THAT(out_.str(), HasSubstr("fastest"));
   // A schedule that does not fit says why: 1 block gives 3 layers, too few for 2 x 2 stages.
   out_.str("");
   const std::string small = WriteFile(
