@@ -486,16 +486,27 @@ void ValidatePipeline(const v1::JobSpec& spec, FieldErrors* errors) {
                 absl::StrCat("nccl needs device: cuda, got device: \"", spec.device(),
                              "\" (cpu workers use gloo; use auto or gloo)"));
   }
-  if (p.recompute() == "selective" || p.recompute() == "auto") {
+  if (p.recompute() == "auto") {
     errors->Add("pipeline.recompute",
-                absl::StrCat("\"", p.recompute(),
-                             "\" is not implemented yet; use \"full\" (keep only each stage's "
-                             "input and recompute its forward before the backward) or \"none\""));
-  } else if (CheckOneOf(errors, "pipeline.recompute", p.recompute(), {"none", "full"}) &&
-             p.recompute() == "full" && !errors->Has("device") && spec.device() == "cuda") {
-    errors->Add("pipeline.recompute",
-                "full recomputation runs on cpu workers only in this release (the cuda "
-                "backend does not keep a stage's input for its R action yet); use none");
+                "\"auto\" is not implemented yet; use \"full\" (keep only each stage's input "
+                "and recompute its forward before the backward), \"selective\" (recompute the "
+                "attention probabilities in the backward) or \"none\"");
+  } else if (CheckOneOf(errors, "pipeline.recompute", p.recompute(),
+                        {"none", "full", "selective"}) &&
+             p.recompute() != "none") {
+    if (!errors->Has("device") && spec.device() == "cuda") {
+      errors->Add("pipeline.recompute",
+                  p.recompute() == "full"
+                      ? "full recomputation runs on cpu workers only in this release (the cuda "
+                        "backend does not keep a stage's input for its R action yet); use none"
+                      : "selective recomputation runs on cpu workers only in this release (the "
+                        "cuda blocks keep their attention probabilities); use none");
+    } else if (p.recompute() == "selective" && !errors->Has("model.arch") &&
+               spec.model().arch() == "mlp_lm") {
+      errors->Add("pipeline.recompute",
+                  "selective recomputes the attention of gpt and llama blocks; mlp_lm has none, "
+                  "so it would keep the same activations: use full or none");
+    }
   }
   if (partition_ok && p.partition() == "manual") {
     if (num_stages > 0) {  // the cut points divide the schedule's stages

@@ -40,11 +40,9 @@ Tensor Unwrap(StageBufferPtr b) {
 absl::StatusOr<std::unique_ptr<CpuStageCompute>> CpuStageCompute::Create(
     const v1::StageProgram& program, size_t slots) {
   std::unique_ptr<CpuStageCompute> c(new CpuStageCompute());
-  const v1::ModelSpec& model = program.spec().model();
   for (const v1::StageChunk& pc : program.chunks()) {
-    ASSIGN_OR_RETURN(
-        std::vector<std::unique_ptr<Layer>> layers,
-        BuildModelLayers(model, program.spec().seed(), pc.layer_begin(), pc.layer_end()));
+    ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Layer>> layers,
+                     BuildModelLayers(program.spec(), pc.layer_begin(), pc.layer_end()));
     c->chunks_.push_back(std::move(layers));
   }
   std::vector<Parameter*> params = c->HostParameters();

@@ -138,14 +138,12 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& s
                                                             const std::vector<int>& layers,
                                                             int repeats) {
   ASSIGN_OR_RETURN(const ProfileRequest r, CheckProfileRequest(spec, layers, repeats));
-  const v1::ModelSpec& model = spec.model();
   const int64_t b = r.b, t = r.t;
   const int64_t state_floats = 2 + OptimizerFloatsPerElement(spec.optimizer());
   std::vector<v1::LayerProfile> out;
   for (int g : r.layers) {
     RETURN_IF_ERROR(CheckProfiledLayer(r, g));
-    ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Layer>> built,
-                     BuildModelLayers(model, spec.seed(), g, g + 1));
+    ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Layer>> built, BuildModelLayers(spec, g, g + 1));
     Layer& layer = *built[0];
     // Inputs of the job's shape: tokens and targets drawn uniformly, activations normal.
     Rng rng(MixSeed(spec.seed(), 0x9e3779b9u + static_cast<uint64_t>(g)));

@@ -187,9 +187,11 @@ const Malformed kCases[] = {
     {"device: cuda\npipeline:\n  replicas: 2\n", "pipeline.replicas",
      "runs on cpu workers only in this release"},
     {"pipeline:\n  recompute: some\n", "pipeline.recompute",
-     "expected \"none\" or \"full\", got \"some\""},
-    {"pipeline:\n  recompute: selective\n", "pipeline.recompute",
-     "\"selective\" is not implemented yet"},
+     "expected \"none\" or \"full\" or \"selective\", got \"some\""},
+    {"device: cuda\npipeline:\n  recompute: selective\n", "pipeline.recompute",
+     "selective recomputation runs on cpu workers only"},
+    {"model:\n  arch: mlp_lm\npipeline:\n  recompute: selective\n", "pipeline.recompute",
+     "mlp_lm has none"},
     {"pipeline:\n  recompute: auto\n", "pipeline.recompute", "\"auto\" is not implemented yet"},
     {"device: cuda\npipeline:\n  recompute: full\n", "pipeline.recompute",
      "full recomputation runs on cpu workers only"},
@@ -223,6 +225,17 @@ TEST_P(MalformedSpecTest, RefusedNamingTheFieldAndTheRule) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Table, MalformedSpecTest, ::testing::ValuesIn(kCases));
+
+// pipeline.recompute: selective is accepted for gpt and llama on cpu workers (the table
+// refuses it on cuda and for mlp_lm), beside none and full.
+TEST(RecomputeSpec, SelectiveIsAcceptedForGptAndLlamaOnCpu) {
+  for (const char* yaml : {"pipeline:\n  recompute: selective\n",
+                           "model:\n  arch: llama\npipeline:\n  recompute: selective\n",
+                           "pipeline:\n  recompute: full\n", "pipeline:\n  recompute: none\n"}) {
+    absl::StatusOr<v1::JobSpec> spec = LoadJobSpecYaml(yaml);
+    ASSERT_TRUE(spec.ok()) << yaml << spec.status();
+  }
+}
 
 // The paths of every scalar and repeated leaf field of `d`, e.g. "pipeline.cuts".
 void LeafPaths(const google::protobuf::Descriptor* d, const std::string& prefix,

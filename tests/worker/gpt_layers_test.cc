@@ -152,6 +152,49 @@ TEST_F(GptLayersTest, SplitBackwardIsBitIdenticalToFullBackward) {
   run(head_a, head_b, RandomTensor({kB, kT, kC}, 6), Tensor({1}, {0.75f}));
 }
 
+// Selective recomputation (GptConfig::selective_recompute): the block keeps neither the
+// attention probabilities nor the GELU output, exactly (NH T + H) floats per token less, and
+// its backward, B or I then W, recomputes them with the forward's kernels: the output, the
+// input gradient and every parameter gradient are bit for bit those of the plain block.
+TEST_F(GptLayersTest, SelectiveRecomputationKeepsLessAndIsBitIdentical) {
+  const GptConfig plain_cfg = TinyConfig();
+  GptConfig selective_cfg = plain_cfg;
+  selective_cfg.selective_recompute = true;
+  const int64_t h = plain_cfg.d_hidden, n = kB * kT;
+  ASSERT_EQ(h, 4 * kC);
+  const Tensor x = RandomTensor({kB, kT, kC}, 3), dout = RandomTensor({kB, kT, kC}, 4);
+  GptBlock plain(plain_cfg, 0, 7), full(selective_cfg, 0, 7), split(selective_cfg, 0, 7);
+  for (Layer* l : std::vector<Layer*>{&plain, &full, &split}) Perturb(*l, 2);
+  SavedContext a, b, c;
+  Tensor ya, yb, yc;
+  ASSERT_TRUE(plain.Forward(x, MicroBatchData{}, a, ya).ok());
+  ASSERT_TRUE(full.Forward(x, MicroBatchData{}, b, yb).ok());
+  ASSERT_TRUE(split.Forward(x, MicroBatchData{}, c, yc).ok());
+  EXPECT_EQ(ya.vec(), yb.vec());
+  // Per token: x, ln1, y, x1, ln2 (C each), qkv (3C), pre (H), the norms' means and rstds
+  // (4), and without selective the probabilities (NH T) and the GELU output (H).
+  const size_t kept = static_cast<size_t>(n * (8 * kC + h + 4)) * sizeof(float);
+  EXPECT_EQ(b.Bytes(), kept);
+  EXPECT_EQ(a.Bytes(), kept + static_cast<size_t>(n * (kNh * kT + h)) * sizeof(float));
+  Tensor ga, gb, gc;
+  ASSERT_TRUE(plain.Backward(dout, a, ga).ok());
+  ASSERT_TRUE(full.Backward(dout, b, gb).ok());
+  ASSERT_TRUE(split.BackwardInput(dout, c, gc).ok());
+  ASSERT_TRUE(split.BackwardWeight(c).ok());
+  EXPECT_EQ(c.Bytes(), 0u);
+  EXPECT_EQ(ga.vec(), gb.vec());
+  EXPECT_EQ(ga.vec(), gc.vec());
+  std::vector<Parameter*> pa = plain.Parameters(), pb = full.Parameters(), pc = split.Parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_EQ(pa[i]->grad.vec(), pb[i]->grad.vec()) << pa[i]->name;
+    EXPECT_EQ(pa[i]->grad.vec(), pc[i]->grad.vec()) << pa[i]->name << " (split)";
+  }
+  // And the recomputing block's gradients against finite differences.
+  GptBlock checked(selective_cfg, 0, 7);
+  Perturb(checked, 2);
+  GradCheck(checked, RandomTensor({kB, kT, kC}, 3), MicroBatchData{}, true);
+}
+
 // ---- kernels against double-precision references
 
 // Naive causal attention in double: out (B, T, C) from qkv (B, T, 3C).

@@ -162,6 +162,43 @@ TEST_F(LlamaLayersTest, SplitBackwardIsBitIdenticalToFullBackward) {
 
 // Changing token tp of sequence 1 changes the block's outputs at (1, t >= tp) only: exactly
 // unchanged before tp (masked probabilities are exact zeros) and in the other sequence.
+// Selective recomputation (LlamaConfig::selective_recompute): the block keeps no attention
+// probabilities, exactly NH T floats per token less, and its backward, B or I then W,
+// recomputes them with the forward's kernel: the output, the input gradient and every
+// parameter gradient are bit for bit those of the plain block.
+TEST_F(LlamaLayersTest, SelectiveRecomputationKeepsLessAndIsBitIdentical) {
+  const LlamaConfig plain_cfg = TinyConfig(/*n_kv_head=*/2);
+  LlamaConfig selective_cfg = plain_cfg;
+  selective_cfg.selective_recompute = true;
+  const int64_t n = kB * kT, kvd = 2 * (kC / kNh);
+  const Tensor x = RandomTensor({kB, kT, kC}, 3), dout = RandomTensor({kB, kT, kC}, 4);
+  LlamaBlock plain(plain_cfg, 0, 7), full(selective_cfg, 0, 7), split(selective_cfg, 0, 7);
+  for (Layer* l : std::vector<Layer*>{&plain, &full, &split}) Perturb(*l, 2);
+  SavedContext a, b, c;
+  Tensor ya, yb, yc;
+  ASSERT_TRUE(plain.Forward(x, MicroBatchData{}, a, ya).ok());
+  ASSERT_TRUE(full.Forward(x, MicroBatchData{}, b, yb).ok());
+  ASSERT_TRUE(split.Forward(x, MicroBatchData{}, c, yc).ok());
+  EXPECT_EQ(ya.vec(), yb.vec());
+  // Per token (llama.h): 6 C + 2 KVD + 2 H + 2, and without selective NH T more.
+  const size_t kept = static_cast<size_t>(n * (6 * kC + 2 * kvd + 2 * kH + 2)) * sizeof(float);
+  EXPECT_EQ(b.Bytes(), kept);
+  EXPECT_EQ(a.Bytes(), kept + static_cast<size_t>(n * kNh * kT) * sizeof(float));
+  Tensor ga, gb, gc;
+  ASSERT_TRUE(plain.Backward(dout, a, ga).ok());
+  ASSERT_TRUE(full.Backward(dout, b, gb).ok());
+  ASSERT_TRUE(split.BackwardInput(dout, c, gc).ok());
+  ASSERT_TRUE(split.BackwardWeight(c).ok());
+  EXPECT_EQ(c.Bytes(), 0u);
+  EXPECT_EQ(ga.vec(), gb.vec());
+  EXPECT_EQ(ga.vec(), gc.vec());
+  std::vector<Parameter*> pa = plain.Parameters(), pb = full.Parameters(), pc = split.Parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_EQ(pa[i]->grad.vec(), pb[i]->grad.vec()) << pa[i]->name;
+    EXPECT_EQ(pa[i]->grad.vec(), pc[i]->grad.vec()) << pa[i]->name << " (split)";
+  }
+}
+
 TEST_F(LlamaLayersTest, BlockIsCausal) {
   LlamaBlock block(TinyConfig(), 0, 7);
   Perturb(block, 2);

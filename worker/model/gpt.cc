@@ -156,6 +156,7 @@ absl::Status GptEmbedding::Backward(const Tensor& grad_output, const SavedContex
 //   0 x (B, T, C)      1 ln1 (N, C)   2 mean1 (N)   3 rstd1 (N)   4 qkv (N, 3C)
 //   5 att (B, NH, T, T) 6 y (N, C)    7 x1 (N, C) = x + attn       8 ln2 (N, C)
 //   9 mean2 (N)        10 rstd2 (N)  11 pre (N, H)                12 act (N, H) = gelu(pre)
+// With selective recomputation att and act are left empty (0 bytes) and recomputed in backward.
 
 namespace {
 enum BlockSaved {
@@ -238,6 +239,10 @@ absl::Status GptBlock::Forward(const Tensor& input, const MicroBatchData& data, 
                          output.data(), n, h, c);
   kernels::Add(output.data(), x1.data(), output.data(), n * c);
 
+  if (cfg_.selective_recompute) {
+    att.Clear();
+    act.Clear();
+  }
   ctx.tensors.reserve(kNumBlockSaved);
   ctx.tensors.push_back(input);
   for (Tensor* saved :
@@ -246,6 +251,16 @@ absl::Status GptBlock::Forward(const Tensor& input, const MicroBatchData& data, 
   }
   return absl::OkStatus();
 }
+
+namespace {
+// Selective recomputation's probabilities: the forward's attention again on the kept qkv (its
+// merged heads discarded), bit for bit what the forward computed.
+Tensor RecomputedAttention(const Tensor& qkv, int64_t b, int64_t t, int64_t c, int64_t nh) {
+  Tensor att({b, nh, t, t}), merged({b * t, c});
+  kernels::CausalAttentionForward(qkv.data(), att.data(), merged.data(), b, t, c, nh);
+  return att;
+}
+}  // namespace
 
 // The output gradients of the block's four linears, which their weight GEMMs need: computed by
 // the input-gradient pass and, in a split backward, kept in the context after the saved
@@ -284,8 +299,13 @@ absl::Status GptBlock::InputGradients(const Tensor& grad_output, const SavedCont
   douts[kDAttn].Reset({n, 3 * c});
   kernels::LinearBackward(dx1.data(), nullptr, attn_proj_w_.value.data(), dy.data(), nullptr,
                           nullptr, n, c, c);
-  kernels::CausalAttentionBackward(dy.data(), sv[kQkv].data(), sv[kAtt].data(),
-                                   douts[kDAttn].data(), b, t, c, nh);
+  {
+    const Tensor recomputed =
+        cfg_.selective_recompute ? RecomputedAttention(sv[kQkv], b, t, c, nh) : Tensor{};
+    const Tensor& att = cfg_.selective_recompute ? recomputed : sv[kAtt];
+    kernels::CausalAttentionBackward(dy.data(), sv[kQkv].data(), att.data(), douts[kDAttn].data(),
+                                     b, t, c, nh);
+  }
   dy.Clear();
   kernels::LinearBackward(douts[kDAttn].data(), nullptr, attn_w_.value.data(), dln1.data(), nullptr,
                           nullptr, n, c, 3 * c);
@@ -299,8 +319,17 @@ absl::Status GptBlock::InputGradients(const Tensor& grad_output, const SavedCont
 void GptBlock::WeightGradients(const std::vector<Tensor>& sv, const Tensor* douts) {
   const int64_t c = cfg_.d_model, h = cfg_.d_hidden;
   const int64_t n = static_cast<int64_t>(sv[kLn1].size()) / c;
-  kernels::LinearBackward(douts[kDMlpProj].data(), sv[kAct].data(), nullptr, nullptr,
-                          mlp_proj_w_.grad.data(), mlp_proj_b_.grad.data(), n, h, c);
+  {
+    // Selective recomputation: gelu(pre) again, as the forward computed it.
+    Tensor recomputed;
+    if (cfg_.selective_recompute) {
+      recomputed.Reset({n, h});
+      kernels::GeluForwardFast(sv[kPre].data(), recomputed.data(), n * h);
+    }
+    const Tensor& act = cfg_.selective_recompute ? recomputed : sv[kAct];
+    kernels::LinearBackward(douts[kDMlpProj].data(), act.data(), nullptr, nullptr,
+                            mlp_proj_w_.grad.data(), mlp_proj_b_.grad.data(), n, h, c);
+  }
   kernels::LinearBackward(douts[kDFc].data(), sv[kLn2].data(), nullptr, nullptr, fc_w_.grad.data(),
                           fc_b_.grad.data(), n, c, h);
   kernels::LinearBackward(douts[kDAttnProj].data(), sv[kY].data(), nullptr, nullptr,
@@ -321,8 +350,10 @@ absl::Status GptBlock::BackwardInput(const Tensor& grad_output, SavedContext& ct
                                      Tensor& grad_input) {
   std::vector<Tensor> douts;
   RETURN_IF_ERROR(InputGradients(grad_output, ctx, grad_input, douts));
-  // The weight pass reads only the linears' inputs (ln1, y, ln2, act) and the douts.
-  for (int i : {kX, kMean1, kRstd1, kQkv, kAtt, kX1, kMean2, kRstd2, kPre}) ctx.tensors[i].Clear();
+  // The weight pass reads only the linears' inputs (ln1, y, ln2, act) and the douts; with
+  // selective recomputation pre instead of act, to recompute act from.
+  for (int i : {kX, kMean1, kRstd1, kQkv, kAtt, kX1, kMean2, kRstd2}) ctx.tensors[i].Clear();
+  if (!cfg_.selective_recompute) ctx.tensors[kPre].Clear();
   for (Tensor& d : douts) ctx.tensors.push_back(std::move(d));
   return absl::OkStatus();
 }

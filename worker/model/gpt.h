@@ -21,9 +21,16 @@
 //
 // Saved activations (per micro-batch, fp32): a block keeps x, ln_1, qkv, the attention
 // probabilities (B, NH, T, T), the merged heads, x + attn, ln_2, the MLP pre-activation and
-// GELU output: (16 C + NH T) floats per token, nothing recomputed in backward. The head
-// keeps its input, ln_f and softmax - onehot (B*T, V): for V = 50304 that is 201 KB per
-// token, the price of not recomputing the (B*T, C) x (C, V) GEMM in backward.
+// GELU output: (8 C + 2 H + NH T) floats per token, 16 C + NH T at H = 4C (and the norms'
+// means and rstds, 4 floats), nothing recomputed in backward. With selective_recompute
+// (pipeline.recompute: selective) it keeps neither the probabilities nor the GELU output:
+// (8 C + H) floats per token, 12 C at H = 4C. Its backward recomputes the probabilities from
+// the kept qkv (the attention's forward once more, just before the attention's backward) and
+// the GELU output from the kept pre-activation (where c_proj's weight gradient needs it: in B,
+// or in W of a split backward, whose I pass then leaves the pre-activation instead), with the
+// forward's own kernels, so the gradients are bit for bit those of a block that kept them.
+// The head keeps its input, ln_f and softmax - onehot (B*T, V): for V = 50304 that is 201 KB
+// per token, the price of not recomputing the (B*T, C) x (C, V) GEMM in backward.
 #ifndef TANDEM_WORKER_MODEL_GPT_H_
 #define TANDEM_WORKER_MODEL_GPT_H_
 
@@ -46,6 +53,10 @@ struct GptConfig {
   int64_t seq_len = 0;   // maximum T (rows of wpe)
   int64_t vocab = 0;     // V
   bool tie_embeddings = true;
+  // Selective recomputation: a block does not keep its attention probabilities and GELU
+  // output for the backward, which recomputes them (see above). Not a model field: the job's
+  // pipeline.recompute (model_layers.h's BuildModelLayers for a JobSpec sets it).
+  bool selective_recompute = false;
 };
 
 // Checks the fields gpt reads (n_layer, n_head, d_model, d_hidden, seq_len, vocab_size,

@@ -149,6 +149,7 @@ absl::Status LlamaEmbedding::Backward(const Tensor& grad_output, const SavedCont
 //   4 k (N, KVD) rotated   5 v (N, KVD)      6 att (B, NH, T, T)   7 y (N, C) merged heads
 //   8 x1 (N, C) = x + o_proj(y)   9 rstd2 (N)   10 xn2 (N, C) = rms_2(x1)
 //  11 gate (N, H)   12 up (N, H)
+// With selective recomputation att is left empty (0 bytes) and recomputed in backward.
 
 namespace {
 enum BlockSaved {
@@ -244,6 +245,7 @@ absl::Status LlamaBlock::Forward(const Tensor& input, const MicroBatchData& data
   kernels::LinearForward(act.data(), down_w_.value.data(), nullptr, output.data(), n, h, c);
   kernels::Add(output.data(), x1.data(), output.data(), n * c);
 
+  if (cfg_.selective_recompute) att.Clear();
   ctx.tensors.reserve(kNumBlockSaved);
   ctx.tensors.push_back(input);
   for (Tensor* saved : {&xn1, &rstd1, &q, &k, &v, &att, &y, &x1, &rstd2, &xn2, &gate, &up}) {
@@ -293,9 +295,21 @@ absl::Status LlamaBlock::InputGradients(const Tensor& grad_output, const SavedCo
   wpass[kDV].Reset({n, kvd});
   kernels::LinearBackward(dx1.data(), nullptr, o_w_.value.data(), dy.data(), nullptr, nullptr, n, c,
                           c);
-  kernels::GqaCausalAttentionBackward(dy.data(), sv[kQ].data(), sv[kK].data(), sv[kV].data(),
-                                      sv[kAtt].data(), wpass[kDQ].data(), wpass[kDK].data(),
-                                      wpass[kDV].data(), b, t, nh, kv, hd_);
+  {
+    // Selective recomputation: the probabilities again from the kept (rotated) q, k and v, by
+    // the forward's attention (its merged heads discarded), bit for bit what it computed.
+    Tensor recomputed;
+    if (cfg_.selective_recompute) {
+      recomputed.Reset({b, nh, t, t});
+      Tensor merged({n, c});
+      kernels::GqaCausalAttentionForward(sv[kQ].data(), sv[kK].data(), sv[kV].data(),
+                                         recomputed.data(), merged.data(), b, t, nh, kv, hd_);
+    }
+    const Tensor& att = cfg_.selective_recompute ? recomputed : sv[kAtt];
+    kernels::GqaCausalAttentionBackward(dy.data(), sv[kQ].data(), sv[kK].data(), sv[kV].data(),
+                                        att.data(), wpass[kDQ].data(), wpass[kDK].data(),
+                                        wpass[kDV].data(), b, t, nh, kv, hd_);
+  }
   dy.Clear();
   kernels::RopeBackward(wpass[kDQ].data(), rope_cos_.data(), rope_sin_.data(), b, t, nh, hd_);
   kernels::RopeBackward(wpass[kDK].data(), rope_cos_.data(), rope_sin_.data(), b, t, kv, hd_);

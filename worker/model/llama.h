@@ -29,10 +29,16 @@
 // rstd, the rotated q (C) and k (KVD), v (KVD), the attention probabilities (B, NH, T, T), the
 // merged heads, x + attn, rms_2 and its rstd, and the MLP's gate and up pre-activations (H
 // each): (6 C + 2 KVD + 2 H + 2 + NH T) floats per token. silu(gate) * up is recomputed in
-// backward (one elementwise pass) instead of being kept. The split backward's I pass leaves
-// for W the linears' inputs (rms_1, merged heads, rms_2, silu(gate) * up) and output gradients:
-// (6 C + 2 KVD + 3 H) floats per token. The head keeps its input, rms_f and its rstd, and
-// softmax - onehot (B*T, V), as gpt's.
+// backward (one elementwise pass) instead of being kept. With selective_recompute
+// (pipeline.recompute: selective) the block keeps everything but the probabilities,
+// (6 C + 2 KVD + 2 H + 2) floats per token: its backward recomputes them from the kept q, k
+// and v (the attention's forward once more, just before the attention's backward) with the
+// forward's own kernel, so the gradients are bit for bit those of a block that kept them. What
+// it keeps, as Megatron's selective recompute does, are the GEMMs' inputs and outputs, the
+// residual stream and the rstds. The split backward's I pass leaves for W the linears' inputs
+// (rms_1, merged heads, rms_2, silu(gate) * up) and output gradients: (6 C + 2 KVD + 3 H)
+// floats per token, with or without selective_recompute. The head keeps its input, rms_f and its
+// rstd, and softmax - onehot (B*T, V), as gpt's.
 #ifndef TANDEM_WORKER_MODEL_LLAMA_H_
 #define TANDEM_WORKER_MODEL_LLAMA_H_
 
@@ -58,6 +64,10 @@ struct LlamaConfig {
   double rope_theta = 10000.0;  // RoPE base
   double rms_eps = 1e-5;        // RMSNorm epsilon (HF's rms_norm_eps)
   bool tie_embeddings = false;
+  // Selective recomputation: a block does not keep its attention probabilities for the
+  // backward, which recomputes them (see above). Not a model field: the job's
+  // pipeline.recompute (model_layers.h's BuildModelLayers for a JobSpec sets it).
+  bool selective_recompute = false;
 };
 
 // OK when the layers can be built from cfg. INVALID_ARGUMENT with the field first

@@ -55,4 +55,24 @@ absl::StatusOr<std::vector<std::unique_ptr<Layer>>> BuildModelLayers(const v1::M
   return BuildLlamaLayers(cfg, seed, layer_begin, layer_end);
 }
 
+absl::StatusOr<std::vector<std::unique_ptr<Layer>>> BuildModelLayers(const v1::JobSpec& spec,
+                                                                     int layer_begin,
+                                                                     int layer_end) {
+  const v1::ModelSpec& model = spec.model();
+  const bool selective = spec.pipeline().recompute() == "selective";
+  if (model.arch() == "gpt") {
+    ASSIGN_OR_RETURN(GptConfig cfg, GptConfigFromSpec(model));
+    cfg.selective_recompute = selective;
+    return BuildLayerRange<GptEmbedding, GptBlock, GptHead>(cfg, cfg.n_layer, spec.seed(),
+                                                            layer_begin, layer_end);
+  }
+  if (model.arch() == "llama") {
+    ASSIGN_OR_RETURN(LlamaConfig cfg, LlamaConfigFromSpec(model));
+    cfg.selective_recompute = selective;
+    return BuildLlamaLayers(cfg, spec.seed(), layer_begin, layer_end);
+  }
+  // mlp_lm: no attention, nothing for selective to drop (spec validation refuses it there).
+  return BuildModelLayers(model, spec.seed(), layer_begin, layer_end);
+}
+
 }  // namespace tandem::worker

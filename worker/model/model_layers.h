@@ -31,6 +31,15 @@ absl::StatusOr<std::vector<std::unique_ptr<Layer>>> BuildModelLayers(const v1::M
                                                                      uint64_t seed, int layer_begin,
                                                                      int layer_end);
 
+// The layers [layer_begin, layer_end) a worker of job `spec` runs: those of spec.model() from
+// spec.seed(), with the job's settings that change how a layer computes applied: with
+// pipeline.recompute "selective" the gpt and llama blocks keep no attention probabilities
+// (gpt: nor GELU output) and recompute them in backward (gpt.h, llama.h). The workers' stage
+// compute and profiler build through this one, so that a profile measures the job's layers.
+absl::StatusOr<std::vector<std::unique_ptr<Layer>>> BuildModelLayers(const v1::JobSpec& spec,
+                                                                     int layer_begin,
+                                                                     int layer_end);
+
 }  // namespace tandem::worker
 
 #endif  // TANDEM_WORKER_MODEL_MODEL_LAYERS_H_
