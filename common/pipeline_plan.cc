@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/link_model.h"
 #include "common/recompute_placement.h"
+#include "common/schedule_auto.h"
 #include "common/schedule_check.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
@@ -121,6 +122,41 @@ absl::Status PlaceRecomputeInIdleTime(const v1::JobSpec& spec, const v1::ModelPr
   return absl::OkStatus();
 }
 
+// zb_auto (common/schedule_auto.h) built from the measured stage costs instead of equal ones,
+// within the memory the worker has: per worker, the live micro-batches its budget holds
+// after its static bytes (at least one), or without a budget 1F1B's P. The program is then
+// lowered, recomputed and reduced as the spec's was.
+absl::Status RebuildZBAuto(const v1::JobSpec& spec, const v1::ModelProfile& profile,
+                           PipelinePlan* plan) {
+  const int ranks = plan->num_ranks();
+  std::vector<int> limit(static_cast<size_t>(ranks), ranks);
+  const int64_t budget = spec.pipeline().memory_budget_mb() << 20;
+  if (budget > 0) {
+    for (int r = 0; r < ranks; ++r) {
+      double fixed = 0;
+      for (int g = plan->ranges[r].begin; g < plan->ranges[r].end; ++g) {
+        fixed += static_cast<double>(profile.layers(g).static_bytes());
+      }
+      const ActionCosts& c = plan->stage_costs[r];
+      const double per_micro_batch =
+          spec.pipeline().recompute() == "full" ? c.input_bytes : c.activation_bytes;
+      if (per_micro_batch <= 0) continue;
+      const double room = static_cast<double>(budget) - fixed -
+                          (spec.pipeline().recompute() == "full" ? c.layer_bytes : 0.0);
+      limit[r] = std::max(1, static_cast<int>(std::min<double>(room / per_micro_batch,
+                                                               spec.pipeline().micro_batches())));
+    }
+  }
+  ASSIGN_OR_RETURN(Schedule compute, GenerateZBAuto(ranks, spec.pipeline().micro_batches(),
+                                                    plan->stage_costs, limit));
+  if (spec.pipeline().recompute() == "full") compute = AddRecomputation(compute);
+  Schedule lowered = LowerWithTransfers(compute);
+  if (std::max(1, spec.pipeline().replicas()) > 1) lowered = AddGradReductions(lowered);
+  RETURN_IF_ERROR(ValidateSchedule(lowered));
+  plan->schedule = std::move(lowered);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<int> LayersToProfile(const v1::ModelSpec& model) {
@@ -161,7 +197,9 @@ std::string ProfileKey(const v1::JobSpec& spec, const std::string& device, int t
                       m.vocab_size(), m.tie_embeddings() ? "-tied" : "-untied",
                       m.arch() == "llama" ? absl::StrCat("-KV", m.n_kv_head()) : "", "-B",
                       spec.pipeline().micro_batch_size(), "-", spec.optimizer().name(), "-", device,
-                      "-t", threads);
+                      "-t", threads,
+                      // Selective recomputation's blocks keep less and recompute in backward.
+                      spec.pipeline().recompute() == "selective" ? "-selective" : "");
 }
 
 absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
@@ -246,8 +284,12 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
       c.reduce = AllReduceSeconds(profile->link(), parameters * 4, replicas);
       plan.stage_costs.push_back(c);
     }
-    if (spec.pipeline().recompute() == "full")
+    if (spec.pipeline().schedule_csv().empty() && plan.schedule.name == "zb_auto") {
+      RETURN_IF_ERROR(RebuildZBAuto(spec, *profile, &plan));
+    }
+    if (spec.pipeline().recompute() == "full") {
       RETURN_IF_ERROR(PlaceRecomputeInIdleTime(spec, *profile, &plan));
+    }
     absl::StatusOr<SimulationResult> sim =
         SimulateSchedule(plan.schedule, ActionCosts{}, plan.stage_costs);
     if (sim.ok()) {

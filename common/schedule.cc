@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "common/schedule_auto.h"
 #include "common/status_macros.h"
 
 namespace tandem {
@@ -135,6 +136,7 @@ std::string NormalizedName(absl::string_view schedule) {
   if (name == "dualpipev") return "dualpipe_v";
   if (name == "vhalf") return "v_half";
   if (name == "vmin") return "v_min";
+  if (name == "zbauto") return "zb_auto";
   return name;
 }
 
@@ -615,7 +617,7 @@ std::vector<std::string> ScheduleNames() {
 std::vector<std::string> AllScheduleNames() {
   std::vector<std::string> names = ScheduleNames();
   for (const char* name :
-       {"looped_bfs", "interleaved_zb", "zb_h2", "dualpipe_v", "v_half", "v_min"}) {
+       {"looped_bfs", "interleaved_zb", "zb_h2", "dualpipe_v", "v_half", "v_min", "zb_auto"}) {
     names.push_back(name);
   }
   return names;
@@ -639,9 +641,9 @@ absl::StatusOr<Schedule> GenerateSchedule(absl::string_view schedule, int num_ra
   const std::string name = NormalizedName(schedule);
   const std::vector<std::string> names = AllScheduleNames();
   if (std::find(names.begin(), names.end(), name) == names.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown schedule '", schedule, "'; expected one of ",
-                     absl::StrJoin(names, ", "), " (or interleaved, zbh1, zbh2, zbv, dualpipev)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown schedule '", schedule, "'; expected one of ", absl::StrJoin(names, ", "),
+        " (or interleaved, zbh1, zbh2, zbv, dualpipev, vhalf, vmin, zbauto)"));
   }
   if (chunks < 0) {
     return absl::InvalidArgumentError(
@@ -667,6 +669,17 @@ absl::StatusOr<Schedule> GenerateSchedule(absl::string_view schedule, int num_ra
   if (name == "dualpipe_v") return GenerateDualPipeV(num_ranks, num_micro_batches);
   if (name == "v_half") return GenerateVHalf(num_ranks, num_micro_batches);
   if (name == "v_min") return GenerateVMin(num_ranks, num_micro_batches);
+  if (name == "zb_auto") {
+    // Without a profile: equal stages (F = I = W), free links, 1F1B's memory (P live
+    // micro-batches per worker). PlanPipeline rebuilds it from the measured costs.
+    ActionCosts unit;
+    unit.forward = unit.backward_input = unit.backward_weight = 1.0;
+    unit.backward = 2.0;
+    return GenerateZBAuto(
+        num_ranks, num_micro_batches,
+        std::vector<ActionCosts>(static_cast<size_t>(std::max(num_ranks, 0)), unit),
+        std::vector<int>(static_cast<size_t>(std::max(num_ranks, 0)), num_ranks));
+  }
   return GenerateZBV(num_ranks, num_micro_batches);
 }
 

@@ -268,6 +268,38 @@ TEST(PlanPipelineTest, RecomputationIsCostedAndHiddenInIdleTimeWithinTheBudget) 
   EXPECT_TRUE(ValidateSchedule(hidden->schedule).ok());
 }
 
+// zb_auto: with a profile the program is rebuilt from the measured stage costs (here uneven:
+// 3 layers | 5), so its predicted step is no longer than the hand-crafted schedules' at the
+// same memory; a budget caps the live micro-batches it plans per worker.
+TEST(PlanPipelineTest, ZBAutoIsBuiltFromTheProfile) {
+  v1::JobSpec spec = Spec("zb_auto", 2, 8);
+  spec.mutable_pipeline()->set_partition("manual");
+  spec.mutable_pipeline()->add_cuts(3);
+  const v1::ModelProfile profile = UnitProfile(spec);
+  absl::StatusOr<PipelinePlan> automatic = PlanPipeline(spec, &profile);
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  EXPECT_EQ(automatic->schedule.name, "zb_auto");
+  EXPECT_TRUE(ValidateSchedule(automatic->schedule).ok());
+  for (const char* other : {"1f1b", "zb_h1"}) {
+    absl::StatusOr<PipelinePlan> hand = PlanPipeline(WithSchedule(spec, other, 0), &profile);
+    ASSERT_TRUE(hand.ok()) << hand.status();
+    EXPECT_LE(automatic->predicted_step_seconds, hand->predicted_step_seconds + 1e-9) << other;
+  }
+  // A budget of 8 MiB with 256 KiB of activations per layer and micro-batch: stage 0 (3 MiB
+  // static, 0.75 MiB per micro-batch) may hold 6 live micro-batches, stage 1 (5 MiB, 1.25 MiB)
+  // two.
+  v1::ModelProfile heavy = profile;
+  for (v1::LayerProfile& l : *heavy.mutable_layers()) l.set_activation_bytes(256 << 10);
+  spec.mutable_pipeline()->set_memory_budget_mb(8);
+  absl::StatusOr<PipelinePlan> tight = PlanPipeline(spec, &heavy);
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  absl::StatusOr<SimulationResult> sim = SimulateSchedule(tight->schedule);
+  ASSERT_TRUE(sim.ok());
+  EXPECT_LE(sim->peak_live_micro_batches[0], 6);
+  EXPECT_LE(sim->peak_live_micro_batches[1], 2);
+  for (int64_t b : tight->stage_bytes) EXPECT_LE(b, int64_t{8} << 20);
+}
+
 // Sharded optimizer state: each stage's predicted static memory keeps 1/R of AdamW's moments
 // (8 bytes per parameter), the rest as before; with one replica nothing changes.
 TEST(PlanPipelineTest, ShardedStateShrinksThePredictedMemory) {

@@ -558,10 +558,17 @@ TEST(GenerateSchedule, NamesAndDefaultChunks) {
   EXPECT_EQ(DefaultChunks("Interleaved"), 2);
   EXPECT_EQ(DefaultChunks("zb_v"), 2);
   EXPECT_EQ(DefaultChunks("ZBV"), 2);
-  // The newer schedules are selectable, not yet planner candidates.
+  // Every schedule, in the order the planner tries them and plan --compare lists them.
   EXPECT_THAT(AllScheduleNames(),
               ElementsAre("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "looped_bfs",
-                          "interleaved_zb", "zb_h2", "dualpipe_v", "v_half", "v_min"));
+                          "interleaved_zb", "zb_h2", "dualpipe_v", "v_half", "v_min", "zb_auto"));
+  EXPECT_EQ(DefaultChunks("zb_auto"), 1);
+  EXPECT_FALSE(TakesChunks("zb_auto"));
+  // Without a profile, zb_auto is built for equal stages within 1F1B's memory.
+  absl::StatusOr<Schedule> automatic = GenerateSchedule("zbauto", 4, 8);
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  EXPECT_EQ(automatic->name, "zb_auto");
+  EXPECT_TRUE(ValidateSchedule(LowerWithTransfers(*automatic)).ok());
   EXPECT_EQ(DefaultChunks("looped_bfs"), 2);
   EXPECT_EQ(DefaultChunks("interleaved_zb"), 2);
   EXPECT_EQ(DefaultChunks("zb_h2"), 1);

@@ -28,6 +28,7 @@
 #include "tests/worker/pipeline_test_util.h"
 #include "tests/worker/transport_test_util.h"
 #include "worker/cpu_stage_compute.h"
+#include "worker/profiler.h"
 #include "worker/transport/gloo_transport.h"
 
 namespace tandem::worker {
@@ -189,8 +190,9 @@ TEST_F(ExecutorTest, GptEverySchedulePartitionInvariance) {
     spec.mutable_pipeline()->set_micro_batches(4);
     const std::vector<double> ref = Train(spec, 1, "1f1b", nullptr, kGptSteps);
     ASSERT_EQ(ref.size(), static_cast<size_t>(kGptSteps));
-    for (const char* schedule : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "looped_bfs",
-                                 "interleaved_zb", "zb_h2", "v_half", "v_min", "dualpipe_v"}) {
+    for (const char* schedule :
+         {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "looped_bfs", "interleaved_zb",
+          "zb_h2", "v_half", "v_min", "dualpipe_v", "zb_auto"}) {
       SCOPED_TRACE(absl::StrCat("tied ", tied, " ", schedule));
       ExpectSameLosses(ref, Train(spec, 2, schedule, nullptr, kGptSteps), 1e-5, kGptSteps);
     }
@@ -236,7 +238,7 @@ TEST_F(ExecutorTest, LlamaEverySchedulePartitionInvariance) {
     for (int p : {2, 4}) {
       for (const char* schedule :
            {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "looped_bfs", "interleaved_zb",
-            "zb_h2", "v_half", "v_min", "dualpipe_v"}) {
+            "zb_h2", "v_half", "v_min", "dualpipe_v", "zb_auto"}) {
         SCOPED_TRACE(absl::StrCat("tied ", tied, " P ", p, " ", schedule));
         ExpectSameLosses(ref, Train(spec, p, schedule, nullptr, kLlamaSteps), 1e-5, kLlamaSteps);
       }
@@ -311,7 +313,7 @@ TEST_F(ExecutorTest, TransferPeersAreTheRanksTheExecutorTalksTo) {
     spec.mutable_pipeline()->set_micro_batch_size(2);
     spec.mutable_pipeline()->set_micro_batches(4);
     for (const char* schedule : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "looped_bfs",
-                                 "interleaved_zb", "zb_h2", "v_half", "v_min"}) {
+                                 "interleaved_zb", "zb_h2", "v_half", "v_min", "zb_auto"}) {
       for (int stages : {2, 3, 4}) {
         if (std::string(schedule) == "interleaved_1f1b" && stages == 3) continue;  // M % P
         SCOPED_TRACE(absl::StrCat("tied ", tied, " ", schedule, " P ", stages));
@@ -453,6 +455,121 @@ TEST_F(ExecutorTest, FullRecomputationPeakBytesDropAsPredicted) {
     std::cout << schedule << ": stage 0 peak " << plain << " bytes, with full recomputation "
               << recomputed << " (predicted " << plain_sim->peak_activation_bytes[0] << " and "
               << full_sim->peak_activation_bytes[0] << ")\n";
+  }
+}
+
+// Selective recomputation (pipeline.recompute: selective) changes no loss: it adds no action
+// to the plan, and a block's backward (B, or I then W) recomputes its attention probabilities
+// (gpt: and GELU output) from what it kept, with the forward's kernels. Every schedule that
+// plans for the test's M = 4 (all but dualpipe_v on 4 workers), P in {1, 2, 4}, gpt and llama,
+// 20 steps, within 1e-6 relative; on the CPU bit for bit.
+TEST_F(ExecutorTest, SelectiveRecomputationChangesNoLoss) {
+  constexpr int kRecomputeSteps = 20;
+  int trained = 0;
+  std::string skipped;
+  for (const char* arch : {"gpt", "llama"}) {
+    v1::JobSpec spec = std::string(arch) == "gpt" ? testing::TinyGptJob(/*tied=*/true)
+                                                  : testing::TinyLlamaJob(/*tied=*/false);
+    spec.mutable_model()->set_n_layer(6);  // 8 layers: 2 chunks on each of 4 workers
+    spec.mutable_pipeline()->set_micro_batch_size(2);
+    spec.mutable_pipeline()->set_micro_batches(4);
+    v1::JobSpec selective = spec;
+    selective.mutable_pipeline()->set_recompute("selective");
+    for (const std::string& schedule : AllScheduleNames()) {
+      for (int p : {1, 2, 4}) {
+        SCOPED_TRACE(absl::StrCat(arch, " ", schedule, " P ", p));
+        v1::JobSpec probe = selective;
+        probe.mutable_pipeline()->set_stages(p);
+        probe.mutable_pipeline()->set_schedule(schedule);
+        if (!PlanPipeline(probe).ok()) {  // the schedule does not plan for this P and M
+          absl::StrAppend(&skipped, " ", arch, " ", schedule, " P ", p, ";");
+          continue;
+        }
+        // No R action: selective changes how a block saves, not the schedule.
+        const auto programs = MakePrograms(selective, p, schedule);
+        ASSERT_EQ(programs.size(), static_cast<size_t>(p));
+        for (const v1::StageProgram& prog : programs) {
+          for (const v1::Action& a : prog.actions()) EXPECT_NE(a.kind(), v1::ACTION_R);
+        }
+        const std::vector<double> plain = Train(spec, p, schedule, nullptr, kRecomputeSteps);
+        const std::vector<double> recomputed =
+            Train(selective, p, schedule, nullptr, kRecomputeSteps);
+        ExpectSameLosses(plain, recomputed, 1e-6, kRecomputeSteps);
+        EXPECT_EQ(plain, recomputed);  // bit for bit on the CPU
+        ++trained;
+      }
+    }
+  }
+  std::cout << "selective recomputation: " << trained
+            << " (arch, schedule, P) runs; not planned:" << skipped << "\n";
+  EXPECT_GE(trained, 2 * 2 * static_cast<int>(AllScheduleNames().size()));
+}
+
+// The measured peak of stage 0's live activation bytes drops with selective recomputation by
+// exactly the hand count: each block of the stage keeps neither its attention probabilities
+// (NH T floats per token) nor its GELU output (H = 4C floats per token; worker/model/gpt.h)
+// for each micro-batch live at the peak (GPipe: all M; 1F1B on P = 2: 2).
+TEST_F(ExecutorTest, SelectiveRecomputationPeakBytesDropByTheHandCount) {
+  v1::JobSpec spec = testing::TinyGptJob(/*tied=*/false);
+  spec.mutable_model()->set_n_layer(6);
+  spec.mutable_pipeline()->set_micro_batch_size(2);
+  const int m = 8;
+  spec.mutable_pipeline()->set_micro_batches(m);
+  v1::JobSpec selective = spec;
+  selective.mutable_pipeline()->set_recompute("selective");
+  auto peak = [&](const v1::JobSpec& s, const char* schedule) {
+    std::vector<v1::StepReport> reports;
+    Train(s, 2, schedule, &reports, 1);
+    return reports.empty() ? int64_t{0} : reports[0].peak_activation_bytes();
+  };
+  const v1::ModelSpec& model = spec.model();
+  const int64_t tokens = spec.pipeline().micro_batch_size() * model.seq_len();
+  const int64_t dropped_per_block = tokens *
+                                    (model.n_head() * model.seq_len() + 4 * model.d_model()) *
+                                    static_cast<int64_t>(sizeof(float));
+  for (const char* schedule : {"gpipe", "1f1b"}) {
+    SCOPED_TRACE(schedule);
+    v1::JobSpec planned = selective;
+    planned.mutable_pipeline()->set_stages(2);
+    planned.mutable_pipeline()->set_schedule(schedule);
+    absl::StatusOr<PipelinePlan> plan = PlanPipeline(planned);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    // Stage 0: the embedding and blocks.
+    const int blocks = plan->ranges[0].end - plan->ranges[0].begin - 1;
+    ASSERT_GE(blocks, 1);
+    const int live = std::string(schedule) == "gpipe" ? m : 2;
+    const int64_t plain = peak(spec, schedule), recomputed = peak(selective, schedule);
+    ASSERT_GT(recomputed, 0);
+    EXPECT_LT(recomputed, plain);
+    EXPECT_EQ(plain - recomputed, live * blocks * dropped_per_block);
+    std::cout << schedule << ": stage 0 peak " << plain << " bytes, with selective recomputation "
+              << recomputed << " (" << live << " micro-batches x " << blocks << " blocks x "
+              << dropped_per_block << " bytes less)\n";
+  }
+}
+
+// The layer profiler builds the job's layers (BuildModelLayers for the JobSpec), so a profile
+// of a selective job measures its blocks' smaller saved bytes, what the planner's memory
+// model then uses; its cache key tells it apart from the plain job's.
+TEST_F(ExecutorTest, SelectiveRecomputationIsWhatTheProfilerMeasures) {
+  for (const char* arch : {"gpt", "llama"}) {
+    SCOPED_TRACE(arch);
+    v1::JobSpec spec = std::string(arch) == "gpt" ? testing::TinyGptJob(/*tied=*/false)
+                                                  : testing::TinyLlamaJob(/*tied=*/false);
+    v1::JobSpec selective = spec;
+    selective.mutable_pipeline()->set_recompute("selective");
+    absl::StatusOr<std::vector<v1::LayerProfile>> plain = ProfileLayers(spec, {0, 1}, 1);
+    absl::StatusOr<std::vector<v1::LayerProfile>> kept = ProfileLayers(selective, {0, 1}, 1);
+    ASSERT_TRUE(plain.ok() && kept.ok());
+    const v1::ModelSpec& model = spec.model();
+    const int64_t tokens = spec.pipeline().micro_batch_size() * model.seq_len();
+    // The block drops the probabilities, and for gpt the GELU output (d_hidden 0: 4C).
+    const int64_t per_token =
+        model.n_head() * model.seq_len() + (std::string(arch) == "gpt" ? 4 * model.d_model() : 0);
+    EXPECT_EQ((*plain)[0].activation_bytes(), (*kept)[0].activation_bytes());  // the embedding
+    EXPECT_EQ((*plain)[1].activation_bytes() - (*kept)[1].activation_bytes(),
+              tokens * per_token * static_cast<int64_t>(sizeof(float)));
+    EXPECT_NE(ProfileKey(spec, "cpu", 1), ProfileKey(selective, "cpu", 1));
   }
 }
 
