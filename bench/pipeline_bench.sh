@@ -43,7 +43,7 @@
 #   then --torch2 /tmp/torch2/bin/python), and print its rows and Tandem P2 / its P2 next to
 #   the hand-written peer's. About 2 min more at the default shapes. --only torch runs both
 #   PyTorch peers.
-# --schedules: every schedule Tandem generates (tandem's AllScheduleNames: gpipe ... v_min) on
+# --schedules: every schedule Tandem generates (tandem's AllScheduleNames: gpipe ... zb_auto) on
 #   the issue's shapes, P=2, M=8, 2 steps each, one after the other: step time, measured bubble
 #   and the simulator's prediction from the step's measured action costs (target within 0.03),
 #   and stage 0's peak activation bytes. About 12 min on an idle 2-core machine.
@@ -264,7 +264,7 @@ fi
 
 if [ "$schedules" = 1 ]; then
   for s in gpipe 1f1b interleaved_1f1b zb_h1 zb_v looped_bfs interleaved_zb zb_h2 dualpipe_v \
-    v_half v_min; do
+    v_half v_min zb_auto; do
     tandem_run schedules "schedule-p2-$s" 2 8 "$s" 2 $L $D $H $SEQ "$vocab" $MB
   done
 fi
