@@ -85,6 +85,18 @@ PartitionProblem ProblemFor(const v1::JobSpec& spec, const Schedule& lowered,
   return problem;
 }
 
+// The measured parameters, gradients and optimizer state of worker `rank`'s stages (unsharded:
+// an upper bound), in bytes.
+double RankStaticBytes(const v1::ModelProfile& profile, const PipelinePlan& plan, int rank) {
+  double bytes = 0;
+  for (int s : plan.schedule.placement.StagesOf(rank)) {
+    for (int g = plan.ranges[s].begin; g < plan.ranges[s].end; ++g) {
+      bytes += static_cast<double>(profile.layers(g).static_bytes());
+    }
+  }
+  return bytes;
+}
+
 // Recomputation hidden in the idle time (common/recompute_placement.h), under the measured
 // costs: each worker may hold up to memory_budget_mb less its stages' static bytes (without
 // a budget, no more than the plain placement's peak). The moved R's raise a worker's peak
@@ -100,13 +112,8 @@ absl::Status PlaceRecomputeInIdleTime(const v1::JobSpec& spec, const v1::ModelPr
     for (int r = 0; r < placement.num_ranks; ++r) {
       // The budget less the rank's parameters, gradients and optimizer state (unsharded: an
       // upper bound).
-      double fixed = 0;
-      for (int s : placement.StagesOf(r)) {
-        for (int g = plan->ranges[s].begin; g < plan->ranges[s].end; ++g) {
-          fixed += static_cast<double>(profile.layers(g).static_bytes());
-        }
-      }
-      limit[r] = std::max(limit[r], static_cast<double>(budget) - fixed);
+      limit[r] =
+          std::max(limit[r], static_cast<double>(budget) - RankStaticBytes(profile, *plan, r));
     }
   }
   ASSIGN_OR_RETURN(RecomputePlacement placed,
@@ -133,10 +140,7 @@ absl::Status RebuildZBAuto(const v1::JobSpec& spec, const v1::ModelProfile& prof
   const int64_t budget = spec.pipeline().memory_budget_mb() << 20;
   if (budget > 0) {
     for (int r = 0; r < ranks; ++r) {
-      double fixed = 0;
-      for (int g = plan->ranges[r].begin; g < plan->ranges[r].end; ++g) {
-        fixed += static_cast<double>(profile.layers(g).static_bytes());
-      }
+      const double fixed = RankStaticBytes(profile, *plan, r);
       const ActionCosts& c = plan->stage_costs[r];
       const double per_micro_batch =
           spec.pipeline().recompute() == "full" ? c.input_bytes : c.activation_bytes;
