@@ -359,6 +359,17 @@ TEST_F(ExecutorTest, PeakActivationBytesFollowTheSchedule) {
   EXPECT_GT(ofob, 0);
 }
 
+// The recomputation tests' job: a tiny gpt (tied) or llama (untied) of 8 layers, 2 chunks on
+// each of 4 workers at the most, 4 micro-batches of 2.
+v1::JobSpec RecomputationJob(const std::string& arch) {
+  v1::JobSpec spec =
+      arch == "gpt" ? testing::TinyGptJob(/*tied=*/true) : testing::TinyLlamaJob(/*tied=*/false);
+  spec.mutable_model()->set_n_layer(6);
+  spec.mutable_pipeline()->set_micro_batch_size(2);
+  spec.mutable_pipeline()->set_micro_batches(4);
+  return spec;
+}
+
 // Activation recomputation (pipeline.recompute: full) changes no loss: every F keeps only its
 // layers' inputs and the backward after each R re-runs each layer's forward with saving just
 // before that layer's backward, so the backward (B, or I then W) sees the same activations. Every
@@ -367,11 +378,7 @@ TEST_F(ExecutorTest, PeakActivationBytesFollowTheSchedule) {
 TEST_F(ExecutorTest, FullRecomputationChangesNoLoss) {
   constexpr int kRecomputeSteps = 20;
   for (const char* arch : {"gpt", "llama"}) {
-    v1::JobSpec spec = std::string(arch) == "gpt" ? testing::TinyGptJob(/*tied=*/true)
-                                                  : testing::TinyLlamaJob(/*tied=*/false);
-    spec.mutable_model()->set_n_layer(6);  // 8 layers: 2 chunks on each of 4 workers
-    spec.mutable_pipeline()->set_micro_batch_size(2);
-    spec.mutable_pipeline()->set_micro_batches(4);
+    v1::JobSpec spec = RecomputationJob(arch);
     for (const char* schedule : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v"}) {
       for (int p : {1, 2, 4}) {
         SCOPED_TRACE(absl::StrCat(arch, " ", schedule, " P ", p));
@@ -468,11 +475,7 @@ TEST_F(ExecutorTest, SelectiveRecomputationChangesNoLoss) {
   int trained = 0;
   std::string skipped;
   for (const char* arch : {"gpt", "llama"}) {
-    v1::JobSpec spec = std::string(arch) == "gpt" ? testing::TinyGptJob(/*tied=*/true)
-                                                  : testing::TinyLlamaJob(/*tied=*/false);
-    spec.mutable_model()->set_n_layer(6);  // 8 layers: 2 chunks on each of 4 workers
-    spec.mutable_pipeline()->set_micro_batch_size(2);
-    spec.mutable_pipeline()->set_micro_batches(4);
+    v1::JobSpec spec = RecomputationJob(arch);
     v1::JobSpec selective = spec;
     selective.mutable_pipeline()->set_recompute("selective");
     for (const std::string& schedule : AllScheduleNames()) {

@@ -44,6 +44,7 @@ v1::ModelSpec TinyGpt(bool tied = true) {
 
 GptConfig TinyConfig(bool tied = true) { return *GptConfigFromSpec(TinyGpt(tied)); }
 
+using testing::ExpectBitIdenticalBackwards;
 using testing::Perturb;
 using testing::RandomTensor;
 
@@ -176,19 +177,7 @@ TEST_F(GptLayersTest, SelectiveRecomputationKeepsLessAndIsBitIdentical) {
   const size_t kept = static_cast<size_t>(n * (8 * kC + h + 4)) * sizeof(float);
   EXPECT_EQ(b.Bytes(), kept);
   EXPECT_EQ(a.Bytes(), kept + static_cast<size_t>(n * (kNh * kT + h)) * sizeof(float));
-  Tensor ga, gb, gc;
-  ASSERT_TRUE(plain.Backward(dout, a, ga).ok());
-  ASSERT_TRUE(full.Backward(dout, b, gb).ok());
-  ASSERT_TRUE(split.BackwardInput(dout, c, gc).ok());
-  ASSERT_TRUE(split.BackwardWeight(c).ok());
-  EXPECT_EQ(c.Bytes(), 0u);
-  EXPECT_EQ(ga.vec(), gb.vec());
-  EXPECT_EQ(ga.vec(), gc.vec());
-  std::vector<Parameter*> pa = plain.Parameters(), pb = full.Parameters(), pc = split.Parameters();
-  for (size_t i = 0; i < pa.size(); ++i) {
-    EXPECT_EQ(pa[i]->grad.vec(), pb[i]->grad.vec()) << pa[i]->name;
-    EXPECT_EQ(pa[i]->grad.vec(), pc[i]->grad.vec()) << pa[i]->name << " (split)";
-  }
+  ExpectBitIdenticalBackwards(plain, a, full, b, split, c, dout);
   // And the recomputing block's gradients against finite differences.
   GptBlock checked(selective_cfg, 0, 7);
   Perturb(checked, 2);

@@ -45,6 +45,28 @@ inline void Perturb(Layer& layer, uint64_t seed, double scale = 0.3) {
   }
 }
 
+// Runs `dout` back through `plain` (B), `other` (B) and `split` (I then W), each from the
+// context its own forward filled, and expects what a recomputing variant must give: split's
+// context empty after W, and the input gradient and every parameter gradient of `other` and
+// `split` bit for bit those of `plain`.
+inline void ExpectBitIdenticalBackwards(Layer& plain, SavedContext& a, Layer& other,
+                                        SavedContext& b, Layer& split, SavedContext& c,
+                                        const Tensor& dout) {
+  Tensor ga, gb, gc;
+  ASSERT_TRUE(plain.Backward(dout, a, ga).ok());
+  ASSERT_TRUE(other.Backward(dout, b, gb).ok());
+  ASSERT_TRUE(split.BackwardInput(dout, c, gc).ok());
+  ASSERT_TRUE(split.BackwardWeight(c).ok());
+  EXPECT_EQ(c.Bytes(), 0u);
+  EXPECT_EQ(ga.vec(), gb.vec());
+  EXPECT_EQ(ga.vec(), gc.vec());
+  std::vector<Parameter*> pa = plain.Parameters(), pb = other.Parameters(), pc = split.Parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_EQ(pa[i]->grad.vec(), pb[i]->grad.vec()) << pa[i]->name;
+    EXPECT_EQ(pa[i]->grad.vec(), pc[i]->grad.vec()) << pa[i]->name << " (split)";
+  }
+}
+
 // Checks d f / d input (when check_input; otherwise that no input gradient is produced) and
 // d f / d every parameter element. `out_shape` is the layer's output shape (unused for a
 // loss layer).

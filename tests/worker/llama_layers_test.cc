@@ -53,6 +53,7 @@ LlamaConfig TinyConfig(int64_t n_kv_head = 2, bool tied = false) {
   return cfg;
 }
 
+using testing::ExpectBitIdenticalBackwards;
 using testing::Perturb;
 using testing::RandomTensor;
 namespace simd = kernels::simd;
@@ -184,19 +185,7 @@ TEST_F(LlamaLayersTest, SelectiveRecomputationKeepsLessAndIsBitIdentical) {
   const size_t kept = static_cast<size_t>(n * (6 * kC + 2 * kvd + 2 * kH + 2)) * sizeof(float);
   EXPECT_EQ(b.Bytes(), kept);
   EXPECT_EQ(a.Bytes(), kept + static_cast<size_t>(n * kNh * kT) * sizeof(float));
-  Tensor ga, gb, gc;
-  ASSERT_TRUE(plain.Backward(dout, a, ga).ok());
-  ASSERT_TRUE(full.Backward(dout, b, gb).ok());
-  ASSERT_TRUE(split.BackwardInput(dout, c, gc).ok());
-  ASSERT_TRUE(split.BackwardWeight(c).ok());
-  EXPECT_EQ(c.Bytes(), 0u);
-  EXPECT_EQ(ga.vec(), gb.vec());
-  EXPECT_EQ(ga.vec(), gc.vec());
-  std::vector<Parameter*> pa = plain.Parameters(), pb = full.Parameters(), pc = split.Parameters();
-  for (size_t i = 0; i < pa.size(); ++i) {
-    EXPECT_EQ(pa[i]->grad.vec(), pb[i]->grad.vec()) << pa[i]->name;
-    EXPECT_EQ(pa[i]->grad.vec(), pc[i]->grad.vec()) << pa[i]->name << " (split)";
-  }
+  ExpectBitIdenticalBackwards(plain, a, full, b, split, c, dout);
 }
 
 TEST_F(LlamaLayersTest, BlockIsCausal) {
