@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <memory>
+#include <vector>
 
 #include "common/model_desc.h"
 #include "tests/worker/grad_check.h"
@@ -191,4 +193,26 @@ TEST_F(LayersTest, BuildRejectsBadRangesAndModels) {
 }
 
 }  // namespace
+// The gradient norm's pass: any length (the eight partial sums and the tail), against a long
+// double sum in order, to double rounding; NaN and infinity come through.
+TEST(SumOfSquaresTest, MatchesAnOrderedSumAndPropagatesNonFinite) {
+  std::vector<float> x(1000);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.7f * i) * (1.0f + i);
+  for (int64_t n : {0, 1, 7, 8, 9, 17, 1000}) {
+    long double ref = 0;
+    for (int64_t i = 0; i < n; ++i) ref += static_cast<long double>(x[i]) * x[i];
+    EXPECT_NEAR(kernels::SumOfSquares(x.data(), n), static_cast<double>(ref),
+                1e-14 * static_cast<double>(ref))
+        << n;
+  }
+  x[13] = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(std::isinf(kernels::SumOfSquares(x.data(), 100)));
+  x[13] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(kernels::SumOfSquares(x.data(), 100)));
+  EXPECT_FALSE(std::isnan(kernels::SumOfSquares(x.data(), 13)));
+  // The largest float squared is far inside double's range.
+  std::vector<float> big(64, std::numeric_limits<float>::max());
+  EXPECT_TRUE(std::isfinite(kernels::SumOfSquares(big.data(), 64)));
+}
+
 }  // namespace tandem::worker

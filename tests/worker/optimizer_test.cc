@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <vector>
+
 namespace tandem::worker {
 namespace {
 
@@ -68,6 +71,37 @@ TEST(AdamWTest, AShardUpdatesItsElementsBitForBit) {
   EXPECT_EQ(slots[0].offset, 3u);
   EXPECT_EQ(slots[0].f32->size(), 5u);
   EXPECT_EQ(*slots[2].i64, 3);
+}
+
+// The update runs four lanes at a time with a scalar tail: every element, whatever its place,
+// gets exactly the formula's single-precision result, in the formula's order of operations.
+TEST(AdamWTest, EveryElementIsTheFormulaBitForBit) {
+  AdamWOptions opt;
+  opt.beta1 = 0.9f;
+  opt.beta2 = 0.95f;
+  opt.eps = 1e-8f;
+  opt.weight_decay = 0.1f;
+  constexpr size_t kN = 1003;  // not a multiple of four: the tail too
+  Parameter w("w", {kN}, /*weight_decay=*/true);
+  std::vector<float> ref(kN), m(kN, 0.0f), v(kN, 0.0f);
+  for (size_t i = 0; i < kN; ++i) ref[i] = w.value[i] = std::sin(0.37f * i) * 0.5f;
+  AdamW adam({&w}, opt);
+  const float lr = 3e-3f;
+  for (int step = 1; step <= 4; ++step) {
+    std::vector<float> g(kN);
+    for (size_t i = 0; i < kN; ++i) g[i] = w.grad[i] = std::cos(0.11f * i * step) * 1e-2f;
+    adam.Step(lr);
+    const float c1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(opt.beta1), step));
+    const float c2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(opt.beta2), step));
+    for (size_t i = 0; i < kN; ++i) {
+      m[i] = opt.beta1 * m[i] + (1.0f - opt.beta1) * g[i];
+      v[i] = opt.beta2 * v[i] + (1.0f - opt.beta2) * g[i] * g[i];
+      const float mhat = m[i] / c1, vhat = v[i] / c2;
+      ref[i] = ref[i] - lr * (mhat / (std::sqrt(vhat) + opt.eps) + opt.weight_decay * ref[i]);
+      ASSERT_EQ(w.value[i], ref[i]) << "step " << step << " element " << i;
+      ASSERT_EQ(w.grad[i], 0.0f);
+    }
+  }
 }
 
 TEST(SgdTest, StepWithDecoupledDecay) {

@@ -551,4 +551,14 @@ void Add(const float* a, const float* b, float* out, int64_t count) {
   });
 }
 
+double SumOfSquares(const float* x, int64_t count) {
+  double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    for (int k = 0; k < 8; ++k) s[k] += static_cast<double>(x[i + k]) * x[i + k];
+  }
+  for (int k = 0; i < count; ++i, ++k) s[k] += static_cast<double>(x[i]) * x[i];
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
 }  // namespace tandem::worker::kernels

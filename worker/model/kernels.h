@@ -191,6 +191,11 @@ void GeluBackwardFast(const float* in, const float* dout, float* din, int64_t co
 // out[i] = a[i] + b[i]; out may alias a or b. Threaded.
 void Add(const float* a, const float* b, float* out, int64_t count);
 
+// sum of x[i]^2 in double, over eight interleaved partial sums (element i into sum i % 8, the
+// eight added pairwise at the end): the gradient norm's pass, bound by memory rather than by
+// one chain of dependent additions. NaN or infinity in x makes the result so.
+double SumOfSquares(const float* x, int64_t count);
+
 }  // namespace tandem::worker::kernels
 
 #endif  // TANDEM_WORKER_MODEL_KERNELS_H_

@@ -6,8 +6,51 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "worker/model/simd.h"
 
 namespace tandem::worker {
+namespace {
+
+struct AdamWConstants {
+  float b1, b2, c1, c2, lr, eps, wd;
+};
+
+// One element of the update, in the order of operations every lane below keeps too.
+inline void AdamWElement(const AdamWConstants& k, float& w, float g, float& m, float& v) {
+  m = k.b1 * m + (1.0f - k.b1) * g;
+  v = k.b2 * v + (1.0f - k.b2) * g * g;
+  const float mhat = m / k.c1;
+  const float vhat = v / k.c2;
+  w -= k.lr * (mhat / (std::sqrt(vhat) + k.eps) + k.wd * w);
+}
+
+// AdamWElement over [0, n), four lanes at a time, zeroing each gradient once it is used. Every
+// operation is an IEEE single-precision one (no fused multiply-add), so each lane computes what
+// the scalar element does, bit for bit.
+void AdamWRange(const AdamWConstants& k, float* w, float* g, float* m, float* v, size_t n) {
+  namespace simd = kernels::simd;
+  const simd::F4 b1 = simd::Splat(k.b1), b2 = simd::Splat(k.b2);
+  const simd::F4 one_b1 = simd::Splat(1.0f - k.b1), one_b2 = simd::Splat(1.0f - k.b2);
+  const simd::F4 c1 = simd::Splat(k.c1), c2 = simd::Splat(k.c2), lr = simd::Splat(k.lr);
+  const simd::F4 eps = simd::Splat(k.eps), wd = simd::Splat(k.wd);
+  size_t j = 0;
+  for (; j + simd::kLanes <= n; j += simd::kLanes) {
+    const simd::F4 gj = simd::Load(g + j);
+    const simd::F4 mj = b1 * simd::Load(m + j) + one_b1 * gj;
+    const simd::F4 vj = b2 * simd::Load(v + j) + one_b2 * gj * gj;
+    const simd::F4 wj = simd::Load(w + j);
+    simd::Store(m + j, mj);
+    simd::Store(v + j, vj);
+    simd::Store(w + j, wj - lr * ((mj / c1) / (simd::Sqrt(vj / c2) + eps) + wd * wj));
+    simd::Store(g + j, simd::F4{});
+  }
+  for (; j < n; ++j) {
+    AdamWElement(k, w[j], g[j], m[j], v[j]);
+    g[j] = 0.0f;
+  }
+}
+
+}  // namespace
 
 std::vector<OptimizerSlot> AdamW::Slots() {
   std::vector<OptimizerSlot> slots;
@@ -43,18 +86,14 @@ void AdamW::Step(float lr) {
     ++s.step;
     const float c1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b1), s.step));
     const float c2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b2), s.step));
-    const float wd = p.decay ? options_.weight_decay : 0.0f;
-    const size_t begin = ranges_[i].begin;
-    float* w = p.value.data() + begin;
-    float* g = p.grad.data() + begin;
-    for (size_t j = 0; j < ranges_[i].size(); ++j) {
-      s.m[j] = b1 * s.m[j] + (1.0f - b1) * g[j];
-      s.v[j] = b2 * s.v[j] + (1.0f - b2) * g[j] * g[j];
-      const float mhat = s.m[j] / c1;
-      const float vhat = s.v[j] / c2;
-      w[j] -= lr * (mhat / (std::sqrt(vhat) + options_.eps) + wd * w[j]);
-    }
-    p.grad.Fill(0.0f);
+    const AdamWConstants k{
+        b1, b2, c1, c2, lr, options_.eps, p.decay ? options_.weight_decay : 0.0f};
+    const ElementRange r = ranges_[i];
+    float* g = p.grad.data();
+    AdamWRange(k, p.value.data() + r.begin, g + r.begin, s.m.data(), s.v.data(), r.size());
+    // The gradient is zeroed whole: a shard's update leaves the other replicas' elements.
+    std::fill(g, g + r.begin, 0.0f);
+    std::fill(g + r.end, g + p.grad.size(), 0.0f);
   }
 }
 

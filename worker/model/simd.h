@@ -60,6 +60,16 @@ inline F4 Exp(F4 x) {
 // 1 / (1 + exp(-a)).
 inline F4 Sigmoid(F4 a) { return 1.0f / (1.0f + Exp(-a)); }
 
+// The correctly rounded square root of each lane (what std::sqrt gives a lone float).
+inline F4 Sqrt(F4 x) {
+#if defined(__SSE__)
+  return __builtin_ia32_sqrtps(x);
+#else
+  for (int i = 0; i < kLanes; ++i) x[i] = __builtin_sqrtf(x[i]);
+  return x;
+#endif
+}
+
 }  // namespace tandem::worker::kernels::simd
 
 #endif  // TANDEM_WORKER_MODEL_SIMD_H_
