@@ -305,7 +305,8 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
           apply[plan.schedule.placement.rank_of_stage[s]] += profile->layers(g).apply_seconds();
         }
       }
-      plan.predicted_step_seconds = sim->step_time + *std::max_element(apply.begin(), apply.end());
+      plan.predicted_update_seconds = *std::max_element(apply.begin(), apply.end());
+      plan.predicted_step_seconds = sim->step_time + plan.predicted_update_seconds;
       plan.predicted_bubble = sim->bubble_fraction;
       for (double e : sim->reduce_exposed) {
         plan.predicted_reduce_exposed_seconds = std::max(plan.predicted_reduce_exposed_seconds, e);

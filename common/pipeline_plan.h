@@ -39,6 +39,8 @@ struct PipelinePlan {
   std::vector<int64_t> stage_bytes;
   double predicted_step_seconds = 0.0;
   double predicted_bubble = 0.0;
+  // Of the predicted step, the once-per-step update phase (the slowest worker's).
+  double predicted_update_seconds = 0.0;
   // Data parallelism: the slowest rank's gradient reduction past its last compute (what the
   // simulator added to the step); 0 without replicas or a profile.
   double predicted_reduce_exposed_seconds = 0.0;

@@ -41,7 +41,8 @@ absl::Status JobPlanner::Plan(RunPlan* plan) {
   ASSIGN_OR_RETURN(plan->pipeline, PlanPipeline(spec, profile.has_value() ? &*profile : nullptr));
   const PipelinePlan& pipeline = plan->pipeline;
   if (pipeline.predicted_step_seconds > 0) {
-    env_.store->SetPredictedStep(job_.id(), pipeline.predicted_step_seconds);
+    env_.store->SetPredictedStep(job_.id(), pipeline.predicted_step_seconds,
+                                 pipeline.predicted_update_seconds);
   }
   if (const std::string& hf = spec.init().hf_file(); !hf.empty()) {
     if (env_.checkpoints == nullptr || !env_.checkpoints->enabled() || env_.models_root.empty()) {

@@ -553,11 +553,13 @@ void JobStore::SetPlan(const std::string& job_id, const v1::PipelineSpec& pipeli
   (void)Persist(*e, /*durable=*/false, absl::StrCat(job_id, ": recording its plan"));
 }
 
-void JobStore::SetPredictedStep(const std::string& job_id, double seconds) {
+void JobStore::SetPredictedStep(const std::string& job_id, double step_seconds,
+                                double update_seconds) {
   absl::MutexLock lock(&mu_);
   Entry* e = Find(job_id);
   if (e == nullptr) return;
-  e->job.set_predicted_step_seconds(seconds);
+  e->job.set_predicted_step_seconds(step_seconds);
+  e->job.set_predicted_update_seconds(update_seconds);
   (void)Persist(*e, /*durable=*/false, absl::StrCat(job_id, ": recording its predicted step"));
 }
 

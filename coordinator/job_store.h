@@ -106,12 +106,12 @@ class JobStore {
   void SetCheckpoint(const std::string& job_id, int64_t step);
   // A resumed job starts at `step`.
   void SetFirstStep(const std::string& job_id, int64_t step);
-  // The step time the plan predicts from the layer profile.
   // pipeline.plan: auto: the planner's choice replaces the spec's pipeline (which keeps
   // plan: auto) and `note` says why; the job's derived figures follow the new pipeline.
   void SetPlan(const std::string& job_id, const v1::PipelineSpec& pipeline,
                const std::string& note);
-  void SetPredictedStep(const std::string& job_id, double seconds);
+  // The step time the plan predicts from the layer profile, and its update phase's part.
+  void SetPredictedStep(const std::string& job_id, double step_seconds, double update_seconds);
 
   // The lowered program the job's step timings index into (set before its first step).
   void SetTraceProgram(const std::string& job_id, const v1::TraceProgram& program);

@@ -57,6 +57,7 @@ StepReports SummarizeReports(int64_t step, const Schedule& schedule, int num_sta
   if (absl::StatusOr<StepProfile> profile = ProfileStep(schedule, first); profile.ok()) {
     summary.set_bubble_measured(profile->measured_bubble);
     summary.set_bubble_predicted(profile->predicted_bubble);
+    summary.set_exec_replayed_seconds(profile->predicted_step_seconds);
     for (double b : profile->busy_seconds) summary.add_busy_seconds(b);
     for (const ActionCosts& c : profile->stage_costs) {
       summary.add_stage_seconds(

@@ -392,8 +392,8 @@ class TandemApp {
             return absl::OkStatus();
           });
     Value("-o,--output", "json|table",
-          "Output of status, list, workers, watch (default table);\nwith export and trace: the "
-          "file to write",
+          "Output of status, list, workers, watch, plan (default table;\nplan -o json: the "
+          "coordinator's planner search);\nwith export and trace: the file to write",
           [this](const std::string& v) {
             state_->output_value = v;  // a format or a file: decided once the command is known
             return absl::OkStatus();

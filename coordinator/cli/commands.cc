@@ -523,6 +523,18 @@ absl::Status Plan(const CliOptions& opts, CoordinatorClient& client, CommandIo i
     io.out << "Planning for " << opts.workers << " workers; shown first as " << ways[0].first
            << " stages x " << ways[0].second << " replicas.\n\n";
   }
+  if (opts.output == OutputFormat::kJson) {
+    // The planner's search as the coordinator runs it for pipeline.plan: auto, machine-readable
+    // (what a script runs the top candidates from).
+    if (opts.no_profile || opts.compare || opts.print_actions || !opts.csv_out.empty()) {
+      return absl::InvalidArgumentError(
+          "plan -o json prints the coordinator's planner search; it does not combine with "
+          "--no-profile, --compare, --print-actions or --csv");
+    }
+    absl::StatusOr<v1::PlanJobResponse> search = client.PlanJob(spec);
+    if (!search.ok()) return RpcError(Command::kPlan, opts, search.status());
+    return PrintJson(*search, io.out);
+  }
   // The coordinator's measured layer profile for this shape, when it can give one.
   std::optional<v1::ModelProfile> profile;
   if (!opts.no_profile) {

@@ -44,6 +44,11 @@ class CoordinatorClient {
   // long deadline).
   virtual absl::StatusOr<v1::ModelProfile> ProfileModel(const v1::JobSpec& spec, bool refresh) = 0;
 
+  // The planner's search for `spec` as `pipeline.plan: auto` would run it on the coordinator
+  // (Coordinator.PlanJob): every candidate, fastest first, and the choice. It may profile the
+  // model at several micro-batch sizes, so the call has the same long deadline.
+  virtual absl::StatusOr<v1::PlanJobResponse> PlanJob(const v1::JobSpec& spec) = 0;
+
   // A rendered timeline of kept steps (Coordinator.GetJobTrace); the client sets the
   // protocol version. NOT_FOUND names the step that is not kept and the steps that are.
   virtual absl::StatusOr<v1::GetJobTraceResponse> GetJobTrace(

@@ -90,6 +90,18 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     return resp;
   }
 
+  absl::StatusOr<v1::PlanJobResponse> PlanJob(const v1::JobSpec& spec) override {
+    v1::PlanJobRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    *req.mutable_spec() = spec;
+    v1::PlanJobResponse resp;
+    grpc::ClientContext ctx;
+    // Every micro-batch size of the search may need a profile measured first.
+    SetDeadline(ctx, std::max(timeout_, std::chrono::milliseconds(1800000)));
+    RETURN_IF_ERROR(FromGrpcStatus(stub_->PlanJob(&ctx, req, &resp)));
+    return resp;
+  }
+
   absl::Status WatchJob(const std::string& job_id,
                         absl::FunctionRef<bool(const v1::JobEvent&)> on_event) override {
     v1::WatchJobRequest req;

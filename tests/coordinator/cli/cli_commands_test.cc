@@ -68,6 +68,12 @@ class FakeClient : public CoordinatorClient {
     trace_requests.push_back(request);
     return trace;
   }
+  absl::StatusOr<v1::PlanJobResponse> PlanJob(const v1::JobSpec& spec) override {
+    planned.push_back(spec);
+    return plan_search;
+  }
+  absl::StatusOr<v1::PlanJobResponse> plan_search = v1::PlanJobResponse();
+  std::vector<v1::JobSpec> planned;
   absl::StatusOr<v1::GetJobTraceResponse> trace = v1::GetJobTraceResponse();
   std::vector<v1::GetJobTraceRequest> trace_requests;
   std::vector<v1::ExportChunk> export_chunks;
@@ -717,6 +723,46 @@ TEST_F(CommandsTest, PlanSearchesSplitsOfTheGlobalBatch) {
   ASSERT_TRUE(Run(opts).ok()) << out_.str();
   ASSERT_EQ(client_.submitted.size(), 1u);
   EXPECT_THAT(client_.submitted[0], HasSubstr("\"plan\":\"auto\""));
+}
+
+TEST_F(CommandsTest, PlanAsJsonIsTheCoordinatorsPlannerSearch) {
+  const std::string path = WriteFile("search.yaml",
+                                     "name: s\nmodel:\n  n_layer: 2\npipeline:\n  stages: 2\n"
+                                     "  micro_batch_size: 4\n  micro_batches: 2\n");
+  v1::PlanJobResponse resp;
+  v1::PlanCandidateInfo* c = resp.add_candidates();
+  c->set_schedule("zb_h1");
+  c->set_micro_batches(4);
+  c->set_micro_batch_size(2);
+  c->set_step_seconds(1.25);
+  c->set_feasible(true);
+  resp.set_chosen(0);
+  client_.plan_search = resp;
+  CliOptions opts = Opts(Command::kPlan, {path});
+  opts.output = OutputFormat::kJson;
+  ASSERT_TRUE(Run(opts).ok()) << out_.str();
+  // The spec sent is the file's with its defaults, and the answer is printed as it came.
+  ASSERT_EQ(client_.planned.size(), 1u);
+  EXPECT_EQ(client_.planned[0].pipeline().micro_batches(), 2);
+  EXPECT_EQ(client_.planned[0].pipeline().stages(), 2);
+  EXPECT_EQ(client_.profile_calls, 0);  // the coordinator profiles, not the CLI
+  v1::PlanJobResponse printed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(out_.str(), &printed).ok()) << out_.str();
+  ASSERT_EQ(printed.candidates_size(), 1);
+  EXPECT_EQ(printed.candidates(0).schedule(), "zb_h1");
+  EXPECT_DOUBLE_EQ(printed.candidates(0).step_seconds(), 1.25);
+
+  // A coordinator that cannot plan: its error, named as the command's.
+  client_.plan_search = absl::UnavailableError("connection refused");
+  out_.str("");
+  absl::Status s = Run(opts);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(s.message(), HasSubstr("connection refused"));
+  // The local views do not combine with it.
+  opts.compare = true;
+  s = Run(opts);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("--compare"));
 }
 
 TEST_F(CommandsTest, PlanCompareListsEverySchedule) {

@@ -81,6 +81,16 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status PlanJob(grpc::ServerContext* ctx, const v1::PlanJobRequest* req,
+                       v1::PlanJobResponse* resp) override {
+    Record(ctx, req->protocol_version());
+    v1::PlanCandidateInfo* c = resp->add_candidates();
+    c->set_schedule(req->spec().pipeline().schedule());
+    c->set_micro_batches(req->spec().pipeline().micro_batches());
+    resp->set_chosen(0);
+    return grpc::Status::OK;
+  }
+
   std::vector<uint32_t> versions() {
     std::lock_guard<std::mutex> lock(mu_);
     return versions_;
@@ -142,6 +152,21 @@ TEST_F(GrpcClientTest, EveryCallCarriesVersionAndDeadline) {
   // The watch stream: long, but finite.
   EXPECT_GT(deadlines[5], 6.9 * 86400);
   EXPECT_LT(deadlines[5], 7.1 * 86400);
+}
+
+TEST_F(GrpcClientTest, PlanJobSendsTheSpecWithALongDeadline) {
+  v1::JobSpec spec;
+  spec.mutable_pipeline()->set_schedule("zb_h1");
+  spec.mutable_pipeline()->set_micro_batches(8);
+  absl::StatusOr<v1::PlanJobResponse> plan = client_->PlanJob(spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->candidates_size(), 1);
+  EXPECT_EQ(plan->candidates(0).schedule(), "zb_h1");
+  EXPECT_EQ(plan->candidates(0).micro_batches(), 8);
+  EXPECT_THAT(service_.versions(), Each(kProtocolVersion));
+  // The search may profile the model at several sizes first: far past the unary timeout.
+  ASSERT_EQ(service_.deadline_seconds().size(), 1u);
+  EXPECT_GT(service_.deadline_seconds()[0], 1700);
 }
 
 TEST_F(GrpcClientTest, ServerErrorsPassThrough) {
