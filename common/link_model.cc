@@ -29,6 +29,12 @@ double AllReduceSeconds(const v1::LinkProfile& link, int64_t bytes, int ranks) {
   if (bytes <= 0 || ranks < 2) return 0.0;
   // A ring: R - 1 reduce-scatter and R - 1 all-gather steps, each moving bytes / R per rank.
   const int64_t piece = (bytes + ranks - 1) / ranks;
+  if (link.allreduce_bytes() > 0 && link.allreduce_seconds() > 0) {
+    // Measured on 2 ranks: two steps of half the bytes each, so t = 2 latency + bytes x k.
+    const double per_byte = std::max(0.0, link.allreduce_seconds() - 2.0 * link.latency_seconds()) /
+                            static_cast<double>(link.allreduce_bytes());
+    return 2.0 * (ranks - 1) * (link.latency_seconds() + static_cast<double>(piece) * per_byte);
+  }
   return 2.0 * (ranks - 1) * TransferSeconds(link, piece);
 }
 

@@ -17,7 +17,11 @@ namespace tandem {
 double TransferSeconds(const v1::LinkProfile& link, int64_t bytes);
 
 // Seconds to sum `bytes` bytes across `ranks` workers with a ring all-reduce over such links:
-// 2 (R - 1) steps, each moving a 1/R piece one way. 0 for R < 2, bytes <= 0 or an empty link.
+// 2 (R - 1) steps, each moving a 1/R piece one way (latency + piece x per-byte cost). The
+// per-byte cost is the measured all-reduce's where the link has one (allreduce_seconds over
+// allreduce_bytes, less its two latencies: the ring's copies and sums, and on CPU workers the
+// cores the transfers take, are in it), else the fit's seconds_per_byte. 0 for R < 2,
+// bytes <= 0 or an empty link.
 double AllReduceSeconds(const v1::LinkProfile& link, int64_t bytes, int ranks);
 
 // Sets link->latency_seconds and link->seconds_per_byte to the least-squares fit of

@@ -30,6 +30,12 @@ std::string Named(const WorkerRecord& w) {
 
 }  // namespace
 
+int64_t AllReduceProbeBytes(const v1::ModelProfile& profile) {
+  int64_t parameters = 0;
+  for (const v1::LayerProfile& l : profile.layers()) parameters += l.parameter_count();
+  return std::clamp<int64_t>(parameters * 4, kSmallMessageBytes, kMaxAllReduceProbeBytes);
+}
+
 std::vector<int64_t> LinkProbeSizes(const v1::ModelProfile& profile) {
   int64_t activation = profile.layers_size() > 0 ? profile.layers(0).output_bytes() : 0;
   if (activation <= 0) activation = kSmallMessageBytes;
@@ -42,7 +48,7 @@ absl::StatusOr<v1::LinkProfile> MeasureLink(const WorkerRecord& a, StageWorkerCl
                                             const std::vector<int64_t>& sizes, int repeats,
                                             const std::string& rendezvous_prefix,
                                             absl::Duration timeout, RendezvousStore* rendezvous,
-                                            const std::string& transport) {
+                                            const std::string& transport, int64_t allreduce_bytes) {
   const WorkerRecord* workers[2] = {&a, &b};
   StageWorkerClient* clients[2] = {&a_client, &b_client};
   v1::ProbeLinkResponse responses[2];
@@ -75,6 +81,8 @@ absl::StatusOr<v1::LinkProfile> MeasureLink(const WorkerRecord& a, StageWorkerCl
     for (int64_t bytes : sizes) req.add_sizes(bytes);
     req.set_repeats(repeats);
     req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+    // The data-parallel ring runs on host buffers: timed between cpu workers.
+    if (device == "cpu") req.set_allreduce_bytes(allreduce_bytes);
     clients[r]->ProbeLink(req, &responses[r], timeout + kProbeCallSlack,
                           [&mu, &pending, &results, r](absl::Status s) {
                             absl::MutexLock lock(&mu);
@@ -116,9 +124,21 @@ absl::StatusOr<v1::LinkProfile> MeasureLink(const WorkerRecord& a, StageWorkerCl
   if (absl::Status s = FitLink(&out); !s.ok()) {
     return absl::UnknownError(absl::StrCat(link, ": ", s.message()));
   }
-  spdlog::info("measured the {} link {} <-> {} in {:.2f} s: {:.1f} us + {:.3f} ns/B", plane, a.id,
+  std::vector<double> runs;
+  for (const v1::ProbeLinkResponse& r : responses) {
+    runs.insert(runs.end(), r.allreduce_seconds().begin(), r.allreduce_seconds().end());
+  }
+  if (!runs.empty()) {
+    std::sort(runs.begin(), runs.end());
+    out.set_allreduce_bytes(allreduce_bytes / 4 * 4);
+    out.set_allreduce_seconds(runs[runs.size() / 2]);
+  }
+  spdlog::info("measured the {} link {} <-> {} in {:.2f} s: {:.1f} us + {:.3f} ns/B{}", plane, a.id,
                b.id, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-               out.latency_seconds() * 1e6, out.seconds_per_byte() * 1e9);
+               out.latency_seconds() * 1e6, out.seconds_per_byte() * 1e9,
+               out.allreduce_bytes() > 0 ? absl::StrCat("; all-reduce of ", out.allreduce_bytes(),
+                                                        " B in ", out.allreduce_seconds(), " s")
+                                         : std::string());
   return out;
 }
 
@@ -142,10 +162,10 @@ absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec, const W
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                profile.key());
   if (peer != nullptr && peer->worker != nullptr && peer->client != nullptr) {
-    absl::StatusOr<v1::LinkProfile> link =
-        MeasureLink(worker, client, *peer->worker, *peer->client, LinkProbeSizes(profile),
-                    kLinkProbeRepeats, peer->rendezvous_prefix,
-                    std::min(timeout, kLinkProbeTimeout), peer->rendezvous, peer->transport);
+    absl::StatusOr<v1::LinkProfile> link = MeasureLink(
+        worker, client, *peer->worker, *peer->client, LinkProbeSizes(profile), kLinkProbeRepeats,
+        peer->rendezvous_prefix, std::min(timeout, kLinkProbeTimeout), peer->rendezvous,
+        peer->transport, AllReduceProbeBytes(profile));
     if (link.ok()) {
       *profile.mutable_link() = *std::move(link);
     } else {

@@ -26,6 +26,11 @@ inline constexpr int kLinkProbeRepeats = 5;
 // The longest a link probe may take (a peer that never shows up ends it).
 inline constexpr absl::Duration kLinkProbeTimeout = absl::Seconds(60);
 
+// The data-parallel reduction is timed on all of the model's parameters (fp32 gradients), at
+// most this many bytes: enough for the ring's per-byte cost, in about a second on loopback.
+inline constexpr int64_t kMaxAllReduceProbeBytes = int64_t{64} << 20;
+int64_t AllReduceProbeBytes(const v1::ModelProfile& profile);
+
 // The message sizes a model's link is timed at: 4 KiB, the activation one micro-batch sends
 // from stage to stage (the embedding's output bytes) and 4 x that, each at most the workers'
 // 1 GiB. `profile` is a measured layer profile of the model.
@@ -38,13 +43,16 @@ std::vector<int64_t> LinkProbeSizes(const v1::ModelProfile& profile);
 // preferring the cause to its peer's DEADLINE_EXCEEDED. With `rendezvous`, the probe's keys
 // are dropped afterwards. Between two cuda workers the probe times `transport` ("nccl", or
 // "gloo": the host-staged transport); anything else (empty, "auto"): "gloo" when the two share
-// a GPU (ShareDevice; NCCL cannot put both ranks on one device), "nccl" otherwise.
+// a GPU (ShareDevice; NCCL cannot put both ranks on one device), "nccl" otherwise. Between cpu
+// workers, `allreduce_bytes` > 0 also times the data-parallel ring on that many bytes
+// (LinkProfile.allreduce_seconds: the median of both ends' runs).
 absl::StatusOr<v1::LinkProfile> MeasureLink(const WorkerRecord& a, StageWorkerClient& a_client,
                                             const WorkerRecord& b, StageWorkerClient& b_client,
                                             const std::vector<int64_t>& sizes, int repeats,
                                             const std::string& rendezvous_prefix,
                                             absl::Duration timeout, RendezvousStore* rendezvous,
-                                            const std::string& transport = "");
+                                            const std::string& transport = "",
+                                            int64_t allreduce_bytes = 0);
 
 // The second worker of a profile, whose link to the first is measured with it.
 struct LinkPeer {
@@ -59,7 +67,8 @@ struct LinkPeer {
 
 // Measures the profile of `spec` on `worker` (which must be idle) and puts it in `store`
 // (optional). With `peer` (idle too) it also measures the link from `worker` to it
-// (MeasureLink, sizes from LinkProbeSizes) into ModelProfile.link; a link that cannot be
+// (MeasureLink, sizes from LinkProbeSizes, the all-reduce on AllReduceProbeBytes) into
+// ModelProfile.link; a link that cannot be
 // measured is logged and left empty, since the layer timings are still good. Errors name the
 // worker.
 absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec, const WorkerRecord& worker,

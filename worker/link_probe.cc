@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <memory>
+#include <new>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "worker/transport/ring_allreduce.h"
 
 namespace tandem::worker {
 namespace {
@@ -78,6 +80,19 @@ absl::StatusOr<LinkProbeOptions> LinkProbeOptionsFrom(const v1::ProbeLinkRequest
     }
     o.transport = request.transport();
   }
+  if (request.allreduce_bytes() != 0) {
+    if (request.allreduce_bytes() < 0 || request.allreduce_bytes() > kMaxProbeBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("probe link: allreduce_bytes is ",
+                                                     request.allreduce_bytes(), "; expected 0 to ",
+                                                     kMaxProbeBytes, " (1 GiB)"));
+    }
+    if (o.device != "cpu") {
+      return absl::InvalidArgumentError(
+          "probe link: allreduce_bytes applies to device \"cpu\" only (the data-parallel ring "
+          "runs on host buffers)");
+    }
+    o.allreduce_bytes = request.allreduce_bytes() / 4 * 4;
+  }
   return o;
 }
 
@@ -117,8 +132,8 @@ absl::Status LinkProbe::Explain(const absl::Status& s, const char* what) {
       s.code(), absl::StrCat("probe link (rank ", options_.rank, "): ", what, ": ", s.message()));
 }
 
-absl::StatusOr<std::vector<v1::LinkSample>> LinkProbe::Run(const LinkConnector& connect,
-                                                           const ProbeBufferAllocator& allocate) {
+absl::StatusOr<LinkProbeResult> LinkProbe::Run(const LinkConnector& connect,
+                                               const ProbeBufferAllocator& allocate) {
   // The watchdog enforces the timeout on the connect and on every transfer: it stops the
   // probe, which makes the connector give up and aborts the transport.
   const absl::Time deadline = absl::Now() + absl::FromChrono(options_.timeout);
@@ -128,7 +143,7 @@ absl::StatusOr<std::vector<v1::LinkSample>> LinkProbe::Run(const LinkConnector& 
       StopLocked(Stop::kTimedOut);
     }
   });
-  absl::StatusOr<std::vector<v1::LinkSample>> result = Probe(connect, allocate);
+  absl::StatusOr<LinkProbeResult> result = Probe(connect, allocate);
   {
     absl::MutexLock lock(&mu_);
     finished_ = true;
@@ -137,8 +152,8 @@ absl::StatusOr<std::vector<v1::LinkSample>> LinkProbe::Run(const LinkConnector& 
   return result;
 }
 
-absl::StatusOr<std::vector<v1::LinkSample>> LinkProbe::Probe(const LinkConnector& connect,
-                                                             const ProbeBufferAllocator& allocate) {
+absl::StatusOr<LinkProbeResult> LinkProbe::Probe(const LinkConnector& connect,
+                                                 const ProbeBufferAllocator& allocate) {
   {
     absl::MutexLock lock(&mu_);
     if (stop_ != Stop::kNone) return Explain(absl::AbortedError("stopped"), "starting");
@@ -158,6 +173,14 @@ absl::StatusOr<std::vector<v1::LinkSample>> LinkProbe::Probe(const LinkConnector
   }
   char* out = static_cast<char*>(buffers[0]->data());
   char* in = static_cast<char*>(buffers[1]->data());
+  std::vector<float> reduced;
+  try {
+    reduced.assign(static_cast<size_t>(options_.allreduce_bytes / 4), 1.0f);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("probe link (rank ", options_.rank,
+                                                     "): allocating ", options_.allreduce_bytes,
+                                                     " bytes for the all-reduce"));
+  }
   absl::StatusOr<std::unique_ptr<Transport>> connected = connect(cancelled_);
   if (!connected.ok()) return Explain(connected.status(), "connecting to the peer");
   std::unique_ptr<Transport> transport = *std::move(connected);
@@ -166,13 +189,46 @@ absl::StatusOr<std::vector<v1::LinkSample>> LinkProbe::Probe(const LinkConnector
     transport_ = transport.get();
     if (stop_ != Stop::kNone) transport->Abort();
   }
-  absl::StatusOr<std::vector<v1::LinkSample>> samples = PingPong(*transport, out, in);
+  absl::StatusOr<LinkProbeResult> result;
+  if (absl::StatusOr<std::vector<v1::LinkSample>> samples = PingPong(*transport, out, in);
+      !samples.ok()) {
+    result = samples.status();
+  } else if (absl::StatusOr<std::vector<double>> runs = AllReduce(*transport, reduced);
+             !runs.ok()) {
+    result = runs.status();
+  } else {
+    result = LinkProbeResult{*std::move(samples), *std::move(runs)};
+  }
   {
     absl::MutexLock lock(&mu_);
     transport_ = nullptr;
   }
   transport.reset();  // torn down before the buffers go
-  return samples;
+  return result;
+}
+
+absl::StatusOr<std::vector<double>> LinkProbe::AllReduce(Transport& t, std::vector<float>& data) {
+  std::vector<double> runs;
+  if (data.empty()) return runs;
+  std::vector<float> scratch;
+  // Run 0 is the warm-up; each run sums ones, so the values stay small whatever the repeats.
+  for (int k = 0; k <= options_.repeats; ++k) {
+    std::fill(data.begin(), data.end(), 1.0f);
+    const Clock::time_point t0 = Clock::now();
+    absl::Status s =
+        RingAllReduce(t, data.data(), data.size(), scratch, {.id = static_cast<uint32_t>(k)});
+    const Clock::time_point t1 = Clock::now();
+    if (!s.ok()) {
+      return Explain(s, absl::StrCat("all-reducing ", data.size() * 4, " bytes").c_str());
+    }
+    if (data.front() != 2.0f || data.back() != 2.0f) {
+      return absl::InternalError(absl::StrCat("probe link (rank ", options_.rank,
+                                              "): the all-reduce summed ones to ", data.front(),
+                                              "; expected 2 (two ranks)"));
+    }
+    if (k > 0) runs.push_back(Seconds(t1 - t0));
+  }
+  return runs;
 }
 
 absl::StatusOr<std::vector<v1::LinkSample>> LinkProbe::PingPong(Transport& t, char* out, char* in) {

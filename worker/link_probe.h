@@ -49,13 +49,23 @@ struct LinkProbeOptions {
   // device "cuda" only: "nccl" (the default) or "gloo" (host-staged: device buffers over Gloo,
   // as a job on two workers sharing a GPU moves them).
   std::string transport = "nccl";
+  // device "cpu" only: bytes of floats to sum-all-reduce with the data-parallel ring after the
+  // messages (a multiple of 4); 0: none.
+  int64_t allreduce_bytes = 0;
+};
+
+// What a probe measured: one sample per message size, in order, and every timed all-reduce.
+struct LinkProbeResult {
+  std::vector<v1::LinkSample> samples;
+  std::vector<double> allreduce_seconds;
 };
 
 // INVALID_ARGUMENT naming the field for an empty rendezvous prefix, a rank other than 0 or 1,
 // no sizes or more than kMaxProbeSizes, a size <= 0 or > 1 GiB, repeats outside
 // [0, kMaxProbeRepeats], a timeout outside [0, kMaxProbeTimeout] (0 picks the default), a
-// device other than "", "cpu" and "cuda" ("" is "cpu") or a transport other than "", "nccl"
-// and "gloo" ("" is "nccl"; "gloo" with device "cuda" only).
+// device other than "", "cpu" and "cuda" ("" is "cpu"), a transport other than "", "nccl"
+// and "gloo" ("" is "nccl"; "gloo" with device "cuda" only), or allreduce_bytes outside
+// [0, 1 GiB] or set with device "cuda".
 absl::StatusOr<LinkProbeOptions> LinkProbeOptionsFrom(const v1::ProbeLinkRequest& request);
 
 // Connects the probe's 2-rank transport as this rank (in the daemon: Gloo through the
@@ -75,15 +85,16 @@ class LinkProbe {
   LinkProbe(const LinkProbe&) = delete;
   LinkProbe& operator=(const LinkProbe&) = delete;
 
-  // Connects through `connect`, times every size and tears the transport down. Returns one
-  // sample per size, in order, with one_way_seconds = median round trip / 2.
+  // Connects through `connect`, times every size (and the all-reduce, when asked) and tears the
+  // transport down. Returns one sample per size, in order, with one_way_seconds = median round
+  // trip / 2, and the all-reduce's timed runs.
   // DEADLINE_EXCEEDED when the timeout passes first (the peer never connected, or stopped
   // answering); ABORTED after Cancel(); RESOURCE_EXHAUSTED when the buffers cannot be
   // allocated; otherwise the transport's error (UNAVAILABLE when the peer fails). The two
   // message buffers come from `allocate` (a device's memory), or from the host when it is
   // null.
-  absl::StatusOr<std::vector<v1::LinkSample>> Run(const LinkConnector& connect,
-                                                  const ProbeBufferAllocator& allocate = nullptr);
+  absl::StatusOr<LinkProbeResult> Run(const LinkConnector& connect,
+                                      const ProbeBufferAllocator& allocate = nullptr);
 
   // Makes Run() return ABORTED promptly (at once if it has not started). Idempotent.
   void Cancel();
@@ -94,9 +105,11 @@ class LinkProbe {
   // Records why the probe stops (the first reason wins) and unblocks the connect and any
   // transfer.
   void StopLocked(Stop why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<std::vector<v1::LinkSample>> Probe(const LinkConnector& connect,
-                                                    const ProbeBufferAllocator& allocate);
+  absl::StatusOr<LinkProbeResult> Probe(const LinkConnector& connect,
+                                        const ProbeBufferAllocator& allocate);
   absl::StatusOr<std::vector<v1::LinkSample>> PingPong(Transport& transport, char* out, char* in);
+  // The all-reduce's warm-up and timed runs over `data` (allreduce_bytes / 4 floats).
+  absl::StatusOr<std::vector<double>> AllReduce(Transport& transport, std::vector<float>& data);
   // `s` (a failure while doing `what`) as the caller should see it, given why we stopped.
   absl::Status Explain(const absl::Status& s, const char* what);
 

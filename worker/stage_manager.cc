@@ -456,8 +456,7 @@ std::string StageManager::BusyReasonLocked() const {
   return "";
 }
 
-absl::StatusOr<std::vector<v1::LinkSample>> StageManager::ProbeLink(
-    const v1::ProbeLinkRequest& request) {
+absl::StatusOr<v1::ProbeLinkResponse> StageManager::ProbeLink(const v1::ProbeLinkRequest& request) {
   ASSIGN_OR_RETURN(LinkProbeOptions options, LinkProbeOptionsFrom(request));
   if (!transport_factory_) {
     return absl::FailedPreconditionError("probe link: this worker has no transport");
@@ -487,24 +486,31 @@ absl::StatusOr<std::vector<v1::LinkSample>> StageManager::ProbeLink(
   program.set_rendezvous_prefix(request.rendezvous_prefix());
   program.mutable_spec()->set_device(options.device);  // which transport the factory connects
   if (cuda) program.mutable_spec()->mutable_pipeline()->set_transport(options.transport);
-  absl::StatusOr<std::vector<v1::LinkSample>> samples = probe.Run(
+  absl::StatusOr<LinkProbeResult> result = probe.Run(
       [&](const std::atomic<bool>& cancelled) { return transport_factory_(program, cancelled); },
       cuda ? config_.device_buffers : nullptr);
   {
     absl::MutexLock lock(&mu_);
     probe_ = nullptr;
   }
-  if (samples.ok()) {
-    spdlog::info("probed the {} link as rank {} under {}: {} size(s), {} B one way in {:.1f} us",
-                 !cuda                         ? "Gloo"
-                 : options.transport == "gloo" ? "host-staged Gloo"
-                                               : "NCCL",
-                 options.rank, request.rendezvous_prefix(), samples->size(),
-                 samples->front().bytes(), samples->front().one_way_seconds() * 1e6);
-  } else {
-    spdlog::warn("{}", samples.status().ToString());
+  if (!result.ok()) {
+    spdlog::warn("{}", result.status().ToString());
+    return result.status();
   }
-  return samples;
+  spdlog::info("probed the {} link as rank {} under {}: {} size(s), {} B one way in {:.1f} us{}",
+               !cuda                         ? "Gloo"
+               : options.transport == "gloo" ? "host-staged Gloo"
+                                             : "NCCL",
+               options.rank, request.rendezvous_prefix(), result->samples.size(),
+               result->samples.front().bytes(), result->samples.front().one_way_seconds() * 1e6,
+               result->allreduce_seconds.empty()
+                   ? std::string()
+                   : absl::StrCat("; all-reduce of ", options.allreduce_bytes, " B in ",
+                                  result->allreduce_seconds.front(), " s"));
+  v1::ProbeLinkResponse out;
+  for (v1::LinkSample& s : result->samples) *out.add_samples() = std::move(s);
+  for (double t : result->allreduce_seconds) out.add_allreduce_seconds(t);
+  return out;
 }
 
 }  // namespace tandem::worker

@@ -129,7 +129,7 @@ class StageManager {
   // another kind;
   // UNAVAILABLE after Shutdown(), which also cancels a running probe (ABORTED); otherwise
   // what LinkProbe::Run returns (DEADLINE_EXCEEDED when the peer does not show up in time).
-  absl::StatusOr<std::vector<v1::LinkSample>> ProbeLink(const v1::ProbeLinkRequest& request);
+  absl::StatusOr<v1::ProbeLinkResponse> ProbeLink(const v1::ProbeLinkRequest& request);
 
   // Idempotent; OK for a job this worker does not hold. INVALID_ARGUMENT for an empty id.
   absl::Status Abort(const std::string& job_id, const std::string& reason);

@@ -106,9 +106,9 @@ grpc::Status StageWorkerService::ProbeLink(grpc::ServerContext* ctx,
   if (absl::Status s = CheckProtocolVersion(req->protocol_version(), kServerName); !s.ok()) {
     return ToGrpcStatus(s);
   }
-  absl::StatusOr<std::vector<v1::LinkSample>> samples = manager_->ProbeLink(*req);
-  if (!samples.ok()) return ToGrpcStatus(samples.status());
-  for (auto& s : *samples) *resp->add_samples() = std::move(s);
+  absl::StatusOr<v1::ProbeLinkResponse> probed = manager_->ProbeLink(*req);
+  if (!probed.ok()) return ToGrpcStatus(probed.status());
+  *resp = *std::move(probed);
   return grpc::Status::OK;
 }
 

@@ -87,5 +87,26 @@ TEST(LinkModelTest, TransferSecondsOfNothingOrAnUnmeasuredLinkIsZero) {
   EXPECT_EQ(TransferSeconds(v1::LinkProfile(), 1 << 20), 0.0);
 }
 
+// The ring from the fit: 2 (R - 1) steps of a 1/R piece; from a measured all-reduce: its own
+// per-byte cost (copies and sums included), which on 2 ranks gives back the measurement.
+TEST(LinkModelTest, AllReduceFromTheFitOrFromTheMeasuredRing) {
+  v1::LinkProfile link;
+  link.set_latency_seconds(1e-5);
+  link.set_seconds_per_byte(1e-9);
+  EXPECT_DOUBLE_EQ(AllReduceSeconds(link, 4000, 2), 2 * (1e-5 + 2000 * 1e-9));
+  EXPECT_DOUBLE_EQ(AllReduceSeconds(link, 4000, 4), 6 * (1e-5 + 1000 * 1e-9));
+  EXPECT_EQ(AllReduceSeconds(link, 4000, 1), 0.0);
+  EXPECT_EQ(AllReduceSeconds(link, 0, 2), 0.0);
+  EXPECT_EQ(AllReduceSeconds(v1::LinkProfile(), 4000, 2), 0.0);
+
+  // Measured: 64 MiB in 0.1 s on two ranks, three times what the messages alone would take.
+  link.set_allreduce_bytes(int64_t{64} << 20);
+  link.set_allreduce_seconds(0.1);
+  EXPECT_NEAR(AllReduceSeconds(link, int64_t{64} << 20, 2), 0.1, 1e-12);
+  const double k = (0.1 - 2e-5) / static_cast<double>(int64_t{64} << 20);
+  EXPECT_NEAR(AllReduceSeconds(link, int64_t{32} << 20, 2), 2 * (1e-5 + (16 << 20) * k), 1e-12);
+  EXPECT_NEAR(AllReduceSeconds(link, int64_t{64} << 20, 4), 6 * (1e-5 + (16 << 20) * k), 1e-12);
+}
+
 }  // namespace
 }  // namespace tandem

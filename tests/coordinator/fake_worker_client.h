@@ -118,6 +118,15 @@ class FakeWorker final : public StageWorkerClient {
       s->set_one_way_seconds(link_latency + static_cast<double>(bytes) * link_seconds_per_byte);
       s->set_rank(request.rank());
     }
+    // The ring as the fit would price it, plus the per-byte sum cost `allreduce_extra_per_byte`.
+    if (request.allreduce_bytes() > 0) {
+      const double half = static_cast<double>(request.allreduce_bytes()) / 2;
+      for (int k = 0; k < std::max(1, request.repeats()); ++k) {
+        response->add_allreduce_seconds(2 * (link_latency + half * link_seconds_per_byte) +
+                                        static_cast<double>(request.allreduce_bytes()) *
+                                            allreduce_extra_per_byte);
+      }
+    }
     done(absl::OkStatus());
   }
   // As the gRPC client cancels its calls: a hanging step returns.
@@ -125,9 +134,10 @@ class FakeWorker final : public StageWorkerClient {
 
   double link_latency = 20e-6;
   double link_seconds_per_byte = 1e-9;
-  absl::Status configure_error;  // what Configure answers
-  absl::Status probe_error;      // what ProbeLink answers
-  absl::Status liveness_error;   // what Probe answers
+  double allreduce_extra_per_byte = 0.0;  // the ring's sums and copies, beyond the messages
+  absl::Status configure_error;           // what Configure answers
+  absl::Status probe_error;               // what ProbeLink answers
+  absl::Status liveness_error;            // what Probe answers
   std::vector<v1::ProbeLinkRequest> probe_requests;
   std::function<double(int)> layer_seconds;
   std::function<double(int, int)> layer_seconds_by_size;  // (layer, micro_batch_size)

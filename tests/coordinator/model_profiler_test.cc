@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/link_model.h"
 #include "coordinator/profile_store.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/worker_registry.h"
@@ -53,7 +54,35 @@ TEST(MeasureLinkTest, FitsBothEndsAndDropsTheKeys) {
   EXPECT_EQ(b.probe_requests[0].repeats(), 3);
   EXPECT_EQ(b.probe_requests[0].timeout_ms(), 5000);
   EXPECT_EQ(b.probe_requests[0].device(), "cpu");
-  EXPECT_EQ(rendezvous.size(), 1u);  // only the other prefix's key is left
+  EXPECT_EQ(rendezvous.size(), 1u);                     // only the other prefix's key is left
+  EXPECT_EQ(b.probe_requests[0].allreduce_bytes(), 0);  // not asked: none measured
+  EXPECT_EQ(link->allreduce_bytes(), 0);
+}
+
+// Between cpu workers the data-parallel ring is timed too, and the median of both ends' runs
+// prices the reduction (common/link_model.h), copies and sums included.
+TEST(MeasureLinkTest, TimesTheAllReduceBetweenCpuWorkers) {
+  FakeWorker a(0), b(1);
+  a.allreduce_extra_per_byte = b.allreduce_extra_per_byte = 2e-9;  // the sums: 2 ns per byte
+  auto link = MeasureLink(Record("w-1"), a, Record("w-2"), b, {4096, 65536}, 3, "p/",
+                          absl::Seconds(5), nullptr, "", 1 << 20);
+  ASSERT_TRUE(link.ok()) << link.status();
+  EXPECT_EQ(a.probe_requests[0].allreduce_bytes(), 1 << 20);
+  EXPECT_EQ(b.probe_requests[0].allreduce_bytes(), 1 << 20);
+  EXPECT_EQ(link->allreduce_bytes(), 1 << 20);
+  const double expected = 2 * (20e-6 + (1 << 19) * 1e-9) + (1 << 20) * 2e-9;
+  EXPECT_NEAR(link->allreduce_seconds(), expected, 1e-12);
+  // Three times the messages alone: the price follows the measurement, not the fit.
+  EXPECT_NEAR(AllReduceSeconds(*link, 1 << 20, 2), expected, 1e-9);
+  EXPECT_GT(AllReduceSeconds(*link, 1 << 20, 2), 2.5 * 2 * TransferSeconds(*link, 1 << 19));
+  // A profile asks for all of the model's parameter bytes, at least 4 KiB, at most 64 MiB.
+  v1::ModelProfile profile;
+  profile.add_layers()->set_parameter_count(10);
+  EXPECT_EQ(AllReduceProbeBytes(profile), 4096);
+  profile.add_layers()->set_parameter_count(4990);
+  EXPECT_EQ(AllReduceProbeBytes(profile), 20000);
+  profile.add_layers()->set_parameter_count(int64_t{1} << 30);
+  EXPECT_EQ(AllReduceProbeBytes(profile), kMaxAllReduceProbeBytes);
 }
 
 // Two cuda workers are probed over NCCL ("cuda"), as their jobs move tensors; a pair of

@@ -68,7 +68,7 @@ TEST(LinkProbeTest, BothEndsTimeEverySize) {
   auto s1 = f1.get();
   ASSERT_TRUE(s0.ok()) << s0.status();
   ASSERT_TRUE(s1.ok()) << s1.status();
-  for (const auto* samples : {&*s0, &*s1}) {
+  for (const auto* samples : {&s0->samples, &s1->samples}) {
     ASSERT_EQ(samples->size(), sizes.size());
     for (size_t i = 0; i < sizes.size(); ++i) {
       const v1::LinkSample& s = (*samples)[i];
@@ -92,8 +92,31 @@ TEST(LinkProbeTest, BothEndsTimeEverySize) {
     // loopback of this decade moves memory that fast through the kernel's TCP stack).
     EXPECT_GT(fastest((*samples)[2]), 2.0 * (16 << 20) / 100e9);
   }
-  EXPECT_EQ((*s0)[0].rank(), 0);
-  EXPECT_EQ((*s1)[0].rank(), 1);
+  EXPECT_EQ(s0->samples[0].rank(), 0);
+  EXPECT_EQ(s1->samples[0].rank(), 1);
+  EXPECT_TRUE(s0->allreduce_seconds.empty());  // not asked for
+}
+
+// The data-parallel ring timed after the messages: `repeats` runs on both ends, each at least
+// as long as moving the bytes through a 100 GB/s copy twice.
+TEST(LinkProbeTest, TimesTheAllReduceWhenAsked) {
+  gloo::rendezvous::HashStore store;
+  LinkProbeOptions o0 = Options(0, {4096}, 3), o1 = Options(1, {4096}, 3);
+  o0.allreduce_bytes = o1.allreduce_bytes = int64_t{8} << 20;
+  LinkProbe p0(o0), p1(o1);
+  auto f1 = std::async(std::launch::async, [&] { return p1.Run(Connector(store, "ar/", 1)); });
+  auto s0 = p0.Run(Connector(store, "ar/", 0));
+  auto s1 = f1.get();
+  ASSERT_TRUE(s0.ok()) << s0.status();
+  ASSERT_TRUE(s1.ok()) << s1.status();
+  for (const LinkProbeResult* r : {&*s0, &*s1}) {
+    ASSERT_EQ(r->samples.size(), 1u);
+    ASSERT_EQ(r->allreduce_seconds.size(), 3u);
+    for (double t : r->allreduce_seconds) {
+      EXPECT_GT(t, 2.0 * (8 << 20) / 100e9);
+      EXPECT_LT(t, 30.0);
+    }
+  }
 }
 
 // A peer that never shows up: DEADLINE_EXCEEDED shortly after the timeout, naming the peer.
@@ -187,6 +210,19 @@ TEST(LinkProbeTest, OptionsApplyDefaultsAndNameBadFields) {
   r = Request();
   r.set_transport("gloo");  // a cpu probe is Gloo already
   refused(r, "applies to device \"cuda\" only");
+  r = Request();
+  r.set_allreduce_bytes(-4);
+  refused(r, "allreduce_bytes is -4");
+  r.set_allreduce_bytes(kMaxProbeBytes + 4);
+  refused(r, "allreduce_bytes");
+  r.set_allreduce_bytes(1 << 20);
+  r.set_device("cuda");
+  refused(r, "allreduce_bytes applies to device \"cpu\" only");
+  r = Request();
+  r.set_allreduce_bytes(1001);  // whole floats
+  o = LinkProbeOptionsFrom(r);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->allreduce_bytes, 1000);
   r = Request();
   r.set_rank(2);
   refused(r, "rank");

@@ -133,15 +133,20 @@ TEST_F(StageManagerTest, ADeviceProbeUsesTheDevicesTransportAndBuffers) {
 // Shutdown cancels it.
 TEST_F(StageManagerTest, ProbeLinkMeasuresRefusesWhileBusyAndTimesOut) {
   StageManager w0({}, CancellableFactory()), w1({}, CancellableFactory());
-  auto f1 =
-      std::async(std::launch::async, [&] { return w1.ProbeLink(ProbeRequest("p1/", 1, 10000)); });
-  auto s0 = w0.ProbeLink(ProbeRequest("p1/", 0, 10000));
+  // With the data-parallel all-reduce timed too.
+  v1::ProbeLinkRequest r0 = ProbeRequest("p1/", 0, 10000), r1 = ProbeRequest("p1/", 1, 10000);
+  r0.set_allreduce_bytes(1 << 20);
+  r1.set_allreduce_bytes(1 << 20);
+  auto f1 = std::async(std::launch::async, [&] { return w1.ProbeLink(r1); });
+  auto s0 = w0.ProbeLink(r0);
   auto s1 = f1.get();
   ASSERT_TRUE(s0.ok()) << s0.status();
   ASSERT_TRUE(s1.ok()) << s1.status();
-  ASSERT_EQ(s0->size(), 2u);
-  EXPECT_EQ((*s0)[1].bytes(), 1 << 16);
-  EXPECT_GT((*s1)[0].one_way_seconds(), 0.0);
+  ASSERT_EQ(s0->samples_size(), 2);
+  EXPECT_EQ(s0->samples(1).bytes(), 1 << 16);
+  EXPECT_GT(s1->samples(0).one_way_seconds(), 0.0);
+  EXPECT_EQ(s0->allreduce_seconds_size(), r0.repeats() > 0 ? r0.repeats() : kDefaultProbeRepeats);
+  EXPECT_EQ(s1->allreduce_seconds_size(), s0->allreduce_seconds_size());
 
   v1::ProbeLinkRequest bad = ProbeRequest("p2/", 0, 1000);
   bad.set_sizes(0, (int64_t{1} << 30) + 1);
