@@ -83,6 +83,7 @@ class Step:
     mfu: float                      # model-FLOPs utilisation (0 when a peak is unknown)
     coordinator_overhead_seconds: float
     max_worker_exec_seconds: float
+    exec_replayed_seconds: float    # the simulator on this step's measured costs (pipeline phase)
     bytes_sent: int
     peak_activation_bytes: int
     reduced_bytes: int
@@ -110,7 +111,8 @@ class Step:
             val_loss=s.val_loss if s.has_val_loss else None,
             bubble_measured=s.bubble_measured, bubble_predicted=s.bubble_predicted, mfu=s.mfu,
             coordinator_overhead_seconds=s.coordinator_overhead_seconds,
-            max_worker_exec_seconds=s.max_worker_exec_seconds, bytes_sent=s.bytes_sent,
+            max_worker_exec_seconds=s.max_worker_exec_seconds,
+            exec_replayed_seconds=s.exec_replayed_seconds, bytes_sent=s.bytes_sent,
             peak_activation_bytes=s.peak_activation_bytes, reduced_bytes=s.reduced_bytes,
             busy_seconds=tuple(s.busy_seconds),
             rank_peak_activation_bytes=tuple(s.rank_peak_activation_bytes),
@@ -170,6 +172,7 @@ class JobStatus:
     first_failure: str
     plan: str                       # pipeline.plan: auto's choice and why
     predicted_step_seconds: float
+    predicted_update_seconds: float  # of it, the update phase (norm and optimizer)
     bubble_fraction_ideal: float
     stages: Tuple[Stage, ...]
     spec: Dict[str, Any]            # the spec with every default filled in, as a dict
@@ -198,6 +201,7 @@ class JobStatus:
             checkpoint_step=j.checkpoint_step if j.checkpoint_step >= 0 else None,
             first_step=j.first_step, restarts=j.restarts, first_failure=j.first_failure,
             plan=j.plan, predicted_step_seconds=j.predicted_step_seconds,
+            predicted_update_seconds=j.predicted_update_seconds,
             bubble_fraction_ideal=j.bubble_fraction_ideal,
             stages=tuple(Stage.from_proto(s) for s in j.stages),
             spec=message_to_dict(j.spec), raw=j,

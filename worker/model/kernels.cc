@@ -192,9 +192,12 @@ void ParallelForElements(int64_t count, const std::function<void(int64_t, int64_
 
 namespace {
 
-// Output rows per GEMM part are multiples of this (OpenBLAS's row tiles are at most 32 rows,
-// so a part boundary never cuts one).
-constexpr int64_t kGemmRowAlign = 64;
+// Output rows per GEMM part are multiples of this, so that a part boundary never cuts one of
+// OpenBLAS's row tiles: 24 rows with its Haswell kernels (which it also picks on AMD Zen), 16
+// or 32 with SkylakeX's, fewer elsewhere. A part then runs exactly the tiles the whole call
+// would, and each element's sum is the same: with parts of 64 rows, the Haswell kernels on a
+// Zen 5 gave different last bits at 2 and 3 threads.
+constexpr int64_t kGemmRowAlign = 96;
 
 // Runs gemm(r0, r1) over the output rows [0, rows): in one call on one thread, or split into
 // at most KernelThreads() parts at multiples of kGemmRowAlign, each on its own thread with
