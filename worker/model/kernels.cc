@@ -212,9 +212,11 @@ void GemmRows(int64_t rows, const std::function<void(int64_t, int64_t)>& gemm) {
     return;
   }
   BlasOnCallingThread blas;  // also for a single part: OpenBLAS's threads must stay out
-  const int64_t units = (rows + kGemmRowAlign - 1) / kGemmRowAlign;
+  // The rows past the last whole unit go with it, so that no part is a sliver: OpenBLAS runs a
+  // small product (a few rows) through other kernels, with other rounding.
+  const int64_t units = std::max<int64_t>(1, rows / kGemmRowAlign);
   ParallelFor(threads, units, 1, [&](int64_t u0, int64_t u1) {
-    gemm(u0 * kGemmRowAlign, std::min(rows, u1 * kGemmRowAlign));
+    gemm(u0 * kGemmRowAlign, u1 == units ? rows : u1 * kGemmRowAlign);
   });
 }
 
