@@ -173,7 +173,8 @@ absl::StatusOr<LinkProbeResult> LinkProbe::Probe(const LinkConnector& connect,
   }
   char* out = static_cast<char*>(buffers[0]->data());
   char* in = static_cast<char*>(buffers[1]->data());
-  std::vector<float> reduced;
+  // The all-reduce's buffer and the ring's scratch outlive the transport too.
+  std::vector<float> reduced, scratch;
   try {
     reduced.assign(static_cast<size_t>(options_.allreduce_bytes / 4), 1.0f);
   } catch (const std::bad_alloc&) {
@@ -193,7 +194,7 @@ absl::StatusOr<LinkProbeResult> LinkProbe::Probe(const LinkConnector& connect,
   if (absl::StatusOr<std::vector<v1::LinkSample>> samples = PingPong(*transport, out, in);
       !samples.ok()) {
     result = samples.status();
-  } else if (absl::StatusOr<std::vector<double>> runs = AllReduce(*transport, reduced);
+  } else if (absl::StatusOr<std::vector<double>> runs = AllReduce(*transport, reduced, scratch);
              !runs.ok()) {
     result = runs.status();
   } else {
@@ -207,10 +208,10 @@ absl::StatusOr<LinkProbeResult> LinkProbe::Probe(const LinkConnector& connect,
   return result;
 }
 
-absl::StatusOr<std::vector<double>> LinkProbe::AllReduce(Transport& t, std::vector<float>& data) {
+absl::StatusOr<std::vector<double>> LinkProbe::AllReduce(Transport& t, std::vector<float>& data,
+                                                         std::vector<float>& scratch) {
   std::vector<double> runs;
   if (data.empty()) return runs;
-  std::vector<float> scratch;
   // Run 0 is the warm-up; each run sums ones, so the values stay small whatever the repeats.
   for (int k = 0; k <= options_.repeats; ++k) {
     std::fill(data.begin(), data.end(), 1.0f);

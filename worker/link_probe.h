@@ -108,8 +108,11 @@ class LinkProbe {
   absl::StatusOr<LinkProbeResult> Probe(const LinkConnector& connect,
                                         const ProbeBufferAllocator& allocate);
   absl::StatusOr<std::vector<v1::LinkSample>> PingPong(Transport& transport, char* out, char* in);
-  // The all-reduce's warm-up and timed runs over `data` (allreduce_bytes / 4 floats).
-  absl::StatusOr<std::vector<double>> AllReduce(Transport& transport, std::vector<float>& data);
+  // The all-reduce's warm-up and timed runs over `data` (allreduce_bytes / 4 floats), with the
+  // ring's `scratch`; both must outlive the transport, which may still reference them after a
+  // failure.
+  absl::StatusOr<std::vector<double>> AllReduce(Transport& transport, std::vector<float>& data,
+                                                std::vector<float>& scratch);
   // `s` (a failure while doing `what`) as the caller should see it, given why we stopped.
   absl::Status Explain(const absl::Status& s, const char* what);
 
