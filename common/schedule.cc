@@ -39,18 +39,6 @@ constexpr KindName kKindNames[] = {
     {v1::ACTION_R, "R"},  // after RECV_* and REDUCE_GRAD, which also start with R
 };
 
-absl::Status CheckSizes(int num_ranks, int num_micro_batches) {
-  if (num_ranks < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("number of ranks must be at least 1, got ", num_ranks));
-  }
-  if (num_micro_batches < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("number of micro-batches must be at least 1, got ", num_micro_batches));
-  }
-  return absl::OkStatus();
-}
-
 // M >= P, as 1F1B and the schedules derived from it need to fill the pipeline.
 absl::Status CheckEnoughMicroBatches(absl::string_view schedule, int num_ranks,
                                      int num_micro_batches) {
@@ -385,7 +373,7 @@ std::string ActionsToString(const std::vector<Action>& actions) {
 }
 
 absl::StatusOr<Schedule> GenerateGPipe(int num_ranks, int num_micro_batches) {
-  RETURN_IF_ERROR(CheckSizes(num_ranks, num_micro_batches));
+  RETURN_IF_ERROR(CheckScheduleSizes(num_ranks, num_micro_batches));
   Schedule out = MakeSchedule("gpipe", OneStagePerRank(num_ranks), num_micro_batches);
   for (int r = 0; r < num_ranks; ++r) {
     auto& list = out.program[r];
@@ -396,7 +384,7 @@ absl::StatusOr<Schedule> GenerateGPipe(int num_ranks, int num_micro_batches) {
 }
 
 absl::StatusOr<Schedule> Generate1F1B(int num_ranks, int num_micro_batches) {
-  RETURN_IF_ERROR(CheckSizes(num_ranks, num_micro_batches));
+  RETURN_IF_ERROR(CheckScheduleSizes(num_ranks, num_micro_batches));
   RETURN_IF_ERROR(CheckEnoughMicroBatches("1f1b", num_ranks, num_micro_batches));
   const int M = num_micro_batches;
   Schedule out = MakeSchedule("1f1b", OneStagePerRank(num_ranks), M);
@@ -418,7 +406,7 @@ absl::StatusOr<Schedule> Generate1F1B(int num_ranks, int num_micro_batches) {
 }
 
 absl::StatusOr<Schedule> GenerateInterleaved1F1B(int num_ranks, int chunks, int num_micro_batches) {
-  RETURN_IF_ERROR(CheckSizes(num_ranks, num_micro_batches));
+  RETURN_IF_ERROR(CheckScheduleSizes(num_ranks, num_micro_batches));
   const int P = num_ranks, v = chunks, M = num_micro_batches;
   if (v < 2) {
     return absl::InvalidArgumentError(
@@ -450,7 +438,7 @@ absl::StatusOr<Schedule> GenerateInterleaved1F1B(int num_ranks, int chunks, int 
 }
 
 absl::StatusOr<Schedule> GenerateLoopedBFS(int num_ranks, int chunks, int num_micro_batches) {
-  RETURN_IF_ERROR(CheckSizes(num_ranks, num_micro_batches));
+  RETURN_IF_ERROR(CheckScheduleSizes(num_ranks, num_micro_batches));
   const int P = num_ranks, v = chunks, M = num_micro_batches;
   if (v < 1) {
     return absl::InvalidArgumentError(
@@ -471,7 +459,7 @@ absl::StatusOr<Schedule> GenerateLoopedBFS(int num_ranks, int chunks, int num_mi
 
 absl::StatusOr<Schedule> GenerateInterleavedZeroBubble(int num_ranks, int chunks,
                                                        int num_micro_batches) {
-  RETURN_IF_ERROR(CheckSizes(num_ranks, num_micro_batches));
+  RETURN_IF_ERROR(CheckScheduleSizes(num_ranks, num_micro_batches));
   const int P = num_ranks, v = chunks, M = num_micro_batches;
   if (v < 2) {
     return absl::InvalidArgumentError(
@@ -526,7 +514,7 @@ absl::StatusOr<Schedule> GenerateInterleavedZeroBubble(int num_ranks, int chunks
 }
 
 absl::StatusOr<Schedule> GenerateZBH1(int num_ranks, int num_micro_batches) {
-  RETURN_IF_ERROR(CheckSizes(num_ranks, num_micro_batches));
+  RETURN_IF_ERROR(CheckScheduleSizes(num_ranks, num_micro_batches));
   RETURN_IF_ERROR(CheckEnoughMicroBatches("zb_h1", num_ranks, num_micro_batches));
   const int P = num_ranks, M = num_micro_batches;
   Schedule out = MakeSchedule("zb_h1", OneStagePerRank(P), M);
@@ -550,7 +538,7 @@ absl::StatusOr<Schedule> GenerateZBH1(int num_ranks, int num_micro_batches) {
 }
 
 absl::StatusOr<Schedule> GenerateZBH2(int num_ranks, int num_micro_batches) {
-  RETURN_IF_ERROR(CheckSizes(num_ranks, num_micro_batches));
+  RETURN_IF_ERROR(CheckScheduleSizes(num_ranks, num_micro_batches));
   RETURN_IF_ERROR(CheckEnoughMicroBatches("zb_h2", num_ranks, num_micro_batches));
   const int P = num_ranks, M = num_micro_batches;
   Schedule out = MakeSchedule("zb_h2", OneStagePerRank(P), M);
@@ -580,7 +568,7 @@ absl::StatusOr<Schedule> GenerateZBH2(int num_ranks, int num_micro_batches) {
 }
 
 absl::StatusOr<Schedule> GenerateZBV(int num_ranks, int num_micro_batches) {
-  RETURN_IF_ERROR(CheckSizes(num_ranks, num_micro_batches));
+  RETURN_IF_ERROR(CheckScheduleSizes(num_ranks, num_micro_batches));
   RETURN_IF_ERROR(CheckEnoughMicroBatches("zb_v", num_ranks, num_micro_batches));
   const int P = num_ranks, M = num_micro_batches;
   Schedule out = MakeSchedule("zb_v", VShapePlacement(P), M);
@@ -598,7 +586,7 @@ absl::StatusOr<Schedule> GenerateZBV(int num_ranks, int num_micro_batches) {
 
 absl::StatusOr<Schedule> GenerateForwardOnly(const Placement& placement, int num_micro_batches) {
   RETURN_IF_ERROR(ValidatePlacement(placement));
-  RETURN_IF_ERROR(CheckSizes(placement.num_ranks, num_micro_batches));
+  RETURN_IF_ERROR(CheckScheduleSizes(placement.num_ranks, num_micro_batches));
   Schedule out = MakeSchedule("forward_only", placement, num_micro_batches);
   for (int r = 0; r < placement.num_ranks; ++r) {
     for (int stage : placement.StagesOf(r)) {
@@ -608,6 +596,18 @@ absl::StatusOr<Schedule> GenerateForwardOnly(const Placement& placement, int num
     }
   }
   return out;
+}
+
+absl::Status CheckScheduleSizes(int num_ranks, int num_micro_batches) {
+  if (num_ranks < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("number of ranks must be at least 1, got ", num_ranks));
+  }
+  if (num_micro_batches < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("number of micro-batches must be at least 1, got ", num_micro_batches));
+  }
+  return absl::OkStatus();
 }
 
 std::vector<std::string> ScheduleNames() {
@@ -865,7 +865,7 @@ std::string ProgramToCsv(const Program& program) {
 
 absl::StatusOr<Schedule> ScheduleFromCsv(absl::string_view csv, int num_ranks,
                                          int num_micro_batches) {
-  RETURN_IF_ERROR(CheckSizes(num_ranks, num_micro_batches));
+  RETURN_IF_ERROR(CheckScheduleSizes(num_ranks, num_micro_batches));
   Schedule out;
   out.name = "csv";
   out.num_micro_batches = num_micro_batches;

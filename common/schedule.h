@@ -111,6 +111,11 @@ std::string ActionsToString(const std::vector<Action>& actions);
 // the B or I of another stage.
 bool StartsOverlappedPair(const std::vector<Action>& actions, size_t i);
 
+// OK when a generator can be asked for `num_ranks` ranks and `num_micro_batches`
+// micro-batches (both at least 1), else INVALID_ARGUMENT naming the one that is not. Every
+// generator's first check (schedule_v.cc and schedule_auto.cc prefix it with their name).
+absl::Status CheckScheduleSizes(int num_ranks, int num_micro_batches);
+
 // GPipe: all M forwards, then all M backwards (reverse order). Any P >= 1, M >= 1.
 absl::StatusOr<Schedule> GenerateGPipe(int num_ranks, int num_micro_batches);
 

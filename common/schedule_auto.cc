@@ -323,14 +323,7 @@ void LocalSearch(Timer& timer, const std::vector<int>& limit, int budget, Progra
 
 absl::Status CheckInputs(int P, int M, const std::vector<ActionCosts>& per_stage,
                          const std::vector<int>& limit) {
-  if (P < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("zb_auto: number of ranks must be at least 1, got ", P));
-  }
-  if (M < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("zb_auto: number of micro-batches must be at least 1, got ", M));
-  }
+  RETURN_IF_ERROR(WithPrefix(CheckScheduleSizes(P, M), "zb_auto"));
   if (static_cast<int>(per_stage.size()) != P) {
     return absl::InvalidArgumentError(absl::StrCat("zb_auto: per-stage costs: ", per_stage.size(),
                                                    " entries for ", P,

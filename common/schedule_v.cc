@@ -34,18 +34,6 @@ int VRankOf(int num_ranks, int stage) {
   return stage < num_ranks ? stage : 2 * num_ranks - 1 - stage;
 }
 
-absl::Status CheckVSizes(absl::string_view schedule, int num_ranks, int num_micro_batches) {
-  if (num_ranks < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(schedule, ": number of ranks must be at least 1, got ", num_ranks));
-  }
-  if (num_micro_batches < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        schedule, ": number of micro-batches must be at least 1, got ", num_micro_batches));
-  }
-  return absl::OkStatus();
-}
-
 Schedule MakeVSchedule(absl::string_view name, int num_ranks, int num_micro_batches) {
   Schedule s;
   s.name = std::string(name);
@@ -113,7 +101,7 @@ VBlock MinimalLifespanBlock(int num_ranks) {
 }  // namespace
 
 absl::StatusOr<Schedule> GenerateVMin(int num_ranks, int num_micro_batches) {
-  RETURN_IF_ERROR(CheckVSizes("v_min", num_ranks, num_micro_batches));
+  RETURN_IF_ERROR(WithPrefix(CheckScheduleSizes(num_ranks, num_micro_batches), "v_min"));
   const int P = num_ranks, M = num_micro_batches;
   Schedule out = MakeVSchedule("v_min", P, M);
   const VBlock b = MinimalLifespanBlock(P);
@@ -137,7 +125,7 @@ absl::StatusOr<Schedule> GenerateVMin(int num_ranks, int num_micro_batches) {
 }
 
 absl::StatusOr<Schedule> GenerateVHalf(int num_ranks, int num_micro_batches) {
-  RETURN_IF_ERROR(CheckVSizes("v_half", num_ranks, num_micro_batches));
+  RETURN_IF_ERROR(WithPrefix(CheckScheduleSizes(num_ranks, num_micro_batches), "v_half"));
   const int P = num_ranks, M = num_micro_batches, S = 2 * P;
   // Unit-time list scheduling. ends_*[s][m]: when the action ends (-1 while it has not run).
   std::vector<std::vector<int>> ends_f(S, std::vector<int>(M, -1));

@@ -47,6 +47,7 @@ GptConfig TinyConfig(bool tied = true) { return *GptConfigFromSpec(TinyGpt(tied)
 using testing::ExpectBitIdenticalBackwards;
 using testing::Perturb;
 using testing::RandomTensor;
+using testing::RunSameForwards;
 
 IntTensor RandomTokens(int64_t b, int64_t t, int64_t v, uint64_t seed) {
   IntTensor x({b, t});
@@ -165,13 +166,9 @@ TEST_F(GptLayersTest, SelectiveRecomputationKeepsLessAndIsBitIdentical) {
   ASSERT_EQ(h, 4 * kC);
   const Tensor x = RandomTensor({kB, kT, kC}, 3), dout = RandomTensor({kB, kT, kC}, 4);
   GptBlock plain(plain_cfg, 0, 7), full(selective_cfg, 0, 7), split(selective_cfg, 0, 7);
-  for (Layer* l : std::vector<Layer*>{&plain, &full, &split}) Perturb(*l, 2);
   SavedContext a, b, c;
-  Tensor ya, yb, yc;
-  ASSERT_TRUE(plain.Forward(x, MicroBatchData{}, a, ya).ok());
-  ASSERT_TRUE(full.Forward(x, MicroBatchData{}, b, yb).ok());
-  ASSERT_TRUE(split.Forward(x, MicroBatchData{}, c, yc).ok());
-  EXPECT_EQ(ya.vec(), yb.vec());
+  RunSameForwards(plain, a, full, b, split, c, x);
+  if (HasFatalFailure()) return;
   // Per token: x, ln1, y, x1, ln2 (C each), qkv (3C), pre (H), the norms' means and rstds
   // (4), and without selective the probabilities (NH T) and the GELU output (H).
   const size_t kept = static_cast<size_t>(n * (8 * kC + h + 4)) * sizeof(float);

@@ -45,6 +45,18 @@ inline void Perturb(Layer& layer, uint64_t seed, double scale = 0.3) {
   }
 }
 
+// Perturbs `plain`, `other` and `split` alike and runs `x` forward through each into its
+// context; `other`'s output must be bit for bit `plain`'s.
+inline void RunSameForwards(Layer& plain, SavedContext& a, Layer& other, SavedContext& b,
+                            Layer& split, SavedContext& c, const Tensor& x) {
+  for (Layer* l : std::vector<Layer*>{&plain, &other, &split}) Perturb(*l, 2);
+  Tensor ya, yb, yc;
+  ASSERT_TRUE(plain.Forward(x, MicroBatchData{}, a, ya).ok());
+  ASSERT_TRUE(other.Forward(x, MicroBatchData{}, b, yb).ok());
+  ASSERT_TRUE(split.Forward(x, MicroBatchData{}, c, yc).ok());
+  EXPECT_EQ(ya.vec(), yb.vec());
+}
+
 // Runs `dout` back through `plain` (B), `other` (B) and `split` (I then W), each from the
 // context its own forward filled, and expects what a recomputing variant must give: split's
 // context empty after W, and the input gradient and every parameter gradient of `other` and

@@ -56,6 +56,7 @@ LlamaConfig TinyConfig(int64_t n_kv_head = 2, bool tied = false) {
 using testing::ExpectBitIdenticalBackwards;
 using testing::Perturb;
 using testing::RandomTensor;
+using testing::RunSameForwards;
 namespace simd = kernels::simd;
 
 IntTensor RandomTokens(int64_t b, int64_t t, int64_t v, uint64_t seed) {
@@ -174,13 +175,9 @@ TEST_F(LlamaLayersTest, SelectiveRecomputationKeepsLessAndIsBitIdentical) {
   const int64_t n = kB * kT, kvd = 2 * (kC / kNh);
   const Tensor x = RandomTensor({kB, kT, kC}, 3), dout = RandomTensor({kB, kT, kC}, 4);
   LlamaBlock plain(plain_cfg, 0, 7), full(selective_cfg, 0, 7), split(selective_cfg, 0, 7);
-  for (Layer* l : std::vector<Layer*>{&plain, &full, &split}) Perturb(*l, 2);
   SavedContext a, b, c;
-  Tensor ya, yb, yc;
-  ASSERT_TRUE(plain.Forward(x, MicroBatchData{}, a, ya).ok());
-  ASSERT_TRUE(full.Forward(x, MicroBatchData{}, b, yb).ok());
-  ASSERT_TRUE(split.Forward(x, MicroBatchData{}, c, yc).ok());
-  EXPECT_EQ(ya.vec(), yb.vec());
+  RunSameForwards(plain, a, full, b, split, c, x);
+  if (HasFatalFailure()) return;
   // Per token (llama.h): 6 C + 2 KVD + 2 H + 2, and without selective NH T more.
   const size_t kept = static_cast<size_t>(n * (6 * kC + 2 * kvd + 2 * kH + 2)) * sizeof(float);
   EXPECT_EQ(b.Bytes(), kept);

@@ -480,6 +480,12 @@ absl::StatusOr<std::vector<std::unique_ptr<Layer>>> BuildGptLayers(const v1::Mod
                                                                    uint64_t seed, int layer_begin,
                                                                    int layer_end) {
   ASSIGN_OR_RETURN(const GptConfig cfg, GptConfigFromSpec(model));
+  return BuildGptLayers(cfg, seed, layer_begin, layer_end);
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<Layer>>> BuildGptLayers(const GptConfig& cfg,
+                                                                   uint64_t seed, int layer_begin,
+                                                                   int layer_end) {
   return BuildLayerRange<GptEmbedding, GptBlock, GptHead>(cfg, cfg.n_layer, seed, layer_begin,
                                                           layer_end);
 }

@@ -168,6 +168,11 @@ class GptHead final : public Layer {
 absl::StatusOr<std::vector<std::unique_ptr<Layer>>> BuildGptLayers(const v1::ModelSpec& model,
                                                                    uint64_t seed, int layer_begin,
                                                                    int layer_end);
+// The same from a config GptConfigFromSpec made (with what a job may set on it, such as
+// selective_recompute).
+absl::StatusOr<std::vector<std::unique_ptr<Layer>>> BuildGptLayers(const GptConfig& cfg,
+                                                                   uint64_t seed, int layer_begin,
+                                                                   int layer_end);
 
 }  // namespace tandem::worker
 

@@ -46,33 +46,38 @@ absl::Status CheckModelSpec(const v1::ModelSpec& model) {
       "model.arch '", model.arch(), "' is not supported here; expected gpt, llama or mlp_lm"));
 }
 
+namespace {
+
+// The one dispatch on model.arch, with what a job may change in how the blocks compute.
+absl::StatusOr<std::vector<std::unique_ptr<Layer>>> BuildLayers(const v1::ModelSpec& model,
+                                                                uint64_t seed, int layer_begin,
+                                                                int layer_end,
+                                                                bool selective_recompute) {
+  if (model.arch() == "gpt") {
+    ASSIGN_OR_RETURN(GptConfig cfg, GptConfigFromSpec(model));
+    cfg.selective_recompute = selective_recompute;
+    return BuildGptLayers(cfg, seed, layer_begin, layer_end);
+  }
+  // mlp_lm: no attention, nothing for selective to drop (spec validation refuses it there).
+  if (model.arch() == "mlp_lm") return BuildMlpLmLayers(model, seed, layer_begin, layer_end);
+  ASSIGN_OR_RETURN(LlamaConfig cfg, LlamaConfigFromSpec(model));
+  cfg.selective_recompute = selective_recompute;
+  return BuildLlamaLayers(cfg, seed, layer_begin, layer_end);
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<std::unique_ptr<Layer>>> BuildModelLayers(const v1::ModelSpec& model,
                                                                      uint64_t seed, int layer_begin,
                                                                      int layer_end) {
-  if (model.arch() == "gpt") return BuildGptLayers(model, seed, layer_begin, layer_end);
-  if (model.arch() == "mlp_lm") return BuildMlpLmLayers(model, seed, layer_begin, layer_end);
-  ASSIGN_OR_RETURN(const LlamaConfig cfg, LlamaConfigFromSpec(model));
-  return BuildLlamaLayers(cfg, seed, layer_begin, layer_end);
+  return BuildLayers(model, seed, layer_begin, layer_end, /*selective_recompute=*/false);
 }
 
 absl::StatusOr<std::vector<std::unique_ptr<Layer>>> BuildModelLayers(const v1::JobSpec& spec,
                                                                      int layer_begin,
                                                                      int layer_end) {
-  const v1::ModelSpec& model = spec.model();
-  const bool selective = spec.pipeline().recompute() == "selective";
-  if (model.arch() == "gpt") {
-    ASSIGN_OR_RETURN(GptConfig cfg, GptConfigFromSpec(model));
-    cfg.selective_recompute = selective;
-    return BuildLayerRange<GptEmbedding, GptBlock, GptHead>(cfg, cfg.n_layer, spec.seed(),
-                                                            layer_begin, layer_end);
-  }
-  if (model.arch() == "llama") {
-    ASSIGN_OR_RETURN(LlamaConfig cfg, LlamaConfigFromSpec(model));
-    cfg.selective_recompute = selective;
-    return BuildLlamaLayers(cfg, spec.seed(), layer_begin, layer_end);
-  }
-  // mlp_lm: no attention, nothing for selective to drop (spec validation refuses it there).
-  return BuildModelLayers(model, spec.seed(), layer_begin, layer_end);
+  return BuildLayers(spec.model(), spec.seed(), layer_begin, layer_end,
+                     spec.pipeline().recompute() == "selective");
 }
 
 }  // namespace tandem::worker
