@@ -23,9 +23,13 @@
 //   build/bin/bench_coordinator_scale [--workers 64,256,1024] [--steps 30] [--warmup 3]
 //                                     [--heartbeat-ms 1000] [--idle-s 3]
 //                                     [--heartbeat-per-worker-us N]
+//                                     [--step-relay-min-workers N]
 // --heartbeat-per-worker-us: passed to the coordinator (0 keeps the heartbeat interval at
 // --heartbeat-ms whatever the gang; by default it grows to workers x 10 ms, and the fake
 // workers follow the interval the coordinator tells them, as real ones do).
+// --step-relay-min-workers: passed to the coordinator (0: no step relay, the coordinator calls
+// every worker; by default gangs of 64 and more get the relay). The fake workers forward a
+// relayed RunStep as real ones do, through the worker's own StepRelay (worker/step_relay.h).
 #include <dirent.h>
 #include <grpcpp/grpcpp.h>
 #include <sys/resource.h>
@@ -55,11 +59,13 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "common/rpc.h"
 #include "common/status_macros.h"
 #include "common/version.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 #include "tandem/v1/worker.grpc.pb.h"
 #include "tests/integration/harness.h"
+#include "worker/step_relay.h"
 
 namespace {
 
@@ -75,6 +81,8 @@ struct BenchOptions {
   // The coordinator's --heartbeat-per-worker-us (-1: its default, which stretches the interval
   // to workers x 10 ms; 0: a fixed --heartbeat-ms, as before it existed).
   int heartbeat_per_worker_us = -1;
+  // The coordinator's --step-relay-min-workers (-1: its default).
+  int step_relay_min_workers = -1;
 };
 
 constexpr int kStages = 4;
@@ -414,7 +422,24 @@ class FakeGang final : public v1::StageWorker::CallbackService {
       m->set_static_bytes(16000);
       m->set_peak_activation_bytes(8192);
     }
-    reactor->Finish(grpc::Status::OK);
+    if (req->relay_size() == 0) {
+      reactor->Finish(grpc::Status::OK);
+      return reactor;
+    }
+    // The step relay: forward as a real worker does, answer when every forwarded call has.
+    relay_.Forward(*req, ctx->deadline(), nullptr,
+                   [reactor, ctx, resp](tandem::worker::StepRelay::Outcome outcome) {
+                     if (!outcome.status.ok()) {
+                       ctx->AddTrailingMetadata(tandem::kRelayedRankKey,
+                                                absl::StrCat(outcome.failed_rank));
+                       reactor->Finish(tandem::ToGrpcStatus(outcome.status));
+                       return;
+                     }
+                     for (v1::RelayedStep& r : outcome.relayed) {
+                       *resp->add_relayed() = std::move(r);
+                     }
+                     reactor->Finish(grpc::Status::OK);
+                   });
     return reactor;
   }
 
@@ -592,6 +617,8 @@ class FakeGang final : public v1::StageWorker::CallbackService {
   }
 
   const ProcessCpu coordinator_cpu_;
+  tandem::worker::StepRelay relay_{
+      [](const std::string& address) { return tandem::MakeInsecureChannel(address); }};
   std::unique_ptr<grpc::Server> server_;
   std::vector<std::unique_ptr<FakeWorker>> workers_;  // fixed once Serve returns
   std::vector<int> worker_of_port_ = std::vector<int>(65536, -1);
@@ -640,6 +667,10 @@ absl::StatusOr<Row> RunGang(int n, const BenchOptions& opt) {
   if (opt.heartbeat_per_worker_us >= 0) {
     options.coordinator_args.push_back(
         absl::StrCat("--heartbeat_per_worker_us=", opt.heartbeat_per_worker_us));
+  }
+  if (opt.step_relay_min_workers >= 0) {
+    options.coordinator_args.push_back(
+        absl::StrCat("--step_relay_min_workers=", opt.step_relay_min_workers));
   }
   Cluster cluster(options);
   RETURN_IF_ERROR(cluster.Start());
@@ -771,6 +802,7 @@ bool ParseFlags(int argc, char** argv, BenchOptions* opt) {
                   : flag == "--heartbeat-ms"            ? &opt->heartbeat_ms
                   : flag == "--idle-s"                  ? &opt->idle_seconds
                   : flag == "--heartbeat-per-worker-us" ? &opt->heartbeat_per_worker_us
+                  : flag == "--step-relay-min-workers"  ? &opt->step_relay_min_workers
                                                         : nullptr;
     if (flag == "--workers") {
       opt->workers.clear();

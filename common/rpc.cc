@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <fstream>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/version.h"
 
@@ -16,6 +18,19 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
 absl::Status FromGrpcStatus(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+absl::Status FromGrpcCall(const grpc::Status& s, const grpc::ClientContext& ctx) {
+  absl::Status status = FromGrpcStatus(s);
+  if (status.ok()) return status;
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  const auto it = trailers.find(kRelayedRankKey);
+  int rank = -1;
+  if (it != trailers.end() &&
+      absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &rank)) {
+    status = WithRelayedRank(std::move(status), rank);
+  }
+  return status;
 }
 
 absl::Status CheckProtocolVersion(uint32_t version, const char* server_name) {

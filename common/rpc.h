@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "common/clock.h"
+#include "common/relayed_rank.h"
 
 namespace tandem {
 
@@ -20,6 +21,12 @@ absl::Status FromGrpcStatus(const grpc::Status& s);
 
 // Refuses a request whose protocol_version is not the one this build speaks.
 absl::Status CheckProtocolVersion(uint32_t version, const char* server_name);
+
+// The trailing metadata key under which a relaying worker names the rank whose forwarded call
+// failed (common/relayed_rank.h).
+inline constexpr char kRelayedRankKey[] = "tandem-relayed-rank";
+// FromGrpcStatus, with the relayed rank of the call's trailing metadata attached (if any).
+absl::Status FromGrpcCall(const grpc::Status& s, const grpc::ClientContext& ctx);
 
 // Every client call carries a deadline.
 inline void SetDeadline(grpc::ClientContext& ctx, std::chrono::milliseconds timeout) {

@@ -301,7 +301,10 @@ AccessPolicy CoordinatorAccessPolicy() {
 
 AccessPolicy WorkerAccessPolicy() {
   return {kWorkerName,
-          {{"/tandem.v1.StageWorker/", {Role::kCoordinator}}, {"/grpc.health.v1.Health/", {}}}};
+          {// The step relay: a worker forwards the coordinator's RunStep to other workers.
+           {"/tandem.v1.StageWorker/RunStep", {Role::kCoordinator, Role::kWorker}},
+           {"/tandem.v1.StageWorker/", {Role::kCoordinator}},
+           {"/grpc.health.v1.Health/", {}}}};
 }
 
 absl::Status Authorize(const AccessPolicy& policy, const std::string& token,

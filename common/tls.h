@@ -114,8 +114,9 @@ struct AccessPolicy {
 // WorkerRegistry, Rendezvous and Checkpoints for workers; grpc.health.v1 for anyone
 // authenticated.
 AccessPolicy CoordinatorAccessPolicy();
-// A worker's API port: tandem.v1.StageWorker for the coordinator only; grpc.health.v1 for
-// anyone authenticated.
+// A worker's API port: tandem.v1.StageWorker for the coordinator only, except RunStep, which
+// the other workers may call too (the step relay forwards it); grpc.health.v1 for anyone
+// authenticated.
 AccessPolicy WorkerAccessPolicy();
 
 // What the server knows of a caller, from the TLS handshake and the request's metadata.

@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/relayed_rank.h"
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 
@@ -58,7 +59,11 @@ bool Gang::RankLost(int rank) const {
 StageWorkerClient::Done Gang::Completion(Batch* batch, int rank) {
   return [this, batch, rank](absl::Status s) {
     absl::MutexLock lock(&mu_);
-    if (!s.ok() && batch->failed++ == 0) batch->first_failure = rank;
+    // A relayed failure is the relayed worker's: the caller only carried it.
+    const int relayed = RelayedRank(s);
+    const int at = relayed >= 0 && relayed < size() ? relayed : rank;
+    if (!s.ok() && batch->failed++ == 0) batch->first_failure = at;
+    if (at != rank) batch->results[at] = s;
     batch->results[rank] = std::move(s);
     --batch->pending;
   };
@@ -106,15 +111,20 @@ absl::Status Gang::CallAll(const std::string& what, absl::Duration timeout,
                            const std::function<void(int, StageWorkerClient::Done)>& issue,
                            int count) {
   const int p = count < 0 ? size() : std::min(count, size());
-  Batch batch(p);
+  std::vector<int> ranks(static_cast<size_t>(p));
+  for (int r = 0; r < p; ++r) ranks[r] = r;
+  return CallRanks(what, timeout, ranks, issue);
+}
+
+absl::Status Gang::CallRanks(const std::string& what, absl::Duration timeout,
+                             const std::vector<int>& ranks,
+                             const std::function<void(int, StageWorkerClient::Done)>& issue) {
+  Batch batch(size());
+  batch.pending = static_cast<int>(ranks.size());
   batch.deadline = timeout;
-  for (int r = 0; r < p; ++r) issue(r, Completion(&batch, r));
+  for (int r : ranks) issue(r, Completion(&batch, r));
   RETURN_IF_ERROR(AwaitBatch(&batch, timeout + absl::Seconds(5), what));
-  for (int r = 0; r < p; ++r) {
-    if (!batch.results[r].ok()) {
-      return Diagnose(what, batch.results, batch.first_failure, batch.deadline);
-    }
-  }
+  if (batch.failed > 0) return Diagnose(what, batch.results, batch.first_failure, batch.deadline);
   return absl::OkStatus();
 }
 

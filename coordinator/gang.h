@@ -59,6 +59,12 @@ class Gang {
   absl::Status CallAll(const std::string& what, absl::Duration timeout,
                        const std::function<void(int, StageWorkerClient::Done)>& issue,
                        int count = -1);
+  // The same for the calls of `ranks` only (the step relay's roots, which forward the call to
+  // the others). A failure that names a relayed rank (common/relayed_rank.h) is that rank's, not
+  // the caller's: the abort reason and the diagnosis name it.
+  absl::Status CallRanks(const std::string& what, absl::Duration timeout,
+                         const std::vector<int>& ranks,
+                         const std::function<void(int, StageWorkerClient::Done)>& issue);
 
   // Explains failed calls made outside CallAll: `results` by rank, each call made with
   // `deadline`; the lowest failed rank is taken for the first failure. Returns the

@@ -134,7 +134,7 @@ class GrpcStageWorkerClient final : public StageWorkerClient {
   }
 
   void Finish(ContextIt it, const grpc::Status& s, const Done& done) {
-    done(FromGrpcStatus(s));
+    done(FromGrpcCall(s, *it));
     absl::MutexLock lock(&mu_);
     pending_.erase(it);
   }

@@ -40,6 +40,16 @@ bool CheckpointDue(const v1::JobSpec& spec, int64_t step) {
   return step + 1 == spec.steps() || (every > 0 && (step + 1) % every == 0);
 }
 
+namespace {
+
+std::vector<RelayMember> RelayMembers(const std::vector<WorkerRecord>& workers) {
+  std::vector<RelayMember> members;
+  for (const WorkerRecord& w : workers) members.push_back({w.address, w.node});
+  return members;
+}
+
+}  // namespace
+
 bool EvalDue(const v1::JobSpec& spec, int64_t step) {
   const int every = spec.eval().every();
   return every > 0 && ((step + 1) % every == 0 || step + 1 == spec.steps());
@@ -50,6 +60,7 @@ JobRunner::JobRunner(RunnerEnv env, v1::Job job, std::vector<WorkerRecord> worke
       job_(std::move(job)),
       gang_(job_.id(), std::move(workers), *env_.clients, env_.registry, env_.options.abort_timeout,
             [this](int rank) { return WorkerName(rank); }),
+      relay_(PlanStepRelay(RelayMembers(gang_.workers()), env_.options.step_relay_min_workers)),
       attempt_(job_.restarts()) {
   run_.spec = job_.spec();
 }
@@ -256,6 +267,14 @@ absl::Status JobRunner::ConfigureAll() {
   int64_t params = 0;
   for (const auto& resp : responses) params += resp.parameter_count();
   spdlog::info("{}: configured {} stage(s), {} parameters", job_.id(), p, params);
+  if (!relay_.empty()) {
+    std::vector<int> roots;
+    for (const RelayGroup& g : relay_) roots.push_back(g.root);
+    spdlog::info(
+        "{}: the step relay: {} group(s) of up to {} workers; the coordinator calls "
+        "rank(s) {}, which forward each step to the rest of their group",
+        job_.id(), relay_.size(), relay_[0].children.size() + 1, absl::StrJoin(roots, ","));
+  }
   return absl::OkStatus();
 }
 
@@ -279,9 +298,7 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
     pending_apply_.reset();
   }
   const absl::Duration deadline = StepDeadline();
-  RETURN_IF_ERROR(gang_.CallAll(what, deadline, [&](int r, auto done) {
-    gang_.client(r).RunStep(req, &responses[r], deadline, std::move(done));
-  }));
+  RETURN_IF_ERROR(RunStepOnAll(what, req, deadline, &responses));
   const double run_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -289,15 +306,17 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
   // per-stage busy time comes from the same record, so that the trace and the summary agree.
   std::vector<v1::StepReport> step_reports;
   std::vector<std::string> worker_ids;
+  step_reports.reserve(p);
   for (int r = 0; r < p; ++r) {
-    step_reports.push_back(responses[r].report());
+    // Moved, not copied: at a thousand workers the copies were a visible share of the step.
+    step_reports.push_back(std::move(*responses[r].mutable_report()));
     step_reports.back().set_rank(r);  // the rank the runner asked, whatever the report says
     worker_ids.push_back(gang_.workers()[r].id);
   }
   v1::StepTimings timings =
       StepTimingsOf(step, step_reports, env_.registry->ClockOffsets(worker_ids));
   std::vector<const v1::StepReport*> reports;
-  for (const auto& resp : responses) reports.push_back(&resp.report());
+  for (const auto& report : step_reports) reports.push_back(&report);
   StepReports reported =
       SummarizeReports(step, plan.schedule, plan.num_stages(), reports, timings,
                        spec.optimizer().grad_clip(), Replicas(), ShardsOptimizerState(spec));
@@ -358,6 +377,50 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
   }
   env_.store->RecordStepTimings(job_.id(), std::move(timings));
   env_.store->RecordStep(job_.id(), summary);
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::RunStepOnAll(const std::string& what, const v1::RunStepRequest& req,
+                                     absl::Duration deadline,
+                                     std::vector<v1::RunStepResponse>* responses) {
+  if (relay_.empty()) {
+    return gang_.CallAll(what, deadline, [&](int r, auto done) {
+      gang_.client(r).RunStep(req, &(*responses)[r], deadline, std::move(done));
+    });
+  }
+  std::vector<int> roots;
+  std::vector<v1::RunStepRequest> rooted(gang_.size());
+  for (const RelayGroup& g : relay_) {
+    roots.push_back(g.root);
+    rooted[g.root] = req;
+    for (const v1::StepRelay& child : g.children) *rooted[g.root].add_relay() = child;
+  }
+  RETURN_IF_ERROR(gang_.CallRanks(what, deadline, roots, [&](int r, auto done) {
+    gang_.client(r).RunStep(rooted[r], &(*responses)[r], deadline, std::move(done));
+  }));
+  // Every rank's report, from its group's root; a rank reported twice or never is a fault of
+  // the relaying worker, which the step cannot be summed without.
+  std::vector<bool> reported(gang_.size(), false);
+  for (int root : roots) reported[root] = true;
+  for (int root : roots) {
+    for (v1::RelayedStep& relayed : *(*responses)[root].mutable_relayed()) {
+      const int r = relayed.rank();
+      if (r < 0 || r >= gang_.size() || reported[r]) {
+        return absl::InternalError(absl::StrCat(what, ": ", WorkerName(root),
+                                                " relayed a report for rank ", r,
+                                                r >= 0 && r < gang_.size() ? " twice" : ""));
+      }
+      reported[r] = true;
+      *(*responses)[r].mutable_report() = std::move(*relayed.mutable_report());
+    }
+    (*responses)[root].clear_relayed();
+  }
+  for (int r = 0; r < gang_.size(); ++r) {
+    if (!reported[r]) {
+      return absl::InternalError(
+          absl::StrCat(what, ": no report of ", WorkerName(r), " came back through the relay"));
+    }
+  }
   return absl::OkStatus();
 }
 

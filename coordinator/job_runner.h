@@ -31,6 +31,7 @@
 #include "coordinator/job_store.h"
 #include "coordinator/profile_store.h"
 #include "coordinator/rendezvous_store.h"
+#include "coordinator/step_relay_plan.h"
 #include "coordinator/worker_client.h"
 #include "coordinator/worker_registry.h"
 
@@ -51,6 +52,10 @@ struct RunnerOptions {
   // second. Zero: no wait.
   absl::Duration restart_backoff = absl::Seconds(1);
   absl::Duration restart_backoff_max = absl::Seconds(60);
+  // The step relay (step_relay_plan.h): a gang of at least this many workers gets each
+  // training step's RunStep through about sqrt(N) of its workers, which forward it to the rest,
+  // instead of one call per worker from the coordinator. Zero: never.
+  int step_relay_min_workers = 64;
 };
 
 // How long a job waits before its run after `restarts` restarts starts (zero for none).
@@ -152,12 +157,18 @@ class JobRunner {
   // pipeline P (the gang is R x P; replica 0 is gang ranks [0, P)).
   int Replicas() const;
   int PipelineRanks() const;
+  // Sends `req` to every worker of the gang, through the step relay where there is one, and
+  // fills `responses` by rank.
+  absl::Status RunStepOnAll(const std::string& what, const v1::RunStepRequest& req,
+                            absl::Duration deadline, std::vector<v1::RunStepResponse>* responses);
 
   RunnerEnv env_;
   const v1::Job job_;
   // The gang allocated to the job, in stage order: its clients, its batches of calls, its
   // interruption (which Cancel, OnWorkerLost and Shutdown set) and its lost ranks.
   Gang gang_;
+  // The step relay's groups for this gang (empty: the coordinator calls every worker).
+  const std::vector<RelayGroup> relay_;
   // What planning decided: the spec the job runs (job_.spec() as submitted, or with the
   // planner's pipeline), the pipeline plan, the checkpoint to restore, the first step.
   RunPlan run_;

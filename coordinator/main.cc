@@ -57,6 +57,10 @@ ABSL_FLAG(int, step_deadline_floor_ms, 10000,
 ABSL_FLAG(int, restart_backoff_ms, 1000,
           "a job restarted after a fault waits this long before its next run, doubling with "
           "each further restart up to 60 s (0: no wait)");
+ABSL_FLAG(int, step_relay_min_workers, 64,
+          "a job of at least this many workers gets each step's RunStep through about "
+          "sqrt(workers) of them, which forward it to the rest (the step relay), so that the "
+          "coordinator makes sqrt(N) calls per step instead of N; 0: always call every worker");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
 ABSL_FLAG(int, rpc_nice, 10,
           "nice value (0..19) of every thread but the scheduler and the job runners (gRPC's, "
@@ -135,6 +139,9 @@ int main(int argc, char** argv) {
     return Fail("--step-deadline-floor-ms must be >= 100");
   }
   if (absl::GetFlag(FLAGS_restart_backoff_ms) < 0) return Fail("--restart-backoff-ms must be >= 0");
+  if (absl::GetFlag(FLAGS_step_relay_min_workers) < 0) {
+    return Fail("--step-relay-min-workers must be >= 0");
+  }
 
   // Transport security, checked before anything starts: a half configuration or an unreadable
   // file is refused here, naming the flag and the file.
@@ -235,6 +242,7 @@ int main(int argc, char** argv) {
   runner_env.options.step_deadline_floor =
       absl::Milliseconds(absl::GetFlag(FLAGS_step_deadline_floor_ms));
   runner_env.options.restart_backoff = absl::Milliseconds(absl::GetFlag(FLAGS_restart_backoff_ms));
+  runner_env.options.step_relay_min_workers = absl::GetFlag(FLAGS_step_relay_min_workers);
   tc::Scheduler scheduler(runner_env);
 
   tc::ServiceEnv env;

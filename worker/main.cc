@@ -378,7 +378,14 @@ int Run() {
     return std::unique_ptr<Transport>(std::move(t));
   };
   StageManager manager(config, std::move(factory), MakeGrpcTensorSource(coordinator_channel));
-  StageWorkerService service(&manager);
+  // The step relay dials the other workers' API ports as the coordinator does: with this
+  // worker's certificate, checking theirs against the address dialled.
+  std::optional<TlsMaterial> peer_tls = security.tls;
+  if (peer_tls.has_value()) peer_tls->server_name.clear();
+  StepRelay relay([peer_tls](const std::string& address) {
+    return MakeChannel(address, ChannelSecurity{peer_tls, ""});
+  });
+  StageWorkerService service(&manager, &relay);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

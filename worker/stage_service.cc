@@ -1,7 +1,13 @@
 #include "worker/stage_service.h"
 
 #include <algorithm>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/rpc.h"
 
 namespace tandem::worker {
@@ -28,11 +34,73 @@ grpc::Status StageWorkerService::RunStep(grpc::ServerContext* ctx, const v1::Run
   if (absl::Status s = CheckProtocolVersion(req->protocol_version(), kServerName); !s.ok()) {
     return ToGrpcStatus(s);
   }
+  if (req->relay_size() == 0) {
+    absl::StatusOr<v1::StepReport> r =
+        manager_->RunStep(req->job_id(), req->step(), req->mode(), req->attempt(),
+                          req->has_apply_first() ? &req->apply_first() : nullptr);
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *resp->mutable_report() = *std::move(r);
+    return grpc::Status::OK;
+  }
+  return RelayedRunStep(ctx, req, resp);
+}
+
+grpc::Status StageWorkerService::RelayedRunStep(grpc::ServerContext* ctx,
+                                                const v1::RunStepRequest* req,
+                                                v1::RunStepResponse* resp) {
+  if (relay_ == nullptr) {
+    return ToGrpcStatus(absl::FailedPreconditionError("this worker was started without a relay"));
+  }
+  if (absl::Status s = ValidateRelay(req->relay()); !s.ok()) return ToGrpcStatus(s);
+  // The forwarded calls end a little before this call's deadline, so that a child that timed
+  // out is reported as such (and by its rank) before the caller gives up on this worker.
+  const auto deadline = ctx->deadline();
+  const auto now = std::chrono::system_clock::now();
+  const auto margin =
+      std::min<std::chrono::system_clock::duration>(std::chrono::seconds(2), (deadline - now) / 20);
+  struct Wait {
+    absl::Mutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
+    absl::Status failure ABSL_GUARDED_BY(mu);  // the first relayed failure
+    int failed_rank ABSL_GUARDED_BY(mu) = -1;
+    std::vector<v1::RelayedStep> relayed ABSL_GUARDED_BY(mu);
+  };
+  auto wait = std::make_shared<Wait>();
+  const std::string job_id = req->job_id();
+  relay_->Forward(
+      *req, deadline > now + margin ? deadline - margin : deadline,
+      [this, wait, job_id](const absl::Status& s, int rank) {
+        {
+          absl::MutexLock lock(&wait->mu);
+          wait->failure = s;
+          wait->failed_rank = rank;
+        }
+        // Its own step may wait on the failed peer: abort it, so that this call answers now.
+        (void)manager_->Abort(
+            job_id, absl::StrCat("the worker of rank ", rank, " (relayed) failed: ", s.message()));
+      },
+      [wait](StepRelay::Outcome outcome) {
+        absl::MutexLock lock(&wait->mu);
+        wait->relayed = std::move(outcome.relayed);
+        wait->done = true;
+      });
   absl::StatusOr<v1::StepReport> r =
       manager_->RunStep(req->job_id(), req->step(), req->mode(), req->attempt(),
                         req->has_apply_first() ? &req->apply_first() : nullptr);
-  if (!r.ok()) return ToGrpcStatus(r.status());
+  absl::MutexLock lock(&wait->mu);
+  // Its own failure answers at once (the caller aborts the gang, which ends the forwarded calls);
+  // so does a relayed failure, which is reported under the rank that failed (its own step's
+  // ABORTED is then only the consequence).
+  if (!r.ok() && wait->failure.ok()) return ToGrpcStatus(r.status());
+  wait->mu.Await(absl::Condition(
+      +[](Wait* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu) { return w->done || !w->failure.ok(); },
+      wait.get()));
+  if (!wait->failure.ok()) {
+    ctx->AddTrailingMetadata(kRelayedRankKey, absl::StrCat(wait->failed_rank));
+    return ToGrpcStatus(wait->failure);
+  }
   *resp->mutable_report() = *std::move(r);
+  for (v1::RelayedStep& s : wait->relayed) *resp->add_relayed() = std::move(s);
   return grpc::Status::OK;
 }
 

@@ -4,19 +4,26 @@
 // It uses the synchronous gRPC API on purpose: RunStep blocks for a whole step and Configure
 // for the transport's connect, and the sync server gives each call its own thread, so an Abort
 // or GetStatus is always served while a step runs.
-// Thread-safety: thread-safe (the manager is).
+// A RunStep with a relay list (RunStepRequest.relay) is forwarded through `relay` before this
+// worker's own step starts, and answered once the own step and every forwarded call have ended;
+// a forwarded call's failure aborts the own step and fails the call with that failure (its rank
+// in the trailing metadata, common/rpc.h's kRelayedRankKey).
+// Thread-safety: thread-safe (the manager and the relay are).
 #ifndef TANDEM_WORKER_STAGE_SERVICE_H_
 #define TANDEM_WORKER_STAGE_SERVICE_H_
 
 #include "tandem/v1/worker.grpc.pb.h"
 #include "worker/stage_manager.h"
+#include "worker/step_relay.h"
 
 namespace tandem::worker {
 
 class StageWorkerService final : public v1::StageWorker::Service {
  public:
-  // `manager` must outlive the service.
-  explicit StageWorkerService(StageManager* manager) : manager_(manager) {}
+  // `manager` and `relay` must outlive the service; without a relay, a RunStep that asks to be
+  // relayed is refused (FAILED_PRECONDITION).
+  explicit StageWorkerService(StageManager* manager, StepRelay* relay = nullptr)
+      : manager_(manager), relay_(relay) {}
 
   grpc::Status Configure(grpc::ServerContext* ctx, const v1::ConfigureRequest* req,
                          v1::ConfigureResponse* resp) override;
@@ -36,7 +43,11 @@ class StageWorkerService final : public v1::StageWorker::Service {
                          v1::WorkerStatus* resp) override;
 
  private:
+  grpc::Status RelayedRunStep(grpc::ServerContext* ctx, const v1::RunStepRequest* req,
+                              v1::RunStepResponse* resp);
+
   StageManager* const manager_;
+  StepRelay* const relay_;
 };
 
 }  // namespace tandem::worker

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/relayed_rank.h"
 #include "coordinator/worker_client.h"
 
 namespace tandem::coordinator {
@@ -32,6 +33,31 @@ class FakeWorker final : public StageWorkerClient {
   void RunStep(const v1::RunStepRequest& request, v1::RunStepResponse* response, absl::Duration,
                Done done) override {
     ++run_steps;
+    // The step relay, as a worker forwards it (worker/step_relay.h): each relayed worker is
+    // called with its own subtree, its report comes back under its rank, and the first failure
+    // fails this call with that worker's rank attached. (Synchronous: relayed fakes must not
+    // hang.)
+    std::vector<v1::RelayedStep> relayed;
+    if (request.relay_size() > 0) {
+      ++relay_requests;
+      for (const v1::StepRelay& child : request.relay()) {
+        v1::RunStepRequest forwarded = request;
+        *forwarded.mutable_relay() = child.children();
+        v1::RunStepResponse answer;
+        absl::Status status = absl::InternalError("no answer");
+        (*peers)[child.rank()]->RunStep(forwarded, &answer, absl::Seconds(10),
+                                        [&](absl::Status s) { status = std::move(s); });
+        if (!status.ok()) {
+          const int at = RelayedRank(status) >= 0 ? RelayedRank(status) : child.rank();
+          done(WithRelayedRank(status, at));
+          return;
+        }
+        relayed.emplace_back().set_rank(child.rank());
+        *relayed.back().mutable_report() = answer.report();
+        for (const v1::RelayedStep& r : answer.relayed()) relayed.push_back(r);
+      }
+    }
+    for (v1::RelayedStep& r : relayed) *response->add_relayed() = std::move(r);
     // The previous step's update, folded into this call (RunStepRequest.apply_first).
     if (request.has_apply_first()) applies.push_back(request.apply_first());
     if (request.step() == fail_at_step) {
@@ -148,6 +174,8 @@ class FakeWorker final : public StageWorkerClient {
   int rank_;
   v1::StageProgram program_;
   std::atomic<int> run_steps{0};
+  std::atomic<int> relay_requests{0};         // RunSteps that carried a relay list
+  std::vector<FakeWorker*>* peers = nullptr;  // the factory's workers, by rank (the relay's)
   std::atomic<int> aborts{0};
   std::atomic<bool> aborted{false};
   int64_t fail_at_step = -1;
@@ -162,6 +190,7 @@ class FakeFactory final : public StageWorkerClientFactory {
   std::unique_ptr<StageWorkerClient> Connect(const std::string& address) override {
     auto w = std::make_unique<FakeWorker>(static_cast<int>(made.size()));
     FakeWorker* raw = w.get();
+    raw->peers = &made;
     if (configure) configure(raw);
     made.push_back(raw);
     return w;

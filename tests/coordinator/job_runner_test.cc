@@ -198,6 +198,45 @@ TEST(JobRunnerTest, AStepErrorFailsTheJobNamingStageAndWorker) {
   EXPECT_EQ(job.steps_done(), 2);
 }
 
+// The step relay (step_relay_plan.h): with 4 workers and the relay on from 2, the coordinator
+// calls ranks 0 and 2, which forward to 1 and 3; every rank still runs every step once, and
+// every report reaches the summary.
+TEST(JobRunnerTest, TheStepRelayCallsOneWorkerPerGroupAndGathersEveryReport) {
+  RunnerFixture f;
+  f.env.options.step_relay_min_workers = 2;
+  auto runner = f.Start(JobSpecOf(4, 5));
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  ASSERT_EQ(f.factory.made.size(), 4u);
+  for (FakeWorker* w : f.factory.made) EXPECT_EQ(w->run_steps.load(), 5);
+  EXPECT_EQ(f.factory.made[0]->relay_requests.load(), 5);
+  EXPECT_EQ(f.factory.made[1]->relay_requests.load(), 0);
+  EXPECT_EQ(f.factory.made[2]->relay_requests.load(), 5);
+  EXPECT_EQ(f.factory.made[3]->relay_requests.load(), 0);
+  ASSERT_EQ(job.history_size(), 5);
+  EXPECT_DOUBLE_EQ(job.history(4).loss(), 1.0);       // the last stage's (rank 3), relayed
+  EXPECT_DOUBLE_EQ(job.history(4).grad_norm(), 4.0);  // sqrt(4 stages x 4.0): every rank's
+}
+
+// A failure behind the relay is the failed worker's: the reason names it, not the worker that
+// relayed it, and the rest of the gang is aborted.
+TEST(JobRunnerTest, ARelayedFailureNamesTheWorkerThatFailed) {
+  RunnerFixture f;
+  f.env.options.step_relay_min_workers = 2;
+  f.factory.configure = [](FakeWorker* w) {
+    if (w->rank_ == 3) w->fail_at_step = 2;
+  };
+  auto runner = f.Start(JobSpecOf(4, 10));
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("step 3: stage 3 (worker w-4 at 127.0.0.1:1003)"));
+  EXPECT_THAT(job.reason(), HasSubstr("boom"));
+  EXPECT_GE(f.factory.made[0]->aborts.load(), 1);
+  EXPECT_EQ(job.steps_done(), 2);
+}
+
 TEST(JobRunnerTest, CancelAbortsAHangingStep) {
   RunnerFixture f;
   f.factory.configure = [](FakeWorker* w) { w->hang_at_step = 1; };

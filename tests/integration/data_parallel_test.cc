@@ -40,10 +40,11 @@ std::string DataParallelJob(int stages, int replicas, int max_restarts, bool sha
 
 class DataParallelClusterTest : public ::testing::Test {
  protected:
-  void StartCluster(int workers) {
+  void StartCluster(int workers, const std::vector<std::string>& coordinator_args = {}) {
     Cluster::Options options;
     options.workers = workers;
     options.coordinator_args = {"--step-deadline-floor-ms=3000", "--restart-backoff-ms=100"};
+    for (const std::string& a : coordinator_args) options.coordinator_args.push_back(a);
     cluster_ = std::make_unique<Cluster>(options);
     ASSERT_TRUE(cluster_->Start().ok());
   }
@@ -136,8 +137,10 @@ TEST_F(DataParallelClusterTest, TwoStagesByTwoReplicasTrainAndShowTheirGrid) {
 
 // With sharded optimizer state, so that the checkpoints it resumes from were gathered from
 // both replicas' segments and are split again on load.
+// Through the step relay (on from 2 workers: the coordinator calls ranks 0 and 2, which forward
+// each step to 1 and 3), so that a worker lost behind a relaying worker is caught too.
 TEST_F(DataParallelClusterTest, AKilledWorkerRestartsTheGangWhichEndsWithTheSameLosses) {
-  StartCluster(5);  // four for the job, one spare
+  StartCluster(5, {"--step_relay_min_workers=2"});  // four for the job, one spare
   auto ref_id = cluster_->Submit(DataParallelJob(2, 2, 0, /*shard_state=*/true));
   ASSERT_TRUE(ref_id.ok()) << ref_id.status();
   auto reference = cluster_->WaitForEnd(*ref_id, 180s);
@@ -160,6 +163,8 @@ TEST_F(DataParallelClusterTest, AKilledWorkerRestartsTheGangWhichEndsWithTheSame
   EXPECT_THAT(end->first_failure(), HasSubstr("of replica"));
   EXPECT_THAT(ReadFile(cluster_->dir() + "/coordinator.log"),
               HasSubstr(*id + ": attempt 1 resumes from its checkpoint after step "));
+  EXPECT_THAT(ReadFile(cluster_->dir() + "/coordinator.log"),
+              HasSubstr(*id + ": the step relay: 2 group(s) of up to 2 workers"));
 }
 
 TEST_F(DataParallelClusterTest, AGangTheWorkersCannotFillWaitsSayingHowManyAreMissing) {

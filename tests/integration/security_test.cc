@@ -69,12 +69,25 @@ grpc::Status WorkerGetStatus(std::shared_ptr<grpc::Channel> channel) {
   return stub->GetStatus(&ctx, req, &resp);
 }
 
+grpc::Status WorkerRunStep(std::shared_ptr<grpc::Channel> channel) {
+  auto stub = v1::StageWorker::NewStub(std::move(channel));
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, 5s);
+  v1::RunStepRequest req;
+  req.set_protocol_version(kProtocolVersion);
+  req.set_job_id("no-such-job");
+  v1::RunStepResponse resp;
+  return stub->RunStep(&ctx, req, &resp);
+}
+
 std::string WriteFile(const std::string& path, const std::string& text) {
   std::ofstream(path) << text;
   return path;
 }
 
-// One TLS cluster (a coordinator with a health port, two workers) for the whole suite.
+// One TLS cluster (a coordinator with a health port, two workers) for the whole suite. Its jobs
+// go through the step relay (on from 2 workers), so that a worker's RunStep to another worker
+// runs over mutual TLS too.
 class SecurityTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -83,6 +96,7 @@ class SecurityTest : public ::testing::Test {
     options.tls = true;
     options.health = true;
     options.http = true;
+    options.coordinator_args = {"--step_relay_min_workers=2"};
     cluster_ = new Cluster(options);
     start_status_ = new absl::Status(cluster_->Start());
   }
@@ -130,6 +144,8 @@ TEST_F(SecurityTest, TlsClusterTrainsATinyJobEndToEnd) {
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
   EXPECT_EQ(done->history_size(), 6);
+  EXPECT_THAT(ReadFile(cluster_->dir() + "/coordinator.log"),
+              HasSubstr(id + ": the step relay: 1 group(s)"));
   // A resumed job reads the checkpoint through the coordinator's Checkpoints service.
   auto resumed =
       cluster_->Submit(TinyJobYaml(2, 4, 8, "1f1b", absl::StrCat("init:\n  from_job: ", id, "\n")));
@@ -253,6 +269,13 @@ TEST_F(SecurityTest, OnlyTheCoordinatorMayCallTheWorkerApi) {
   EXPECT_EQ(client_cert.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_THAT(client_cert.error_message(), HasSubstr("is for tandem-coordinator only"));
   EXPECT_EQ(WorkerGetStatus(MakeChannel(worker, Tls(Certs(), "worker"))).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // Another worker may call RunStep only (the step relay forwards it): past the access check,
+  // the worker itself refuses a step of a job it does not run.
+  grpc::Status relayed = WorkerRunStep(MakeChannel(worker, Tls(Certs(), "worker")));
+  EXPECT_NE(relayed.error_code(), grpc::StatusCode::PERMISSION_DENIED) << relayed.error_message();
+  EXPECT_NE(relayed.error_code(), grpc::StatusCode::OK);
+  EXPECT_EQ(WorkerRunStep(MakeChannel(worker, Tls(Certs(), "client"))).error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
   grpc::Status with_token = WorkerGetStatus(MakeChannel(worker, Tls(Certs(), "", token)));
   EXPECT_EQ(with_token.error_code(), grpc::StatusCode::UNAUTHENTICATED);
