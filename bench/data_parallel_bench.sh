@@ -7,6 +7,7 @@
 #                                [--vocab N] [--only tandem|torch] [--check-loss]
 #                                [--sizes-mib LIST] [--repeats N] [--torch2 PYTHON]
 #                                [--job-timeout S] [--keep] [--print-spec] [--shard]
+#                                [--python PYTHON]
 #
 # Needs a built tree (build/bin/tandem-coordinator, tandem-worker, tandem and, for
 # --allreduce, bench_allreduce; this script does not build) and Debian's python3-torch for
@@ -38,6 +39,8 @@
 # --shard: also runs Tandem stages 1, replicas 2 with optimizer.shard_state (ZeRO stage 1) and
 #   prints each worker's AdamW state bytes (StepSummary.stage_memory.optimizer_bytes) against
 #   the unsharded replicas 2 run's, the step-time ratio and the largest loss difference.
+# --python PYTHON: the interpreter of the first PyTorch peer (default /usr/bin/python3, with
+#   Debian's python3-torch), e.g. /tmp/torch2/bin/python where Debian's torch is not installed.
 # --torch2 PYTHON: also run the PyTorch parts (torch_ddp.py, torch_allreduce.py) with PYTHON,
 #   an interpreter with a PyPI torch 2.x (e.g. /tmp/torch2/bin/python), in extra rows.
 # --small: the speed-up part on small shapes (n_layer 2, d_model 256, n_head 4, seq_len 128,
@@ -73,6 +76,7 @@ while [ $# -gt 0 ]; do
     --m) m="$2"; shift ;;
     --vocab) vocab="$2"; shift ;;
     --torch2) torch2="$2"; shift ;;
+    --python) py="$2"; shift ;;
     --sizes-mib) sizes="$2"; shift ;;
     --repeats) repeats="$2"; shift ;;
     --job-timeout) job_timeout="$2"; shift ;;
