@@ -454,10 +454,13 @@ void ValidatePipeline(const v1::JobSpec& spec, FieldErrors* errors) {
     errors->Add("pipeline.replicas",
                 absl::StrCat(p.stages(), " stages x ", p.replicas(), " replicas = ", gang,
                              " workers, over the limit of ", kMaxGangWorkers, " per job"));
-  } else if (replicas_ok && p.replicas() > 1 && spec.device() == "cuda") {
-    errors->Add("pipeline.replicas",
-                "data parallelism (replicas > 1) runs on cpu workers only in this release; "
-                "the NCCL gradient reduction is not wired into cuda workers yet");
+  } else if (replicas_ok && p.replicas() > 1 && spec.device() == "cuda" &&
+             spec.optimizer().shard_state()) {
+    // cuda workers reduce their gradients with NCCL (one GPU per worker), unsharded.
+    errors->Add("optimizer.shard_state",
+                "sharded optimizer state runs on cpu workers only in this release; with "
+                "device: cuda and replicas > 1 each worker keeps the whole AdamW state "
+                "(set shard_state: false)");
   }
   CheckRange(errors, "pipeline.micro_batch_size", p.micro_batch_size(), 1, 1 << 20);
   CheckRange(errors, "pipeline.micro_batches", p.micro_batches(), 1, 1 << 16);

@@ -347,6 +347,21 @@ absl::StatusOr<StageCompute::GradStats> CudaStageCompute::GradientStats(bool cou
   return stats;
 }
 
+int CudaStageCompute::num_layers(int chunk) const {
+  return chunk >= 0 && static_cast<size_t>(chunk) < stages_.size() ? 1 : 0;
+}
+
+absl::StatusOr<std::vector<absl::Span<float>>> CudaStageCompute::LayerGradients(int chunk,
+                                                                                int layer) {
+  if (chunk < 0 || static_cast<size_t>(chunk) >= stages_.size() || layer != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("no gradient bucket ", layer, " in chunk ",
+                                                   chunk, " (one bucket per chunk on cuda)"));
+  }
+  cuda::GpuStage& stage = *stages_[chunk];
+  return std::vector<absl::Span<float>>{
+      absl::Span<float>(stage.DeviceGradients(), stage.gradient_elements())};
+}
+
 absl::Status CudaStageCompute::Apply(float learning_rate, float grad_scale, bool skip) {
   RETURN_IF_ERROR(Use());
   for (auto& stage : stages_) {

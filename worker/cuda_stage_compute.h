@@ -74,6 +74,13 @@ class CudaStageCompute final : public StageCompute {
   std::vector<std::string> RestoreNames(bool weights_only) override;
   absl::Status Restore(const TensorLookup& lookup, bool weights_only,
                        absl::string_view where) override;
+  // Data parallelism: each chunk's gradients are one device buffer, reduced as one bucket at
+  // the chunk's REDUCE_GRAD (NCCL on the group's stream; no per-layer hook, so the reduction
+  // follows the backward rather than overlapping it). The spans are DEVICE memory, for the
+  // NCCL group collectives only. Sharded optimizer state is not supported (LayerParameters
+  // stays UNIMPLEMENTED; the spec validation refuses it first).
+  int num_layers(int chunk) const override;
+  absl::StatusOr<std::vector<absl::Span<float>>> LayerGradients(int chunk, int layer) override;
 
  private:
   CudaStageCompute() = default;

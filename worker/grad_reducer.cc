@@ -6,21 +6,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
-#include "common/shard_range.h"
 #include "common/status_macros.h"
-#include "worker/transport/ring_allreduce.h"
+#include "worker/transport/ring_collectives.h"
 
 namespace tandem::worker {
-namespace {
-
-// Tensors below this many floats (1 MiB) travel coalesced with the bucket's other small ones.
-constexpr size_t kCoalesceBelow = size_t{1} << 18;
-
-}  // namespace
-
-GradReducer::GradReducer(std::unique_ptr<Transport> group) : group_(std::move(group)) {
+GradReducer::GradReducer(std::unique_ptr<GroupCollectives> group) : group_(std::move(group)) {
   thread_ = std::thread([this] { Loop(); });
 }
+
+GradReducer::GradReducer(std::unique_ptr<Transport> group)
+    : GradReducer(NewRingCollectives(std::move(group))) {}
 
 GradReducer::~GradReducer() {
   Abort();
@@ -113,52 +108,7 @@ void GradReducer::Loop() {
 }
 
 absl::Status GradReducer::Reduce(GradBucket& bucket) {
-  using Op = GradBucket::Op;
-  const int ranks = group_->size();
-  const int me = group_->rank();
-  size_t small = 0;
-  for (const absl::Span<float>& t : bucket.tensors) {
-    if (t.size() < kCoalesceBelow) small += t.size();
-  }
-  for (const absl::Span<float>& t : bucket.tensors) {
-    if (t.size() < kCoalesceBelow) continue;
-    const RingAllReduceOptions options{.id = next_id_++};
-    switch (bucket.op) {
-      case Op::kAllReduce:
-        RETURN_IF_ERROR(RingAllReduce(*group_, t.data(), t.size(), scratch_, options));
-        break;
-      case Op::kReduceScatter:
-        RETURN_IF_ERROR(RingReduceScatter(*group_, t.data(), t.size(), scratch_, options));
-        break;
-      case Op::kAllGather:
-        RETURN_IF_ERROR(RingAllGather(*group_, t.data(), t.size(), options));
-        break;
-    }
-  }
-  if (small == 0) return absl::OkStatus();
-  staging_.resize(small);
-  size_t at = 0;
-  for (const absl::Span<float>& t : bucket.tensors) {
-    if (t.size() >= kCoalesceBelow) continue;
-    if (bucket.op == Op::kAllGather) {
-      // Only the owner's segment is non-zero: the sum is an exact copy of it.
-      std::fill(staging_.data() + at, staging_.data() + at + t.size(), 0.0f);
-      const ElementRange own = OwnedSegment(t.size(), ranks, me);
-      std::memcpy(staging_.data() + at + own.begin, t.data() + own.begin,
-                  own.size() * sizeof(float));
-    } else {
-      std::memcpy(staging_.data() + at, t.data(), t.size() * sizeof(float));
-    }
-    at += t.size();
-  }
-  RETURN_IF_ERROR(RingAllReduce(*group_, staging_.data(), small, scratch_, {.id = next_id_++}));
-  at = 0;
-  for (const absl::Span<float>& t : bucket.tensors) {
-    if (t.size() >= kCoalesceBelow) continue;
-    std::memcpy(t.data(), staging_.data() + at, t.size() * sizeof(float));
-    at += t.size();
-  }
-  return absl::OkStatus();
+  return group_->Run(bucket.op, bucket.tensors);
 }
 
 }  // namespace tandem::worker

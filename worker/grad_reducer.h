@@ -5,20 +5,16 @@
 // The executor posts buckets (one layer's gradients) as they are final: during a stage's last
 // weight-gradient action, layer by layer as the backward finishes them, and at the stage's
 // REDUCE_GRAD action whatever is left. A thread of its own reduces them in posting order, one
-// at a time, with a ring all-reduce (worker/transport/ring_allreduce.h) over the group's
-// transport, so that the reduction runs while the backward of the remaining layers and
-// micro-batches still computes (as DDP's bucketed all-reduce does). Every replica posts the same
-// buckets in the same order (they run the same program), which is what pairs them up.
-//
-// Small tensors of a bucket (biases, norm gains) are coalesced into one message; larger ones
-// are reduced in place.
+// at a time, through the group's collectives (worker/transport/group_collectives.h: the ring
+// over Gloo on a CPU worker, NCCL on device memory on a CUDA worker), so that the reduction
+// runs while the backward of the remaining layers and micro-batches still computes (as DDP's
+// bucketed all-reduce does). Every replica posts the same buckets in the same order (they run
+// the same program), which is what pairs them up.
 //
 // Sharded optimizer state (optimizer.shard_state, ZeRO stage 1): the executor posts the
 // gradients as kReduceScatter, so that each rank ends with the sum of its segment of every
 // tensor (common/shard_range.h) for the same traffic as half an all-reduce, and after the
-// update the parameters as kAllGather. Coalesced small tensors are all-reduced (a superset of
-// their reduce-scatter) and all-gathered as a sum in which only the owner's segment is
-// non-zero, which is exact (x + 0 = x), so every replica still ends bit-identical.
+// update the parameters as kAllGather; every replica still ends bit-identical.
 //
 // Thread-safety: Post, Wait and BeginStep from one thread (the executor's); Abort from any.
 #ifndef TANDEM_WORKER_GRAD_REDUCER_H_
@@ -34,18 +30,17 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "worker/transport/group_collectives.h"
 #include "worker/transport/transport.h"
 
 namespace tandem::worker {
 
-// One layer's gradients (or, for kAllGather, parameters), in host memory that stays valid and
-// untouched until Wait() returns.
+// One layer's gradients (or, for kAllGather, parameters), in memory of the group's kind (host
+// for a CPU worker, device for a CUDA one) that stays valid and untouched until Wait() returns.
 struct GradBucket {
-  enum class Op {
-    kAllReduce,      // every tensor summed over the group
-    kReduceScatter,  // sharded optimizer state: each rank's OwnedSegment summed, the rest undefined
-    kAllGather,      // sharded optimizer state: each rank's OwnedSegment copied to all
-  };
+  // kAllReduce, or with sharded optimizer state kReduceScatter (gradients) and kAllGather
+  // (parameters): group_collectives.h.
+  using Op = CollectiveOp;
   int chunk = 0;  // the executor's chunk (for timings)
   int layer = 0;  // global layer index (for messages)
   std::vector<absl::Span<float>> tensors;
@@ -55,7 +50,10 @@ struct GradBucket {
 
 class GradReducer {
  public:
-  // `group`: the data-parallel group's transport, rank = this worker's replica, size = R >= 2.
+  // `group`: the data-parallel group's collectives, rank = this worker's replica, size =
+  // R >= 2; their memory kind (host for the ring, device for NCCL) is the buckets'.
+  explicit GradReducer(std::unique_ptr<GroupCollectives> group);
+  // The ring over a host transport (ring_collectives.h): a CPU worker's group.
   explicit GradReducer(std::unique_ptr<Transport> group);
   ~GradReducer();  // aborts and joins
   GradReducer(const GradReducer&) = delete;
@@ -90,10 +88,7 @@ class GradReducer {
   void Loop();
   absl::Status Reduce(GradBucket& bucket);
 
-  std::unique_ptr<Transport> group_;
-  std::vector<float> scratch_;  // the ring's receive buffer (the thread's)
-  std::vector<float> staging_;  // small tensors coalesced (the thread's)
-  uint32_t next_id_ = 0;        // the thread's
+  std::unique_ptr<GroupCollectives> group_;
 
   mutable absl::Mutex mu_;
   std::deque<GradBucket> queue_ ABSL_GUARDED_BY(mu_);

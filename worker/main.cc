@@ -46,6 +46,7 @@
 #include "worker/stage_service.h"
 #include "worker/transport/gloo_transport.h"
 #include "worker/transport/grpc_rendezvous_store.h"
+#include "worker/transport/ring_collectives.h"
 #ifdef TANDEM_WORKER_CUDA
 // None of these names a CUDA type: the build gives this file no CUDA headers.
 #include "worker/backend/cuda/cuda_device_copier.h"
@@ -53,6 +54,7 @@
 #include "worker/backend/cuda/gemm_peak.h"
 #include "worker/cuda_stage_compute.h"
 #include "worker/transport/host_staged_transport.h"
+#include "worker/transport/nccl_collectives.h"
 #include "worker/transport/nccl_transport.h"
 #endif
 
@@ -377,6 +379,33 @@ int Run() {
     ASSIGN_OR_RETURN(std::unique_ptr<GlooTransport> t, GlooTransport::Connect(options, store));
     return std::unique_ptr<Transport>(std::move(t));
   };
+#ifdef TANDEM_WORKER_CUDA
+  // A GPU job's data-parallel group sums its device gradients with NCCL (one GPU per worker:
+  // NCCL refuses two ranks of a group on one GPU, and says so); anything else keeps the ring
+  // over a transport from the factory.
+  if (cuda_device >= 0) {
+    config.data_parallel_group = [coordinator_channel, cuda_device, factory](
+                                     const v1::StageProgram& group,
+                                     const std::atomic<bool>& cancelled)
+        -> absl::StatusOr<std::unique_ptr<GroupCollectives>> {
+      if (group.spec().device() != "cuda") {
+        ASSIGN_OR_RETURN(std::unique_ptr<Transport> t, factory(group, cancelled));
+        return NewRingCollectives(std::move(t));
+      }
+      GrpcRendezvousStoreOptions store_options;
+      store_options.prefix = group.rendezvous_prefix();
+      store_options.cancelled = &cancelled;
+      GrpcRendezvousStore store(coordinator_channel, store_options);
+      NcclCollectivesOptions nccl;
+      nccl.rank = group.rank();
+      nccl.size = group.num_ranks();
+      nccl.device = cuda_device;
+      nccl.cancelled = &cancelled;
+      ASSIGN_OR_RETURN(std::unique_ptr<NcclCollectives> c, NcclCollectives::Connect(nccl, store));
+      return NewNcclGroupCollectives(std::move(c));
+    };
+  }
+#endif
   StageManager manager(config, std::move(factory), MakeGrpcTensorSource(coordinator_channel));
   // The step relay dials the other workers' API ports as the coordinator does: with this
   // worker's certificate, checking theirs against the address dialled.

@@ -171,17 +171,26 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
       ASSIGN_OR_RETURN(transport, transport_factory_(program, *cancelled));
     }
     if (cancelled->load()) return absl::AbortedError("aborted while connecting");
-    // Data parallelism: the group of this rank's copies in every replica connects a transport
-    // of its own, from the same factory, for the gradient reduction.
+    // Data parallelism: the group of this rank's copies in every replica connects collectives
+    // of its own for the gradient reduction: the device's (NCCL) where the worker has them,
+    // else the ring over a transport from the same factory.
     std::unique_ptr<GradReducer> reducer;
     if (program.num_replicas() > 1) {
-      if (!transport_factory_) {
-        return absl::FailedPreconditionError("this worker has no transport for data parallelism");
+      const v1::StageProgram group_program = DataParallelGroupProgram(program);
+      if (config_.data_parallel_group) {
+        absl::StatusOr<std::unique_ptr<GroupCollectives>> group =
+            config_.data_parallel_group(group_program, *cancelled);
+        RETURN_IF_ERROR(WithPrefix(group.status(), "connecting the data-parallel group"));
+        reducer = std::make_unique<GradReducer>(*std::move(group));
+      } else {
+        if (!transport_factory_) {
+          return absl::FailedPreconditionError("this worker has no transport for data parallelism");
+        }
+        absl::StatusOr<std::unique_ptr<Transport>> group =
+            transport_factory_(group_program, *cancelled);
+        RETURN_IF_ERROR(WithPrefix(group.status(), "connecting the data-parallel group"));
+        reducer = std::make_unique<GradReducer>(*std::move(group));
       }
-      absl::StatusOr<std::unique_ptr<Transport>> group =
-          transport_factory_(DataParallelGroupProgram(program), *cancelled);
-      RETURN_IF_ERROR(WithPrefix(group.status(), "connecting the data-parallel group"));
-      reducer = std::make_unique<GradReducer>(*std::move(group));
     }
     if (cancelled->load()) return absl::AbortedError("aborted while connecting");
     std::unique_ptr<StageCompute> compute;

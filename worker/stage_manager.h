@@ -29,6 +29,7 @@
 #include "worker/data/corpus.h"
 #include "worker/executor.h"
 #include "worker/link_probe.h"
+#include "worker/transport/group_collectives.h"
 #include "worker/transport/transport.h"
 
 namespace tandem::worker {
@@ -37,6 +38,13 @@ namespace tandem::worker {
 // error) once `cancelled` becomes true.
 using TransportFactory = std::function<absl::StatusOr<std::unique_ptr<Transport>>(
     const v1::StageProgram& program, const std::atomic<bool>& cancelled)>;
+
+// Connects the collectives of a data-parallel group: `group_program` is
+// DataParallelGroupProgram (rank = this replica, num_ranks = R, the group's rendezvous prefix).
+// A CUDA worker's are NCCL on device memory; without one, the ring over a transport from the
+// TransportFactory (host memory). Must give up promptly once `cancelled` becomes true.
+using GroupFactory = std::function<absl::StatusOr<std::unique_ptr<GroupCollectives>>(
+    const v1::StageProgram& group_program, const std::atomic<bool>& cancelled)>;
 
 // Fetches the named tensors of a checkpoint into `out` (name -> raw bytes), e.g. from the
 // coordinator's Checkpoints service.
@@ -55,6 +63,9 @@ struct WorkerConfig {
   // Buffers in the device's memory (a "cuda" link probe's messages); null: none (a CPU
   // worker, whose probes use host memory).
   ProbeBufferAllocator device_buffers;
+  // The data-parallel group's collectives; null: the ring over the TransportFactory's
+  // transport (host memory, a CPU worker's).
+  GroupFactory data_parallel_group;
   std::string data_root = ".";  // data.path of a "file" source resolves under it
   InjectedFault fault;          // test-only (--test-fail-at); none by default
   // Bytes a stage may take (parameters, gradients, optimizer state and one micro-batch's

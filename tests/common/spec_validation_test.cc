@@ -184,8 +184,8 @@ const Malformed kCases[] = {
     {"pipeline:\n  replicas: 1025\n", "pipeline.replicas", "must be in [1, 1024]"},
     {"model:\n  n_layer: 8\npipeline:\n  stages: 8\n  micro_batches: 8\n  replicas: 1000\n",
      "pipeline.replicas", "8 stages x 1000 replicas = 8000 workers, over the limit of 4096"},
-    {"device: cuda\npipeline:\n  replicas: 2\n", "pipeline.replicas",
-     "runs on cpu workers only in this release"},
+    {"device: cuda\noptimizer:\n  shard_state: true\npipeline:\n  replicas: 2\n",
+     "optimizer.shard_state", "sharded optimizer state runs on cpu workers only"},
     {"pipeline:\n  recompute: some\n", "pipeline.recompute",
      "expected \"none\" or \"full\" or \"selective\", got \"some\""},
     {"device: cuda\npipeline:\n  recompute: selective\n", "pipeline.recompute",
@@ -232,6 +232,16 @@ TEST(RecomputeSpec, SelectiveIsAcceptedForGptAndLlamaOnCpu) {
   for (const char* yaml : {"pipeline:\n  recompute: selective\n",
                            "model:\n  arch: llama\npipeline:\n  recompute: selective\n",
                            "pipeline:\n  recompute: full\n", "pipeline:\n  recompute: none\n"}) {
+    absl::StatusOr<v1::JobSpec> spec = LoadJobSpecYaml(yaml);
+    ASSERT_TRUE(spec.ok()) << yaml << spec.status();
+  }
+}
+
+// cuda workers reduce gradients with NCCL: data parallelism is accepted there, unsharded.
+TEST(DataParallelSpec, CudaReplicasAreAcceptedWithoutShardedState) {
+  for (const char* yaml : {"device: cuda\npipeline:\n  replicas: 2\n",
+                           "device: cuda\noptimizer:\n  shard_state: false\npipeline:\n  "
+                           "stages: 2\n  replicas: 4\n"}) {
     absl::StatusOr<v1::JobSpec> spec = LoadJobSpecYaml(yaml);
     ASSERT_TRUE(spec.ok()) << yaml << spec.status();
   }

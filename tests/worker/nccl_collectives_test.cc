@@ -23,6 +23,7 @@
 #include "worker/backend/cuda/cuda_status.h"
 #include "worker/backend/cuda/device.h"
 #include "worker/backend/cuda/device_buffer.h"
+#include "worker/grad_reducer.h"
 
 namespace tandem::worker {
 namespace {
@@ -415,6 +416,52 @@ void CheckCollectives(int size) {
 TEST(NcclCollectivesTest, TwoRanksMatchTheHostSums) {
   SKIP_UNLESS_DEVICES(2);
   CheckCollectives(2);
+}
+
+// The data-parallel path of a CUDA worker: GradReducer over NewNcclGroupCollectives, buckets
+// of device memory posted as the executor posts them, summed on the reducer's own thread.
+TEST(NcclCollectivesTest, AGradReducerSumsDeviceBucketsThroughTheGroup) {
+  SKIP_UNLESS_DEVICES(2);
+  gloo::rendezvous::HashStore store;
+  auto group = ConnectGroup(2, store);
+  ASSERT_EQ(group.size(), 2u);
+  std::vector<std::future<std::vector<std::vector<float>>>> futures;
+  for (auto& c : group) {
+    futures.push_back(std::async(std::launch::async, [c = std::move(c)]() mutable {
+      const int device = c->device();
+      const int rank = c->rank();
+      EXPECT_EQ(cudaSetDevice(device), cudaSuccess);
+      std::vector<cuda::DeviceBuffer<float>> buffers;
+      for (size_t count : kSizes) buffers.push_back(OnDevice(device, ExactInput(rank, count)));
+      GradReducer reducer(NewNcclGroupCollectives(std::move(c)));
+      EXPECT_EQ(reducer.replica(), rank);
+      EXPECT_EQ(reducer.replicas(), 2);
+      EXPECT_TRUE(reducer.BeginStep().ok());
+      for (size_t i = 0; i < buffers.size(); ++i) {
+        reducer.Post(GradBucket{.chunk = 0,
+                                .layer = static_cast<int>(i),
+                                .tensors = {absl::Span<float>(buffers[i].data(), kSizes[i])}});
+      }
+      absl::Status s = reducer.Wait();
+      EXPECT_TRUE(s.ok()) << s;
+      EXPECT_EQ(reducer.step_bytes(),
+                static_cast<int64_t>((kSizes[0] + kSizes[1] + kSizes[2]) * sizeof(float)));
+      std::vector<std::vector<float>> out;
+      for (const auto& b : buffers) out.push_back(ToHost(device, b));
+      return out;
+    }));
+  }
+  for (int r = 0; r < 2; ++r) {
+    const std::vector<std::vector<float>> got = futures[r].get();
+    ASSERT_EQ(got.size(), std::size(kSizes));
+    for (size_t n = 0; n < std::size(kSizes); ++n) {
+      std::vector<float> sum = ExactInput(0, kSizes[n]);
+      const std::vector<float> other = ExactInput(1, kSizes[n]);
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += other[i];
+      EXPECT_TRUE(SameBits(got[n], sum))
+          << "rank " << r << " count " << kSizes[n] << ": " << FirstDifference(got[n], sum);
+    }
+  }
 }
 
 TEST(NcclCollectivesTest, ThreeRanksMatchTheHostSums) {

@@ -214,6 +214,32 @@ TEST_P(ConformanceTest, OneStageTrainsToTheReferenceLossesAndNorms) {
   }
 }
 
+// Data parallelism reduces what LayerGradients hands over, bucket by bucket: every gradient of
+// every chunk must be in exactly one bucket (on the CPU one per layer, on CUDA one device
+// buffer per chunk), or the replicas would drift apart.
+TEST_P(ConformanceTest, EveryGradientIsInOneDataParallelBucket) {
+  const v1::JobSpec spec = Spec(/*tied=*/false, 2);
+  for (int stages : {1, 2}) {
+    for (const v1::StageProgram& program : MakePrograms(spec, stages, "1f1b")) {
+      absl::StatusOr<std::unique_ptr<StageCompute>> compute = GetParam().make(program);
+      ASSERT_TRUE(compute.ok()) << compute.status();
+      int64_t elements = 0;
+      for (int c = 0; c < program.chunks_size(); ++c) {
+        ASSERT_GT((*compute)->num_layers(c), 0);
+        for (int l = 0; l < (*compute)->num_layers(c); ++l) {
+          absl::StatusOr<std::vector<absl::Span<float>>> grads = (*compute)->LayerGradients(c, l);
+          ASSERT_TRUE(grads.ok()) << grads.status();
+          for (const absl::Span<float>& g : *grads) {
+            EXPECT_NE(g.data(), nullptr);
+            elements += static_cast<int64_t>(g.size());
+          }
+        }
+      }
+      EXPECT_EQ(elements, (*compute)->parameter_count()) << stages << " stage(s)";
+    }
+  }
+}
+
 // Two stages on one worker (interleaved 1F1B, 2 chunks): the activation and its gradient go
 // from chunk to chunk in the backend's memory, and the tied wte's two copies are summed here.
 // The data does not depend on the partition, so the losses are the single-stage reference's.

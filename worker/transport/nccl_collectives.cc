@@ -479,4 +479,39 @@ absl::Status NcclCollectives::Fail(const std::string& what, const absl::Status& 
   return s;
 }
 
+namespace {
+
+class NcclGroupCollectives final : public GroupCollectives {
+ public:
+  explicit NcclGroupCollectives(std::unique_ptr<NcclCollectives> nccl) : nccl_(std::move(nccl)) {}
+  int rank() const override { return nccl_->rank(); }
+  int size() const override { return nccl_->size(); }
+  void Abort() override { nccl_->Abort(); }
+  absl::Status Run(CollectiveOp op, absl::Span<const absl::Span<float>> tensors) override {
+    for (const absl::Span<float>& t : tensors) {
+      switch (op) {
+        case CollectiveOp::kAllReduce:
+          RETURN_IF_ERROR(nccl_->AllReduce(t.data(), t.size()));
+          break;
+        case CollectiveOp::kReduceScatter:
+          RETURN_IF_ERROR(nccl_->ReduceScatter(t.data(), t.size()));
+          break;
+        case CollectiveOp::kAllGather:
+          RETURN_IF_ERROR(nccl_->AllGather(t.data(), t.size()));
+          break;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::unique_ptr<NcclCollectives> nccl_;
+};
+
+}  // namespace
+
+std::unique_ptr<GroupCollectives> NewNcclGroupCollectives(std::unique_ptr<NcclCollectives> nccl) {
+  return std::make_unique<NcclGroupCollectives>(std::move(nccl));
+}
+
 }  // namespace tandem::worker

@@ -65,6 +65,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "worker/transport/group_collectives.h"
 
 namespace gloo::rendezvous {
 class Store;
@@ -157,6 +158,10 @@ class NcclCollectives {
   std::unique_ptr<Comm> comm_ ABSL_GUARDED_BY(mu_);
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
 };
+
+// The CUDA worker's GroupCollectives (group_collectives.h) for GradReducer: each tensor of a
+// call (device memory) through `nccl`'s AllReduce / ReduceScatter / AllGather, in order.
+std::unique_ptr<GroupCollectives> NewNcclGroupCollectives(std::unique_ptr<NcclCollectives> nccl);
 
 }  // namespace tandem::worker
 

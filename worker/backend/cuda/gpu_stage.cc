@@ -495,6 +495,10 @@ float* GpuStage::DeviceGradient(size_t index) {
   return index < layout_.size() ? core_->G(index) : nullptr;
 }
 
+float* GpuStage::DeviceGradients() { return core_->grads.data(); }
+
+size_t GpuStage::gradient_elements() const { return ParameterElements(layout_); }
+
 absl::Status GpuStage::AddToGradient(size_t index, const float* other) {
   RETURN_IF_ERROR(CheckIndex(index, index < layout_.size() ? layout_[index].count : 0));
   Core& co = *core_;

@@ -116,6 +116,10 @@ class GpuStage {
   // gradients: its address, adding `other` (device, same count) into it, copying it from
   // `other`.
   float* DeviceGradient(size_t index);
+  // Every gradient of the stage as one device buffer (the layout's offsets index it), for the
+  // data-parallel all-reduce: one NCCL call per stage rather than one per tensor.
+  float* DeviceGradients();
+  size_t gradient_elements() const;
   absl::Status AddToGradient(size_t index, const float* other);
   absl::Status CopyGradientFrom(size_t index, const float* other);
 
