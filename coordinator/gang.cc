@@ -38,6 +38,34 @@ Gang::Gang(std::string job_id, std::vector<WorkerRecord> workers, StageWorkerCli
   for (const auto& w : workers_) clients_.push_back(clients.Connect(w.address));
 }
 
+absl::Status Gang::Reorder(const std::vector<int>& order) {
+  std::vector<bool> seen(workers_.size(), false);
+  if (order.size() != workers_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a reorder of ", order.size(), " ranks for a gang of ", workers_.size()));
+  }
+  for (int r : order) {
+    if (r < 0 || static_cast<size_t>(r) >= seen.size() || seen[r]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the reorder is not a permutation of the gang's ranks (rank ", r, ")"));
+    }
+    seen[r] = true;
+  }
+  absl::MutexLock lock(&mu_);
+  if (!interrupt_.ok() || !lost_ranks_.empty()) {
+    return absl::FailedPreconditionError("a gang is reordered before anything happened to it");
+  }
+  std::vector<WorkerRecord> workers;
+  std::vector<std::unique_ptr<StageWorkerClient>> clients;
+  for (int r : order) {
+    workers.push_back(workers_[r]);
+    clients.push_back(std::move(clients_[r]));
+  }
+  workers_ = std::move(workers);
+  clients_ = std::move(clients);
+  return absl::OkStatus();
+}
+
 bool Gang::Interrupt(absl::Status status, const std::vector<int>& lost_ranks) {
   absl::MutexLock lock(&mu_);
   if (!interrupt_.ok()) return false;

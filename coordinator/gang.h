@@ -46,6 +46,12 @@ class Gang {
        WorkerRegistry* registry, absl::Duration abort_timeout,
        std::function<std::string(int rank)> name);
 
+  // Re-deals the gang's ranks: the worker at rank order[r] becomes rank r (its client with
+  // it). For planning that chose another stages x replicas than the gang was placed for
+  // (pipeline.plan: auto), before any call. FAILED_PRECONDITION after a rank was lost or
+  // interrupted; INVALID_ARGUMENT unless `order` is a permutation of the ranks.
+  absl::Status Reorder(const std::vector<int>& order);
+
   int size() const { return static_cast<int>(workers_.size()); }
   const std::vector<WorkerRecord>& workers() const { return workers_; }
   StageWorkerClient& client(int rank) { return *clients_[rank]; }
@@ -103,7 +109,7 @@ class Gang {
                         int first_failure, absl::Duration deadline);
 
   const std::string job_id_;
-  const std::vector<WorkerRecord> workers_;
+  std::vector<WorkerRecord> workers_;  // by rank (Reorder before any call)
   std::vector<std::unique_ptr<StageWorkerClient>> clients_;
   WorkerRegistry* const registry_;
   const absl::Duration abort_timeout_;

@@ -14,6 +14,7 @@
 #include "coordinator/hf_export.h"
 #include "coordinator/hf_weights.h"
 #include "coordinator/model_profiler.h"
+#include "coordinator/placement.h"
 #include "coordinator/plan_search.h"
 #include "coordinator/transport_choice.h"
 #include "spdlog/spdlog.h"
@@ -30,7 +31,12 @@ absl::Status JobPlanner::Plan(RunPlan* plan) {
                  plan->spec.pipeline().transport(), transport);
   }
   plan->spec.mutable_pipeline()->set_transport(transport);
-  if (plan->spec.pipeline().plan() == "auto") RETURN_IF_ERROR(ChooseAutoPlan(&plan->spec));
+  if (plan->spec.pipeline().plan() == "auto") {
+    const int stages = plan->spec.pipeline().stages();
+    const int replicas = std::max(1, plan->spec.pipeline().replicas());
+    RETURN_IF_ERROR(ChooseAutoPlan(&plan->spec));
+    RETURN_IF_ERROR(PlaceForPlan(stages, replicas, plan->spec));
+  }
   const v1::JobSpec& spec = plan->spec;
   std::optional<v1::ModelProfile> profile;
   const std::string key = ProfileKey(spec, DeviceKind(workers[0].device), workers[0].threads);
@@ -130,6 +136,32 @@ absl::Status JobPlanner::Plan(RunPlan* plan) {
     stages.push_back(std::move(a));
   }
   env_.store->SetStages(job_.id(), stages);
+  return absl::OkStatus();
+}
+
+absl::Status JobPlanner::PlaceForPlan(int placed_stages, int placed_replicas,
+                                      const v1::JobSpec& spec) {
+  const int stages = spec.pipeline().stages();
+  const int replicas = std::max(1, spec.pipeline().replicas());
+  if ((stages == placed_stages && replicas == placed_replicas) || !env_.reorder_gang) {
+    return absl::OkStatus();
+  }
+  std::vector<std::string> nodes;
+  for (const WorkerRecord& w : gang_.workers()) nodes.push_back(w.node);
+  const std::vector<int> order = PlaceGang(nodes, stages, replicas);
+  if (order.size() != nodes.size()) {
+    return absl::InternalError(absl::StrCat("pipeline.plan: auto chose ", stages, " x ", replicas,
+                                            " for a gang of ", nodes.size()));
+  }
+  bool identity = true;
+  for (size_t r = 0; r < order.size(); ++r) identity = identity && order[r] == static_cast<int>(r);
+  if (!identity) RETURN_IF_ERROR(env_.reorder_gang(order));
+  std::vector<std::string> placed;
+  for (const WorkerRecord& w : gang_.workers()) placed.push_back(w.node);
+  spdlog::info("{}: the gang was placed for {} x {} and plan: auto chose {} x {}: {}{}", job_.id(),
+               placed_stages, placed_replicas, stages, replicas,
+               identity ? "the placement stands; " : "re-placed; ",
+               DescribePlacement(placed, stages, replicas));
   return absl::OkStatus();
 }
 

@@ -42,6 +42,9 @@ struct PlanningEnv {
   std::string models_root;                 // where init.hf_file paths resolve; empty: none
   ProfileStore* profiles = nullptr;        // optional: layer profiles cached per shape
   absl::Duration profile_timeout = absl::Seconds(300);
+  // Re-deals the gang's ranks (Gang::Reorder, under the runner's lock) when pipeline.plan:
+  // auto chose another stages x replicas than the gang was placed for; null: never.
+  std::function<absl::Status(const std::vector<int>& order)> reorder_gang;
 };
 
 class JobPlanner {
@@ -59,6 +62,9 @@ class JobPlanner {
   // pipeline.plan: auto: profiles every split of the global batch, picks the candidate with the
   // shortest predicted step (SearchPlans / ChoosePlan), makes it *spec and records it.
   absl::Status ChooseAutoPlan(v1::JobSpec* spec);
+  // After ChooseAutoPlan: the gang was placed for placed_stages x placed_replicas; when `spec`
+  // has another factorization, re-deals its ranks for it (PlaceGang over the gang's nodes).
+  absl::Status PlaceForPlan(int placed_stages, int placed_replicas, const v1::JobSpec& spec);
   // The layer profile of `spec`'s shape on the job's workers' kind: cached, or measured on
   // the first worker (which is allocated to the job and idle) by ProfileForJob, with the link
   // to the second when the job has one.

@@ -60,7 +60,6 @@ JobRunner::JobRunner(RunnerEnv env, v1::Job job, std::vector<WorkerRecord> worke
       job_(std::move(job)),
       gang_(job_.id(), std::move(workers), *env_.clients, env_.registry, env_.options.abort_timeout,
             [this](int rank) { return WorkerName(rank); }),
-      relay_(PlanStepRelay(RelayMembers(gang_.workers()), env_.options.step_relay_min_workers)),
       attempt_(job_.restarts()) {
   run_.spec = job_.spec();
 }
@@ -245,7 +244,15 @@ absl::Status JobRunner::Plan() {
   planning.models_root = env_.models_root;
   planning.profiles = env_.profiles;
   planning.profile_timeout = env_.options.profile_timeout;
-  return JobPlanner(std::move(planning), job_, gang_).Plan(&run_);
+  // Under mu_: OnWorkerLost reads the gang's workers from another thread.
+  planning.reorder_gang = [this](const std::vector<int>& order) {
+    absl::MutexLock lock(&mu_);
+    return gang_.Reorder(order);
+  };
+  RETURN_IF_ERROR(JobPlanner(std::move(planning), job_, gang_).Plan(&run_));
+  // The step relay's groups, for the gang as planning left it.
+  relay_ = PlanStepRelay(RelayMembers(gang_.workers()), env_.options.step_relay_min_workers);
+  return absl::OkStatus();
 }
 
 absl::Status JobRunner::ConfigureAll() {

@@ -167,8 +167,9 @@ class JobRunner {
   // The gang allocated to the job, in stage order: its clients, its batches of calls, its
   // interruption (which Cancel, OnWorkerLost and Shutdown set) and its lost ranks.
   Gang gang_;
-  // The step relay's groups for this gang (empty: the coordinator calls every worker).
-  const std::vector<RelayGroup> relay_;
+  // The step relay's groups for this gang, set by Plan (empty: the coordinator calls every
+  // worker).
+  std::vector<RelayGroup> relay_;
   // What planning decided: the spec the job runs (job_.spec() as submitted, or with the
   // planner's pipeline), the pipeline plan, the checkpoint to restore, the first step.
   RunPlan run_;

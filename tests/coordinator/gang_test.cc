@@ -165,5 +165,34 @@ TEST(GangTest, TheDiagnosisOfAWorkersErrorCarriesItsCode) {
   EXPECT_EQ(WorkerErrorCode(absl::NotFoundError("the coordinator's own")), std::nullopt);
 }
 
+// pipeline.plan: auto may re-deal the ranks before the first call: rank r becomes the worker
+// that was rank order[r], its client with it.
+TEST(GangTest, AReorderMovesWorkersAndTheirClientsTogether) {
+  GangFixture f(3);
+  auto gang = f.Make();
+  const std::string first = gang->workers()[0].id, last = gang->workers()[2].id;
+  ASSERT_TRUE(gang->Reorder({2, 0, 1}).ok());
+  EXPECT_EQ(gang->workers()[0].id, last);
+  EXPECT_EQ(gang->workers()[1].id, first);
+  v1::RunStepRequest req;
+  v1::RunStepResponse resp;
+  ASSERT_TRUE(gang->CallAll(
+                      "step 1", absl::Seconds(5),
+                      [&](int r, auto done) {
+                        gang->client(r).RunStep(req, &resp, absl::Seconds(5), std::move(done));
+                      },
+                      1)
+                  .ok());
+  EXPECT_EQ(f.factory.made[2]->run_steps.load(), 1);  // rank 0 is the worker made third
+  EXPECT_EQ(f.factory.made[0]->run_steps.load(), 0);
+
+  EXPECT_EQ(gang->Reorder({0, 1}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gang->Reorder({0, 0, 1}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gang->Reorder({0, 1, 3}).code(), absl::StatusCode::kInvalidArgument);
+  gang->Interrupt(absl::CancelledError("cancelled"));
+  EXPECT_EQ(gang->Reorder({1, 0, 2}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(gang->workers()[0].id, last);  // unchanged by the refusals
+}
+
 }  // namespace
 }  // namespace tandem::coordinator
