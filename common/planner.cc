@@ -48,8 +48,8 @@ std::vector<std::pair<int, int>> Factorizations(const v1::JobSpec& spec) {
     const int r = workers / p;
     if (p > NumLayers(spec.model())) continue;  // every stage needs a layer
     if (r > kMaxReplicas || batch % r != 0) continue;
-    // Data parallelism runs on cpu workers only (spec validation says why).
-    if (r > 1 && spec.device() == "cuda") continue;
+    // Sharded optimizer state runs on cpu workers only (spec validation says why).
+    if (r > 1 && spec.device() == "cuda" && spec.optimizer().shard_state()) continue;
     out.push_back({p, r});
   }
   return out;

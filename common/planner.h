@@ -51,7 +51,7 @@ using ProfileSource = std::function<absl::StatusOr<v1::ModelProfile>(const v1::J
 
 // The ways to arrange the job's workers (GangSize: stages x replicas as written) as P stages x
 // R replicas that can run: P <= the model's layers, R dividing the global batch, R <=
-// kMaxReplicas, R = 1 on cuda. Most stages first.
+// kMaxReplicas, R = 1 on cuda with sharded optimizer state. Most stages first.
 std::vector<std::pair<int, int>> Factorizations(const v1::JobSpec& spec);
 // The spec on `stages` x `replicas` workers with the same global batch: each replica's share in
 // micro-batches of the size as written where they divide it, else in one.

@@ -51,6 +51,8 @@ int32_t LlamaDefaultHidden(int32_t d_model);
 int64_t TokensPerStep(const v1::JobSpec& spec);
 // Workers of the job's gang: pipeline.stages x pipeline.replicas.
 int GangSize(const v1::JobSpec& spec);
+// Whether the job is elastic (elastic.min_workers > 0; common/elastic_layout.h).
+inline bool IsElastic(const v1::JobSpec& spec) { return spec.elastic().min_workers() > 0; }
 // Whether the job shards its optimizer state across replicas (ZeRO stage 1): optimizer.shard_state
 // with pipeline.replicas > 1 and adamw (sgd keeps no state). Otherwise shard_state does nothing.
 bool ShardsOptimizerState(const v1::JobSpec& spec);

@@ -350,6 +350,34 @@ void ValidateCheckpoint(const v1::JobSpec& spec, FieldErrors* errors) {
   CheckRange(errors, "checkpoint.keep", c.keep(), 1, 1000);
 }
 
+void ValidateElastic(const v1::JobSpec& spec, FieldErrors* errors) {
+  const v1::ElasticSpec& e = spec.elastic();
+  if (e.min_workers() == 0) {
+    if (e.max_workers() != 0) {
+      errors->Add("elastic.max_workers",
+                  "needs elastic.min_workers >= 1 (0: the job is not elastic)");
+    }
+    return;
+  }
+  if (!CheckRange(errors, "elastic.min_workers", e.min_workers(), 0, kMaxGangWorkers)) return;
+  if (e.max_workers() != 0 && !CheckRange(errors, "elastic.max_workers", e.max_workers(),
+                                          e.min_workers(), kMaxGangWorkers)) {
+    return;
+  }
+  const v1::PipelineSpec& p = spec.pipeline();
+  if (p.stages() < 1 || p.replicas() < 1 || p.replicas() > kMaxReplicas) return;  // said there
+  const int64_t gang = GangSize(spec);
+  if (e.min_workers() > gang) {
+    errors->Add("elastic.min_workers",
+                absl::StrCat("must be at most the gang as written (", p.stages(), " stages x ",
+                             p.replicas(), " replicas = ", gang, "), got ", e.min_workers()));
+  }
+  if (e.max_workers() != 0 && e.max_workers() < gang) {
+    errors->Add("elastic.max_workers", absl::StrCat("must be at least the gang as written (", gang,
+                                                    "), or 0 for it, got ", e.max_workers()));
+  }
+}
+
 void ValidateInit(const v1::JobSpec& spec, FieldErrors* errors) {
   const v1::InitSpec& init = spec.init();
   if (!init.from_job().empty() && !init.hf_file().empty()) {
@@ -526,7 +554,7 @@ void ValidatePipeline(const v1::JobSpec& spec, FieldErrors* errors) {
 FieldErrors JobSpecErrors(const v1::JobSpec& spec) {
   FieldErrors errors;
   for (auto check : {ValidateTop, ValidateModel, ValidateData, ValidateOptimizer, ValidateEval,
-                     ValidateCheckpoint, ValidateInit, ValidatePipeline}) {
+                     ValidateCheckpoint, ValidateInit, ValidatePipeline, ValidateElastic}) {
     check(spec, &errors);
   }
   return errors;

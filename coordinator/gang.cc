@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <future>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -187,6 +188,9 @@ absl::Status Gang::Diagnose(const std::string& what, const std::vector<absl::Sta
       first_error = absl::StrCat(name_(r), ": ", e.ToString());
     }
   }
+  // Every unreachable worker is marked lost (not only the first), so that the restart, which
+  // may come before their heartbeats are missed, picks none of them.
+  std::optional<absl::Status> unreachable;
   for (int r = 0; r < p; ++r) {
     absl::Status probe = probes[r].get();
     if (!probe.ok()) {
@@ -195,11 +199,14 @@ absl::Status Gang::Diagnose(const std::string& what, const std::vector<absl::Sta
         lost_ranks_.insert(r);
       }
       registry_->MarkLost(workers_[r].id);
-      return absl::UnavailableError(absl::StrCat(what, ": ", name_(r), " is unreachable (",
-                                                 probe.ToString(),
-                                                 "); first error: ", first_error));
+      if (!unreachable.has_value()) {
+        unreachable =
+            absl::UnavailableError(absl::StrCat(what, ": ", name_(r), " is unreachable (",
+                                                probe.ToString(), "); first error: ", first_error));
+      }
     }
   }
+  if (unreachable.has_value()) return *unreachable;
   absl::Status diagnosis = absl::InternalError(absl::StrCat(what, ": ", first_error));
   if (first_failure >= 0) {
     diagnosis.SetPayload(kWorkerErrorCodePayload,

@@ -75,7 +75,8 @@ class Gang {
   // Explains failed calls made outside CallAll: `results` by rank, each call made with
   // `deadline`; the lowest failed rank is taken for the first failure. Returns the
   // interruption if the gang was interrupted; else probes every worker: UNAVAILABLE naming the
-  // first unreachable one (which is marked lost, here and in the registry), else INTERNAL
+  // first unreachable one (every unreachable one is marked lost, here and in the registry, so
+  // that a restart picks none of them), else INTERNAL
   // naming the first failure, with that worker's own code attached (WorkerErrorCode).
   absl::Status Diagnose(const std::string& what, const std::vector<absl::Status>& results,
                         absl::Duration deadline);

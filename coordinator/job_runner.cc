@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/clock.h"
+#include "common/elastic_layout.h"
 #include "common/log_context.h"
 #include "common/partitioner.h"
 #include "common/spec.h"
@@ -60,7 +61,8 @@ JobRunner::JobRunner(RunnerEnv env, v1::Job job, std::vector<WorkerRecord> worke
       job_(std::move(job)),
       gang_(job_.id(), std::move(workers), *env_.clients, env_.registry, env_.options.abort_timeout,
             [this](int rank) { return WorkerName(rank); }),
-      attempt_(job_.restarts()) {
+      // Every run of the job a number of its own: restarts and resizes each start one.
+      attempt_(job_.restarts() + job_.resizes_size()) {
   run_.spec = job_.spec();
 }
 
@@ -180,12 +182,16 @@ void JobRunner::Run() {
   }
   if (status.ok()) status = ConfigureAll();
   if (status.ok()) phase = RunPhase::kTrain;
+  // An elastic job that can grow ends its run at a checkpoint and is requeued for more workers.
+  std::optional<std::string> grow;
   for (int64_t step = run_.first_step; status.ok() && step < run_.spec.steps(); ++step) {
     status = gang_.InterruptStatus();
     if (status.ok()) status = RunOneStep(step);
     if (status.ok() && CheckpointDue(run_.spec, step) && env_.checkpoints != nullptr &&
         env_.checkpoints->enabled()) {
       status = SaveCheckpoint(step);
+      if (status.ok() && step + 1 < run_.spec.steps()) grow = GrowReason(step);
+      if (grow.has_value()) break;
     }
   }
   // Every ending releases the workers' stages; on failure this also unblocks any transfer.
@@ -193,7 +199,12 @@ void JobRunner::Run() {
   env_.registry->Release(id);
   if (env_.rendezvous != nullptr) env_.rendezvous->ErasePrefix(absl::StrCat(id, "/"));
   const bool shutting_down = !status.ok() && InterruptIs(Interrupt::kShutdown);
-  if (shutting_down) {
+  if (status.ok() && grow.has_value()) {
+    spdlog::info("{}: {}", id, *grow);
+    if (absl::Status s = env_.store->RequeueToGrow(id, *grow); !s.ok()) {
+      spdlog::error("{}: cannot requeue to grow: {}", id, s.ToString());
+    }
+  } else if (shutting_down) {
     // The job stays RUNNING in the store: the next coordinator on this data root resumes it
     // from its latest checkpoint.
     spdlog::info("{}: left for the next coordinator to resume: {}", id,
@@ -234,6 +245,20 @@ void JobRunner::Run() {
     spdlog::warn("{}: FAILED: {}", id, reason);
   }
   finished_.store(true);
+}
+
+std::optional<std::string> JobRunner::GrowReason(int64_t step) const {
+  if (!IsElastic(job_.spec())) return std::nullopt;
+  const int idle = env_.registry->IdleCount(job_.spec().device());
+  if (idle == 0) return std::nullopt;
+  v1::JobSpec written = job_.spec();
+  if (job_.has_written_pipeline()) *written.mutable_pipeline() = job_.written_pipeline();
+  const absl::StatusOr<v1::JobSpec> bigger = ElasticLayoutFor(written, gang_.size() + idle);
+  if (!bigger.ok() || GangSize(*bigger) <= gang_.size()) return std::nullopt;
+  return absl::StrCat("grow: ", idle, " idle worker(s); from ", gang_.size(), " to ",
+                      GangSize(*bigger), " workers (", bigger->pipeline().stages(), " x ",
+                      std::max(1, bigger->pipeline().replicas()),
+                      ") from the checkpoint after step ", StepNumber(step));
 }
 
 absl::Status JobRunner::Plan() {

@@ -307,6 +307,8 @@ absl::StatusOr<std::string> JobStore::Add(const v1::JobSpec& spec) {
   job.set_effective_batch(EffectiveBatch(spec));
   job.set_tokens_per_step(TokensPerStep(spec));
   job.set_bubble_fraction_ideal(PredictedBubble(spec));
+  // Every layout of an elastic job is planned from the pipeline as submitted.
+  if (IsElastic(spec)) *job.mutable_written_pipeline() = spec.pipeline();
   if (absl::Status s = Persist(e, /*durable=*/true, absl::StrCat("submitting ", job.id()));
       !s.ok()) {
     jobs_.erase(n);
@@ -506,6 +508,9 @@ int64_t JobStore::RecordRestart(const std::string& job_id, const std::string& ca
   // The next run starts after the checkpoint: what was recorded after it runs again.
   const int64_t resume =
       e->job.checkpoint_step() >= 0 ? e->job.checkpoint_step() + 1 : e->job.first_step();
+  const int64_t redone = std::max<int64_t>(0, e->job.steps_done() - resume);
+  e->job.set_steps_redone(e->job.steps_redone() + redone);
+  e->job.set_last_steps_redone(redone);
   DropStepsFrom(e->job, e->history, resume);
   e->job.set_steps_done(resume);
   const std::string purpose = absl::StrCat(job_id, ": recording restart ", e->job.restarts());
@@ -515,6 +520,32 @@ int64_t JobStore::RecordRestart(const std::string& job_id, const std::string& ca
                   return DeleteStepRows(e->seq, resume, purpose);
                 });
   return e->job.checkpoint_step();
+}
+
+void JobStore::RecordResize(const std::string& job_id, const v1::PipelineSpec& pipeline,
+                            v1::ResizeEvent event) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = Find(job_id);
+  if (e == nullptr) return;
+  *e->job.mutable_spec()->mutable_pipeline() = pipeline;
+  e->job.set_effective_batch(EffectiveBatch(e->job.spec()));
+  e->job.set_tokens_per_step(TokensPerStep(e->job.spec()));
+  e->job.set_bubble_fraction_ideal(PredictedBubble(e->job.spec()));
+  event.set_unix_ms(NowMs());
+  event.set_checkpoint_step(e->job.checkpoint_step());
+  event.set_steps_redone(e->job.last_steps_redone());
+  *e->job.add_resizes() = std::move(event);
+  (void)Persist(*e, /*durable=*/true, absl::StrCat(job_id, ": recording a resize"));
+}
+
+absl::Status JobStore::RequeueToGrow(const std::string& job_id, const std::string& reason) {
+  {
+    absl::MutexLock lock(&mu_);
+    Entry* e = Find(job_id);
+    if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+    e->job.set_last_steps_redone(0);
+  }
+  return Transition(job_id, v1::QUEUED, reason);
 }
 
 void JobStore::SetCheckpoint(const std::string& job_id, int64_t step) {

@@ -101,6 +101,14 @@ class JobStore {
   // twice). The caller then moves it to QUEUED. Returns the checkpoint step the next run
   // resumes after (-1: none, it starts again; also for an unknown job).
   int64_t RecordRestart(const std::string& job_id, const std::string& cause, absl::Time not_before);
+  // An elastic job's run takes another layout (common/elastic_layout.h): spec.pipeline
+  // becomes `pipeline` (the derived figures follow) and `event` is appended to its resizes,
+  // with its time and the steps its latest restart had to redo. Durable.
+  void RecordResize(const std::string& job_id, const v1::PipelineSpec& pipeline,
+                    v1::ResizeEvent event);
+  // An elastic job ends its run at a checkpoint to grow on more workers: QUEUED with `reason`,
+  // no restart counted, no backoff, nothing to redo.
+  absl::Status RequeueToGrow(const std::string& job_id, const std::string& reason);
   // The job's latest complete checkpoint, recorded once its manifest is committed (durable
   // before the call returns).
   void SetCheckpoint(const std::string& job_id, int64_t step);

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/elastic_layout.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
 #include "coordinator/placement.h"
@@ -71,6 +72,10 @@ void Scheduler::Tick() {
     // set it), so that a coordinator restarted meanwhile waits too.
     if (absl::Now() < absl::FromUnixMillis(job->not_before_unix_ms())) continue;
     const std::string kind = job->spec().device();
+    // An elastic job takes the layout the idle workers allow (common/elastic_layout.h).
+    if (IsElastic(job->spec())) {
+      if (!ChooseElasticLayout(&*job)) continue;
+    }
     // The gang: stages x replicas workers (replica-major: gang rank = replica x stages + rank).
     const int p = GangSize(job->spec());
     auto workers = env_.registry->Allocate(kind, p, id, job->spec().pipeline().stages());
@@ -92,6 +97,46 @@ void Scheduler::Tick() {
     runner->Start();
     runners_[id] = std::move(runner);
   }
+}
+
+bool Scheduler::ChooseElasticLayout(v1::Job* job) {
+  v1::JobSpec written = job->spec();
+  if (job->has_written_pipeline()) *written.mutable_pipeline() = job->written_pipeline();
+  const int idle = env_.registry->IdleCount(job->spec().device());
+  absl::StatusOr<v1::JobSpec> layout = ElasticLayoutFor(written, idle);
+  if (!layout.ok()) {
+    env_.store->SetReason(job->id(), std::string(layout.status().message()));
+    return false;
+  }
+  const v1::PipelineSpec& from = job->spec().pipeline();
+  const v1::PipelineSpec& to = layout->pipeline();
+  if (from.stages() == to.stages() && from.replicas() == to.replicas() &&
+      from.micro_batches() == to.micro_batches() &&
+      from.micro_batch_size() == to.micro_batch_size()) {
+    return true;  // the layout of its last run (or as written): nothing changes
+  }
+  v1::ResizeEvent event;
+  // Why: its first run, a restart after a fault (the reason it was requeued with), or a grow.
+  event.set_cause(job->steps_done() == 0 && job->restarts() == 0 && job->resizes_size() == 0
+                      ? absl::StrCat("start: ", idle, " idle worker(s)")
+                      : job->reason());
+  event.set_from_stages(from.stages());
+  event.set_from_replicas(std::max(1, from.replicas()));
+  event.set_from_micro_batches(from.micro_batches());
+  event.set_from_workers(GangSize(job->spec()));
+  event.set_to_stages(to.stages());
+  event.set_to_replicas(std::max(1, to.replicas()));
+  event.set_to_micro_batches(to.micro_batches());
+  event.set_to_workers(GangSize(*layout));
+  spdlog::info("{}: elastic: {} x {} (M {}) -> {} x {} (M {}) on {} of {} idle worker(s): {}",
+               job->id(), event.from_stages(), event.from_replicas(), event.from_micro_batches(),
+               event.to_stages(), event.to_replicas(), event.to_micro_batches(), event.to_workers(),
+               idle, event.cause());
+  env_.store->RecordResize(job->id(), to, event);
+  absl::StatusOr<v1::Job> updated = env_.store->Get(job->id(), /*with_history=*/false);
+  if (!updated.ok()) return false;
+  *job = *std::move(updated);
+  return true;
 }
 
 absl::StatusOr<v1::Job> Scheduler::Cancel(const std::string& job_id) {

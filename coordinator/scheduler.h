@@ -37,6 +37,10 @@ class Scheduler {
  private:
   void Loop();
   void Tick() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An elastic job's layout for the idle workers there are (ElasticLayoutFor from the
+  // pipeline as written); a change is recorded (JobStore::RecordResize) and `job` updated.
+  // False, with the job's reason set, when it must wait.
+  bool ChooseElasticLayout(v1::Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   RunnerEnv env_;
   const absl::Duration tick_;

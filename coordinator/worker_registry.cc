@@ -230,6 +230,15 @@ std::string WorkerRegistry::AvailabilityText(const std::string& device_kind, int
   return text;
 }
 
+int WorkerRegistry::IdleCount(const std::string& device_kind) const {
+  int idle = 0;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [n, w] : workers_) {
+    if (DeviceKind(w.device) == device_kind && w.state == v1::IDLE) ++idle;
+  }
+  return idle;
+}
+
 std::vector<WorkerRecord> WorkerRegistry::List() const {
   absl::MutexLock lock(&mu_);
   std::vector<WorkerRecord> out;

@@ -102,6 +102,9 @@ class WorkerRegistry {
   std::string AvailabilityText(const std::string& device_kind, int count,
                                const std::string& gang = "") const;
 
+  // IDLE workers of `device_kind` (alive, no job): what an elastic job may take.
+  int IdleCount(const std::string& device_kind) const;
+
   std::vector<WorkerRecord> List() const;
   absl::StatusOr<WorkerRecord> Get(const std::string& worker_id) const;
   // Heartbeats at scale. Every heartbeat costs the coordinator an RPC (a few hundred

@@ -211,6 +211,16 @@ const Malformed kCases[] = {
      "'..' is not allowed"},
     {"model:\n  arch: mlp_lm\ninit:\n  hf_file: gpt2.safetensors\n", "init.hf_file",
      "needs model.arch gpt"},
+    // --- elastic
+    {"elastic:\n  min_workers: -1\n", "elastic.min_workers", "must be in [0, 4096], got -1"},
+    {"elastic:\n  max_workers: 4\n", "elastic.max_workers", "needs elastic.min_workers >= 1"},
+    {"elastic:\n  min_workers: x\n", "elastic.min_workers", "expected an integer"},
+    {"pipeline:\n  stages: 2\nelastic:\n  min_workers: 3\n", "elastic.min_workers",
+     "must be at most the gang as written (2 stages x 1 replicas = 2), got 3"},
+    {"pipeline:\n  stages: 2\nelastic:\n  min_workers: 2\n  max_workers: 1\n",
+     "elastic.max_workers", "must be in [2, 4096], got 1"},
+    {"pipeline:\n  stages: 4\nelastic:\n  min_workers: 1\n  max_workers: 3\n",
+     "elastic.max_workers", "must be at least the gang as written (4), or 0 for it, got 3"},
 };
 
 class MalformedSpecTest : public ::testing::TestWithParam<Malformed> {};

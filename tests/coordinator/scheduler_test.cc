@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/spec.h"
+#include "common/spec_validation.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/coordinator/runner_fixture.h"
@@ -126,6 +128,57 @@ TEST(SchedulerTest, ANewSchedulerHonoursTheBackoffStoredWithAJob) {
       << "allocated before its stored backoff ended";
   EXPECT_LT(absl::FromUnixMillis(p.started_unix_ms()), waiting_until)
       << "a job whose backoff has passed starts at once";
+}
+
+// An elastic job (4 stages, at least 2 workers) with 3 idle workers runs on 3 stages at the
+// same global batch, and says so in its resizes; with 1 it waits, saying how many it needs.
+TEST(SchedulerTest, AnElasticJobRunsOnTheWorkersThereAre) {
+  RunnerFixture f;
+  for (int i = 0; i < 3; ++i) {
+    (void)f.registry.Register(RegistrationOf(absl::StrCat("127.0.0.1:", 2000 + i)));
+  }
+  Scheduler scheduler(f.env, absl::Milliseconds(10));
+  scheduler.Start();
+  v1::JobSpec spec = JobSpecOf(4, 3);
+  spec.mutable_pipeline()->set_partition("uniform");
+  spec.mutable_model()->set_n_layer(4);
+  spec.mutable_elastic()->set_min_workers(2);
+  ASSERT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  const std::string id = *f.store->Add(spec);
+  scheduler.Notify();
+  for (int i = 0; i < 500; ++i) {
+    auto job = f.store->Get(id);
+    if (job.ok() && IsTerminal(job->state())) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  auto job = f.store->Get(id);
+  ASSERT_EQ(job->state(), v1::SUCCEEDED) << job->reason();
+  EXPECT_EQ(job->spec().pipeline().stages(), 3);
+  EXPECT_EQ(job->written_pipeline().stages(), 4);
+  EXPECT_EQ(job->effective_batch(), EffectiveBatch(spec));
+  ASSERT_EQ(job->resizes_size(), 1);
+  const v1::ResizeEvent& r = job->resizes(0);
+  EXPECT_EQ(r.from_workers(), 4);
+  EXPECT_EQ(r.to_workers(), 3);
+  EXPECT_EQ(r.to_stages(), 3);
+  EXPECT_EQ(r.checkpoint_step(), -1);
+  EXPECT_EQ(r.steps_redone(), 0);
+  EXPECT_THAT(r.cause(), HasSubstr("start: 3 idle worker(s)"));
+  EXPECT_EQ(f.factory.made.size(), 3u);
+
+  // A job that needs at least 4 of the 3 workers waits, saying so.
+  v1::JobSpec two = spec;
+  two.mutable_elastic()->set_min_workers(4);
+  const std::string waiting = *f.store->Add(two);
+  scheduler.Notify();
+  std::string reason;
+  for (int i = 0; i < 200 && reason.find("needs at least") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(10ms);
+    reason = f.store->Get(waiting)->reason();
+  }
+  scheduler.Stop();
+  EXPECT_EQ(f.store->Get(waiting)->state(), v1::QUEUED);
+  EXPECT_THAT(reason, HasSubstr("elastic: 3 worker(s) available, the job needs at least 4"));
 }
 
 }  // namespace
