@@ -169,6 +169,24 @@ void RenderJobs(ExpositionWriter& w, const MetricsSnapshot& s) {
            *v = static_cast<double>(j.job.skipped_steps());
            return true;
          });
+  PerJob(w, s, "tandem_job_restarts_total", Type::kCounter,
+         "Runs of the job that ended in a fault and were restarted.",
+         [](const JobMetrics& j, double* v) {
+           *v = static_cast<double>(j.job.restarts());
+           return true;
+         });
+  PerJob(w, s, "tandem_job_resizes_total", Type::kCounter,
+         "Changes of an elastic job's layout (shrinks after faults, grows at checkpoints).",
+         [](const JobMetrics& j, double* v) {
+           *v = static_cast<double>(j.job.resizes_size());
+           return true;
+         });
+  PerJob(w, s, "tandem_job_steps_redone_total", Type::kCounter,
+         "Steps trained again because a run ended after its latest checkpoint.",
+         [](const JobMetrics& j, double* v) {
+           *v = static_cast<double>(j.job.steps_redone());
+           return true;
+         });
   PerJob(w, s, "tandem_job_tokens_total", Type::kCounter,
          "Training tokens the job has processed (tokens per step x steps completed).",
          [](const JobMetrics& j, double* v) {

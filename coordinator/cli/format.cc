@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
+#include "common/elastic_layout.h"
 #include "common/model_desc.h"
 #include "common/pipeline_plan.h"
 #include "common/schedule.h"
@@ -248,6 +249,29 @@ std::string FormatJobDetails(const v1::Job& job) {
   if (job.restarts() > 0) {
     info.AddRow({"Restarts", absl::StrCat(job.restarts(), " of ", job.spec().max_restarts(),
                                           " after faults; first cause: ", job.first_failure())});
+  }
+  if (job.steps_redone() > 0) {
+    info.AddRow({"Redone", absl::StrCat(job.steps_redone(),
+                                        " steps trained again (after faults, since checkpoints)")});
+  }
+  if (IsElastic(spec)) {
+    const v1::PipelineSpec& w = job.written_pipeline();
+    info.AddRow({"Elastic",
+                 absl::StrCat(spec.elastic().min_workers(), " to ", ElasticMaxWorkers(spec),
+                              " workers; as written ", w.stages(), " x ", std::max(1, w.replicas()),
+                              "; now ", GangSize(spec), " (", p.stages(), " x ",
+                              std::max(1, p.replicas()), "); ", job.resizes_size(), " resize(s)")});
+    if (job.resizes_size() > 0) {
+      const v1::ResizeEvent& r = job.resizes(job.resizes_size() - 1);
+      info.AddRow(
+          {"Last resize",
+           absl::StrCat(r.from_stages(), " x ", r.from_replicas(), " -> ", r.to_stages(), " x ",
+                        r.to_replicas(), " (M ", r.to_micro_batches(), ") from ",
+                        r.checkpoint_step() >= 0
+                            ? absl::StrCat("the checkpoint after step ", r.checkpoint_step() + 1)
+                            : std::string("the start"),
+                        ", ", r.steps_redone(), " step(s) redone: ", r.cause())});
+    }
   }
   if (job.skipped_steps() > 0) {
     info.AddRow({"Skipped", absl::StrCat(job.skipped_steps(), " steps (non-finite gradient)")});

@@ -170,6 +170,8 @@ class JobStatus:
     first_step: int
     restarts: int
     first_failure: str
+    steps_redone: int               # steps trained again after faults (since checkpoints)
+    resizes: Tuple[Dict[str, Any], ...]  # an elastic job's changes of layout, oldest first
     plan: str                       # pipeline.plan: auto's choice and why
     predicted_step_seconds: float
     predicted_update_seconds: float  # of it, the update phase (norm and optimizer)
@@ -200,6 +202,8 @@ class JobStatus:
             tokens_per_step=j.tokens_per_step, skipped_steps=j.skipped_steps,
             checkpoint_step=j.checkpoint_step if j.checkpoint_step >= 0 else None,
             first_step=j.first_step, restarts=j.restarts, first_failure=j.first_failure,
+            steps_redone=j.steps_redone,
+            resizes=tuple(message_to_dict(r) for r in j.resizes),
             plan=j.plan, predicted_step_seconds=j.predicted_step_seconds,
             predicted_update_seconds=j.predicted_update_seconds,
             bubble_fraction_ideal=j.bubble_fraction_ideal,

@@ -151,6 +151,9 @@ TEST_F(CoordinatorMetricsTest, EveryFamilyHasItsTypeHelpAndPrometheusName) {
       {"tandem_job_steps_completed_total", "counter"},
       {"tandem_job_steps_planned", "gauge"},
       {"tandem_job_skipped_steps_total", "counter"},
+      {"tandem_job_restarts_total", "counter"},
+      {"tandem_job_resizes_total", "counter"},
+      {"tandem_job_steps_redone_total", "counter"},
       {"tandem_job_tokens_total", "counter"},
       {"tandem_job_tokens_per_second", "gauge"},
       {"tandem_job_last_step_duration_seconds", "gauge"},
@@ -192,6 +195,22 @@ TEST_F(CoordinatorMetricsTest, EveryFamilyHasItsTypeHelpAndPrometheusName) {
   EXPECT_EQ(text_.back(), '\n');
 }
 
+// A fault after the checkpoint of step 2 (index 1) redoes step 3; an elastic resize counts.
+TEST_F(CoordinatorMetricsTest, RestartsResizesAndRedoneStepsAreCounted) {
+  store_->SetCheckpoint(running_, 1);
+  store_->RecordRestart(running_, "worker lost", absl::InfinitePast());
+  v1::ResizeEvent resize;
+  resize.set_cause("worker lost");
+  store_->RecordResize(running_, store_->Get(running_)->spec().pipeline(), resize);
+  const Exposition e = Scrape();
+  const std::map<std::string, std::string> job = {{"job", running_}};
+  EXPECT_THAT(e.Value("tandem_job_restarts_total", job), Near(1.0));
+  EXPECT_THAT(e.Value("tandem_job_resizes_total", job), Near(1.0));
+  EXPECT_THAT(e.Value("tandem_job_steps_redone_total", job), Near(1.0));
+  EXPECT_EQ(store_->Get(running_)->resizes(0).steps_redone(), 1);
+  EXPECT_EQ(store_->Get(running_)->resizes(0).checkpoint_step(), 1);
+}
+
 TEST_F(CoordinatorMetricsTest, JobCountersAndGaugesComeFromTheStore) {
   const Exposition e = Scrape();
   const std::map<std::string, std::string> job = {{"job", running_}};
@@ -208,6 +227,9 @@ TEST_F(CoordinatorMetricsTest, JobCountersAndGaugesComeFromTheStore) {
   EXPECT_THAT(e.Value("tandem_job_bubble_predicted_ratio", job), Near(0.2));
   EXPECT_THAT(e.Value("tandem_job_bubble_ideal_ratio", job), Near(0.2));  // 1 / (4 + 1)
   EXPECT_THAT(e.Value("tandem_job_skipped_steps_total", job), Near(0.0));
+  EXPECT_THAT(e.Value("tandem_job_restarts_total", job), Near(0.0));
+  EXPECT_THAT(e.Value("tandem_job_resizes_total", job), Near(0.0));
+  EXPECT_THAT(e.Value("tandem_job_steps_redone_total", job), Near(0.0));
   EXPECT_THAT(e.Value("tandem_job_info", {{"job", running_}, {"state", "running"}}), Near(1.0));
   EXPECT_THAT(e.Value("tandem_job_info", {{"job", queued_}, {"state", "queued"}, {"name", "tiny"}}),
               Near(1.0));
