@@ -91,6 +91,7 @@ StageWorkerClient::Done Gang::Completion(Batch* batch, int rank) {
     // A relayed failure is the relayed worker's: the caller only carried it.
     const int relayed = RelayedRank(s);
     const int at = relayed >= 0 && relayed < size() ? relayed : rank;
+    s.ErasePayload(kRelayedRankPayload);  // attributed: messages need not show it
     if (!s.ok() && batch->failed++ == 0) batch->first_failure = at;
     if (at != rank) batch->results[at] = s;
     batch->results[rank] = std::move(s);

@@ -187,6 +187,7 @@ void JobRunner::Run() {
   for (int64_t step = run_.first_step; status.ok() && step < run_.spec.steps(); ++step) {
     status = gang_.InterruptStatus();
     if (status.ok()) status = RunOneStep(step);
+    if (status.ok()) ++steps_run_;
     if (status.ok() && CheckpointDue(run_.spec, step) && env_.checkpoints != nullptr &&
         env_.checkpoints->enabled()) {
       status = SaveCheckpoint(step);
@@ -214,9 +215,12 @@ void JobRunner::Run() {
              job_.restarts() < run_.spec.max_restarts()) {
     const std::string cause = std::string(status.message());
     const int restart = job_.restarts() + 1;
-    // The backoff is stored with the job: a coordinator restarted meanwhile waits it out too.
-    const absl::Duration backoff = RestartBackoff(env_.options, restart);
-    const int64_t resume = env_.store->RecordRestart(id, cause, absl::Now() + backoff);
+    // The backoff doubles with the restarts since a run last trained a step, not with all of
+    // them: a job that trains between rare faults waits the base backoff each time. It is
+    // stored with the job: a coordinator restarted meanwhile waits it out too.
+    const int in_a_row = steps_run_ > 0 ? 1 : job_.restarts_in_a_row() + 1;
+    const absl::Duration backoff = RestartBackoff(env_.options, in_a_row);
+    const int64_t resume = env_.store->RecordRestart(id, cause, absl::Now() + backoff, in_a_row);
     const std::string reason = absl::StrCat(
         "restart ", restart, " of ", run_.spec.max_restarts(), " after: ", cause, "; resumes ",
         resume >= 0 ? absl::StrCat("from the checkpoint after step ", StepNumber(resume))

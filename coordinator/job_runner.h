@@ -58,7 +58,8 @@ struct RunnerOptions {
   int step_relay_min_workers = 64;
 };
 
-// How long a job waits before its run after `restarts` restarts starts (zero for none).
+// How long a job waits before its run after `restarts` restarts in a row (since a run last
+// trained a step) starts (zero for none).
 absl::Duration RestartBackoff(const RunnerOptions& options, int restarts);
 
 // The phases of a run of a job, in order.
@@ -178,6 +179,7 @@ class JobRunner {
   RunPlan run_;
   const int32_t attempt_;              // job_.restarts(): this run's StageProgram.attempt
   double slowest_step_seconds_ = 0.0;  // over this run's steps
+  int64_t steps_run_ = 0;              // training steps this run completed
   // The last step's update, not yet sent: it travels with the next step's RunStep
   // (RunStepRequest.apply_first), so that a step costs one RPC per worker, not two; an explicit
   // ApplyStep sends it where it must land first (evaluation, checkpoint, the last step).

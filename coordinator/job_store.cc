@@ -497,11 +497,12 @@ absl::Status JobStore::DeleteStepRows(int64_t seq, int64_t from, const std::stri
 }
 
 int64_t JobStore::RecordRestart(const std::string& job_id, const std::string& cause,
-                                absl::Time not_before) {
+                                absl::Time not_before, int in_a_row) {
   absl::MutexLock lock(&mu_);
   Entry* e = Find(job_id);
   if (e == nullptr) return -1;
   e->job.set_restarts(e->job.restarts() + 1);
+  e->job.set_restarts_in_a_row(in_a_row);
   if (e->job.first_failure().empty()) e->job.set_first_failure(cause);
   e->job.set_not_before_unix_ms(not_before > absl::UnixEpoch() ? absl::ToUnixMillis(not_before)
                                                                : 0);

@@ -100,7 +100,9 @@ class JobStore {
   // (the steps after it run again, and their earlier records are dropped so that none counts
   // twice). The caller then moves it to QUEUED. Returns the checkpoint step the next run
   // resumes after (-1: none, it starts again; also for an unknown job).
-  int64_t RecordRestart(const std::string& job_id, const std::string& cause, absl::Time not_before);
+  // `in_a_row` is stored as Job.restarts_in_a_row.
+  int64_t RecordRestart(const std::string& job_id, const std::string& cause, absl::Time not_before,
+                        int in_a_row = 0);
   // An elastic job's run takes another layout (common/elastic_layout.h): spec.pipeline
   // becomes `pipeline` (the derived figures follow) and `event` is appended to its resizes,
   // with its time and the steps its latest restart had to redo. Durable.

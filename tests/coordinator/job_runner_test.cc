@@ -362,6 +362,41 @@ TEST(JobRunnerTest, AFaultAtConfigureRequeuesTheJobWithItsBackoffStored) {
   }
 }
 
+// The backoff doubles with the restarts since a run last trained a step: a run that trained
+// waits the base again; runs that fail before their first step double it.
+TEST(JobRunnerTest, TheBackoffDoublesOnlyWithRestartsInARow) {
+  RunnerFixture f;
+  f.env.options.restart_backoff = absl::Seconds(30);
+  f.env.options.restart_backoff_max = absl::Seconds(600);
+  f.factory.configure = [](FakeWorker* w) {
+    if (w->rank_ == 1) w->fail_at_step = 2;  // after two steps trained
+  };
+  auto runner = f.Start(JobSpecOf(2, 10, /*max_restarts=*/5));
+  f.WaitFinished(*runner);
+  const std::string id = runner->job_id();
+  auto job = *f.store->Get(id);
+  ASSERT_EQ(job.state(), v1::QUEUED) << job.reason();
+  EXPECT_EQ(job.restarts_in_a_row(), 1);
+  EXPECT_THAT(job.reason(), HasSubstr("; waits 30s before its next run"));
+  // Two more runs, each failing at its Configure (no step trained): 60 s, then 120 s.
+  for (int run = 2; run <= 3; ++run) {
+    f.factory.configure = [](FakeWorker* w) {
+      w->configure_error = absl::UnavailableError("peer gone");
+    };
+    auto gang = f.registry.Allocate("cpu", 2, id);
+    ASSERT_TRUE(gang.ok()) << gang.status();
+    JobRunner again(f.env, *f.store->Get(id), *gang);
+    again.Start();
+    f.WaitFinished(again);
+    job = *f.store->Get(id);
+    ASSERT_EQ(job.state(), v1::QUEUED) << job.reason();
+    EXPECT_EQ(job.restarts(), run);
+    EXPECT_EQ(job.restarts_in_a_row(), run);
+    EXPECT_THAT(job.reason(), HasSubstr(absl::StrCat("; waits ", run == 2 ? "1m" : "2m",
+                                                     " before its next run")));
+  }
+}
+
 // A cancelled job is never restarted, whatever max_restarts says.
 // A cuda job on two workers that share a GPU (same host, same uuid): started like
 // RunnerFixture::Start, on cuda workers.
