@@ -30,9 +30,9 @@ using namespace std::chrono_literals;
 constexpr int kSteps = 200;
 
 // A 2-stage job that checkpoints every 10 steps; restarts as the spec allows.
-std::string Job(int max_restarts) {
+std::string Job(int max_restarts, int steps = kSteps) {
   return TinyJobYaml(
-      2, 4, kSteps, "1f1b",
+      2, 4, steps, "1f1b",
       absl::StrCat("checkpoint:\n  every: 10\n  keep: 2\nmax_restarts: ", max_restarts, "\n"));
 }
 
@@ -57,8 +57,8 @@ class RecoveryTest : public ::testing::Test {
   }
 
   // The fault-free run every test compares with.
-  v1::Job Reference() {
-    auto id = cluster_->Submit(Job(0));
+  v1::Job Reference(int steps = kSteps) {
+    auto id = cluster_->Submit(Job(0, steps));
     EXPECT_TRUE(id.ok()) << id.status();
     auto job = cluster_->WaitForEnd(*id, 120s);
     EXPECT_TRUE(job.ok() && job->state() == v1::SUCCEEDED) << job->reason();
@@ -219,8 +219,12 @@ std::map<std::string, std::string> FinalTensors(const std::string& data_root, co
 
 TEST_F(RecoveryTest, AChaosLoopEndsSucceededWithTheFaultFreeParameters) {
   StartCluster(4);  // two for the job, two spares
-  const v1::Job reference = Reference();
-  auto id = cluster_->Submit(Job(6));
+  // Long enough that all the faults land before the end: a tiny step takes a few milliseconds,
+  // and with the restart backoff back to its base after each run that trained, 200 steps could
+  // end before the fourth fault's window under a loaded machine.
+  constexpr int kChaosSteps = 800;
+  const v1::Job reference = Reference(kChaosSteps);
+  auto id = cluster_->Submit(Job(6, kChaosSteps));
   ASSERT_TRUE(id.ok()) << id.status();
   constexpr int kFaults = 4;
   for (int fault = 0; fault < kFaults; ++fault) {
@@ -243,7 +247,7 @@ TEST_F(RecoveryTest, AChaosLoopEndsSucceededWithTheFaultFreeParameters) {
   }
   auto end = cluster_->WaitForEnd(*id, 180s);
   ASSERT_TRUE(end.ok()) << end.status();
-  ExpectTheReferenceRun(*end, reference);
+  testing::ExpectTheReferenceRun(*end, reference, kChaosSteps);
   EXPECT_EQ(end->restarts(), kFaults);
   // The final parameters and optimizer state are the fault-free run's, bit for bit.
   const auto got = FinalTensors(cluster_->data_root(), *end);
