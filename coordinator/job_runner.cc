@@ -424,15 +424,17 @@ absl::Status JobRunner::RunStepOnAll(const std::string& what, const v1::RunStepR
       gang_.client(r).RunStep(req, &(*responses)[r], deadline, std::move(done));
     });
   }
+  // One request per group (its root's, carrying the group's other workers), found by rank.
   std::vector<int> roots;
-  std::vector<v1::RunStepRequest> rooted(gang_.size());
-  for (const RelayGroup& g : relay_) {
-    roots.push_back(g.root);
-    rooted[g.root] = req;
-    for (const v1::StepRelay& child : g.children) *rooted[g.root].add_relay() = child;
+  std::vector<v1::RunStepRequest> rooted(relay_.size(), req);
+  std::vector<const v1::RunStepRequest*> request_of(gang_.size(), nullptr);
+  for (size_t i = 0; i < relay_.size(); ++i) {
+    roots.push_back(relay_[i].root);
+    rooted[i].mutable_relay()->Add(relay_[i].children.begin(), relay_[i].children.end());
+    request_of[relay_[i].root] = &rooted[i];
   }
   RETURN_IF_ERROR(gang_.CallRanks(what, deadline, roots, [&](int r, auto done) {
-    gang_.client(r).RunStep(rooted[r], &(*responses)[r], deadline, std::move(done));
+    gang_.client(r).RunStep(*request_of[r], &(*responses)[r], deadline, std::move(done));
   }));
   // Every rank's report, from its group's root; a rank reported twice or never is a fault of
   // the relaying worker, which the step cannot be summed without.

@@ -1,7 +1,6 @@
 #include "worker/grad_reducer.h"
 
 #include <algorithm>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"

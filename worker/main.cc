@@ -110,6 +110,16 @@ ABSL_FLAG(std::string, tls_server_name, "",
 namespace tandem::worker {
 namespace {
 
+// Where a program's ranks meet (its transport's or its data-parallel group's): under its
+// rendezvous prefix, giving up once `cancelled` is set.
+GrpcRendezvousStoreOptions RendezvousOptionsFor(const v1::StageProgram& program,
+                                                const std::atomic<bool>& cancelled) {
+  GrpcRendezvousStoreOptions options;
+  options.prefix = program.rendezvous_prefix();
+  options.cancelled = &cancelled;
+  return options;
+}
+
 PeakOptions PeakOptionsFromFlags() {
   PeakOptions o;
   o.lock_path = absl::GetFlag(FLAGS_peak_lock);
@@ -342,10 +352,7 @@ int Run() {
       [coordinator_channel, data_host, cuda_device](
           const v1::StageProgram& program,
           const std::atomic<bool>& cancelled) -> absl::StatusOr<std::unique_ptr<Transport>> {
-    GrpcRendezvousStoreOptions store_options;
-    store_options.prefix = program.rendezvous_prefix();
-    store_options.cancelled = &cancelled;
-    GrpcRendezvousStore store(coordinator_channel, store_options);
+    GrpcRendezvousStore store(coordinator_channel, RendezvousOptionsFor(program, cancelled));
     GlooTransportOptions options;
     options.rank = program.rank();
     options.size = program.num_ranks();
@@ -382,20 +389,14 @@ int Run() {
 #ifdef TANDEM_WORKER_CUDA
   // A GPU job's data-parallel group sums its device gradients with NCCL (one GPU per worker:
   // NCCL refuses two ranks of a group on one GPU, and says so); anything else keeps the ring
-  // over a transport from the factory.
+  // over a transport from the factory (the stage manager's default).
   if (cuda_device >= 0) {
-    config.data_parallel_group = [coordinator_channel, cuda_device, factory](
+    config.data_parallel_group = [coordinator_channel, cuda_device](
                                      const v1::StageProgram& group,
                                      const std::atomic<bool>& cancelled)
         -> absl::StatusOr<std::unique_ptr<GroupCollectives>> {
-      if (group.spec().device() != "cuda") {
-        ASSIGN_OR_RETURN(std::unique_ptr<Transport> t, factory(group, cancelled));
-        return NewRingCollectives(std::move(t));
-      }
-      GrpcRendezvousStoreOptions store_options;
-      store_options.prefix = group.rendezvous_prefix();
-      store_options.cancelled = &cancelled;
-      GrpcRendezvousStore store(coordinator_channel, store_options);
+      // (a cuda worker runs cuda jobs only: the stage manager refuses the others)
+      GrpcRendezvousStore store(coordinator_channel, RendezvousOptionsFor(group, cancelled));
       NcclCollectivesOptions nccl;
       nccl.rank = group.rank();
       nccl.size = group.num_ranks();
