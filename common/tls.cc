@@ -303,6 +303,8 @@ AccessPolicy WorkerAccessPolicy() {
   return {kWorkerName,
           {// The step relay: a worker forwards the coordinator's RunStep to other workers.
            {"/tandem.v1.StageWorker/RunStep", {Role::kCoordinator, Role::kWorker}},
+           // Peer recovery: a worker of a job's next run reads the state another one kept.
+           {"/tandem.v1.StageWorker/ReadState", {Role::kCoordinator, Role::kWorker}},
            {"/tandem.v1.StageWorker/", {Role::kCoordinator}},
            {"/grpc.health.v1.Health/", {}}}};
 }

@@ -7,7 +7,7 @@
 namespace tandem {
 
 // The control-plane protocol this build speaks; see tandem.v1.ProtocolVersion.
-inline constexpr uint32_t kProtocolVersion = 4;
+inline constexpr uint32_t kProtocolVersion = 5;
 inline constexpr const char* kVersion = "0.1.0";
 
 }  // namespace tandem

@@ -777,12 +777,14 @@ absl::Status StageExecutor::ApplyStep(int64_t step, float learning_rate, float g
   }
   if (absl::Status s = compute_->Apply(learning_rate, grad_scale, skip); !s.ok()) {
     broken_.store(true);
+    state_torn_ = true;
     return WithPrefix(s, prefix);
   }
   if (shard_state_ && !skip) {
     // Each replica updated its segment of every parameter: gather the rest from the others.
     if (absl::Status s = GatherParameters(); !s.ok()) {
       broken_.store(true);
+      state_torn_ = true;
       return WithPrefix(s, prefix);
     }
   }

@@ -110,6 +110,15 @@ class StageExecutor {
   using StateTensor = worker::StateTensor;
   absl::StatusOr<std::vector<StateTensor>> CheckpointTensors();
   bool has_pending_gradients() const { return pending_step_ >= 0; }
+  int64_t pending_step() const { return pending_step_; }  // -1: none
+  // Peer recovery: the step after which this worker's parameters and optimizer state are,
+  // whole (what a surviving worker keeps when its run is aborted): -1 when there is none to
+  // keep, i.e. before any step or restore, after an update that failed part-way, or with the
+  // optimizer state sharded (each replica holds a segment only). A failed or aborted RunStep
+  // leaves it as it was: a step changes gradients only; ApplyStep changes the state.
+  int64_t KeepableStateStep() const {
+    return shard_state_ || state_torn_ ? -1 : last_applied_step_;
+  }
   // The names Restore() reads (every parameter copy, tied ones included, and their state).
   std::vector<std::string> RestoreNames(bool weights_only = false);
   // Loads the state from `lookup` (name -> bytes): INVALID_ARGUMENT naming a tensor whose size
@@ -278,6 +287,7 @@ class StageExecutor {
   // a training step at or before it is refused, so that a late or repeated RunStep can never
   // lead to a second update.
   int64_t last_applied_step_ = -1;
+  bool state_torn_ = false;  // an update failed part-way: the state is no step's
 
   std::atomic<bool> running_{false};
   std::atomic<bool> aborted_{false};

@@ -407,14 +407,16 @@ int Run() {
     };
   }
 #endif
-  StageManager manager(config, std::move(factory), MakeGrpcTensorSource(coordinator_channel));
-  // The step relay dials the other workers' API ports as the coordinator does: with this
-  // worker's certificate, checking theirs against the address dialled.
+  // The step relay and peer recovery dial the other workers' API ports as the coordinator
+  // does: with this worker's certificate, checking theirs against the address dialled.
   std::optional<TlsMaterial> peer_tls = security.tls;
   if (peer_tls.has_value()) peer_tls->server_name.clear();
-  StepRelay relay([peer_tls](const std::string& address) {
+  auto peer_channel = [peer_tls](const std::string& address) {
     return MakeChannel(address, ChannelSecurity{peer_tls, ""});
-  });
+  };
+  config.read_peer_state = MakeGrpcPeerStateReader(peer_channel);
+  StageManager manager(config, std::move(factory), MakeGrpcTensorSource(coordinator_channel));
+  StepRelay relay(peer_channel);
   StageWorkerService service(&manager, &relay);
 
   grpc::EnableDefaultHealthCheckService(true);

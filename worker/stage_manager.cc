@@ -143,11 +143,18 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
   std::unique_ptr<Stage> old;
   uint64_t generation = 0;
   std::shared_ptr<std::atomic<bool>> cancelled;
+  std::shared_ptr<const KeptState> own_kept;  // read outside the lock
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return absl::UnavailableError("worker is shutting down");
     if (!configuring_job_.empty()) CancelConfigureLocked();  // the newest program wins
     old = TakeStageLocked();
+    // A kept state serves the job's next run only (peer recovery): another job frees it.
+    if (kept_ != nullptr && kept_->job_id() != job) {
+      spdlog::info("dropping the state kept of job {} for job {}", kept_->job_id(), job);
+      kept_.reset();
+    }
+    own_kept = kept_;
     generation = ++generation_;
     configuring_job_ = job;
     cancelled = std::make_shared<std::atomic<bool>>(false);
@@ -204,13 +211,21 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
         program, std::move(data), std::move(transport), std::move(compute), std::move(reducer));
     if (ex.ok()) (*ex)->set_fault(config_.fault);
     if (!ex.ok() || program.restore().job_id().empty()) return ex;
-    // Resume: parameters and optimizer state by global name from the checkpoint.
-    if (!tensor_source_) {
-      return absl::FailedPreconditionError("this worker cannot read checkpoints");
-    }
+    // Resume: parameters and optimizer state by global name from the checkpoint, or from the
+    // workers that kept them when the job's previous run was aborted (peer recovery).
     std::map<std::string, std::string> tensors;
     const bool weights_only = program.restore().weights_only();
-    RETURN_IF_ERROR(tensor_source_(program.restore(), (*ex)->RestoreNames(weights_only), &tensors));
+    const bool from_peers = program.restore().peers_size() > 0;
+    if (from_peers) {
+      RETURN_IF_ERROR(FetchPeerState(program.restore(), (*ex)->RestoreNames(weights_only),
+                                     own_kept.get(), config_.read_peer_state, &tensors));
+    } else {
+      if (!tensor_source_) {
+        return absl::FailedPreconditionError("this worker cannot read checkpoints");
+      }
+      RETURN_IF_ERROR(
+          tensor_source_(program.restore(), (*ex)->RestoreNames(weights_only), &tensors));
+    }
     absl::Status restored = (*ex)->Restore(
         [&](const std::string& name) -> absl::StatusOr<absl::Span<const uint8_t>> {
           auto it = tensors.find(name);
@@ -222,8 +237,10 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
         },
         weights_only);
     RETURN_IF_ERROR(restored);
-    spdlog::info("job {} rank {}: restored {} tensors from {} step {}", job, program.rank(),
-                 tensors.size(), program.restore().job_id(), program.restore().step());
+    spdlog::info("job {} rank {}: restored {} tensors of {} after step {} from {}", job,
+                 program.rank(), tensors.size(), program.restore().job_id(),
+                 StepNumber(program.restore().step()),
+                 from_peers ? "the workers that kept them" : "its checkpoint");
     return ex;
   };
   absl::StatusOr<std::unique_ptr<StageExecutor>> executor = build();
@@ -331,6 +348,9 @@ absl::StatusOr<v1::StepReport> StageManager::RunStep(const std::string& job_id, 
   absl::MutexLock lock(&mu_);
   step_running_ = false;
   if (report.ok() && mode == v1::STEP_MODE_TRAIN) last_step_ = step;
+  // The job's new run trains: every worker of it was configured, so no one reads the state
+  // kept of the previous run any more.
+  if (report.ok() && kept_ != nullptr) kept_.reset();
   return report;
 }
 
@@ -354,7 +374,9 @@ absl::Status StageManager::SaveCheckpoint(
   return s;
 }
 
-absl::Status StageManager::Abort(const std::string& job_id, const std::string& reason) {
+absl::Status StageManager::Abort(const std::string& job_id, const std::string& reason,
+                                 std::optional<int64_t> retain_step,
+                                 const v1::ApplyStepRequest* retain_apply) {
   if (job_id.empty()) return absl::InvalidArgumentError("abort: job_id is empty");
   ScopedLogContext log_context({.job = job_id});
   std::unique_ptr<Stage> old;
@@ -366,12 +388,89 @@ absl::Status StageManager::Abort(const std::string& job_id, const std::string& r
       cancelled_configure = true;
     }
     if (stage_ != nullptr && stage_->job_id == job_id) old = TakeStageLocked();
+    if (!retain_step.has_value() && kept_ != nullptr && kept_->job_id() == job_id) {
+      spdlog::info("dropping the state kept of job {} after step {}", job_id,
+                   StepNumber(kept_->step()));
+      kept_.reset();
+    }
   }
   if (old != nullptr || cancelled_configure) {
     spdlog::info("aborted job {}{}{}", job_id, reason.empty() ? "" : ": ", reason);
   }
+  // Peer recovery: keep the stage's state for the job's next run (outside the lock: a copy).
+  if (old != nullptr && retain_step.has_value()) {
+    std::shared_ptr<const KeptState> kept;
+    StageExecutor& executor = *old->executor;
+    // The RunStep that would have applied the step's update never came: apply it here.
+    if (retain_apply != nullptr && retain_apply->step() == *retain_step &&
+        executor.pending_step() == *retain_step &&
+        executor.KeepableStateStep() == *retain_step - 1) {
+      const absl::Status applied =
+          executor.ApplyStep(retain_apply->step(), retain_apply->learning_rate(),
+                             retain_apply->grad_scale(), retain_apply->skip());
+      if (!applied.ok()) {
+        spdlog::warn("job {}: applying step {}'s update to keep the state failed: {}", job_id,
+                     StepNumber(*retain_step), applied.ToString());
+      }
+    }
+    const int64_t at = executor.KeepableStateStep();
+    if (at != *retain_step) {
+      spdlog::info(
+          "job {}: keeps no state for peer recovery: asked for the state after step {}, "
+          "and this worker's is {}",
+          job_id, StepNumber(*retain_step),
+          at < 0 ? std::string("none whole") : absl::StrCat("after step ", StepNumber(at)));
+    } else {
+      absl::StatusOr<std::vector<StageExecutor::StateTensor>> tensors =
+          executor.CheckpointTensors();
+      absl::StatusOr<std::shared_ptr<const KeptState>> copy =
+          tensors.ok() ? KeptState::Copy(job_id, at, *tensors)
+                       : absl::StatusOr<std::shared_ptr<const KeptState>>(tensors.status());
+      if (copy.ok()) {
+        kept = *std::move(copy);
+        spdlog::info("job {}: keeps its state after step {} ({} bytes) for peer recovery", job_id,
+                     StepNumber(at), kept->bytes());
+      } else {
+        spdlog::warn("job {}: cannot keep its state for peer recovery: {}", job_id,
+                     copy.status().ToString());
+      }
+    }
+    old.reset();  // before the lock: the executor's memory goes first
+    absl::MutexLock lock(&mu_);
+    // A newer Configure of another job meanwhile wins.
+    if (kept != nullptr && (configuring_job_.empty() || configuring_job_ == job_id) &&
+        (stage_ == nullptr || stage_->job_id == job_id)) {
+      kept_ = std::move(kept);
+    }
+  }
   old.reset();
   return absl::OkStatus();
+}
+
+void StageManager::AbortStep(const std::string& job_id, const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  if (configuring_job_ == job_id) CancelConfigureLocked();
+  if (stage_ == nullptr || stage_->job_id != job_id) return;
+  stage_->executor->Abort();
+  spdlog::info("aborted the step of job {}: {}", job_id, reason);
+}
+
+absl::Status StageManager::ReadState(
+    const std::string& job_id, int64_t step, const std::vector<std::string>& names,
+    const std::function<absl::Status(const std::vector<StageExecutor::StateTensor>&)>& write) {
+  std::shared_ptr<const KeptState> kept;
+  {
+    absl::MutexLock lock(&mu_);
+    kept = kept_;
+  }
+  if (kept == nullptr || !kept->Holds(job_id, step)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this worker keeps no state of job ", job_id, " after step ", StepNumber(step),
+        kept == nullptr ? std::string(" (it keeps none)")
+                        : absl::StrCat(" (it keeps job ", kept->job_id(), " after step ",
+                                       StepNumber(kept->step()), ")")));
+  }
+  return write(kept->Select(names));
 }
 
 void StageManager::Shutdown() {

@@ -29,6 +29,7 @@
 #include "worker/data/corpus.h"
 #include "worker/executor.h"
 #include "worker/link_probe.h"
+#include "worker/peer_state.h"
 #include "worker/transport/group_collectives.h"
 #include "worker/transport/transport.h"
 
@@ -71,6 +72,9 @@ struct WorkerConfig {
   // Bytes a stage may take (parameters, gradients, optimizer state and one micro-batch's
   // activations, estimated before anything is allocated); 0 = the machine's physical memory.
   int64_t memory_bytes = 0;
+  // Peer recovery: reads state that other workers kept (StageWorker.ReadState over gRPC);
+  // null: a restore from peers uses this worker's own kept state only.
+  PeerStateReader read_peer_state;
 };
 
 // A lower bound of what the program's stages take on a worker: 16 bytes per parameter (fp32
@@ -143,7 +147,27 @@ class StageManager {
   absl::StatusOr<v1::ProbeLinkResponse> ProbeLink(const v1::ProbeLinkRequest& request);
 
   // Idempotent; OK for a job this worker does not hold. INVALID_ARGUMENT for an empty id.
-  absl::Status Abort(const std::string& job_id, const std::string& reason);
+  // With `retain_step` (peer recovery) the worker keeps a copy of the stage's state when it is
+  // the state after that step (StageExecutor::KeepableStateStep), for ReadState and for its
+  // own next Configure of the job; a state kept earlier of the job stays when there is no
+  // stage to take. Without it, any state kept of the job is dropped too. A kept state is
+  // dropped as well by a Configure of another job and by the first step of the job's next run.
+  // `retain_apply` is retain_step's update (AbortRequest.retain_apply): a worker whose state is
+  // one step short, with that step's gradients pending, applies it first.
+  absl::Status Abort(const std::string& job_id, const std::string& reason,
+                     std::optional<int64_t> retain_step = std::nullopt,
+                     const v1::ApplyStepRequest* retain_apply = nullptr);
+
+  // Unblocks the job's running step (it returns ABORTED), and makes every later step of this
+  // stage fail so, but keeps the stage until Abort (a step relay's relaying worker, whose
+  // forwarded call failed: the coordinator aborts the gang next). No-op for another job.
+  void AbortStep(const std::string& job_id, const std::string& reason);
+
+  // Hands the kept state's tensors among `names` (only those it holds) to `write`.
+  // FAILED_PRECONDITION when this worker keeps no state of `job_id` after `step`.
+  absl::Status ReadState(
+      const std::string& job_id, int64_t step, const std::vector<std::string>& names,
+      const std::function<absl::Status(const std::vector<StageExecutor::StateTensor>&)>& write);
 
   // Aborts everything and refuses new work (for process shutdown).
   void Shutdown();
@@ -193,6 +217,8 @@ class StageManager {
   mutable absl::Mutex mu_;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Stage> stage_ ABSL_GUARDED_BY(mu_);
+  // Peer recovery: the state kept of an aborted run (Abort with retain_step), if any.
+  std::shared_ptr<const KeptState> kept_ ABSL_GUARDED_BY(mu_);
   bool step_running_ ABSL_GUARDED_BY(mu_) = false;
   int64_t last_step_ ABSL_GUARDED_BY(mu_) = -1;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

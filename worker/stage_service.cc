@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,34 @@ namespace tandem::worker {
 namespace {
 
 constexpr char kServerName[] = "tandem-worker";
+// A stage's state is a few tensors per layer: far fewer than this.
+constexpr int kMaxStateNames = 1 << 20;
+
+// Streams `tensors`: the index first, then their bytes back to back in chunks of 1 MiB.
+absl::Status WriteTensorStream(grpc::ServerContext* ctx,
+                               grpc::ServerWriter<v1::TensorChunk>* writer,
+                               const std::vector<StageExecutor::StateTensor>& tensors) {
+  constexpr size_t kChunkBytes = 1 << 20;
+  v1::TensorChunk index;
+  for (const auto& t : tensors) {
+    v1::TensorMeta* m = index.add_index();
+    m->set_name(t.name);
+    m->set_dtype(t.dtype);
+    for (int64_t d : t.shape) m->add_shape(d);
+  }
+  if (!writer->Write(index)) return absl::CancelledError("tensor stream closed");
+  for (const auto& t : tensors) {
+    const char* p = static_cast<const char*>(t.data);
+    for (size_t off = 0; off < t.bytes; off += kChunkBytes) {
+      v1::TensorChunk chunk;
+      chunk.set_data(p + off, std::min(kChunkBytes, t.bytes - off));
+      if (ctx->IsCancelled() || !writer->Write(chunk)) {
+        return absl::CancelledError("tensor stream closed");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -76,7 +105,9 @@ grpc::Status StageWorkerService::RelayedRunStep(grpc::ServerContext* ctx,
           wait->failed_rank = rank;
         }
         // Its own step may wait on the failed peer: abort it, so that this call answers now.
-        (void)manager_->Abort(
+        // The stage stays until the coordinator's Abort, which may keep its state (peer
+        // recovery).
+        manager_->AbortStep(
             job_id, absl::StrCat("the worker of rank ", rank, " (relayed) failed: ", s.message()));
       },
       [wait](StepRelay::Outcome outcome) {
@@ -119,29 +150,27 @@ grpc::Status StageWorkerService::SaveCheckpoint(grpc::ServerContext* ctx,
   if (absl::Status s = CheckProtocolVersion(req->protocol_version(), kServerName); !s.ok()) {
     return ToGrpcStatus(s);
   }
-  constexpr size_t kChunkBytes = 1 << 20;
-  auto stream = [&](const std::vector<StageExecutor::StateTensor>& tensors) -> absl::Status {
-    v1::TensorChunk index;
-    for (const auto& t : tensors) {
-      v1::TensorMeta* m = index.add_index();
-      m->set_name(t.name);
-      m->set_dtype(t.dtype);
-      for (int64_t d : t.shape) m->add_shape(d);
-    }
-    if (!writer->Write(index)) return absl::CancelledError("checkpoint stream closed");
-    for (const auto& t : tensors) {
-      const char* p = static_cast<const char*>(t.data);
-      for (size_t off = 0; off < t.bytes; off += kChunkBytes) {
-        v1::TensorChunk chunk;
-        chunk.set_data(p + off, std::min(kChunkBytes, t.bytes - off));
-        if (ctx->IsCancelled() || !writer->Write(chunk)) {
-          return absl::CancelledError("checkpoint stream closed");
-        }
-      }
-    }
-    return absl::OkStatus();
+  auto stream = [&](const std::vector<StageExecutor::StateTensor>& tensors) {
+    return WriteTensorStream(ctx, writer, tensors);
   };
   return ToGrpcStatus(manager_->SaveCheckpoint(req->job_id(), req->step(), stream, req->attempt()));
+}
+
+grpc::Status StageWorkerService::ReadState(grpc::ServerContext* ctx,
+                                           const v1::ReadStateRequest* req,
+                                           grpc::ServerWriter<v1::TensorChunk>* writer) {
+  if (absl::Status s = CheckProtocolVersion(req->protocol_version(), kServerName); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  if (req->names_size() > kMaxStateNames) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("read state: at most ", kMaxStateNames, " names per request")));
+  }
+  auto stream = [&](const std::vector<StageExecutor::StateTensor>& tensors) {
+    return WriteTensorStream(ctx, writer, tensors);
+  };
+  return ToGrpcStatus(manager_->ReadState(req->job_id(), req->step(),
+                                          {req->names().begin(), req->names().end()}, stream));
 }
 
 grpc::Status StageWorkerService::Abort(grpc::ServerContext* ctx, const v1::AbortRequest* req,
@@ -149,7 +178,10 @@ grpc::Status StageWorkerService::Abort(grpc::ServerContext* ctx, const v1::Abort
   if (absl::Status s = CheckProtocolVersion(req->protocol_version(), kServerName); !s.ok()) {
     return ToGrpcStatus(s);
   }
-  return ToGrpcStatus(manager_->Abort(req->job_id(), req->reason()));
+  return ToGrpcStatus(manager_->Abort(
+      req->job_id(), req->reason(),
+      req->retain_state() ? std::optional<int64_t>(req->retain_step()) : std::nullopt,
+      req->has_retain_apply() ? &req->retain_apply() : nullptr));
 }
 
 grpc::Status StageWorkerService::ProfileLayers(grpc::ServerContext* ctx,

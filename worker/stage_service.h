@@ -33,6 +33,8 @@ class StageWorkerService final : public v1::StageWorker::Service {
                          v1::ApplyStepResponse* resp) override;
   grpc::Status SaveCheckpoint(grpc::ServerContext* ctx, const v1::SaveCheckpointRequest* req,
                               grpc::ServerWriter<v1::TensorChunk>* writer) override;
+  grpc::Status ReadState(grpc::ServerContext* ctx, const v1::ReadStateRequest* req,
+                         grpc::ServerWriter<v1::TensorChunk>* writer) override;
   grpc::Status Abort(grpc::ServerContext* ctx, const v1::AbortRequest* req,
                      v1::AbortResponse* resp) override;
   grpc::Status ProfileLayers(grpc::ServerContext* ctx, const v1::ProfileLayersRequest* req,

@@ -81,8 +81,12 @@ TEST(Authorize, TheWorkersRules) {
   const std::string run = "/tandem.v1.StageWorker/RunStep";
   EXPECT_TRUE(Authorize(p, "", run, Cert("tandem-coordinator")).ok());
   EXPECT_TRUE(absl::IsPermissionDenied(Authorize(p, "", run, Cert("tandem-client"))));
-  // Another worker may forward a RunStep (the step relay), and call nothing else.
+  // Another worker may forward a RunStep (the step relay) and read a kept state (peer
+  // recovery), and call nothing else.
   EXPECT_TRUE(Authorize(p, "", run, Cert("tandem-worker")).ok());
+  EXPECT_TRUE(Authorize(p, "", "/tandem.v1.StageWorker/ReadState", Cert("tandem-worker")).ok());
+  EXPECT_TRUE(absl::IsPermissionDenied(
+      Authorize(p, "", "/tandem.v1.StageWorker/ReadState", Cert("tandem-client"))));
   EXPECT_TRUE(absl::IsPermissionDenied(
       Authorize(p, "", "/tandem.v1.StageWorker/Configure", Cert("tandem-worker"))));
   EXPECT_TRUE(absl::IsPermissionDenied(

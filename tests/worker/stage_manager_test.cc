@@ -13,6 +13,7 @@
 #include <functional>
 #include <future>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -450,6 +451,155 @@ TEST_F(StageManagerTest, LateOrRepeatedCallsAreRefused) {
   EXPECT_EQ(w0.GetStatus().last_step(), 0);
   EXPECT_TRUE(w0.Abort("job-1", "test").ok());
   EXPECT_TRUE(w1.Abort("job-1", "test").ok());
+}
+
+// Peer recovery: a worker aborted after a fault keeps its state after the last completed step
+// (not the step in flight); the next run's workers restore from it (a replacement through
+// ReadState, the keeper from its own copy) and train on exactly as an unbroken run does; the
+// copy goes with the next run's first step, or with a Configure of another job.
+TEST_F(StageManagerTest, AnAbortedWorkerKeepsItsStateForTheNextRunsPeers) {
+  const v1::JobSpec spec = TinyJob();
+  const v1::StageProgram program = MakePrograms(spec, 1, "1f1b")[0];
+  auto apply_of = [](int64_t step) {
+    v1::ApplyStepRequest apply;
+    apply.set_job_id("job-1");
+    apply.set_step(step);
+    apply.set_learning_rate(0.01f);
+    apply.set_grad_scale(1.0f);
+    return apply;
+  };
+  // The fault-free run: steps 0..4.
+  StageManager reference({}, Factory());
+  ASSERT_TRUE(reference.Configure(program).ok());
+  std::vector<double> losses;
+  for (int step = 0; step < 5; ++step) {
+    auto r = reference.RunStep("job-1", step);
+    ASSERT_TRUE(r.ok()) << r.status();
+    losses.push_back(r->loss());
+    ASSERT_TRUE(reference.ApplyStep(apply_of(step)).ok());
+  }
+  // The keeper trains steps 0..2, runs step 3 (in flight: its gradients never applied) and is
+  // aborted keeping its state after step 2. A worker whose state is another step keeps none.
+  StageManager keeper({}, Factory()), other({}, Factory());
+  ASSERT_TRUE(keeper.Configure(program).ok());
+  ASSERT_TRUE(other.Configure(program).ok());
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE(keeper.RunStep("job-1", step).ok());
+    ASSERT_TRUE(keeper.ApplyStep(apply_of(step)).ok());
+  }
+  ASSERT_TRUE(keeper.RunStep("job-1", 3).ok());
+  ASSERT_TRUE(keeper.Abort("job-1", "a peer died", /*retain_step=*/2).ok());
+  ASSERT_TRUE(other.Abort("job-1", "a peer died", /*retain_step=*/2).ok());
+  EXPECT_EQ(keeper.GetStatus().state(), v1::IDLE);
+  const std::vector<std::string> names = {"head.weight", "no.such.tensor"};
+  int served = 0;
+  auto count = [&](const std::vector<StageExecutor::StateTensor>& t) {
+    served = static_cast<int>(t.size());
+    return absl::OkStatus();
+  };
+  EXPECT_TRUE(keeper.ReadState("job-1", 2, names, count).ok());
+  EXPECT_EQ(served, 1) << "only what it holds";
+  EXPECT_EQ(keeper.ReadState("job-1", 3, names, count).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(other.ReadState("job-1", 2, names, count).code(), absl::StatusCode::kFailedPrecondition)
+      << "its state was after no step";
+  // A worker that never got the RunStep carrying (apply_first) the update of the kept step
+  // applies the update the abort carries, and keeps the same state as the keeper.
+  StageManager late({}, Factory());
+  ASSERT_TRUE(late.Configure(program).ok());
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE(late.RunStep("job-1", step).ok());
+    if (step < 2) ASSERT_TRUE(late.ApplyStep(apply_of(step)).ok());
+  }
+  const v1::ApplyStepRequest update = apply_of(2);
+  ASSERT_TRUE(late.Abort("job-1", "a peer died", /*retain_step=*/2, &update).ok());
+  auto bytes_of = [&](StageManager& m) {
+    std::string bytes;
+    EXPECT_TRUE(m.ReadState("job-1", 2, {"head.weight"},
+                            [&](const std::vector<StageExecutor::StateTensor>& t) {
+                              if (t.size() == 1) {
+                                bytes.assign(static_cast<const char*>(t[0].data), t[0].bytes);
+                              }
+                              return absl::OkStatus();
+                            })
+                    .ok());
+    return bytes;
+  };
+  EXPECT_FALSE(bytes_of(late).empty());
+  EXPECT_EQ(bytes_of(late), bytes_of(keeper));
+
+  // The next run (attempt 1) restores after step 2 from peers: "dead" dies mid-transfer, the
+  // keeper serves. In-process reads stand in for gRPC.
+  WorkerConfig config;
+  config.read_peer_state = [&](const std::string& address, const v1::CheckpointRef& state,
+                               const std::vector<std::string>& wanted,
+                               std::map<std::string, std::string>* out) -> absl::Status {
+    if (address != "keeper") {
+      (*out)[wanted[0]] = "torn";
+      return absl::UnavailableError("connection reset");
+    }
+    return keeper.ReadState(state.job_id(), state.step(), wanted,
+                            [&](const std::vector<StageExecutor::StateTensor>& tensors) {
+                              for (const auto& t : tensors) {
+                                (*out)[t.name].assign(static_cast<const char*>(t.data), t.bytes);
+                              }
+                              return absl::OkStatus();
+                            });
+  };
+  v1::StageProgram next = program;
+  next.set_attempt(1);
+  next.mutable_restore()->set_job_id("job-1");
+  next.mutable_restore()->set_step(2);
+  next.mutable_restore()->add_peers("dead");
+  next.mutable_restore()->add_peers("keeper");
+  StageManager replacement(config, Factory());
+  ASSERT_TRUE(replacement.Configure(next).ok());
+  // The keeper restores from its own copy (its peers are unreachable).
+  v1::StageProgram own = next;
+  own.mutable_restore()->clear_peers();
+  own.mutable_restore()->add_peers("dead");
+  ASSERT_TRUE(keeper.Configure(own).ok());
+  for (int step = 3; step < 5; ++step) {
+    auto a = replacement.RunStep("job-1", step, v1::STEP_MODE_TRAIN, 1);
+    auto b = keeper.RunStep("job-1", step, v1::STEP_MODE_TRAIN, 1);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(a->loss(), losses[step]) << "step " << step << ": bit for bit the unbroken run's";
+    EXPECT_EQ(b->loss(), losses[step]) << "step " << step;
+    v1::ApplyStepRequest apply = apply_of(step);
+    apply.set_attempt(1);
+    ASSERT_TRUE(replacement.ApplyStep(apply).ok());
+    ASSERT_TRUE(keeper.ApplyStep(apply).ok());
+  }
+  // A late call of the aborted run is refused; the next run's first step dropped the copy.
+  EXPECT_EQ(keeper.RunStep("job-1", 5, v1::STEP_MODE_TRAIN, 0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(keeper.ReadState("job-1", 2, names, count).code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  // No worker holds the state: UNAVAILABLE (a fault; the coordinator falls back to the
+  // checkpoint), and the worker stays idle.
+  StageManager stranded(config, Factory());
+  v1::StageProgram unreachable = next;
+  unreachable.mutable_restore()->clear_peers();
+  unreachable.mutable_restore()->add_peers("dead");
+  const auto failed = stranded.Configure(unreachable);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable) << failed.status();
+  EXPECT_THAT(std::string(failed.status().message()), ::testing::HasSubstr("held by none"));
+  EXPECT_EQ(stranded.GetStatus().state(), v1::IDLE);
+
+  // A kept copy goes with a Configure of another job, and with an abort that keeps nothing.
+  ASSERT_TRUE(keeper.Abort("job-1", "again", /*retain_step=*/4).ok());
+  EXPECT_TRUE(keeper.ReadState("job-1", 4, names, count).ok());
+  ASSERT_TRUE(keeper.Configure(MakePrograms(spec, 1, "1f1b", "job-2")[0]).ok());
+  EXPECT_EQ(keeper.ReadState("job-1", 4, names, count).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(keeper.Abort("job-2", "done").ok());
+  ASSERT_TRUE(replacement.Abort("job-1", "again", /*retain_step=*/4).ok());
+  ASSERT_TRUE(replacement.Abort("job-1", "finished").ok());
+  EXPECT_EQ(replacement.ReadState("job-1", 4, names, count).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(reference.Abort("job-1", "done").ok());
 }
 
 TEST_F(StageManagerTest, AbortCancelsConfigureInProgress) {
