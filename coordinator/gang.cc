@@ -216,10 +216,30 @@ absl::Status Gang::Diagnose(const std::string& what, const std::vector<absl::Sta
   return diagnosis;
 }
 
+void Gang::set_retain_step(int64_t step, const v1::ApplyStepRequest* apply) {
+  absl::MutexLock lock(&retain_mu_);
+  retain_step_ = step;
+  retain_apply_.reset();
+  if (apply != nullptr && step >= 0) retain_apply_ = *apply;
+}
+
+int64_t Gang::retain_step() const {
+  absl::MutexLock lock(&retain_mu_);
+  return retain_step_;
+}
+
 void Gang::AbortAll(const std::string& reason) {
   v1::AbortRequest req;
   req.set_job_id(job_id_);
   req.set_reason(reason);
+  {
+    absl::MutexLock lock(&retain_mu_);
+    if (retain_step_ >= 0) {
+      req.set_retain_state(true);
+      req.set_retain_step(retain_step_);
+      if (retain_apply_.has_value()) *req.mutable_retain_apply() = *retain_apply_;
+    }
+  }
   std::vector<std::future<absl::Status>> calls;
   for (size_t r = 0; r < clients_.size(); ++r) {
     if (RankLost(static_cast<int>(r))) {

@@ -14,6 +14,7 @@
 #ifndef TANDEM_COORDINATOR_GANG_H_
 #define TANDEM_COORDINATOR_GANG_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -81,8 +82,15 @@ class Gang {
   absl::Status Diagnose(const std::string& what, const std::vector<absl::Status>& results,
                         absl::Duration deadline);
 
-  // Aborts every worker not known lost, at once; failures are logged.
+  // Aborts every worker not known lost, at once; failures are logged. Each keeps its state
+  // after the retain step for peer recovery when one is set (set_retain_step).
   void AbortAll(const std::string& reason);
+  // Peer recovery: every abort from now on (the one a failed batch of calls sends too) asks
+  // the workers to keep their state after `step` (AbortRequest.retain_state); -1: not to,
+  // and to drop any state they kept of the job.
+  // `apply` is that step's update where it has not been sent yet (AbortRequest.retain_apply).
+  void set_retain_step(int64_t step, const v1::ApplyStepRequest* apply = nullptr);
+  int64_t retain_step() const;
 
   // The first interrupt wins: returns false (and changes nothing) if the gang was already
   // interrupted. `status` must not be OK; `lost_ranks` are marked lost with it.
@@ -115,6 +123,9 @@ class Gang {
   WorkerRegistry* const registry_;
   const absl::Duration abort_timeout_;
   const std::function<std::string(int)> name_;
+  mutable absl::Mutex retain_mu_;
+  int64_t retain_step_ ABSL_GUARDED_BY(retain_mu_) = -1;
+  std::optional<v1::ApplyStepRequest> retain_apply_ ABSL_GUARDED_BY(retain_mu_);
 
   mutable absl::Mutex mu_;
   absl::Status interrupt_ ABSL_GUARDED_BY(mu_);

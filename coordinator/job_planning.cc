@@ -85,9 +85,21 @@ absl::Status JobPlanner::Plan(RunPlan* plan) {
     spdlog::info("{}: resuming from the checkpoint of {} after step {}", job_.id(), from,
                  StepNumber(*latest));
   }
-  // A restart (after a fault, or of a coordinator) continues from the job's own latest
-  // complete checkpoint; without one it starts again as the spec says.
-  if (job_.checkpoint_step() >= 0 && env_.checkpoints != nullptr && env_.checkpoints->enabled()) {
+  // A restart after a fault of a data-parallel job continues from the state its surviving
+  // replicas kept (peer recovery) when that is newer than its checkpoint; otherwise (or after a
+  // coordinator restart) from the job's own latest complete checkpoint; without one it starts
+  // again as the spec says.
+  const v1::PeerState& peers = job_.peer_state();
+  if (peers.holders_size() > 0 && peers.step() >= job_.checkpoint_step()) {
+    plan->restore.set_job_id(job_.id());
+    plan->restore.set_step(peers.step());
+    plan->restore.set_weights_only(false);
+    plan->first_step = peers.step() + 1;
+    plan->peers = peers;
+    spdlog::info("{}: attempt {} resumes from the state {} surviving worker(s) kept after step {}",
+                 job_.id(), job_.restarts(), peers.holders_size(), StepNumber(peers.step()));
+  } else if (job_.checkpoint_step() >= 0 && env_.checkpoints != nullptr &&
+             env_.checkpoints->enabled()) {
     absl::StatusOr<int64_t> own = env_.checkpoints->LatestReadable(job_.id());
     if (own.ok()) {
       plan->restore.set_job_id(job_.id());

@@ -30,8 +30,11 @@ struct RunPlan {
   // The spec the run uses: the job's as submitted, or with the auto planner's pipeline.
   v1::JobSpec spec;
   PipelinePlan pipeline;      // schedule (lowered, validated), eval program, layer ranges
-  v1::CheckpointRef restore;  // set when the run resumes from a checkpoint
+  v1::CheckpointRef restore;  // set when the run resumes from a checkpoint (or from peers)
   int64_t first_step = 0;     // the run's first training step
+  // Peer recovery: the surviving workers of the job's failed run that kept its state after
+  // restore.step (no holders: the run restores from a checkpoint, if any).
+  v1::PeerState peers;
 };
 
 // What planning needs from the coordinator.

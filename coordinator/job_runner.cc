@@ -16,6 +16,7 @@
 #include "common/spec.h"
 #include "common/status_macros.h"
 #include "common/step_number.h"
+#include "coordinator/peer_recovery.h"
 #include "coordinator/step_summary.h"
 #include "coordinator/step_timings.h"
 #include "spdlog/spdlog.h"
@@ -182,12 +183,28 @@ void JobRunner::Run() {
   }
   if (status.ok()) status = ConfigureAll();
   if (status.ok()) phase = RunPhase::kTrain;
+  if (status.ok() && run_.peers.holders_size() > 0) {
+    env_.store->RecordPeerRecovery(id);
+    spdlog::info(
+        "{}: every worker restored its state after step {} from the {} worker(s) that "
+        "kept it",
+        id, StepNumber(run_.restore.step()), run_.peers.holders_size());
+  }
+  // Peer recovery: from now on an abort asks the workers to keep their state after the last
+  // step the whole gang completed (the restored one, at first).
+  const bool peer_recovery = env_.options.peer_recovery && PeerRecoveryApplies(run_.spec);
+  if (status.ok() && peer_recovery) gang_.set_retain_step(run_.first_step - 1);
   // An elastic job that can grow ends its run at a checkpoint and is requeued for more workers.
   std::optional<std::string> grow;
   for (int64_t step = run_.first_step; status.ok() && step < run_.spec.steps(); ++step) {
     status = gang_.InterruptStatus();
     if (status.ok()) status = RunOneStep(step);
     if (status.ok()) ++steps_run_;
+    // (The step's update travels with the next RunStep: a worker that the next RunStep does
+    // not reach applies it when it keeps its state.)
+    if (status.ok() && peer_recovery) {
+      gang_.set_retain_step(step, pending_apply_.has_value() ? &*pending_apply_ : nullptr);
+    }
     if (status.ok() && CheckpointDue(run_.spec, step) && env_.checkpoints != nullptr &&
         env_.checkpoints->enabled()) {
       status = SaveCheckpoint(step);
@@ -195,11 +212,29 @@ void JobRunner::Run() {
       if (grow.has_value()) break;
     }
   }
+  const bool shutting_down = !status.ok() && InterruptIs(Interrupt::kShutdown);
+  const bool restarts = !status.ok() && !shutting_down &&
+                        status.code() != absl::StatusCode::kCancelled &&
+                        ClassifyRunFailure(phase, WorkerErrorCode(status)) == FailureKind::kFault &&
+                        job_.restarts() < run_.spec.max_restarts();
+  // A restart resumes from the survivors' state when every stage has one (they kept it when
+  // the failed batch of calls aborted them); otherwise they drop it.
+  std::optional<v1::PeerState> survivors;
+  if (restarts && peer_recovery && phase == RunPhase::kTrain) {
+    std::vector<bool> lost(gang_.size());
+    for (int r = 0; r < gang_.size(); ++r) lost[r] = gang_.RankLost(r);
+    std::string why_not;
+    survivors = SurvivorsState(gang_.retain_step(), gang_.workers(), lost, run_.pipeline,
+                               Replicas(), &why_not);
+    if (!survivors.has_value()) {
+      spdlog::info("{}: no peer recovery: {}; resumes from the checkpoint", id, why_not);
+    }
+  }
+  if (!survivors.has_value()) gang_.set_retain_step(-1);
   // Every ending releases the workers' stages; on failure this also unblocks any transfer.
   gang_.AbortAll(status.ok() ? "job finished" : std::string(status.message()));
   env_.registry->Release(id);
   if (env_.rendezvous != nullptr) env_.rendezvous->ErasePrefix(absl::StrCat(id, "/"));
-  const bool shutting_down = !status.ok() && InterruptIs(Interrupt::kShutdown);
   if (status.ok() && grow.has_value()) {
     spdlog::info("{}: {}", id, *grow);
     if (absl::Status s = env_.store->RequeueToGrow(id, *grow); !s.ok()) {
@@ -210,9 +245,7 @@ void JobRunner::Run() {
     // from its latest checkpoint.
     spdlog::info("{}: left for the next coordinator to resume: {}", id,
                  std::string(status.message()));
-  } else if (!status.ok() && status.code() != absl::StatusCode::kCancelled &&
-             ClassifyRunFailure(phase, WorkerErrorCode(status)) == FailureKind::kFault &&
-             job_.restarts() < run_.spec.max_restarts()) {
+  } else if (restarts) {
     const std::string cause = std::string(status.message());
     const int restart = job_.restarts() + 1;
     // The backoff doubles with the restarts since a run last trained a step, not with all of
@@ -220,11 +253,17 @@ void JobRunner::Run() {
     // stored with the job: a coordinator restarted meanwhile waits it out too.
     const int in_a_row = steps_run_ > 0 ? 1 : job_.restarts_in_a_row() + 1;
     const absl::Duration backoff = RestartBackoff(env_.options, in_a_row);
-    const int64_t resume = env_.store->RecordRestart(id, cause, absl::Now() + backoff, in_a_row);
+    const int64_t resume = env_.store->RecordRestart(id, cause, absl::Now() + backoff, in_a_row,
+                                                     survivors ? &*survivors : nullptr);
+    const std::string from =
+        survivors.has_value() ? absl::StrCat("from the state ", survivors->holders_size(),
+                                             " surviving worker(s) kept after step ",
+                                             StepNumber(resume), " (peer recovery)")
+        : resume >= 0         ? absl::StrCat("from the checkpoint after step ", StepNumber(resume))
+                              : std::string("from the start (no checkpoint yet)");
     const std::string reason = absl::StrCat(
         "restart ", restart, " of ", run_.spec.max_restarts(), " after: ", cause, "; resumes ",
-        resume >= 0 ? absl::StrCat("from the checkpoint after step ", StepNumber(resume))
-                    : std::string("from the start (no checkpoint yet)"),
+        from,
         backoff > absl::ZeroDuration()
             ? absl::StrCat("; waits ", absl::FormatDuration(backoff), " before its next run")
             : std::string());
@@ -295,7 +334,18 @@ absl::Status JobRunner::ConfigureAll() {
             run_.pipeline, spec, r, job_.id(), absl::StrCat(job_.id(), "/attempt-", attempt_, "/"));
         req.mutable_program()->set_attempt(attempt_);
         if (!run_.restore.job_id().empty()) {
-          *req.mutable_program()->mutable_restore() = run_.restore;
+          v1::CheckpointRef* restore = req.mutable_program()->mutable_restore();
+          *restore = run_.restore;
+          if (run_.peers.holders_size() > 0) {
+            // Peer recovery: from the survivors of the failed run, those that held this
+            // worker's layers first.
+            std::vector<LayerRange> layers;
+            for (const v1::StageChunk& c : req.program().chunks()) {
+              layers.push_back({c.layer_begin(), c.layer_end()});
+            }
+            for (std::string& a : PeerOrderFor(run_.peers, layers))
+              restore->add_peers(std::move(a));
+          }
         }
         gang_.client(r).Configure(req, &responses[r], env_.options.configure_timeout,
                                   std::move(done));

@@ -56,6 +56,10 @@ struct RunnerOptions {
   // training step's RunStep through about sqrt(N) of its workers, which forward it to the rest,
   // instead of one call per worker from the coordinator. Zero: never.
   int step_relay_min_workers = 64;
+  // Peer recovery: a data-parallel job (replicas > 1, optimizer state not sharded) whose run
+  // fails resumes from the state its surviving workers kept after the last completed step,
+  // when every stage has a survivor, instead of from its checkpoint. False: checkpoints only.
+  bool peer_recovery = true;
 };
 
 // How long a job waits before its run after `restarts` restarts in a row (since a run last

@@ -497,7 +497,7 @@ absl::Status JobStore::DeleteStepRows(int64_t seq, int64_t from, const std::stri
 }
 
 int64_t JobStore::RecordRestart(const std::string& job_id, const std::string& cause,
-                                absl::Time not_before, int in_a_row) {
+                                absl::Time not_before, int in_a_row, const v1::PeerState* peers) {
   absl::MutexLock lock(&mu_);
   Entry* e = Find(job_id);
   if (e == nullptr) return -1;
@@ -506,9 +506,16 @@ int64_t JobStore::RecordRestart(const std::string& job_id, const std::string& ca
   if (e->job.first_failure().empty()) e->job.set_first_failure(cause);
   e->job.set_not_before_unix_ms(not_before > absl::UnixEpoch() ? absl::ToUnixMillis(not_before)
                                                                : 0);
-  // The next run starts after the checkpoint: what was recorded after it runs again.
-  const int64_t resume =
-      e->job.checkpoint_step() >= 0 ? e->job.checkpoint_step() + 1 : e->job.first_step();
+  // The next run starts after the checkpoint (or the survivors' state): what was recorded
+  // after it runs again.
+  if (peers != nullptr) {
+    *e->job.mutable_peer_state() = *peers;
+  } else {
+    e->job.clear_peer_state();
+  }
+  const int64_t resume = peers != nullptr                ? peers->step() + 1
+                         : e->job.checkpoint_step() >= 0 ? e->job.checkpoint_step() + 1
+                                                         : e->job.first_step();
   const int64_t redone = std::max<int64_t>(0, e->job.steps_done() - resume);
   e->job.set_steps_redone(e->job.steps_redone() + redone);
   e->job.set_last_steps_redone(redone);
@@ -520,7 +527,16 @@ int64_t JobStore::RecordRestart(const std::string& job_id, const std::string& ca
                   if (db_ == nullptr) return absl::OkStatus();
                   return DeleteStepRows(e->seq, resume, purpose);
                 });
-  return e->job.checkpoint_step();
+  return peers != nullptr ? peers->step() : e->job.checkpoint_step();
+}
+
+void JobStore::RecordPeerRecovery(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = Find(job_id);
+  if (e == nullptr) return;
+  e->job.set_peer_recoveries(e->job.peer_recoveries() + 1);
+  e->job.clear_peer_state();
+  (void)Persist(*e, /*durable=*/true, absl::StrCat(job_id, ": recording a peer recovery"));
 }
 
 void JobStore::RecordResize(const std::string& job_id, const v1::PipelineSpec& pipeline,
@@ -535,6 +551,15 @@ void JobStore::RecordResize(const std::string& job_id, const v1::PipelineSpec& p
   event.set_unix_ms(NowMs());
   event.set_checkpoint_step(e->job.checkpoint_step());
   event.set_steps_redone(e->job.last_steps_redone());
+  const v1::PeerState& peers = e->job.peer_state();
+  if (peers.holders_size() > 0 && peers.step() >= e->job.checkpoint_step()) {
+    event.set_state_source(absl::StrCat("replicas after step ", StepNumber(peers.step())));
+  } else if (e->job.checkpoint_step() >= 0) {
+    event.set_state_source(
+        absl::StrCat("checkpoint after step ", StepNumber(e->job.checkpoint_step())));
+  } else {
+    event.set_state_source("the start");
+  }
   *e->job.add_resizes() = std::move(event);
   (void)Persist(*e, /*durable=*/true, absl::StrCat(job_id, ": recording a resize"));
 }
@@ -545,6 +570,7 @@ absl::Status JobStore::RequeueToGrow(const std::string& job_id, const std::strin
     Entry* e = Find(job_id);
     if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
     e->job.set_last_steps_redone(0);
+    e->job.clear_peer_state();
   }
   return Transition(job_id, v1::QUEUED, reason);
 }

@@ -101,8 +101,14 @@ class JobStore {
   // twice). The caller then moves it to QUEUED. Returns the checkpoint step the next run
   // resumes after (-1: none, it starts again; also for an unknown job).
   // `in_a_row` is stored as Job.restarts_in_a_row.
+  // With `peers` (peer recovery: the failed run's survivors kept its state after peers->step)
+  // the progress rolls back to that step instead, which is returned, and the next run's plan
+  // restores from them (Job.peer_state); without, any peer state of the job is cleared.
   int64_t RecordRestart(const std::string& job_id, const std::string& cause, absl::Time not_before,
-                        int in_a_row = 0);
+                        int in_a_row = 0, const v1::PeerState* peers = nullptr);
+  // A run restored its state from its peers: counts it (Job.peer_recoveries) and clears the
+  // job's peer state (a later failure records its own).
+  void RecordPeerRecovery(const std::string& job_id);
   // An elastic job's run takes another layout (common/elastic_layout.h): spec.pipeline
   // becomes `pipeline` (the derived figures follow) and `event` is appended to its resizes,
   // with its time and the steps its latest restart had to redo. Durable.

@@ -61,6 +61,10 @@ ABSL_FLAG(int, step_relay_min_workers, 64,
           "a job of at least this many workers gets each step's RunStep through about "
           "sqrt(workers) of them, which forward it to the rest (the step relay), so that the "
           "coordinator makes sqrt(N) calls per step instead of N; 0: always call every worker");
+ABSL_FLAG(bool, peer_recovery, true,
+          "a data-parallel job whose worker fails resumes from the state its surviving replicas "
+          "kept after the last completed step (only the step in flight is trained again), "
+          "instead of from its latest checkpoint; false: always from the checkpoint");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
 ABSL_FLAG(int, rpc_nice, 10,
           "nice value (0..19) of every thread but the scheduler and the job runners (gRPC's, "
@@ -243,6 +247,7 @@ int main(int argc, char** argv) {
       absl::Milliseconds(absl::GetFlag(FLAGS_step_deadline_floor_ms));
   runner_env.options.restart_backoff = absl::Milliseconds(absl::GetFlag(FLAGS_restart_backoff_ms));
   runner_env.options.step_relay_min_workers = absl::GetFlag(FLAGS_step_relay_min_workers);
+  runner_env.options.peer_recovery = absl::GetFlag(FLAGS_peer_recovery);
   tc::Scheduler scheduler(runner_env);
 
   tc::ServiceEnv env;

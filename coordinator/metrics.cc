@@ -181,8 +181,14 @@ void RenderJobs(ExpositionWriter& w, const MetricsSnapshot& s) {
            *v = static_cast<double>(j.job.resizes_size());
            return true;
          });
+  PerJob(w, s, "tandem_job_peer_recoveries_total", Type::kCounter,
+         "Restarts that took the state from surviving replicas instead of a checkpoint.",
+         [](const JobMetrics& j, double* v) {
+           *v = static_cast<double>(j.job.peer_recoveries());
+           return true;
+         });
   PerJob(w, s, "tandem_job_steps_redone_total", Type::kCounter,
-         "Steps trained again because a run ended after its latest checkpoint.",
+         "Steps trained again because a run ended after the state it resumed from.",
          [](const JobMetrics& j, double* v) {
            *v = static_cast<double>(j.job.steps_redone());
            return true;

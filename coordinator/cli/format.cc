@@ -254,6 +254,11 @@ std::string FormatJobDetails(const v1::Job& job) {
     info.AddRow({"Redone", absl::StrCat(job.steps_redone(),
                                         " steps trained again (after faults, since checkpoints)")});
   }
+  if (job.peer_recoveries() > 0) {
+    info.AddRow(
+        {"Peer recovery", absl::StrCat(job.peer_recoveries(),
+                                       " restart(s) took the state from surviving replicas")});
+  }
   if (IsElastic(spec)) {
     const v1::PipelineSpec& w = job.written_pipeline();
     info.AddRow({"Elastic",
@@ -267,7 +272,8 @@ std::string FormatJobDetails(const v1::Job& job) {
           {"Last resize",
            absl::StrCat(r.from_stages(), " x ", r.from_replicas(), " -> ", r.to_stages(), " x ",
                         r.to_replicas(), " (M ", r.to_micro_batches(), ") from ",
-                        r.checkpoint_step() >= 0
+                        !r.state_source().empty() ? r.state_source()
+                        : r.checkpoint_step() >= 0
                             ? absl::StrCat("the checkpoint after step ", r.checkpoint_step() + 1)
                             : std::string("the start"),
                         ", ", r.steps_redone(), " step(s) redone: ", r.cause())});

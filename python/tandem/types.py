@@ -171,6 +171,7 @@ class JobStatus:
     restarts: int
     first_failure: str
     steps_redone: int               # steps trained again after faults (since checkpoints)
+    peer_recoveries: int            # restarts that took the state from surviving replicas
     resizes: Tuple[Dict[str, Any], ...]  # an elastic job's changes of layout, oldest first
     plan: str                       # pipeline.plan: auto's choice and why
     predicted_step_seconds: float
@@ -202,7 +203,7 @@ class JobStatus:
             tokens_per_step=j.tokens_per_step, skipped_steps=j.skipped_steps,
             checkpoint_step=j.checkpoint_step if j.checkpoint_step >= 0 else None,
             first_step=j.first_step, restarts=j.restarts, first_failure=j.first_failure,
-            steps_redone=j.steps_redone,
+            steps_redone=j.steps_redone, peer_recoveries=j.peer_recoveries,
             resizes=tuple(message_to_dict(r) for r in j.resizes),
             plan=j.plan, predicted_step_seconds=j.predicted_step_seconds,
             predicted_update_seconds=j.predicted_update_seconds,

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -100,9 +101,11 @@ class FakeWorker final : public StageWorkerClient {
                               const std::function<absl::Status(const v1::TensorChunk&)>&) override {
     return absl::UnimplementedError("fake");
   }
-  absl::Status Abort(const v1::AbortRequest&, absl::Duration) override {
+  absl::Status Abort(const v1::AbortRequest& request, absl::Duration) override {
     aborted.store(true);
     ++aborts;
+    std::lock_guard<std::mutex> lock(abort_mu);
+    abort_requests.push_back(request);
     return absl::OkStatus();
   }
   absl::Status Probe(absl::Duration) override { return liveness_error; }
@@ -177,6 +180,8 @@ class FakeWorker final : public StageWorkerClient {
   std::atomic<int> relay_requests{0};         // RunSteps that carried a relay list
   std::vector<FakeWorker*>* peers = nullptr;  // the factory's workers, by rank (the relay's)
   std::atomic<int> aborts{0};
+  std::mutex abort_mu;
+  std::vector<v1::AbortRequest> abort_requests;  // under abort_mu
   std::atomic<bool> aborted{false};
   int64_t fail_at_step = -1;
   int64_t hang_at_step = -1;

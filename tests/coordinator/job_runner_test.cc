@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -287,6 +288,148 @@ TEST(JobRunnerTest, AFaultWithRestartsLeftRequeuesTheJob) {
   job = *f.store->Get(runner->job_id());
   EXPECT_EQ(job.state(), v1::FAILED);
   EXPECT_THAT(job.reason(), HasSubstr("failed after 1 restart(s); first cause: step 3: stage 1"));
+}
+
+// Peer recovery: a 2 x 2 job (gang ranks: replica 0 = {0, 1}, replica 1 = {2, 3}).
+struct PeerRun {
+  explicit PeerRun(RunnerFixture& f, int workers = 5) : f(f) {
+    auto spec = LoadJobSpecYaml(
+        "steps: 10\nmax_restarts: 2\npipeline:\n  stages: 2\n  replicas: 2\n  micro_batches: 4\n");
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    id = *f.store->Add(*spec);
+    for (int i = 0; i < workers; ++i) {
+      (void)f.registry.Register(RegistrationOf(absl::StrCat("127.0.0.1:", 1000 + i)));
+    }
+  }
+  // One run on 4 of the idle workers, to its end.
+  v1::Job Run() {
+    auto gang = f.registry.Allocate("cpu", 4, id);
+    EXPECT_TRUE(gang.ok()) << gang.status();
+    gang_of_run.push_back(*gang);
+    first_fake.push_back(static_cast<int>(f.factory.made.size()));
+    {
+      JobRunner runner(f.env, *f.store->Get(id), *gang);
+      runner.Start();
+      f.WaitFinished(runner);
+      // The runner owns its fakes: what the test reads of them is copied before they go.
+      for (size_t i = seen.size(); i < f.factory.made.size(); ++i) {
+        FakeWorker* w = f.factory.made[i];
+        std::lock_guard<std::mutex> lock(w->abort_mu);
+        seen.push_back({w->program_, w->run_steps.load(),
+                        w->abort_requests.empty() ? v1::AbortRequest() : w->abort_requests.back()});
+      }
+    }
+    return *f.store->Get(id);
+  }
+  struct Seen {
+    v1::StageProgram program;
+    int run_steps = 0;
+    v1::AbortRequest last_abort;
+  };
+  RunnerFixture& f;
+  std::string id;
+  std::vector<std::vector<WorkerRecord>> gang_of_run;
+  std::vector<int> first_fake;  // the index of each run's first fake worker
+  std::vector<Seen> seen;       // by fake worker, in the order made
+};
+
+TEST(JobRunnerTest, AFaultAReplicaCoversResumesFromTheSurvivorsWithNoStepRedone) {
+  RunnerFixture f;
+  f.env.options.restart_backoff = absl::ZeroDuration();
+  // The first run's rank 3 (stage 1 of replica 1) fails step 6 and is gone.
+  f.factory.configure = [](FakeWorker* w) {
+    if (w->rank_ == 3) {
+      w->fail_at_step = 5;
+      w->liveness_error = absl::UnavailableError("connection refused");
+    }
+  };
+  PeerRun run(f);
+  v1::Job job = run.Run();
+  ASSERT_EQ(job.state(), v1::QUEUED) << job.reason();
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_THAT(job.reason(), HasSubstr("from the state 3 surviving worker(s) kept after step 5 "
+                                      "(peer recovery)"));
+  EXPECT_EQ(job.steps_done(), 5) << "steps 1-5 stand: only the step in flight runs again";
+  EXPECT_EQ(job.last_steps_redone(), 0);
+  ASSERT_EQ(job.peer_state().holders_size(), 3);
+  EXPECT_EQ(job.peer_state().step(), 4);
+  for (const v1::StateHolder& h : job.peer_state().holders()) {
+    EXPECT_NE(h.address(), run.gang_of_run[0][3].address) << "the lost worker holds nothing";
+  }
+  for (int r = 0; r < 3; ++r) {
+    const v1::AbortRequest& a = run.seen[r].last_abort;
+    EXPECT_TRUE(a.retain_state()) << "rank " << r;
+    EXPECT_EQ(a.retain_step(), 4);
+    EXPECT_EQ(a.retain_apply().step(), 4) << "step 5's update, for a worker step 6 missed";
+  }
+
+  // The next run (the spare in the lost worker's place) restores from the holders of each
+  // worker's layers first, trains steps 6-10 only, and its final aborts keep nothing.
+  job = run.Run();
+  EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.peer_recoveries(), 1);
+  EXPECT_FALSE(job.has_peer_state());
+  EXPECT_EQ(job.steps_redone(), 0);
+  for (int r = 0; r < 4; ++r) {
+    const PeerRun::Seen& w = run.seen[run.first_fake[1] + r];
+    EXPECT_EQ(w.program.restore().step(), 4);
+    ASSERT_EQ(w.program.restore().peers_size(), 3);
+    EXPECT_EQ(w.run_steps, 5) << "steps 6-10";
+    EXPECT_FALSE(w.last_abort.retain_state());
+  }
+  // A stage-1 worker asks a holder of stage 1 first (the surviving rank 1).
+  EXPECT_EQ(run.seen[run.first_fake[1] + 1].program.restore().peers(0),
+            run.gang_of_run[0][1].address);
+}
+
+TEST(JobRunnerTest, AStageWithNoSurvivingReplicaResumesFromTheCheckpoint) {
+  RunnerFixture f;
+  f.env.options.restart_backoff = absl::ZeroDuration();
+  // Both replicas of stage 1 are gone.
+  f.factory.configure = [](FakeWorker* w) {
+    if (w->rank_ == 1 || w->rank_ == 3) {
+      w->fail_at_step = 5;
+      w->liveness_error = absl::UnavailableError("connection refused");
+    }
+  };
+  PeerRun run(f, 6);
+  const v1::Job job = run.Run();
+  ASSERT_EQ(job.state(), v1::QUEUED) << job.reason();
+  EXPECT_FALSE(job.has_peer_state());
+  EXPECT_THAT(job.reason(), HasSubstr("from the start (no checkpoint yet)"));
+  EXPECT_EQ(job.last_steps_redone(), 5);
+  EXPECT_FALSE(run.seen[0].last_abort.retain_state()) << "the survivors drop what they kept";
+  EXPECT_FALSE(run.seen[2].last_abort.retain_state());
+}
+
+// The holders cannot serve (one died mid-transfer, and no other holds its tensors): the
+// restore fails as a fault, and the run after it starts from the checkpoint, the steps since
+// it counted as redone.
+TEST(JobRunnerTest, APeerRestoreThatFailsFallsBackToTheCheckpoint) {
+  RunnerFixture f;
+  f.env.options.restart_backoff = absl::ZeroDuration();
+  f.factory.configure = [](FakeWorker* w) {
+    if (w->rank_ == 3) {
+      w->fail_at_step = 5;
+      w->liveness_error = absl::UnavailableError("connection refused");
+    }
+    if (w->rank_ == 5) {
+      w->configure_error = absl::UnavailableError(
+          "peer recovery of job j after step 5: 4 of 4 tensors held by none of the 3 workers");
+    }
+  };
+  PeerRun run(f);
+  ASSERT_TRUE(run.Run().has_peer_state());
+  v1::Job job = run.Run();
+  ASSERT_EQ(job.state(), v1::QUEUED) << job.reason();
+  EXPECT_EQ(job.restarts(), 2);
+  EXPECT_FALSE(job.has_peer_state());
+  EXPECT_EQ(job.peer_recoveries(), 0);
+  EXPECT_THAT(job.reason(), HasSubstr("held by none"));
+  EXPECT_THAT(job.reason(), HasSubstr("from the start (no checkpoint yet)"));
+  EXPECT_EQ(job.steps_done(), 0);
+  EXPECT_EQ(job.last_steps_redone(), 5);
+  EXPECT_EQ(job.steps_redone(), 5);
 }
 
 // Regression (issue 26): a configuration error that no restart can fix (INVALID_ARGUMENT from a

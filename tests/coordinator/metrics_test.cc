@@ -153,6 +153,7 @@ TEST_F(CoordinatorMetricsTest, EveryFamilyHasItsTypeHelpAndPrometheusName) {
       {"tandem_job_skipped_steps_total", "counter"},
       {"tandem_job_restarts_total", "counter"},
       {"tandem_job_resizes_total", "counter"},
+      {"tandem_job_peer_recoveries_total", "counter"},
       {"tandem_job_steps_redone_total", "counter"},
       {"tandem_job_tokens_total", "counter"},
       {"tandem_job_tokens_per_second", "gauge"},
@@ -209,6 +210,23 @@ TEST_F(CoordinatorMetricsTest, RestartsResizesAndRedoneStepsAreCounted) {
   EXPECT_THAT(e.Value("tandem_job_steps_redone_total", job), Near(1.0));
   EXPECT_EQ(store_->Get(running_)->resizes(0).steps_redone(), 1);
   EXPECT_EQ(store_->Get(running_)->resizes(0).checkpoint_step(), 1);
+  EXPECT_EQ(store_->Get(running_)->resizes(0).state_source(), "checkpoint after step 2");
+  EXPECT_THAT(e.Value("tandem_job_peer_recoveries_total", job), Near(0.0));
+
+  // A fault a replica covered: the survivors' state after step 2 (index 1, the last the
+  // resumed run completed), nothing redone.
+  v1::PeerState peers;
+  peers.set_step(1);
+  peers.add_holders()->set_address("127.0.0.1:1");
+  EXPECT_EQ(store_->RecordRestart(running_, "worker lost", absl::InfinitePast(), 1, &peers), 1);
+  EXPECT_EQ(store_->Get(running_)->last_steps_redone(), 0);
+  store_->RecordResize(running_, store_->Get(running_)->spec().pipeline(), resize);
+  EXPECT_EQ(store_->Get(running_)->resizes(1).state_source(), "replicas after step 2");
+  store_->RecordPeerRecovery(running_);
+  const Exposition after = Scrape();
+  EXPECT_THAT(after.Value("tandem_job_peer_recoveries_total", job), Near(1.0));
+  EXPECT_THAT(after.Value("tandem_job_steps_redone_total", job), Near(1.0));
+  EXPECT_FALSE(store_->Get(running_)->has_peer_state()) << "consumed by the run that restored";
 }
 
 TEST_F(CoordinatorMetricsTest, JobCountersAndGaugesComeFromTheStore) {

@@ -2,13 +2,17 @@
 // workers trains to SUCCEEDED with falling loss and names every (stage, replica) in its status
 // and its trace; SIGKILL of one of the four (sharded optimizer state) restarts the job from its
 // checkpoint, and it ends with the uninterrupted run's losses; a gang that the registered workers
-// cannot fill waits with a reason that says how many are missing.
+// cannot fill waits with a reason that says how many are missing; a chaos loop of kills that a
+// surviving replica covers resumes from the survivors' state each time and redoes no step.
 #include <signal.h>
 
 #include <chrono>
+#include <cmath>
 #include <map>
+#include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -165,6 +169,133 @@ TEST_F(DataParallelClusterTest, AKilledWorkerRestartsTheGangWhichEndsWithTheSame
               HasSubstr(*id + ": attempt 1 resumes from its checkpoint after step "));
   EXPECT_THAT(ReadFile(cluster_->dir() + "/coordinator.log"),
               HasSubstr(*id + ": the step relay: 2 group(s) of up to 2 workers"));
+}
+
+// Peer recovery under chaos: a 2 x 2 job on five workers (one spare), its checkpoints far
+// apart, loses a random worker of its gang at a random step, three times: the first two with a
+// spare to take its place (a fresh worker is started after the first), the third with none, so
+// that the job waits QUEUED until a fresh worker registers. Every
+// fault is covered by the dead worker's surviving replica, so the job resumes each time from
+// the state its survivors kept after the last completed step: it redoes no step and ends with
+// the fault-free run's losses, bit for bit.
+TEST_F(DataParallelClusterTest, AChaosLoopThatReplicasCoverRedoesNoStep) {
+  constexpr int kChaosSteps = 400;
+  auto job = [&](int max_restarts) {
+    return absl::StrCat(
+        "name: dp-chaos\nsteps: ", kChaosSteps,
+        "\nseed: 7\nmodel:\n  arch: mlp_lm\n  n_layer: 3\n  d_model: 32\n  d_embed: 8\n"
+        "  context: 4\noptimizer:\n  lr: 0.01\npipeline:\n  stages: 2\n  replicas: 2\n"
+        "  micro_batch_size: 8\n  micro_batches: 2\n  schedule: 1f1b\n  partition: uniform\n"
+        "checkpoint:\n  every: 200\n  keep: 2\nmax_restarts: ",
+        max_restarts, "\n");
+  };
+  StartCluster(5);  // four for the job, one spare
+  auto ref_id = cluster_->Submit(job(0));
+  ASSERT_TRUE(ref_id.ok()) << ref_id.status();
+  auto reference = cluster_->WaitForEnd(*ref_id, 300s);
+  ASSERT_TRUE(reference.ok() && reference->state() == v1::SUCCEEDED) << reference->reason();
+
+  auto id = cluster_->Submit(job(5));
+  ASSERT_TRUE(id.ok()) << id.status();
+  std::mt19937 random(20261205);
+  constexpr int kFaults = 3;
+  int64_t progress = 0;
+  for (int fault = 0; fault < kFaults; ++fault) {
+    // Some steps past the last fault's resume (a kill is never in the previous run's window).
+    const int64_t at = progress + std::uniform_int_distribution<int>(5, 40)(random);
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          auto j = cluster_->GetJob(*id);
+          return j.ok() && j->state() == v1::RUNNING && j->restarts() == fault &&
+                 j->steps_done() >= at;
+        },
+        120s, 2ms))
+        << "fault " << fault;
+    auto running = cluster_->GetJob(*id);
+    ASSERT_TRUE(running.ok());
+    const int stage = std::uniform_int_distribution<int>(0, 1)(random);
+    const int replica = std::uniform_int_distribution<int>(0, 1)(random);
+    const int victim = WorkerAt(running->stages(stage).replicas(replica).address());
+    ASSERT_GE(victim, 0);
+    cluster_->worker(victim).Kill(SIGKILL);
+    if (fault == kFaults - 1) {
+      // No spare this time: the job waits for a worker, its survivors keeping their state.
+      ASSERT_TRUE(WaitFor(
+          [&] {
+            auto j = cluster_->GetJob(*id);
+            return j.ok() && j->state() == v1::QUEUED && j->restarts() == fault + 1;
+          },
+          60s, 5ms));
+      std::this_thread::sleep_for(500ms);
+      auto waiting = cluster_->GetJob(*id);
+      ASSERT_TRUE(waiting.ok());
+      EXPECT_EQ(waiting->state(), v1::QUEUED) << "three workers cannot run a 2 x 2 gang";
+      EXPECT_TRUE(waiting->has_peer_state());
+    }
+    // A fresh worker after the first and the last fault; after the second the spare takes
+    // the dead one's place, and none is left for the third.
+    if (fault != 1) ASSERT_TRUE(cluster_->AddWorker().ok());
+    auto resumed = cluster_->GetJob(*id);
+    ASSERT_TRUE(resumed.ok());
+    progress = std::max<int64_t>(at, resumed->steps_done());
+  }
+  auto end = cluster_->WaitForEnd(*id, 300s);
+  ASSERT_TRUE(end.ok()) << end.status();
+  ExpectTheReferenceRun(*end, *reference, kChaosSteps);
+  EXPECT_EQ(end->restarts(), kFaults);
+  EXPECT_EQ(end->peer_recoveries(), kFaults) << "every fault resumed from the survivors";
+  EXPECT_EQ(end->steps_redone(), 0) << "only the steps in flight ran again";
+  EXPECT_EQ(end->checkpoint_step(), 399);
+  EXPECT_THAT(ReadFile(cluster_->dir() + "/coordinator.log"),
+              HasSubstr("surviving worker(s) kept after step "));
+}
+
+// An elastic 2 x 2 job loses a worker with no spare: it is re-planned on the three left, whose
+// stages cut the layers elsewhere, and each of them reads its layers from the survivors' kept
+// state (from whichever holds each tensor): no step is redone, and the losses are the fault-free
+// run's (within 1e-5: another P sums in another order).
+TEST_F(DataParallelClusterTest, AnElasticJobShrinksOntoItsSurvivorsAndTakesTheirState) {
+  constexpr int kElasticSteps = 200;
+  auto job = [&](const std::string& elastic) {
+    return absl::StrCat(
+        "name: dp-elastic\nsteps: ", kElasticSteps,
+        "\nseed: 7\nmodel:\n  arch: mlp_lm\n  n_layer: 4\n  d_model: 32\n  d_embed: 8\n"
+        "  context: 4\noptimizer:\n  lr: 0.01\npipeline:\n  stages: 2\n  replicas: 2\n"
+        "  micro_batch_size: 8\n  micro_batches: 6\n  schedule: 1f1b\n  partition: uniform\n"
+        "checkpoint:\n  every: 150\n  keep: 2\nmax_restarts: 3\n",
+        elastic);
+  };
+  StartCluster(4);
+  auto ref_id = cluster_->Submit(job(""));
+  ASSERT_TRUE(ref_id.ok()) << ref_id.status();
+  auto reference = cluster_->WaitForEnd(*ref_id, 300s);
+  ASSERT_TRUE(reference.ok() && reference->state() == v1::SUCCEEDED) << reference->reason();
+
+  auto id = cluster_->Submit(job("elastic:\n  min_workers: 2\n"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(cluster_->WaitForSteps(*id, 30));
+  auto running = cluster_->GetJob(*id);
+  ASSERT_TRUE(running.ok());
+  const int victim = WorkerAt(running->stages(1).replicas(0).address());
+  ASSERT_GE(victim, 0);
+  cluster_->worker(victim).Kill(SIGKILL);
+
+  auto end = cluster_->WaitForEnd(*id, 300s);
+  ASSERT_TRUE(end.ok()) << end.status();
+  ASSERT_EQ(end->state(), v1::SUCCEEDED) << end->reason();
+  ASSERT_EQ(end->history_size(), kElasticSteps);
+  for (int i = 0; i < kElasticSteps; ++i) {
+    const double want = reference->history(i).loss();
+    EXPECT_NEAR(end->history(i).loss(), want, 1e-5 * std::fabs(want)) << "step " << i + 1;
+  }
+  ASSERT_EQ(end->resizes_size(), 1) << end->DebugString();
+  const v1::ResizeEvent& shrink = end->resizes(0);
+  EXPECT_EQ(shrink.from_workers(), 4);
+  EXPECT_EQ(shrink.to_workers(), 3);
+  EXPECT_THAT(shrink.state_source(), HasSubstr("replicas after step "));
+  EXPECT_EQ(shrink.steps_redone(), 0);
+  EXPECT_EQ(end->peer_recoveries(), 1);
+  EXPECT_EQ(end->steps_redone(), 0);
 }
 
 TEST_F(DataParallelClusterTest, AGangTheWorkersCannotFillWaitsSayingHowManyAreMissing) {

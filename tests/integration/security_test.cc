@@ -5,6 +5,7 @@
 // time by scripts/dev-certs.sh in the test's directory.
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -549,6 +550,26 @@ TEST(SpecExecutionTest, NothingInASpecIsExecuted) {
     ASSERT_TRUE(job.ok()) << job.status();
   }
   EXPECT_FALSE(std::filesystem::exists(marker));
+}
+
+// Peer recovery over mutual TLS: a 1 x 2 job loses a replica's worker; the fresh worker that
+// takes its place reads the state the survivor kept (StageWorker.ReadState, a worker -> worker
+// call with the workers' certificates), and the job redoes no step. Last in the suite: it
+// replaces one of the shared cluster's two workers.
+TEST_F(SecurityTest, APeerRecoveryReadsTheKeptStateOverMutualTls) {
+  auto id = cluster_->Submit(TinyJobYaml(1, 4, 400, "1f1b", "  replicas: 2\n"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(cluster_->WaitForSteps(*id, 20));
+  cluster_->worker(1).Kill(SIGKILL);
+  ASSERT_TRUE(cluster_->AddWorker().ok());
+  auto end = cluster_->WaitForEnd(*id, 120s);
+  ASSERT_TRUE(end.ok()) << end.status();
+  EXPECT_EQ(end->state(), v1::SUCCEEDED) << end->reason();
+  EXPECT_EQ(end->restarts(), 1);
+  EXPECT_EQ(end->peer_recoveries(), 1);
+  EXPECT_EQ(end->steps_redone(), 0);
+  EXPECT_THAT(ReadFile(cluster_->dir() + "/worker2.log"),
+              HasSubstr("from the workers that kept them"));
 }
 
 }  // namespace
