@@ -194,8 +194,13 @@ void JobRunner::Run() {
   // step the whole gang completed (the restored one, at first).
   const bool peer_recovery = env_.options.peer_recovery && PeerRecoveryApplies(run_.spec);
   if (status.ok() && peer_recovery) gang_.set_retain_step(run_.first_step - 1);
-  // An elastic job that can grow ends its run at a checkpoint and is requeued for more workers.
+  // An elastic job that can grow ends its run and is requeued for more workers: after any step
+  // where its workers can keep their state for the bigger gang (peer recovery), else at a
+  // checkpoint.
+  const bool grow_from_peers =
+      env_.options.peer_recovery && IsElastic(run_.spec) && !ShardsOptimizerState(run_.spec);
   std::optional<std::string> grow;
+  int64_t grow_step = -1;  // the step after which a grow from the workers' state ends the run
   for (int64_t step = run_.first_step; status.ok() && step < run_.spec.steps(); ++step) {
     status = gang_.InterruptStatus();
     if (status.ok()) status = RunOneStep(step);
@@ -208,8 +213,14 @@ void JobRunner::Run() {
     if (status.ok() && CheckpointDue(run_.spec, step) && env_.checkpoints != nullptr &&
         env_.checkpoints->enabled()) {
       status = SaveCheckpoint(step);
-      if (status.ok() && step + 1 < run_.spec.steps()) grow = GrowReason(step);
+      if (status.ok() && step + 1 < run_.spec.steps()) grow = GrowReason(step, false);
       if (grow.has_value()) break;
+    } else if (status.ok() && grow_from_peers && step + 1 < run_.spec.steps()) {
+      grow = GrowReason(step, true);
+      if (grow.has_value()) {
+        grow_step = step;
+        break;
+      }
     }
   }
   const bool shutting_down = !status.ok() && InterruptIs(Interrupt::kShutdown);
@@ -230,14 +241,32 @@ void JobRunner::Run() {
       spdlog::info("{}: no peer recovery: {}; resumes from the checkpoint", id, why_not);
     }
   }
-  if (!survivors.has_value()) gang_.set_retain_step(-1);
+  // A grow from the workers' state: every worker keeps its stage's (after applying the last
+  // step's update, which no RunStep carried yet).
+  std::optional<v1::PeerState> grow_state;
+  if (status.ok() && grow_step >= 0) {
+    std::string why_not;
+    grow_state = SurvivorsState(grow_step, gang_.workers(), std::vector<bool>(gang_.size(), false),
+                                run_.pipeline, Replicas(), &why_not);
+    if (grow_state.has_value()) {
+      gang_.set_retain_step(grow_step, pending_apply_.has_value() ? &*pending_apply_ : nullptr);
+    } else {
+      spdlog::warn(
+          "{}: cannot keep the state for the grow ({}); it starts again from the "
+          "checkpoint",
+          id, why_not);
+    }
+  }
+  if (!survivors.has_value() && !grow_state.has_value()) gang_.set_retain_step(-1);
   // Every ending releases the workers' stages; on failure this also unblocks any transfer.
-  gang_.AbortAll(status.ok() ? "job finished" : std::string(status.message()));
+  gang_.AbortAll(status.ok() ? (grow.has_value() ? *grow : "job finished")
+                             : std::string(status.message()));
   env_.registry->Release(id);
   if (env_.rendezvous != nullptr) env_.rendezvous->ErasePrefix(absl::StrCat(id, "/"));
   if (status.ok() && grow.has_value()) {
     spdlog::info("{}: {}", id, *grow);
-    if (absl::Status s = env_.store->RequeueToGrow(id, *grow); !s.ok()) {
+    if (absl::Status s = env_.store->RequeueToGrow(id, *grow, grow_state ? &*grow_state : nullptr);
+        !s.ok()) {
       spdlog::error("{}: cannot requeue to grow: {}", id, s.ToString());
     }
   } else if (shutting_down) {
@@ -290,7 +319,7 @@ void JobRunner::Run() {
   finished_.store(true);
 }
 
-std::optional<std::string> JobRunner::GrowReason(int64_t step) const {
+std::optional<std::string> JobRunner::GrowReason(int64_t step, bool from_peers) const {
   if (!IsElastic(job_.spec())) return std::nullopt;
   const int idle = env_.registry->IdleCount(job_.spec().device());
   if (idle == 0) return std::nullopt;
@@ -300,8 +329,9 @@ std::optional<std::string> JobRunner::GrowReason(int64_t step) const {
   if (!bigger.ok() || GangSize(*bigger) <= gang_.size()) return std::nullopt;
   return absl::StrCat("grow: ", idle, " idle worker(s); from ", gang_.size(), " to ",
                       GangSize(*bigger), " workers (", bigger->pipeline().stages(), " x ",
-                      std::max(1, bigger->pipeline().replicas()),
-                      ") from the checkpoint after step ", StepNumber(step));
+                      std::max(1, bigger->pipeline().replicas()), ") from ",
+                      from_peers ? "its workers' state" : "the checkpoint", " after step ",
+                      StepNumber(step));
 }
 
 absl::Status JobRunner::Plan() {

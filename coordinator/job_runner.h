@@ -162,9 +162,10 @@ class JobRunner {
   // pipeline P (the gang is R x P; replica 0 is gang ranks [0, P)).
   int Replicas() const;
   int PipelineRanks() const;
-  // An elastic job, after its checkpoint after `step`: why it should end this run and grow (idle
-  // workers allow a bigger layout, common/elastic_layout.h), or nullopt.
-  std::optional<std::string> GrowReason(int64_t step) const;
+  // An elastic job, after `step` (its checkpoint, or with `from_peers` its workers' state): why
+  // it should end this run and grow (idle workers allow a bigger layout,
+  // common/elastic_layout.h), or nullopt.
+  std::optional<std::string> GrowReason(int64_t step, bool from_peers) const;
   // Sends `req` to every worker of the gang, through the step relay where there is one, and
   // fills `responses` by rank.
   absl::Status RunStepOnAll(const std::string& what, const v1::RunStepRequest& req,

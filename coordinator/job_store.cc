@@ -553,7 +553,7 @@ void JobStore::RecordResize(const std::string& job_id, const v1::PipelineSpec& p
   event.set_steps_redone(e->job.last_steps_redone());
   const v1::PeerState& peers = e->job.peer_state();
   if (peers.holders_size() > 0 && peers.step() >= e->job.checkpoint_step()) {
-    event.set_state_source(absl::StrCat("replicas after step ", StepNumber(peers.step())));
+    event.set_state_source(absl::StrCat("kept state after step ", StepNumber(peers.step())));
   } else if (e->job.checkpoint_step() >= 0) {
     event.set_state_source(
         absl::StrCat("checkpoint after step ", StepNumber(e->job.checkpoint_step())));
@@ -564,13 +564,18 @@ void JobStore::RecordResize(const std::string& job_id, const v1::PipelineSpec& p
   (void)Persist(*e, /*durable=*/true, absl::StrCat(job_id, ": recording a resize"));
 }
 
-absl::Status JobStore::RequeueToGrow(const std::string& job_id, const std::string& reason) {
+absl::Status JobStore::RequeueToGrow(const std::string& job_id, const std::string& reason,
+                                     const v1::PeerState* peers) {
   {
     absl::MutexLock lock(&mu_);
     Entry* e = Find(job_id);
     if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
     e->job.set_last_steps_redone(0);
-    e->job.clear_peer_state();
+    if (peers != nullptr) {
+      *e->job.mutable_peer_state() = *peers;
+    } else {
+      e->job.clear_peer_state();
+    }
   }
   return Transition(job_id, v1::QUEUED, reason);
 }

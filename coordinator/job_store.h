@@ -114,9 +114,11 @@ class JobStore {
   // with its time and the steps its latest restart had to redo. Durable.
   void RecordResize(const std::string& job_id, const v1::PipelineSpec& pipeline,
                     v1::ResizeEvent event);
-  // An elastic job ends its run at a checkpoint to grow on more workers: QUEUED with `reason`,
-  // no restart counted, no backoff, nothing to redo.
-  absl::Status RequeueToGrow(const std::string& job_id, const std::string& reason);
+  // An elastic job ends its run to grow on more workers: QUEUED with `reason`, no restart
+  // counted, no backoff, nothing to redo. It resumes from `peers` (its workers kept their state
+  // after peers->step, the job's last step) or, without, from its checkpoint (the run ended there).
+  absl::Status RequeueToGrow(const std::string& job_id, const std::string& reason,
+                             const v1::PeerState* peers = nullptr);
   // The job's latest complete checkpoint, recorded once its manifest is committed (durable
   // before the call returns).
   void SetCheckpoint(const std::string& job_id, int64_t step);

@@ -182,7 +182,7 @@ void RenderJobs(ExpositionWriter& w, const MetricsSnapshot& s) {
            return true;
          });
   PerJob(w, s, "tandem_job_peer_recoveries_total", Type::kCounter,
-         "Restarts that took the state from surviving replicas instead of a checkpoint.",
+         "Runs that resumed from the state the workers before kept instead of a checkpoint.",
          [](const JobMetrics& j, double* v) {
            *v = static_cast<double>(j.job.peer_recoveries());
            return true;

@@ -257,7 +257,7 @@ std::string FormatJobDetails(const v1::Job& job) {
   if (job.peer_recoveries() > 0) {
     info.AddRow(
         {"Peer recovery", absl::StrCat(job.peer_recoveries(),
-                                       " restart(s) took the state from surviving replicas")});
+                                       " run(s) resumed from the state the workers before kept")});
   }
   if (IsElastic(spec)) {
     const v1::PipelineSpec& w = job.written_pipeline();

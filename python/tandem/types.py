@@ -171,7 +171,7 @@ class JobStatus:
     restarts: int
     first_failure: str
     steps_redone: int               # steps trained again after faults (since checkpoints)
-    peer_recoveries: int            # restarts that took the state from surviving replicas
+    peer_recoveries: int            # runs resumed from the state the workers before kept
     resizes: Tuple[Dict[str, Any], ...]  # an elastic job's changes of layout, oldest first
     plan: str                       # pipeline.plan: auto's choice and why
     predicted_step_seconds: float

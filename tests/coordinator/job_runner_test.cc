@@ -432,6 +432,48 @@ TEST(JobRunnerTest, APeerRestoreThatFailsFallsBackToTheCheckpoint) {
   EXPECT_EQ(job.steps_redone(), 5);
 }
 
+// An elastic job that idle workers let grow ends its run after the step it saw them at, its
+// workers keeping their state (with that step's update, not sent yet) for the bigger gang: no
+// checkpoint waited for, no restart counted, nothing redone.
+TEST(JobRunnerTest, AnElasticJobGrowsAfterAnyStepFromItsWorkersState) {
+  RunnerFixture f;
+  auto spec = LoadJobSpecYaml(
+      "steps: 10\nmax_restarts: 1\npipeline:\n  stages: 2\n  micro_batches: 4\n"
+      "elastic:\n  min_workers: 1\n  max_workers: 3\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const std::string id = *f.store->Add(*spec);
+  for (int i = 0; i < 3; ++i) {
+    (void)f.registry.Register(RegistrationOf(absl::StrCat("127.0.0.1:", 1000 + i)));
+  }
+  auto gang = f.registry.Allocate("cpu", 2, id);
+  ASSERT_TRUE(gang.ok()) << gang.status();
+  std::vector<v1::AbortRequest> aborts;
+  {
+    JobRunner runner(f.env, *f.store->Get(id), *gang);
+    runner.Start();
+    f.WaitFinished(runner);
+    for (FakeWorker* w : f.factory.made) {
+      std::lock_guard<std::mutex> lock(w->abort_mu);
+      ASSERT_FALSE(w->abort_requests.empty());
+      aborts.push_back(w->abort_requests.back());
+    }
+  }
+  const v1::Job job = *f.store->Get(id);
+  EXPECT_EQ(job.state(), v1::QUEUED) << job.reason();
+  EXPECT_THAT(job.reason(), HasSubstr("grow: 1 idle worker(s); from 2 to 3 workers (3 x 1) from "
+                                      "its workers' state after step 1"));
+  EXPECT_EQ(job.restarts(), 0);
+  EXPECT_EQ(job.steps_done(), 1);
+  EXPECT_EQ(job.peer_state().step(), 0);
+  EXPECT_EQ(job.peer_state().holders_size(), 2) << "every worker of the gang";
+  ASSERT_EQ(aborts.size(), 2u);
+  for (const v1::AbortRequest& a : aborts) {
+    EXPECT_TRUE(a.retain_state());
+    EXPECT_EQ(a.retain_step(), 0);
+    EXPECT_EQ(a.retain_apply().step(), 0);
+  }
+}
+
 // Regression (issue 26): a configuration error that no restart can fix (INVALID_ARGUMENT from a
 // worker's Configure: a checkpoint of another shape) fails the job at once with the worker's
 // error, restarts untouched; it used to be restarted max_restarts times, failing identically.

@@ -221,7 +221,7 @@ TEST_F(CoordinatorMetricsTest, RestartsResizesAndRedoneStepsAreCounted) {
   EXPECT_EQ(store_->RecordRestart(running_, "worker lost", absl::InfinitePast(), 1, &peers), 1);
   EXPECT_EQ(store_->Get(running_)->last_steps_redone(), 0);
   store_->RecordResize(running_, store_->Get(running_)->spec().pipeline(), resize);
-  EXPECT_EQ(store_->Get(running_)->resizes(1).state_source(), "replicas after step 2");
+  EXPECT_EQ(store_->Get(running_)->resizes(1).state_source(), "kept state after step 2");
   store_->RecordPeerRecovery(running_);
   const Exposition after = Scrape();
   EXPECT_THAT(after.Value("tandem_job_peer_recoveries_total", job), Near(1.0));

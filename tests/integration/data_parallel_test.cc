@@ -292,7 +292,7 @@ TEST_F(DataParallelClusterTest, AnElasticJobShrinksOntoItsSurvivorsAndTakesTheir
   const v1::ResizeEvent& shrink = end->resizes(0);
   EXPECT_EQ(shrink.from_workers(), 4);
   EXPECT_EQ(shrink.to_workers(), 3);
-  EXPECT_THAT(shrink.state_source(), HasSubstr("replicas after step "));
+  EXPECT_THAT(shrink.state_source(), HasSubstr("kept state after step "));
   EXPECT_EQ(shrink.steps_redone(), 0);
   EXPECT_EQ(end->peer_recoveries(), 1);
   EXPECT_EQ(end->steps_redone(), 0);
