@@ -443,6 +443,12 @@ void JobStore::RecordStep(const std::string& job_id, const v1::StepSummary& step
   // and every later one: each step counts once.
   DropStepsFrom(e.job, e.history, step.step());
   e.job.set_steps_done(step.step() + 1);
+  if (const int64_t since = e.job.recovering_since_unix_ms(); since > 0) {
+    const double seconds = std::max<int64_t>(0, NowMs() - since) / 1e3;
+    e.job.set_last_recovery_seconds(seconds);
+    e.job.set_recovery_seconds_total(e.job.recovery_seconds_total() + seconds);
+    e.job.set_recovering_since_unix_ms(0);
+  }
   e.job.set_last_loss(step.loss());
   if (step.skipped()) e.job.set_skipped_steps(e.job.skipped_steps() + 1);
   if (step.has_val_loss()) {
@@ -503,6 +509,8 @@ int64_t JobStore::RecordRestart(const std::string& job_id, const std::string& ca
   if (e == nullptr) return -1;
   e->job.set_restarts(e->job.restarts() + 1);
   e->job.set_restarts_in_a_row(in_a_row);
+  // A fault in the middle of a recovery keeps the first fault's start.
+  if (e->job.recovering_since_unix_ms() == 0) e->job.set_recovering_since_unix_ms(NowMs());
   if (e->job.first_failure().empty()) e->job.set_first_failure(cause);
   e->job.set_not_before_unix_ms(not_before > absl::UnixEpoch() ? absl::ToUnixMillis(not_before)
                                                                : 0);

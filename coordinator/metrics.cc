@@ -187,6 +187,18 @@ void RenderJobs(ExpositionWriter& w, const MetricsSnapshot& s) {
            *v = static_cast<double>(j.job.peer_recoveries());
            return true;
          });
+  PerJob(w, s, "tandem_job_last_recovery_seconds", Type::kGauge,
+         "From the latest fault's detection to the first step the job completed after it.",
+         [](const JobMetrics& j, double* v) {
+           *v = j.job.last_recovery_seconds();
+           return j.job.restarts() > 0 && j.job.recovering_since_unix_ms() == 0;
+         });
+  PerJob(w, s, "tandem_job_recovery_seconds_total", Type::kCounter,
+         "Seconds from faults' detection to the first step completed after each.",
+         [](const JobMetrics& j, double* v) {
+           *v = j.job.recovery_seconds_total();
+           return true;
+         });
   PerJob(w, s, "tandem_job_steps_redone_total", Type::kCounter,
          "Steps trained again because a run ended after the state it resumed from.",
          [](const JobMetrics& j, double* v) {

@@ -106,6 +106,12 @@ json JobSummaryJson(const v1::Job& job) {
   j["micro_batches"] = p.micro_batches();
   j["micro_batch_size"] = p.micro_batch_size();
   j["model"] = job.spec().model().arch();
+  // Faults and resizes: restarts, changes of layout, steps trained again, and the runs that
+  // resumed from the state their workers kept (peer recovery).
+  j["restarts"] = job.restarts();
+  j["resizes"] = job.resizes_size();
+  j["steps_redone"] = job.steps_redone();
+  j["peer_recoveries"] = job.peer_recoveries();
   return j;
 }
 

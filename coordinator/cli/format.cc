@@ -249,6 +249,12 @@ std::string FormatJobDetails(const v1::Job& job) {
   if (job.restarts() > 0) {
     info.AddRow({"Restarts", absl::StrCat(job.restarts(), " of ", job.spec().max_restarts(),
                                           " after faults; first cause: ", job.first_failure())});
+    if (job.last_recovery_seconds() > 0) {
+      info.AddRow(
+          {"Recovery", absl::StrFormat("%.2f s from the latest fault to the next step; "
+                                       "%.2f s in all",
+                                       job.last_recovery_seconds(), job.recovery_seconds_total())});
+    }
   }
   if (job.steps_redone() > 0) {
     info.AddRow({"Redone", absl::StrCat(job.steps_redone(),

@@ -189,6 +189,10 @@ function renderJob(data) {
   stat(dl, 'bubble measured', last ? fmtPercent(last.bubble_measured) : '-');
   stat(dl, 'bubble predicted', last ? fmtPercent(last.bubble_predicted) : '-');
   stat(dl, 'bubble ideal', fmtPercent(j.bubble_fraction_ideal));
+  if (j.restarts > 0 || j.resizes > 0) {
+    stat(dl, 'recovery', j.restarts + ' restart(s), ' + j.resizes + ' resize(s), ' +
+         j.steps_redone + ' step(s) redone, ' + j.peer_recoveries + ' from kept state');
+  }
   stat(dl, 'schedule', j.schedule + ', ' + j.stages + ' stages' +
        (j.replicas > 1 ? ' x ' + j.replicas + ' replicas' : '') + ', ' +
        (j.replicas > 1 ? j.replicas + ' x ' : '') + j.micro_batches + ' x ' + j.micro_batch_size);

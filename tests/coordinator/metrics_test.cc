@@ -154,6 +154,7 @@ TEST_F(CoordinatorMetricsTest, EveryFamilyHasItsTypeHelpAndPrometheusName) {
       {"tandem_job_restarts_total", "counter"},
       {"tandem_job_resizes_total", "counter"},
       {"tandem_job_peer_recoveries_total", "counter"},
+      {"tandem_job_recovery_seconds_total", "counter"},
       {"tandem_job_steps_redone_total", "counter"},
       {"tandem_job_tokens_total", "counter"},
       {"tandem_job_tokens_per_second", "gauge"},
@@ -227,6 +228,21 @@ TEST_F(CoordinatorMetricsTest, RestartsResizesAndRedoneStepsAreCounted) {
   EXPECT_THAT(after.Value("tandem_job_peer_recoveries_total", job), Near(1.0));
   EXPECT_THAT(after.Value("tandem_job_steps_redone_total", job), Near(1.0));
   EXPECT_FALSE(store_->Get(running_)->has_peer_state()) << "consumed by the run that restored";
+
+  // The recovery time: from the restart to the first step completed after it.
+  EXPECT_FALSE(after.Value("tandem_job_last_recovery_seconds", job).has_value())
+      << "still recovering";
+  v1::StepSummary next;
+  next.set_step(2);
+  next.set_loss(4.0);
+  store_->RecordStep(running_, next);
+  const Exposition recovered = Scrape();
+  const std::optional<double> last = recovered.Value("tandem_job_last_recovery_seconds", job);
+  ASSERT_TRUE(last.has_value());
+  EXPECT_GE(*last, 0.0);
+  EXPECT_LT(*last, 60.0);
+  EXPECT_GE(recovered.Value("tandem_job_recovery_seconds_total", job).value_or(-1), *last);
+  EXPECT_EQ(store_->Get(running_)->recovering_since_unix_ms(), 0);
 }
 
 TEST_F(CoordinatorMetricsTest, JobCountersAndGaugesComeFromTheStore) {

@@ -139,8 +139,27 @@ TEST_F(WebHandlersTest, JobsListsEveryJobWithItsState) {
   EXPECT_EQ(j["jobs"][0]["has_loss"], true);
   EXPECT_EQ(j["jobs"][0]["last_val_loss"], 4.5);
   EXPECT_EQ(j["jobs"][0]["stages"], 2);
+  EXPECT_EQ(j["jobs"][0]["restarts"], 0);
+  EXPECT_EQ(j["jobs"][0]["resizes"], 0);
+  EXPECT_EQ(j["jobs"][0]["steps_redone"], 0);
+  EXPECT_EQ(j["jobs"][0]["peer_recoveries"], 0);
   EXPECT_EQ(j["jobs"][1]["state"], "QUEUED");
   EXPECT_EQ(j["jobs"][1]["has_loss"], false);
+}
+
+// A restart that resumed from the state its survivors kept after step 3 (index 2): shown with
+// nothing redone.
+TEST_F(WebHandlersTest, AJobShowsItsRestartsAndPeerRecoveries) {
+  v1::PeerState peers;
+  peers.set_step(2);
+  peers.add_holders()->set_address("127.0.0.1:1");
+  store_->RecordRestart(job_, "worker lost", absl::InfinitePast(), 1, &peers);
+  store_->RecordPeerRecovery(job_);
+  const json j = GetJson("/api/jobs/" + job_);
+  EXPECT_EQ(j["job"]["restarts"], 1);
+  EXPECT_EQ(j["job"]["steps_redone"], 0);
+  EXPECT_EQ(j["job"]["peer_recoveries"], 1);
+  EXPECT_EQ(j["job"]["steps_done"], 3);
 }
 
 TEST_F(WebHandlersTest, AJobHasItsSeriesStagesAndLatestStep) {
