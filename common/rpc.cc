@@ -7,8 +7,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/version.h"
+#include "tandem/v1/common.pb.h"
 
 namespace tandem {
+
+// The C++ servers and clients (kProtocolVersion) and the Python client
+// (PROTOCOL_VERSION_CURRENT) speak one protocol.
+static_assert(kProtocolVersion == static_cast<uint32_t>(v1::PROTOCOL_VERSION_CURRENT),
+              "common/version.h and proto/tandem/v1/common.proto disagree on the protocol");
 
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
