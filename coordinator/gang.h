@@ -14,7 +14,6 @@
 #ifndef TANDEM_COORDINATOR_GANG_H_
 #define TANDEM_COORDINATOR_GANG_H_
 
-#include <atomic>
 #include <functional>
 #include <memory>
 #include <optional>

@@ -290,6 +290,12 @@ TEST(JobRunnerTest, AFaultWithRestartsLeftRequeuesTheJob) {
   EXPECT_THAT(job.reason(), HasSubstr("failed after 1 restart(s); first cause: step 3: stage 1"));
 }
 
+// A worker that fails step 6 (index 5) and is gone: unreachable from then on.
+void DiesAtStep6(FakeWorker* w) {
+  w->fail_at_step = 5;
+  w->liveness_error = absl::UnavailableError("connection refused");
+}
+
 // Peer recovery: a 2 x 2 job (gang ranks: replica 0 = {0, 1}, replica 1 = {2, 3}).
 struct PeerRun {
   explicit PeerRun(RunnerFixture& f, int workers = 5) : f(f) {
@@ -338,10 +344,7 @@ TEST(JobRunnerTest, AFaultAReplicaCoversResumesFromTheSurvivorsWithNoStepRedone)
   f.env.options.restart_backoff = absl::ZeroDuration();
   // The first run's rank 3 (stage 1 of replica 1) fails step 6 and is gone.
   f.factory.configure = [](FakeWorker* w) {
-    if (w->rank_ == 3) {
-      w->fail_at_step = 5;
-      w->liveness_error = absl::UnavailableError("connection refused");
-    }
+    if (w->rank_ == 3) DiesAtStep6(w);
   };
   PeerRun run(f);
   v1::Job job = run.Run();
@@ -387,10 +390,7 @@ TEST(JobRunnerTest, AStageWithNoSurvivingReplicaResumesFromTheCheckpoint) {
   f.env.options.restart_backoff = absl::ZeroDuration();
   // Both replicas of stage 1 are gone.
   f.factory.configure = [](FakeWorker* w) {
-    if (w->rank_ == 1 || w->rank_ == 3) {
-      w->fail_at_step = 5;
-      w->liveness_error = absl::UnavailableError("connection refused");
-    }
+    if (w->rank_ == 1 || w->rank_ == 3) DiesAtStep6(w);
   };
   PeerRun run(f, 6);
   const v1::Job job = run.Run();
@@ -409,10 +409,7 @@ TEST(JobRunnerTest, APeerRestoreThatFailsFallsBackToTheCheckpoint) {
   RunnerFixture f;
   f.env.options.restart_backoff = absl::ZeroDuration();
   f.factory.configure = [](FakeWorker* w) {
-    if (w->rank_ == 3) {
-      w->fail_at_step = 5;
-      w->liveness_error = absl::UnavailableError("connection refused");
-    }
+    if (w->rank_ == 3) DiesAtStep6(w);
     if (w->rank_ == 5) {
       w->configure_error = absl::UnavailableError(
           "peer recovery of job j after step 5: 4 of 4 tensors held by none of the 3 workers");

@@ -68,6 +68,17 @@ class StageManagerTest : public ::testing::Test {
   gloo::rendezvous::HashStore store_;
 };
 
+// The update of `step` of job-1 (learning rate 0.01, unscaled), of `attempt`'s run.
+v1::ApplyStepRequest ApplyOf(int64_t step, int32_t attempt = 0) {
+  v1::ApplyStepRequest apply;
+  apply.set_job_id("job-1");
+  apply.set_step(step);
+  apply.set_learning_rate(0.01f);
+  apply.set_grad_scale(1.0f);
+  apply.set_attempt(attempt);
+  return apply;
+}
+
 v1::ProbeLinkRequest ProbeRequest(const std::string& prefix, int rank, int64_t timeout_ms) {
   v1::ProbeLinkRequest r;
   r.set_rendezvous_prefix(prefix);
@@ -375,38 +386,30 @@ TEST_F(StageManagerTest, RunStepAppliesTheFoldedUpdateFirst) {
   StageManager folded({}, Factory()), separate({}, Factory());
   ASSERT_TRUE(folded.Configure(programs[0]).ok());
   ASSERT_TRUE(separate.Configure(programs[0]).ok());
-  auto apply_of = [](int64_t step) {
-    v1::ApplyStepRequest apply;
-    apply.set_job_id("job-1");
-    apply.set_step(step);
-    apply.set_learning_rate(0.01f);
-    apply.set_grad_scale(1.0f);
-    return apply;
-  };
   std::vector<double> a, b;
   for (int step = 0; step < 3; ++step) {
-    const v1::ApplyStepRequest previous = apply_of(step - 1);
+    const v1::ApplyStepRequest previous = ApplyOf(step - 1);
     auto r = folded.RunStep("job-1", step, v1::STEP_MODE_TRAIN, 0, step > 0 ? &previous : nullptr);
     ASSERT_TRUE(r.ok()) << r.status();
     a.push_back(r->loss());
     auto q = separate.RunStep("job-1", step);
     ASSERT_TRUE(q.ok()) << q.status();
     b.push_back(q->loss());
-    ASSERT_TRUE(separate.ApplyStep(apply_of(step)).ok());
+    ASSERT_TRUE(separate.ApplyStep(ApplyOf(step)).ok());
   }
   EXPECT_EQ(a, b) << "the same updates, bit for bit";
   EXPECT_LT(a[2], a[0]);
   // Step 3 with step 2's update for another job, or for step 3 itself: refused, nothing runs.
-  v1::ApplyStepRequest wrong = apply_of(2);
+  v1::ApplyStepRequest wrong = ApplyOf(2);
   wrong.set_job_id("job-2");
   auto r = folded.RunStep("job-1", 3, v1::STEP_MODE_TRAIN, 0, &wrong);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
-  wrong = apply_of(3);
+  wrong = ApplyOf(3);
   r = folded.RunStep("job-1", 3, v1::STEP_MODE_TRAIN, 0, &wrong);
   EXPECT_THAT(std::string(r.status().message()),
               ::testing::HasSubstr("expected an earlier step of the same job"));
   // The pending update of step 2 is still there: a correct fold runs step 3.
-  const v1::ApplyStepRequest right = apply_of(2);
+  const v1::ApplyStepRequest right = ApplyOf(2);
   EXPECT_TRUE(folded.RunStep("job-1", 3, v1::STEP_MODE_TRAIN, 0, &right).ok());
   EXPECT_TRUE(folded.Abort("job-1", "test").ok());
   EXPECT_TRUE(separate.Abort("job-1", "test").ok());
@@ -460,14 +463,6 @@ TEST_F(StageManagerTest, LateOrRepeatedCallsAreRefused) {
 TEST_F(StageManagerTest, AnAbortedWorkerKeepsItsStateForTheNextRunsPeers) {
   const v1::JobSpec spec = TinyJob();
   const v1::StageProgram program = MakePrograms(spec, 1, "1f1b")[0];
-  auto apply_of = [](int64_t step) {
-    v1::ApplyStepRequest apply;
-    apply.set_job_id("job-1");
-    apply.set_step(step);
-    apply.set_learning_rate(0.01f);
-    apply.set_grad_scale(1.0f);
-    return apply;
-  };
   // The fault-free run: steps 0..4.
   StageManager reference({}, Factory());
   ASSERT_TRUE(reference.Configure(program).ok());
@@ -476,7 +471,7 @@ TEST_F(StageManagerTest, AnAbortedWorkerKeepsItsStateForTheNextRunsPeers) {
     auto r = reference.RunStep("job-1", step);
     ASSERT_TRUE(r.ok()) << r.status();
     losses.push_back(r->loss());
-    ASSERT_TRUE(reference.ApplyStep(apply_of(step)).ok());
+    ASSERT_TRUE(reference.ApplyStep(ApplyOf(step)).ok());
   }
   // The keeper trains steps 0..2, runs step 3 (in flight: its gradients never applied) and is
   // aborted keeping its state after step 2. A worker whose state is another step keeps none.
@@ -485,7 +480,7 @@ TEST_F(StageManagerTest, AnAbortedWorkerKeepsItsStateForTheNextRunsPeers) {
   ASSERT_TRUE(other.Configure(program).ok());
   for (int step = 0; step < 3; ++step) {
     ASSERT_TRUE(keeper.RunStep("job-1", step).ok());
-    ASSERT_TRUE(keeper.ApplyStep(apply_of(step)).ok());
+    ASSERT_TRUE(keeper.ApplyStep(ApplyOf(step)).ok());
   }
   ASSERT_TRUE(keeper.RunStep("job-1", 3).ok());
   ASSERT_TRUE(keeper.Abort("job-1", "a peer died", /*retain_step=*/2).ok());
@@ -509,9 +504,9 @@ TEST_F(StageManagerTest, AnAbortedWorkerKeepsItsStateForTheNextRunsPeers) {
   ASSERT_TRUE(late.Configure(program).ok());
   for (int step = 0; step < 3; ++step) {
     ASSERT_TRUE(late.RunStep("job-1", step).ok());
-    if (step < 2) ASSERT_TRUE(late.ApplyStep(apply_of(step)).ok());
+    if (step < 2) ASSERT_TRUE(late.ApplyStep(ApplyOf(step)).ok());
   }
-  const v1::ApplyStepRequest update = apply_of(2);
+  const v1::ApplyStepRequest update = ApplyOf(2);
   ASSERT_TRUE(late.Abort("job-1", "a peer died", /*retain_step=*/2, &update).ok());
   auto bytes_of = [&](StageManager& m) {
     std::string bytes;
@@ -566,8 +561,7 @@ TEST_F(StageManagerTest, AnAbortedWorkerKeepsItsStateForTheNextRunsPeers) {
     ASSERT_TRUE(b.ok()) << b.status();
     EXPECT_EQ(a->loss(), losses[step]) << "step " << step << ": bit for bit the unbroken run's";
     EXPECT_EQ(b->loss(), losses[step]) << "step " << step;
-    v1::ApplyStepRequest apply = apply_of(step);
-    apply.set_attempt(1);
+    const v1::ApplyStepRequest apply = ApplyOf(step, /*attempt=*/1);
     ASSERT_TRUE(replacement.ApplyStep(apply).ok());
     ASSERT_TRUE(keeper.ApplyStep(apply).ok());
   }
