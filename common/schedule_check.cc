@@ -338,8 +338,9 @@ class Validator {
 double ComputeCost(const ActionCosts& c, ActionKind kind) {
   switch (kind) {
     case v1::ACTION_F:
-    case v1::ACTION_R:  // the same forward again
       return c.forward;
+    case v1::ACTION_R:
+      return c.recompute >= 0 ? c.recompute : c.forward;
     case v1::ACTION_B:
       return c.backward;
     case v1::ACTION_I:

@@ -50,13 +50,16 @@ struct ActionCosts {
   // The stage's gradient reduction across its data-parallel group (REDUCE_GRAD), from its
   // start; 0 without data parallelism.
   double reduce = 0.0;
-  // An R (recompute) costs `forward`. Memory, for peak_activation_bytes (in any unit; the
-  // defaults count micro-batches): what one micro-batch's forward of the stage keeps for its
-  // backward (activation_bytes); what a recomputed micro-batch keeps between its F and its R
-  // (input_bytes: its layers' inputs, the per-layer checkpoints); and the largest working set
-  // of one layer of the stage (layer_bytes), which a backward that recomputes layer by layer
-  // (an R right before it: RecomputeAtBackward) holds beside the checkpoints. An R placed
-  // earlier brings the activations back from the R to the backward.
+  // An R (recompute): its context again without the output, somewhat less than a forward;
+  // below 0 (the default): `forward`.
+  double recompute = -1.0;
+  // Memory, for peak_activation_bytes (in any unit; the defaults count micro-batches): what one
+  // micro-batch's forward of the stage keeps for its backward (activation_bytes); what a recomputed
+  // micro-batch keeps between its F and its R (input_bytes: its layers' inputs, the per-layer
+  // checkpoints); and the largest working set of one layer of the stage (layer_bytes), which a
+  // backward that recomputes layer by layer (an R right before it: RecomputeAtBackward) holds
+  // beside the checkpoints. An R placed earlier brings the activations back from the R to the
+  // backward.
   double activation_bytes = 1.0;
   double input_bytes = 0.0;
   double layer_bytes = 0.0;

@@ -18,15 +18,17 @@ absl::StatusOr<StepProfile> ProfileStep(const Schedule& lowered,
   StepProfile out;
   out.busy_seconds.assign(p, 0.0);
   out.exec_seconds.assign(p, 0.0);
-  // Sums and counts per stage and kind: F, B, I, W.
-  std::vector<std::array<double, 4>> sum(s, {0, 0, 0, 0});
-  std::vector<std::array<int, 4>> count(s, {0, 0, 0, 0});
+  // Sums and counts per stage and kind: F, B, I, W, R. An R just before its backward is
+  // nearly free as timed (it arms the backward, which recomputes layer by layer), and that
+  // backward then costs more: each keeps what it measured, so the replay sums the same time.
+  std::vector<std::array<double, 5>> sum(s, {0, 0, 0, 0, 0});
+  std::vector<std::array<int, 5>> count(s, {0, 0, 0, 0, 0});
   auto slot = [](v1::ActionKind k) {
-    // An R (recompute) is a forward again: it counts toward the stage's forward cost.
-    return k == v1::ACTION_F || k == v1::ACTION_R ? 0
-           : k == v1::ACTION_B                    ? 1
-           : k == v1::ACTION_I                    ? 2
-                                                  : 3;
+    return k == v1::ACTION_F   ? 0
+           : k == v1::ACTION_B ? 1
+           : k == v1::ACTION_I ? 2
+           : k == v1::ACTION_W ? 3
+                               : 4;
   };
   for (int r = 0; r < p; ++r) {
     const v1::StepReport& rep = *reports[r];
@@ -59,6 +61,7 @@ absl::StatusOr<StepProfile> ProfileStep(const Schedule& lowered,
     c.backward = mean(1);
     c.backward_input = mean(2);
     c.backward_weight = mean(3);
+    c.recompute = count[st][4] > 0 ? mean(4) : -1.0;
     c.transfer = 0.0;
   }
   ASSIGN_OR_RETURN(SimulationResult sim, SimulateSchedule(lowered, ActionCosts{}, out.stage_costs));

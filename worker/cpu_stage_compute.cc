@@ -144,14 +144,13 @@ absl::Status CpuStageCompute::Recompute(int chunk, int mb, const MicroBatchData&
     cp.data = data;
     return absl::OkStatus();
   }
-  // Every layer's forward again with saving, from its own checkpoint (what the F without
-  // saving would have saved), each checkpoint released once its layer has run.
+  // Every layer's context again, from its own checkpoint (what the F without saving would
+  // have saved; no layer's output is needed), each checkpoint released once its layer has run.
   const auto& layers = chunks_[chunk];
   std::vector<SavedContext>& saved = Saved(chunk, mb);
   saved.assign(layers.size(), SavedContext{});
-  Tensor y;
   for (size_t l = 0; l < layers.size(); ++l) {
-    RETURN_IF_ERROR(layers[l]->Forward(cp.inputs[l], data, saved[l], y));
+    RETURN_IF_ERROR(layers[l]->RecomputeContext(cp.inputs[l], data, saved[l]));
     last_call_peak_ = std::max(last_call_peak_, SavedBytes(chunk, mb));
     cp.inputs[l] = Tensor{};
   }
@@ -166,10 +165,8 @@ absl::Status CpuStageCompute::RecomputingBackward(int chunk, int mb, bool split,
   std::vector<SavedContext>& saved = Saved(chunk, mb);
   saved.assign(layers.size(), SavedContext{});
   Tensor gin;
-  Tensor y;
   for (size_t l = layers.size(); l-- > 0;) {
-    RETURN_IF_ERROR(layers[l]->Forward(cp.inputs[l], cp.data, saved[l], y));
-    y = Tensor{};
+    RETURN_IF_ERROR(layers[l]->RecomputeContext(cp.inputs[l], cp.data, saved[l]));
     cp.inputs[l] = Tensor{};
     last_call_peak_ = std::max(last_call_peak_, SavedBytes(chunk, mb));
     RETURN_IF_ERROR(split ? layers[l]->BackwardInput(g, saved[l], gin)

@@ -160,15 +160,17 @@ std::vector<int64_t> ActivationShape(const ProfileRequest& r) {
 
 // The timed repeats of one layer: its passes (forward, backward, I, W) and its applies.
 struct Timings {
-  std::vector<double> fwd, bwd, in, wt, apply;
+  std::vector<double> fwd, bwd, in, wt, rec, apply;
   double timed = 0.0;  // seconds spent in timed passes so far
 
-  void AddPass(double f, double b, double i, double w) {
-    timed += f + b + i + w;
+  // `r` < 0: the recomputation was not timed.
+  void AddPass(double f, double b, double i, double w, double r = -1.0) {
+    timed += f + b + i + w + std::max(0.0, r);
     fwd.push_back(f);
     bwd.push_back(b);
     in.push_back(i);
     wt.push_back(w);
+    if (r >= 0) rec.push_back(r);
   }
   // The medians into `p`.
   void Report(v1::LayerProfile& p) const {
@@ -177,6 +179,7 @@ struct Timings {
     p.set_backward_seconds(Median(bwd));
     p.set_backward_input_seconds(Median(in));
     p.set_backward_weight_seconds(Median(wt));
+    if (!rec.empty()) p.set_recompute_seconds(Median(rec));
   }
 };
 
@@ -233,7 +236,12 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& s
       cold.Flush();
       const double ww = Seconds([&] { s = layer.BackwardWeight(ctx); });
       RETURN_IF_ERROR(s);
-      if (rep > 0) times.AddPass(f, bb, ii, ww);  // the first is a warm-up
+      // The recomputation before a backward (pipeline.recompute full): the context again.
+      SavedContext again;
+      cold.Flush();
+      const double rr = Seconds([&] { s = layer.RecomputeContext(x, data, again); });
+      RETURN_IF_ERROR(s);
+      if (rep > 0) times.AddPass(f, bb, ii, ww, rr);  // the first is a warm-up
     }
     // The once-per-step phase: the gradient-norm pass over the layer's gradients and the
     // optimizer update (which also zeroes them).

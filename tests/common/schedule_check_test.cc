@@ -771,5 +771,21 @@ TEST(SimulateProgramTest, OneFOneBPeakMemoryWithFullRecomputationIsTheHandCount)
   }
 }
 
+// An R costs its stage's `recompute` where given (a recomputation skips the output's work)
+// and the forward otherwise: 1F1B with an R before every B, on equal stages, steps in
+// (M + P - 1) x (F + R + B).
+TEST(SimulateProgramTest, AnRCostsTheStagesRecomputeOrElseItsForward) {
+  const int p = 2, m = 4;
+  const Schedule recomputed = AddRecomputation(Lowered("1f1b", p, m));
+  ActionCosts costs;  // F 1, B 2, R: the forward
+  const double as_forward = Simulate(recomputed, costs).step_time;
+  costs.recompute = 0.5;
+  const double cheaper = Simulate(recomputed, costs).step_time;
+  costs.recompute = 1.0;
+  EXPECT_DOUBLE_EQ(Simulate(recomputed, costs).step_time, as_forward);
+  EXPECT_DOUBLE_EQ(as_forward, (m + p - 1) * (1.0 + 1.0 + 2.0));
+  EXPECT_DOUBLE_EQ(cheaper, (m + p - 1) * (1.0 + 0.5 + 2.0));
+}
+
 }  // namespace
 }  // namespace tandem

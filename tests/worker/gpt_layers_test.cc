@@ -45,6 +45,7 @@ v1::ModelSpec TinyGpt(bool tied = true) {
 GptConfig TinyConfig(bool tied = true) { return *GptConfigFromSpec(TinyGpt(tied)); }
 
 using testing::ExpectBitIdenticalBackwards;
+using testing::ExpectRecomputedContextIsForwards;
 using testing::Perturb;
 using testing::RandomTensor;
 using testing::RunSameForwards;
@@ -179,6 +180,25 @@ TEST_F(GptLayersTest, SelectiveRecomputationKeepsLessAndIsBitIdentical) {
   GptBlock checked(selective_cfg, 0, 7);
   Perturb(checked, 2);
   GradCheck(checked, RandomTensor({kB, kT, kC}, 3), MicroBatchData{}, true);
+}
+
+// Full recomputation's RecomputeContext skips the block's last GEMM and residual add but
+// leaves exactly the context of Forward, with and without selective recomputation; the
+// embedding and the head recompute through Forward.
+TEST_F(GptLayersTest, RecomputedContextIsTheForwardsBitForBit) {
+  GptConfig cfg = TinyConfig();
+  for (bool selective : {false, true}) {
+    cfg.selective_recompute = selective;
+    GptBlock block(cfg, 0, 7);
+    Perturb(block, 2);
+    ExpectRecomputedContextIsForwards(block, RandomTensor({kB, kT, kC}, 3));
+  }
+  GptHead head(cfg, 7);
+  IntTensor targets({kB, kT});
+  for (size_t i = 0; i < targets.size(); ++i) targets[i] = static_cast<int32_t>(i % cfg.vocab);
+  MicroBatchData data;
+  data.targets = &targets;
+  ExpectRecomputedContextIsForwards(head, RandomTensor({kB, kT, kC}, 5), data);
 }
 
 // ---- kernels against double-precision references

@@ -57,6 +57,26 @@ inline void RunSameForwards(Layer& plain, SavedContext& a, Layer& other, SavedCo
   EXPECT_EQ(ya.vec(), yb.vec());
 }
 
+// What the recomputation before a backward leaves: `layer`'s RecomputeContext of `x` must
+// fill the context Forward fills, tensor for tensor and bit for bit.
+inline void ExpectRecomputedContextIsForwards(Layer& layer, const Tensor& x,
+                                              const MicroBatchData& data = MicroBatchData{}) {
+  SavedContext forward, recomputed;
+  Tensor y;
+  ASSERT_TRUE(layer.Forward(x, data, forward, y).ok()) << layer.name();
+  ASSERT_TRUE(layer.RecomputeContext(x, data, recomputed).ok()) << layer.name();
+  ASSERT_EQ(forward.tensors.size(), recomputed.tensors.size()) << layer.name();
+  ASSERT_EQ(forward.ints.size(), recomputed.ints.size()) << layer.name();
+  for (size_t i = 0; i < forward.tensors.size(); ++i) {
+    EXPECT_EQ(forward.tensors[i].shape(), recomputed.tensors[i].shape())
+        << layer.name() << " " << i;
+    EXPECT_EQ(forward.tensors[i].vec(), recomputed.tensors[i].vec()) << layer.name() << " " << i;
+  }
+  for (size_t i = 0; i < forward.ints.size(); ++i) {
+    EXPECT_EQ(forward.ints[i].vec(), recomputed.ints[i].vec()) << layer.name() << " int " << i;
+  }
+}
+
 // Runs `dout` back through `plain` (B), `other` (B) and `split` (I then W), each from the
 // context its own forward filled, and expects what a recomputing variant must give: split's
 // context empty after W, and the input gradient and every parameter gradient of `other` and

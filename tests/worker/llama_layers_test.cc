@@ -54,6 +54,7 @@ LlamaConfig TinyConfig(int64_t n_kv_head = 2, bool tied = false) {
 }
 
 using testing::ExpectBitIdenticalBackwards;
+using testing::ExpectRecomputedContextIsForwards;
 using testing::Perturb;
 using testing::RandomTensor;
 using testing::RunSameForwards;
@@ -183,6 +184,18 @@ TEST_F(LlamaLayersTest, SelectiveRecomputationKeepsLessAndIsBitIdentical) {
   EXPECT_EQ(b.Bytes(), kept);
   EXPECT_EQ(a.Bytes(), kept + static_cast<size_t>(n * kNh * kT) * sizeof(float));
   ExpectBitIdenticalBackwards(plain, a, full, b, split, c, dout);
+}
+
+// Full recomputation's RecomputeContext skips down_proj and the residual add but leaves
+// exactly Forward's context, with and without selective recomputation (and GQA).
+TEST_F(LlamaLayersTest, RecomputedContextIsTheForwardsBitForBit) {
+  LlamaConfig cfg = TinyConfig(/*n_kv_head=*/2);
+  for (bool selective : {false, true}) {
+    cfg.selective_recompute = selective;
+    LlamaBlock block(cfg, 0, 7);
+    Perturb(block, 2);
+    ExpectRecomputedContextIsForwards(block, RandomTensor({kB, kT, kC}, 3));
+  }
 }
 
 TEST_F(LlamaLayersTest, BlockIsCausal) {

@@ -215,6 +215,7 @@ TEST_F(StageManagerTest, ProfileLayersMeasuresAndRefusesWhileBusy) {
     EXPECT_GT(p.backward_seconds(), 0.0) << p.layer();
     EXPECT_GT(p.activation_bytes(), 0) << p.layer();
     EXPECT_GT(p.apply_seconds(), 0.0) << p.layer();
+    EXPECT_GT(p.recompute_seconds(), 0.0) << p.layer();  // RecomputeContext, timed
   }
   EXPECT_EQ((*profile)[1].output_bytes(), 8 * 8 * 16 * 4);  // (B, T, C) fp32
   EXPECT_EQ(w.ProfileLayers(spec, {7}, 1).status().code(), absl::StatusCode::kInvalidArgument);

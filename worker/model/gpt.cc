@@ -213,8 +213,17 @@ GptBlock::GptBlock(const GptConfig& cfg, int block_index, uint64_t seed)
   InitNormal(rng, mlp_proj_w_, proj_std);
 }
 
-absl::Status GptBlock::Forward(const Tensor& input, const MicroBatchData& data, SavedContext& ctx,
-                               Tensor& output) {
+absl::Status GptBlock::Forward(const Tensor& input, const MicroBatchData& /*data*/,
+                               SavedContext& ctx, Tensor& output) {
+  return Run(input, ctx, &output);
+}
+
+absl::Status GptBlock::RecomputeContext(const Tensor& input, const MicroBatchData& /*data*/,
+                                        SavedContext& ctx) {
+  return Run(input, ctx, nullptr);
+}
+
+absl::Status GptBlock::Run(const Tensor& input, SavedContext& ctx, Tensor* output) {
   const int64_t c = cfg_.d_model, h = cfg_.d_hidden, nh = cfg_.n_head;
   RETURN_IF_ERROR(CheckActivation(name_, "input", input, std::numeric_limits<int32_t>::max(), c));
   const int64_t b = input.dim(0), t = input.dim(1), n = b * t;
@@ -234,10 +243,12 @@ absl::Status GptBlock::Forward(const Tensor& input, const MicroBatchData& data, 
                             mean2.data(), rstd2.data(), n, c);
   kernels::LinearForward(ln2.data(), fc_w_.value.data(), fc_b_.value.data(), pre.data(), n, c, h);
   kernels::GeluForwardFast(pre.data(), act.data(), n * h);
-  output.Reset({b, t, c});
-  kernels::LinearForward(act.data(), mlp_proj_w_.value.data(), mlp_proj_b_.value.data(),
-                         output.data(), n, h, c);
-  kernels::Add(output.data(), x1.data(), output.data(), n * c);
+  if (output != nullptr) {
+    output->Reset({b, t, c});
+    kernels::LinearForward(act.data(), mlp_proj_w_.value.data(), mlp_proj_b_.value.data(),
+                           output->data(), n, h, c);
+    kernels::Add(output->data(), x1.data(), output->data(), n * c);
+  }
 
   if (cfg_.selective_recompute) {
     att.Clear();

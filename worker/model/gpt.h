@@ -98,6 +98,10 @@ class GptBlock final : public Layer {
   // input (B, T, C) -> output (B, T, C); the attention is causal along T.
   absl::Status Forward(const Tensor& input, const MicroBatchData& data, SavedContext& ctx,
                        Tensor& output) override;
+  // Forward without its last GEMM and residual add (mlp.c_proj's, down_proj's), which
+  // only the output needs.
+  absl::Status RecomputeContext(const Tensor& input, const MicroBatchData& data,
+                                SavedContext& ctx) override;
   absl::Status Backward(const Tensor& grad_output, const SavedContext& ctx,
                         Tensor& grad_input) override;
   // I: the input gradient and the norms' gains and biases; W: the four linears' weights and
@@ -111,6 +115,8 @@ class GptBlock final : public Layer {
   }
 
  private:
+  // Forward's arithmetic; output null skips the last GEMM and residual add.
+  absl::Status Run(const Tensor& input, SavedContext& ctx, Tensor* output);
   absl::Status InputGradients(const Tensor& grad_output, const SavedContext& ctx,
                               Tensor& grad_input, std::vector<Tensor>& douts);
   void WeightGradients(const std::vector<Tensor>& saved, const Tensor* douts);

@@ -90,6 +90,16 @@ class Layer {
   // INVALID_ARGUMENT on a shape mismatch or an out-of-range token.
   virtual absl::Status Forward(const Tensor& input, const MicroBatchData& data, SavedContext& ctx,
                                Tensor& output) = 0;
+  // Fills ctx as Forward does for the same input and data, without the output: the
+  // recomputation of a layer just before its backward (pipeline.recompute full) needs only
+  // the context. ctx ends bit for bit as Forward leaves it; a layer may skip the work only
+  // the output needs (a block's last GEMM and residual add, about a quarter of its forward).
+  // The default runs Forward and drops the output.
+  virtual absl::Status RecomputeContext(const Tensor& input, const MicroBatchData& data,
+                                        SavedContext& ctx) {
+    Tensor output;
+    return Forward(input, data, ctx, output);
+  }
   // Given d loss / d output, writes d loss / d input into grad_input (reallocated) and adds
   // the parameter gradients. ctx must be the one Forward filled for the same micro-batch.
   virtual absl::Status Backward(const Tensor& grad_output, const SavedContext& ctx,

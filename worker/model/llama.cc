@@ -216,8 +216,17 @@ LlamaBlock::LlamaBlock(const LlamaConfig& cfg, int block_index, uint64_t seed)
   InitNormal(rng, down_w_, proj_std);
 }
 
-absl::Status LlamaBlock::Forward(const Tensor& input, const MicroBatchData& data, SavedContext& ctx,
-                                 Tensor& output) {
+absl::Status LlamaBlock::Forward(const Tensor& input, const MicroBatchData& /*data*/,
+                                 SavedContext& ctx, Tensor& output) {
+  return Run(input, ctx, &output);
+}
+
+absl::Status LlamaBlock::RecomputeContext(const Tensor& input, const MicroBatchData& /*data*/,
+                                          SavedContext& ctx) {
+  return Run(input, ctx, nullptr);
+}
+
+absl::Status LlamaBlock::Run(const Tensor& input, SavedContext& ctx, Tensor* output) {
   const int64_t c = cfg_.d_model, h = cfg_.d_hidden, nh = cfg_.n_head, kv = cfg_.n_kv_head;
   const int64_t kvd = kv * hd_;
   const float eps = static_cast<float>(cfg_.rms_eps);
@@ -241,9 +250,11 @@ absl::Status LlamaBlock::Forward(const Tensor& input, const MicroBatchData& data
   kernels::LinearForward(xn2.data(), gate_w_.value.data(), nullptr, gate.data(), n, c, h);
   kernels::LinearForward(xn2.data(), up_w_.value.data(), nullptr, up.data(), n, c, h);
   kernels::SwiGluForwardFast(gate.data(), up.data(), act.data(), n * h);
-  output.Reset({b, t, c});
-  kernels::LinearForward(act.data(), down_w_.value.data(), nullptr, output.data(), n, h, c);
-  kernels::Add(output.data(), x1.data(), output.data(), n * c);
+  if (output != nullptr) {
+    output->Reset({b, t, c});
+    kernels::LinearForward(act.data(), down_w_.value.data(), nullptr, output->data(), n, h, c);
+    kernels::Add(output->data(), x1.data(), output->data(), n * c);
+  }
 
   if (cfg_.selective_recompute) att.Clear();
   ctx.tensors.reserve(kNumBlockSaved);

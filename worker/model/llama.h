@@ -117,6 +117,10 @@ class LlamaBlock final : public Layer {
   // T and token t is rotated by position t.
   absl::Status Forward(const Tensor& input, const MicroBatchData& data, SavedContext& ctx,
                        Tensor& output) override;
+  // Forward without its last GEMM and residual add (mlp.c_proj's, down_proj's), which
+  // only the output needs.
+  absl::Status RecomputeContext(const Tensor& input, const MicroBatchData& data,
+                                SavedContext& ctx) override;
   absl::Status Backward(const Tensor& grad_output, const SavedContext& ctx,
                         Tensor& grad_input) override;
   // I: the input gradient and the norms' gains; W: the seven linears' weights (the GEMMs
@@ -129,6 +133,8 @@ class LlamaBlock final : public Layer {
   }
 
  private:
+  // Forward's arithmetic; output null skips the last GEMM and residual add.
+  absl::Status Run(const Tensor& input, SavedContext& ctx, Tensor* output);
   absl::Status InputGradients(const Tensor& grad_output, const SavedContext& ctx,
                               Tensor& grad_input, std::vector<Tensor>& wpass);
   void WeightGradients(const std::vector<Tensor>& saved, const Tensor* wpass);
