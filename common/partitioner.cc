@@ -53,10 +53,6 @@ class Costs {
           absl::StrCat("partition: memory_budget_bytes must be >= 0 (0 = unlimited), got ",
                        problem.memory_budget_bytes));
     }
-    if (problem.working_set_bytes < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "partition: working_set_bytes must be >= 0, got ", problem.working_set_bytes));
-    }
     if (!problem.live_micro_batches.empty() &&
         static_cast<int>(problem.live_micro_batches.size()) != p) {
       return absl::InvalidArgumentError(
@@ -80,18 +76,23 @@ class Costs {
     c.seconds_.assign(n + 1, 0.0);
     c.static_.assign(n + 1, 0);
     c.activation_.assign(n + 1, 0);
+    c.output_.assign(n, 0);
+    c.working_set_.assign(n, 0);
     for (size_t l = 0; l < n; ++l) {
       const LayerCost& lc = problem.layers[l];
       if (!std::isfinite(lc.seconds) || lc.seconds < 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             "partition: layer ", l, " seconds must be finite and >= 0, got ", lc.seconds));
       }
-      if (lc.static_bytes < 0 || lc.activation_bytes < 0) {
+      if (lc.static_bytes < 0 || lc.activation_bytes < 0 || lc.output_bytes < 0 ||
+          lc.working_set_bytes < 0) {
         return absl::InvalidArgumentError(
             absl::StrCat("partition: layer ", l, " bytes must be >= 0, got static ",
                          lc.static_bytes, " and activation ", lc.activation_bytes));
       }
       c.seconds_[l + 1] = c.seconds_[l] + lc.seconds;
+      c.output_[l] = std::min<int64_t>(lc.output_bytes, int64_t{1} << 50);
+      c.working_set_[l] = std::min<int64_t>(lc.working_set_bytes, int64_t{1} << 50);
       if (__builtin_add_overflow(c.static_[l], lc.static_bytes, &c.static_[l + 1]) ||
           __builtin_add_overflow(c.activation_[l], lc.activation_bytes, &c.activation_[l + 1])) {
         return absl::InvalidArgumentError("partition: the layers' total bytes overflow int64");
@@ -101,7 +102,8 @@ class Costs {
     int64_t live_bytes = 0, total_bytes = 0;
     if (__builtin_mul_overflow(max_live, c.activation_[n], &live_bytes) ||
         __builtin_add_overflow(live_bytes, c.static_[n], &total_bytes) ||
-        __builtin_add_overflow(total_bytes, problem.working_set_bytes, &total_bytes)) {
+        // one working set and two messages
+        __builtin_add_overflow(total_bytes, int64_t{3} << 50, &total_bytes)) {
       return absl::InvalidArgumentError(
           "partition: static plus live activation bytes overflow int64");
     }
@@ -130,8 +132,20 @@ class Costs {
   int64_t StaticBytes(int i, int j) const { return static_[j] - static_[i]; }
   int64_t ActivationBytes(int i, int j) const { return activation_[j] - activation_[i]; }
   int Live(int s) const { return live_[s]; }
+  // Two messages at the stage's cuts (the larger cut's), when it has a neighbour.
+  int64_t BufferBytes(int s, int i, int j) const {
+    if (Transfers(s) == 0) return 0;
+    return 2 * std::max(i > 0 ? output_[i - 1] : 0, j > i ? output_[j - 1] : 0);
+  }
+  // The largest working set of the stage's layers.
+  int64_t WorkingSetBytes(int i, int j) const {
+    int64_t most = 0;
+    for (int l = i; l < j; ++l) most = std::max(most, working_set_[l]);
+    return most;
+  }
   int64_t StageBytes(int s, int i, int j) const {
-    return StaticBytes(i, j) + live_[s] * ActivationBytes(i, j) + problem_->working_set_bytes;
+    return StaticBytes(i, j) + live_[s] * ActivationBytes(i, j) + WorkingSetBytes(i, j) +
+           BufferBytes(s, i, j);
   }
 
   // "stage 1 (layers [2, 6)) needs 22 bytes (12 static + 2 x 5 activation)".
@@ -140,8 +154,11 @@ class Costs {
                         StageBytes(s, r.begin, r.end), " bytes (", StaticBytes(r.begin, r.end),
                         " static + ", Live(s), " x ", ActivationBytes(r.begin, r.end),
                         " activation",
-                        problem_->working_set_bytes > 0
-                            ? absl::StrCat(" + ", problem_->working_set_bytes, " working set")
+                        WorkingSetBytes(r.begin, r.end) > 0
+                            ? absl::StrCat(" + ", WorkingSetBytes(r.begin, r.end), " working set")
+                            : "",
+                        BufferBytes(s, r.begin, r.end) > 0
+                            ? absl::StrCat(" + ", BufferBytes(s, r.begin, r.end), " messages")
                             : "",
                         ")");
   }
@@ -162,6 +179,8 @@ class Costs {
   std::vector<int> live_;
   std::vector<double> seconds_;  // prefix sums: seconds_[l] = layers [0, l)
   std::vector<int64_t> static_;
+  std::vector<int64_t> output_;       // per layer
+  std::vector<int64_t> working_set_;  // per layer
   std::vector<int64_t> activation_;
 };
 

@@ -19,6 +19,16 @@ struct LayerCost {
   double seconds = 0.0;          // forward + backward of one micro-batch
   int64_t static_bytes = 0;      // parameters + gradients + optimizer state
   int64_t activation_bytes = 0;  // what one micro-batch keeps between F and its backward
+  // The activation it hands the next layer (0 for the loss layer). A stage with a neighbour
+  // holds two micro-batch messages at its peak beside its saved activations (a received
+  // input or gradient and an output waiting to be sent), each the size of the message at its
+  // cut.
+  int64_t output_bytes = 0;
+  // Held once beside the live micro-batches' activations by a stage that recomputes: where
+  // the layer's activation_bytes is only its input (the checkpoint), the working set its
+  // backward holds while it recomputes it (the layer's whole activations). A stage holds its
+  // largest layer's; 0 without recomputation.
+  int64_t working_set_bytes = 0;
 };
 
 struct PartitionProblem {
@@ -30,14 +40,9 @@ struct PartitionProblem {
   // Per stage: how many micro-batches of activations the schedule keeps alive at its peak
   // (1F1B: P - s; GPipe: M). Empty = 1 for every stage.
   std::vector<int> live_micro_batches;
-  // Bytes a worker may use for its stage (static + live x activation + working set);
-  // 0 = unlimited.
+  // Bytes a worker may use for its stage (static + live x activation + working set +
+  // messages); 0 = unlimited.
   int64_t memory_budget_bytes = 0;
-  // Bytes every stage holds once beside its live micro-batches' activations: with
-  // recomputation, where a layer's activation_bytes is only its input (the checkpoint), the
-  // working set of one layer that a backward recomputing layer by layer holds (the model's
-  // largest, an upper bound for every stage); 0 without.
-  int64_t working_set_bytes = 0;
 };
 
 struct Partition {

@@ -23,6 +23,12 @@ absl::StatusOr<Schedule> ScheduleForSpec(const v1::JobSpec& spec) {
 
 namespace {
 
+// The recomputation of a layer before its backward: measured, or (a profile without it) its
+// forward.
+double RecomputeSeconds(const v1::LayerProfile& p) {
+  return p.recompute_seconds() > 0 ? p.recompute_seconds() : p.forward_seconds();
+}
+
 // What recomputation keeps of global layer g per micro-batch: its input, the previous layer's
 // output (the embedding's: the micro-batch's int32 tokens).
 int64_t LayerInputBytes(const v1::JobSpec& spec, const v1::ModelProfile& profile, int g) {
@@ -35,12 +41,13 @@ int64_t LayerInputBytes(const v1::JobSpec& spec, const v1::ModelProfile& profile
 
 // The partition problem of a plan: per-layer costs (the profile's, or parameter counts for
 // `parameters`), the schedule's live micro-batches per stage, and the budget.
+// `recomputed`: per global layer, whether its stage recomputes (empty: none does).
 PartitionProblem ProblemFor(const v1::JobSpec& spec, const Schedule& lowered,
-                            const v1::ModelProfile* profile, bool by_parameters) {
+                            const v1::ModelProfile* profile, bool by_parameters,
+                            const std::vector<bool>& recomputed) {
   PartitionProblem problem;
   problem.num_stages = lowered.placement.num_stages();
   const std::vector<int64_t> params = LayerParameterCounts(spec.model());
-  const bool recompute = spec.pipeline().recompute() == "full";
   for (size_t g = 0; g < params.size(); ++g) {
     LayerCost c;
     if (profile != nullptr && static_cast<int>(g) < profile->layers_size()) {
@@ -48,12 +55,13 @@ PartitionProblem ProblemFor(const v1::JobSpec& spec, const Schedule& lowered,
       c.seconds = p.forward_seconds() + p.backward_seconds();
       c.static_bytes = p.static_bytes();
       c.activation_bytes = p.activation_bytes();
-      if (recompute) {
-        // The forward again (R), and only the layer's input kept per micro-batch; the
+      c.output_bytes = p.output_bytes();
+      if (g < recomputed.size() && recomputed[g]) {
+        // The recomputation (R), and only the layer's input kept per micro-batch; the
         // backward holds one layer's working set beside them.
-        c.seconds += p.forward_seconds();
+        c.seconds += RecomputeSeconds(p);
         c.activation_bytes = LayerInputBytes(spec, *profile, static_cast<int>(g));
-        problem.working_set_bytes = std::max(problem.working_set_bytes, p.activation_bytes());
+        c.working_set_bytes = p.activation_bytes();
       }
     } else {
       c.static_bytes = params[g] * 16;  // fp32 value, gradient and AdamW's two moments
@@ -110,10 +118,18 @@ absl::Status PlaceRecomputeInIdleTime(const v1::JobSpec& spec, const v1::ModelPr
   const int64_t budget = spec.pipeline().memory_budget_mb() << 20;
   if (budget > 0) {
     for (int r = 0; r < placement.num_ranks; ++r) {
-      // The budget less the rank's parameters, gradients and optimizer state (unsharded: an
-      // upper bound).
-      limit[r] =
-          std::max(limit[r], static_cast<double>(budget) - RankStaticBytes(profile, *plan, r));
+      // What the plan counts beside the activations (parameters, gradients and optimizer
+      // state, messages) stays; the rise is shared by the rank's stages, so the fullest of them
+      // bounds it.
+      const std::vector<int> stages = placement.StagesOf(r);
+      int64_t fullest = 0;
+      for (int s : stages) {
+        if (s < static_cast<int>(plan->stage_bytes.size())) {
+          fullest = std::max(fullest, plan->stage_bytes[s]);
+        }
+      }
+      const double headroom = static_cast<double>(budget - fullest) * stages.size();
+      limit[r] = std::max(limit[r], plain.peak_activation_bytes[r] + headroom);
     }
   }
   ASSIGN_OR_RETURN(RecomputePlacement placed,
@@ -142,18 +158,17 @@ absl::Status RebuildZBAuto(const v1::JobSpec& spec, const v1::ModelProfile& prof
     for (int r = 0; r < ranks; ++r) {
       const double fixed = RankStaticBytes(profile, *plan, r);
       const ActionCosts& c = plan->stage_costs[r];
-      const double per_micro_batch =
-          spec.pipeline().recompute() == "full" ? c.input_bytes : c.activation_bytes;
+      const bool recomputes = plan->recompute_stages[r];
+      const double per_micro_batch = recomputes ? c.input_bytes : c.activation_bytes;
       if (per_micro_batch <= 0) continue;
-      const double room = static_cast<double>(budget) - fixed -
-                          (spec.pipeline().recompute() == "full" ? c.layer_bytes : 0.0);
+      const double room = static_cast<double>(budget) - fixed - (recomputes ? c.layer_bytes : 0.0);
       limit[r] = std::max(1, static_cast<int>(std::min<double>(room / per_micro_batch,
                                                                spec.pipeline().micro_batches())));
     }
   }
   ASSIGN_OR_RETURN(Schedule compute, GenerateZBAuto(ranks, spec.pipeline().micro_batches(),
                                                     plan->stage_costs, limit));
-  if (spec.pipeline().recompute() == "full") compute = AddRecomputation(compute);
+  if (plan->recomputes()) compute = AddRecomputation(compute, plan->recompute_stages);
   Schedule lowered = LowerWithTransfers(compute);
   if (std::max(1, spec.pipeline().replicas()) > 1) lowered = AddGradReductions(lowered);
   RETURN_IF_ERROR(ValidateSchedule(lowered));
@@ -206,13 +221,30 @@ std::string ProfileKey(const v1::JobSpec& spec, const std::string& device, int t
                       spec.pipeline().recompute() == "selective" ? "-selective" : "");
 }
 
-absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
-                                          const v1::ModelProfile* profile) {
+namespace {
+
+// The plan of `spec` with the stages `recompute` flags recomputing (empty: every stage under
+// pipeline.recompute full, none otherwise). Flags for some stages only need the cut fixed
+// (partition: manual), since they name stages of it.
+absl::StatusOr<PipelinePlan> PlanWith(const v1::JobSpec& spec, const v1::ModelProfile* profile,
+                                      std::vector<bool> recompute) {
   ASSIGN_OR_RETURN(Schedule compute, ScheduleForSpec(spec));
-  // Full recomputation: every F keeps only its stage's input, and an R before each backward
-  // recomputes the rest.
-  if (spec.pipeline().recompute() == "full") compute = AddRecomputation(compute);
+  const int num_stages = compute.placement.num_stages();
+  if (recompute.empty()) recompute.assign(num_stages, spec.pipeline().recompute() == "full");
+  if (static_cast<int>(recompute.size()) != num_stages) {
+    return absl::InternalError(absl::StrCat("recomputation flags for ", recompute.size(),
+                                            " stages, the schedule has ", num_stages));
+  }
+  const bool mixed = std::any_of(recompute.begin(), recompute.end(), [](bool b) { return b; }) &&
+                     !std::all_of(recompute.begin(), recompute.end(), [](bool b) { return b; });
+  if (mixed && spec.pipeline().partition() != "manual") {
+    return absl::InternalError("recomputation of some stages only needs a fixed cut");
+  }
   PipelinePlan plan;
+  plan.recompute_stages = recompute;
+  // Recomputation: every F of a recomputing stage keeps only its layers' inputs, and an R
+  // before each backward recomputes the rest.
+  if (plan.recomputes()) compute = AddRecomputation(compute, recompute);
   plan.schedule = LowerWithTransfers(compute);
   const int replicas = std::max(1, spec.pipeline().replicas());
   if (replicas > 1) plan.schedule = AddGradReductions(plan.schedule);
@@ -226,8 +258,19 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
   // Without a profile, partition: profile cuts by the best estimate there is: parameters.
   const std::string method =
       requested == "profile" && profile == nullptr ? "parameters" : requested;
-  const int num_stages = plan.num_stages();
-  const PartitionProblem problem = ProblemFor(spec, plan.schedule, profile, method == "parameters");
+  // Per global layer, whether its stage recomputes.
+  std::vector<bool> recomputed_layers(static_cast<size_t>(NumLayers(spec.model())),
+                                      plan.recomputes());
+  if (mixed) {
+    ASSIGN_OR_RETURN(std::vector<LayerRange> cut,
+                     RangesFromCuts({spec.pipeline().cuts().begin(), spec.pipeline().cuts().end()},
+                                    NumLayers(spec.model()), num_stages));
+    for (int s = 0; s < num_stages; ++s) {
+      for (int g = cut[s].begin; g < cut[s].end; ++g) recomputed_layers[g] = recompute[s];
+    }
+  }
+  const PartitionProblem problem =
+      ProblemFor(spec, plan.schedule, profile, method == "parameters", recomputed_layers);
   absl::StatusOr<std::vector<LayerRange>> ranges;
   plan.partition = method;
   if (method == "profile" || method == "parameters") {
@@ -258,15 +301,18 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
     // manual cuts).
     // The parameters method costed the problem by parameter counts; the figures need time.
     const PartitionProblem timed =
-        method == "parameters" ? ProblemFor(spec, plan.schedule, profile, false) : problem;
+        method == "parameters" ? ProblemFor(spec, plan.schedule, profile, false, recomputed_layers)
+                               : problem;
     ASSIGN_OR_RETURN(Partition figures, EvaluatePartition(timed, plan.ranges));
     plan.stage_bytes = figures.stage_bytes;
     for (const LayerRange& r : plan.ranges) {
       ActionCosts c{0, 0, 0, 0, 0};
       c.activation_bytes = 0;
+      c.recompute = 0;
       for (int g = r.begin; g < r.end; ++g) {
         const v1::LayerProfile& p = profile->layers(g);
         c.forward += p.forward_seconds();
+        c.recompute += RecomputeSeconds(p);
         c.backward += p.backward_seconds();
         c.backward_input += p.backward_input_seconds();
         c.backward_weight += p.backward_weight_seconds();
@@ -291,7 +337,7 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
     if (spec.pipeline().schedule_csv().empty() && plan.schedule.name == "zb_auto") {
       RETURN_IF_ERROR(RebuildZBAuto(spec, *profile, &plan));
     }
-    if (spec.pipeline().recompute() == "full") {
+    if (plan.recomputes()) {
       RETURN_IF_ERROR(PlaceRecomputeInIdleTime(spec, *profile, &plan));
     }
     absl::StatusOr<SimulationResult> sim =
@@ -321,6 +367,51 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
     plan.eval = LowerWithTransfers(forward);
   }
   return plan;
+}
+
+// pipeline.recompute auto: no recomputation where the plan fits memory_budget_mb without;
+// otherwise the cut full recomputation fits, with the R's kept only on the stages that do not
+// fit there without them (each stage's memory depends on its own R's alone). A cuda job plans
+// without (its backend does not recompute).
+absl::StatusOr<PipelinePlan> PlanAutoRecompute(const v1::JobSpec& spec,
+                                               const v1::ModelProfile* profile) {
+  v1::JobSpec none = spec;
+  none.mutable_pipeline()->set_recompute("none");
+  absl::StatusOr<PipelinePlan> plain = PlanWith(none, profile, {});
+  if (plain.ok() || plain.status().code() != absl::StatusCode::kResourceExhausted ||
+      spec.device() == "cuda") {
+    return plain;
+  }
+  v1::JobSpec full = spec;
+  full.mutable_pipeline()->set_recompute("full");
+  absl::StatusOr<PipelinePlan> all = PlanWith(full, profile, {});
+  if (!all.ok()) return all.status();
+  if (profile == nullptr) return all;
+  // The same cut without recomputation and without the budget: what each stage would hold.
+  full.mutable_pipeline()->set_partition("manual");
+  full.mutable_pipeline()->clear_cuts();
+  for (size_t s = 1; s < all->ranges.size(); ++s) {
+    full.mutable_pipeline()->add_cuts(all->ranges[s].begin);
+  }
+  v1::JobSpec unbounded = full;
+  unbounded.mutable_pipeline()->set_recompute("none");
+  unbounded.mutable_pipeline()->set_memory_budget_mb(0);
+  ASSIGN_OR_RETURN(PipelinePlan at_cut, PlanWith(unbounded, profile, {}));
+  const int64_t budget = spec.pipeline().memory_budget_mb() << 20;
+  std::vector<bool> needs(all->ranges.size(), false);
+  for (size_t s = 0; s < needs.size() && s < at_cut.stage_bytes.size(); ++s) {
+    needs[s] = at_cut.stage_bytes[s] > budget;
+  }
+  if (std::all_of(needs.begin(), needs.end(), [](bool b) { return b; })) return all;
+  return PlanWith(full, profile, needs);
+}
+
+}  // namespace
+
+absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
+                                          const v1::ModelProfile* profile) {
+  if (spec.pipeline().recompute() == "auto") return PlanAutoRecompute(spec, profile);
+  return PlanWith(spec, profile, {});
 }
 
 ActionCosts UnitCosts(const Placement& placement) {

@@ -44,7 +44,16 @@ struct PipelinePlan {
   // Data parallelism: the slowest rank's gradient reduction past its last compute (what the
   // simulator added to the step); 0 without replicas or a profile.
   double predicted_reduce_exposed_seconds = 0.0;
-  // recompute: full with a profile: the R's moved ahead of their backwards into the workers'
+  // Per stage, whether its micro-batches are recomputed (an R before each backward):
+  // pipeline.recompute full every stage, auto the stages the planner chose, else none.
+  std::vector<bool> recompute_stages;
+  bool recomputes() const {
+    for (bool r : recompute_stages) {
+      if (r) return true;
+    }
+    return false;
+  }
+  // With a profile and recomputation: the R's moved ahead of their backwards into the workers'
   // idle time (common/recompute_placement.h); 0 otherwise.
   int recompute_moved = 0;
   int num_ranks() const { return schedule.placement.num_ranks; }

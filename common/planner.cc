@@ -174,8 +174,9 @@ std::vector<PlanCandidate> SearchPlans(const v1::JobSpec& written, const Profile
           // (cpu workers; the GPU backend does not recompute yet).
           if (!plan.ok() && plan.status().code() == absl::StatusCode::kResourceExhausted &&
               c.spec.device() != "cuda" && c.spec.pipeline().recompute() == "none") {
+            // auto: only the stages that do not fit without it recompute.
             v1::JobSpec recomputed = c.spec;
-            recomputed.mutable_pipeline()->set_recompute("full");
+            recomputed.mutable_pipeline()->set_recompute("auto");
             absl::StatusOr<PipelinePlan> with = PlanPipeline(recomputed, &*profile);
             // It fits so; or, when nothing fits, it needs the smaller budget (what the
             // refusal then names).
@@ -193,6 +194,7 @@ std::vector<PlanCandidate> SearchPlans(const v1::JobSpec& written, const Profile
           }
           c.step_seconds = plan->predicted_step_seconds;
           c.bubble = plan->predicted_bubble;
+          for (bool r : plan->recompute_stages) c.recompute_stages += r ? 1 : 0;
           for (const ActionCosts& s : plan->stage_costs) {
             c.slowest_stage_seconds = std::max(c.slowest_stage_seconds, s.forward + s.backward);
           }
@@ -238,7 +240,7 @@ absl::StatusOr<PlanCandidate> ChoosePlan(const std::vector<PlanCandidate>& candi
         "no schedule or split of the global batch fits pipeline.memory_budget_mb; the least "
         "demanding is ",
         least->schedule, " with ", least->micro_batches, " micro-batches of ",
-        least->micro_batch_size, least->recompute ? " and full recomputation" : "", ": ",
+        least->micro_batch_size, least->recompute ? " and recomputation" : "", ": ",
         least->status.message()));
     status.SetPayload(kSmallestBudgetPayload,
                       absl::Cord(absl::StrCat(SmallestBudgetBytes(least->status))));
@@ -260,7 +262,11 @@ std::string DescribeChoice(const PlanCandidate& c, double as_written_step_second
     absl::StrAppendFormat(&out, ", gradient reduction exposed %.3f s", c.reduce_exposed_seconds);
   }
   absl::StrAppend(&out, ")");
-  if (c.recompute) absl::StrAppend(&out, ", with full recomputation (it fits the budget only so)");
+  if (c.recompute) {
+    absl::StrAppendFormat(&out,
+                          ", with recomputation on %d of %d stages (it fits the budget only so)",
+                          c.recompute_stages, c.stages * c.chunks);
+  }
   if (as_written_step_seconds > 0 && c.step_seconds > 0) {
     absl::StrAppendFormat(&out, ", %.2fx the spec as written (%.3f s)",
                           as_written_step_seconds / c.step_seconds, as_written_step_seconds);

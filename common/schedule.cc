@@ -741,7 +741,11 @@ Schedule LowerWithTransfers(const Schedule& compute) {
   return out;
 }
 
-Program AddRecomputation(const Program& program) {
+Program AddRecomputation(const Program& program, const std::vector<bool>& stages) {
+  auto recomputes = [&](int stage) {
+    return stages.empty() || (stage >= 0 && static_cast<size_t>(stage) < stages.size() &&
+                              stages[static_cast<size_t>(stage)]);
+  };
   Program out(program.size());
   for (size_t r = 0; r < program.size(); ++r) {
     const std::vector<Action>& list = program[r];
@@ -754,7 +758,7 @@ Program AddRecomputation(const Program& program) {
     dst.reserve(list.size() * 3 / 2);
     for (const Action& a : list) {
       const bool backward = a.kind == v1::ACTION_B || a.kind == v1::ACTION_I;
-      if (backward && present.insert({a.stage, a.micro_batch}).second) {
+      if (backward && recomputes(a.stage) && present.insert({a.stage, a.micro_batch}).second) {
         // Right before the backward, after the receive of its output gradient: the backward
         // recomputes layer by layer (RecomputeAtBackward). A backward that is the second half
         // of an overlapped pair gets its R before the pair, which stays together.
@@ -769,9 +773,9 @@ Program AddRecomputation(const Program& program) {
   return out;
 }
 
-Schedule AddRecomputation(const Schedule& schedule) {
+Schedule AddRecomputation(const Schedule& schedule, const std::vector<bool>& stages) {
   Schedule out = schedule;
-  out.program = AddRecomputation(schedule.program);
+  out.program = AddRecomputation(schedule.program, stages);
   return out;
 }
 

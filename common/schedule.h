@@ -275,12 +275,14 @@ Schedule LowerWithTransfers(const Schedule& compute);
 // before each B or I that has none yet (after the RECV_B in front of it, in a lowered
 // program). A micro-batch with an R has its F run without saving (only its layers' inputs are
 // kept); the R re-runs that forward with saving, so the backward finds what it needs. R
-// costs one forward of the stage (the simulator counts it so) and moves no data, so lowering
-// is unchanged. An R right before its backward runs inside it, layer by layer
+// costs one recomputation of the stage (ActionCosts::recompute) and moves no data, so
+// lowering is unchanged. An R right before its backward runs inside it, layer by layer
 // (RecomputeAtBackward): the least memory. PlaceRecomputation moves R's earlier, into the
 // rank's idle time, where that shortens the step within a memory limit.
-Program AddRecomputation(const Program& program);
-Schedule AddRecomputation(const Schedule& schedule);
+// `stages` (pipeline.recompute: auto, one flag per stage) limits the R's to the stages whose
+// flag is set; empty: every stage.
+Program AddRecomputation(const Program& program, const std::vector<bool>& stages = {});
+Schedule AddRecomputation(const Schedule& schedule, const std::vector<bool>& stages = {});
 // Per action of one rank's list: true for an R directly followed by the backward (B or I) of
 // the same stage and micro-batch (nothing between). Such an R is run inside that backward,
 // one layer at a time just before each layer's backward (per-layer recomputation: the stage

@@ -517,14 +517,9 @@ void ValidatePipeline(const v1::JobSpec& spec, FieldErrors* errors) {
                 absl::StrCat("nccl needs device: cuda, got device: \"", spec.device(),
                              "\" (cpu workers use gloo; use auto or gloo)"));
   }
-  if (p.recompute() == "auto") {
-    errors->Add("pipeline.recompute",
-                "\"auto\" is not implemented yet; use \"full\" (keep only each stage's input "
-                "and recompute its forward before the backward), \"selective\" (recompute the "
-                "attention probabilities in the backward) or \"none\"");
-  } else if (CheckOneOf(errors, "pipeline.recompute", p.recompute(),
-                        {"none", "full", "selective"}) &&
-             p.recompute() != "none") {
+  if (CheckOneOf(errors, "pipeline.recompute", p.recompute(),
+                 {"none", "full", "selective", "auto"}) &&
+      p.recompute() != "none" && p.recompute() != "auto") {
     if (!errors->Has("device") && spec.device() == "cuda") {
       errors->Add("pipeline.recompute",
                   p.recompute() == "full"

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -97,7 +99,20 @@ std::string ProfiledFigures(const v1::JobSpec& spec, const PipelinePlan& plan,
       profile.device(), profile.threads(), profile.threads() == 1 ? "" : "s",
       plan.predicted_step_seconds, 100 * plan.predicted_bubble, 1000 * slowest);
   absl::StrAppend(&out, "  cut: ", plan.partition, "\n");
-  if (p.recompute() == "full") {
+  if (p.recompute() == "auto") {
+    std::vector<std::string> which;
+    for (size_t s = 0; s < plan.recompute_stages.size(); ++s) {
+      if (plan.recompute_stages[s]) which.push_back(absl::StrCat(s));
+    }
+    absl::StrAppend(&out, "  recompute auto: ",
+                    which.empty() ? std::string("no stage (the plan fits without)")
+                                  : absl::StrCat("stage", which.size() == 1 ? " " : "s ",
+                                                 absl::StrJoin(which, ", "), " of ",
+                                                 plan.recompute_stages.size(),
+                                                 " (the rest fit memory_budget_mb without)"),
+                    "\n");
+  }
+  if (plan.recomputes()) {
     int total = 0;
     for (const auto& list : plan.schedule.program) {
       for (const Action& a : list) total += a.kind == v1::ACTION_R ? 1 : 0;

@@ -17,6 +17,7 @@
 namespace tandem {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // A GPT of 6 blocks (8 layers: embedding, blocks, head) on `stages` workers, defaults filled.
@@ -229,6 +230,60 @@ TEST(PlanPipelineTest, ProfileGivesPerStageCostsAndAPredictedStep) {
 // checkpoints plus one layer per stage; and with a memory budget that leaves room, R's of
 // the worker that waits for a slower neighbour move into those waits, which shortens the
 // predicted step, with the predicted bytes still within the budget.
+// recompute: auto. Without a budget, or where the plan fits without, nothing recomputes.
+// Over it, the cut that full recomputation fits, with R's only on the stages that do not fit
+// there without: 1F1B's stage 0 holds two micro-batches, its last stage one, so at a budget
+// of 10 MiB (8 layers of 1 MiB static and 1 MiB of activations, 4 | 4; two 64 KiB messages
+// per stage) stage 0 needs 4 + 2 x 4 MiB without and recomputes, stage 1 4 + 4 MiB and keeps
+// its activations (no working set: it does not recompute), and the step is shorter than with
+// recomputation everywhere.
+TEST(PlanPipelineTest, AutoRecomputesOnlyTheStagesThatDoNotFitWithout) {
+  v1::JobSpec spec = Spec("1f1b", 2, 8);
+  spec.mutable_pipeline()->set_recompute("auto");
+  v1::ModelProfile profile = UnitProfile(spec);
+  for (v1::LayerProfile& l : *profile.mutable_layers()) {
+    l.set_activation_bytes(1 << 20);
+    l.set_output_bytes(1 << 16);
+    l.set_recompute_seconds(0.75);
+  }
+  auto count_rs = [](const PipelinePlan& plan, int rank) {
+    int n = 0;
+    for (const Action& a : plan.schedule.program[rank]) n += a.kind == v1::ACTION_R ? 1 : 0;
+    return n;
+  };
+  absl::StatusOr<PipelinePlan> unbounded = PlanPipeline(spec, &profile);
+  ASSERT_TRUE(unbounded.ok()) << unbounded.status();
+  EXPECT_FALSE(unbounded->recomputes());
+  EXPECT_EQ(count_rs(*unbounded, 0) + count_rs(*unbounded, 1), 0);
+
+  spec.mutable_pipeline()->set_memory_budget_mb(10);
+  v1::JobSpec none = spec;
+  none.mutable_pipeline()->set_recompute("none");
+  EXPECT_EQ(PlanPipeline(none, &profile).status().code(), absl::StatusCode::kResourceExhausted);
+  absl::StatusOr<PipelinePlan> mixed = PlanPipeline(spec, &profile);
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  EXPECT_THAT(mixed->recompute_stages, ElementsAre(true, false));
+  EXPECT_EQ(mixed->ranges[0].end, 4);
+  EXPECT_EQ(count_rs(*mixed, 0), 8);
+  EXPECT_EQ(count_rs(*mixed, 1), 0);
+  EXPECT_TRUE(ValidateSchedule(mixed->schedule).ok());
+  for (int64_t b : mixed->stage_bytes) EXPECT_LE(b, int64_t{10} << 20);
+  // 4 static + 4 activations, and two messages.
+  EXPECT_EQ(mixed->stage_bytes[1], (int64_t{8} << 20) + 2 * (1 << 16));
+  v1::JobSpec full = spec;
+  full.mutable_pipeline()->set_recompute("full");
+  absl::StatusOr<PipelinePlan> everywhere = PlanPipeline(full, &profile);
+  ASSERT_TRUE(everywhere.ok()) << everywhere.status();
+  EXPECT_THAT(everywhere->recompute_stages, ElementsAre(true, true));
+  EXPECT_LT(mixed->predicted_step_seconds, everywhere->predicted_step_seconds);
+
+  // A budget even full recomputation does not fit: its refusal, naming the smallest budget.
+  spec.mutable_pipeline()->set_memory_budget_mb(2);
+  absl::StatusOr<PipelinePlan> none_fits = PlanPipeline(spec, &profile);
+  EXPECT_EQ(none_fits.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_GT(SmallestBudgetBytes(none_fits.status()), int64_t{2} << 20);
+}
+
 TEST(PlanPipelineTest, RecomputationIsCostedAndHiddenInIdleTimeWithinTheBudget) {
   v1::JobSpec spec = Spec("1f1b", 2, 8);
   spec.mutable_pipeline()->set_recompute("full");
@@ -250,6 +305,9 @@ TEST(PlanPipelineTest, RecomputationIsCostedAndHiddenInIdleTimeWithinTheBudget) 
   EXPECT_DOUBLE_EQ(plain->stage_costs[0].input_bytes, tokens + 2 * (1 << 16));
   EXPECT_DOUBLE_EQ(plain->stage_costs[1].input_bytes, 5 * (1 << 16));
   EXPECT_DOUBLE_EQ(plain->stage_costs[0].layer_bytes, 1 << 20);
+  // The R's cost: the profile has no recompute_seconds, so each layer's forward.
+  EXPECT_DOUBLE_EQ(plain->stage_costs[0].recompute, 3.0);
+  EXPECT_DOUBLE_EQ(plain->stage_costs[1].recompute, 5.0);
   // Without a budget nothing may raise a worker's peak: every R stays in its backward.
   EXPECT_EQ(plain->recompute_moved, 0);
   for (const auto& list : plain->schedule.program) {
@@ -266,6 +324,13 @@ TEST(PlanPipelineTest, RecomputationIsCostedAndHiddenInIdleTimeWithinTheBudget) 
   EXPECT_GT(hidden->stage_bytes[0], plain->stage_bytes[0]);  // the price, on stage 0
   for (int64_t b : hidden->stage_bytes) EXPECT_LE(b, int64_t{64} << 20);
   EXPECT_TRUE(ValidateSchedule(hidden->schedule).ok());
+  // A measured recomputation (a block's skips its last GEMM) is what the plan charges.
+  for (v1::LayerProfile& l : *profile.mutable_layers()) l.set_recompute_seconds(0.75);
+  spec.mutable_pipeline()->clear_memory_budget_mb();
+  absl::StatusOr<PipelinePlan> measured = PlanPipeline(spec, &profile);
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  EXPECT_DOUBLE_EQ(measured->stage_costs[1].recompute, 5 * 0.75);
+  EXPECT_LT(measured->predicted_step_seconds, plain->predicted_step_seconds);
 }
 
 // zb_auto: with a profile the program is rebuilt from the measured stage costs (here uneven:

@@ -146,7 +146,7 @@ TEST(SearchPlansTest, TheBudgetRulesOutGpipesManyLiveMicroBatches) {
       // Refused, or planned only with recomputation (32 micro-batches' layer inputs fit).
       if (c.status.ok()) {
         EXPECT_TRUE(c.recompute);
-        EXPECT_EQ(c.spec.pipeline().recompute(), "full");
+        EXPECT_EQ(c.spec.pipeline().recompute(), "auto");
       } else {
         EXPECT_EQ(c.status.code(), absl::StatusCode::kResourceExhausted) << c.status;
       }
@@ -197,12 +197,12 @@ TEST(SearchPlansTest, ACandidateThatOnlyRecomputationFitsIsPlannedWithIt) {
     if (c.schedule == "1f1b" && c.micro_batches == 8 && c.replicas == 1) ofob = &c;
     if (!c.status.ok()) continue;
     EXPECT_LE(c.peak_stage_bytes, budget_mb << 20) << c.schedule << " M=" << c.micro_batches;
-    EXPECT_EQ(c.spec.pipeline().recompute(), c.recompute ? "full" : "none");
+    EXPECT_EQ(c.spec.pipeline().recompute(), c.recompute ? "auto" : "none");
   }
   ASSERT_NE(ofob, nullptr);
   ASSERT_TRUE(ofob->status.ok()) << ofob->status;
   EXPECT_TRUE(ofob->recompute);
-  EXPECT_THAT(DescribeChoice(*ofob, 0), HasSubstr("with full recomputation"));
+  EXPECT_THAT(DescribeChoice(*ofob, 0), HasSubstr("with recomputation on 2 of 2 stages"));
   EXPECT_TRUE(ChoosePlan(all).ok());
   // cuda workers do not recompute: nothing is planned so.
   spec.set_device("cuda");

@@ -187,12 +187,11 @@ const Malformed kCases[] = {
     {"device: cuda\noptimizer:\n  shard_state: true\npipeline:\n  replicas: 2\n",
      "optimizer.shard_state", "sharded optimizer state runs on cpu workers only"},
     {"pipeline:\n  recompute: some\n", "pipeline.recompute",
-     "expected \"none\" or \"full\" or \"selective\", got \"some\""},
+     "expected \"none\" or \"full\" or \"selective\" or \"auto\", got \"some\""},
     {"device: cuda\npipeline:\n  recompute: selective\n", "pipeline.recompute",
      "selective recomputation runs on cpu workers only"},
     {"model:\n  arch: mlp_lm\npipeline:\n  recompute: selective\n", "pipeline.recompute",
      "mlp_lm has none"},
-    {"pipeline:\n  recompute: auto\n", "pipeline.recompute", "\"auto\" is not implemented yet"},
     {"device: cuda\npipeline:\n  recompute: full\n", "pipeline.recompute",
      "full recomputation runs on cpu workers only"},
     // --- eval, checkpoint, init
@@ -237,11 +236,14 @@ TEST_P(MalformedSpecTest, RefusedNamingTheFieldAndTheRule) {
 INSTANTIATE_TEST_SUITE_P(Table, MalformedSpecTest, ::testing::ValuesIn(kCases));
 
 // pipeline.recompute: selective is accepted for gpt and llama on cpu workers (the table
-// refuses it on cuda and for mlp_lm), beside none and full.
+// refuses it on cuda and for mlp_lm), beside none and full; auto everywhere (on cuda it plans
+// without recomputation).
 TEST(RecomputeSpec, SelectiveIsAcceptedForGptAndLlamaOnCpu) {
-  for (const char* yaml : {"pipeline:\n  recompute: selective\n",
-                           "model:\n  arch: llama\npipeline:\n  recompute: selective\n",
-                           "pipeline:\n  recompute: full\n", "pipeline:\n  recompute: none\n"}) {
+  for (const char* yaml :
+       {"pipeline:\n  recompute: selective\n",
+        "model:\n  arch: llama\npipeline:\n  recompute: selective\n",
+        "pipeline:\n  recompute: full\n", "pipeline:\n  recompute: none\n",
+        "pipeline:\n  recompute: auto\n", "device: cuda\npipeline:\n  recompute: auto\n"}) {
     absl::StatusOr<v1::JobSpec> spec = LoadJobSpecYaml(yaml);
     ASSERT_TRUE(spec.ok()) << yaml << spec.status();
   }

@@ -656,6 +656,66 @@ TEST_F(ClusterTest, EveryScheduleAndAnExportedCsvTrainTheSameLosses) {
   }
 }
 
+// pipeline.recompute: auto under a budget, through the real daemons. A first job measures and
+// caches the layer profile; a plain job at the cut [emb, 3 blocks | block, head] gives the
+// reference losses and the plan's bytes per stage: 1F1B keeps two micro-batches on stage 0
+// (about 74 MiB here) and one on stage 1 (about 16 MiB). At a budget between the two, the
+// auto job recomputes stage 0 only (its actions carry R's, stage 1's none), trains the same
+// losses, and every stage's measured peak stays within the budget; the plan's bytes per stage
+// are within 10% of the measured peaks in both jobs.
+TEST_F(ClusterTest, AutoRecomputationFitsABudgetRecomputingOnlyTheStageThatNeedsIt) {
+  StartCluster(2);
+  const std::string model =
+      "steps: 3\nseed: 11\nmodel:\n  arch: gpt\n  n_layer: 4\n  n_head: 4\n  d_model: 128\n"
+      "  seq_len: 128\noptimizer:\n  lr: 0.01\n  lr_schedule: constant\n"
+      "pipeline:\n  schedule: 1f1b\n  stages: 2\n  micro_batch_size: 8\n  micro_batches: 4\n";
+  auto run = [&](const std::string& name, const std::string& extra) -> absl::StatusOr<v1::Job> {
+    auto id = cluster_->Submit("name: " + name + "\n" + model + extra);
+    if (!id.ok()) return id.status();
+    auto job = cluster_->WaitForEnd(*id, 180s);
+    if (!job.ok()) return job.status();
+    if (job->state() != v1::SUCCEEDED) return absl::InternalError(name + ": " + job->reason());
+    return job;
+  };
+  ASSERT_TRUE(run("profiled", "  partition: profile\n").ok());
+  const std::string cut = "  partition: manual\n  cuts: [4]\n";
+  auto plain = run("plain", cut);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_EQ(plain->stages_size(), 2);
+  const int64_t p0 = plain->stages(0).predicted_bytes(), p1 = plain->stages(1).predicted_bytes();
+  ASSERT_GT(p0, 2 * p1) << "stage 0 should hold far more than stage 1";
+  const int64_t budget_mb = ((p0 + p1) / 2) >> 20;
+  auto recomputed =
+      run("auto", absl::StrCat(cut, "  recompute: auto\n  memory_budget_mb: ", budget_mb, "\n"));
+  ASSERT_TRUE(recomputed.ok()) << recomputed.status();
+  EXPECT_THAT(recomputed->stages(0).actions(), HasSubstr("0R0"));
+  EXPECT_THAT(recomputed->stages(1).actions(), ::testing::Not(HasSubstr("R")));
+  const std::vector<double> want = Losses(*plain), got = Losses(*recomputed);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 1e-6 * std::abs(want[i])) << "step " << i;
+  }
+  const v1::StepSummary& last = recomputed->history(recomputed->history_size() - 1);
+  const v1::StepSummary& before = plain->history(plain->history_size() - 1);
+  ASSERT_EQ(last.stage_peak_bytes_size(), 2);
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_LE(last.stage_peak_bytes(s), budget_mb << 20) << "stage " << s;
+    EXPECT_LE(recomputed->stages(s).predicted_bytes(), budget_mb << 20) << "stage " << s;
+    for (const v1::Job* job : {&*plain, &*recomputed}) {
+      const double measured =
+          static_cast<double>(job->history(job->history_size() - 1).stage_peak_bytes(s));
+      EXPECT_NEAR(static_cast<double>(job->stages(s).predicted_bytes()), measured, 0.1 * measured)
+          << job->name() << " stage " << s;
+    }
+    std::cout << "stage " << s << ": plain peak " << before.stage_peak_bytes(s) << " (predicted "
+              << plain->stages(s).predicted_bytes() << "), auto peak " << last.stage_peak_bytes(s)
+              << " (predicted " << recomputed->stages(s).predicted_bytes() << "), budget "
+              << (budget_mb << 20) << "\n";
+  }
+  EXPECT_LT(last.stage_peak_bytes(0), before.stage_peak_bytes(0));
+  EXPECT_EQ(last.stage_peak_bytes(1), before.stage_peak_bytes(1));  // stage 1 keeps its own
+}
+
 // partition: profile through the real daemons: a head that outweighs the blocks (vocab 8192
 // at d_model 64: a block costs ~10% of the head, so the cut matters by more than the 3% within
 // which the uniform cut is kept) is measured on a worker, the cut puts it alone on the last
