@@ -33,9 +33,10 @@
 #   1f1b at M=16, --steps steps each, with and without: stage 0's peak live activation bytes
 #   and the step time, their ratios, and the largest loss difference (0: the same arithmetic);
 #   then full with the R's the coordinator places in idle slots (partition: profile,
-#   memory_budget_mb 4096), and the hand-written PyTorch pipeline without and with
-#   torch.utils.checkpoint on every module: Tandem's recomputation overhead against PyTorch's.
-#   About 10 min on an idle 2-core machine.
+#   memory_budget_mb 4096), recompute: auto at memory_budget_mb 420 (stage 0 recomputes, stage 1
+#   does not), the plan's bytes per stage against the measured peaks on every Tandem job, and
+#   the hand-written PyTorch pipeline without and with torch.utils.checkpoint on every module:
+#   Tandem's recomputation overhead against PyTorch's. About 20 min on an idle 2-core machine.
 # --torch2 PYTHON: also run, in the speed-up part, the torch.distributed.pipelining peer
 #   (bench/torch_pipelining.py: the same model, seeds and data, one process and 2 processes
 #   Schedule1F1B over gloo, one thread each) with PYTHON, an interpreter with a PyPI torch 2.x
@@ -248,9 +249,16 @@ if [ "$memory" = 1 ]; then
 fi
 
 if [ "$recompute" = 1 ]; then
+  # partition: profile everywhere, so that every job has the plan's bytes per stage to set
+  # against the measured peaks (the cut is the uniform one on these shapes).
   for rc in none full; do
-    tandem_run recompute "recompute-p2-1f1b-$rc" 2 16 1f1b "$steps" $L $D $H $SEQ "$vocab" $MB $rc
+    tandem_run recompute "recompute-p2-1f1b-$rc" 2 16 1f1b "$steps" $L $D $H $SEQ "$vocab" $MB \
+      $rc profile
   done
+  # recompute: auto under a budget that 1F1B's stage 0 (two micro-batches) does not fit without
+  # recomputation and stage 1 (one) does: only stage 0 recomputes.
+  tandem_run recompute "recompute-p2-1f1b-auto" 2 16 1f1b "$steps" $L $D $H $SEQ "$vocab" \
+    $MB auto profile 420
   # R's in idle slots: the coordinator places them from the layer profile (partition: profile),
   # within a budget that leaves room (4 GiB per worker).
   tandem_run recompute "recompute-p2-1f1b-full-idle" 2 16 1f1b "$steps" $L $D $H $SEQ "$vocab" \

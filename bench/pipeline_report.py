@@ -55,6 +55,7 @@ def tandem_record(path, section, label):
         "mode": "single" if stages == 1 else "pipeline",
         "schedule": pipe.get("schedule") if stages > 1 else None,
         "recompute": pipe.get("recompute", "none"),
+        "budget_mb": int(pipe.get("memory_budget_mb", 0)),
         "stages": stages,
         "stage_layers": [[int(s.get("layer_begin", 0)), int(s.get("layer_end", 0))]
                          for s in job.get("stages", [])],
@@ -82,6 +83,15 @@ def tandem_record(path, section, label):
             for r in range(len(hist[-1].get("rank_peak_activation_bytes", [])) if hist else 0)]
             or None,
         "losses": [float(h.get("loss", 0)) for h in hist],
+        # Per stage: the plan's bytes (static + the schedule's peak activations + messages, from
+        # the layer profile; 0 without one) and the measured peak (StepSummary.stage_peak_bytes).
+        "stage_predicted_bytes": [int(s.get("predicted_bytes", 0)) for s in job.get("stages", [])],
+        "stage_peak_bytes": [
+            max(int(h["stage_peak_bytes"][s]) for h in hist
+                if len(h.get("stage_peak_bytes", [])) > s)
+            for s in range(len(hist[-1].get("stage_peak_bytes", [])) if hist else 0)],
+        "recompute_stages": [s.get("stage", i) for i, s in enumerate(job.get("stages", []))
+                             if "R" in s.get("actions", "")],
     }
 
 
@@ -380,6 +390,31 @@ def summary(path):
                                      "idle_overhead_share": share})
             md.append(f"R's in idle slots: {stage0(idle) / 2**20:.1f} MiB, step "
                       f"{fmt(idle['step_s'])} s ({fmt(idle_ratio)}x)")
+        auto = find(recs, "recompute", label="recompute-p2-1f1b-auto")
+        if auto:
+            auto_ratio = auto["step_s"] / plain["step_s"] if plain["step_s"] else None
+            print(f"  auto (memory_budget_mb {auto.get('budget_mb')}): recomputes stage(s) "
+                  f"{auto['recompute_stages']}; stage 0 peak {stage0(auto) / 2**20:.1f} MiB; step "
+                  f"{fmt(auto['step_s'])} s ({fmt(auto_ratio)}x of none); largest loss "
+                  f"difference {fmt(loss_diff(plain, auto), '.3g')}")
+            out["recompute"].update({"auto_stage0_bytes": stage0(auto),
+                                     "auto_step_s": auto["step_s"],
+                                     "auto_step_time_ratio": auto_ratio,
+                                     "auto_recompute_stages": auto["recompute_stages"]})
+        # The plan's bytes per stage against the measured peaks, on every Tandem job above.
+        worst = 0.0
+        for r in [x for x in recs if x["section"] == "recompute" and x["peer"] == "tandem"]:
+            pred, meas = r.get("stage_predicted_bytes") or [], r.get("stage_peak_bytes") or []
+            if not pred or not any(pred) or len(pred) != len(meas):
+                print(f"  {r['label']}: no predicted bytes (no layer profile)")
+                continue
+            offs = [p / m - 1 if m else 0.0 for p, m in zip(pred, meas)]
+            worst = max([worst] + [abs(o) for o in offs])
+            print(f"  {r['label']}: predicted / measured MiB per stage " + ", ".join(
+                f"{p / 2**20:.1f} / {m / 2**20:.1f} ({o:+.1%})"
+                for p, m, o in zip(pred, meas, offs)))
+        out["recompute"]["memory_prediction_worst_off"] = worst
+        print(f"  memory predicted vs measured: largest off {worst:.1%} (target 10%)")
         tnone = find(recs, "recompute", label="recompute-torch-none")
         tckpt = find(recs, "recompute", label="recompute-torch-checkpoint")
         if tnone and tckpt:
