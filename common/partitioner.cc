@@ -102,8 +102,8 @@ class Costs {
     int64_t live_bytes = 0, total_bytes = 0;
     if (__builtin_mul_overflow(max_live, c.activation_[n], &live_bytes) ||
         __builtin_add_overflow(live_bytes, c.static_[n], &total_bytes) ||
-        // one working set and two messages
-        __builtin_add_overflow(total_bytes, int64_t{3} << 50, &total_bytes)) {
+        // the working sets (at most 2^50 per layer) and two messages
+        __builtin_add_overflow(total_bytes, static_cast<int64_t>(n + 2) << 50, &total_bytes)) {
       return absl::InvalidArgumentError(
           "partition: static plus live activation bytes overflow int64");
     }
@@ -137,11 +137,14 @@ class Costs {
     if (Transfers(s) == 0) return 0;
     return 2 * std::max(i > 0 ? output_[i - 1] : 0, j > i ? output_[j - 1] : 0);
   }
-  // The largest working set of the stage's layers.
+  // The largest working set of the stage's layers (their sum when a stage recomputes at once).
   int64_t WorkingSetBytes(int i, int j) const {
-    int64_t most = 0;
-    for (int l = i; l < j; ++l) most = std::max(most, working_set_[l]);
-    return most;
+    int64_t most = 0, sum = 0;
+    for (int l = i; l < j; ++l) {
+      most = std::max(most, working_set_[l]);
+      sum += working_set_[l];
+    }
+    return problem_->whole_stage_recompute ? sum : most;
   }
   int64_t StageBytes(int s, int i, int j) const {
     return StaticBytes(i, j) + live_[s] * ActivationBytes(i, j) + WorkingSetBytes(i, j) +

@@ -27,7 +27,8 @@ struct LayerCost {
   // Held once beside the live micro-batches' activations by a stage that recomputes: where
   // the layer's activation_bytes is only its input (the checkpoint), the working set its
   // backward holds while it recomputes it (the layer's whole activations). A stage holds its
-  // largest layer's; 0 without recomputation.
+  // largest layer's (PartitionProblem::whole_stage_recompute: their sum); 0 without
+  // recomputation.
   int64_t working_set_bytes = 0;
 };
 
@@ -43,6 +44,9 @@ struct PartitionProblem {
   // Bytes a worker may use for its stage (static + live x activation + working set +
   // messages); 0 = unlimited.
   int64_t memory_budget_bytes = 0;
+  // A recomputing stage recomputes all its layers at once (the cuda backend), so it holds the
+  // sum of its layers' working sets, not its largest one's.
+  bool whole_stage_recompute = false;
 };
 
 struct Partition {

@@ -84,6 +84,8 @@ PartitionProblem ProblemFor(const v1::JobSpec& spec, const Schedule& lowered,
     problem.live_micro_batches.push_back(std::max(1, (live + v - 1) / v));
   }
   problem.memory_budget_bytes = spec.pipeline().memory_budget_mb() << 20;
+  // The cuda backend recomputes a stage at once (cuda_stage_compute.h).
+  problem.whole_stage_recompute = spec.device() == "cuda";
   // Each cut carries one micro-batch's activation forward and its gradient back, over the
   // measured link (free without one).
   if (profile != nullptr && profile->has_link() && !by_parameters && profile->layers_size() > 0) {
@@ -322,6 +324,8 @@ absl::StatusOr<PipelinePlan> PlanWith(const v1::JobSpec& spec, const v1::ModelPr
         c.input_bytes += static_cast<double>(LayerInputBytes(spec, *profile, g));
         c.layer_bytes = std::max(c.layer_bytes, static_cast<double>(p.activation_bytes()));
       }
+      // The cuda backend recomputes a stage at once: its R brings the whole working set back.
+      if (spec.device() == "cuda") c.layer_bytes = c.activation_bytes;
       // A message from this stage: its activation forward, or its input gradient back.
       if (profile->has_link()) {
         int64_t bytes = profile->layers(r.end - 1).output_bytes();
@@ -371,17 +375,13 @@ absl::StatusOr<PipelinePlan> PlanWith(const v1::JobSpec& spec, const v1::ModelPr
 
 // pipeline.recompute auto: no recomputation where the plan fits memory_budget_mb without;
 // otherwise the cut full recomputation fits, with the R's kept only on the stages that do not
-// fit there without them (each stage's memory depends on its own R's alone). A cuda job plans
-// without (its backend does not recompute).
+// fit there without them (each stage's memory depends on its own R's alone).
 absl::StatusOr<PipelinePlan> PlanAutoRecompute(const v1::JobSpec& spec,
                                                const v1::ModelProfile* profile) {
   v1::JobSpec none = spec;
   none.mutable_pipeline()->set_recompute("none");
   absl::StatusOr<PipelinePlan> plain = PlanWith(none, profile, {});
-  if (plain.ok() || plain.status().code() != absl::StatusCode::kResourceExhausted ||
-      spec.device() == "cuda") {
-    return plain;
-  }
+  if (plain.ok() || plain.status().code() != absl::StatusCode::kResourceExhausted) return plain;
   v1::JobSpec full = spec;
   full.mutable_pipeline()->set_recompute("full");
   absl::StatusOr<PipelinePlan> all = PlanWith(full, profile, {});

@@ -170,10 +170,9 @@ std::vector<PlanCandidate> SearchPlans(const v1::JobSpec& written, const Profile
             continue;
           }
           absl::StatusOr<PipelinePlan> plan = PlanPipeline(c.spec, &*profile);
-          // Over the budget without recomputation: recomputation trades time for memory
-          // (cpu workers; the GPU backend does not recompute yet).
+          // Over the budget without recomputation: recomputation trades time for memory.
           if (!plan.ok() && plan.status().code() == absl::StatusCode::kResourceExhausted &&
-              c.spec.device() != "cuda" && c.spec.pipeline().recompute() == "none") {
+              c.spec.pipeline().recompute() == "none") {
             // auto: only the stages that do not fit without it recompute.
             v1::JobSpec recomputed = c.spec;
             recomputed.mutable_pipeline()->set_recompute("auto");

@@ -31,8 +31,8 @@ struct PlanCandidate {
   int micro_batch_size = 0;
   v1::JobSpec spec;  // the job's spec running this candidate (schedule, chunks, split)
   // Planned with pipeline.recompute: auto because it fits the budget only so (a spec with
-  // recompute none, on cpu workers): the stages that recompute (recompute_stages of the
-  // plan), and of how many.
+  // recompute none): the stages that recompute (recompute_stages of the plan), and of how
+  // many.
   bool recompute = false;
   int recompute_stages = 0;
   // OK when it runs within the budget, else why not (the schedule's constraint, the cut's

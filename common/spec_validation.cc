@@ -519,16 +519,12 @@ void ValidatePipeline(const v1::JobSpec& spec, FieldErrors* errors) {
   }
   if (CheckOneOf(errors, "pipeline.recompute", p.recompute(),
                  {"none", "full", "selective", "auto"}) &&
-      p.recompute() != "none" && p.recompute() != "auto") {
+      p.recompute() == "selective") {
     if (!errors->Has("device") && spec.device() == "cuda") {
       errors->Add("pipeline.recompute",
-                  p.recompute() == "full"
-                      ? "full recomputation runs on cpu workers only in this release (the cuda "
-                        "backend does not keep a stage's input for its R action yet); use none"
-                      : "selective recomputation runs on cpu workers only in this release (the "
-                        "cuda blocks keep their attention probabilities); use none");
-    } else if (p.recompute() == "selective" && !errors->Has("model.arch") &&
-               spec.model().arch() == "mlp_lm") {
+                  "selective recomputation runs on cpu workers only in this release (the cuda "
+                  "blocks keep their attention probabilities); use full or none");
+    } else if (!errors->Has("model.arch") && spec.model().arch() == "mlp_lm") {
       errors->Add("pipeline.recompute",
                   "selective recomputes the attention of gpt and llama blocks; mlp_lm has none, "
                   "so it would keep the same activations: use full or none");

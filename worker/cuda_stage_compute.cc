@@ -238,6 +238,12 @@ absl::StatusOr<StageBufferPtr> CudaStageCompute::NewBuffer(const std::vector<int
 absl::StatusOr<double> CudaStageCompute::Forward(int chunk, int mb, StageBufferPtr input,
                                                  const MicroBatchData& data, bool save,
                                                  StageBufferPtr* output) {
+  return ForwardFrom(chunk, mb, Data(input), data, save, output);
+}
+
+absl::StatusOr<double> CudaStageCompute::ForwardFrom(int chunk, int mb, const float* input,
+                                                     const MicroBatchData& data, bool save,
+                                                     StageBufferPtr* output) {
   RETURN_IF_ERROR(Use());
   GpuStage& stage = *stages_[chunk];
   float* out = nullptr;
@@ -249,7 +255,7 @@ absl::StatusOr<double> CudaStageCompute::Forward(int chunk, int mb, StageBufferP
   const int32_t* tokens = stage.has_embedding() && data.tokens ? data.tokens->data() : nullptr;
   const int32_t* targets = stage.has_head() && data.targets ? data.targets->data() : nullptr;
   last_device_us_ = 0;
-  ASSIGN_OR_RETURN(const double sum, stage.Forward(mb, tokens, targets, Data(input), out,
+  ASSIGN_OR_RETURN(const double sum, stage.Forward(mb, tokens, targets, input, out,
                                                    static_cast<float>(1.0 / normalizer), save));
   last_device_us_ = DeviceMicros(stage.last_times().forward_ms);
   return sum / normalizer;
@@ -278,12 +284,42 @@ absl::Status CudaStageCompute::Backward(int chunk, int mb, v1::ActionKind kind,
   return absl::OkStatus();
 }
 
+absl::StatusOr<double> CudaStageCompute::ForwardKeepingInput(int chunk, int mb,
+                                                             StageBufferPtr input,
+                                                             const MicroBatchData& data,
+                                                             StageBufferPtr* output) {
+  if (kept_inputs_.count({chunk, mb}) > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stage ", chunk, " already keeps the input of micro-batch ", mb, " for its recompute"));
+  }
+  // The forward without saving (the loss, the output), then only its input stays.
+  StageBufferPtr kept = std::move(input);
+  ASSIGN_OR_RETURN(const double loss, ForwardFrom(chunk, mb, Data(kept), data, false, output));
+  kept_inputs_[{chunk, mb}] = std::move(kept);
+  return loss;
+}
+
+absl::Status CudaStageCompute::Recompute(int chunk, int mb, const MicroBatchData& data,
+                                         bool /*at_backward*/) {
+  auto it = kept_inputs_.find({chunk, mb});
+  if (it == kept_inputs_.end()) return absl::InternalError("recompute without checkpoints");
+  // The saving forward again, now (per stage: see the header), its output discarded.
+  StageBufferPtr scratch;
+  absl::StatusOr<double> again = ForwardFrom(chunk, mb, Data(it->second), data, true, &scratch);
+  kept_inputs_.erase(it);
+  return again.status();
+}
+
 size_t CudaStageCompute::SavedBytes(int chunk, int mb) const {
-  return stages_[chunk]->SavedBytes(mb);
+  size_t n = stages_[chunk]->SavedBytes(mb);
+  auto it = kept_inputs_.find({chunk, mb});
+  if (it != kept_inputs_.end() && it->second != nullptr) n += it->second->bytes();
+  return n;
 }
 
 void CudaStageCompute::DropSaved() {
   for (auto& s : stages_) s->DropSaved();
+  kept_inputs_.clear();
 }
 
 std::vector<std::pair<size_t, size_t>> CudaStageCompute::TiedCopies() const {

@@ -13,6 +13,14 @@
 // W's weight gradients can fill a zero-bubble schedule's bubble. gpt and llama models with
 // AdamW only (the spec validation says so first).
 //
+// Recomputation (pipeline.recompute full, an R in the program) is per stage here, not per
+// layer as on the CPU: the F of a recomputed micro-batch runs without saving and keeps only
+// its input buffer (on device; the first stage keeps nothing, its tokens are the caller's);
+// the R runs the stage's saving forward again from it, at once, wherever the R stands (an R
+// right before its backward too), so between the R and the backward the micro-batch holds the
+// stage's whole working set (the plan counts it so for cuda). The arithmetic is the saving
+// forward's own, so the backward computes what it would have without recomputation.
+//
 // Every call makes the worker's device current on the calling thread (gRPC may call from any
 // thread) and returns when the device is done, so that the transport may read the outputs.
 // The header names no CUDA type (the device is reached through worker/backend/cuda/device.h
@@ -22,6 +30,7 @@
 #define TANDEM_WORKER_CUDA_STAGE_COMPUTE_H_
 
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,6 +69,11 @@ class CudaStageCompute final : public StageCompute {
                                  StageBufferPtr* output) override;
   absl::Status Backward(int chunk, int mb, v1::ActionKind kind, StageBufferPtr grad_output,
                         StageBufferPtr* grad_input) override;
+  bool recomputes() const override { return true; }
+  absl::StatusOr<double> ForwardKeepingInput(int chunk, int mb, StageBufferPtr input,
+                                             const MicroBatchData& data,
+                                             StageBufferPtr* output) override;
+  absl::Status Recompute(int chunk, int mb, const MicroBatchData& data, bool at_backward) override;
   int64_t last_device_us() const override { return last_device_us_; }
   size_t SavedBytes(int chunk, int mb) const override;
   void DropSaved() override;
@@ -85,6 +99,10 @@ class CudaStageCompute final : public StageCompute {
  private:
   CudaStageCompute() = default;
   absl::Status Use() const;  // makes device_ current on this thread
+  // F of `chunk` for `mb` from device `input` (null on the first stage): Forward's body, also
+  // the R's saving forward from a kept input.
+  absl::StatusOr<double> ForwardFrom(int chunk, int mb, const float* input,
+                                     const MicroBatchData& data, bool save, StageBufferPtr* output);
   // (stage, tensor index) of every tied copy, in TiedGradients() order.
   std::vector<std::pair<size_t, size_t>> TiedCopies() const;
 
@@ -92,6 +110,9 @@ class CudaStageCompute final : public StageCompute {
   int64_t activation_elements_ = 0;  // B * T * C
   int64_t last_device_us_ = 0;
   std::vector<std::unique_ptr<cuda::GpuStage>> stages_;
+  // (chunk, micro-batch) -> the input its F kept for its R (null on the first stage, whose
+  // input is the tokens). An entry means "recomputed, not yet recomputed back".
+  std::map<std::pair<int, int>, StageBufferPtr> kept_inputs_;
   std::shared_ptr<BufferPool> pool_;
   int64_t parameter_count_ = 0;
   std::vector<StaticMemory> static_memory_;

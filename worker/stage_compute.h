@@ -117,7 +117,8 @@ class StageCompute {
   // loss), but all that stays for `mb` afterwards is each layer's input (a checkpoint per
   // layer, as Megatron's and DeepSpeed's per-layer checkpointing keep; nothing for a first
   // layer that reads tokens, which the caller keeps), counted in SavedBytes, until Recompute.
-  // The forward itself holds one layer's working set at a time.
+  // The forward itself holds one layer's working set at a time. (A backend may keep the
+  // stage's input alone and recompute the stage at once, as CUDA does: cuda_stage_compute.h.)
   virtual absl::StatusOr<double> ForwardKeepingInput(int chunk, int mb, StageBufferPtr input,
                                                      const MicroBatchData& data,
                                                      StageBufferPtr* output) {

@@ -192,8 +192,6 @@ const Malformed kCases[] = {
      "selective recomputation runs on cpu workers only"},
     {"model:\n  arch: mlp_lm\npipeline:\n  recompute: selective\n", "pipeline.recompute",
      "mlp_lm has none"},
-    {"device: cuda\npipeline:\n  recompute: full\n", "pipeline.recompute",
-     "full recomputation runs on cpu workers only"},
     // --- eval, checkpoint, init
     {"eval:\n  every: -1\n", "eval.every", "must be >= 0 (0 never evaluates)"},
     {"eval:\n  micro_batches: -4\n", "eval.micro_batches", "must be in [1, 65536]"},
@@ -236,14 +234,15 @@ TEST_P(MalformedSpecTest, RefusedNamingTheFieldAndTheRule) {
 INSTANTIATE_TEST_SUITE_P(Table, MalformedSpecTest, ::testing::ValuesIn(kCases));
 
 // pipeline.recompute: selective is accepted for gpt and llama on cpu workers (the table
-// refuses it on cuda and for mlp_lm), beside none and full; auto everywhere (on cuda it plans
-// without recomputation).
+// refuses it on cuda and for mlp_lm), beside none and full; full and auto on cuda too (its
+// backend recomputes a stage at once).
 TEST(RecomputeSpec, SelectiveIsAcceptedForGptAndLlamaOnCpu) {
   for (const char* yaml :
        {"pipeline:\n  recompute: selective\n",
         "model:\n  arch: llama\npipeline:\n  recompute: selective\n",
         "pipeline:\n  recompute: full\n", "pipeline:\n  recompute: none\n",
-        "pipeline:\n  recompute: auto\n", "device: cuda\npipeline:\n  recompute: auto\n"}) {
+        "pipeline:\n  recompute: auto\n", "device: cuda\npipeline:\n  recompute: auto\n",
+        "device: cuda\npipeline:\n  recompute: full\n"}) {
     absl::StatusOr<v1::JobSpec> spec = LoadJobSpecYaml(yaml);
     ASSERT_TRUE(spec.ok()) << yaml << spec.status();
   }

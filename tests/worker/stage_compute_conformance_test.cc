@@ -9,7 +9,8 @@
 //   - hand activations and gradients between two stages of one worker in its own memory (two
 //     chunks, interleaved 1F1B), tied embeddings summed locally;
 //   - write checkpoints under the same names that another backend restores and continues from;
-//   - account its saved activations per stage and release them by the end of the step.
+//   - account its saved activations per stage and release them by the end of the step;
+//   - recompute (pipeline.recompute full) to the same losses, holding less.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -273,6 +274,41 @@ TEST_P(ConformanceTest, SplitBackwardSchedulesTrainToTheReference) {
     ASSERT_TRUE(ex);
     ExpectClose(Train(*ex, 0, 3), want);
   }
+}
+
+// Full recomputation (an R before every backward) trains to the reference's losses and
+// norms for the same schedule without it: on one stage under GPipe and ZB-H1 (the R before an
+// I), and on two chunks of one worker (interleaved 1F1B). The CPU recomputes layer by layer inside the backward, CUDA a stage at
+// once; either way the backward finds what the saving forward would have left. And it holds
+// less: GPipe's four micro-batches keep their inputs only, against their whole working sets.
+TEST_P(ConformanceTest, FullRecomputationTrainsToTheReferenceAndHoldsLess) {
+  v1::JobSpec spec = Spec(/*tied=*/true, 4);
+  v1::JobSpec full = spec;
+  full.mutable_pipeline()->set_recompute("full");
+  for (auto [schedule, chunks] :
+       {std::pair<const char*, int>{"gpipe", 1}, {"zb_h1", 1}, {"interleaved_1f1b", 2}}) {
+    SCOPED_TRACE(schedule);
+    const auto programs = MakePrograms(full, 1, schedule, "job-1", chunks);
+    ASSERT_EQ(programs.size(), 1u);
+    int rs = 0;
+    for (const v1::Action& a : programs[0].actions()) rs += a.kind() == v1::ACTION_R ? 1 : 0;
+    EXPECT_EQ(rs, 4 * programs[0].chunks_size());
+    // (The same schedule: its order of adding the micro-batches' gradients is the reference's.)
+    auto ref = Make(MakePrograms(Reference(spec), 1, schedule, "job-1", chunks)[0], false);
+    auto ex = Make(programs[0], true);
+    ASSERT_TRUE(ex && ref);
+    ExpectClose(Train(*ex, 0, 3), Train(*ref, 0, 3));
+  }
+  auto peak = [&](const v1::JobSpec& s) -> int64_t {
+    auto ex = Make(MakePrograms(s, 1, "gpipe")[0], true);
+    if (!ex) return -1;
+    absl::StatusOr<v1::StepReport> r = ex->RunStep(0);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->stage_memory(0).peak_activation_bytes() : -1;
+  };
+  const int64_t plain = peak(spec), recomputed = peak(full);
+  EXPECT_GT(recomputed, 0);
+  EXPECT_LT(recomputed, plain);
 }
 
 // A backend's checkpoint carries the CPU's names, and the CPU restored from it continues as
