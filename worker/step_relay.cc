@@ -67,7 +67,7 @@ StepRelay::~StepRelay() {
   absl::MutexLock lock(&mu_);
   for (grpc::ClientContext* ctx : in_flight_) ctx->TryCancel();
   mu_.Await(absl::Condition(
-      +[](std::vector<grpc::ClientContext*>* v) { return v->empty(); }, &in_flight_));
+      +[](int* n) { return *n == 0; }, &callbacks_pending_));
 }
 
 v1::StageWorker::Stub* StepRelay::StubFor(const std::string& address) {
@@ -80,6 +80,12 @@ v1::StageWorker::Stub* StepRelay::StubFor(const std::string& address) {
 void StepRelay::Track(grpc::ClientContext* ctx) {
   absl::MutexLock lock(&mu_);
   in_flight_.push_back(ctx);
+  ++callbacks_pending_;
+}
+
+void StepRelay::CallbackFinished() {
+  absl::MutexLock lock(&mu_);
+  --callbacks_pending_;
 }
 
 void StepRelay::Untrack(grpc::ClientContext* ctx) {
@@ -116,12 +122,12 @@ void StepRelay::Forward(const v1::RunStepRequest& request,
     v1::StageWorker::Stub* stub = StubFor(request.relay(static_cast<int>(i)).address());
     Track(&call->ctx);
     stub->async()->RunStep(
-        &call->ctx, &call->req, &call->resp, [this, batch, call](grpc::Status s) {
+        &call->ctx, &call->req, &call->resp, [this, batch, call](grpc::Status s) mutable {
           absl::Status status = FromGrpcCall(s, call->ctx);
+          // No longer cancellable (the destructor cancels only calls still in flight).
           Untrack(&call->ctx);
           absl::Status failure;
           int failed_rank = -1;
-          bool last = false;
           {
             absl::MutexLock lock(&batch->mu);
             if (status.ok()) {
@@ -138,9 +144,15 @@ void StepRelay::Forward(const v1::RunStepRequest& request,
               batch->outcome.failed_rank = failed_rank;
               failure = batch->outcome.status;
             }
+          }
+          // The failure is reported before this call counts as ended, so that it never comes
+          // after `done`.
+          if (!failure.ok() && batch->on_failure) batch->on_failure(failure, failed_rank);
+          bool last = false;
+          {
+            absl::MutexLock lock(&batch->mu);
             last = --batch->pending == 0;
           }
-          if (!failure.ok() && batch->on_failure) batch->on_failure(failure, failed_rank);
           if (last) {
             Outcome outcome;
             {
@@ -150,6 +162,11 @@ void StepRelay::Forward(const v1::RunStepRequest& request,
             if (!outcome.status.ok()) outcome.relayed.clear();
             batch->done(std::move(outcome));
           }
+          // This callback's hold on the batch ends here (the last one frees the calls'
+          // contexts), and only then does it count as finished: the destructor waits for every
+          // callback to finish, not only for the calls to end.
+          batch.reset();
+          CallbackFinished();
         });
   }
 }

@@ -13,7 +13,8 @@
 //
 // Thread-safety: Forward may be called from any thread, concurrently; the callbacks run on gRPC
 // threads. Channels are dialled once per address and kept (a relay forwards to the same workers
-// every step). The destructor cancels the calls in flight and waits for them to end.
+// every step). The destructor cancels the calls in flight and waits for their callbacks to
+// finish.
 #ifndef TANDEM_WORKER_STEP_RELAY_H_
 #define TANDEM_WORKER_STEP_RELAY_H_
 
@@ -67,11 +68,15 @@ class StepRelay {
   v1::StageWorker::Stub* StubFor(const std::string& address);
   void Track(grpc::ClientContext* ctx);
   void Untrack(grpc::ClientContext* ctx);
+  void CallbackFinished();
 
   const Dial dial_;
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<v1::StageWorker::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  // The calls not yet ended (the destructor cancels them), and the callbacks not yet finished
+  // (it waits for them: a callback frees the calls' contexts and runs `done`).
   std::vector<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
+  int callbacks_pending_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tandem::worker
