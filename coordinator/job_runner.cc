@@ -189,6 +189,7 @@ void JobRunner::Run() {
         "{}: every worker restored its state after step {} from the {} worker(s) that "
         "kept it",
         id, StepNumber(run_.restore.step()), run_.peers.holders_size());
+    ReleaseKeptStateOutsideTheGang();
   }
   // Peer recovery: from now on an abort asks the workers to keep their state after the last
   // step the whole gang completed (the restored one, at first).
@@ -316,7 +317,28 @@ void JobRunner::Run() {
     (void)env_.store->Transition(id, v1::FAILED, reason);
     spdlog::warn("{}: FAILED: {}", id, reason);
   }
+  for (Release& r : releases_) r.done.wait();
   finished_.store(true);
+}
+
+void JobRunner::ReleaseKeptStateOutsideTheGang() {
+  for (const v1::StateHolder& holder : HoldersOutside(run_.peers, gang_.workers())) {
+    Release& r = releases_.emplace_back();
+    r.client = env_.clients->Connect(holder.address());
+    r.done = std::async(std::launch::async, [this, holder, client = r.client.get()] {
+      v1::AbortRequest req;
+      req.set_job_id(job_.id());
+      req.set_reason("the job's gang has restored the state this worker kept");
+      const absl::Status s = client->Abort(req, env_.options.abort_timeout);
+      if (s.ok()) {
+        spdlog::info("{}: worker {} drops the state it kept (restored by the gang)", job_.id(),
+                     holder.worker_id());
+      } else {
+        spdlog::info("{}: worker {} could not be told to drop the state it kept: {}", job_.id(),
+                     holder.worker_id(), s.ToString());
+      }
+    });
+  }
 }
 
 std::optional<std::string> JobRunner::GrowReason(int64_t step, bool from_peers) const {

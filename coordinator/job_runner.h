@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <functional>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -170,6 +171,9 @@ class JobRunner {
   // fills `responses` by rank.
   absl::Status RunStepOnAll(const std::string& what, const v1::RunStepRequest& req,
                             absl::Duration deadline, std::vector<v1::RunStepResponse>* responses);
+  // After the gang restored from its peers: tells the holders outside the gang to drop their
+  // kept copies (peer_recovery.h's HoldersOutside), in the background (releases_).
+  void ReleaseKeptStateOutsideTheGang();
 
   RunnerEnv env_;
   const v1::Job job_;
@@ -193,6 +197,14 @@ class JobRunner {
   absl::Mutex mu_;
   // Which interrupt came first (the gang holds its status).
   Interrupt interrupt_ ABSL_GUARDED_BY(mu_) = Interrupt::kNone;
+
+  // The Abort calls of ReleaseKeptStateOutsideTheGang and their clients, joined at the end of
+  // Run: a holder that is gone costs its abort_timeout there, not in the job's first step.
+  struct Release {
+    std::unique_ptr<StageWorkerClient> client;
+    std::future<void> done;
+  };
+  std::vector<Release> releases_;
 
   std::atomic<bool> finished_{false};
   std::thread thread_;

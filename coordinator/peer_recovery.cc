@@ -70,4 +70,16 @@ std::vector<std::string> PeerOrderFor(const v1::PeerState& state,
   return first;
 }
 
+std::vector<v1::StateHolder> HoldersOutside(const v1::PeerState& state,
+                                            const std::vector<WorkerRecord>& gang) {
+  std::vector<v1::StateHolder> out;
+  for (const v1::StateHolder& h : state.holders()) {
+    const bool in_gang = std::any_of(gang.begin(), gang.end(), [&](const WorkerRecord& w) {
+      return w.id == h.worker_id() && w.address == h.address();
+    });
+    if (!in_gang) out.push_back(h);
+  }
+  return out;
+}
+
 }  // namespace tandem::coordinator

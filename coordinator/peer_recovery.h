@@ -36,6 +36,13 @@ std::optional<v1::PeerState> SurvivorsState(int64_t step, const std::vector<Work
 std::vector<std::string> PeerOrderFor(const v1::PeerState& state,
                                       const std::vector<LayerRange>& layers);
 
+// The holders of `state` that are not workers of `gang`: once the gang has restored from
+// them, their kept copies are of no further use (the gang's own workers drop theirs at their
+// first step), so the runner tells them to drop it rather than hold it until another job
+// configures them (a worker left out of a shrunken elastic gang, say).
+std::vector<v1::StateHolder> HoldersOutside(const v1::PeerState& state,
+                                            const std::vector<WorkerRecord>& gang);
+
 }  // namespace tandem::coordinator
 
 #endif  // TANDEM_COORDINATOR_PEER_RECOVERY_H_

@@ -311,10 +311,14 @@ struct PeerRun {
   v1::Job Run() {
     auto gang = f.registry.Allocate("cpu", 4, id);
     EXPECT_TRUE(gang.ok()) << gang.status();
-    gang_of_run.push_back(*gang);
+    return RunOn(*gang);
+  }
+  // One run on `gang`, to its end.
+  v1::Job RunOn(const std::vector<WorkerRecord>& gang) {
+    gang_of_run.push_back(gang);
     first_fake.push_back(static_cast<int>(f.factory.made.size()));
     {
-      JobRunner runner(f.env, *f.store->Get(id), *gang);
+      JobRunner runner(f.env, *f.store->Get(id), gang);
       runner.Start();
       f.WaitFinished(runner);
       // The runner owns its fakes: what the test reads of them is copied before they go.
@@ -383,6 +387,40 @@ TEST(JobRunnerTest, AFaultAReplicaCoversResumesFromTheSurvivorsWithNoStepRedone)
   // A stage-1 worker asks a holder of stage 1 first (the surviving rank 1).
   EXPECT_EQ(run.seen[run.first_fake[1] + 1].program.restore().peers(0),
             run.gang_of_run[0][1].address);
+}
+
+// A holder that the next gang leaves out (here the surviving rank 2, replaced by spares) is
+// told, once the gang has restored, to drop the copy it kept: an Abort of the job that keeps
+// nothing. The holders in the gang drop theirs at their first step.
+TEST(JobRunnerTest, AHolderLeftOutOfTheNextGangIsToldToDropWhatItKept) {
+  RunnerFixture f;
+  f.env.options.restart_backoff = absl::ZeroDuration();
+  f.factory.configure = [](FakeWorker* w) {
+    if (w->rank_ == 3) DiesAtStep6(w);
+  };
+  PeerRun run(f, 6);
+  v1::Job job = run.Run();
+  ASSERT_EQ(job.state(), v1::QUEUED) << job.reason();
+  ASSERT_EQ(job.peer_state().holders_size(), 3);
+  const std::vector<WorkerRecord>& first = run.gang_of_run[0];
+  std::vector<WorkerRecord> next = {first[0], first[1]};
+  for (const WorkerRecord& w : f.registry.List()) {
+    if (next.size() < 4 && std::none_of(first.begin(), first.end(),
+                                        [&](const WorkerRecord& g) { return g.id == w.id; })) {
+      next.push_back(w);
+    }
+  }
+  ASSERT_EQ(next.size(), 4u);
+  const size_t made_before = f.factory.made.size();
+  job = run.RunOn(next);
+  EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.peer_recoveries(), 1);
+  // The run's four workers, then one connection more: the release of the left-out holder.
+  ASSERT_EQ(run.seen.size(), made_before + 5);
+  const v1::AbortRequest& release = run.seen[made_before + 4].last_abort;
+  EXPECT_EQ(release.job_id(), run.id);
+  EXPECT_FALSE(release.retain_state());
+  EXPECT_THAT(release.reason(), HasSubstr("restored the state this worker kept"));
 }
 
 TEST(JobRunnerTest, AStageWithNoSurvivingReplicaResumesFromTheCheckpoint) {

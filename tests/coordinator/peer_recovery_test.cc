@@ -80,5 +80,25 @@ TEST(PeerRecoveryTest, AWorkerAsksTheHoldersOfItsLayersFirst) {
   EXPECT_THAT(PeerOrderFor(state, {{2, 4}}), ElementsAre("a", "b", "c"));
 }
 
+// Holders outside the next gang (by worker id and address) are the ones told to drop.
+TEST(PeerRecoveryTest, HoldersOutsideTheGangAreThoseNotInIt) {
+  v1::PeerState state;
+  for (int i = 0; i < 3; ++i) {
+    v1::StateHolder* h = state.add_holders();
+    h->set_worker_id(absl::StrCat("w-", i));
+    h->set_address(absl::StrCat("127.0.0.1:", 1000 + i));
+  }
+  std::vector<WorkerRecord> gang(2);
+  gang[0].id = "w-0";
+  gang[0].address = "127.0.0.1:1000";
+  gang[1].id = "w-2";
+  gang[1].address = "127.0.0.1:1009";  // w-2 re-registered elsewhere: not the holder
+  const std::vector<v1::StateHolder> out = HoldersOutside(state, gang);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].worker_id(), "w-1");
+  EXPECT_EQ(out[1].worker_id(), "w-2");
+  EXPECT_TRUE(HoldersOutside(v1::PeerState(), gang).empty());
+}
+
 }  // namespace
 }  // namespace tandem::coordinator
