@@ -76,6 +76,7 @@ absl::StatusOr<std::unique_ptr<CpuStageCompute>> CpuStageCompute::Create(
     c->static_memory_.push_back({bytes, bytes, share, 0});
   }
   c->slots_ = slots;
+  c->last_call_peak_.assign(c->chunks_.size(), 0);
   c->saved_.resize(c->chunks_.size() * slots);
   c->checkpoints_.resize(c->chunks_.size() * slots);
   return c;
@@ -138,7 +139,7 @@ absl::Status CpuStageCompute::Recompute(int chunk, int mb, const MicroBatchData&
                                         bool at_backward) {
   Checkpoint& cp = CheckpointOf(chunk, mb);
   if (!cp.kept || cp.at_backward) return absl::InternalError("recompute without checkpoints");
-  last_call_peak_ = SavedBytes(chunk, mb);
+  last_call_peak_[static_cast<size_t>(chunk)] = SavedBytes(chunk, mb);
   if (at_backward) {
     cp.at_backward = true;
     cp.data = data;
@@ -151,7 +152,8 @@ absl::Status CpuStageCompute::Recompute(int chunk, int mb, const MicroBatchData&
   saved.assign(layers.size(), SavedContext{});
   for (size_t l = 0; l < layers.size(); ++l) {
     RETURN_IF_ERROR(layers[l]->RecomputeContext(cp.inputs[l], data, saved[l]));
-    last_call_peak_ = std::max(last_call_peak_, SavedBytes(chunk, mb));
+    last_call_peak_[static_cast<size_t>(chunk)] =
+        std::max(last_call_peak_[static_cast<size_t>(chunk)], SavedBytes(chunk, mb));
     cp.inputs[l] = Tensor{};
   }
   cp = Checkpoint{};
@@ -168,7 +170,8 @@ absl::Status CpuStageCompute::RecomputingBackward(int chunk, int mb, bool split,
   for (size_t l = layers.size(); l-- > 0;) {
     RETURN_IF_ERROR(layers[l]->RecomputeContext(cp.inputs[l], cp.data, saved[l]));
     cp.inputs[l] = Tensor{};
-    last_call_peak_ = std::max(last_call_peak_, SavedBytes(chunk, mb));
+    last_call_peak_[static_cast<size_t>(chunk)] =
+        std::max(last_call_peak_[static_cast<size_t>(chunk)], SavedBytes(chunk, mb));
     RETURN_IF_ERROR(split ? layers[l]->BackwardInput(g, saved[l], gin)
                           : layers[l]->Backward(g, saved[l], gin));
     if (!split) saved[l].Clear();
@@ -185,7 +188,7 @@ absl::Status CpuStageCompute::Backward(int chunk, int mb, v1::ActionKind kind,
                                        StageBufferPtr grad_output, StageBufferPtr* grad_input) {
   const auto& layers = chunks_[chunk];
   std::vector<SavedContext>& saved = Saved(chunk, mb);
-  last_call_peak_ = SavedBytes(chunk, mb);
+  last_call_peak_[static_cast<size_t>(chunk)] = SavedBytes(chunk, mb);
   const bool split = kind == v1::ACTION_I;
   if (kind != v1::ACTION_W && CheckpointOf(chunk, mb).at_backward) {
     Tensor g;

@@ -36,7 +36,14 @@ class CpuStageCompute final : public StageCompute {
                                              const MicroBatchData& data,
                                              StageBufferPtr* output) override;
   absl::Status Recompute(int chunk, int mb, const MicroBatchData& data, bool at_backward) override;
-  size_t LastCallPeakSavedBytes() const override { return last_call_peak_; }
+  size_t LastCallPeakSavedBytes(int chunk) const override {
+    return last_call_peak_[static_cast<size_t>(chunk)];
+  }
+  bool runs_chunks_concurrently() const override { return concurrent_chunks_; }
+  // Lets the executor run two chunks' compute calls at once (a second thread, beyond the
+  // worker's --threads): the calls of different chunks share no state here. For the tests of
+  // the executor's overlapped pairs; off by default.
+  void AllowConcurrentChunks() { concurrent_chunks_ = true; }
   absl::Status Backward(int chunk, int mb, v1::ActionKind kind, StageBufferPtr grad_output,
                         StageBufferPtr* grad_input) override;
   size_t SavedBytes(int chunk, int mb) const override;
@@ -92,7 +99,8 @@ class CpuStageCompute final : public StageCompute {
   // before that layer's backward.
   absl::Status RecomputingBackward(int chunk, int mb, bool split, Tensor g, Tensor& grad_input);
   std::vector<Checkpoint> checkpoints_;
-  size_t last_call_peak_ = 0;  // LastCallPeakSavedBytes
+  std::vector<size_t> last_call_peak_;  // per chunk: LastCallPeakSavedBytes
+  bool concurrent_chunks_ = false;
   int64_t parameter_count_ = 0;
   std::vector<StaticMemory> static_memory_;
   LayerDoneHook layer_done_;

@@ -224,6 +224,7 @@ absl::StatusOr<std::unique_ptr<CudaStageCompute>> CudaStageCompute::Create(
                               static_cast<int64_t>(spec.model().d_model());
     c->stages_.push_back(std::move(stage));
   }
+  c->last_device_us_.assign(c->stages_.size(), 0);
   return c;
 }
 
@@ -254,10 +255,10 @@ absl::StatusOr<double> CudaStageCompute::ForwardFrom(int chunk, int mb, const fl
   const double normalizer = static_cast<double>(std::max<int64_t>(data.loss_normalizer, 1));
   const int32_t* tokens = stage.has_embedding() && data.tokens ? data.tokens->data() : nullptr;
   const int32_t* targets = stage.has_head() && data.targets ? data.targets->data() : nullptr;
-  last_device_us_ = 0;
+  last_device_us_[static_cast<size_t>(chunk)] = 0;
   ASSIGN_OR_RETURN(const double sum, stage.Forward(mb, tokens, targets, input, out,
                                                    static_cast<float>(1.0 / normalizer), save));
-  last_device_us_ = DeviceMicros(stage.last_times().forward_ms);
+  last_device_us_[static_cast<size_t>(chunk)] = DeviceMicros(stage.last_times().forward_ms);
   return sum / normalizer;
 }
 
@@ -265,12 +266,12 @@ absl::Status CudaStageCompute::Backward(int chunk, int mb, v1::ActionKind kind,
                                         StageBufferPtr grad_output, StageBufferPtr* grad_input) {
   RETURN_IF_ERROR(Use());
   GpuStage& stage = *stages_[chunk];
-  last_device_us_ = 0;
+  last_device_us_[static_cast<size_t>(chunk)] = 0;
   // The split backward: I computes the input gradient and keeps what W needs; W adds the
   // weight gradients (GpuStage::BackwardInput / BackwardWeight).
   if (kind == v1::ACTION_W) {
     RETURN_IF_ERROR(stage.BackwardWeight(mb));
-    last_device_us_ = DeviceMicros(stage.last_times().backward_ms);
+    last_device_us_[static_cast<size_t>(chunk)] = DeviceMicros(stage.last_times().backward_ms);
     return absl::OkStatus();
   }
   float* din = nullptr;
@@ -280,7 +281,7 @@ absl::Status CudaStageCompute::Backward(int chunk, int mb, v1::ActionKind kind,
   }
   RETURN_IF_ERROR(kind == v1::ACTION_I ? stage.BackwardInput(mb, Data(grad_output), din)
                                        : stage.Backward(mb, Data(grad_output), din));
-  last_device_us_ = DeviceMicros(stage.last_times().backward_ms);
+  last_device_us_[static_cast<size_t>(chunk)] = DeviceMicros(stage.last_times().backward_ms);
   return absl::OkStatus();
 }
 
@@ -288,30 +289,39 @@ absl::StatusOr<double> CudaStageCompute::ForwardKeepingInput(int chunk, int mb,
                                                              StageBufferPtr input,
                                                              const MicroBatchData& data,
                                                              StageBufferPtr* output) {
-  if (kept_inputs_.count({chunk, mb}) > 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "stage ", chunk, " already keeps the input of micro-batch ", mb, " for its recompute"));
+  {
+    absl::MutexLock lock(&kept_mu_);
+    if (kept_inputs_.count({chunk, mb}) > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "stage ", chunk, " already keeps the input of micro-batch ", mb, " for its recompute"));
+    }
   }
   // The forward without saving (the loss, the output), then only its input stays.
   StageBufferPtr kept = std::move(input);
   ASSIGN_OR_RETURN(const double loss, ForwardFrom(chunk, mb, Data(kept), data, false, output));
+  absl::MutexLock lock(&kept_mu_);
   kept_inputs_[{chunk, mb}] = std::move(kept);
   return loss;
 }
 
 absl::Status CudaStageCompute::Recompute(int chunk, int mb, const MicroBatchData& data,
                                          bool /*at_backward*/) {
-  auto it = kept_inputs_.find({chunk, mb});
-  if (it == kept_inputs_.end()) return absl::InternalError("recompute without checkpoints");
+  StageBufferPtr kept;
+  {
+    absl::MutexLock lock(&kept_mu_);
+    auto it = kept_inputs_.find({chunk, mb});
+    if (it == kept_inputs_.end()) return absl::InternalError("recompute without checkpoints");
+    kept = std::move(it->second);
+    kept_inputs_.erase(it);
+  }
   // The saving forward again, now (per stage: see the header), its output discarded.
   StageBufferPtr scratch;
-  absl::StatusOr<double> again = ForwardFrom(chunk, mb, Data(it->second), data, true, &scratch);
-  kept_inputs_.erase(it);
-  return again.status();
+  return ForwardFrom(chunk, mb, Data(kept), data, true, &scratch).status();
 }
 
 size_t CudaStageCompute::SavedBytes(int chunk, int mb) const {
   size_t n = stages_[chunk]->SavedBytes(mb);
+  absl::MutexLock lock(&kept_mu_);
   auto it = kept_inputs_.find({chunk, mb});
   if (it != kept_inputs_.end() && it->second != nullptr) n += it->second->bytes();
   return n;
@@ -319,6 +329,7 @@ size_t CudaStageCompute::SavedBytes(int chunk, int mb) const {
 
 void CudaStageCompute::DropSaved() {
   for (auto& s : stages_) s->DropSaved();
+  absl::MutexLock lock(&kept_mu_);
   kept_inputs_.clear();
 }
 

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "tandem/v1/common.pb.h"
 #include "worker/stage_compute.h"
 
@@ -74,7 +75,10 @@ class CudaStageCompute final : public StageCompute {
                                              const MicroBatchData& data,
                                              StageBufferPtr* output) override;
   absl::Status Recompute(int chunk, int mb, const MicroBatchData& data, bool at_backward) override;
-  int64_t last_device_us() const override { return last_device_us_; }
+  int64_t last_device_us(int chunk) const override {
+    return last_device_us_[static_cast<size_t>(chunk)];
+  }
+  bool runs_chunks_concurrently() const override { return true; }
   size_t SavedBytes(int chunk, int mb) const override;
   void DropSaved() override;
   int64_t parameter_count() const override { return parameter_count_; }
@@ -107,12 +111,14 @@ class CudaStageCompute final : public StageCompute {
   std::vector<std::pair<size_t, size_t>> TiedCopies() const;
 
   int device_ = 0;
-  int64_t activation_elements_ = 0;  // B * T * C
-  int64_t last_device_us_ = 0;
+  int64_t activation_elements_ = 0;      // B * T * C
+  std::vector<int64_t> last_device_us_;  // per chunk
   std::vector<std::unique_ptr<cuda::GpuStage>> stages_;
   // (chunk, micro-batch) -> the input its F kept for its R (null on the first stage, whose
   // input is the tokens). An entry means "recomputed, not yet recomputed back".
-  std::map<std::pair<int, int>, StageBufferPtr> kept_inputs_;
+  // Guarded by kept_mu_ (two chunks' calls may run at once).
+  mutable absl::Mutex kept_mu_;
+  std::map<std::pair<int, int>, StageBufferPtr> kept_inputs_ ABSL_GUARDED_BY(kept_mu_);
   std::shared_ptr<BufferPool> pool_;
   int64_t parameter_count_ = 0;
   std::vector<StaticMemory> static_memory_;

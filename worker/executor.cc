@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -240,6 +241,7 @@ StageExecutor::MicroBatch& StageExecutor::Mb(int chunk, int mb) {
 }
 
 void StageExecutor::Account(int chunk, int mb, size_t saved_during) {
+  std::lock_guard<std::mutex> lock(account_mu_);
   const size_t i = static_cast<size_t>(chunk) * mb_slots_ + static_cast<size_t>(mb);
   if (saved_during > 0) {
     // The moment inside the action when the compute held saved_during for this micro-batch.
@@ -519,6 +521,11 @@ absl::Status StageExecutor::RunActions(int64_t step, bool eval, v1::StepReport* 
   for (int i = 0; i < actions.size(); ++i) {
     const v1::Action& a = actions[i];
     if (aborted_.load()) return FailStep(absl::AbortedError("the stage was aborted"), "step");
+    if (!eval && RunsConcurrently(actions, i, step)) {
+      RETURN_IF_ERROR(RunOverlappedPair(actions, next_recv, i, step, report));
+      ++i;
+      continue;
+    }
     // Before each compute action, post the program's next receive, so that its transfer
     // overlaps the compute (posting never blocks, so a valid program cannot deadlock).
     if (next_recv[i] >= 0 && IsComputeAction(a.kind())) {
@@ -541,13 +548,13 @@ absl::Status StageExecutor::RunActions(int64_t step, bool eval, v1::StepReport* 
     if (post_layers) compute_->set_layer_done_hook(nullptr);
     timing->set_end_us(UnixMicros());
     if (!s.ok()) return FailStep(s, Where(a));
-    if (IsComputeAction(a.kind())) timing->set_device_us(compute_->last_device_us());
+    if (IsComputeAction(a.kind())) timing->set_device_us(compute_->last_device_us(chunk));
     // R and the backwards report their transient peak (a backward that recomputes layer by
     // layer holds more inside than before or after it).
     const bool transient = a.kind() == v1::ACTION_R || a.kind() == v1::ACTION_B ||
                            a.kind() == v1::ACTION_I || a.kind() == v1::ACTION_W;
     Account(chunk_of_stage_[a.stage()], a.micro_batch(),
-            transient ? compute_->LastCallPeakSavedBytes() : 0);
+            transient ? compute_->LastCallPeakSavedBytes(chunk) : 0);
   }
   if (transport_ != nullptr) {
     if (absl::Status s = transport_->WaitSends(); !s.ok()) return FailStep(s, "waiting for sends");
@@ -556,6 +563,80 @@ absl::Status StageExecutor::RunActions(int64_t step, bool eval, v1::StepReport* 
   for (MicroBatch& m : mbs_) m = MicroBatch{};
   compute_->DropSaved();
   send_buffers_.clear();
+  return absl::OkStatus();
+}
+
+bool StageExecutor::RunsConcurrently(const google::protobuf::RepeatedPtrField<v1::Action>& actions,
+                                     int i, int64_t step) const {
+  if (!compute_->runs_chunks_concurrently() || i + 1 >= actions.size()) return false;
+  const v1::Action& a = actions[i];
+  const v1::Action& b = actions[i + 1];
+  auto plain = [](v1::ActionKind k) {
+    return k == v1::ACTION_F || k == v1::ACTION_B || k == v1::ACTION_I || k == v1::ACTION_W;
+  };
+  if (!a.overlap_with_next() || !plain(a.kind()) || !plain(b.kind())) return false;
+  const int ca = chunk_of_stage_[a.stage()], cb = chunk_of_stage_[b.stage()];
+  if (ca == cb || fault_.Matches(step, a) || fault_.Matches(step, b)) return false;
+  // A chunk's last weight gradient hands its layers to the reducer from the compute's hook,
+  // which one thread sets: such an action runs alone.
+  if (reducer_ != nullptr && (i == last_grad_action_[ca] || i + 1 == last_grad_action_[cb])) {
+    return false;
+  }
+  // The micro-batch slots each touches: its own, and the neighbouring chunk's it takes its
+  // input (F) or output gradient (B, I) from.
+  auto touched = [&](const v1::Action& x, int c) {
+    std::vector<std::pair<int, int>> out{{c, x.micro_batch()}};
+    const Chunk& ch = chunks_[c];
+    if (x.kind() == v1::ACTION_F && ch.prev >= 0) out.push_back({ch.prev, x.micro_batch()});
+    if ((x.kind() == v1::ACTION_B || x.kind() == v1::ACTION_I) && ch.next >= 0) {
+      out.push_back({ch.next, x.micro_batch()});
+    }
+    return out;
+  };
+  for (const auto& p : touched(a, ca)) {
+    for (const auto& q : touched(b, cb)) {
+      if (p == q) return false;
+    }
+  }
+  return true;
+}
+
+absl::Status StageExecutor::RunOverlappedPair(
+    const google::protobuf::RepeatedPtrField<v1::Action>& actions,
+    const std::vector<int>& next_recv, int i, int64_t step, v1::StepReport* report) {
+  for (int k : {i, i + 1}) {
+    if (next_recv[k] >= 0) {
+      if (absl::Status s = PostRecv(actions[next_recv[k]]); !s.ok()) {
+        return FailStep(s, Where(actions[next_recv[k]]));
+      }
+    }
+  }
+  v1::ActionTiming* first = report->add_timings();
+  v1::ActionTiming* second = report->add_timings();
+  first->set_index(i);
+  second->set_index(i + 1);
+  const int64_t start = UnixMicros();
+  first->set_start_us(start);
+  second->set_start_us(start);
+  absl::Status second_status;
+  int64_t second_end = 0;
+  std::thread other([&] {
+    second_status = RunAction(actions[i + 1], step, false);
+    second_end = UnixMicros();
+  });
+  const absl::Status first_status = RunAction(actions[i], step, false);
+  first->set_end_us(UnixMicros());
+  other.join();
+  second->set_end_us(second_end);
+  if (!first_status.ok()) return FailStep(first_status, Where(actions[i]));
+  if (!second_status.ok()) return FailStep(second_status, Where(actions[i + 1]));
+  for (int k : {i, i + 1}) {
+    const v1::Action& a = actions[k];
+    const int chunk = chunk_of_stage_[a.stage()];
+    (k == i ? first : second)->set_device_us(compute_->last_device_us(chunk));
+    const bool transient = a.kind() != v1::ACTION_F;
+    Account(chunk, a.micro_batch(), transient ? compute_->LastCallPeakSavedBytes(chunk) : 0);
+  }
   return absl::OkStatus();
 }
 

@@ -38,6 +38,12 @@
 // the transport until the end of the step (Gloo has no non-blocking completion test) and is
 // reported separately as send-buffer bytes.
 //
+// Overlapped pairs (DualPipe's F;B, Action.overlap_with_next): where the compute can run two
+// chunks at once (StageCompute::runs_chunks_concurrently: the CUDA backend, each chunk its own
+// stream), the pair's two compute actions run at the same time, the second on a thread of its
+// own, when they touch no micro-batch in common; elsewhere one after the other. The live-bytes
+// accounting they share is under a mutex.
+//
 // Thread-safety: RunStep is called by one thread at a time (a second concurrent call gets
 // FAILED_PRECONDITION); Abort() may be called from any thread, and makes a running or later
 // RunStep return ABORTED. After a failed or aborted step the executor refuses further steps
@@ -50,6 +56,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -213,6 +220,13 @@ class StageExecutor {
   // B (input and weight gradients), I (input gradient only) or W (weight gradients of a
   // micro-batch whose I ran).
   absl::Status Backward(int chunk, int mb, v1::ActionKind kind);
+  // Whether actions[i] and actions[i + 1] form an overlapped pair that runs at once here (see
+  // the file comment), and running them so: both timed from one start, each to its own end.
+  bool RunsConcurrently(const google::protobuf::RepeatedPtrField<v1::Action>& actions, int i,
+                        int64_t step) const;
+  absl::Status RunOverlappedPair(const google::protobuf::RepeatedPtrField<v1::Action>& actions,
+                                 const std::vector<int>& next_recv, int i, int64_t step,
+                                 v1::StepReport* report);
   // The peer and tag of the receive `a` (RECV_F or RECV_B).
   struct RecvEnds {
     int peer = -1;
@@ -274,6 +288,8 @@ class StageExecutor {
   size_t mb_slots_ = 0;           // micro-batch slots per chunk
   std::vector<MicroBatch> mbs_;   // chunk * mb_slots_ + micro-batch
   std::vector<size_t> mb_bytes_;  // bytes held by each micro-batch, as last accounted
+  // Guards the accounting below while an overlapped pair's two actions run.
+  std::mutex account_mu_;
   size_t live_bytes_ = 0;
   size_t peak_bytes_ = 0;
   // Per chunk: live and peak activation bytes in the step.

@@ -42,7 +42,7 @@ double Seconds(F&& f) {
 template <typename F>
 double ComputeSeconds(const StageCompute& compute, F&& f) {
   const double host = Seconds(std::forward<F>(f));
-  const int64_t us = compute.last_device_us();
+  const int64_t us = compute.last_device_us(0);  // a profile runs one chunk
   return us > 0 ? std::min(host, static_cast<double>(us) * 1e-6) : host;
 }
 

@@ -138,11 +138,11 @@ class StageCompute {
     return absl::UnimplementedError(
         absl::StrCat("the ", device(), " backend cannot recompute activations"));
   }
-  // The most bytes SavedBytes(chunk, mb) reached inside the last Recompute or Backward call,
-  // for the micro-batch it ran (its transient peak, which the sizes before and after the
-  // call do not show: a backward that recomputes layer by layer); 0 where a backend keeps no
-  // such record.
-  virtual size_t LastCallPeakSavedBytes() const { return 0; }
+  // The most bytes SavedBytes(chunk, mb) reached inside the last Recompute or Backward call of
+  // `chunk`, for the micro-batch it ran (its transient peak, which the sizes before and after
+  // the call do not show: a backward that recomputes layer by layer); 0 where a backend keeps
+  // no such record.
+  virtual size_t LastCallPeakSavedBytes(int chunk) const { return 0; }
 
   // B (input and weight gradients), I (input gradient only, leaving what W needs) or W (the
   // weight gradients of a micro-batch whose I ran) of `chunk` for `mb`, ADDING the parameter
@@ -151,10 +151,18 @@ class StageCompute {
   virtual absl::Status Backward(int chunk, int mb, v1::ActionKind kind, StageBufferPtr grad_output,
                                 StageBufferPtr* grad_input) = 0;
 
-  // The device time of the latest Forward or Backward, by the device's own clock (events on
-  // its compute stream), in microseconds; 0 for a backend without one (the CPU, where the
-  // host's interval around the call is the compute).
-  virtual int64_t last_device_us() const { return 0; }
+  // The device time of the latest Forward or Backward of `chunk`, by the device's own clock
+  // (events on its compute stream), in microseconds; 0 for a backend without one (the CPU,
+  // where the host's interval around the call is the compute).
+  virtual int64_t last_device_us(int chunk) const { return 0; }
+
+  // Whether the compute calls (Forward, Recompute, Backward, and the figures above) of two
+  // DIFFERENT chunks may run at the same time from two threads: the executor then runs an
+  // overlapped pair of the program (DualPipe's F;B, Action.overlap_with_next) at once. The
+  // CUDA backend can (each chunk is its own GpuStage, with its own stream, cuBLAS handle and
+  // workspace, so the two run side by side on the device); the CPU backend only when told to
+  // (AllowConcurrentChunks: its one thread per worker is the worker's budget).
+  virtual bool runs_chunks_concurrently() const { return false; }
 
   // Bytes saved by `mb`'s forward of `chunk` (or the input kept for its recomputation) and
   // not yet released by its backward.

@@ -45,11 +45,13 @@ Dataset DataOf(const v1::JobSpec& spec) {
 
 // Builds one executor per stage (Gloo over one HashStore when there are several), runs
 // kSteps steps on all of them in parallel threads, and returns the last stage's losses.
-// `wrap`, when set, decorates each rank's transport.
+// `wrap`, when set, decorates each rank's transport; `concurrent_chunks` lets the CPU compute
+// run two chunks at once (CpuStageCompute::AllowConcurrentChunks: overlapped pairs run so).
 using TransportWrapper = std::function<std::unique_ptr<Transport>(int, std::unique_ptr<Transport>)>;
 std::vector<double> Train(const v1::JobSpec& spec, int stages, const std::string& schedule,
                           std::vector<v1::StepReport>* stage0_reports = nullptr, int steps = kSteps,
-                          int chunks = 0, const TransportWrapper& wrap = {}) {
+                          int chunks = 0, const TransportWrapper& wrap = {},
+                          bool concurrent_chunks = false) {
   const auto programs = MakePrograms(spec, stages, schedule, "job-1", chunks);
   if (programs.empty()) return {};
   // The worker holding the last stage reports the loss (rank 0 in a V).
@@ -72,7 +74,16 @@ std::vector<double> Train(const v1::JobSpec& spec, int stages, const std::string
         transport = *std::move(t);
         if (wrap) transport = wrap(s, std::move(transport));
       }
-      auto ex = StageExecutor::Create(programs[s], data, std::move(transport));
+      absl::StatusOr<std::unique_ptr<StageExecutor>> ex;
+      if (concurrent_chunks) {
+        auto compute =
+            CpuStageCompute::Create(programs[s], StageExecutor::MicroBatchSlots(programs[s]));
+        ASSERT_TRUE(compute.ok()) << compute.status();
+        (*compute)->AllowConcurrentChunks();
+        ex = StageExecutor::Create(programs[s], data, std::move(transport), *std::move(compute));
+      } else {
+        ex = StageExecutor::Create(programs[s], data, std::move(transport));
+      }
       ASSERT_TRUE(ex.ok()) << ex.status();
       executors[s] = *std::move(ex);
     });
@@ -302,6 +313,39 @@ class PeerRecorder final : public testing::ForwardingTransport {
   std::set<int>* sent_;
   std::set<int>* received_;
 };
+
+// DualPipeV's overlapped pairs (F of one chunk with the backward of the other) run at the same
+// time where the compute allows two chunks at once, as the CUDA backend does with a stream per
+// chunk: each pair's two actions start together, and the losses are bit for bit those of the
+// same program run one action after the other.
+TEST_F(ExecutorTest, OverlappedPairsRunAtOnceWhereTheComputeAllowsAndChangeNothing) {
+  v1::JobSpec spec = testing::TinyGptJob(/*tied=*/true);
+  spec.mutable_model()->set_n_layer(6);  // 8 layers: 2 workers x 2 chunks
+  spec.mutable_pipeline()->set_micro_batch_size(2);
+  spec.mutable_pipeline()->set_micro_batches(8);
+  const auto programs = MakePrograms(spec, 2, "dualpipe_v");
+  ASSERT_EQ(programs.size(), 2u);
+  std::vector<int> pairs;  // rank 0's actions that start an overlapped pair
+  for (int i = 0; i < programs[0].actions_size(); ++i) {
+    if (programs[0].actions(i).overlap_with_next()) pairs.push_back(i);
+  }
+  ASSERT_FALSE(pairs.empty());
+  std::vector<v1::StepReport> one_by_one, at_once;
+  const std::vector<double> want = Train(spec, 2, "dualpipe_v", &one_by_one, 3);
+  const std::vector<double> got = Train(spec, 2, "dualpipe_v", &at_once, 3, 0, {}, true);
+  ExpectSameLosses(want, got, 0.0, 3);
+  auto timing = [](const v1::StepReport& r, int index) {
+    for (const v1::ActionTiming& t : r.timings()) {
+      if (t.index() == index) return t;
+    }
+    ADD_FAILURE() << "no timing for action " << index;
+    return v1::ActionTiming();
+  };
+  for (int i : pairs) {
+    EXPECT_GE(timing(one_by_one[1], i + 1).start_us(), timing(one_by_one[1], i).end_us()) << i;
+    EXPECT_EQ(timing(at_once[1], i + 1).start_us(), timing(at_once[1], i).start_us()) << i;
+  }
+}
 
 // TransferPeers names exactly the ranks each worker's executor sends to and receives from, on
 // every schedule and placement (the NCCL transport connects only those pairs), and is
@@ -745,7 +789,7 @@ class DeviceClockCompute final : public StageCompute {
     device_us_ = ++calls_;
     return cpu_->Backward(chunk, mb, kind, std::move(grad_output), grad_input);
   }
-  int64_t last_device_us() const override { return device_us_; }
+  int64_t last_device_us(int) const override { return device_us_; }
   size_t SavedBytes(int chunk, int mb) const override { return cpu_->SavedBytes(chunk, mb); }
   void DropSaved() override { cpu_->DropSaved(); }
   int64_t parameter_count() const override { return cpu_->parameter_count(); }

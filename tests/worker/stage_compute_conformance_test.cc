@@ -256,14 +256,17 @@ TEST_P(ConformanceTest, TwoChunksOnOneWorkerHandOverInTheBackendsMemory) {
 }
 
 // Schedules that split the backward into I (input gradient) and W (weight gradient), on one
-// stage (ZB-H1) and on two chunks of one worker (ZB-V), train to the 1F1B reference: however a
-// backend divides its backward between I and W, the sum is the whole backward.
+// stage (ZB-H1) and on two chunks of one worker (ZB-V, DualPipeV), train to the 1F1B
+// reference: however a backend divides its backward between I and W, the sum is the whole
+// backward. DualPipeV's overlapped pairs (F of one chunk with B of the other) run at once on a
+// backend that runs two chunks concurrently (CUDA: a stream each).
 TEST_P(ConformanceTest, SplitBackwardSchedulesTrainToTheReference) {
   const v1::JobSpec spec = Spec(/*tied=*/true, 4);
   auto ref = Make(MakePrograms(Reference(spec), 1, "1f1b")[0], false);
   ASSERT_TRUE(ref);
   const auto want = Train(*ref, 0, 3);
-  for (auto [schedule, chunks] : {std::pair<const char*, int>{"zb_h1", 1}, {"zb_v", 2}}) {
+  for (auto [schedule, chunks] :
+       {std::pair<const char*, int>{"zb_h1", 1}, {"zb_v", 2}, {"dualpipe_v", 2}}) {
     SCOPED_TRACE(schedule);
     const auto programs = MakePrograms(spec, 1, schedule, "job-1", chunks);
     ASSERT_EQ(programs.size(), 1u);
@@ -278,9 +281,10 @@ TEST_P(ConformanceTest, SplitBackwardSchedulesTrainToTheReference) {
 
 // Full recomputation (an R before every backward) trains to the reference's losses and
 // norms for the same schedule without it: on one stage under GPipe and ZB-H1 (the R before an
-// I), and on two chunks of one worker (interleaved 1F1B). The CPU recomputes layer by layer inside the backward, CUDA a stage at
-// once; either way the backward finds what the saving forward would have left. And it holds
-// less: GPipe's four micro-batches keep their inputs only, against their whole working sets.
+// I), and on two chunks of one worker (interleaved 1F1B). The CPU recomputes layer by layer inside
+// the backward, CUDA a stage at once; either way the backward finds what the saving forward would
+// have left. And it holds less: GPipe's four micro-batches keep their inputs only, against their
+// whole working sets.
 TEST_P(ConformanceTest, FullRecomputationTrainsToTheReferenceAndHoldsLess) {
   v1::JobSpec spec = Spec(/*tied=*/true, 4);
   v1::JobSpec full = spec;
