@@ -571,10 +571,14 @@ bool StageExecutor::RunsConcurrently(const google::protobuf::RepeatedPtrField<v1
   if (!compute_->runs_chunks_concurrently() || i + 1 >= actions.size()) return false;
   const v1::Action& a = actions[i];
   const v1::Action& b = actions[i + 1];
-  auto plain = [](v1::ActionKind k) {
-    return k == v1::ACTION_F || k == v1::ACTION_B || k == v1::ACTION_I || k == v1::ACTION_W;
+  // A forward with a backward (B, I or W), in either order: two forwards would share the
+  // sampler's scratch.
+  auto backward = [](v1::ActionKind k) {
+    return k == v1::ACTION_B || k == v1::ACTION_I || k == v1::ACTION_W;
   };
-  if (!a.overlap_with_next() || !plain(a.kind()) || !plain(b.kind())) return false;
+  const bool f_then_b = a.kind() == v1::ACTION_F && backward(b.kind());
+  const bool b_then_f = backward(a.kind()) && b.kind() == v1::ACTION_F;
+  if (!a.overlap_with_next() || !(f_then_b || b_then_f)) return false;
   const int ca = chunk_of_stage_[a.stage()], cb = chunk_of_stage_[b.stage()];
   if (ca == cb || fault_.Matches(step, a) || fault_.Matches(step, b)) return false;
   // A chunk's last weight gradient hands its layers to the reducer from the compute's hook,
