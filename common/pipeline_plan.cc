@@ -108,11 +108,10 @@ double RankStaticBytes(const v1::ModelProfile& profile, const PipelinePlan& plan
 }
 
 // Recomputation hidden in the idle time (common/recompute_placement.h), under the measured
-// costs: each worker may hold up to memory_budget_mb less its stages' static bytes (without
-// a budget, no more than the plain placement's peak). The moved R's raise a worker's peak
-// within that; the stages' predicted bytes take their share of the rise.
-absl::Status PlaceRecomputeInIdleTime(const v1::JobSpec& spec, const v1::ModelProfile& profile,
-                                      PipelinePlan* plan) {
+// costs: each worker's stages may rise up to memory_budget_mb from their predicted bytes
+// (without a budget, no more than the plain placement's peak). The moved R's raise a worker's
+// peak within that; the stages' predicted bytes take their share of the rise.
+absl::Status PlaceRecomputeInIdleTime(const v1::JobSpec& spec, PipelinePlan* plan) {
   const Placement& placement = plan->schedule.placement;
   ASSIGN_OR_RETURN(SimulationResult plain,
                    SimulateSchedule(plan->schedule, ActionCosts{}, plan->stage_costs));
@@ -342,7 +341,7 @@ absl::StatusOr<PipelinePlan> PlanWith(const v1::JobSpec& spec, const v1::ModelPr
       RETURN_IF_ERROR(RebuildZBAuto(spec, *profile, &plan));
     }
     if (plan.recomputes()) {
-      RETURN_IF_ERROR(PlaceRecomputeInIdleTime(spec, *profile, &plan));
+      RETURN_IF_ERROR(PlaceRecomputeInIdleTime(spec, &plan));
     }
     absl::StatusOr<SimulationResult> sim =
         SimulateSchedule(plan.schedule, ActionCosts{}, plan.stage_costs);
