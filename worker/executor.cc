@@ -526,13 +526,7 @@ absl::Status StageExecutor::RunActions(int64_t step, bool eval, v1::StepReport* 
       ++i;
       continue;
     }
-    // Before each compute action, post the program's next receive, so that its transfer
-    // overlaps the compute (posting never blocks, so a valid program cannot deadlock).
-    if (next_recv[i] >= 0 && IsComputeAction(a.kind())) {
-      if (absl::Status s = PostRecv(actions[next_recv[i]]); !s.ok()) {
-        return FailStep(s, Where(actions[next_recv[i]]));
-      }
-    }
+    if (IsComputeAction(a.kind())) RETURN_IF_ERROR(PostNextRecv(actions, next_recv, i));
     v1::ActionTiming* timing = report->add_timings();
     timing->set_index(i);
     timing->set_start_us(UnixMicros());
@@ -548,13 +542,7 @@ absl::Status StageExecutor::RunActions(int64_t step, bool eval, v1::StepReport* 
     if (post_layers) compute_->set_layer_done_hook(nullptr);
     timing->set_end_us(UnixMicros());
     if (!s.ok()) return FailStep(s, Where(a));
-    if (IsComputeAction(a.kind())) timing->set_device_us(compute_->last_device_us(chunk));
-    // R and the backwards report their transient peak (a backward that recomputes layer by
-    // layer holds more inside than before or after it).
-    const bool transient = a.kind() == v1::ACTION_R || a.kind() == v1::ACTION_B ||
-                           a.kind() == v1::ACTION_I || a.kind() == v1::ACTION_W;
-    Account(chunk_of_stage_[a.stage()], a.micro_batch(),
-            transient ? compute_->LastCallPeakSavedBytes(chunk) : 0);
+    AccountAction(a, timing);
   }
   if (transport_ != nullptr) {
     if (absl::Status s = transport_->WaitSends(); !s.ok()) return FailStep(s, "waiting for sends");
@@ -608,13 +596,7 @@ bool StageExecutor::RunsConcurrently(const google::protobuf::RepeatedPtrField<v1
 absl::Status StageExecutor::RunOverlappedPair(
     const google::protobuf::RepeatedPtrField<v1::Action>& actions,
     const std::vector<int>& next_recv, int i, int64_t step, v1::StepReport* report) {
-  for (int k : {i, i + 1}) {
-    if (next_recv[k] >= 0) {
-      if (absl::Status s = PostRecv(actions[next_recv[k]]); !s.ok()) {
-        return FailStep(s, Where(actions[next_recv[k]]));
-      }
-    }
-  }
+  for (int k : {i, i + 1}) RETURN_IF_ERROR(PostNextRecv(actions, next_recv, k));
   v1::ActionTiming* first = report->add_timings();
   v1::ActionTiming* second = report->add_timings();
   first->set_index(i);
@@ -634,14 +616,31 @@ absl::Status StageExecutor::RunOverlappedPair(
   second->set_end_us(second_end);
   if (!first_status.ok()) return FailStep(first_status, Where(actions[i]));
   if (!second_status.ok()) return FailStep(second_status, Where(actions[i + 1]));
-  for (int k : {i, i + 1}) {
-    const v1::Action& a = actions[k];
-    const int chunk = chunk_of_stage_[a.stage()];
-    (k == i ? first : second)->set_device_us(compute_->last_device_us(chunk));
-    const bool transient = a.kind() != v1::ACTION_F;
-    Account(chunk, a.micro_batch(), transient ? compute_->LastCallPeakSavedBytes(chunk) : 0);
+  AccountAction(actions[i], first);
+  AccountAction(actions[i + 1], second);
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::PostNextRecv(
+    const google::protobuf::RepeatedPtrField<v1::Action>& actions,
+    const std::vector<int>& next_recv, int i) {
+  // The program's next receive is posted before a compute action, so that its transfer
+  // overlaps the compute (posting never blocks, so a valid program cannot deadlock).
+  if (next_recv[i] < 0) return absl::OkStatus();
+  if (absl::Status s = PostRecv(actions[next_recv[i]]); !s.ok()) {
+    return FailStep(s, Where(actions[next_recv[i]]));
   }
   return absl::OkStatus();
+}
+
+void StageExecutor::AccountAction(const v1::Action& a, v1::ActionTiming* timing) {
+  const int chunk = chunk_of_stage_[a.stage()];
+  if (IsComputeAction(a.kind())) timing->set_device_us(compute_->last_device_us(chunk));
+  // R and the backwards report their transient peak (a backward that recomputes layer by
+  // layer holds more inside than before or after it).
+  const bool transient = a.kind() == v1::ACTION_R || a.kind() == v1::ACTION_B ||
+                         a.kind() == v1::ACTION_I || a.kind() == v1::ACTION_W;
+  Account(chunk, a.micro_batch(), transient ? compute_->LastCallPeakSavedBytes(chunk) : 0);
 }
 
 absl::Status StageExecutor::PostLayerReduction(int chunk, int layer) {

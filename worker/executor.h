@@ -227,6 +227,13 @@ class StageExecutor {
   absl::Status RunOverlappedPair(const google::protobuf::RepeatedPtrField<v1::Action>& actions,
                                  const std::vector<int>& next_recv, int i, int64_t step,
                                  v1::StepReport* report);
+  // Before compute action i: posts the program's next receive (next_recv[i], if any); a
+  // failure fails the step.
+  absl::Status PostNextRecv(const google::protobuf::RepeatedPtrField<v1::Action>& actions,
+                            const std::vector<int>& next_recv, int i);
+  // After action `a` ran: its device time on `timing` (a compute action) and its micro-batch's
+  // live bytes re-counted, with the compute's transient peak for R and the backwards.
+  void AccountAction(const v1::Action& a, v1::ActionTiming* timing);
   // The peer and tag of the receive `a` (RECV_F or RECV_B).
   struct RecvEnds {
     int peer = -1;
