@@ -4,8 +4,12 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/link_model.h"
@@ -142,23 +146,85 @@ absl::StatusOr<v1::LinkProfile> MeasureLink(const WorkerRecord& a, StageWorkerCl
   return out;
 }
 
-absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec, const WorkerRecord& worker,
-                                                StageWorkerClient& client, absl::Duration timeout,
-                                                ProfileStore* store, const LinkPeer* peer) {
+absl::StatusOr<std::vector<v1::LayerProfile>> MergeWorkerProfiles(
+    const std::vector<std::vector<v1::LayerProfile>>& per_worker) {
+  if (per_worker.empty()) return absl::InvalidArgumentError("no worker's profile to merge");
+  std::vector<v1::LayerProfile> merged = per_worker[0];
+  for (size_t w = 1; w < per_worker.size(); ++w) {
+    if (per_worker[w].size() != merged.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("profile ", w, " has ", per_worker[w].size(),
+                                                     " layers, profile 0 ", merged.size()));
+    }
+    for (size_t i = 0; i < merged.size(); ++i) {
+      const v1::LayerProfile& a = merged[i];
+      const v1::LayerProfile& b = per_worker[w][i];
+      if (a.layer() != b.layer() || a.activation_bytes() != b.activation_bytes() ||
+          a.output_bytes() != b.output_bytes() || a.static_bytes() != b.static_bytes() ||
+          a.parameter_count() != b.parameter_count()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("profile ", w, " disagrees with profile 0 on layer ", a.layer(),
+                         " (layer or bytes differ: workers of different builds or kinds?)"));
+      }
+    }
+  }
+  // The median over the workers of one time of layer i.
+  const auto median = [&](size_t i, double (v1::LayerProfile::*field)() const) {
+    std::vector<double> v;
+    for (const std::vector<v1::LayerProfile>& p : per_worker) v.push_back((p[i].*field)());
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  };
+  for (size_t i = 0; i < merged.size(); ++i) {
+    v1::LayerProfile& m = merged[i];
+    m.set_forward_seconds(median(i, &v1::LayerProfile::forward_seconds));
+    m.set_backward_seconds(median(i, &v1::LayerProfile::backward_seconds));
+    m.set_backward_input_seconds(median(i, &v1::LayerProfile::backward_input_seconds));
+    m.set_backward_weight_seconds(median(i, &v1::LayerProfile::backward_weight_seconds));
+    m.set_apply_seconds(median(i, &v1::LayerProfile::apply_seconds));
+    m.set_recompute_seconds(median(i, &v1::LayerProfile::recompute_seconds));
+  }
+  return merged;
+}
+
+absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec,
+                                                const std::vector<ProfiledWorker>& workers,
+                                                absl::Duration timeout, ProfileStore* store,
+                                                const LinkPeer* peer) {
+  if (workers.empty()) return absl::InvalidArgumentError("no worker to profile on");
+  const size_t n = std::min<size_t>(workers.size(), kMaxProfiledWorkers);
   v1::ProfileLayersRequest req;
   *req.mutable_spec() = spec;
   for (int g : LayersToProfile(spec.model())) req.add_layers(g);
   const auto t0 = std::chrono::steady_clock::now();
-  absl::StatusOr<v1::ProfileLayersResponse> resp = client.ProfileLayers(req, timeout);
-  RETURN_IF_ERROR(WithPrefix(
-      resp.status(), absl::StrCat("profiling on worker ", worker.id, " at ", worker.address)));
-  ASSIGN_OR_RETURN(v1::ModelProfile profile,
-                   ExpandProfile(spec.model(), {resp->layers().begin(), resp->layers().end()}));
+  std::vector<absl::StatusOr<v1::ProfileLayersResponse>> responses(n,
+                                                                   absl::UnknownError("not asked"));
+  {
+    std::vector<std::thread> calls;
+    calls.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      calls.emplace_back([&, i] { responses[i] = workers[i].client->ProfileLayers(req, timeout); });
+    }
+    for (std::thread& t : calls) t.join();
+  }
+  std::vector<std::vector<v1::LayerProfile>> per_worker;
+  std::vector<std::string> ids;
+  for (size_t i = 0; i < n; ++i) {
+    RETURN_IF_ERROR(WithPrefix(responses[i].status(),
+                               absl::StrCat("profiling on ", Named(*workers[i].worker))));
+    per_worker.emplace_back(responses[i]->layers().begin(), responses[i]->layers().end());
+    ids.push_back(workers[i].worker->id);
+  }
+  ASSIGN_OR_RETURN(std::vector<v1::LayerProfile> layers, MergeWorkerProfiles(per_worker));
+  ASSIGN_OR_RETURN(v1::ModelProfile profile, ExpandProfile(spec.model(), layers));
+  const WorkerRecord& worker = *workers[0].worker;
+  StageWorkerClient& client = *workers[0].client;
   profile.set_key(ProfileKey(spec, DeviceKind(worker.device), worker.threads));
   profile.set_device(DeviceKind(worker.device));
   profile.set_threads(worker.threads);
   profile.set_created_unix_ms(UnixMicros() / 1000);
-  spdlog::info("profiled {} layer kinds on {} in {:.2f} s ({})", resp->layers_size(), worker.id,
+  spdlog::info("profiled {} layer kinds on {} at once in {:.2f} s ({})", layers.size(),
+               absl::StrJoin(ids, ", "),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                profile.key());
   if (peer != nullptr && peer->worker != nullptr && peer->client != nullptr) {
@@ -208,17 +274,19 @@ absl::StatusOr<v1::ModelProfile> ProfileModel(const v1::JobSpec& spec, WorkerReg
                                                " worker to profile the model on (",
                                                held.status().message(), "); try again later"));
   }
-  const WorkerRecord w = (*held)[0];
-  std::unique_ptr<StageWorkerClient> client = clients.Connect(w.address);
-  std::unique_ptr<StageWorkerClient> peer_client;
+  std::vector<std::unique_ptr<StageWorkerClient>> held_clients;
+  std::vector<ProfiledWorker> profiled;
+  for (const WorkerRecord& w : *held) {
+    held_clients.push_back(clients.Connect(w.address));
+    profiled.push_back({&w, held_clients.back().get()});
+  }
   LinkPeer peer;
   if (held->size() >= 2) {
-    peer_client = clients.Connect((*held)[1].address);
-    peer =
-        LinkPeer{&(*held)[1], peer_client.get(), absl::StrCat(holder, "/link-probe/"), rendezvous};
+    peer = LinkPeer{&(*held)[1], held_clients[1].get(), absl::StrCat(holder, "/link-probe/"),
+                    rendezvous};
   }
   absl::StatusOr<v1::ModelProfile> profile =
-      MeasureProfile(spec, w, *client, timeout, &store, peer_client != nullptr ? &peer : nullptr);
+      MeasureProfile(spec, profiled, timeout, &store, held->size() >= 2 ? &peer : nullptr);
   registry.Release(holder);
   return profile;
 }

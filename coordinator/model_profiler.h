@@ -65,24 +65,42 @@ struct LinkPeer {
   std::string transport;
 };
 
-// Measures the profile of `spec` on `worker` (which must be idle) and puts it in `store`
-// (optional). With `peer` (idle too) it also measures the link from `worker` to it
-// (MeasureLink, sizes from LinkProbeSizes, the all-reduce on AllReduceProbeBytes) into
-// ModelProfile.link; a link that cannot be
+// A worker a profile is measured on, and the client that reaches it.
+struct ProfiledWorker {
+  const WorkerRecord* worker = nullptr;
+  StageWorkerClient* client = nullptr;
+};
+
+// At most this many workers profile a job's layers at once (its first ones).
+inline constexpr int kMaxProfiledWorkers = 8;
+
+// One profile from the same layers timed on several workers at once: each time is the median
+// over the workers (the mean of the middle two for an even count), the bytes and parameter
+// counts those of the first. INVALID_ARGUMENT when the workers did not return the same layers
+// in the same order, or returned different bytes (workers of different builds or kinds).
+absl::StatusOr<std::vector<v1::LayerProfile>> MergeWorkerProfiles(
+    const std::vector<std::vector<v1::LayerProfile>>& per_worker);
+
+// Measures the profile of `spec` on `workers` (which must be idle; at least one) and puts it in
+// `store` (optional). Every worker times the layers at the same moment (ProfileLayers on all
+// at once), because in a job they compute at once too and, where they share a host, its cores
+// and memory bandwidth; the times are merged by MergeWorkerProfiles. With `peer` (idle too) it
+// also measures the link from the first worker to it (MeasureLink, sizes from LinkProbeSizes,
+// the all-reduce on AllReduceProbeBytes) into ModelProfile.link; a link that cannot be
 // measured is logged and left empty, since the layer timings are still good. Errors name the
 // worker.
-absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec, const WorkerRecord& worker,
-                                                StageWorkerClient& client, absl::Duration timeout,
-                                                ProfileStore* store,
+absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec,
+                                                const std::vector<ProfiledWorker>& workers,
+                                                absl::Duration timeout, ProfileStore* store,
                                                 const LinkPeer* peer = nullptr);
 
 // For `tandem plan`: a cached profile for any registered worker of the spec's device kind, or
 // one measured on an idle such worker, which is held (BUSY, job "profile") meanwhile so that
-// the scheduler does not hand it to a job. When two such workers are idle both are held and
-// the link between them is measured as well; otherwise the link is left empty (as it is in
-// a cached profile measured on one worker). `rendezvous` (optional) drops the link probe's
-// keys afterwards. FAILED_PRECONDITION when no worker of that kind is registered; UNAVAILABLE
-// when none is idle.
+// the scheduler does not hand it to a job. When two such workers are idle both are held, both
+// time the layers at once and the link between them is measured as well; otherwise the link is left
+// empty (as it is in a cached profile measured on one worker). `rendezvous` (optional) drops the
+// link probe's keys afterwards. FAILED_PRECONDITION when no worker of that kind is registered;
+// UNAVAILABLE when none is idle.
 absl::StatusOr<v1::ModelProfile> ProfileModel(const v1::JobSpec& spec, WorkerRegistry& registry,
                                               StageWorkerClientFactory& clients,
                                               ProfileStore& store, absl::Duration timeout,

@@ -113,6 +113,7 @@ class FakeWorker final : public StageWorkerClient {
   absl::StatusOr<v1::ProfileLayersResponse> ProfileLayers(const v1::ProfileLayersRequest& request,
                                                           absl::Duration) override {
     ++profiles;
+    if (on_profile) on_profile();
     if (profile_delay > absl::ZeroDuration()) absl::SleepFor(profile_delay);
     if (!profile_error.ok()) return profile_error;
     v1::ProfileLayersResponse resp;
@@ -171,6 +172,7 @@ class FakeWorker final : public StageWorkerClient {
   std::function<double(int)> layer_seconds;
   std::function<double(int, int)> layer_seconds_by_size;  // (layer, micro_batch_size)
   absl::Duration profile_delay;
+  std::function<void()> on_profile;  // called as ProfileLayers starts
   absl::Status profile_error;
   std::atomic<int> profiles{0};
 

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "common/link_model.h"
 #include "coordinator/profile_store.h"
 #include "coordinator/rendezvous_store.h"
@@ -153,6 +154,103 @@ TEST(MeasureLinkTest, SizesFollowTheEmbeddingsActivation) {
   profile.mutable_layers(0)->set_output_bytes(int64_t{1} << 29);  // 4 x would pass 1 GiB
   EXPECT_EQ(LinkProbeSizes(profile), (std::vector<int64_t>{4096, 1 << 29, int64_t{1} << 30}));
   EXPECT_EQ(LinkProbeSizes(v1::ModelProfile()), (std::vector<int64_t>{4096, 4096, 16384}));
+}
+
+v1::LayerProfile Timed(int layer, double forward, int64_t bytes) {
+  v1::LayerProfile p;
+  p.set_layer(layer);
+  p.set_forward_seconds(forward);
+  p.set_backward_seconds(2 * forward);
+  p.set_backward_input_seconds(forward);
+  p.set_backward_weight_seconds(forward);
+  p.set_recompute_seconds(forward / 2);
+  p.set_apply_seconds(forward / 10);
+  p.set_activation_bytes(bytes);
+  p.set_output_bytes(bytes / 2);
+  p.set_static_bytes(3 * bytes);
+  p.set_parameter_count(bytes / 4);
+  return p;
+}
+
+// The workers' times of a layer merge to their median (the mean of the middle two for an even
+// count), every time field alike; the bytes are the first's and must agree.
+TEST(MergeWorkerProfilesTest, TakesTheMedianTimeAndRefusesDisagreeingBytes) {
+  auto one = MergeWorkerProfiles({{Timed(0, 1.0, 400), Timed(1, 2.0, 800)}});
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ((*one)[1].forward_seconds(), 2.0);
+
+  auto three = MergeWorkerProfiles({{Timed(0, 1.0, 400), Timed(1, 2.0, 800)},
+                                    {Timed(0, 9.0, 400), Timed(1, 2.2, 800)},
+                                    {Timed(0, 1.2, 400), Timed(1, 2.1, 800)}});
+  ASSERT_TRUE(three.ok()) << three.status();
+  ASSERT_EQ(three->size(), 2u);
+  EXPECT_DOUBLE_EQ((*three)[0].forward_seconds(), 1.2);  // the slow outlier does not count
+  EXPECT_DOUBLE_EQ((*three)[0].backward_seconds(), 2.4);
+  EXPECT_DOUBLE_EQ((*three)[0].backward_input_seconds(), 1.2);
+  EXPECT_DOUBLE_EQ((*three)[0].backward_weight_seconds(), 1.2);
+  EXPECT_DOUBLE_EQ((*three)[0].recompute_seconds(), 0.6);
+  EXPECT_DOUBLE_EQ((*three)[0].apply_seconds(), 0.12);
+  EXPECT_DOUBLE_EQ((*three)[1].forward_seconds(), 2.1);
+  EXPECT_EQ((*three)[1].activation_bytes(), 800);
+  EXPECT_EQ((*three)[1].output_bytes(), 400);
+  EXPECT_EQ((*three)[1].layer(), 1);
+
+  auto two = MergeWorkerProfiles({{Timed(0, 1.0, 400)}, {Timed(0, 2.0, 400)}});
+  ASSERT_TRUE(two.ok());
+  EXPECT_DOUBLE_EQ((*two)[0].forward_seconds(), 1.5);
+
+  EXPECT_THAT(MergeWorkerProfiles({}).status().message(), HasSubstr("no worker"));
+  EXPECT_THAT(MergeWorkerProfiles({{Timed(0, 1.0, 400)}, {Timed(0, 1.0, 400), Timed(1, 1, 8)}})
+                  .status()
+                  .message(),
+              HasSubstr("profile 1 has 2 layers, profile 0 1"));
+  EXPECT_THAT(MergeWorkerProfiles({{Timed(0, 1.0, 400)}, {Timed(0, 1.0, 404)}}).status().message(),
+              HasSubstr("disagrees with profile 0 on layer 0"));
+  EXPECT_THAT(MergeWorkerProfiles({{Timed(0, 1.0, 400)}, {Timed(3, 1.0, 400)}}).status().code(),
+              absl::StatusCode::kInvalidArgument);
+}
+
+// ProfileModel with two idle workers times the layers on both at once and keeps the middle of
+// their times; a worker whose profile fails fails the profile, named.
+TEST(ProfileModelTest, ProfilesOnBothHeldWorkersAtOnce) {
+  WorkerRegistry registry(10s);
+  FakeFactory factory;
+  ProfileStore profiles("");
+  v1::JobSpec spec = JobSpecOf(2, 2);
+  ASSERT_TRUE(registry.Register(RegistrationOf("127.0.0.1:1000")).ok());
+  ASSERT_TRUE(registry.Register(RegistrationOf("127.0.0.1:1001")).ok());
+  // Each worker's profile waits (at most 5 s) until the other's has started too.
+  absl::Mutex mu;
+  int started = 0;
+  int saw_both = 0;
+  int made = 0;
+  factory.configure = [&](FakeWorker* w) {
+    const double s = made++ == 0 ? 0.003 : 0.009;  // the second worker is three times slower
+    w->layer_seconds = [s](int) { return s; };
+    w->on_profile = [&] {
+      absl::MutexLock lock(&mu);
+      ++started;
+      const auto both = [&] { return started == 2; };
+      if (mu.AwaitWithTimeout(absl::Condition(&both), absl::Seconds(5))) ++saw_both;
+    };
+  };
+  auto profile = ProfileModel(spec, registry, factory, profiles, absl::Seconds(5), true);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  ASSERT_EQ(factory.made.size(), 2u);
+  EXPECT_EQ(factory.made[0]->profiles.load(), 1);
+  EXPECT_EQ(factory.made[1]->profiles.load(), 1);
+  EXPECT_EQ(saw_both, 2);  // at once, not one after the other
+  ASSERT_GT(profile->layers_size(), 0);
+  EXPECT_NEAR(profile->layers(0).forward_seconds(), 0.002, 1e-12);  // (0.001 + 0.003) / 2
+
+  made = 0;
+  factory.configure = [&made](FakeWorker* w) {
+    if (made++ == 1) w->profile_error = absl::InternalError("out of memory");
+  };
+  auto failed = ProfileModel(spec, registry, factory, profiles, absl::Seconds(5), true);
+  EXPECT_THAT(failed.status().message(), HasSubstr("out of memory"));
+  EXPECT_THAT(failed.status().message(), HasSubstr("127.0.0.1:1001"));
+  for (const WorkerRecord& w : registry.List()) EXPECT_EQ(w.state, v1::IDLE) << w.id;
 }
 
 // ProfileModel (tandem plan) measures the link when two idle workers exist and leaves it
