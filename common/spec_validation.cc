@@ -520,11 +520,7 @@ void ValidatePipeline(const v1::JobSpec& spec, FieldErrors* errors) {
   if (CheckOneOf(errors, "pipeline.recompute", p.recompute(),
                  {"none", "full", "selective", "auto"}) &&
       p.recompute() == "selective") {
-    if (!errors->Has("device") && spec.device() == "cuda") {
-      errors->Add("pipeline.recompute",
-                  "selective recomputation runs on cpu workers only in this release (the cuda "
-                  "blocks keep their attention probabilities); use full or none");
-    } else if (!errors->Has("model.arch") && spec.model().arch() == "mlp_lm") {
+    if (!errors->Has("model.arch") && spec.model().arch() == "mlp_lm") {
       errors->Add("pipeline.recompute",
                   "selective recomputes the attention of gpt and llama blocks; mlp_lm has none, "
                   "so it would keep the same activations: use full or none");

@@ -133,6 +133,7 @@ void SetStageFields(const v1::JobSpec& spec, const v1::StageChunk& chunk, GpuCon
   cfg.seed = spec.seed();
   cfg.layer_begin = chunk.layer_begin();
   cfg.layer_end = chunk.layer_end();
+  cfg.selective_recompute = spec.pipeline().recompute() == "selective";
 }
 
 absl::StatusOr<std::unique_ptr<GpuStage>> CreateStage(const v1::JobSpec& spec,

@@ -188,8 +188,6 @@ const Malformed kCases[] = {
      "optimizer.shard_state", "sharded optimizer state runs on cpu workers only"},
     {"pipeline:\n  recompute: some\n", "pipeline.recompute",
      "expected \"none\" or \"full\" or \"selective\" or \"auto\", got \"some\""},
-    {"device: cuda\npipeline:\n  recompute: selective\n", "pipeline.recompute",
-     "selective recomputation runs on cpu workers only"},
     {"model:\n  arch: mlp_lm\npipeline:\n  recompute: selective\n", "pipeline.recompute",
      "mlp_lm has none"},
     // --- eval, checkpoint, init
@@ -233,13 +231,15 @@ TEST_P(MalformedSpecTest, RefusedNamingTheFieldAndTheRule) {
 
 INSTANTIATE_TEST_SUITE_P(Table, MalformedSpecTest, ::testing::ValuesIn(kCases));
 
-// pipeline.recompute: selective is accepted for gpt and llama on cpu workers (the table
-// refuses it on cuda and for mlp_lm), beside none and full; full and auto on cuda too (its
-// backend recomputes a stage at once).
-TEST(RecomputeSpec, SelectiveIsAcceptedForGptAndLlamaOnCpu) {
+// pipeline.recompute: selective is accepted for gpt and llama on both kinds of worker (the
+// table refuses it for mlp_lm), beside none and full; full and auto on cuda too (its backend
+// recomputes a stage at once).
+TEST(RecomputeSpec, SelectiveIsAcceptedForGptAndLlamaOnBothBackends) {
   for (const char* yaml :
        {"pipeline:\n  recompute: selective\n",
         "model:\n  arch: llama\npipeline:\n  recompute: selective\n",
+        "device: cuda\npipeline:\n  recompute: selective\n",
+        "device: cuda\nmodel:\n  arch: llama\npipeline:\n  recompute: selective\n",
         "pipeline:\n  recompute: full\n", "pipeline:\n  recompute: none\n",
         "pipeline:\n  recompute: auto\n", "device: cuda\npipeline:\n  recompute: auto\n",
         "device: cuda\npipeline:\n  recompute: full\n"}) {

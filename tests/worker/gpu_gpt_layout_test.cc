@@ -189,6 +189,34 @@ TEST(GpuGptMemoryTest, PlanArithmetic) {
   }
 }
 
+// Selective recomputation: a slot keeps neither the attention probabilities nor gelu(c_fc)
+// of any block; the workspace gains one of each, which the block at hand rebuilds into.
+TEST(GpuGptMemoryTest, SelectiveRecomputationMovesAttentionAndGeluToTheWorkspace) {
+  const size_t n = 64, h = 256, l = 2, nh = 4, t = 16, att = 4 * nh * t * t;
+  for (GpuPrecision p : {GpuPrecision::kFp32, GpuPrecision::kBf16}) {
+    const size_t in = p == GpuPrecision::kBf16 ? 2 : 4;
+    GpuGptConfig cfg = TinyConfig(p);
+    const absl::StatusOr<GpuGptMemory> plain = PlanGpuGptMemory(cfg);
+    cfg.selective_recompute = true;
+    const absl::StatusOr<GpuGptMemory> selective = PlanGpuGptMemory(cfg);
+    ASSERT_TRUE(plain.ok() && selective.ok());
+    const size_t per_block = att * 4 + n * h * in;
+    EXPECT_EQ(plain->activations - selective->activations, l * per_block);
+    EXPECT_EQ(selective->workspace - plain->workspace, per_block);
+    EXPECT_EQ(selective->parameters, plain->parameters);
+    EXPECT_EQ(selective->weight_grad_inputs, plain->weight_grad_inputs);
+    // A stage without blocks (the head alone) keeps nothing of the kind and gains nothing.
+    GpuGptConfig head = TinyConfig(p);
+    head.layer_begin = 3;
+    const absl::StatusOr<GpuGptMemory> head_plain = PlanGpuGptMemory(head);
+    head.selective_recompute = true;
+    const absl::StatusOr<GpuGptMemory> head_selective = PlanGpuGptMemory(head);
+    ASSERT_TRUE(head_plain.ok() && head_selective.ok());
+    EXPECT_EQ(head_selective->activations, head_plain->activations);
+    EXPECT_EQ(head_selective->workspace, head_plain->workspace);
+  }
+}
+
 TEST(GpuGptMemoryTest, Gpt2PresetCounts124MParameters) {
   const absl::StatusOr<GpuGptMemory> m = PlanGpuGptMemory(Gpt2Config(GpuPrecision::kBf16, 8));
   ASSERT_TRUE(m.ok()) << m.status();

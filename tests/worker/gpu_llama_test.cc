@@ -305,6 +305,20 @@ TEST(GpuLlamaLayoutTest, SmolLm2ParameterCountAndPlan) {
   EXPECT_GT(plan->activations, size_t{30} * 9 * 2048 * 2048 * 4);
 }
 
+// Selective recomputation: no block's slot keeps its (B, NH, T, T) probabilities; the
+// workspace holds one block's, rebuilt before that block's attention backward.
+TEST(GpuLlamaLayoutTest, SelectiveRecomputationKeepsNoProbabilitiesInTheSlots) {
+  GpuLlamaConfig cfg = SmolLm2(GpuPrecision::kBf16);
+  const absl::StatusOr<GpuStageMemory> plain = PlanGpuLlamaMemory(cfg);
+  cfg.selective_recompute = true;
+  const absl::StatusOr<GpuStageMemory> selective = PlanGpuLlamaMemory(cfg);
+  ASSERT_TRUE(plain.ok() && selective.ok());
+  const size_t att = static_cast<size_t>(cfg.batch * cfg.n_head * cfg.seq * cfg.seq) * 4;
+  EXPECT_EQ(plain->activations - selective->activations, size_t{30} * att);
+  EXPECT_EQ(selective->workspace - plain->workspace, att);
+  EXPECT_EQ(selective->parameters, plain->parameters);
+}
+
 // ---------------------------------------------------------------------------------------
 // Kernels on a device.
 
@@ -680,6 +694,41 @@ TEST(GpuLlamaTest, Bf16TrainingTracksTheCpuFp32) {
 }
 
 // A pipeline of three stages [0, 2), [2, 3), [3, 4) computes what the whole model computes.
+// Selective recomputation rebuilds the probabilities with the forward's own calls on the
+// same saved q, k and v: the loss and every gradient are the plain model's bit for bit (the
+// token embedding's to its atomics' rounding).
+TEST(GpuLlamaTest, SelectiveRecomputationGivesTheSameGradientsBitForBit) {
+  SKIP_WITHOUT_DEVICE();
+  for (GpuPrecision p : {GpuPrecision::kFp32, GpuPrecision::kBf16}) {
+    SCOPED_TRACE(p == GpuPrecision::kFp32 ? "fp32" : "bf16");
+    GpuLlamaConfig c = TinyLlama(p, /*tied=*/true);
+    std::unique_ptr<GpuLlama> plain = MakeGpu(c);
+    c.selective_recompute = true;
+    std::unique_ptr<GpuLlama> selective = MakeGpu(c);
+    ASSERT_TRUE(plain && selective);
+    EXPECT_LT(selective->memory().activations, plain->memory().activations);
+    IntTensor tokens, targets;
+    RandomIds(800, c.batch, c.seq, c.vocab, tokens);
+    RandomIds(801, c.batch, c.seq, c.vocab, targets);
+    const absl::StatusOr<float> a = plain->ForwardBackward(tokens.data(), targets.data());
+    const absl::StatusOr<float> b = selective->ForwardBackward(tokens.data(), targets.data());
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(*a, *b);
+    for (size_t i = 0; i < plain->layout().size(); ++i) {
+      std::vector<float> ga(plain->layout()[i].count), gb(ga.size());
+      ASSERT_TRUE(plain->GetGradient(i, ga.data(), ga.size()).ok());
+      ASSERT_TRUE(selective->GetGradient(i, gb.data(), gb.size()).ok());
+      const std::string& name = plain->layout()[i].name;
+      if (name.find("embed_tokens") == std::string::npos) {
+        EXPECT_EQ(ga, gb) << name;
+      } else {  // the token embedding's scatter adds with atomics, in either order
+        const GradError e = CompareGradient(gb.data(), ga.data(), ga.size());
+        EXPECT_LE(e.max_err, 1e-6 * e.max_ref + 1e-9) << name;
+      }
+    }
+  }
+}
+
 TEST(GpuLlamaTest, StagesComposeToTheWholeModel) {
   SKIP_WITHOUT_DEVICE();
   const GpuLlamaConfig c = TinyLlama(GpuPrecision::kFp32, /*tied=*/true);

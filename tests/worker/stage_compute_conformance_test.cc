@@ -10,7 +10,7 @@
 //     chunks, interleaved 1F1B), tied embeddings summed locally;
 //   - write checkpoints under the same names that another backend restores and continues from;
 //   - account its saved activations per stage and release them by the end of the step;
-//   - recompute (pipeline.recompute full) to the same losses, holding less.
+//   - recompute (pipeline.recompute full, and selective) to the same losses, holding less.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -313,6 +313,34 @@ TEST_P(ConformanceTest, FullRecomputationTrainsToTheReferenceAndHoldsLess) {
   const int64_t plain = peak(spec), recomputed = peak(full);
   EXPECT_GT(recomputed, 0);
   EXPECT_LT(recomputed, plain);
+}
+
+// Selective recomputation (the attention probabilities, and gpt's gelu(c_fc), rebuilt in the
+// backward instead of kept) trains to the plain reference's losses and norms, under 1F1B, with
+// the split backward (ZB-H1: W rebuilds what it reads too) and on two chunks of one worker;
+// and it holds less.
+TEST_P(ConformanceTest, SelectiveRecomputationTrainsToTheReferenceAndHoldsLess) {
+  const v1::JobSpec spec = Spec(/*tied=*/true, 4);
+  v1::JobSpec selective = spec;
+  selective.mutable_pipeline()->set_recompute("selective");
+  for (auto [schedule, chunks] :
+       {std::pair<const char*, int>{"1f1b", 1}, {"zb_h1", 1}, {"interleaved_1f1b", 2}}) {
+    SCOPED_TRACE(schedule);
+    auto ref = Make(MakePrograms(Reference(spec), 1, schedule, "job-1", chunks)[0], false);
+    auto ex = Make(MakePrograms(selective, 1, schedule, "job-1", chunks)[0], true);
+    ASSERT_TRUE(ex && ref);
+    ExpectClose(Train(*ex, 0, 3), Train(*ref, 0, 3));
+  }
+  auto peak = [&](const v1::JobSpec& s) -> int64_t {
+    auto ex = Make(MakePrograms(s, 1, "gpipe")[0], true);
+    if (!ex) return -1;
+    absl::StatusOr<v1::StepReport> r = ex->RunStep(0);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->stage_memory(0).peak_activation_bytes() : -1;
+  };
+  const int64_t plain = peak(spec), kept = peak(selective);
+  EXPECT_GT(kept, 0);
+  EXPECT_LT(kept, plain);
 }
 
 // A backend's checkpoint carries the CPU's names, and the CPU restored from it continues as

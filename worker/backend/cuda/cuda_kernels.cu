@@ -514,7 +514,6 @@ absl::Status CausalAttentionForward(cublasHandle_t blas, cudaStream_t stream, co
     const float* k = q + c;
     const float* v = q + 2 * c;
     float* p = att + bi * nh * tt;  // (NH, T, T)
-    float* y = out + bi * t * c;    // head h at + h * hd, (T, hd), ld C
     // scores (T, T) = scale * q (T, hd) k^T (hd, T), per head
     RETURN_IF_ERROR(SgemmStridedBatched(blas, stream, false, true, t, t, hd, scale, q, 3 * c, hd, k,
                                         3 * c, hd, 0.0f, p, t, tt, nh));
@@ -523,6 +522,8 @@ absl::Status CausalAttentionForward(cublasHandle_t blas, cudaStream_t stream, co
     CausalSoftmaxKernel<<<static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block),
                           kThreads, 0, stream>>>(p, rows, t);
     RETURN_IF_ERROR(LaunchStatus("CausalSoftmaxKernel<<<>>>"));
+    if (out == nullptr) continue;  // the probabilities only (selective recomputation)
+    float* y = out + bi * t * c;   // head h at + h * hd, (T, hd), ld C
     // y (T, hd) = p (T, T) v (T, hd), per head
     RETURN_IF_ERROR(SgemmStridedBatched(blas, stream, false, false, t, hd, t, 1.0f, p, t, tt, v,
                                         3 * c, hd, 0.0f, y, c, hd, nh));
@@ -602,7 +603,6 @@ absl::Status GqaCausalAttentionForward(cublasHandle_t blas, cudaStream_t stream,
     const float* kb = k + bi * t * kd;  // kv head g at + g * hd, (T, hd), ld KV*hd
     const float* vb = v + bi * t * kd;
     float* p = att + bi * nh * tt;  // (NH, T, T)
-    float* y = out + bi * t * qd;
     for (int64_t r = 0; r < group; ++r) {
       // scores (T, T) = scale * q_h (T, hd) k_g^T (hd, T)
       RETURN_IF_ERROR(SgemmStridedBatched(blas, stream, false, true, t, t, hd, scale, qb + r * hd,
@@ -614,6 +614,8 @@ absl::Status GqaCausalAttentionForward(cublasHandle_t blas, cudaStream_t stream,
     CausalSoftmaxKernel<<<static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block),
                           kThreads, 0, stream>>>(p, rows, t);
     RETURN_IF_ERROR(LaunchStatus("CausalSoftmaxKernel<<<>>>"));
+    if (out == nullptr) continue;  // the probabilities only (selective recomputation)
+    float* y = out + bi * t * qd;
     for (int64_t r = 0; r < group; ++r) {
       // y_h (T, hd) = p_h (T, T) v_g (T, hd)
       RETURN_IF_ERROR(SgemmStridedBatched(blas, stream, false, false, t, hd, t, 1.0f, p + r * tt, t,

@@ -124,10 +124,12 @@ absl::Status Add(cudaStream_t stream, const float* a, const float* b, float* out
 // Causal multi-head self-attention on a fused q | k | v projection, as the CPU kernel:
 // att = softmax(q k^T / sqrt(hd)) masked to t' <= t (zeros above the diagonal), out = att v.
 // cublasSgemmStridedBatched over the heads of each sequence, and a masked softmax kernel.
+// With out null only att is computed: selective recomputation rebuilds the probabilities
+// before the backward, bit for bit as the forward made them (the same calls on the same qkv).
 absl::Status CausalAttentionForward(cublasHandle_t blas, cudaStream_t stream,
                                     const float* qkv,  // (B, T, 3C)
                                     float* att,        // (B, NH, T, T) probabilities, saved
-                                    float* out,        // (B, T, C)
+                                    float* out,        // (B, T, C), or null
                                     int64_t b, int64_t t, int64_t c, int64_t nh);
 
 // dqkv += d(out)/d(qkv)^T dout, from the saved probabilities. `scratch` holds the score
@@ -144,13 +146,14 @@ absl::Status CausalAttentionBackward(cublasHandle_t blas, cudaStream_t stream,
 // (worker/model/llama_kernels.h): query head h reads key/value head g = h / (NH / KV); att =
 // softmax(q_h k_g^T / sqrt(hd)) masked to t' <= t (zeros above the diagonal), out_h = att v_g.
 // Per sequence, cublasSgemmStridedBatched over the KV groups for each of the NH / KV query heads
-// of a group, and the masked softmax kernel.
+// of a group, and the masked softmax kernel. With out null only att is computed (as
+// CausalAttentionForward's).
 absl::Status GqaCausalAttentionForward(cublasHandle_t blas, cudaStream_t stream,
                                        const float* q,  // (B, T, NH * hd)
                                        const float* k,  // (B, T, KV * hd)
                                        const float* v,  // (B, T, KV * hd)
                                        float* att,      // (B, NH, T, T) probabilities, saved
-                                       float* out,      // (B, T, NH * hd)
+                                       float* out,      // (B, T, NH * hd), or null
                                        int64_t b, int64_t t, int64_t nh, int64_t kv, int64_t hd);
 
 // dq, dk, dv += the attention's gradients, from the saved probabilities; a kv head's gradients

@@ -108,13 +108,18 @@ absl::Status GpuGpt::ForwardPass(Slot& slot, float grad_scale) {
     float* out = a.resid[j + 1];
     auto idx = [&](int k) { return ix.Block(l, k); };
     auto bias = [&](int k) { return static_cast<int64_t>(ix.Block(l, k)); };
+    // Selective recomputation: the probabilities and gelu(c_fc) go to the workspace, not
+    // the slot, which the backward rebuilds them from.
+    float* att = cfg.selective_recompute ? w.att : ba.att;
+    float* act_f = cfg.selective_recompute ? w.act_f : ba.act_f;
+    bf16* act_h = cfg.selective_recompute ? w.act_h : ba.act_h;
     // x1 = x + c_proj(attn(c_attn(ln_1(x)))).
     RETURN_IF_ERROR(LayerNormForward(co.s(), x, co.P(idx(kLn1G)), co.P(idx(kLn1B)),
                                      co.OutF(ba.ln1_f), ba.mean1, ba.rstd1, rows, c));
     RETURN_IF_ERROR(co.Round(ba.ln1_h, rows * c));
     RETURN_IF_ERROR(co.Linear(ba.ln1_f, ba.ln1_h, idx(kAttnW), bias(kAttnB), ba.qkv, c, 3 * c));
-    RETURN_IF_ERROR(CausalAttentionForward(co.blas.get(), co.s(), ba.qkv, ba.att, co.OutF(ba.y_f),
-                                           b, t, c, nh));
+    RETURN_IF_ERROR(
+        CausalAttentionForward(co.blas.get(), co.s(), ba.qkv, att, co.OutF(ba.y_f), b, t, c, nh));
     RETURN_IF_ERROR(co.Round(ba.y_h, rows * c));
     RETURN_IF_ERROR(co.Linear(ba.y_f, ba.y_h, idx(kAttnProjW), bias(kAttnProjB), ba.x1, c, c));
     RETURN_IF_ERROR(Add(co.s(), ba.x1, x, ba.x1, rows * c));
@@ -123,9 +128,9 @@ absl::Status GpuGpt::ForwardPass(Slot& slot, float grad_scale) {
                                      co.OutF(ba.ln2_f), ba.mean2, ba.rstd2, rows, c));
     RETURN_IF_ERROR(co.Round(ba.ln2_h, rows * c));
     RETURN_IF_ERROR(co.Linear(ba.ln2_f, ba.ln2_h, idx(kFcW), bias(kFcB), ba.pre, c, h));
-    RETURN_IF_ERROR(GeluForward(co.s(), ba.pre, co.OutF(ba.act_f), rows * h));
-    RETURN_IF_ERROR(co.Round(ba.act_h, rows * h));
-    RETURN_IF_ERROR(co.Linear(ba.act_f, ba.act_h, idx(kMlpProjW), bias(kMlpProjB), out, h, c));
+    RETURN_IF_ERROR(GeluForward(co.s(), ba.pre, co.OutF(act_f), rows * h));
+    RETURN_IF_ERROR(co.Round(act_h, rows * h));
+    RETURN_IF_ERROR(co.Linear(act_f, act_h, idx(kMlpProjW), bias(kMlpProjB), out, h, c));
     RETURN_IF_ERROR(Add(co.s(), out, ba.x1, out, rows * c));
   }
   if (!sh.head) return absl::OkStatus();
@@ -178,9 +183,18 @@ absl::StatusOr<const float*> GpuGpt::BackwardPass(Slot& slot, const float* dout,
     // MLP branch: dx1 = dout + ln_2'(c_fc'(gelu'(c_proj'(dout)))). I keeps each output gradient
     // W needs in bg (the buffers B uses are scratch).
     if (bg != nullptr) RETURN_IF_ERROR(co.Copy(bg->mlp_proj, cur, rows * c));
+    // Selective recomputation: B's weight gradient of mlp.c_proj reads gelu(c_fc) again (I's
+    // input gradient does not; W rebuilds it for itself).
+    const float* act_f = ba.act_f;
+    const bf16* act_h = ba.act_h;
+    if (cfg.selective_recompute) {
+      if (bg == nullptr) RETURN_IF_ERROR(RecomputeGelu(ba.pre));
+      act_f = w.act_f;
+      act_h = w.act_h;
+    }
     float* dact = w.dbig;
     RETURN_IF_ERROR(co.Zero(dact, rows * h));
-    RETURN_IF_ERROR(linear(cur, ba.act_f, ba.act_h, kMlpProjW, kMlpProjB, dact, h, c));
+    RETURN_IF_ERROR(linear(cur, act_f, act_h, kMlpProjW, kMlpProjB, dact, h, c));
     float* dpre = bg != nullptr ? bg->fc : w.dpre;
     RETURN_IF_ERROR(co.Zero(dpre, rows * h));
     RETURN_IF_ERROR(GeluBackward(co.s(), ba.pre, dact, dpre, rows * h));
@@ -195,7 +209,13 @@ absl::StatusOr<const float*> GpuGpt::BackwardPass(Slot& slot, const float* dout,
     RETURN_IF_ERROR(linear(other, ba.y_f, ba.y_h, kAttnProjW, kAttnProjB, w.dsmall, c, c));
     float* dqkv = bg != nullptr ? bg->attn : w.dbig;
     RETURN_IF_ERROR(co.Zero(dqkv, rows * 3 * c));
-    RETURN_IF_ERROR(CausalAttentionBackward(co.blas.get(), co.s(), w.dsmall, ba.qkv, ba.att, dqkv,
+    const float* att = ba.att;
+    if (cfg.selective_recompute) {  // the probabilities again, bit for bit, from the saved qkv
+      RETURN_IF_ERROR(
+          CausalAttentionForward(co.blas.get(), co.s(), ba.qkv, w.att, nullptr, b, t, c, nh));
+      att = w.att;
+    }
+    RETURN_IF_ERROR(CausalAttentionBackward(co.blas.get(), co.s(), w.dsmall, ba.qkv, att, dqkv,
                                             w.att_scratch, b, t, c, nh));
     float* dln1 = bg != nullptr ? bg->ln1 : w.dsmall;
     RETURN_IF_ERROR(co.Zero(dln1, rows * c));
@@ -214,6 +234,14 @@ absl::StatusOr<const float*> GpuGpt::BackwardPass(Slot& slot, const float* dout,
   return cur;
 }
 
+absl::Status GpuGpt::RecomputeGelu(const float* pre) {
+  Core& co = core();
+  Workspace& w = impl_->w;
+  const int64_t n = co.rows * impl_->cfg.d_hidden;
+  RETURN_IF_ERROR(GeluForward(co.s(), pre, co.OutF(w.act_f), n));
+  return co.Round(w.act_h, n);
+}
+
 absl::Status GpuGpt::WeightPass(Slot& slot) {
   const GpuGptConfig& cfg = impl_->cfg;
   const StageShape& sh = impl_->sh;
@@ -221,6 +249,7 @@ absl::Status GpuGpt::WeightPass(Slot& slot) {
   Core& co = core();
   Activations& a = AsGpt(slot).a;
   const WeightGradInputs& g = AsGpt(slot).g;
+  Workspace& w = impl_->w;
   const int64_t b = cfg.batch, t = cfg.seq, c = cfg.d_model, h = cfg.d_hidden;
   const int64_t rows = co.rows;
   // BackwardPass's order, so that each parameter gets the same sum.
@@ -230,8 +259,10 @@ absl::Status GpuGpt::WeightPass(Slot& slot) {
     const BlockGradients& bg = g.blocks[j];
     auto idx = [&](int k) { return ix.Block(l, k); };
     auto bias = [&](int k) { return static_cast<int64_t>(ix.Block(l, k)); };
-    RETURN_IF_ERROR(co.LinearWeightGrad(bg.mlp_proj, ba.act_f, ba.act_h, idx(kMlpProjW),
-                                        bias(kMlpProjB), h, c));
+    if (cfg.selective_recompute) RETURN_IF_ERROR(RecomputeGelu(ba.pre));
+    RETURN_IF_ERROR(co.LinearWeightGrad(bg.mlp_proj, cfg.selective_recompute ? w.act_f : ba.act_f,
+                                        cfg.selective_recompute ? w.act_h : ba.act_h,
+                                        idx(kMlpProjW), bias(kMlpProjB), h, c));
     RETURN_IF_ERROR(co.LinearWeightGrad(bg.fc, ba.ln2_f, ba.ln2_h, idx(kFcW), bias(kFcB), c, h));
     RETURN_IF_ERROR(LayerNormBackward(co.s(), bg.ln2, ba.x1, co.P(idx(kLn2G)), ba.mean2, ba.rstd2,
                                       nullptr, co.G(idx(kLn2G)), co.G(idx(kLn2B)), rows, c));

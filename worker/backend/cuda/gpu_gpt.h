@@ -31,9 +31,10 @@
 //
 // Memory: Create allocates the parameters, gradients, optimizer moments, a workspace reused by
 // every layer, and one activation slot (one micro-batch's saved activations, all layers of the
-// stage, nothing recomputed), for the micro-batch shape (B, T); further slots are allocated
-// when more micro-batches are in flight and kept for reuse. PlanGpuGptMemory gives the figures
-// without a device. cuBLAS's own workspace (inside its handle) is not counted.
+// stage; with selective_recompute, all but the attention probabilities and gelu(c_fc), which
+// the backward rebuilds in the workspace), for the micro-batch shape (B, T); further slots are
+// allocated when more micro-batches are in flight and kept for reuse. PlanGpuGptMemory gives the
+// figures without a device. cuBLAS's own workspace (inside its handle) is not counted.
 //
 // The parameters, slots, optimizer and calls are GpuStage's (gpu_stage.h), shared with
 // GpuLlama; this class is GPT-2's layers: LayerNorm, the fused c_attn, GELU, biases, wpe.
@@ -83,6 +84,8 @@ class GpuGpt final : public GpuStage {
   absl::Status ForwardPass(Slot& slot, float grad_scale) override;
   absl::StatusOr<const float*> BackwardPass(Slot& slot, const float* dout, bool split) override;
   absl::Status WeightPass(Slot& slot) override;
+  // Selective recomputation: gelu(pre) into the workspace's act, as the forward made it.
+  absl::Status RecomputeGelu(const float* pre);
 
   GpuGptConfig config_;
   std::unique_ptr<Impl> impl_;

@@ -57,7 +57,8 @@ LayoutIndex IndexOf(const GpuGptConfig& cfg);
 GpuGptMemory PlanValidated(const GpuGptConfig& cfg, const std::vector<GpuGptTensor>& layout);
 
 // Saved for backward, one micro-batch. Of each "_f" / "_h" pair only the fp32 (kFp32) or the
-// bf16 (kBf16) member is allocated; the other stays null.
+// bf16 (kBf16) member is allocated; the other stays null. With selective recomputation att and
+// act are not allocated (null): the workspace's stand in for them.
 template <typename Half>
 struct BlockActivations {
   float* ln1_f = nullptr;  // (N, C) ln_1(x), the input of c_attn
@@ -124,6 +125,11 @@ struct Workspace {
   float* dpre = nullptr;         // (N, H)
   float* dsmall = nullptr;       // (N, C) d ln_2, d y, d ln_1, d ln_f
   float* att_scratch = nullptr;  // (NH, T, T)
+  // Selective recomputation only: the probabilities and gelu(c_fc) of the block at hand, which
+  // the slots do not keep (the fp32 or the bf16 act, as the slots' pair would be).
+  float* att = nullptr;    // (B, NH, T, T)
+  float* act_f = nullptr;  // (N, H)
+  Half* act_h = nullptr;
 };
 
 template <typename Half>
@@ -146,7 +152,7 @@ void CarveActivations(const GpuGptConfig& cfg, Carver& r, Activations<Half>* a) 
     b.mean1 = r.Take<float>(n);
     b.rstd1 = r.Take<float>(n);
     b.qkv = r.Take<float>(n * 3 * c);
-    b.att = r.Take<float>(att);
+    if (!cfg.selective_recompute) b.att = r.Take<float>(att);
     if (h16) {
       b.y_h = r.Take<Half>(n * c);
     } else {
@@ -161,6 +167,7 @@ void CarveActivations(const GpuGptConfig& cfg, Carver& r, Activations<Half>* a) 
     b.mean2 = r.Take<float>(n);
     b.rstd2 = r.Take<float>(n);
     b.pre = r.Take<float>(n * h);
+    if (cfg.selective_recompute) continue;  // att and act are rebuilt in the workspace
     if (h16) {
       b.act_h = r.Take<Half>(n * h);
     } else {
@@ -204,6 +211,15 @@ void CarveWorkspace(const GpuGptConfig& cfg, Carver& r, Workspace<Half>* w) {
   w->dsmall = r.Take<float>(n * c);
   w->att_scratch =
       r.Take<float>(static_cast<size_t>(cfg.n_head * cfg.seq) * static_cast<size_t>(cfg.seq));
+  if (cfg.selective_recompute && sh.blocks() > 0) {
+    w->att = r.Take<float>(static_cast<size_t>(cfg.batch * cfg.n_head) *
+                           static_cast<size_t>(cfg.seq) * static_cast<size_t>(cfg.seq));
+    if (h16) {
+      w->act_h = r.Take<Half>(n * h);
+    } else {
+      w->act_f = r.Take<float>(n * h);
+    }
+  }
 }
 
 }  // namespace tandem::worker::cuda::gpu_gpt_internal

@@ -34,6 +34,10 @@ struct GpuGptConfig {
   // The stage: global layers [layer_begin, layer_end) of [0, n_layer + 2); -1 means the end.
   int64_t layer_begin = 0;
   int64_t layer_end = -1;
+  // Selective recomputation (pipeline.recompute: selective), as the CPU block's: a slot keeps
+  // neither the attention probabilities nor gelu(c_fc); the backward rebuilds both, in the
+  // workspace, from the saved qkv and c_fc output (the weight pass rebuilds gelu too).
+  bool selective_recompute = false;
 };
 
 // The config with d_hidden and layer_end resolved, or INVALID_ARGUMENT naming the field: a

@@ -135,7 +135,9 @@ absl::Status GpuLlama::ForwardPass(Slot& slot, float grad_scale) {
     RETURN_IF_ERROR(co.Linear(ba.xn1_f, ba.xn1_h, idx(kVW), -1, ba.v, c, kvd));
     RETURN_IF_ERROR(RopeForward(co.s(), ba.q, w.rope_cos, w.rope_sin, b, t, nh, hd));
     RETURN_IF_ERROR(RopeForward(co.s(), ba.k, w.rope_cos, w.rope_sin, b, t, kv, hd));
-    RETURN_IF_ERROR(GqaCausalAttentionForward(co.blas.get(), co.s(), ba.q, ba.k, ba.v, ba.att,
+    // Selective recomputation: the probabilities go to the workspace, not the slot.
+    float* att = im.cfg.selective_recompute ? w.att : ba.att;
+    RETURN_IF_ERROR(GqaCausalAttentionForward(co.blas.get(), co.s(), ba.q, ba.k, ba.v, att,
                                               co.OutF(ba.y_f), b, t, nh, kv, hd));
     RETURN_IF_ERROR(co.Round(ba.y_h, rows * c));
     RETURN_IF_ERROR(co.Linear(ba.y_f, ba.y_h, idx(kOW), -1, ba.x1, c, c));
@@ -220,8 +222,14 @@ absl::StatusOr<const float*> GpuLlama::BackwardPass(Slot& slot, const float* dou
     RETURN_IF_ERROR(co.Zero(dq, rows * c));
     RETURN_IF_ERROR(co.Zero(dk, rows * kvd));
     RETURN_IF_ERROR(co.Zero(dv, rows * kvd));
-    RETURN_IF_ERROR(GqaCausalAttentionBackward(co.blas.get(), co.s(), dy, ba.q, ba.k, ba.v, ba.att,
-                                               dq, dk, dv, w.att_scratch, b, t, nh, kv, hd));
+    const float* att = ba.att;
+    if (im.cfg.selective_recompute) {  // the probabilities again, bit for bit, from q, k, v
+      RETURN_IF_ERROR(GqaCausalAttentionForward(co.blas.get(), co.s(), ba.q, ba.k, ba.v, w.att,
+                                                nullptr, b, t, nh, kv, hd));
+      att = w.att;
+    }
+    RETURN_IF_ERROR(GqaCausalAttentionBackward(co.blas.get(), co.s(), dy, ba.q, ba.k, ba.v, att, dq,
+                                               dk, dv, w.att_scratch, b, t, nh, kv, hd));
     RETURN_IF_ERROR(RopeBackward(co.s(), dq, w.rope_cos, w.rope_sin, b, t, nh, hd));
     RETURN_IF_ERROR(RopeBackward(co.s(), dk, w.rope_cos, w.rope_sin, b, t, kv, hd));
     float* dxn1 = w.dsmall;  // dy is spent

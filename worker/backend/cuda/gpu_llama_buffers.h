@@ -113,6 +113,9 @@ struct Workspace {
   float* att_scratch = nullptr;  // (NH, T, T) score gradients of one sequence
   float* rope_cos = nullptr;     // (T, hd/2) constant, uploaded at Create
   float* rope_sin = nullptr;     // (T, hd/2)
+  // Selective recomputation only: the probabilities of the block at hand, which the slots do
+  // not keep.
+  float* att = nullptr;  // (B, NH, T, T)
 };
 
 inline size_t Kvd(const GpuLlamaConfig& cfg) {
@@ -144,7 +147,7 @@ void CarveActivations(const GpuLlamaConfig& cfg, Carver& r, Activations<Half>* a
     b.q = r.Take<float>(n * c);
     b.k = r.Take<float>(n * kvd);
     b.v = r.Take<float>(n * kvd);
-    b.att = r.Take<float>(att);
+    if (!cfg.selective_recompute) b.att = r.Take<float>(att);
     either(&b.y_f, &b.y_h, n * c);
     b.x1 = r.Take<float>(n * c);
     either(&b.xn2_f, &b.xn2_h, n * c);
@@ -213,6 +216,9 @@ void CarveWorkspace(const GpuLlamaConfig& cfg, Carver& r, Workspace<Half>* w) {
     w->rope_sin = r.Take<float>(t * half);
   }
   w->dsmall = r.Take<float>(n * c);
+  if (cfg.selective_recompute && sh.blocks() > 0) {
+    w->att = r.Take<float>(static_cast<size_t>(cfg.batch * cfg.n_head) * t * t);
+  }
 }
 
 // The memory of a validated config with its layout.

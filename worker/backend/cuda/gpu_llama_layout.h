@@ -36,6 +36,10 @@ struct GpuLlamaConfig {
   // The stage: global layers [layer_begin, layer_end) of [0, n_layer + 2); -1 means the end.
   int64_t layer_begin = 0;
   int64_t layer_end = -1;
+  // Selective recomputation (pipeline.recompute: selective), as the CPU block's: a slot keeps
+  // no attention probabilities; the backward rebuilds them, in the workspace, from the saved
+  // q, k and v.
+  bool selective_recompute = false;
 };
 
 // The config with n_kv_head and layer_end resolved, or INVALID_ARGUMENT naming the field: a
