@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
 
@@ -59,6 +60,19 @@ class Costs {
           absl::StrCat("partition: live_micro_batches has ", problem.live_micro_batches.size(),
                        " entries for ", p, " stages (empty means 1 for every stage)"));
     }
+    const bool per_stage = !problem.stage_recomputes.empty();
+    if (per_stage && static_cast<int>(problem.stage_recomputes.size()) != p) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("partition: stage_recomputes has ", problem.stage_recomputes.size(),
+                       " entries for ", p, " stages (empty means none chosen per stage)"));
+    }
+    if (per_stage != !problem.recomputed_layers.empty() ||
+        (per_stage && problem.recomputed_layers.size() != problem.layers.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "partition: recomputed_layers has ", problem.recomputed_layers.size(), " entries for ",
+          problem.layers.size(), " layers and stage_recomputes ", problem.stage_recomputes.size(),
+          " for ", p, " stages (both empty, or one per layer and one per stage)"));
+    }
     Costs c;
     c.problem_ = &problem;
     c.live_.assign(p, 1);
@@ -73,47 +87,23 @@ class Costs {
     }
     for (int live : c.live_) max_live = std::max<int64_t>(max_live, live);
     const size_t n = problem.layers.size();
-    c.seconds_.assign(n + 1, 0.0);
-    c.static_.assign(n + 1, 0);
-    c.activation_.assign(n + 1, 0);
     c.output_.assign(n, 0);
-    c.working_set_.assign(n, 0);
     for (size_t l = 0; l < n; ++l) {
-      const LayerCost& lc = problem.layers[l];
-      if (!std::isfinite(lc.seconds) || lc.seconds < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "partition: layer ", l, " seconds must be finite and >= 0, got ", lc.seconds));
-      }
-      if (lc.static_bytes < 0 || lc.activation_bytes < 0 || lc.output_bytes < 0 ||
-          lc.working_set_bytes < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("partition: layer ", l, " bytes must be >= 0, got static ",
-                         lc.static_bytes, " and activation ", lc.activation_bytes));
-      }
-      c.seconds_[l + 1] = c.seconds_[l] + lc.seconds;
-      c.output_[l] = std::min<int64_t>(lc.output_bytes, int64_t{1} << 50);
-      c.working_set_[l] = std::min<int64_t>(lc.working_set_bytes, int64_t{1} << 50);
-      if (__builtin_add_overflow(c.static_[l], lc.static_bytes, &c.static_[l + 1]) ||
-          __builtin_add_overflow(c.activation_[l], lc.activation_bytes, &c.activation_[l + 1])) {
-        return absl::InvalidArgumentError("partition: the layers' total bytes overflow int64");
-      }
+      c.output_[l] =
+          std::min<int64_t>(std::max<int64_t>(problem.layers[l].output_bytes, 0), int64_t{1} << 50);
     }
-    // The largest figure that StageBytes can produce; StageSeconds adds at most two transfers.
-    int64_t live_bytes = 0, total_bytes = 0;
-    if (__builtin_mul_overflow(max_live, c.activation_[n], &live_bytes) ||
-        __builtin_add_overflow(live_bytes, c.static_[n], &total_bytes) ||
-        // the working sets (at most 2^50 per layer) and two messages
-        __builtin_add_overflow(total_bytes, static_cast<int64_t>(n + 2) << 50, &total_bytes)) {
-      return absl::InvalidArgumentError(
-          "partition: static plus live activation bytes overflow int64");
-    }
-    if (!std::isfinite(c.seconds_[n] + 2.0 * problem.transfer_seconds)) {
-      return absl::InvalidArgumentError("partition: the layers' total seconds are not finite");
+    RETURN_IF_ERROR(c.plain_.Sum(problem.layers, max_live, problem.transfer_seconds, ""));
+    if (per_stage) {
+      RETURN_IF_ERROR(c.recomputed_.Sum(problem.recomputed_layers, max_live,
+                                        problem.transfer_seconds, "recomputed "));
+      for (int s = 0; s < p; ++s) c.stage_variant_.push_back(problem.stage_recomputes[s]);
+    } else {
+      c.stage_variant_.assign(p, false);
     }
     return c;
   }
 
-  int num_layers() const { return static_cast<int>(seconds_.size()) - 1; }
+  int num_layers() const { return static_cast<int>(plain_.seconds.size()) - 1; }
   int num_stages() const { return problem_->num_stages; }
   int64_t budget() const {
     return problem_->memory_budget_bytes > 0 ? problem_->memory_budget_bytes : kNoBytes;
@@ -125,45 +115,49 @@ class Costs {
     if (p == 1) return 0;
     return (s == 0 || s == p - 1) ? 1 : 2;
   }
-  // Stage s holding layers [i, j). Nondecreasing in j and nonincreasing in i (costs >= 0).
+  // Stage s holding layers [i, j). Nondecreasing in j and nonincreasing in i (costs >= 0;
+  // every stage's figures come from one variant of the layers' costs, its own).
   double StageSeconds(int s, int i, int j) const {
-    return (seconds_[j] - seconds_[i]) + Transfers(s) * problem_->transfer_seconds;
+    const Sums& v = Of(s);
+    return (v.seconds[j] - v.seconds[i]) + Transfers(s) * problem_->transfer_seconds;
   }
-  int64_t StaticBytes(int i, int j) const { return static_[j] - static_[i]; }
-  int64_t ActivationBytes(int i, int j) const { return activation_[j] - activation_[i]; }
+  int64_t StaticBytes(int s, int i, int j) const { return Of(s).statics[j] - Of(s).statics[i]; }
+  int64_t ActivationBytes(int s, int i, int j) const {
+    return Of(s).activation[j] - Of(s).activation[i];
+  }
   int Live(int s) const { return live_[s]; }
+  bool Recomputes(int s) const { return stage_variant_[s]; }
   // Two messages at the stage's cuts (the larger cut's), when it has a neighbour.
   int64_t BufferBytes(int s, int i, int j) const {
     if (Transfers(s) == 0) return 0;
     return 2 * std::max(i > 0 ? output_[i - 1] : 0, j > i ? output_[j - 1] : 0);
   }
   // The largest working set of the stage's layers (their sum when a stage recomputes at once).
-  int64_t WorkingSetBytes(int i, int j) const {
+  int64_t WorkingSetBytes(int s, int i, int j) const {
+    const std::vector<int64_t>& w = Of(s).working_set;
     int64_t most = 0, sum = 0;
     for (int l = i; l < j; ++l) {
-      most = std::max(most, working_set_[l]);
-      sum += working_set_[l];
+      most = std::max(most, w[l]);
+      sum += w[l];
     }
     return problem_->whole_stage_recompute ? sum : most;
   }
   int64_t StageBytes(int s, int i, int j) const {
-    return StaticBytes(i, j) + live_[s] * ActivationBytes(i, j) + WorkingSetBytes(i, j) +
+    return StaticBytes(s, i, j) + live_[s] * ActivationBytes(s, i, j) + WorkingSetBytes(s, i, j) +
            BufferBytes(s, i, j);
   }
 
   // "stage 1 (layers [2, 6)) needs 22 bytes (12 static + 2 x 5 activation)".
   std::string DescribeStage(int s, const LayerRange& r) const {
-    return absl::StrCat("stage ", s, " (layers ", RangeString(r), ") needs ",
-                        StageBytes(s, r.begin, r.end), " bytes (", StaticBytes(r.begin, r.end),
-                        " static + ", Live(s), " x ", ActivationBytes(r.begin, r.end),
-                        " activation",
-                        WorkingSetBytes(r.begin, r.end) > 0
-                            ? absl::StrCat(" + ", WorkingSetBytes(r.begin, r.end), " working set")
-                            : "",
-                        BufferBytes(s, r.begin, r.end) > 0
-                            ? absl::StrCat(" + ", BufferBytes(s, r.begin, r.end), " messages")
-                            : "",
-                        ")");
+    const int i = r.begin, j = r.end;
+    return absl::StrCat(
+        "stage ", s, " (layers ", RangeString(r), Recomputes(s) ? ", recomputed" : "", ") needs ",
+        StageBytes(s, i, j), " bytes (", StaticBytes(s, i, j), " static + ", Live(s), " x ",
+        ActivationBytes(s, i, j), " activation",
+        WorkingSetBytes(s, i, j) > 0 ? absl::StrCat(" + ", WorkingSetBytes(s, i, j), " working set")
+                                     : "",
+        BufferBytes(s, i, j) > 0 ? absl::StrCat(" + ", BufferBytes(s, i, j), " messages") : "",
+        ")");
   }
 
   Partition Figures(const std::vector<LayerRange>& ranges) const {
@@ -178,13 +172,66 @@ class Costs {
   }
 
  private:
+  // One variant of the layers' costs (plain, or recomputed): prefix sums, and the working
+  // sets per layer.
+  struct Sums {
+    std::vector<double> seconds;  // seconds[l] = layers [0, l)
+    std::vector<int64_t> statics;
+    std::vector<int64_t> activation;
+    std::vector<int64_t> working_set;  // per layer
+
+    // INVALID_ARGUMENT for negative or non-finite costs, or figures that would overflow.
+    absl::Status Sum(const std::vector<LayerCost>& layers, int64_t max_live, double transfer,
+                     absl::string_view what) {
+      const size_t n = layers.size();
+      seconds.assign(n + 1, 0.0);
+      statics.assign(n + 1, 0);
+      activation.assign(n + 1, 0);
+      working_set.assign(n, 0);
+      for (size_t l = 0; l < n; ++l) {
+        const LayerCost& lc = layers[l];
+        if (!std::isfinite(lc.seconds) || lc.seconds < 0) {
+          return absl::InvalidArgumentError(absl::StrCat("partition: ", what, "layer ", l,
+                                                         " seconds must be finite and >= 0, got ",
+                                                         lc.seconds));
+        }
+        if (lc.static_bytes < 0 || lc.activation_bytes < 0 || lc.output_bytes < 0 ||
+            lc.working_set_bytes < 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("partition: ", what, "layer ", l, " bytes must be >= 0, got static ",
+                           lc.static_bytes, ", activation ", lc.activation_bytes, ", output ",
+                           lc.output_bytes, " and working set ", lc.working_set_bytes));
+        }
+        seconds[l + 1] = seconds[l] + lc.seconds;
+        working_set[l] = std::min<int64_t>(lc.working_set_bytes, int64_t{1} << 50);
+        if (__builtin_add_overflow(statics[l], lc.static_bytes, &statics[l + 1]) ||
+            __builtin_add_overflow(activation[l], lc.activation_bytes, &activation[l + 1])) {
+          return absl::InvalidArgumentError("partition: the layers' total bytes overflow int64");
+        }
+      }
+      // The largest figure that StageBytes can produce; StageSeconds adds at most two
+      // transfers.
+      int64_t live_bytes = 0, total_bytes = 0;
+      if (__builtin_mul_overflow(max_live, activation[n], &live_bytes) ||
+          __builtin_add_overflow(live_bytes, statics[n], &total_bytes) ||
+          // the working sets (at most 2^50 per layer) and two messages
+          __builtin_add_overflow(total_bytes, static_cast<int64_t>(n + 2) << 50, &total_bytes)) {
+        return absl::InvalidArgumentError(
+            "partition: static plus live activation bytes overflow int64");
+      }
+      if (!std::isfinite(seconds[n] + 2.0 * transfer)) {
+        return absl::InvalidArgumentError("partition: the layers' total seconds are not finite");
+      }
+      return absl::OkStatus();
+    }
+  };
+  const Sums& Of(int s) const { return stage_variant_[s] ? recomputed_ : plain_; }
+
   const PartitionProblem* problem_ = nullptr;
   std::vector<int> live_;
-  std::vector<double> seconds_;  // prefix sums: seconds_[l] = layers [0, l)
-  std::vector<int64_t> static_;
-  std::vector<int64_t> output_;       // per layer
-  std::vector<int64_t> working_set_;  // per layer
-  std::vector<int64_t> activation_;
+  std::vector<int64_t> output_;  // per layer, the same in both variants
+  Sums plain_, recomputed_;
+  std::vector<bool> stage_variant_;  // per stage: recomputed_ (true) or plain_
 };
 
 // In every DP below, row s, column j is about stages 0..s holding layers [0, j); stage s

@@ -47,6 +47,12 @@ struct PartitionProblem {
   // A recomputing stage recomputes all its layers at once (the cuda backend), so it holds the
   // sum of its layers' working sets, not its largest one's.
   bool whole_stage_recompute = false;
+  // Recomputation chosen per stage, wherever the cut falls (pipeline.recompute: auto): the
+  // stages stage_recomputes flags cost their layers as recomputed_layers (as many as layers:
+  // each layer's costs when its stage recomputes it), the others as layers. Both empty: every
+  // stage costs layers (whose own working_set_bytes may already say they recompute).
+  std::vector<LayerCost> recomputed_layers;
+  std::vector<bool> stage_recomputes;
 };
 
 struct Partition {

@@ -1,7 +1,9 @@
 #include "common/pipeline_plan.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/link_model.h"
@@ -238,9 +240,6 @@ absl::StatusOr<PipelinePlan> PlanWith(const v1::JobSpec& spec, const v1::ModelPr
   }
   const bool mixed = std::any_of(recompute.begin(), recompute.end(), [](bool b) { return b; }) &&
                      !std::all_of(recompute.begin(), recompute.end(), [](bool b) { return b; });
-  if (mixed && spec.pipeline().partition() != "manual") {
-    return absl::InternalError("recomputation of some stages only needs a fixed cut");
-  }
   PipelinePlan plan;
   plan.recompute_stages = recompute;
   // Recomputation: every F of a recomputing stage keeps only its layers' inputs, and an R
@@ -259,19 +258,22 @@ absl::StatusOr<PipelinePlan> PlanWith(const v1::JobSpec& spec, const v1::ModelPr
   // Without a profile, partition: profile cuts by the best estimate there is: parameters.
   const std::string method =
       requested == "profile" && profile == nullptr ? "parameters" : requested;
-  // Per global layer, whether its stage recomputes.
-  std::vector<bool> recomputed_layers(static_cast<size_t>(NumLayers(spec.model())),
-                                      plan.recomputes());
-  if (mixed) {
-    ASSIGN_OR_RETURN(std::vector<LayerRange> cut,
-                     RangesFromCuts({spec.pipeline().cuts().begin(), spec.pipeline().cuts().end()},
-                                    NumLayers(spec.model()), num_stages));
-    for (int s = 0; s < num_stages; ++s) {
-      for (int g = cut[s].begin; g < cut[s].end; ++g) recomputed_layers[g] = recompute[s];
+  // The partition problem: every layer recomputed or none, or, when only some stages
+  // recompute, both variants of every layer and which stages take the recomputed one, so
+  // that the cut is chosen with each stage's own costs.
+  const size_t num_layers = static_cast<size_t>(NumLayers(spec.model()));
+  const auto problem_for = [&](bool by_parameters) {
+    PartitionProblem pr = ProblemFor(spec, plan.schedule, profile, by_parameters,
+                                     std::vector<bool>(num_layers, plan.recomputes() && !mixed));
+    if (mixed) {
+      pr.recomputed_layers = ProblemFor(spec, plan.schedule, profile, by_parameters,
+                                        std::vector<bool>(num_layers, true))
+                                 .layers;
+      pr.stage_recomputes = recompute;
     }
-  }
-  const PartitionProblem problem =
-      ProblemFor(spec, plan.schedule, profile, method == "parameters", recomputed_layers);
+    return pr;
+  };
+  const PartitionProblem problem = problem_for(method == "parameters");
   absl::StatusOr<std::vector<LayerRange>> ranges;
   plan.partition = method;
   if (method == "profile" || method == "parameters") {
@@ -301,9 +303,7 @@ absl::StatusOr<PipelinePlan> PlanWith(const v1::JobSpec& spec, const v1::ModelPr
     // The chosen cut's figures under the measured costs (and its budget check for uniform and
     // manual cuts).
     // The parameters method costed the problem by parameter counts; the figures need time.
-    const PartitionProblem timed =
-        method == "parameters" ? ProblemFor(spec, plan.schedule, profile, false, recomputed_layers)
-                               : problem;
+    const PartitionProblem timed = method == "parameters" ? problem_for(false) : problem;
     ASSIGN_OR_RETURN(Partition figures, EvaluatePartition(timed, plan.ranges));
     plan.stage_bytes = figures.stage_bytes;
     for (const LayerRange& r : plan.ranges) {
@@ -373,8 +373,12 @@ absl::StatusOr<PipelinePlan> PlanWith(const v1::JobSpec& spec, const v1::ModelPr
 }
 
 // pipeline.recompute auto: no recomputation where the plan fits memory_budget_mb without;
-// otherwise the cut full recomputation fits, with the R's kept only on the stages that do not
-// fit there without them (each stage's memory depends on its own R's alone).
+// otherwise the fastest predicted plan that fits among the sets of recomputing stages tried,
+// each with the cut chosen for it (the partitioner costs each stage its own variant). Tried:
+// every set for up to kAutoRecomputeExhaustive stages; beyond, the first k stages for every k
+// (under 1F1B the earlier stages keep more micro-batches) and the stages that do not fit
+// without recomputation at full recomputation's cut. Full recomputation is always a
+// candidate, so a job that fits with it is never refused.
 absl::StatusOr<PipelinePlan> PlanAutoRecompute(const v1::JobSpec& spec,
                                                const v1::ModelProfile* profile) {
   v1::JobSpec none = spec;
@@ -386,23 +390,57 @@ absl::StatusOr<PipelinePlan> PlanAutoRecompute(const v1::JobSpec& spec,
   absl::StatusOr<PipelinePlan> all = PlanWith(full, profile, {});
   if (!all.ok()) return all.status();
   if (profile == nullptr) return all;
-  // The same cut without recomputation and without the budget: what each stage would hold.
-  full.mutable_pipeline()->set_partition("manual");
-  full.mutable_pipeline()->clear_cuts();
-  for (size_t s = 1; s < all->ranges.size(); ++s) {
-    full.mutable_pipeline()->add_cuts(all->ranges[s].begin);
+  const int p = all->num_stages();
+  std::set<std::vector<bool>> tried;
+  // The stages that would not fit without recomputation at full recomputation's cut.
+  {
+    v1::JobSpec unbounded = none;
+    unbounded.mutable_pipeline()->set_partition("manual");
+    unbounded.mutable_pipeline()->clear_cuts();
+    for (size_t s = 1; s < all->ranges.size(); ++s) {
+      unbounded.mutable_pipeline()->add_cuts(all->ranges[s].begin);
+    }
+    unbounded.mutable_pipeline()->set_memory_budget_mb(0);
+    ASSIGN_OR_RETURN(PipelinePlan at_cut, PlanWith(unbounded, profile, {}));
+    const int64_t budget = spec.pipeline().memory_budget_mb() << 20;
+    std::vector<bool> needs(static_cast<size_t>(p), false);
+    for (int s = 0; s < p && s < static_cast<int>(at_cut.stage_bytes.size()); ++s) {
+      needs[s] = at_cut.stage_bytes[s] > budget;
+    }
+    tried.insert(needs);
   }
-  v1::JobSpec unbounded = full;
-  unbounded.mutable_pipeline()->set_recompute("none");
-  unbounded.mutable_pipeline()->set_memory_budget_mb(0);
-  ASSIGN_OR_RETURN(PipelinePlan at_cut, PlanWith(unbounded, profile, {}));
-  const int64_t budget = spec.pipeline().memory_budget_mb() << 20;
-  std::vector<bool> needs(all->ranges.size(), false);
-  for (size_t s = 0; s < needs.size() && s < at_cut.stage_bytes.size(); ++s) {
-    needs[s] = at_cut.stage_bytes[s] > budget;
+  if (p <= kAutoRecomputeExhaustive) {
+    for (uint32_t mask = 1; mask + 1 < (uint32_t{1} << p); ++mask) {
+      std::vector<bool> flags(static_cast<size_t>(p));
+      for (int s = 0; s < p; ++s) flags[s] = (mask >> s) & 1;
+      tried.insert(flags);
+    }
+  } else {
+    for (int k = 1; k < p; ++k) {
+      std::vector<bool> flags(static_cast<size_t>(p), false);
+      std::fill(flags.begin(), flags.begin() + k, true);
+      tried.insert(flags);
+    }
   }
-  if (std::all_of(needs.begin(), needs.end(), [](bool b) { return b; })) return all;
-  return PlanWith(full, profile, needs);
+  PipelinePlan best = *std::move(all);
+  for (const std::vector<bool>& flags : tried) {
+    if (std::none_of(flags.begin(), flags.end(), [](bool b) { return b; }) ||
+        std::all_of(flags.begin(), flags.end(), [](bool b) { return b; })) {
+      continue;  // the plain plan does not fit; the full one is `best` already
+    }
+    absl::StatusOr<PipelinePlan> some = PlanWith(full, profile, flags);
+    if (!some.ok()) continue;  // does not fit (RESOURCE_EXHAUSTED) with only these stages
+    // Strictly faster, or as fast with fewer recomputing stages.
+    const auto count = [](const PipelinePlan& x) {
+      return std::count(x.recompute_stages.begin(), x.recompute_stages.end(), true);
+    };
+    if (some->predicted_step_seconds < best.predicted_step_seconds ||
+        (some->predicted_step_seconds == best.predicted_step_seconds &&
+         count(*some) < count(best))) {
+      best = *std::move(some);
+    }
+  }
+  return best;
 }
 
 }  // namespace

@@ -283,7 +283,7 @@ absl::StatusOr<v1::ModelProfile> ProfileModel(const v1::JobSpec& spec, WorkerReg
   LinkPeer peer;
   if (held->size() >= 2) {
     peer = LinkPeer{&(*held)[1], held_clients[1].get(), absl::StrCat(holder, "/link-probe/"),
-                    rendezvous};
+                    rendezvous, /*transport=*/""};
   }
   absl::StatusOr<v1::ModelProfile> profile =
       MeasureProfile(spec, profiled, timeout, &store, held->size() >= 2 ? &peer : nullptr);

@@ -302,6 +302,47 @@ TEST(MinMaxPartition, RejectsBadProblems) {
   EXPECT_THAT(got.status().message(), HasSubstr("overflow"));
 }
 
+// Recomputation chosen per stage: a recomputing stage costs its layers' recomputed variant
+// wherever the cut falls. Four layers of 1 s (10 bytes kept, no working set) or, recomputed,
+// 2 s (2 bytes kept, a 10-byte working set); two stages, 1F1B (2 and 1 micro-batches live).
+// Stage 0 recomputing: k layers cost 2k against 4 - k, so one layer (2 | 3); neither: 2 | 2.
+TEST(MinMaxPartition, PerStageRecomputationCostsEachStageItsOwnVariant) {
+  PartitionProblem p = Problem({1, 1, 1, 1}, 2);
+  for (LayerCost& l : p.layers) l.activation_bytes = 10;
+  p.live_micro_batches = {2, 1};
+  for (const LayerCost& l : p.layers) {
+    p.recomputed_layers.push_back(LayerCost{l.seconds * 2, 0, 2, 0, 10});
+  }
+  p.stage_recomputes = {true, false};
+  absl::StatusOr<Partition> got = MinMaxPartition(p);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(CutsOf(*got), ElementsAre(1));
+  EXPECT_THAT(got->stage_seconds, ElementsAre(2, 3));
+  EXPECT_THAT(got->stage_bytes, ElementsAre(2 * 2 + 10, 3 * 10));
+  ExpectConsistent(p, *got);
+  // Under a budget of 25 bytes the plain stage can hold at most two layers: 2 | 2 again.
+  p.memory_budget_bytes = 25;
+  got = MinMaxPartition(p);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(CutsOf(*got), ElementsAre(2));
+  EXPECT_THAT(got->stage_bytes, ElementsAre(2 * 4 + 10, 20));
+  // Neither recomputing: the plain problem's cut.
+  p.memory_budget_bytes = 0;
+  p.stage_recomputes = {false, false};
+  got = MinMaxPartition(p);
+  ASSERT_TRUE(got.ok());
+  EXPECT_THAT(CutsOf(*got), ElementsAre(2));
+  EXPECT_THAT(got->stage_seconds, ElementsAre(2, 2));
+  // The variants' sizes are checked.
+  p.stage_recomputes = {true};
+  EXPECT_THAT(MinMaxPartition(p).status().message(),
+              HasSubstr("stage_recomputes has 1 entries for 2 stages"));
+  p.stage_recomputes = {true, false};
+  p.recomputed_layers.pop_back();
+  EXPECT_THAT(MinMaxPartition(p).status().message(),
+              HasSubstr("recomputed_layers has 3 entries for 4 layers"));
+}
+
 // ---- brute force
 
 struct Brute {
@@ -324,17 +365,22 @@ Brute BruteForce(const PartitionProblem& p) {
       int64_t peak = 0;
       for (int s = 0; s < stages; ++s) {
         const int b = s == 0 ? 0 : cuts[s - 1], e = s == stages - 1 ? n : cuts[s];
+        // The stage's own variant of the layers' costs.
+        const bool recomputes = !p.stage_recomputes.empty() && p.stage_recomputes[s];
+        const std::vector<LayerCost>& layers = recomputes ? p.recomputed_layers : p.layers;
         double t = 0;
-        int64_t st = 0, act = 0;
+        int64_t st = 0, act = 0, most = 0, sum = 0;
         for (int l = b; l < e; ++l) {
-          t += p.layers[l].seconds;
-          st += p.layers[l].static_bytes;
-          act += p.layers[l].activation_bytes;
+          t += layers[l].seconds;
+          st += layers[l].static_bytes;
+          act += layers[l].activation_bytes;
+          most = std::max(most, layers[l].working_set_bytes);
+          sum += layers[l].working_set_bytes;
         }
         if (stages > 1) t += (s == 0 || s == stages - 1 ? 1 : 2) * p.transfer_seconds;
         const int live = p.live_micro_batches.empty() ? 1 : p.live_micro_batches[s];
         slowest = std::max(slowest, t);
-        peak = std::max(peak, st + live * act);
+        peak = std::max(peak, st + live * act + (p.whole_stage_recompute ? sum : most));
       }
       out.min_peak = std::min(out.min_peak, peak);
       if (p.memory_budget_bytes > 0 && peak > p.memory_budget_bytes) return;
@@ -382,6 +428,19 @@ void CrossCheck(bool integer_seconds, uint32_t seed) {
         break;
       default:
         for (int s = 0; s < stages; ++s) p.live_micro_batches.push_back(uniform(0, 3));
+    }
+    // Recomputation chosen per stage (pipeline.recompute: auto): a recomputing stage's layers
+    // cost more time, keep less per micro-batch and hold a working set.
+    if (uniform(0, 1) == 1) {
+      for (const LayerCost& l : p.layers) {
+        LayerCost r = l;
+        r.seconds += integer_seconds ? uniform(0, 4) : l.seconds / 3;
+        r.activation_bytes = uniform(0, static_cast<int>(l.activation_bytes));
+        r.working_set_bytes = uniform(0, 12);
+        p.recomputed_layers.push_back(r);
+      }
+      for (int s = 0; s < stages; ++s) p.stage_recomputes.push_back(uniform(0, 1) == 1);
+      p.whole_stage_recompute = uniform(0, 1) == 1;
     }
     const Brute unlimited = BruteForce(p);
     if (uniform(0, 3) != 0) {

@@ -231,12 +231,11 @@ TEST(PlanPipelineTest, ProfileGivesPerStageCostsAndAPredictedStep) {
 // the worker that waits for a slower neighbour move into those waits, which shortens the
 // predicted step, with the predicted bytes still within the budget.
 // recompute: auto. Without a budget, or where the plan fits without, nothing recomputes.
-// Over it, the cut that full recomputation fits, with R's only on the stages that do not fit
-// there without: 1F1B's stage 0 holds two micro-batches, its last stage one, so at a budget
-// of 10 MiB (8 layers of 1 MiB static and 1 MiB of activations, 4 | 4; two 64 KiB messages
-// per stage) stage 0 needs 4 + 2 x 4 MiB without and recomputes, stage 1 4 + 4 MiB and keeps
-// its activations (no working set: it does not recompute), and the step is shorter than with
-// recomputation everywhere.
+// Over it, R's only on the stages that do not fit without: 1F1B's stage 0 holds two micro-batches,
+// its last stage one, so at a budget of 10 MiB (8 layers of 1 MiB static and 1 MiB of activations,
+// 4 | 4; two 64 KiB messages per stage) stage 0 needs 4 + 2 x 4 MiB without and recomputes, stage 1
+// 4 + 4 MiB and keeps its activations (no working set: it does not recompute), and the step is
+// shorter than with recomputation everywhere.
 TEST(PlanPipelineTest, AutoRecomputesOnlyTheStagesThatDoNotFitWithout) {
   v1::JobSpec spec = Spec("1f1b", 2, 8);
   spec.mutable_pipeline()->set_recompute("auto");
@@ -282,6 +281,47 @@ TEST(PlanPipelineTest, AutoRecomputesOnlyTheStagesThatDoNotFitWithout) {
   absl::StatusOr<PipelinePlan> none_fits = PlanPipeline(spec, &profile);
   EXPECT_EQ(none_fits.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_GT(SmallestBudgetBytes(none_fits.status()), int64_t{2} << 20);
+}
+
+// recompute: auto chooses the cut with the recomputing stages' own costs: 8 layers of 1 MiB
+// static and 4 MiB of activations (F 1, B 2, R 1 s), 1F1B on 2 workers (stage 0 keeps two
+// micro-batches, stage 1 one), a budget of 26 MiB. Without recomputation no cut fits (stage 0
+// holds at most 2 layers, stage 1 at most 5). Recomputing stage 0 only, the cut moves a layer
+// off it, 3 | 5 (12 | 15 s per micro-batch), where full recomputation's cut, 4 | 4, would
+// keep 4 layers on it (16 | 12 s): the predicted step is shorter than that cut's.
+TEST(PlanPipelineTest, AutoCutsForTheStagesItRecomputes) {
+  v1::JobSpec spec = Spec("1f1b", 2, 8);
+  spec.mutable_pipeline()->set_recompute("auto");
+  spec.mutable_pipeline()->set_memory_budget_mb(26);
+  v1::ModelProfile profile = UnitProfile(spec);
+  for (v1::LayerProfile& l : *profile.mutable_layers()) {
+    l.set_activation_bytes(4 << 20);
+    l.set_output_bytes(1 << 16);
+    l.set_recompute_seconds(1.0);
+  }
+  v1::JobSpec none = spec;
+  none.mutable_pipeline()->set_recompute("none");
+  EXPECT_EQ(PlanPipeline(none, &profile).status().code(), absl::StatusCode::kResourceExhausted);
+  absl::StatusOr<PipelinePlan> joint = PlanPipeline(spec, &profile);
+  ASSERT_TRUE(joint.ok()) << joint.status();
+  EXPECT_THAT(joint->recompute_stages, ElementsAre(true, false));
+  EXPECT_THAT(joint->ranges, ElementsAre(LayerRange{0, 3}, LayerRange{3, 8}));
+  for (int64_t b : joint->stage_bytes) EXPECT_LE(b, int64_t{26} << 20);
+  EXPECT_TRUE(ValidateSchedule(joint->schedule).ok());
+  // Full recomputation's cut with the same stage recomputing (auto on that fixed cut).
+  v1::JobSpec at_full_cut = spec;
+  at_full_cut.mutable_pipeline()->set_partition("manual");
+  at_full_cut.mutable_pipeline()->add_cuts(4);
+  absl::StatusOr<PipelinePlan> fixed = PlanPipeline(at_full_cut, &profile);
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  EXPECT_THAT(fixed->recompute_stages, ElementsAre(true, false));
+  EXPECT_LT(joint->predicted_step_seconds, fixed->predicted_step_seconds);
+  v1::JobSpec full = spec;
+  full.mutable_pipeline()->set_recompute("full");
+  absl::StatusOr<PipelinePlan> everywhere = PlanPipeline(full, &profile);
+  ASSERT_TRUE(everywhere.ok()) << everywhere.status();
+  EXPECT_EQ(everywhere->ranges[0].end, 4);
+  EXPECT_LT(joint->predicted_step_seconds, everywhere->predicted_step_seconds);
 }
 
 TEST(PlanPipelineTest, RecomputationIsCostedAndHiddenInIdleTimeWithinTheBudget) {
