@@ -86,9 +86,34 @@ absl::StatusOr<StageBufferPtr> CpuStageCompute::NewBuffer(const std::vector<int6
   return Wrap(Tensor(shape));
 }
 
+std::atomic<int64_t> CpuStageCompute::reads_of_running_{0};
+
+// Marks `chunk` as inside a compute call of this thread for the guard's life (with
+// AllowConcurrentChunks only).
+class CpuStageCompute::Running {
+ public:
+  Running(CpuStageCompute* c, int chunk) : c_(c), chunk_(static_cast<size_t>(chunk)) {
+    if (!c_->concurrent_chunks_) return;
+    std::lock_guard<std::mutex> lock(c_->running_mu_);
+    c_->running_[chunk_] = std::this_thread::get_id();
+  }
+  ~Running() {
+    if (!c_->concurrent_chunks_) return;
+    std::lock_guard<std::mutex> lock(c_->running_mu_);
+    c_->running_[chunk_] = std::thread::id();
+  }
+  Running(const Running&) = delete;
+  Running& operator=(const Running&) = delete;
+
+ private:
+  CpuStageCompute* c_;
+  size_t chunk_;
+};
+
 absl::StatusOr<double> CpuStageCompute::Forward(int chunk, int mb, StageBufferPtr input,
                                                 const MicroBatchData& data, bool save,
                                                 StageBufferPtr* output) {
+  const Running running(this, chunk);
   const auto& layers = chunks_[chunk];
   std::vector<SavedContext>& saved = Saved(chunk, mb);
   saved.assign(layers.size(), SavedContext{});
@@ -113,6 +138,7 @@ size_t CpuStageCompute::Checkpoint::Bytes() const {
 absl::StatusOr<double> CpuStageCompute::ForwardKeepingInput(int chunk, int mb, StageBufferPtr input,
                                                             const MicroBatchData& data,
                                                             StageBufferPtr* output) {
+  const Running running(this, chunk);
   const auto& layers = chunks_[chunk];
   Saved(chunk, mb).clear();
   Checkpoint& cp = CheckpointOf(chunk, mb);
@@ -137,6 +163,7 @@ absl::StatusOr<double> CpuStageCompute::ForwardKeepingInput(int chunk, int mb, S
 
 absl::Status CpuStageCompute::Recompute(int chunk, int mb, const MicroBatchData& data,
                                         bool at_backward) {
+  const Running running(this, chunk);
   Checkpoint& cp = CheckpointOf(chunk, mb);
   if (!cp.kept || cp.at_backward) return absl::InternalError("recompute without checkpoints");
   last_call_peak_[static_cast<size_t>(chunk)] = SavedBytes(chunk, mb);
@@ -186,6 +213,7 @@ absl::Status CpuStageCompute::RecomputingBackward(int chunk, int mb, bool split,
 
 absl::Status CpuStageCompute::Backward(int chunk, int mb, v1::ActionKind kind,
                                        StageBufferPtr grad_output, StageBufferPtr* grad_input) {
+  const Running running(this, chunk);
   const auto& layers = chunks_[chunk];
   std::vector<SavedContext>& saved = Saved(chunk, mb);
   last_call_peak_[static_cast<size_t>(chunk)] = SavedBytes(chunk, mb);
@@ -247,6 +275,11 @@ absl::StatusOr<std::vector<absl::Span<float>>> CpuStageCompute::LayerParameters(
 }
 
 size_t CpuStageCompute::SavedBytes(int chunk, int mb) const {
+  if (concurrent_chunks_) {
+    std::lock_guard<std::mutex> lock(running_mu_);
+    const std::thread::id in = running_[static_cast<size_t>(chunk)];
+    if (in != std::thread::id() && in != std::this_thread::get_id()) ++reads_of_running_;
+  }
   const size_t i = static_cast<size_t>(chunk) * slots_ + static_cast<size_t>(mb);
   size_t n = checkpoints_[i].Bytes();
   for (const SavedContext& c : saved_[i]) n += c.Bytes();

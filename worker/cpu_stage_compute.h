@@ -6,9 +6,12 @@
 #ifndef TANDEM_WORKER_CPU_STAGE_COMPUTE_H_
 #define TANDEM_WORKER_CPU_STAGE_COMPUTE_H_
 
+#include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -43,7 +46,15 @@ class CpuStageCompute final : public StageCompute {
   // Lets the executor run two chunks' compute calls at once (a second thread, beyond the
   // worker's --threads): the calls of different chunks share no state here. For the tests of
   // the executor's overlapped pairs; off by default.
-  void AllowConcurrentChunks() { concurrent_chunks_ = true; }
+  void AllowConcurrentChunks() {
+    concurrent_chunks_ = true;
+    running_.assign(chunks_.size(), std::thread::id());
+  }
+  // With AllowConcurrentChunks, over every instance: how many times SavedBytes read a chunk
+  // while another thread was inside a compute call of that chunk. A device backend's per-chunk
+  // state (a GpuStage's slot map) may be changing then, so the executor must not; its tests
+  // require 0.
+  static int64_t ReadsOfARunningChunk() { return reads_of_running_.load(); }
   absl::Status Backward(int chunk, int mb, v1::ActionKind kind, StageBufferPtr grad_output,
                         StageBufferPtr* grad_input) override;
   size_t SavedBytes(int chunk, int mb) const override;
@@ -101,6 +112,12 @@ class CpuStageCompute final : public StageCompute {
   std::vector<Checkpoint> checkpoints_;
   std::vector<size_t> last_call_peak_;  // per chunk: LastCallPeakSavedBytes
   bool concurrent_chunks_ = false;
+  // With concurrent_chunks_: per chunk, the thread inside one of its compute calls (a default
+  // id when none), set for the call's duration by a Running.
+  class Running;
+  mutable std::mutex running_mu_;
+  std::vector<std::thread::id> running_;
+  static std::atomic<int64_t> reads_of_running_;
   int64_t parameter_count_ = 0;
   std::vector<StaticMemory> static_memory_;
   LayerDoneHook layer_done_;

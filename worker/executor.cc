@@ -263,6 +263,17 @@ void StageExecutor::Account(int chunk, int mb, size_t saved_during) {
       std::max(chunk_peak_bytes_[static_cast<size_t>(chunk)], chunk_live);
 }
 
+void StageExecutor::AccountHandover(int chunk, int mb) {
+  {
+    std::lock_guard<std::mutex> lock(account_mu_);
+    if (pair_running_) {
+      deferred_accounts_.push_back({chunk, mb});
+      return;
+    }
+  }
+  Account(chunk, mb);
+}
+
 StageBuffer& StageExecutor::KeepForSend(StageBufferPtr b) {
   send_bytes_ += b->bytes();
   send_buffers_.push_back(std::move(b));
@@ -314,7 +325,7 @@ absl::Status StageExecutor::Forward(int chunk, int mb, int64_t step, bool eval) 
   StageBufferPtr x;
   if (c.prev >= 0) {
     x = std::move(Mb(c.prev, mb).output);
-    Account(c.prev, mb);
+    AccountHandover(c.prev, mb);
   } else {
     x = std::move(m.input);
   }
@@ -360,7 +371,7 @@ absl::Status StageExecutor::Backward(int chunk, int mb, v1::ActionKind kind) {
   StageBufferPtr g;
   if (c.next >= 0) {
     g = std::move(Mb(c.next, mb).grad_input);
-    Account(c.next, mb);
+    AccountHandover(c.next, mb);
   } else {
     g = std::move(m.grad_output);
   }
@@ -606,6 +617,10 @@ absl::Status StageExecutor::RunOverlappedPair(
   second->set_start_us(start);
   absl::Status second_status;
   int64_t second_end = 0;
+  {
+    std::lock_guard<std::mutex> lock(account_mu_);
+    pair_running_ = true;
+  }
   std::thread other([&] {
     second_status = RunAction(actions[i + 1], step, false);
     second_end = UnixMicros();
@@ -614,10 +629,19 @@ absl::Status StageExecutor::RunOverlappedPair(
   first->set_end_us(UnixMicros());
   other.join();
   second->set_end_us(second_end);
+  std::vector<std::pair<int, int>> handovers;
+  {
+    std::lock_guard<std::mutex> lock(account_mu_);
+    pair_running_ = false;
+    handovers.swap(deferred_accounts_);
+  }
+  for (const auto& [chunk, mb] : handovers) Account(chunk, mb);
   if (!first_status.ok()) return FailStep(first_status, Where(actions[i]));
   if (!second_status.ok()) return FailStep(second_status, Where(actions[i + 1]));
-  AccountAction(actions[i], first);
-  AccountAction(actions[i + 1], second);
+  // The forward first, so that the peak counts the moment both micro-batches were held.
+  const bool forward_first = actions[i].kind() == v1::ACTION_F;
+  AccountAction(actions[forward_first ? i : i + 1], forward_first ? first : second);
+  AccountAction(actions[forward_first ? i + 1 : i], forward_first ? second : first);
   return absl::OkStatus();
 }
 

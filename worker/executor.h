@@ -58,6 +58,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -247,6 +248,11 @@ class StageExecutor {
   // rank's and the chunk's live and peak bytes; `saved_during` > 0 is the compute's transient
   // peak for it inside the action just run (StageCompute::LastCallPeakSavedBytes).
   void Account(int chunk, int mb, size_t saved_during = 0);
+  // Account for the neighbouring chunk whose output (F) or input gradient (B, I) an action
+  // took over; while an overlapped pair runs on two threads, deferred until both end: the
+  // other thread may be running that chunk, and reading its saved bytes then races with it
+  // in the compute (a GpuStage's slot map).
+  void AccountHandover(int chunk, int mb);
   // Moves a buffer that a posted send reads into the buffers kept until the step's end.
   StageBuffer& KeepForSend(StageBufferPtr b);
   std::string Where(const v1::Action& a) const;
@@ -297,6 +303,8 @@ class StageExecutor {
   std::vector<size_t> mb_bytes_;  // bytes held by each micro-batch, as last accounted
   // Guards the accounting below while an overlapped pair's two actions run.
   std::mutex account_mu_;
+  bool pair_running_ = false;                           // an overlapped pair on two threads
+  std::vector<std::pair<int, int>> deferred_accounts_;  // (chunk, mb) for after it
   size_t live_bytes_ = 0;
   size_t peak_bytes_ = 0;
   // Per chunk: live and peak activation bytes in the step.

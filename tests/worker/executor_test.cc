@@ -332,8 +332,12 @@ TEST_F(ExecutorTest, OverlappedPairsRunAtOnceWhereTheComputeAllowsAndChangeNothi
   ASSERT_FALSE(pairs.empty());
   std::vector<v1::StepReport> one_by_one, at_once;
   const std::vector<double> want = Train(spec, 2, "dualpipe_v", &one_by_one, 3);
+  const int64_t racy_before = CpuStageCompute::ReadsOfARunningChunk();
   const std::vector<double> got = Train(spec, 2, "dualpipe_v", &at_once, 3, 0, {}, true);
   ExpectSameLosses(want, got, 0.0, 3);
+  // The executor never asked for a chunk's saved bytes while the other thread ran that chunk
+  // (a pair's handovers are accounted after both actions end).
+  EXPECT_EQ(CpuStageCompute::ReadsOfARunningChunk(), racy_before);
   auto timing = [](const v1::StepReport& r, int index) {
     for (const v1::ActionTiming& t : r.timings()) {
       if (t.index() == index) return t;
