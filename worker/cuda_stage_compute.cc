@@ -226,6 +226,7 @@ absl::StatusOr<std::unique_ptr<CudaStageCompute>> CudaStageCompute::Create(
     c->stages_.push_back(std::move(stage));
   }
   c->last_device_us_.assign(c->stages_.size(), 0);
+  c->last_call_peak_.assign(c->stages_.size(), 0);
   return c;
 }
 
@@ -268,6 +269,7 @@ absl::Status CudaStageCompute::Backward(int chunk, int mb, v1::ActionKind kind,
   RETURN_IF_ERROR(Use());
   GpuStage& stage = *stages_[chunk];
   last_device_us_[static_cast<size_t>(chunk)] = 0;
+  last_call_peak_[static_cast<size_t>(chunk)] = 0;  // a backward holds no more inside
   // The split backward: I computes the input gradient and keeps what W needs; W adds the
   // weight gradients (GpuStage::BackwardInput / BackwardWeight).
   if (kind == v1::ACTION_W) {
@@ -317,7 +319,12 @@ absl::Status CudaStageCompute::Recompute(int chunk, int mb, const MicroBatchData
   }
   // The saving forward again, now (per stage: see the header), its output discarded.
   StageBufferPtr scratch;
-  return ForwardFrom(chunk, mb, Data(kept), data, true, &scratch).status();
+  last_call_peak_[static_cast<size_t>(chunk)] = 0;
+  RETURN_IF_ERROR(ForwardFrom(chunk, mb, Data(kept), data, true, &scratch).status());
+  // Until it returns, the micro-batch holds its kept input beside the slot refilled.
+  last_call_peak_[static_cast<size_t>(chunk)] =
+      stages_[chunk]->SavedBytes(mb) + (kept != nullptr ? kept->bytes() : 0);
+  return absl::OkStatus();
 }
 
 size_t CudaStageCompute::SavedBytes(int chunk, int mb) const {

@@ -78,6 +78,10 @@ class CudaStageCompute final : public StageCompute {
   int64_t last_device_us(int chunk) const override {
     return last_device_us_[static_cast<size_t>(chunk)];
   }
+  // An R's: the kept input and the refilled slot at once; 0 after a backward.
+  size_t LastCallPeakSavedBytes(int chunk) const override {
+    return last_call_peak_[static_cast<size_t>(chunk)];
+  }
   bool runs_chunks_concurrently() const override { return true; }
   size_t SavedBytes(int chunk, int mb) const override;
   void DropSaved() override;
@@ -113,6 +117,7 @@ class CudaStageCompute final : public StageCompute {
   int device_ = 0;
   int64_t activation_elements_ = 0;      // B * T * C
   std::vector<int64_t> last_device_us_;  // per chunk
+  std::vector<size_t> last_call_peak_;   // per chunk: LastCallPeakSavedBytes
   std::vector<std::unique_ptr<cuda::GpuStage>> stages_;
   // (chunk, micro-batch) -> the input its F kept for its R (null on the first stage, whose
   // input is the tokens). An entry means "recomputed, not yet recomputed back".
