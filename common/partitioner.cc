@@ -16,6 +16,18 @@
 
 namespace tandem {
 
+int64_t StageWorkspaceBytes(const std::vector<int64_t>& layer_workspaces) {
+  std::vector<int64_t> distinct;
+  for (int64_t w : layer_workspaces) {
+    if (w > 0 && std::find(distinct.begin(), distinct.end(), w) == distinct.end()) {
+      distinct.push_back(w);
+    }
+  }
+  int64_t sum = 0;
+  for (int64_t w : distinct) sum += w;
+  return sum;
+}
+
 int64_t SmallestBudgetBytes(const absl::Status& status) {
   const auto payload = status.GetPayload(kSmallestBudgetPayload);
   int64_t bytes = 0;
@@ -142,9 +154,13 @@ class Costs {
     }
     return problem_->whole_stage_recompute ? sum : most;
   }
+  int64_t WorkspaceBytes(int s, int i, int j) const {
+    const std::vector<int64_t>& w = Of(s).workspace;
+    return StageWorkspaceBytes(std::vector<int64_t>(w.begin() + i, w.begin() + j));
+  }
   int64_t StageBytes(int s, int i, int j) const {
     return StaticBytes(s, i, j) + live_[s] * ActivationBytes(s, i, j) + WorkingSetBytes(s, i, j) +
-           BufferBytes(s, i, j);
+           WorkspaceBytes(s, i, j) + BufferBytes(s, i, j);
   }
 
   // "stage 1 (layers [2, 6)) needs 22 bytes (12 static + 2 x 5 activation)".
@@ -156,6 +172,8 @@ class Costs {
         ActivationBytes(s, i, j), " activation",
         WorkingSetBytes(s, i, j) > 0 ? absl::StrCat(" + ", WorkingSetBytes(s, i, j), " working set")
                                      : "",
+        WorkspaceBytes(s, i, j) > 0 ? absl::StrCat(" + ", WorkspaceBytes(s, i, j), " workspace")
+                                    : "",
         BufferBytes(s, i, j) > 0 ? absl::StrCat(" + ", BufferBytes(s, i, j), " messages") : "",
         ")");
   }
@@ -179,6 +197,7 @@ class Costs {
     std::vector<int64_t> statics;
     std::vector<int64_t> activation;
     std::vector<int64_t> working_set;  // per layer
+    std::vector<int64_t> workspace;    // per layer
 
     // INVALID_ARGUMENT for negative or non-finite costs, or figures that would overflow.
     absl::Status Sum(const std::vector<LayerCost>& layers, int64_t max_live, double transfer,
@@ -188,6 +207,7 @@ class Costs {
       statics.assign(n + 1, 0);
       activation.assign(n + 1, 0);
       working_set.assign(n, 0);
+      workspace.assign(n, 0);
       for (size_t l = 0; l < n; ++l) {
         const LayerCost& lc = layers[l];
         if (!std::isfinite(lc.seconds) || lc.seconds < 0) {
@@ -196,14 +216,15 @@ class Costs {
                                                          lc.seconds));
         }
         if (lc.static_bytes < 0 || lc.activation_bytes < 0 || lc.output_bytes < 0 ||
-            lc.working_set_bytes < 0) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("partition: ", what, "layer ", l, " bytes must be >= 0, got static ",
-                           lc.static_bytes, ", activation ", lc.activation_bytes, ", output ",
-                           lc.output_bytes, " and working set ", lc.working_set_bytes));
+            lc.working_set_bytes < 0 || lc.workspace_bytes < 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "partition: ", what, "layer ", l, " bytes must be >= 0, got static ", lc.static_bytes,
+              ", activation ", lc.activation_bytes, ", output ", lc.output_bytes, ", working set ",
+              lc.working_set_bytes, " and workspace ", lc.workspace_bytes));
         }
         seconds[l + 1] = seconds[l] + lc.seconds;
         working_set[l] = std::min<int64_t>(lc.working_set_bytes, int64_t{1} << 50);
+        workspace[l] = std::min<int64_t>(lc.workspace_bytes, int64_t{1} << 50);
         if (__builtin_add_overflow(statics[l], lc.static_bytes, &statics[l + 1]) ||
             __builtin_add_overflow(activation[l], lc.activation_bytes, &activation[l + 1])) {
           return absl::InvalidArgumentError("partition: the layers' total bytes overflow int64");
@@ -214,8 +235,9 @@ class Costs {
       int64_t live_bytes = 0, total_bytes = 0;
       if (__builtin_mul_overflow(max_live, activation[n], &live_bytes) ||
           __builtin_add_overflow(live_bytes, statics[n], &total_bytes) ||
-          // the working sets (at most 2^50 per layer) and two messages
-          __builtin_add_overflow(total_bytes, static_cast<int64_t>(n + 2) << 50, &total_bytes)) {
+          // the working sets and workspaces (at most 2^50 per layer) and two messages
+          __builtin_add_overflow(total_bytes, static_cast<int64_t>(2 * n + 2) << 50,
+                                 &total_bytes)) {
         return absl::InvalidArgumentError(
             "partition: static plus live activation bytes overflow int64");
       }

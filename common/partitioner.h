@@ -30,7 +30,16 @@ struct LayerCost {
   // largest layer's (PartitionProblem::whole_stage_recompute: their sum); 0 without
   // recomputation.
   int64_t working_set_bytes = 0;
+  // A device backend's scratch, which the stage's layers share: a stage holds
+  // StageWorkspaceBytes of its layers'.
+  int64_t workspace_bytes = 0;
 };
+
+// The workspace of a stage from its layers' (LayerCost::workspace_bytes): each kind of layer's
+// once, i.e. the sum of the distinct values (its blocks share one; the embedding's, the
+// blocks' and the head's add up). An upper bound: the scratch every kind has is counted once
+// per kind, where the largest alone would miss what the others add.
+int64_t StageWorkspaceBytes(const std::vector<int64_t>& layer_workspaces);
 
 struct PartitionProblem {
   std::vector<LayerCost> layers;  // the global layer sequence, embedding first, head last
@@ -58,8 +67,9 @@ struct PartitionProblem {
 struct Partition {
   std::vector<LayerRange> ranges;     // one per stage, contiguous, covering every layer
   std::vector<double> stage_seconds;  // per stage: its layers' seconds + its transfers
-  std::vector<int64_t> stage_bytes;   // per stage: static + live x activation (+ working set)
-  double bottleneck_seconds = 0.0;    // max of stage_seconds
+  // per stage: static + live x activation (+ working set, workspace, messages)
+  std::vector<int64_t> stage_bytes;
+  double bottleneck_seconds = 0.0;  // max of stage_seconds
 };
 
 // The contiguous cut that minimises the slowest stage's time (exact, by dynamic programming

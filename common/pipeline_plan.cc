@@ -56,6 +56,7 @@ PartitionProblem ProblemFor(const v1::JobSpec& spec, const Schedule& lowered,
       const v1::LayerProfile& p = profile->layers(static_cast<int>(g));
       c.seconds = p.forward_seconds() + p.backward_seconds();
       c.static_bytes = p.static_bytes();
+      c.workspace_bytes = p.workspace_bytes();
       c.activation_bytes = p.activation_bytes();
       c.output_bytes = p.output_bytes();
       if (g < recomputed.size() && recomputed[g]) {
@@ -97,14 +98,17 @@ PartitionProblem ProblemFor(const v1::JobSpec& spec, const Schedule& lowered,
   return problem;
 }
 
-// The measured parameters, gradients and optimizer state of worker `rank`'s stages (unsharded:
-// an upper bound), in bytes.
+// The measured parameters, gradients, optimizer state and workspace of worker `rank`'s stages
+// (unsharded: an upper bound), in bytes.
 double RankStaticBytes(const v1::ModelProfile& profile, const PipelinePlan& plan, int rank) {
   double bytes = 0;
   for (int s : plan.schedule.placement.StagesOf(rank)) {
+    std::vector<int64_t> workspaces;
     for (int g = plan.ranges[s].begin; g < plan.ranges[s].end; ++g) {
       bytes += static_cast<double>(profile.layers(g).static_bytes());
+      workspaces.push_back(profile.layers(g).workspace_bytes());
     }
+    bytes += static_cast<double>(StageWorkspaceBytes(workspaces));
   }
   return bytes;
 }

@@ -160,6 +160,7 @@ absl::StatusOr<std::vector<v1::LayerProfile>> MergeWorkerProfiles(
       const v1::LayerProfile& b = per_worker[w][i];
       if (a.layer() != b.layer() || a.activation_bytes() != b.activation_bytes() ||
           a.output_bytes() != b.output_bytes() || a.static_bytes() != b.static_bytes() ||
+          a.workspace_bytes() != b.workspace_bytes() ||
           a.parameter_count() != b.parameter_count()) {
         return absl::InvalidArgumentError(
             absl::StrCat("profile ", w, " disagrees with profile 0 on layer ", a.layer(),

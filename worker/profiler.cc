@@ -292,7 +292,10 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayersOn(const v1::JobSpec&
     v1::LayerProfile p;
     p.set_layer(g);
     p.set_parameter_count(compute.parameter_count());
-    p.set_static_bytes(compute.static_bytes(0));
+    // The workspace apart: a stage of several layers holds one, not one per layer.
+    const StageCompute::StaticMemory memory = compute.static_memory(0);
+    p.set_static_bytes(memory.total() - memory.workspace);
+    p.set_workspace_bytes(memory.workspace);
     Timings times;
     absl::Status s;
     // One forward and its backward: B on micro-batch 0, I then W on micro-batch 1.

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -343,6 +344,31 @@ TEST(MinMaxPartition, PerStageRecomputationCostsEachStageItsOwnVariant) {
               HasSubstr("recomputed_layers has 3 entries for 4 layers"));
 }
 
+// A stage's workspace is each kind of layer's once: the sum of its layers' distinct values.
+// Three blocks sharing 8 bytes and a head with 20 hold 28, not 44 (the sum) nor 20 (the
+// largest); a stage of blocks holds one block's.
+TEST(MinMaxPartition, AStageHoldsEachKindOfLayersWorkspaceOnce) {
+  EXPECT_EQ(StageWorkspaceBytes({8, 8, 8, 20}), 28);
+  EXPECT_EQ(StageWorkspaceBytes({8, 8, 8}), 8);
+  EXPECT_EQ(StageWorkspaceBytes({0, 0}), 0);
+  EXPECT_EQ(StageWorkspaceBytes({}), 0);
+  PartitionProblem p = Problem({1, 1, 1, 1}, 2);
+  const std::vector<int64_t> workspaces = {8, 8, 8, 20};
+  for (size_t l = 0; l < p.layers.size(); ++l) p.layers[l].workspace_bytes = workspaces[l];
+  absl::StatusOr<Partition> got = MinMaxPartition(p);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(CutsOf(*got), ElementsAre(2));
+  EXPECT_THAT(got->stage_bytes, ElementsAre(8, 28));
+  // Over a budget of 20 the head's stage must not hold a block too: 3 | 1.
+  p.memory_budget_bytes = 20;
+  got = MinMaxPartition(p);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(CutsOf(*got), ElementsAre(3));
+  EXPECT_THAT(got->stage_bytes, ElementsAre(8, 20));
+  p.memory_budget_bytes = 19;
+  EXPECT_THAT(MinMaxPartition(p).status().message(), HasSubstr("+ 20 workspace"));
+}
+
 // ---- brute force
 
 struct Brute {
@@ -370,17 +396,24 @@ Brute BruteForce(const PartitionProblem& p) {
         const std::vector<LayerCost>& layers = recomputes ? p.recomputed_layers : p.layers;
         double t = 0;
         int64_t st = 0, act = 0, most = 0, sum = 0;
+        std::vector<int64_t> workspaces;  // each distinct value once
         for (int l = b; l < e; ++l) {
           t += layers[l].seconds;
           st += layers[l].static_bytes;
           act += layers[l].activation_bytes;
           most = std::max(most, layers[l].working_set_bytes);
           sum += layers[l].working_set_bytes;
+          if (layers[l].workspace_bytes > 0 &&
+              std::find(workspaces.begin(), workspaces.end(), layers[l].workspace_bytes) ==
+                  workspaces.end()) {
+            workspaces.push_back(layers[l].workspace_bytes);
+          }
         }
+        const int64_t workspace = std::accumulate(workspaces.begin(), workspaces.end(), int64_t{0});
         if (stages > 1) t += (s == 0 || s == stages - 1 ? 1 : 2) * p.transfer_seconds;
         const int live = p.live_micro_batches.empty() ? 1 : p.live_micro_batches[s];
         slowest = std::max(slowest, t);
-        peak = std::max(peak, st + live * act + (p.whole_stage_recompute ? sum : most));
+        peak = std::max(peak, st + live * act + (p.whole_stage_recompute ? sum : most) + workspace);
       }
       out.min_peak = std::min(out.min_peak, peak);
       if (p.memory_budget_bytes > 0 && peak > p.memory_budget_bytes) return;
@@ -418,6 +451,8 @@ void CrossCheck(bool integer_seconds, uint32_t seed) {
       const double t =
           integer_seconds ? uniform(0, 9) : std::uniform_real_distribution<double>(0.0, 3.0)(rng);
       p.layers.push_back(LayerCost{t, uniform(0, 20), uniform(0, 10)});
+      // A device's workspace, shared by the stage's layers of one kind (few distinct values).
+      if (uniform(0, 2) == 0) p.layers.back().workspace_bytes = uniform(0, 2) * 4;
     }
     p.transfer_seconds = uniform(0, 2) == 0 ? 0.0 : uniform(0, 4) * 0.5;
     switch (uniform(0, 2)) {
