@@ -281,6 +281,8 @@ class LayerCost:
     static_bytes: int
     activation_bytes: int
     output_bytes: int
+    recompute_seconds: float = 0.0  # 0 where not measured: the forward's
+    workspace_bytes: int = 0        # a device backend's scratch, once per stage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,7 +305,8 @@ class ModelProfile:
             layers=tuple(LayerCost(l.layer, l.forward_seconds, l.backward_seconds,
                                    l.backward_input_seconds, l.backward_weight_seconds,
                                    l.apply_seconds, l.parameter_count, l.static_bytes,
-                                   l.activation_bytes, l.output_bytes) for l in p.layers),
+                                   l.activation_bytes, l.output_bytes, l.recompute_seconds,
+                                   l.workspace_bytes) for l in p.layers),
             link_latency_seconds=p.link.latency_seconds if has_link else None,
             link_seconds_per_byte=p.link.seconds_per_byte if has_link else None,
             raw=p,
