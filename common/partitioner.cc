@@ -38,6 +38,9 @@ int64_t SmallestBudgetBytes(const absl::Status& status) {
 namespace {
 
 constexpr double kNoSeconds = std::numeric_limits<double>::infinity();
+// A layer's message, working set and workspace are taken at most this (256 TiB), so that a
+// stage's sum of them over up to 2^13 layers stays within int64.
+constexpr int64_t kMaxLayerBytes = int64_t{1} << 48;
 constexpr int64_t kNoBytes = std::numeric_limits<int64_t>::max();
 
 std::string RangeString(const LayerRange& r) {
@@ -102,7 +105,7 @@ class Costs {
     c.output_.assign(n, 0);
     for (size_t l = 0; l < n; ++l) {
       c.output_[l] =
-          std::min<int64_t>(std::max<int64_t>(problem.layers[l].output_bytes, 0), int64_t{1} << 50);
+          std::min<int64_t>(std::max<int64_t>(problem.layers[l].output_bytes, 0), kMaxLayerBytes);
     }
     RETURN_IF_ERROR(c.plain_.Sum(problem.layers, max_live, problem.transfer_seconds, ""));
     if (per_stage) {
@@ -223,8 +226,8 @@ class Costs {
               lc.working_set_bytes, " and workspace ", lc.workspace_bytes));
         }
         seconds[l + 1] = seconds[l] + lc.seconds;
-        working_set[l] = std::min<int64_t>(lc.working_set_bytes, int64_t{1} << 50);
-        workspace[l] = std::min<int64_t>(lc.workspace_bytes, int64_t{1} << 50);
+        working_set[l] = std::min<int64_t>(lc.working_set_bytes, kMaxLayerBytes);
+        workspace[l] = std::min<int64_t>(lc.workspace_bytes, kMaxLayerBytes);
         if (__builtin_add_overflow(statics[l], lc.static_bytes, &statics[l + 1]) ||
             __builtin_add_overflow(activation[l], lc.activation_bytes, &activation[l + 1])) {
           return absl::InvalidArgumentError("partition: the layers' total bytes overflow int64");
@@ -232,12 +235,12 @@ class Costs {
       }
       // The largest figure that StageBytes can produce; StageSeconds adds at most two
       // transfers.
-      int64_t live_bytes = 0, total_bytes = 0;
+      int64_t live_bytes = 0, total_bytes = 0, extra = 0;
       if (__builtin_mul_overflow(max_live, activation[n], &live_bytes) ||
           __builtin_add_overflow(live_bytes, statics[n], &total_bytes) ||
-          // the working sets and workspaces (at most 2^50 per layer) and two messages
-          __builtin_add_overflow(total_bytes, static_cast<int64_t>(2 * n + 2) << 50,
-                                 &total_bytes)) {
+          // the working sets and workspaces (at most kMaxLayerBytes each) and two messages
+          __builtin_mul_overflow(static_cast<int64_t>(2 * n + 2), kMaxLayerBytes, &extra) ||
+          __builtin_add_overflow(total_bytes, extra, &total_bytes)) {
         return absl::InvalidArgumentError(
             "partition: static plus live activation bytes overflow int64");
       }

@@ -1,6 +1,8 @@
 #include "common/pipeline_plan.h"
 
 #include <algorithm>
+#include <limits>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
@@ -379,10 +381,12 @@ absl::StatusOr<PipelinePlan> PlanWith(const v1::JobSpec& spec, const v1::ModelPr
 // pipeline.recompute auto: no recomputation where the plan fits memory_budget_mb without;
 // otherwise the fastest predicted plan that fits among the sets of recomputing stages tried,
 // each with the cut chosen for it (the partitioner costs each stage its own variant). Tried:
-// every set for up to kAutoRecomputeExhaustive stages; beyond, the first k stages for every k
-// (under 1F1B the earlier stages keep more micro-batches) and the stages that do not fit
-// without recomputation at full recomputation's cut. Full recomputation is always a
-// candidate, so a job that fits with it is never refused.
+// full recomputation; every set for up to kAutoRecomputeExhaustive stages; beyond, the first
+// k stages for every k (under 1F1B the earlier stages keep more micro-batches) and the stages
+// that do not fit without recomputation at full recomputation's cut. Full recomputation need
+// not be the set that needs the least memory (a recomputing stage holds a working set beside
+// its checkpoints, and on cuda the stage's whole one), so a job is refused only when no set
+// fits, naming the smallest budget over every set tried.
 absl::StatusOr<PipelinePlan> PlanAutoRecompute(const v1::JobSpec& spec,
                                                const v1::ModelProfile* profile) {
   v1::JobSpec none = spec;
@@ -392,12 +396,15 @@ absl::StatusOr<PipelinePlan> PlanAutoRecompute(const v1::JobSpec& spec,
   v1::JobSpec full = spec;
   full.mutable_pipeline()->set_recompute("full");
   absl::StatusOr<PipelinePlan> all = PlanWith(full, profile, {});
-  if (!all.ok()) return all.status();
+  if (!all.ok() && all.status().code() != absl::StatusCode::kResourceExhausted) {
+    return all.status();
+  }
   if (profile == nullptr) return all;
-  const int p = all->num_stages();
+  ASSIGN_OR_RETURN(const Schedule compute, ScheduleForSpec(spec));
+  const int p = compute.placement.num_stages();
   std::set<std::vector<bool>> tried;
-  // The stages that would not fit without recomputation at full recomputation's cut.
-  {
+  if (all.ok()) {
+    // The stages that would not fit without recomputation at full recomputation's cut.
     v1::JobSpec unbounded = none;
     unbounded.mutable_pipeline()->set_partition("manual");
     unbounded.mutable_pipeline()->clear_cuts();
@@ -426,25 +433,43 @@ absl::StatusOr<PipelinePlan> PlanAutoRecompute(const v1::JobSpec& spec,
       tried.insert(flags);
     }
   }
-  PipelinePlan best = *std::move(all);
+  // A plan without a predicted step (its simulation failed) ranks last.
+  const auto step = [](const PipelinePlan& x) {
+    return x.predicted_step_seconds > 0 ? x.predicted_step_seconds
+                                        : std::numeric_limits<double>::infinity();
+  };
+  const auto count = [](const PipelinePlan& x) {
+    return std::count(x.recompute_stages.begin(), x.recompute_stages.end(), true);
+  };
+  std::optional<PipelinePlan> best;
+  if (all.ok()) best = *std::move(all);
+  // Without any plan: the refusal that names the smallest budget.
+  absl::Status refusal = plain.status();
+  const auto keep_smaller = [&](const absl::Status& s) {
+    const int64_t need = SmallestBudgetBytes(s);
+    const int64_t kept = SmallestBudgetBytes(refusal);
+    if (need > 0 && (kept <= 0 || need < kept)) refusal = s;
+  };
+  if (!best.has_value()) keep_smaller(all.status());
   for (const std::vector<bool>& flags : tried) {
     if (std::none_of(flags.begin(), flags.end(), [](bool b) { return b; }) ||
         std::all_of(flags.begin(), flags.end(), [](bool b) { return b; })) {
-      continue;  // the plain plan does not fit; the full one is `best` already
+      continue;  // the plain plan and the full one were planned above
     }
     absl::StatusOr<PipelinePlan> some = PlanWith(full, profile, flags);
-    if (!some.ok()) continue;  // does not fit (RESOURCE_EXHAUSTED) with only these stages
+    if (!some.ok()) {
+      if (some.status().code() != absl::StatusCode::kResourceExhausted) return some.status();
+      keep_smaller(some.status());  // does not fit with only these stages recomputing
+      continue;
+    }
     // Strictly faster, or as fast with fewer recomputing stages.
-    const auto count = [](const PipelinePlan& x) {
-      return std::count(x.recompute_stages.begin(), x.recompute_stages.end(), true);
-    };
-    if (some->predicted_step_seconds < best.predicted_step_seconds ||
-        (some->predicted_step_seconds == best.predicted_step_seconds &&
-         count(*some) < count(best))) {
+    if (!best.has_value() || step(*some) < step(*best) ||
+        (step(*some) == step(*best) && count(*some) < count(*best))) {
       best = *std::move(some);
     }
   }
-  return best;
+  if (best.has_value()) return *std::move(best);
+  return refusal;
 }
 
 }  // namespace

@@ -193,7 +193,20 @@ absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec,
                                                 absl::Duration timeout, ProfileStore* store,
                                                 const LinkPeer* peer) {
   if (workers.empty()) return absl::InvalidArgumentError("no worker to profile on");
-  const size_t n = std::min<size_t>(workers.size(), kMaxProfiledWorkers);
+  // The first worker, and those like it (the same device kind and threads, the profile's key)
+  // that do not share a GPU with one already chosen (two on one GPU would time each other).
+  const WorkerRecord& first = *workers[0].worker;
+  std::vector<const ProfiledWorker*> chosen = {&workers[0]};
+  for (size_t i = 1; i < workers.size() && chosen.size() < kMaxProfiledWorkers; ++i) {
+    const WorkerRecord& w = *workers[i].worker;
+    if (DeviceKind(w.device) != DeviceKind(first.device) || w.threads != first.threads) continue;
+    if (std::any_of(chosen.begin(), chosen.end(),
+                    [&](const ProfiledWorker* c) { return ShareDevice(*c->worker, w); })) {
+      continue;
+    }
+    chosen.push_back(&workers[i]);
+  }
+  const size_t n = chosen.size();
   v1::ProfileLayersRequest req;
   *req.mutable_spec() = spec;
   for (int g : LayersToProfile(spec.model())) req.add_layers(g);
@@ -204,18 +217,27 @@ absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec,
     std::vector<std::thread> calls;
     calls.reserve(n);
     for (size_t i = 0; i < n; ++i) {
-      calls.emplace_back([&, i] { responses[i] = workers[i].client->ProfileLayers(req, timeout); });
+      calls.emplace_back([&, i] { responses[i] = chosen[i]->client->ProfileLayers(req, timeout); });
     }
     for (std::thread& t : calls) t.join();
   }
+  // The workers that answered; one that failed is named in the log (and in the error when
+  // none answered).
   std::vector<std::vector<v1::LayerProfile>> per_worker;
   std::vector<std::string> ids;
+  absl::Status first_error;
   for (size_t i = 0; i < n; ++i) {
-    RETURN_IF_ERROR(WithPrefix(responses[i].status(),
-                               absl::StrCat("profiling on ", Named(*workers[i].worker))));
+    const absl::Status s =
+        WithPrefix(responses[i].status(), absl::StrCat("profiling on ", Named(*chosen[i]->worker)));
+    if (!s.ok()) {
+      spdlog::warn("{}", s.ToString());
+      if (first_error.ok()) first_error = s;
+      continue;
+    }
     per_worker.emplace_back(responses[i]->layers().begin(), responses[i]->layers().end());
-    ids.push_back(workers[i].worker->id);
+    ids.push_back(chosen[i]->worker->id);
   }
+  if (per_worker.empty()) return first_error;
   ASSIGN_OR_RETURN(std::vector<v1::LayerProfile> layers, MergeWorkerProfiles(per_worker));
   ASSIGN_OR_RETURN(v1::ModelProfile profile, ExpandProfile(spec.model(), layers));
   const WorkerRecord& worker = *workers[0].worker;

@@ -82,9 +82,12 @@ absl::StatusOr<std::vector<v1::LayerProfile>> MergeWorkerProfiles(
     const std::vector<std::vector<v1::LayerProfile>>& per_worker);
 
 // Measures the profile of `spec` on `workers` (which must be idle; at least one) and puts it in
-// `store` (optional). Every worker times the layers at the same moment (ProfileLayers on all
-// at once), because in a job they compute at once too and, where they share a host, its cores
-// and memory bandwidth; the times are merged by MergeWorkerProfiles. With `peer` (idle too) it
+// `store` (optional). The first worker and, up to kMaxProfiledWorkers, each other of its
+// device kind and threads (the profile's key) that shares no GPU with one already taken time
+// the layers at the same moment (ProfileLayers on all at once), because in a job they compute
+// at once too and, where they share a host, its cores and memory bandwidth; the times of those
+// that answer are merged by MergeWorkerProfiles (one that fails is logged; the error, naming
+// the worker, only when none answers). With `peer` (idle too) it
 // also measures the link from the first worker to it (MeasureLink, sizes from LinkProbeSizes,
 // the all-reduce on AllReduceProbeBytes) into ModelProfile.link; a link that cannot be
 // measured is logged and left empty, since the layer timings are still good. Errors name the

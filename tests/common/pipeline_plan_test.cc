@@ -324,6 +324,47 @@ TEST(PlanPipelineTest, AutoCutsForTheStagesItRecomputes) {
   EXPECT_LT(joint->predicted_step_seconds, everywhere->predicted_step_seconds);
 }
 
+// Full recomputation is not always the set that needs the least memory: on cuda a recomputing
+// stage holds its whole working set beside its checkpoints, so 1F1B's last stage (one
+// micro-batch live) needs more recomputing than not. 8 layers of 1 MiB static, 4 MiB of
+// activations and 1 MiB messages, a budget of 27 MiB: without recomputation stage 0 holds at
+// most 2 layers and stage 1 at most 5; with it everywhere, stage 1 at most 4 and stage 0 at
+// most 3, so neither fits, while recomputing stage 0 alone fits at 3 | 5. Below any set, the
+// refusal names the smallest budget over them all.
+TEST(PlanPipelineTest, AutoFindsASetThatFitsWhereFullRecomputationDoesNot) {
+  v1::JobSpec spec = Spec("1f1b", 2, 8);
+  spec.set_device("cuda");
+  spec.mutable_pipeline()->set_recompute("auto");
+  spec.mutable_pipeline()->set_memory_budget_mb(27);
+  v1::ModelProfile profile = UnitProfile(spec);
+  for (v1::LayerProfile& l : *profile.mutable_layers()) {
+    l.set_activation_bytes(4 << 20);
+    l.set_output_bytes(1 << 20);
+  }
+  v1::JobSpec full = spec;
+  full.mutable_pipeline()->set_recompute("full");
+  EXPECT_EQ(PlanPipeline(full, &profile).status().code(), absl::StatusCode::kResourceExhausted);
+  absl::StatusOr<PipelinePlan> some = PlanPipeline(spec, &profile);
+  ASSERT_TRUE(some.ok()) << some.status();
+  EXPECT_THAT(some->recompute_stages, ElementsAre(true, false));
+  EXPECT_THAT(some->ranges, ElementsAre(LayerRange{0, 3}, LayerRange{3, 8}));
+  for (int64_t b : some->stage_bytes) EXPECT_LE(b, int64_t{27} << 20);
+
+  spec.mutable_pipeline()->set_memory_budget_mb(10);
+  absl::StatusOr<PipelinePlan> none_fits = PlanPipeline(spec, &profile);
+  ASSERT_EQ(none_fits.status().code(), absl::StatusCode::kResourceExhausted);
+  // The smallest budget over every set is that of recomputing stage 0 alone.
+  int64_t smallest = INT64_MAX;
+  for (const char* mode : {"none", "full"}) {
+    v1::JobSpec s = spec;
+    s.mutable_pipeline()->set_recompute(mode);
+    smallest = std::min(smallest, SmallestBudgetBytes(PlanPipeline(s, &profile).status()));
+  }
+  EXPECT_GT(SmallestBudgetBytes(none_fits.status()), int64_t{10} << 20);
+  EXPECT_LT(SmallestBudgetBytes(none_fits.status()), smallest);
+  EXPECT_LE(SmallestBudgetBytes(none_fits.status()), int64_t{27} << 20);
+}
+
 TEST(PlanPipelineTest, RecomputationIsCostedAndHiddenInIdleTimeWithinTheBudget) {
   v1::JobSpec spec = Spec("1f1b", 2, 8);
   spec.mutable_pipeline()->set_recompute("full");

@@ -211,7 +211,7 @@ TEST(MergeWorkerProfilesTest, TakesTheMedianTimeAndRefusesDisagreeingBytes) {
 }
 
 // ProfileModel with two idle workers times the layers on both at once and keeps the middle of
-// their times; a worker whose profile fails fails the profile, named.
+// their times; a worker whose profile fails leaves the other's, and both failing fail it, named.
 TEST(ProfileModelTest, ProfilesOnBothHeldWorkersAtOnce) {
   WorkerRegistry registry(10s);
   FakeFactory factory;
@@ -243,14 +243,54 @@ TEST(ProfileModelTest, ProfilesOnBothHeldWorkersAtOnce) {
   ASSERT_GT(profile->layers_size(), 0);
   EXPECT_NEAR(profile->layers(0).forward_seconds(), 0.002, 1e-12);  // (0.001 + 0.003) / 2
 
+  // One worker failing: the other's times (logged); both failing: the error, named.
   made = 0;
   factory.configure = [&made](FakeWorker* w) {
-    if (made++ == 1) w->profile_error = absl::InternalError("out of memory");
+    if (made++ == 1) {
+      w->profile_error = absl::InternalError("out of memory");
+    } else {
+      w->layer_seconds = [](int) { return 0.003; };
+    }
+  };
+  auto one = ProfileModel(spec, registry, factory, profiles, absl::Seconds(5), true);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_NEAR(one->layers(0).forward_seconds(), 0.001, 1e-12);
+  factory.configure = [](FakeWorker* w) {
+    w->profile_error = absl::InternalError("out of memory");
   };
   auto failed = ProfileModel(spec, registry, factory, profiles, absl::Seconds(5), true);
   EXPECT_THAT(failed.status().message(), HasSubstr("out of memory"));
-  EXPECT_THAT(failed.status().message(), HasSubstr("127.0.0.1:1001"));
+  EXPECT_THAT(failed.status().message(), HasSubstr("127.0.0.1:100"));
   for (const WorkerRecord& w : registry.List()) EXPECT_EQ(w.state, v1::IDLE) << w.id;
+}
+
+// Only workers like the first (device kind, threads: the profile's key) profile with it, and
+// of cuda workers on one GPU only the first (two would time each other).
+TEST(MeasureProfileTest, ProfilesOnTheWorkersLikeTheFirstOnDistinctDevices) {
+  FakeWorker a(0), b(1), c(2), d(3);
+  WorkerRecord ra = Record("w-1"), rb = Record("w-2"), rc = Record("w-3"), rd = Record("w-4");
+  rb.threads = 2;
+  v1::JobSpec spec = JobSpecOf(2, 2);
+  auto profile = MeasureProfile(spec, {{&ra, &a}, {&rb, &b}, {&rc, &c}}, absl::Seconds(5), nullptr);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(a.profiles.load(), 1);
+  EXPECT_EQ(b.profiles.load(), 0);  // other threads: another profile key
+  EXPECT_EQ(c.profiles.load(), 1);
+  for (WorkerRecord* r : {&ra, &rb, &rc, &rd}) {
+    r->device = "cuda:0";
+    r->threads = 1;
+    r->hostname = "h";
+  }
+  ra.device_uuid = rb.device_uuid = "GPU-1";
+  rc.device_uuid = "GPU-2";
+  rd.device_uuid = "GPU-1";
+  profile =
+      MeasureProfile(spec, {{&ra, &a}, {&rb, &b}, {&rc, &c}, {&rd, &d}}, absl::Seconds(5), nullptr);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(a.profiles.load(), 2);
+  EXPECT_EQ(b.profiles.load(), 0);  // on w-1's GPU
+  EXPECT_EQ(c.profiles.load(), 2);
+  EXPECT_EQ(d.profiles.load(), 0);
 }
 
 // ProfileModel (tandem plan) measures the link when two idle workers exist and leaves it
