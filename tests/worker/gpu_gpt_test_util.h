@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -65,6 +66,26 @@ inline GradError CompareGradient(const float* got, const float* want, size_t n) 
     e.max_err = std::isfinite(d) ? std::max(e.max_err, d) : HUGE_VAL;
   }
   return e;
+}
+
+// Two GPU stages of one layout (GpuGpt or GpuLlama) hold the same gradients bit for bit; the
+// tensors whose name contains `atomic` (the token embedding, whose backward scatters with
+// atomics, in either order) to within 1e-6 of their largest element.
+template <typename Stage>
+void ExpectSameGradients(const Stage& a, const Stage& b, const std::string& atomic) {
+  ASSERT_EQ(a.layout().size(), b.layout().size());
+  for (size_t i = 0; i < a.layout().size(); ++i) {
+    std::vector<float> ga(a.layout()[i].count), gb(ga.size());
+    ASSERT_TRUE(a.GetGradient(i, ga.data(), ga.size()).ok());
+    ASSERT_TRUE(b.GetGradient(i, gb.data(), gb.size()).ok());
+    const std::string& name = a.layout()[i].name;
+    if (name.find(atomic) == std::string::npos) {
+      EXPECT_EQ(ga, gb) << name;
+    } else {
+      const GradError e = CompareGradient(gb.data(), ga.data(), ga.size());
+      EXPECT_LE(e.max_err, 1e-6 * e.max_ref + 1e-9) << name;
+    }
+  }
 }
 
 inline GptConfig CpuConfig(const GpuGptConfig& c) {

@@ -183,6 +183,16 @@ class ConformanceTest : public ::testing::TestWithParam<Backend> {
     return ex.ok() ? *std::move(ex) : nullptr;
   }
 
+  // The peak activation bytes of one GPipe step of `spec` on one stage of the backend (-1 when
+  // it fails).
+  int64_t PeakUnderGPipe(const v1::JobSpec& spec) {
+    auto ex = Make(MakePrograms(spec, 1, "gpipe")[0], true);
+    if (!ex) return -1;
+    absl::StatusOr<v1::StepReport> r = ex->RunStep(0);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->stage_memory(0).peak_activation_bytes() : -1;
+  }
+
   // Steps [from, to) on `ex` at the backend's learning rate.
   std::vector<std::pair<double, double>> Train(StageExecutor& ex, int from, int to) const {
     return TrainSteps(ex, from, to, GetParam().scale.lr);
@@ -303,14 +313,7 @@ TEST_P(ConformanceTest, FullRecomputationTrainsToTheReferenceAndHoldsLess) {
     ASSERT_TRUE(ex && ref);
     ExpectClose(Train(*ex, 0, 3), Train(*ref, 0, 3));
   }
-  auto peak = [&](const v1::JobSpec& s) -> int64_t {
-    auto ex = Make(MakePrograms(s, 1, "gpipe")[0], true);
-    if (!ex) return -1;
-    absl::StatusOr<v1::StepReport> r = ex->RunStep(0);
-    EXPECT_TRUE(r.ok()) << r.status();
-    return r.ok() ? r->stage_memory(0).peak_activation_bytes() : -1;
-  };
-  const int64_t plain = peak(spec), recomputed = peak(full);
+  const int64_t plain = PeakUnderGPipe(spec), recomputed = PeakUnderGPipe(full);
   EXPECT_GT(recomputed, 0);
   EXPECT_LT(recomputed, plain);
 }
@@ -331,14 +334,7 @@ TEST_P(ConformanceTest, SelectiveRecomputationTrainsToTheReferenceAndHoldsLess) 
     ASSERT_TRUE(ex && ref);
     ExpectClose(Train(*ex, 0, 3), Train(*ref, 0, 3));
   }
-  auto peak = [&](const v1::JobSpec& s) -> int64_t {
-    auto ex = Make(MakePrograms(s, 1, "gpipe")[0], true);
-    if (!ex) return -1;
-    absl::StatusOr<v1::StepReport> r = ex->RunStep(0);
-    EXPECT_TRUE(r.ok()) << r.status();
-    return r.ok() ? r->stage_memory(0).peak_activation_bytes() : -1;
-  };
-  const int64_t plain = peak(spec), kept = peak(selective);
+  const int64_t plain = PeakUnderGPipe(spec), kept = PeakUnderGPipe(selective);
   EXPECT_GT(kept, 0);
   EXPECT_LT(kept, plain);
 }
