@@ -137,14 +137,6 @@ bool NeighbourIsRemote(const Placement& placement, int stage, int delta) {
   return placement.rank_of_stage[other] != placement.rank_of_stage[stage];
 }
 
-// Whether `first`, `second` may form an overlapped pair: the forward of one stage with the
-// backward (B or I) of another, as DualPipe overlaps the two chunks of a rank.
-bool OverlapPartners(const Action& first, const Action& second) {
-  return first.kind == v1::ACTION_F &&
-         (second.kind == v1::ACTION_B || second.kind == v1::ACTION_I) &&
-         first.stage != second.stage;
-}
-
 constexpr absl::string_view kOverlapSuffix = "OVERLAP_F_B";
 
 // The cells of torch's compute_comms CSV that are runtime bookkeeping Tandem does its own way
@@ -203,6 +195,12 @@ std::vector<Action> ReceivesAtTheirConsumers(const std::vector<Action>& list) {
 }
 
 }  // namespace
+
+bool OverlapPartners(const Action& first, const Action& second) {
+  return first.kind == v1::ACTION_F &&
+         (second.kind == v1::ACTION_B || second.kind == v1::ACTION_I) &&
+         first.stage != second.stage;
+}
 
 const char* ActionKindName(ActionKind kind) {
   for (const auto& k : kKindNames) {

@@ -107,6 +107,9 @@ std::vector<std::string> ActionCells(const std::vector<Action>& actions);
 absl::StatusOr<std::vector<Action>> ParseActionCell(absl::string_view text);
 // Space-separated cells (ActionCells) of one rank.
 std::string ActionsToString(const std::vector<Action>& actions);
+// Whether `first`, `second` may form an overlapped pair: the forward of one stage with the
+// backward (B or I) of another, as DualPipe overlaps the two chunks of a rank.
+bool OverlapPartners(const Action& first, const Action& second);
 // Whether a[i] is the first action of a well-formed overlapped pair: flagged, an F, followed by
 // the B or I of another stage.
 bool StartsOverlappedPair(const std::vector<Action>& actions, size_t i);

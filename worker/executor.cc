@@ -570,16 +570,11 @@ bool StageExecutor::RunsConcurrently(const google::protobuf::RepeatedPtrField<v1
   if (!compute_->runs_chunks_concurrently() || i + 1 >= actions.size()) return false;
   const v1::Action& a = actions[i];
   const v1::Action& b = actions[i + 1];
-  // A forward with a backward (B, I or W), in either order: two forwards would share the
-  // sampler's scratch.
-  auto backward = [](v1::ActionKind k) {
-    return k == v1::ACTION_B || k == v1::ACTION_I || k == v1::ACTION_W;
-  };
-  const bool f_then_b = a.kind() == v1::ACTION_F && backward(b.kind());
-  const bool b_then_f = backward(a.kind()) && b.kind() == v1::ACTION_F;
-  if (!a.overlap_with_next() || !(f_then_b || b_then_f)) return false;
+  // The validator's pair: the F of one chunk, then the B or I of another (never two forwards,
+  // which would share the sampler's scratch).
+  if (!a.overlap_with_next() || !OverlapPartners(FromProto(a), FromProto(b))) return false;
+  if (fault_.Matches(step, a) || fault_.Matches(step, b)) return false;
   const int ca = chunk_of_stage_[a.stage()], cb = chunk_of_stage_[b.stage()];
-  if (ca == cb || fault_.Matches(step, a) || fault_.Matches(step, b)) return false;
   // A chunk's last weight gradient hands its layers to the reducer from the compute's hook,
   // which one thread sets: such an action runs alone.
   if (reducer_ != nullptr && (i == last_grad_action_[ca] || i + 1 == last_grad_action_[cb])) {
@@ -639,9 +634,8 @@ absl::Status StageExecutor::RunOverlappedPair(
   if (!first_status.ok()) return FailStep(first_status, Where(actions[i]));
   if (!second_status.ok()) return FailStep(second_status, Where(actions[i + 1]));
   // The forward first, so that the peak counts the moment both micro-batches were held.
-  const bool forward_first = actions[i].kind() == v1::ACTION_F;
-  AccountAction(actions[forward_first ? i : i + 1], forward_first ? first : second);
-  AccountAction(actions[forward_first ? i + 1 : i], forward_first ? second : first);
+  AccountAction(actions[i], first);
+  AccountAction(actions[i + 1], second);
   return absl::OkStatus();
 }
 
