@@ -16,7 +16,7 @@
 
 namespace tandem {
 
-int64_t StageWorkspaceBytes(const std::vector<int64_t>& layer_workspaces) {
+int64_t StageWorkspaceBytes(absl::Span<const int64_t> layer_workspaces) {
   std::vector<int64_t> distinct;
   for (int64_t w : layer_workspaces) {
     if (w > 0 && std::find(distinct.begin(), distinct.end(), w) == distinct.end()) {
@@ -111,9 +111,6 @@ class Costs {
     if (per_stage) {
       RETURN_IF_ERROR(c.recomputed_.Sum(problem.recomputed_layers, max_live,
                                         problem.transfer_seconds, "recomputed "));
-      for (int s = 0; s < p; ++s) c.stage_variant_.push_back(problem.stage_recomputes[s]);
-    } else {
-      c.stage_variant_.assign(p, false);
     }
     return c;
   }
@@ -141,7 +138,9 @@ class Costs {
     return Of(s).activation[j] - Of(s).activation[i];
   }
   int Live(int s) const { return live_[s]; }
-  bool Recomputes(int s) const { return stage_variant_[s]; }
+  bool Recomputes(int s) const {
+    return !problem_->stage_recomputes.empty() && problem_->stage_recomputes[s];
+  }
   // Two messages at the stage's cuts (the larger cut's), when it has a neighbour.
   int64_t BufferBytes(int s, int i, int j) const {
     if (Transfers(s) == 0) return 0;
@@ -159,7 +158,7 @@ class Costs {
   }
   int64_t WorkspaceBytes(int s, int i, int j) const {
     const std::vector<int64_t>& w = Of(s).workspace;
-    return StageWorkspaceBytes(std::vector<int64_t>(w.begin() + i, w.begin() + j));
+    return StageWorkspaceBytes(absl::MakeConstSpan(w).subspan(i, j - i));
   }
   int64_t StageBytes(int s, int i, int j) const {
     return StaticBytes(s, i, j) + live_[s] * ActivationBytes(s, i, j) + WorkingSetBytes(s, i, j) +
@@ -250,13 +249,12 @@ class Costs {
       return absl::OkStatus();
     }
   };
-  const Sums& Of(int s) const { return stage_variant_[s] ? recomputed_ : plain_; }
+  const Sums& Of(int s) const { return Recomputes(s) ? recomputed_ : plain_; }
 
   const PartitionProblem* problem_ = nullptr;
   std::vector<int> live_;
   std::vector<int64_t> output_;  // per layer, the same in both variants
-  Sums plain_, recomputed_;
-  std::vector<bool> stage_variant_;  // per stage: recomputed_ (true) or plain_
+  Sums plain_, recomputed_;      // a stage's figures: recomputed_ where it Recomputes, else plain_
 };
 
 // In every DP below, row s, column j is about stages 0..s holding layers [0, j); stage s

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/model_desc.h"
 
 namespace tandem {
@@ -39,7 +40,7 @@ struct LayerCost {
 // once, i.e. the sum of the distinct values (its blocks share one; the embedding's, the
 // blocks' and the head's add up). An upper bound: the scratch every kind has is counted once
 // per kind, where the largest alone would miss what the others add.
-int64_t StageWorkspaceBytes(const std::vector<int64_t>& layer_workspaces);
+int64_t StageWorkspaceBytes(absl::Span<const int64_t> layer_workspaces);
 
 struct PartitionProblem {
   std::vector<LayerCost> layers;  // the global layer sequence, embedding first, head last

@@ -45,10 +45,9 @@ int64_t LayerInputBytes(const v1::JobSpec& spec, const v1::ModelProfile& profile
 
 // The partition problem of a plan: per-layer costs (the profile's, or parameter counts for
 // `parameters`), the schedule's live micro-batches per stage, and the budget.
-// `recomputed`: per global layer, whether its stage recomputes (empty: none does).
+// `recomputed`: every layer costed as its stage recomputing it.
 PartitionProblem ProblemFor(const v1::JobSpec& spec, const Schedule& lowered,
-                            const v1::ModelProfile* profile, bool by_parameters,
-                            const std::vector<bool>& recomputed) {
+                            const v1::ModelProfile* profile, bool by_parameters, bool recomputed) {
   PartitionProblem problem;
   problem.num_stages = lowered.placement.num_stages();
   const std::vector<int64_t> params = LayerParameterCounts(spec.model());
@@ -61,7 +60,7 @@ PartitionProblem ProblemFor(const v1::JobSpec& spec, const Schedule& lowered,
       c.workspace_bytes = p.workspace_bytes();
       c.activation_bytes = p.activation_bytes();
       c.output_bytes = p.output_bytes();
-      if (g < recomputed.size() && recomputed[g]) {
+      if (recomputed) {
         // The recomputation (R), and only the layer's input kept per micro-batch; the
         // backward holds one layer's working set beside them.
         c.seconds += RecomputeSeconds(p);
@@ -267,14 +266,11 @@ absl::StatusOr<PipelinePlan> PlanWith(const v1::JobSpec& spec, const v1::ModelPr
   // The partition problem: every layer recomputed or none, or, when only some stages
   // recompute, both variants of every layer and which stages take the recomputed one, so
   // that the cut is chosen with each stage's own costs.
-  const size_t num_layers = static_cast<size_t>(NumLayers(spec.model()));
   const auto problem_for = [&](bool by_parameters) {
-    PartitionProblem pr = ProblemFor(spec, plan.schedule, profile, by_parameters,
-                                     std::vector<bool>(num_layers, plan.recomputes() && !mixed));
+    PartitionProblem pr =
+        ProblemFor(spec, plan.schedule, profile, by_parameters, plan.recomputes() && !mixed);
     if (mixed) {
-      pr.recomputed_layers = ProblemFor(spec, plan.schedule, profile, by_parameters,
-                                        std::vector<bool>(num_layers, true))
-                                 .layers;
+      pr.recomputed_layers = ProblemFor(spec, plan.schedule, profile, by_parameters, true).layers;
       pr.stage_recomputes = recompute;
     }
     return pr;
