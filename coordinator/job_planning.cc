@@ -211,16 +211,16 @@ absl::StatusOr<v1::ModelProfile> JobPlanner::ProfileAt(const v1::JobSpec& spec) 
 
 absl::StatusOr<v1::ModelProfile> JobPlanner::ProfileForJob(const v1::JobSpec& spec) {
   const std::vector<WorkerRecord>& workers = gang_.workers();
-  // Every worker of the job (up to kMaxProfiledWorkers) times the layers at once, as they
-  // compute at once in the job.
+  // The job's workers time the layers at once, as they compute at once in the job
+  // (MeasureProfile takes those like the first, up to kMaxProfiledWorkers).
   std::vector<ProfiledWorker> profiled;
-  for (size_t i = 0; i < workers.size() && i < static_cast<size_t>(kMaxProfiledWorkers); ++i) {
+  for (size_t i = 0; i < workers.size(); ++i) {
     profiled.push_back({&workers[i], &gang_.client(static_cast<int>(i))});
   }
   env_.store->SetReason(
-      job_.id(),
-      absl::StrCat("planning: profiling micro-batches of ", spec.pipeline().micro_batch_size(),
-                   " on ", profiled.size(), profiled.size() == 1 ? " worker" : " workers at once"));
+      job_.id(), absl::StrCat("planning: profiling micro-batches of ",
+                              spec.pipeline().micro_batch_size(), " on worker ", workers[0].id,
+                              workers.size() > 1 ? " and the others at once" : ""));
   // With a second worker the link between the first two is measured too (keys under the
   // job's prefix, dropped at its end like the rest).
   std::optional<LinkPeer> peer;

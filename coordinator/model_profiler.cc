@@ -240,11 +240,10 @@ absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec,
   if (per_worker.empty()) return first_error;
   ASSIGN_OR_RETURN(std::vector<v1::LayerProfile> layers, MergeWorkerProfiles(per_worker));
   ASSIGN_OR_RETURN(v1::ModelProfile profile, ExpandProfile(spec.model(), layers));
-  const WorkerRecord& worker = *workers[0].worker;
   StageWorkerClient& client = *workers[0].client;
-  profile.set_key(ProfileKey(spec, DeviceKind(worker.device), worker.threads));
-  profile.set_device(DeviceKind(worker.device));
-  profile.set_threads(worker.threads);
+  profile.set_key(ProfileKey(spec, DeviceKind(first.device), first.threads));
+  profile.set_device(DeviceKind(first.device));
+  profile.set_threads(first.threads);
   profile.set_created_unix_ms(UnixMicros() / 1000);
   spdlog::info("profiled {} layer kinds on {} at once in {:.2f} s ({})", layers.size(),
                absl::StrJoin(ids, ", "),
@@ -252,7 +251,7 @@ absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec,
                profile.key());
   if (peer != nullptr && peer->worker != nullptr && peer->client != nullptr) {
     absl::StatusOr<v1::LinkProfile> link = MeasureLink(
-        worker, client, *peer->worker, *peer->client, LinkProbeSizes(profile), kLinkProbeRepeats,
+        first, client, *peer->worker, *peer->client, LinkProbeSizes(profile), kLinkProbeRepeats,
         peer->rendezvous_prefix, std::min(timeout, kLinkProbeTimeout), peer->rendezvous,
         peer->transport, AllReduceProbeBytes(profile));
     if (link.ok()) {

@@ -179,8 +179,7 @@ absl::Status CpuStageCompute::Recompute(int chunk, int mb, const MicroBatchData&
   saved.assign(layers.size(), SavedContext{});
   for (size_t l = 0; l < layers.size(); ++l) {
     RETURN_IF_ERROR(layers[l]->RecomputeContext(cp.inputs[l], data, saved[l]));
-    last_call_peak_[static_cast<size_t>(chunk)] =
-        std::max(last_call_peak_[static_cast<size_t>(chunk)], SavedBytes(chunk, mb));
+    NotePeak(chunk, mb);
     cp.inputs[l] = Tensor{};
   }
   cp = Checkpoint{};
@@ -197,8 +196,7 @@ absl::Status CpuStageCompute::RecomputingBackward(int chunk, int mb, bool split,
   for (size_t l = layers.size(); l-- > 0;) {
     RETURN_IF_ERROR(layers[l]->RecomputeContext(cp.inputs[l], cp.data, saved[l]));
     cp.inputs[l] = Tensor{};
-    last_call_peak_[static_cast<size_t>(chunk)] =
-        std::max(last_call_peak_[static_cast<size_t>(chunk)], SavedBytes(chunk, mb));
+    NotePeak(chunk, mb);
     RETURN_IF_ERROR(split ? layers[l]->BackwardInput(g, saved[l], gin)
                           : layers[l]->Backward(g, saved[l], gin));
     if (!split) saved[l].Clear();

@@ -6,6 +6,7 @@
 #ifndef TANDEM_WORKER_CPU_STAGE_COMPUTE_H_
 #define TANDEM_WORKER_CPU_STAGE_COMPUTE_H_
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <memory>
@@ -111,6 +112,11 @@ class CpuStageCompute final : public StageCompute {
   absl::Status RecomputingBackward(int chunk, int mb, bool split, Tensor g, Tensor& grad_input);
   std::vector<Checkpoint> checkpoints_;
   std::vector<size_t> last_call_peak_;  // per chunk: LastCallPeakSavedBytes
+  // Raises the chunk's LastCallPeakSavedBytes to what `mb` holds now.
+  void NotePeak(int chunk, int mb) {
+    size_t& peak = last_call_peak_[static_cast<size_t>(chunk)];
+    peak = std::max(peak, SavedBytes(chunk, mb));
+  }
   bool concurrent_chunks_ = false;
   // With concurrent_chunks_: per chunk, the thread inside one of its compute calls (a default
   // id when none), set for the call's duration by a Running.
