@@ -114,10 +114,13 @@ double RankStaticBytes(const v1::ModelProfile& profile, const PipelinePlan& plan
   return bytes;
 }
 
-// Recomputation hidden in the idle time (common/recompute_placement.h), under the measured
-// costs: each worker's stages may rise up to memory_budget_mb from their predicted bytes
-// (without a budget, no more than the plain placement's peak). The moved R's raise a worker's
-// peak within that; the stages' predicted bytes take their share of the rise.
+// Recomputation only where memory needs it, and hidden in the idle time where it can be
+// (common/recompute_placement.h), under the measured costs: each worker's stages may rise up
+// to memory_budget_mb from their predicted bytes (without a budget, no more than the plain
+// placement's peak). First the R's whose micro-batches can keep their activations within
+// that are dropped, then the rest are moved into idle time where that still fits; both raise
+// a worker's peak within the limit, and the stages' predicted bytes take their share of the
+// rise.
 absl::Status PlaceRecomputeInIdleTime(const v1::JobSpec& spec, PipelinePlan* plan) {
   const Placement& placement = plan->schedule.placement;
   ASSIGN_OR_RETURN(SimulationResult plain,
@@ -140,10 +143,21 @@ absl::Status PlaceRecomputeInIdleTime(const v1::JobSpec& spec, PipelinePlan* pla
       limit[r] = std::max(limit[r], plain.peak_activation_bytes[r] + headroom);
     }
   }
+  ASSIGN_OR_RETURN(RecomputePlacement kept,
+                   DropRecomputation(plan->schedule, ActionCosts{}, plan->stage_costs, limit));
   ASSIGN_OR_RETURN(RecomputePlacement placed,
-                   PlaceRecomputation(plan->schedule, ActionCosts{}, plan->stage_costs, limit));
+                   PlaceRecomputation(kept.schedule, ActionCosts{}, plan->stage_costs, limit));
   plan->schedule = std::move(placed.schedule);
+  plan->recompute_dropped = kept.dropped;
   plan->recompute_moved = placed.moved;
+  // A stage whose R's all went recomputes nothing.
+  std::vector<bool> still(plan->recompute_stages.size(), false);
+  for (const auto& list : plan->schedule.program) {
+    for (const Action& a : list) {
+      if (a.kind == v1::ACTION_R && a.stage < static_cast<int>(still.size())) still[a.stage] = true;
+    }
+  }
+  plan->recompute_stages = std::move(still);
   for (int s = 0; s < plan->num_stages() && s < static_cast<int>(plan->stage_bytes.size()); ++s) {
     const int r = placement.rank_of_stage[s];
     const double rise = placed.after.peak_activation_bytes[r] - plain.peak_activation_bytes[r];

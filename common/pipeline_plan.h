@@ -53,8 +53,10 @@ struct PipelinePlan {
     }
     return false;
   }
-  // With a profile and recomputation: the R's moved ahead of their backwards into the workers'
-  // idle time (common/recompute_placement.h); 0 otherwise.
+  // With a profile and recomputation (common/recompute_placement.h; 0 otherwise): the R's
+  // dropped because their micro-batches could keep their activations within the memory
+  // limit, and of the rest, those moved ahead of their backwards into the workers' idle time.
+  int recompute_dropped = 0;
   int recompute_moved = 0;
   int num_ranks() const { return schedule.placement.num_ranks; }
   int num_stages() const { return schedule.placement.num_stages(); }

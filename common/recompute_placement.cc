@@ -27,17 +27,56 @@ double SumOfEnds(const SimulationResult& sim) {
 
 bool IsReceive(ActionKind kind) { return kind == v1::ACTION_RECV_F || kind == v1::ACTION_RECV_B; }
 
-}  // namespace
-
-absl::StatusOr<RecomputePlacement> PlaceRecomputation(const Schedule& lowered,
-                                                      const ActionCosts& costs,
-                                                      const std::vector<ActionCosts>& per_stage,
-                                                      const std::vector<double>& memory_limit) {
+absl::Status CheckLimits(const Schedule& lowered, const std::vector<double>& memory_limit) {
   const int ranks = lowered.placement.num_ranks;
   if (!memory_limit.empty() && static_cast<int>(memory_limit.size()) != ranks) {
     return absl::InvalidArgumentError(absl::StrCat("recompute placement: ", memory_limit.size(),
                                                    " memory limits for ", ranks, " ranks"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<RecomputePlacement> DropRecomputation(const Schedule& lowered,
+                                                     const ActionCosts& costs,
+                                                     const std::vector<ActionCosts>& per_stage,
+                                                     const std::vector<double>& memory_limit) {
+  RETURN_IF_ERROR(CheckLimits(lowered, memory_limit));
+  RecomputePlacement out;
+  out.schedule = lowered;
+  ASSIGN_OR_RETURN(out.before, SimulateSchedule(lowered, costs, per_stage));
+  SimulationResult current = out.before;
+  for (size_t r = 0; r < out.schedule.program.size(); ++r) {
+    for (size_t i = 0; i < out.schedule.program[r].size();) {
+      if (out.schedule.program[r][i].kind != v1::ACTION_R) {
+        ++i;
+        continue;
+      }
+      ++out.total;
+      Schedule trial = out.schedule;
+      trial.program[r].erase(trial.program[r].begin() + static_cast<std::ptrdiff_t>(i));
+      absl::StatusOr<SimulationResult> sim = SimulateSchedule(trial, costs, per_stage);
+      if (sim.ok() && sim->step_time <= current.step_time * (1 + 1e-12) &&
+          WithinLimit(*sim, memory_limit)) {
+        out.schedule = std::move(trial);
+        current = *std::move(sim);
+        ++out.dropped;
+        continue;  // the next action is at i now
+      }
+      ++i;
+    }
+  }
+  out.after = std::move(current);
+  return out;
+}
+
+absl::StatusOr<RecomputePlacement> PlaceRecomputation(const Schedule& lowered,
+                                                      const ActionCosts& costs,
+                                                      const std::vector<ActionCosts>& per_stage,
+                                                      const std::vector<double>& memory_limit) {
+  RETURN_IF_ERROR(CheckLimits(lowered, memory_limit));
+  const int ranks = lowered.placement.num_ranks;
   RecomputePlacement out;
   out.schedule = lowered;
   ASSIGN_OR_RETURN(out.before, SimulateSchedule(lowered, costs, per_stage));

@@ -8,7 +8,10 @@
 // a receive the rank would wait at (the warm-up and cool-down of 1F1B, the gaps a zero-bubble
 // schedule leaves, a rank that waits for a slower neighbour), runs while the rank would idle,
 // and holds the micro-batch's whole working set from there to its backward (the simulator's
-// memory model, common/schedule_check.h). Pure code, no I/O.
+// memory model, common/schedule_check.h). Where the limit leaves room for a micro-batch's whole
+// working set from its F on, the cheapest R is none: DropRecomputation removes it, so the F
+// saves its activations and nothing is recomputed (Mario's checkpoint skipping: recomputation
+// only where memory needs it). Pure code, no I/O.
 #ifndef TANDEM_COMMON_RECOMPUTE_PLACEMENT_H_
 #define TANDEM_COMMON_RECOMPUTE_PLACEMENT_H_
 
@@ -22,8 +25,9 @@ namespace tandem {
 
 struct RecomputePlacement {
   Schedule schedule;  // lowered; the R's that moved are ahead of their backwards
-  int moved = 0;      // R's placed in idle slots
-  int total = 0;      // R's in the program
+  int moved = 0;      // PlaceRecomputation: R's placed in idle slots
+  int dropped = 0;    // DropRecomputation: R's removed (their micro-batches keep their F's)
+  int total = 0;      // R's in the input program
   SimulationResult before;
   SimulationResult after;
 };
@@ -43,6 +47,21 @@ absl::StatusOr<RecomputePlacement> PlaceRecomputation(const Schedule& lowered,
                                                       const ActionCosts& costs,
                                                       const std::vector<ActionCosts>& per_stage,
                                                       const std::vector<double>& memory_limit);
+
+// Greedy, one R at a time in program order, rank by rank: each R is removed where every rank's
+// peak activation memory stays within its entry of `memory_limit` (as PlaceRecomputation's;
+// no limit: every R goes, recomputation exists only to save memory) and the simulated step
+// gets no longer. Its micro-batch's F then keeps the stage's working set until the backward
+// (activation_bytes in the simulator) instead of the layers' inputs: free where the stage's
+// in-flight micro-batches leave room (the last stage of 1F1B keeps one; every other
+// micro-batch of the first stage where the limit holds one more working set), and on a stage
+// of one layer, whose backward would hold that layer's working set anyway, it even saves the
+// checkpoint. Run before PlaceRecomputation: a removed R costs nothing, a moved one only hides
+// in idle time. Same errors as PlaceRecomputation.
+absl::StatusOr<RecomputePlacement> DropRecomputation(const Schedule& lowered,
+                                                     const ActionCosts& costs,
+                                                     const std::vector<ActionCosts>& per_stage,
+                                                     const std::vector<double>& memory_limit);
 
 }  // namespace tandem
 

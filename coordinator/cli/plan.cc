@@ -112,15 +112,17 @@ std::string ProfiledFigures(const v1::JobSpec& spec, const PipelinePlan& plan,
                                                  " (the rest fit memory_budget_mb without)"),
                     "\n");
   }
-  if (plan.recomputes()) {
+  if (plan.recomputes() || plan.recompute_dropped > 0) {
     int total = 0;
     for (const auto& list : plan.schedule.program) {
       for (const Action& a : list) total += a.kind == v1::ACTION_R ? 1 : 0;
     }
     absl::StrAppendFormat(&out,
-                          "  recomputation: %d of %d R's placed in idle time (ahead of a wait), "
-                          "the rest inside their backwards, layer by layer%s\n",
-                          plan.recompute_moved, total,
+                          "  recomputation: %d of %d R's dropped (memory holds their "
+                          "micro-batches' activations), %d placed in idle time (ahead of a "
+                          "wait), the rest inside their backwards, layer by layer%s\n",
+                          plan.recompute_dropped, total + plan.recompute_dropped,
+                          plan.recompute_moved,
                           p.memory_budget_mb() > 0 ? " (within memory_budget_mb)"
                                                    : " (no budget: within the plain peak)");
   }

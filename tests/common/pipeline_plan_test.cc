@@ -55,7 +55,9 @@ void ExpectContiguousCover(const std::vector<LayerRange>& ranges, int num_layers
   EXPECT_EQ(ranges.back().end, num_layers);
   for (size_t s = 0; s < ranges.size(); ++s) {
     EXPECT_LT(ranges[s].begin, ranges[s].end) << "stage " << s;
-    if (s > 0) EXPECT_EQ(ranges[s].begin, ranges[s - 1].end) << "stage " << s;
+    if (s > 0) {
+      EXPECT_EQ(ranges[s].begin, ranges[s - 1].end) << "stage " << s;
+    }
   }
 }
 
@@ -157,7 +159,9 @@ TEST(PlanPipelineTest, FullRecomputationAddsAnRBeforeEveryBackward) {
       // (Rank 0: the gradient's receive,) R, then I.
       ASSERT_GE(i, 1u);
       EXPECT_EQ(actions[i - 1], (Action{r, v1::ACTION_R, actions[i].micro_batch})) << i;
-      if (r == 0) EXPECT_EQ(actions[i - 2].kind, v1::ACTION_RECV_B) << i;
+      if (r == 0) {
+        EXPECT_EQ(actions[i - 2].kind, v1::ACTION_RECV_B) << i;
+      }
     }
     EXPECT_EQ(Count(plan->eval.program[r], v1::ACTION_R), 0);
   }
@@ -232,10 +236,14 @@ TEST(PlanPipelineTest, ProfileGivesPerStageCostsAndAPredictedStep) {
 // predicted step, with the predicted bytes still within the budget.
 // recompute: auto. Without a budget, or where the plan fits without, nothing recomputes.
 // Over it, R's only on the stages that do not fit without: 1F1B's stage 0 holds two micro-batches,
-// its last stage one, so at a budget of 10 MiB (8 layers of 1 MiB static and 1 MiB of activations,
+// its last stage one, so at a budget of 9 MiB (8 layers of 1 MiB static and 1 MiB of activations,
 // 4 | 4; two 64 KiB messages per stage) stage 0 needs 4 + 2 x 4 MiB without and recomputes, stage 1
 // 4 + 4 MiB and keeps its activations (no working set: it does not recompute), and the step is
-// shorter than with recomputation everywhere.
+// shorter than with every R inside its backward. Micro-batch 0 keeps its activations even at
+// 9 MiB: its backward is stage 0's first, with no recomputing one beside it. At 10 MiB stage 0
+// has room for one micro-batch's activations beside the other's checkpoints and a recomputing
+// backward's working set: every other micro-batch keeps its F's, and only the rest are
+// recomputed (DropRecomputation).
 TEST(PlanPipelineTest, AutoRecomputesOnlyTheStagesThatDoNotFitWithout) {
   v1::JobSpec spec = Spec("1f1b", 2, 8);
   spec.mutable_pipeline()->set_recompute("auto");
@@ -255,7 +263,7 @@ TEST(PlanPipelineTest, AutoRecomputesOnlyTheStagesThatDoNotFitWithout) {
   EXPECT_FALSE(unbounded->recomputes());
   EXPECT_EQ(count_rs(*unbounded, 0) + count_rs(*unbounded, 1), 0);
 
-  spec.mutable_pipeline()->set_memory_budget_mb(10);
+  spec.mutable_pipeline()->set_memory_budget_mb(9);
   v1::JobSpec none = spec;
   none.mutable_pipeline()->set_recompute("none");
   EXPECT_EQ(PlanPipeline(none, &profile).status().code(), absl::StatusCode::kResourceExhausted);
@@ -263,18 +271,41 @@ TEST(PlanPipelineTest, AutoRecomputesOnlyTheStagesThatDoNotFitWithout) {
   ASSERT_TRUE(mixed.ok()) << mixed.status();
   EXPECT_THAT(mixed->recompute_stages, ElementsAre(true, false));
   EXPECT_EQ(mixed->ranges[0].end, 4);
-  EXPECT_EQ(count_rs(*mixed, 0), 8);
+  EXPECT_EQ(count_rs(*mixed, 0), 7);
   EXPECT_EQ(count_rs(*mixed, 1), 0);
   EXPECT_TRUE(ValidateSchedule(mixed->schedule).ok());
-  for (int64_t b : mixed->stage_bytes) EXPECT_LE(b, int64_t{10} << 20);
+  for (int64_t b : mixed->stage_bytes) EXPECT_LE(b, int64_t{9} << 20);
   // 4 static + 4 activations, and two messages.
   EXPECT_EQ(mixed->stage_bytes[1], (int64_t{8} << 20) + 2 * (1 << 16));
+  // Every R inside its backward (full recomputation, no budget: nothing may raise a peak).
   v1::JobSpec full = spec;
   full.mutable_pipeline()->set_recompute("full");
+  full.mutable_pipeline()->clear_memory_budget_mb();
   absl::StatusOr<PipelinePlan> everywhere = PlanPipeline(full, &profile);
   ASSERT_TRUE(everywhere.ok()) << everywhere.status();
   EXPECT_THAT(everywhere->recompute_stages, ElementsAre(true, true));
+  EXPECT_EQ(everywhere->recompute_dropped, 0);
   EXPECT_LT(mixed->predicted_step_seconds, everywhere->predicted_step_seconds);
+  // Full recomputation under the same budget comes to the same plan: stage 1's R's go.
+  full.mutable_pipeline()->set_memory_budget_mb(9);
+  absl::StatusOr<PipelinePlan> budgeted = PlanPipeline(full, &profile);
+  ASSERT_TRUE(budgeted.ok()) << budgeted.status();
+  EXPECT_THAT(budgeted->recompute_stages, ElementsAre(true, false));
+  EXPECT_EQ(budgeted->recompute_dropped, 8 + 1);
+  EXPECT_DOUBLE_EQ(budgeted->predicted_step_seconds, mixed->predicted_step_seconds);
+
+  spec.mutable_pipeline()->set_memory_budget_mb(10);
+  absl::StatusOr<PipelinePlan> roomier = PlanPipeline(spec, &profile);
+  ASSERT_TRUE(roomier.ok()) << roomier.status();
+  EXPECT_THAT(roomier->recompute_stages, ElementsAre(true, false));
+  std::vector<int> recomputed;
+  for (const Action& a : roomier->schedule.program[0]) {
+    if (a.kind == v1::ACTION_R) recomputed.push_back(a.micro_batch);
+  }
+  EXPECT_THAT(recomputed, ElementsAre(1, 3, 5, 7));
+  for (int64_t b : roomier->stage_bytes) EXPECT_LE(b, int64_t{10} << 20);
+  EXPECT_GT(roomier->stage_bytes[0], mixed->stage_bytes[0]);
+  EXPECT_LT(roomier->predicted_step_seconds, mixed->predicted_step_seconds);
 
   // A budget even full recomputation does not fit: its refusal, naming the smallest budget.
   spec.mutable_pipeline()->set_memory_budget_mb(2);
@@ -284,13 +315,16 @@ TEST(PlanPipelineTest, AutoRecomputesOnlyTheStagesThatDoNotFitWithout) {
 }
 
 // recompute: auto chooses the cut with the recomputing stages' own costs: 8 layers of 1 MiB
-// static and 4 MiB of activations (F 1, B 2, R 1 s), 1F1B on 2 workers (stage 0 keeps two
-// micro-batches, stage 1 one), a budget of 26 MiB. Without recomputation no cut fits (stage 0
-// holds at most 2 layers, stage 1 at most 5). Recomputing stage 0 only, the cut moves a layer
-// off it, 3 | 5 (12 | 15 s per micro-batch), where full recomputation's cut, 4 | 4, would
-// keep 4 layers on it (16 | 12 s): the predicted step is shorter than that cut's.
+// static and 4 MiB of activations (F 1, B 2, R 1 s), 1F1B on 2 cuda workers (stage 0 keeps two
+// micro-batches, stage 1 one; a recomputing cuda stage brings its whole working set back), a
+// budget of 26 MiB. Without recomputation no cut fits (stage 0 holds at most 2 layers, stage 1
+// at most 5). Recomputing stage 0 only, the cut moves a layer off it, 3 | 5 (12 | 15 s per
+// micro-batch), where full recomputation's cut, 4 | 4, would keep 4 layers on it (16 | 12 s):
+// the predicted step is shorter than that cut's. (On cuda no micro-batch of stage 0 can keep
+// its activations at 26 MiB: beside a recomputing one's working set, that would be two.)
 TEST(PlanPipelineTest, AutoCutsForTheStagesItRecomputes) {
   v1::JobSpec spec = Spec("1f1b", 2, 8);
+  spec.set_device("cuda");
   spec.mutable_pipeline()->set_recompute("auto");
   spec.mutable_pipeline()->set_memory_budget_mb(26);
   v1::ModelProfile profile = UnitProfile(spec);
@@ -391,20 +425,37 @@ TEST(PlanPipelineTest, RecomputationIsCostedAndHiddenInIdleTimeWithinTheBudget) 
   EXPECT_DOUBLE_EQ(plain->stage_costs[1].recompute, 5.0);
   // Without a budget nothing may raise a worker's peak: every R stays in its backward.
   EXPECT_EQ(plain->recompute_moved, 0);
+  EXPECT_EQ(plain->recompute_dropped, 0);
   for (const auto& list : plain->schedule.program) {
     const std::vector<bool> inside = RecomputeAtBackward(list);
     for (size_t i = 0; i < list.size(); ++i) {
-      if (list[i].kind == v1::ACTION_R) EXPECT_TRUE(inside[i]) << i;
+      if (list[i].kind == v1::ACTION_R) {
+        EXPECT_TRUE(inside[i]) << i;
+      }
     }
   }
-  spec.mutable_pipeline()->set_memory_budget_mb(64);
+  // 7 MiB: room on stage 0 (4.4 MiB planned) for a working set from an early R on, not for a
+  // micro-batch's from its F on beside a recomputing backward's: R's move into the waits.
+  spec.mutable_pipeline()->set_memory_budget_mb(7);
   absl::StatusOr<PipelinePlan> hidden = PlanPipeline(spec, &profile);
   ASSERT_TRUE(hidden.ok()) << hidden.status();
   EXPECT_GT(hidden->recompute_moved, 0);
   EXPECT_LT(hidden->predicted_step_seconds, plain->predicted_step_seconds);
   EXPECT_GT(hidden->stage_bytes[0], plain->stage_bytes[0]);  // the price, on stage 0
-  for (int64_t b : hidden->stage_bytes) EXPECT_LE(b, int64_t{64} << 20);
+  for (int64_t b : hidden->stage_bytes) EXPECT_LE(b, int64_t{7} << 20);
   EXPECT_TRUE(ValidateSchedule(hidden->schedule).ok());
+  // 64 MiB holds every micro-batch's activations: no R is left, and the step is the plain one.
+  spec.mutable_pipeline()->set_memory_budget_mb(64);
+  absl::StatusOr<PipelinePlan> roomy = PlanPipeline(spec, &profile);
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  EXPECT_EQ(roomy->recompute_dropped, 2 * 8);
+  EXPECT_FALSE(roomy->recomputes());
+  v1::JobSpec none = spec;
+  none.mutable_pipeline()->set_recompute("none");
+  absl::StatusOr<PipelinePlan> without = PlanPipeline(none, &profile);
+  ASSERT_TRUE(without.ok()) << without.status();
+  EXPECT_DOUBLE_EQ(roomy->predicted_step_seconds, without->predicted_step_seconds);
+  EXPECT_EQ(roomy->stage_bytes, without->stage_bytes);
   // A measured recomputation (a block's skips its last GEMM) is what the plan charges.
   for (v1::LayerProfile& l : *profile.mutable_layers()) l.set_recompute_seconds(0.75);
   spec.mutable_pipeline()->clear_memory_budget_mb();

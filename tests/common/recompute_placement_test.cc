@@ -108,8 +108,99 @@ TEST(PlaceRecomputation, EveryScheduleStaysValidAndNoSlower) {
       ASSERT_TRUE(placed.ok()) << placed.status();
       EXPECT_TRUE(ValidateSchedule(placed->schedule).ok()) << ValidateSchedule(placed->schedule);
       EXPECT_LE(placed->after.step_time, placed->before.step_time);
+      // Dropping, then placing, within room for one more working set on every rank.
+      std::vector<double> limit = placed->before.peak_activation_bytes;
+      for (double& l : limit) l += 1000;
+      absl::StatusOr<RecomputePlacement> kept = DropRecomputation(lowered, Costs(1, 2), {}, limit);
+      ASSERT_TRUE(kept.ok()) << kept.status();
+      EXPECT_TRUE(ValidateSchedule(kept->schedule).ok()) << ValidateSchedule(kept->schedule);
+      EXPECT_GT(kept->dropped, 0);
+      absl::StatusOr<RecomputePlacement> both =
+          PlaceRecomputation(kept->schedule, Costs(1, 2), {}, limit);
+      ASSERT_TRUE(both.ok()) << both.status();
+      EXPECT_TRUE(ValidateSchedule(both->schedule).ok()) << ValidateSchedule(both->schedule);
+      EXPECT_LE(both->after.step_time, kept->after.step_time);
+      EXPECT_LE(kept->after.step_time, kept->before.step_time);
+      for (size_t r = 0; r < limit.size(); ++r) {
+        EXPECT_LE(both->after.peak_activation_bytes[r], limit[r]) << "rank " << r;
+      }
     }
   }
+}
+
+int CountRecomputes(const std::vector<Action>& list) {
+  int n = 0;
+  for (const Action& a : list) n += a.kind == v1::ACTION_R;
+  return n;
+}
+
+// Checkpoint skipping: with room for one more working set (1000) than full recomputation's
+// peak, 1F1B's last stage (one micro-batch in flight) keeps every micro-batch's activations,
+// and its first (two in flight) every other one: the R's of micro-batches 0, 2, 4, 6 go, since
+// two kept working sets at once would not fit. The peaks stay within the limit, the step is
+// shorter, and the same limit at the plain peak drops nothing.
+TEST(DropRecomputation, KeepsTheActivationsWhereTheLimitHoldsThem) {
+  const int p = 2, m = 8;
+  const Schedule lowered = Recomputed("1f1b", p, m);
+  const std::vector<ActionCosts> stages = {Costs(1, 2), Costs(1, 2)};
+  absl::StatusOr<RecomputePlacement> plain = DropRecomputation(
+      lowered, {}, stages, SimulateSchedule(lowered, {}, stages)->peak_activation_bytes);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->dropped, 0);
+  EXPECT_EQ(plain->total, 2 * m);
+  // Full recomputation's peaks: two checkpoints and a layer's working set, one and a layer's.
+  ASSERT_THAT(plain->before.peak_activation_bytes, ::testing::ElementsAre(320, 310));
+  const std::vector<double> limit = {1320, 1310};
+  absl::StatusOr<RecomputePlacement> kept = DropRecomputation(lowered, {}, stages, limit);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_TRUE(ValidateSchedule(kept->schedule).ok()) << ValidateSchedule(kept->schedule);
+  EXPECT_EQ(kept->dropped, m + m / 2);
+  EXPECT_EQ(CountRecomputes(kept->schedule.program[1]), 0);
+  std::vector<int> still;
+  for (const Action& a : kept->schedule.program[0]) {
+    if (a.kind == v1::ACTION_R) still.push_back(a.micro_batch);
+  }
+  EXPECT_THAT(still, ::testing::ElementsAre(1, 3, 5, 7));
+  for (int r = 0; r < p; ++r) EXPECT_LE(kept->after.peak_activation_bytes[r], limit[r]);
+  EXPECT_LT(kept->after.step_time, kept->before.step_time);
+  // What is left can still move into idle time; the result validates within the same limit.
+  absl::StatusOr<RecomputePlacement> placed = PlaceRecomputation(kept->schedule, {}, stages, limit);
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  EXPECT_EQ(placed->total, m / 2);
+  EXPECT_LE(placed->after.step_time, kept->after.step_time);
+  for (int r = 0; r < p; ++r) EXPECT_LE(placed->after.peak_activation_bytes[r], limit[r]);
+}
+
+// A stage of one layer holds that layer's working set in a recomputing backward anyway, so
+// keeping the F's activations needs less than recomputing (no checkpoint beside them): its
+// R's go even with the limit at the plain peak, while the deeper stage keeps all of its own.
+TEST(DropRecomputation, AOneLayerStageNeedsNoRecomputationInOneF1B) {
+  const int p = 2, m = 8;
+  const Schedule lowered = Recomputed("1f1b", p, m);
+  std::vector<ActionCosts> stages = {Costs(1, 2), Costs(1, 2)};
+  stages[1].activation_bytes = stages[1].layer_bytes;  // one layer
+  const std::vector<double> plain_peak =
+      SimulateSchedule(lowered, {}, stages)->peak_activation_bytes;
+  absl::StatusOr<RecomputePlacement> kept = DropRecomputation(lowered, {}, stages, plain_peak);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(CountRecomputes(kept->schedule.program[0]), m);
+  EXPECT_EQ(CountRecomputes(kept->schedule.program[1]), 0);
+  EXPECT_LT(kept->after.peak_activation_bytes[1], plain_peak[1]);
+  EXPECT_LT(kept->after.step_time, kept->before.step_time);
+}
+
+// Without a limit nothing needs recomputing: every R goes, and the step is the program's
+// without recomputation.
+TEST(DropRecomputation, WithoutALimitDropsEveryR) {
+  const Schedule plain = LowerWithTransfers(*GenerateSchedule("zb_h1", 4, 8));
+  const Schedule lowered = AddRecomputation(plain);
+  absl::StatusOr<RecomputePlacement> kept = DropRecomputation(lowered, Costs(1, 2), {}, {});
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->dropped, kept->total);
+  EXPECT_GT(kept->total, 0);
+  absl::StatusOr<SimulationResult> none = SimulateSchedule(plain, Costs(1, 2), {});
+  ASSERT_TRUE(none.ok());
+  EXPECT_NEAR(kept->after.step_time, none->step_time, 1e-9);
 }
 
 TEST(PlaceRecomputation, RefusesAMemoryLimitPerRankOfTheWrongLength) {
@@ -117,6 +208,10 @@ TEST(PlaceRecomputation, RefusesAMemoryLimitPerRankOfTheWrongLength) {
       PlaceRecomputation(Recomputed("1f1b", 2, 4), Costs(1, 2), {}, {1.0, 2.0, 3.0});
   EXPECT_EQ(placed.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(placed.status().message(), ::testing::HasSubstr("3 memory limits for 2 ranks"));
+  absl::StatusOr<RecomputePlacement> kept =
+      DropRecomputation(Recomputed("1f1b", 2, 4), Costs(1, 2), {}, {1.0});
+  EXPECT_EQ(kept.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(kept.status().message(), ::testing::HasSubstr("1 memory limits for 2 ranks"));
 }
 
 }  // namespace

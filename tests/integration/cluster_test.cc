@@ -660,8 +660,9 @@ TEST_F(ClusterTest, EveryScheduleAndAnExportedCsvTrainTheSameLosses) {
 // caches the layer profile; a plain job at the cut [emb, 3 blocks | block, head] gives the
 // reference losses and the plan's bytes per stage: 1F1B keeps two micro-batches on stage 0
 // (about 74 MiB here) and one on stage 1 (about 16 MiB). At a budget between the two, the
-// auto job recomputes stage 0 only (its actions carry R's, stage 1's none), trains the same
-// losses, and every stage's measured peak stays within the budget; the plan's bytes per stage
+// auto job recomputes stage 0 only (its actions carry R's, stage 1's none; the micro-batches
+// whose activations fit beside the others' checkpoints keep them, DropRecomputation), trains the
+// same losses, and every stage's measured peak stays within the budget; the plan's bytes per stage
 // are within 10% of the measured peaks in both jobs.
 TEST_F(ClusterTest, AutoRecomputationFitsABudgetRecomputingOnlyTheStageThatNeedsIt) {
   StartCluster(2);
@@ -688,7 +689,9 @@ TEST_F(ClusterTest, AutoRecomputationFitsABudgetRecomputingOnlyTheStageThatNeeds
   auto recomputed =
       run("auto", absl::StrCat(cut, "  recompute: auto\n  memory_budget_mb: ", budget_mb, "\n"));
   ASSERT_TRUE(recomputed.ok()) << recomputed.status();
-  EXPECT_THAT(recomputed->stages(0).actions(), HasSubstr("0R0"));
+  // Some of stage 0's micro-batches are recomputed (those the budget cannot hold whole).
+  EXPECT_THAT(recomputed->stages(0).actions(), ::testing::ContainsRegex("0R[0-9]"));
+  std::cout << "stage 0's actions: " << recomputed->stages(0).actions() << "\n";
   EXPECT_THAT(recomputed->stages(1).actions(), ::testing::Not(HasSubstr("R")));
   const std::vector<double> want = Losses(*plain), got = Losses(*recomputed);
   ASSERT_EQ(got.size(), want.size());
