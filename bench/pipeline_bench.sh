@@ -32,8 +32,9 @@
 # --recompute: activation recomputation (pipeline.recompute: full) on the issue's shapes, P=2
 #   1f1b at M=16, --steps steps each, with and without: stage 0's peak live activation bytes
 #   and the step time, their ratios, and the largest loss difference (0: the same arithmetic);
-#   then full with the R's the coordinator places in idle slots (partition: profile,
-#   memory_budget_mb 4096), recompute: auto at memory_budget_mb 420 (stage 0 recomputes, stage 1
+#   then full under memory_budget_mb 420 (1F1B's stage 0 does not fit it without recomputation):
+#   the coordinator drops the R's whose micro-batches the budget holds whole and places the rest
+#   in idle slots where they fit; recompute: auto at the same budget (stage 0 recomputes, stage 1
 #   does not), the plan's bytes per stage against the measured peaks on every Tandem job, and
 #   the hand-written PyTorch pipeline without and with torch.utils.checkpoint on every module:
 #   Tandem's recomputation overhead against PyTorch's. About 20 min on an idle 2-core machine.
@@ -259,10 +260,11 @@ if [ "$recompute" = 1 ]; then
   # recomputation and stage 1 (one) does: only stage 0 recomputes.
   tandem_run recompute "recompute-p2-1f1b-auto" 2 16 1f1b "$steps" $L $D $H $SEQ "$vocab" \
     $MB auto profile 420
-  # R's in idle slots: the coordinator places them from the layer profile (partition: profile),
-  # within a budget that leaves room (4 GiB per worker).
+  # Full recomputation under the same budget: the coordinator places the R's from the layer
+  # profile (partition: profile): none where the budget holds the micro-batch's activations from
+  # its F on, in idle slots where it holds them from there, else inside the backward.
   tandem_run recompute "recompute-p2-1f1b-full-idle" 2 16 1f1b "$steps" $L $D $H $SEQ "$vocab" \
-    $MB full profile 4096
+    $MB full profile 420
   # The same pipeline in PyTorch, without and with torch.utils.checkpoint on every module.
   torch_run recompute recompute-torch-none --pipeline --schedule 1f1b "${full[@]}" \
     --vocab "$vocab" --m 16 --steps "$steps"

@@ -21,6 +21,7 @@ same way (1 - busy / wall per rank, its busy time being its timed forwards and b
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 
@@ -92,6 +93,9 @@ def tandem_record(path, section, label):
             for s in range(len(hist[-1].get("stage_peak_bytes", [])) if hist else 0)],
         "recompute_stages": [s.get("stage", i) for i, s in enumerate(job.get("stages", []))
                              if "R" in s.get("actions", "")],
+        # Per stage, the micro-batches its program recomputes (its R actions).
+        "recomputed": [len(re.findall(r"\d+R\d+", s.get("actions", "")))
+                       for s in job.get("stages", [])],
     }
 
 
@@ -380,7 +384,9 @@ def summary(path):
             idle_ratio = idle["step_s"] / plain["step_s"] if plain["step_s"] else None
             share = ((idle_ratio - 1) / (time_ratio - 1)
                      if idle_ratio and time_ratio and time_ratio > 1 else None)
-            print(f"  full, R's in idle slots: stage 0 peak {stage0(idle) / 2**20:.1f} MiB; step "
+            print(f"  full, R's placed within memory_budget_mb {idle.get('budget_mb')} "
+                  f"(micro-batches recomputed per stage {idle['recomputed']}, plain "
+                  f"{full['recomputed']}): stage 0 peak {stage0(idle) / 2**20:.1f} MiB; step "
                   f"{fmt(idle['step_s'])} s ({fmt(idle_ratio)}x of none; its overhead "
                   f"{fmt(share)} of plain recomputation's); largest loss difference "
                   f"{fmt(loss_diff(plain, idle), '.3g')}")
@@ -401,6 +407,13 @@ def summary(path):
                                      "auto_step_s": auto["step_s"],
                                      "auto_step_time_ratio": auto_ratio,
                                      "auto_recompute_stages": auto["recompute_stages"]})
+        # A budget is a bound: every stage's measured peak of the jobs that set one.
+        for r in [x for x in recs if x["section"] == "recompute" and x.get("budget_mb")]:
+            meas = r.get("stage_peak_bytes") or []
+            if meas:
+                print(f"  {r['label']}: measured peak per stage " + ", ".join(
+                    "%.1f" % (m / 2**20) for m in meas) + f" MiB, budget {r['budget_mb']} MiB: "
+                    + ("within" if max(meas) <= int(r["budget_mb"]) << 20 else "OVER"))
         # The plan's bytes per stage against the measured peaks, on every Tandem job above.
         worst = 0.0
         for r in [x for x in recs if x["section"] == "recompute" and x["peer"] == "tandem"]:
