@@ -110,7 +110,9 @@ TEST(SearchPlansTest, EveryCandidateIsThePlanOfItsOwnSpec) {
     EXPECT_NEAR(c.tokens_per_second, 32.0 * spec.model().seq_len() / c.step_seconds, 1e-9);
   }
   for (size_t i = 1; i < all.size(); ++i) {
-    if (all[i].status.ok()) EXPECT_LE(all[i - 1].step_seconds, all[i].step_seconds);
+    if (all[i].status.ok()) {
+      EXPECT_LE(all[i - 1].step_seconds, all[i].step_seconds);
+    }
   }
   // One profile per micro-batch size, however many schedules use it.
   for (const auto& [size, n] : src.calls) EXPECT_EQ(n, 1) << "size " << size;
@@ -152,7 +154,9 @@ TEST(SearchPlansTest, TheBudgetRulesOutGpipesManyLiveMicroBatches) {
       }
       saw_gpipe_refused = true;
     }
-    if (c.status.ok()) EXPECT_LE(c.peak_stage_bytes, (4 + 2 * 4 + 1) << 20);
+    if (c.status.ok()) {
+      EXPECT_LE(c.peak_stage_bytes, (4 + 2 * 4 + 1) << 20);
+    }
   }
   EXPECT_TRUE(saw_gpipe_refused);
   absl::StatusOr<PlanCandidate> best = ChoosePlan(all);
@@ -281,7 +285,9 @@ TEST(SearchPlansTest, TheLinkDecidesBetweenStagesAndReplicas) {
   EXPECT_EQ(best->replicas, 1);
   EXPECT_EQ(best->stages, 4);
   for (const PlanCandidate& c : slow) {
-    if (c.status.ok() && c.replicas > 1) EXPECT_GT(c.reduce_exposed_seconds, 0.5);
+    if (c.status.ok() && c.replicas > 1) {
+      EXPECT_GT(c.reduce_exposed_seconds, 0.5);
+    }
   }
 }
 

@@ -505,7 +505,9 @@ TEST_F(StageManagerTest, AnAbortedWorkerKeepsItsStateForTheNextRunsPeers) {
   ASSERT_TRUE(late.Configure(program).ok());
   for (int step = 0; step < 3; ++step) {
     ASSERT_TRUE(late.RunStep("job-1", step).ok());
-    if (step < 2) ASSERT_TRUE(late.ApplyStep(ApplyOf(step)).ok());
+    if (step < 2) {
+      ASSERT_TRUE(late.ApplyStep(ApplyOf(step)).ok());
+    }
   }
   const v1::ApplyStepRequest update = ApplyOf(2);
   ASSERT_TRUE(late.Abort("job-1", "a peer died", /*retain_step=*/2, &update).ok());
