@@ -143,8 +143,16 @@ absl::Status PlaceRecomputeInIdleTime(const v1::JobSpec& spec, PipelinePlan* pla
       limit[r] = std::max(limit[r], plain.peak_activation_bytes[r] + headroom);
     }
   }
-  ASSIGN_OR_RETURN(RecomputePlacement kept,
-                   DropRecomputation(plan->schedule, ActionCosts{}, plan->stage_costs, limit));
+  // Without a measured peak on some worker (a profile without activation bytes) the plan
+  // cannot tell what keeping a micro-batch costs there: nothing is dropped.
+  const bool measured = std::all_of(limit.begin(), limit.end(), [](double l) { return l > 0; });
+  RecomputePlacement kept;
+  if (measured) {
+    ASSIGN_OR_RETURN(kept,
+                     DropRecomputation(plan->schedule, ActionCosts{}, plan->stage_costs, limit));
+  } else {
+    kept.schedule = plan->schedule;
+  }
   ASSIGN_OR_RETURN(RecomputePlacement placed,
                    PlaceRecomputation(kept.schedule, ActionCosts{}, plan->stage_costs, limit));
   plan->schedule = std::move(placed.schedule);

@@ -390,7 +390,8 @@ absl::StatusOr<SimulationResult> SimulateProgram(const Program& p, const Placeme
   std::vector<int> live(P, 0);
   // The memory model: a micro-batch holds its stage's activation_bytes from F to its last
   // backward, or, when the program recomputes it (has an R for it), input_bytes from F to R
-  // and activation_bytes from R to its last backward.
+  // (and one layer's working set more while the F runs) and activation_bytes from R to its
+  // last backward.
   out.peak_activation_bytes.assign(P, 0.0);
   std::vector<double> live_bytes(P, 0.0);
   std::set<std::pair<int, int>> recomputed;
@@ -440,8 +441,15 @@ absl::StatusOr<SimulationResult> SimulateProgram(const Program& p, const Placeme
           const ActionCosts& mem = cost_of(a.stage);
           if (a.kind == v1::ACTION_F) {
             ++live[r];
-            live_bytes[r] +=
-                recomputed.count({a.stage, a.micro_batch}) ? mem.input_bytes : mem.activation_bytes;
+            if (recomputed.count({a.stage, a.micro_batch})) {
+              // Layer by layer without saving: its checkpoints and, while a layer runs, that
+              // layer's working set (on cuda the stage's slot) at the most.
+              out.peak_activation_bytes[r] = std::max(
+                  out.peak_activation_bytes[r], live_bytes[r] + mem.input_bytes + mem.layer_bytes);
+              live_bytes[r] += mem.input_bytes;
+            } else {
+              live_bytes[r] += mem.activation_bytes;
+            }
           } else if (a.kind == v1::ACTION_R) {
             if (!at_backward.count({a.stage, a.micro_batch})) {
               live_bytes[r] += mem.activation_bytes - mem.input_bytes;

@@ -151,11 +151,16 @@ absl::StatusOr<double> CpuStageCompute::ForwardKeepingInput(int chunk, int mb, S
   // layer's working set at a time.
   SavedContext scratch;
   Tensor y;
+  // The most it holds: the checkpoints so far (the running layer's output among them, but the
+  // stage's output, a message, is not saved) and the running layer's context.
+  size_t peak = 0;
   for (size_t l = 0; l < layers.size(); ++l) {
     scratch = SavedContext{};
     RETURN_IF_ERROR(layers[l]->Forward(cp.inputs[l], data, scratch, y));
     if (l + 1 < layers.size()) cp.inputs[l + 1] = std::move(y);
+    peak = std::max(peak, cp.Bytes() + scratch.Bytes());
   }
+  last_call_peak_[static_cast<size_t>(chunk)] = peak;
   if (layers.back()->is_loss()) return static_cast<double>(y[0]);
   *output = Wrap(std::move(y));
   return 0.0;

@@ -299,9 +299,12 @@ absl::StatusOr<double> CudaStageCompute::ForwardKeepingInput(int chunk, int mb,
           "stage ", chunk, " already keeps the input of micro-batch ", mb, " for its recompute"));
     }
   }
-  // The forward without saving (the loss, the output), then only its input stays.
+  // The forward without saving (the loss, the output), then only its input stays. While it
+  // runs it fills an activation slot of the stage (returned to the pool after) beside the input.
   StageBufferPtr kept = std::move(input);
   ASSIGN_OR_RETURN(const double loss, ForwardFrom(chunk, mb, Data(kept), data, false, output));
+  last_call_peak_[static_cast<size_t>(chunk)] =
+      stages_[chunk]->memory().activations + (kept != nullptr ? kept->bytes() : 0);
   absl::MutexLock lock(&kept_mu_);
   kept_inputs_[{chunk, mb}] = std::move(kept);
   return loss;

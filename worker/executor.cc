@@ -553,7 +553,7 @@ absl::Status StageExecutor::RunActions(int64_t step, bool eval, v1::StepReport* 
     if (post_layers) compute_->set_layer_done_hook(nullptr);
     timing->set_end_us(UnixMicros());
     if (!s.ok()) return FailStep(s, Where(a));
-    AccountAction(a, timing);
+    AccountAction(a, timing, eval);
   }
   if (transport_ != nullptr) {
     if (absl::Status s = transport_->WaitSends(); !s.ok()) return FailStep(s, "waiting for sends");
@@ -634,8 +634,8 @@ absl::Status StageExecutor::RunOverlappedPair(
   if (!first_status.ok()) return FailStep(first_status, Where(actions[i]));
   if (!second_status.ok()) return FailStep(second_status, Where(actions[i + 1]));
   // The forward first, so that the peak counts the moment both micro-batches were held.
-  AccountAction(actions[i], first);
-  AccountAction(actions[i + 1], second);
+  AccountAction(actions[i], first, /*eval=*/false);
+  AccountAction(actions[i + 1], second, /*eval=*/false);
   return absl::OkStatus();
 }
 
@@ -651,13 +651,17 @@ absl::Status StageExecutor::PostNextRecv(
   return absl::OkStatus();
 }
 
-void StageExecutor::AccountAction(const v1::Action& a, v1::ActionTiming* timing) {
+void StageExecutor::AccountAction(const v1::Action& a, v1::ActionTiming* timing, bool eval) {
   const int chunk = chunk_of_stage_[a.stage()];
   if (IsComputeAction(a.kind())) timing->set_device_us(compute_->last_device_us(chunk));
-  // R and the backwards report their transient peak (a backward that recomputes layer by
-  // layer holds more inside than before or after it).
+  // R, the backwards and the F of a recomputed micro-batch report their transient peak (a
+  // backward that recomputes layer by layer holds more inside than before or after it, and an
+  // F that keeps only its layers' inputs holds a layer's working set while it runs).
+  const bool recomputed_forward =
+      a.kind() == v1::ACTION_F && !eval &&
+      recomputed_[static_cast<size_t>(chunk) * mb_slots_ + static_cast<size_t>(a.micro_batch())];
   const bool transient = a.kind() == v1::ACTION_R || a.kind() == v1::ACTION_B ||
-                         a.kind() == v1::ACTION_I || a.kind() == v1::ACTION_W;
+                         a.kind() == v1::ACTION_I || a.kind() == v1::ACTION_W || recomputed_forward;
   Account(chunk, a.micro_batch(), transient ? compute_->LastCallPeakSavedBytes(chunk) : 0);
 }
 

@@ -234,7 +234,7 @@ class StageExecutor {
                             const std::vector<int>& next_recv, int i);
   // After action `a` ran: its device time on `timing` (a compute action) and its micro-batch's
   // live bytes re-counted, with the compute's transient peak for R and the backwards.
-  void AccountAction(const v1::Action& a, v1::ActionTiming* timing);
+  void AccountAction(const v1::Action& a, v1::ActionTiming* timing, bool eval);
   // The peer and tag of the receive `a` (RECV_F or RECV_B).
   struct RecvEnds {
     int peer = -1;

@@ -138,10 +138,10 @@ class StageCompute {
     return absl::UnimplementedError(
         absl::StrCat("the ", device(), " backend cannot recompute activations"));
   }
-  // The most bytes SavedBytes(chunk, mb) reached inside the last Recompute or Backward call of
-  // `chunk`, for the micro-batch it ran (its transient peak, which the sizes before and after
-  // the call do not show: a backward that recomputes layer by layer); 0 where a backend keeps
-  // no such record.
+  // The most bytes SavedBytes(chunk, mb) reached inside the last ForwardKeepingInput,
+  // Recompute or Backward call of `chunk`, for the micro-batch it ran (its transient peak, which
+  // the sizes before and after the call do not show: a backward that recomputes layer by layer); 0
+  // where a backend keeps no such record.
   virtual size_t LastCallPeakSavedBytes(int chunk) const { return 0; }
 
   // B (input and weight gradients), I (input gradient only, leaving what W needs) or W (the

@@ -239,11 +239,10 @@ TEST(PlanPipelineTest, ProfileGivesPerStageCostsAndAPredictedStep) {
 // its last stage one, so at a budget of 9 MiB (8 layers of 1 MiB static and 1 MiB of activations,
 // 4 | 4; two 64 KiB messages per stage) stage 0 needs 4 + 2 x 4 MiB without and recomputes, stage 1
 // 4 + 4 MiB and keeps its activations (no working set: it does not recompute), and the step is
-// shorter than with every R inside its backward. Micro-batch 0 keeps its activations even at
-// 9 MiB: its backward is stage 0's first, with no recomputing one beside it. At 10 MiB stage 0
-// has room for one micro-batch's activations beside the other's checkpoints and a recomputing
-// backward's working set: every other micro-batch keeps its F's, and only the rest are
-// recomputed (DropRecomputation).
+// shorter than with every R inside its backward. At 10 MiB stage 0 has room for one
+// micro-batch's activations beside the other's checkpoints and a layer's working set (a
+// recomputing backward's, or a forward's that keeps only its inputs): every other micro-batch
+// keeps its F's, and only the rest are recomputed (DropRecomputation).
 TEST(PlanPipelineTest, AutoRecomputesOnlyTheStagesThatDoNotFitWithout) {
   v1::JobSpec spec = Spec("1f1b", 2, 8);
   spec.mutable_pipeline()->set_recompute("auto");
@@ -271,7 +270,7 @@ TEST(PlanPipelineTest, AutoRecomputesOnlyTheStagesThatDoNotFitWithout) {
   ASSERT_TRUE(mixed.ok()) << mixed.status();
   EXPECT_THAT(mixed->recompute_stages, ElementsAre(true, false));
   EXPECT_EQ(mixed->ranges[0].end, 4);
-  EXPECT_EQ(count_rs(*mixed, 0), 7);
+  EXPECT_EQ(count_rs(*mixed, 0), 8);
   EXPECT_EQ(count_rs(*mixed, 1), 0);
   EXPECT_TRUE(ValidateSchedule(mixed->schedule).ok());
   for (int64_t b : mixed->stage_bytes) EXPECT_LE(b, int64_t{9} << 20);
@@ -291,7 +290,7 @@ TEST(PlanPipelineTest, AutoRecomputesOnlyTheStagesThatDoNotFitWithout) {
   absl::StatusOr<PipelinePlan> budgeted = PlanPipeline(full, &profile);
   ASSERT_TRUE(budgeted.ok()) << budgeted.status();
   EXPECT_THAT(budgeted->recompute_stages, ElementsAre(true, false));
-  EXPECT_EQ(budgeted->recompute_dropped, 8 + 1);
+  EXPECT_EQ(budgeted->recompute_dropped, 8);
   EXPECT_DOUBLE_EQ(budgeted->predicted_step_seconds, mixed->predicted_step_seconds);
 
   spec.mutable_pipeline()->set_memory_budget_mb(10);

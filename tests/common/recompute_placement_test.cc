@@ -115,6 +115,9 @@ TEST(PlaceRecomputation, EveryScheduleStaysValidAndNoSlower) {
       ASSERT_TRUE(kept.ok()) << kept.status();
       EXPECT_TRUE(ValidateSchedule(kept->schedule).ok()) << ValidateSchedule(kept->schedule);
       EXPECT_GT(kept->dropped, 0);
+      for (size_t r = 0; r < limit.size(); ++r) {
+        EXPECT_LE(kept->after.peak_activation_bytes[r], limit[r]) << "rank " << r;
+      }
       absl::StatusOr<RecomputePlacement> both =
           PlaceRecomputation(kept->schedule, Costs(1, 2), {}, limit);
       ASSERT_TRUE(both.ok()) << both.status();

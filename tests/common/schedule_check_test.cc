@@ -771,6 +771,28 @@ TEST(SimulateProgramTest, OneFOneBPeakMemoryWithFullRecomputationIsTheHandCount)
   }
 }
 
+// A micro-batch without its R (DropRecomputation's) keeps its whole working set from its F; the
+// F of a recomputed one keeps only its inputs but holds a layer's working set while it runs.
+// 1F1B on 2 ranks with micro-batch 0's R gone from rank 0: while F1 runs, rank 0 holds
+// micro-batch 0 whole, 1's inputs and a layer: 1000 + 10 + 300, more than any backward's
+// moment (full recomputation's peak is 2 x 10 + 300).
+TEST(SimulateProgramTest, TheForwardOfARecomputedMicroBatchHoldsALayersWorkingSet) {
+  ActionCosts costs;
+  costs.activation_bytes = 1000.0;
+  costs.input_bytes = 10.0;
+  costs.layer_bytes = 300.0;
+  Schedule mixed = AddRecomputation(Lowered("1f1b", 2, 4));
+  std::vector<Action>& rank0 = mixed.program[0];
+  const auto r0 = std::find(rank0.begin(), rank0.end(), Action{0, v1::ACTION_R, 0});
+  ASSERT_NE(r0, rank0.end());
+  rank0.erase(r0);
+  ASSERT_TRUE(ValidateSchedule(mixed).ok()) << ValidateSchedule(mixed);
+  EXPECT_DOUBLE_EQ(Simulate(mixed, costs).peak_activation_bytes[0], 1000 + 10 + 300);
+  EXPECT_DOUBLE_EQ(
+      Simulate(AddRecomputation(Lowered("1f1b", 2, 4)), costs).peak_activation_bytes[0],
+      2 * 10 + 300);
+}
+
 // An R costs its stage's `recompute` where given (a recomputation skips the output's work)
 // and the forward otherwise: 1F1B with an R before every B, on equal stages, steps in
 // (M + P - 1) x (F + R + B).

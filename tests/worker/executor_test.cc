@@ -51,8 +51,8 @@ using TransportWrapper = std::function<std::unique_ptr<Transport>(int, std::uniq
 std::vector<double> Train(const v1::JobSpec& spec, int stages, const std::string& schedule,
                           std::vector<v1::StepReport>* stage0_reports = nullptr, int steps = kSteps,
                           int chunks = 0, const TransportWrapper& wrap = {},
-                          bool concurrent_chunks = false) {
-  const auto programs = MakePrograms(spec, stages, schedule, "job-1", chunks);
+                          bool concurrent_chunks = false, const testing::ScheduleEdit& edit = {}) {
+  const auto programs = MakePrograms(spec, stages, schedule, "job-1", chunks, edit);
   if (programs.empty()) return {};
   // The worker holding the last stage reports the loss (rank 0 in a V).
   const int loss_rank = programs[0].stage_ranks(programs[0].num_stages() - 1);
@@ -449,6 +449,80 @@ TEST_F(ExecutorTest, FullRecomputationChangesNoLoss) {
   }
 }
 
+// A plan recomputes only the micro-batches memory needs (DropRecomputation) and may run an R
+// ahead of its backward, where it recomputes the whole stage at once (PlaceRecomputation), so a
+// stage mixes micro-batches that keep their F's activations, recompute inside the backward and
+// recompute early. None changes a loss: the full-recomputation plan of 1f1b, interleaved 1f1b,
+// zb_h1 and zb_v, P in {2, 4}, gpt and llama, with the R's of odd micro-batches dropped and
+// every micro-batch 0's R moved right after its F (and the sends after it), trains bit for bit
+// as the plain job over 20 steps.
+TEST_F(ExecutorTest, RecomputingSomeMicroBatchesEarlyOrInsideTheirBackwardsChangesNoLoss) {
+  constexpr int kRecomputeSteps = 20;
+  const testing::ScheduleEdit mix = [](Schedule* s) {
+    for (std::vector<Action>& list : s->program) {
+      std::vector<Action> out;
+      for (const Action& a : list) {
+        if (a.kind == v1::ACTION_R && a.micro_batch % 2 == 1) continue;  // dropped
+        if (a.kind == v1::ACTION_R && a.micro_batch == 0) continue;      // placed below
+        out.push_back(a);
+        if (a.kind == v1::ACTION_F && a.micro_batch == 0) {
+          // After the F (or the overlapped pair holding it) and the sends that follow it.
+          Action r = a;
+          r.kind = v1::ACTION_R;
+          r.overlap_with_next = false;
+          out.push_back(r);
+        }
+      }
+      // Keep the R after any sends its F's position is followed by: move it past them.
+      for (size_t i = 0; i + 1 < out.size(); ++i) {
+        if (out[i].kind == v1::ACTION_R && out[i].micro_batch == 0 &&
+            (out[i + 1].kind == v1::ACTION_SEND_F || out[i + 1].kind == v1::ACTION_SEND_B)) {
+          std::swap(out[i], out[i + 1]);
+        }
+      }
+      list = std::move(out);
+    }
+    const absl::Status valid = ValidateSchedule(*s);
+    EXPECT_TRUE(valid.ok()) << valid;
+  };
+  int trained = 0;
+  for (const char* arch : {"gpt", "llama"}) {
+    const v1::JobSpec spec = RecomputationJob(arch);
+    v1::JobSpec full = spec;
+    full.mutable_pipeline()->set_recompute("full");
+    for (const char* schedule : {"1f1b", "interleaved_1f1b", "zb_h1", "zb_v"}) {
+      for (int p : {2, 4}) {
+        SCOPED_TRACE(absl::StrCat(arch, " ", schedule, " P ", p));
+        const auto programs = MakePrograms(full, p, schedule, "job-1", 0, mix);
+        ASSERT_EQ(programs.size(), static_cast<size_t>(p));
+        int rs = 0, early = 0;
+        for (const v1::StageProgram& prog : programs) {
+          std::vector<Action> actions;
+          for (const v1::Action& a : prog.actions()) actions.push_back(FromProto(a));
+          const std::vector<bool> inside = RecomputeAtBackward(actions);
+          for (size_t i = 0; i < actions.size(); ++i) {
+            if (actions[i].kind != v1::ACTION_R) continue;
+            ++rs;
+            early += inside[i] ? 0 : 1;
+          }
+        }
+        // Micro-batches 0 and 2 of the 4 on every stage; 0's early except where its backward
+        // follows its F directly (the last stage).
+        EXPECT_EQ(rs, 2 * programs[0].num_stages());
+        EXPECT_GE(early, programs[0].num_stages() - 1);
+        EXPECT_LE(early, programs[0].num_stages());
+        const std::vector<double> plain = Train(spec, p, schedule, nullptr, kRecomputeSteps);
+        const std::vector<double> mixed =
+            Train(full, p, schedule, nullptr, kRecomputeSteps, 0, {}, false, mix);
+        ExpectSameLosses(plain, mixed, 1e-6, kRecomputeSteps);
+        EXPECT_EQ(plain, mixed);  // bit for bit on the CPU
+        ++trained;
+      }
+    }
+  }
+  EXPECT_EQ(trained, 2 * 4 * 2);
+}
+
 // The measured peak of stage 0's live activation bytes with and without full recomputation
 // follows the simulator's memory model (common/schedule_check.h) and the hand count: without
 // recomputation a micro-batch holds the stage's whole working set from F to its backward (as
@@ -504,8 +578,12 @@ TEST_F(ExecutorTest, FullRecomputationPeakBytesDropAsPredicted) {
                      live * memory.input_bytes + memory.layer_bytes);
     const int64_t plain = peak(spec, schedule), recomputed = peak(full, schedule);
     EXPECT_NEAR(static_cast<double>(plain), plain_sim->peak_activation_bytes[0], 0.1 * plain);
+    // Within 10%, as without: the measured peak is now the last F's (it holds a block's whole
+    // context, with a copy of its input and the layer norms' statistics, beside the
+    // checkpoints, and the stage's output and sent messages), a block input or two more than
+    // the backward's hand count at this toy width.
     EXPECT_NEAR(static_cast<double>(recomputed), full_sim->peak_activation_bytes[0],
-                0.05 * recomputed);
+                0.1 * recomputed);
     EXPECT_LT(recomputed, plain);
     std::cout << schedule << ": stage 0 peak " << plain << " bytes, with full recomputation "
               << recomputed << " (predicted " << plain_sim->peak_activation_bytes[0] << " and "

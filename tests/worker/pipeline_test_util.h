@@ -3,6 +3,7 @@
 #ifndef TANDEM_TESTS_WORKER_PIPELINE_TEST_UTIL_H_
 #define TANDEM_TESTS_WORKER_PIPELINE_TEST_UTIL_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -73,13 +74,16 @@ inline v1::JobSpec TinyLlamaJob(bool tie_embeddings) {
   return spec;
 }
 
+// Changes a plan's schedule before its programs are made (a test's own placement of actions).
+using ScheduleEdit = std::function<void(Schedule*)>;
+
 // One program per worker, from the plan the coordinator would make (PlanPipeline) for `spec`
-// with `stages` workers and `schedule` (chunks: the schedule's default unless given). The
-// plan's errors are test bugs, hence no Status here.
+// with `stages` workers and `schedule` (chunks: the schedule's default unless given), after
+// `edit` when set. The plan's errors are test bugs, hence no Status here.
 inline std::vector<v1::StageProgram> MakePrograms(v1::JobSpec spec, int stages,
                                                   const std::string& schedule,
                                                   const std::string& job_id = "job-1",
-                                                  int chunks = 0) {
+                                                  int chunks = 0, const ScheduleEdit& edit = {}) {
   spec.mutable_pipeline()->set_stages(stages);
   spec.mutable_pipeline()->set_schedule(schedule);
   spec.mutable_pipeline()->set_chunks(chunks);
@@ -88,6 +92,7 @@ inline std::vector<v1::StageProgram> MakePrograms(v1::JobSpec spec, int stages,
     ADD_FAILURE() << "PlanPipeline: " << plan.status();
     return {};
   }
+  if (edit) edit(&plan->schedule);
   std::vector<v1::StageProgram> out;
   for (int r = 0; r < stages; ++r) {
     out.push_back(StageProgramFor(*plan, spec, r, job_id, job_id + "/"));
