@@ -146,19 +146,18 @@ absl::StatusOr<double> CpuStageCompute::ForwardKeepingInput(int chunk, int mb, S
   cp.inputs[0] = Unwrap(std::move(input));
   cp.kept = true;
   cp.at_backward = false;
-  // Layer by layer as Forward runs them, each layer's context dropped as soon as it is
-  // filled and its output kept as the next layer's checkpoint: the same arithmetic, one
-  // layer's working set at a time.
-  SavedContext scratch;
+  // Layer by layer as Forward runs them, each layer keeping nothing for a backward and its
+  // output kept as the next layer's checkpoint: the same arithmetic, one layer's
+  // intermediates at a time.
   Tensor y;
   // The most it holds: the checkpoints so far (the running layer's output among them, but the
-  // stage's output, a message, is not saved) and the running layer's context.
+  // stage's output, a message, is not saved) and the running layer's intermediates.
   size_t peak = 0;
   for (size_t l = 0; l < layers.size(); ++l) {
-    scratch = SavedContext{};
-    RETURN_IF_ERROR(layers[l]->Forward(cp.inputs[l], data, scratch, y));
+    size_t intermediates = 0;
+    RETURN_IF_ERROR(layers[l]->ForwardWithoutSaving(cp.inputs[l], data, y, &intermediates));
     if (l + 1 < layers.size()) cp.inputs[l + 1] = std::move(y);
-    peak = std::max(peak, cp.Bytes() + scratch.Bytes());
+    peak = std::max(peak, cp.Bytes() + intermediates);
   }
   last_call_peak_[static_cast<size_t>(chunk)] = peak;
   if (layers.back()->is_loss()) return static_cast<double>(y[0]);

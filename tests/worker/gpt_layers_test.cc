@@ -201,6 +201,44 @@ TEST_F(GptLayersTest, RecomputedContextIsTheForwardsBitForBit) {
   ExpectRecomputedContextIsForwards(head, RandomTensor({kB, kT, kC}, 5), data);
 }
 
+// The forward of a micro-batch the program recomputes keeps nothing: a block's output is
+// Forward's bit for bit, and it holds at most about half its context at once (each half's
+// intermediates freed as the half ends); the head, through the default, its context.
+TEST_F(GptLayersTest, ForwardWithoutSavingIsTheForwardsOutputInLessMemory) {
+  GptConfig cfg = TinyConfig();
+  GptBlock block(cfg, 0, 7);
+  Perturb(block, 2);
+  const Tensor x = RandomTensor({kB, kT, kC}, 3);
+  SavedContext ctx;
+  Tensor want, got;
+  ASSERT_TRUE(block.Forward(x, MicroBatchData{}, ctx, want).ok());
+  size_t peak = 0;
+  ASSERT_TRUE(block.ForwardWithoutSaving(x, MicroBatchData{}, got, &peak).ok());
+  EXPECT_EQ(got.shape(), want.shape());
+  EXPECT_EQ(got.vec(), want.vec());
+  EXPECT_GT(peak, 0u);
+  EXPECT_LT(peak, ctx.Bytes());
+  // The larger half: x1, ln_2 and its statistics, c_fc's output and its GELU, (4 + 2H/C) C
+  // floats per token at the most (the attention half, 6C + NH T + 2, is smaller here).
+  const size_t n = static_cast<size_t>(kB * kT);
+  const size_t mlp = n * (2 * cfg.d_model + 2 * cfg.d_hidden + 2) * sizeof(float);
+  const size_t attention =
+      (n * (6 * cfg.d_model + 2) + static_cast<size_t>(kB * cfg.n_head * kT * kT)) * sizeof(float);
+  EXPECT_EQ(peak, std::max(mlp, attention));
+  GptHead head(cfg, 7);
+  IntTensor targets({kB, kT});
+  for (size_t i = 0; i < targets.size(); ++i) targets[i] = static_cast<int32_t>(i % cfg.vocab);
+  MicroBatchData data;
+  data.targets = &targets;
+  SavedContext head_ctx;
+  Tensor loss, loss_again;
+  const Tensor h = RandomTensor({kB, kT, kC}, 5);
+  ASSERT_TRUE(head.Forward(h, data, head_ctx, loss).ok());
+  ASSERT_TRUE(head.ForwardWithoutSaving(h, data, loss_again, &peak).ok());
+  EXPECT_EQ(loss_again.vec(), loss.vec());
+  EXPECT_EQ(peak, head_ctx.Bytes());
+}
+
 // ---- kernels against double-precision references
 
 // Naive causal attention in double: out (B, T, C) from qkv (B, T, 3C).

@@ -100,6 +100,18 @@ class Layer {
     Tensor output;
     return Forward(input, data, ctx, output);
   }
+  // Computes output as Forward does, bit for bit, keeping nothing for a backward: the forward
+  // of a micro-batch the program recomputes (pipeline.recompute full), which keeps only its
+  // layers' inputs. Sets *peak_bytes to the most its intermediates held at once (besides input
+  // and output). The default runs Forward into a context it drops (the context's bytes); a
+  // layer may free each intermediate as soon as it is used, as a no-grad forward does.
+  virtual absl::Status ForwardWithoutSaving(const Tensor& input, const MicroBatchData& data,
+                                            Tensor& output, size_t* peak_bytes) {
+    SavedContext scratch;
+    absl::Status s = Forward(input, data, scratch, output);
+    *peak_bytes = scratch.Bytes();
+    return s;
+  }
   // Given d loss / d output, writes d loss / d input into grad_input (reallocated) and adds
   // the parameter gradients. ctx must be the one Forward filled for the same micro-batch.
   virtual absl::Status Backward(const Tensor& grad_output, const SavedContext& ctx,
