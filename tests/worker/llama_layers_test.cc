@@ -198,6 +198,31 @@ TEST_F(LlamaLayersTest, RecomputedContextIsTheForwardsBitForBit) {
   }
 }
 
+// The forward of a micro-batch the program recomputes keeps nothing: a block's output is
+// Forward's bit for bit (GQA), holding at most its larger half's intermediates: the
+// attention's (x1, rms_1's output and statistics, q, k, v, the probabilities, the heads'
+// output) or the MLP's (x1, rms_2's, gate, up and their product).
+TEST_F(LlamaLayersTest, ForwardWithoutSavingIsTheForwardsOutputInLessMemory) {
+  const LlamaConfig cfg = TinyConfig(/*n_kv_head=*/2);
+  LlamaBlock block(cfg, 0, 7);
+  Perturb(block, 2);
+  const Tensor x = RandomTensor({kB, kT, kC}, 3);
+  SavedContext ctx;
+  Tensor want, got;
+  ASSERT_TRUE(block.Forward(x, MicroBatchData{}, ctx, want).ok());
+  size_t peak = 0;
+  ASSERT_TRUE(block.ForwardWithoutSaving(x, MicroBatchData{}, got, &peak).ok());
+  EXPECT_EQ(got.shape(), want.shape());
+  EXPECT_EQ(got.vec(), want.vec());
+  EXPECT_LT(peak, ctx.Bytes());
+  const size_t n = static_cast<size_t>(kB * kT);
+  const size_t kvd = static_cast<size_t>(cfg.n_kv_head * (kC / kNh));
+  const size_t attention =
+      (n * (4 * kC + 1 + 2 * kvd) + static_cast<size_t>(kB * kNh * kT * kT)) * sizeof(float);
+  const size_t mlp = n * (2 * kC + 1 + 3 * kH) * sizeof(float);
+  EXPECT_EQ(peak, std::max(attention, mlp));
+}
+
 TEST_F(LlamaLayersTest, BlockIsCausal) {
   LlamaBlock block(TinyConfig(), 0, 7);
   Perturb(block, 2);

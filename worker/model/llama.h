@@ -121,6 +121,10 @@ class LlamaBlock final : public Layer {
   // only the output needs.
   absl::Status RecomputeContext(const Tensor& input, const MicroBatchData& data,
                                 SavedContext& ctx) override;
+  // Forward's arithmetic in its two halves, each half's intermediates freed as it ends (the
+  // attention's, then the MLP's): about half the context at once.
+  absl::Status ForwardWithoutSaving(const Tensor& input, const MicroBatchData& data, Tensor& output,
+                                    size_t* peak_bytes) override;
   absl::Status Backward(const Tensor& grad_output, const SavedContext& ctx,
                         Tensor& grad_input) override;
   // I: the input gradient and the norms' gains; W: the seven linears' weights (the GEMMs
