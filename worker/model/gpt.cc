@@ -1,6 +1,7 @@
 #include "worker/model/gpt.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <cmath>
 #include <limits>
 #include <tuple>
@@ -215,60 +216,26 @@ GptBlock::GptBlock(const GptConfig& cfg, int block_index, uint64_t seed)
 
 absl::Status GptBlock::Forward(const Tensor& input, const MicroBatchData& /*data*/,
                                SavedContext& ctx, Tensor& output) {
-  return Run(input, ctx, &output);
+  return Run(input, &ctx, &output, nullptr);
 }
 
 absl::Status GptBlock::RecomputeContext(const Tensor& input, const MicroBatchData& /*data*/,
                                         SavedContext& ctx) {
-  return Run(input, ctx, nullptr);
+  return Run(input, &ctx, nullptr, nullptr);
 }
 
 absl::Status GptBlock::ForwardWithoutSaving(const Tensor& input, const MicroBatchData& /*data*/,
                                             Tensor& output, size_t* peak_bytes) {
-  const int64_t c = cfg_.d_model, h = cfg_.d_hidden, nh = cfg_.n_head;
-  RETURN_IF_ERROR(CheckActivation(name_, "input", input, std::numeric_limits<int32_t>::max(), c));
-  const int64_t b = input.dim(0), t = input.dim(1), n = b * t;
-  // The same kernels on the same operands in the same order as Run: the same bits.
-  Tensor x1({n, c});
-  size_t peak = 0;
-  {
-    // x1 = x + c_proj(attn(c_attn(ln_1(x)))).
-    Tensor ln1({n, c}), mean1({n}), rstd1({n}), qkv({n, 3 * c}), att({b, nh, t, t}), y({n, c});
-    kernels::LayerNormForward(input.data(), ln1_g_.value.data(), ln1_b_.value.data(), ln1.data(),
-                              mean1.data(), rstd1.data(), n, c);
-    kernels::LinearForward(ln1.data(), attn_w_.value.data(), attn_b_.value.data(), qkv.data(), n, c,
-                           3 * c);
-    kernels::CausalAttentionForward(qkv.data(), att.data(), y.data(), b, t, c, nh);
-    kernels::LinearForward(y.data(), attn_proj_w_.value.data(), attn_proj_b_.value.data(),
-                           x1.data(), n, c, c);
-    peak = x1.bytes() + ln1.bytes() + mean1.bytes() + rstd1.bytes() + qkv.bytes() + att.bytes() +
-           y.bytes();
-  }
-  kernels::Add(x1.data(), input.data(), x1.data(), n * c);
-  {
-    // out = x1 + c_proj(gelu(c_fc(ln_2(x1)))).
-    Tensor ln2({n, c}), mean2({n}), rstd2({n}), pre({n, h}), act({n, h});
-    kernels::LayerNormForward(x1.data(), ln2_g_.value.data(), ln2_b_.value.data(), ln2.data(),
-                              mean2.data(), rstd2.data(), n, c);
-    kernels::LinearForward(ln2.data(), fc_w_.value.data(), fc_b_.value.data(), pre.data(), n, c, h);
-    kernels::GeluForwardFast(pre.data(), act.data(), n * h);
-    output.Reset({b, t, c});
-    kernels::LinearForward(act.data(), mlp_proj_w_.value.data(), mlp_proj_b_.value.data(),
-                           output.data(), n, h, c);
-    kernels::Add(output.data(), x1.data(), output.data(), n * c);
-    peak = std::max(
-        peak, x1.bytes() + ln2.bytes() + mean2.bytes() + rstd2.bytes() + pre.bytes() + act.bytes());
-  }
-  *peak_bytes = peak;
-  return absl::OkStatus();
+  return Run(input, nullptr, &output, peak_bytes);
 }
 
-absl::Status GptBlock::Run(const Tensor& input, SavedContext& ctx, Tensor* output) {
+absl::Status GptBlock::Run(const Tensor& input, SavedContext* ctx, Tensor* output,
+                           size_t* peak_bytes) {
   const int64_t c = cfg_.d_model, h = cfg_.d_hidden, nh = cfg_.n_head;
   RETURN_IF_ERROR(CheckActivation(name_, "input", input, std::numeric_limits<int32_t>::max(), c));
   const int64_t b = input.dim(0), t = input.dim(1), n = b * t;
   Tensor ln1({n, c}), mean1({n}), rstd1({n}), qkv({n, 3 * c}), att({b, nh, t, t}), y({n, c});
-  Tensor x1({n, c}), ln2({n, c}), mean2({n}), rstd2({n}), pre({n, h}), act({n, h});
+  Tensor x1({n, c});
   // x1 = x + c_proj(attn(c_attn(ln_1(x)))).
   kernels::LayerNormForward(input.data(), ln1_g_.value.data(), ln1_b_.value.data(), ln1.data(),
                             mean1.data(), rstd1.data(), n, c);
@@ -278,7 +245,15 @@ absl::Status GptBlock::Run(const Tensor& input, SavedContext& ctx, Tensor* outpu
   kernels::LinearForward(y.data(), attn_proj_w_.value.data(), attn_proj_b_.value.data(), x1.data(),
                          n, c, c);
   kernels::Add(x1.data(), input.data(), x1.data(), n * c);
+  const std::initializer_list<Tensor*> attention = {&ln1, &mean1, &rstd1, &qkv, &att, &y};
+  size_t peak = x1.bytes();
+  for (const Tensor* v : attention) peak += v->bytes();
+  // Without a context to fill, the attention's intermediates go before the MLP's are made.
+  if (ctx == nullptr) {
+    for (Tensor* v : attention) v->Clear();
+  }
   // out = x1 + c_proj(gelu(c_fc(ln_2(x1)))).
+  Tensor ln2({n, c}), mean2({n}), rstd2({n}), pre({n, h}), act({n, h});
   kernels::LayerNormForward(x1.data(), ln2_g_.value.data(), ln2_b_.value.data(), ln2.data(),
                             mean2.data(), rstd2.data(), n, c);
   kernels::LinearForward(ln2.data(), fc_w_.value.data(), fc_b_.value.data(), pre.data(), n, c, h);
@@ -289,16 +264,22 @@ absl::Status GptBlock::Run(const Tensor& input, SavedContext& ctx, Tensor* outpu
                            output->data(), n, h, c);
     kernels::Add(output->data(), x1.data(), output->data(), n * c);
   }
+  if (peak_bytes != nullptr) {
+    size_t mlp = x1.bytes();
+    for (const Tensor* v : {&ln2, &mean2, &rstd2, &pre, &act}) mlp += v->bytes();
+    *peak_bytes = std::max(peak, mlp);
+  }
+  if (ctx == nullptr) return absl::OkStatus();
 
   if (cfg_.selective_recompute) {
     att.Clear();
     act.Clear();
   }
-  ctx.tensors.reserve(kNumBlockSaved);
-  ctx.tensors.push_back(input);
+  ctx->tensors.reserve(kNumBlockSaved);
+  ctx->tensors.push_back(input);
   for (Tensor* saved :
        {&ln1, &mean1, &rstd1, &qkv, &att, &y, &x1, &ln2, &mean2, &rstd2, &pre, &act}) {
-    ctx.tensors.push_back(std::move(*saved));
+    ctx->tensors.push_back(std::move(*saved));
   }
   return absl::OkStatus();
 }

@@ -1,6 +1,7 @@
 #include "worker/model/llama.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <cmath>
 #include <limits>
 #include <tuple>
@@ -218,67 +219,28 @@ LlamaBlock::LlamaBlock(const LlamaConfig& cfg, int block_index, uint64_t seed)
 
 absl::Status LlamaBlock::Forward(const Tensor& input, const MicroBatchData& /*data*/,
                                  SavedContext& ctx, Tensor& output) {
-  return Run(input, ctx, &output);
+  return Run(input, &ctx, &output, nullptr);
 }
 
 absl::Status LlamaBlock::RecomputeContext(const Tensor& input, const MicroBatchData& /*data*/,
                                           SavedContext& ctx) {
-  return Run(input, ctx, nullptr);
+  return Run(input, &ctx, nullptr, nullptr);
 }
 
 absl::Status LlamaBlock::ForwardWithoutSaving(const Tensor& input, const MicroBatchData& /*data*/,
                                               Tensor& output, size_t* peak_bytes) {
-  const int64_t c = cfg_.d_model, h = cfg_.d_hidden, nh = cfg_.n_head, kv = cfg_.n_kv_head;
-  const int64_t kvd = kv * hd_;
-  const float eps = static_cast<float>(cfg_.rms_eps);
-  RETURN_IF_ERROR(CheckActivation(name_, "input", input, cfg_.seq_len, c));
-  const int64_t b = input.dim(0), t = input.dim(1), n = b * t;
-  // The same kernels on the same operands in the same order as Run: the same bits.
-  Tensor x1({n, c});
-  size_t peak = 0;
-  {
-    // x1 = x + o_proj(attn(RoPE(q_proj(rms_1(x))), RoPE(k_proj(.)), v_proj(.))).
-    Tensor xn1({n, c}), rstd1({n}), q({n, c}), k({n, kvd}), v({n, kvd}), att({b, nh, t, t});
-    Tensor y({n, c});
-    kernels::RmsNormForward(input.data(), rms1_g_.value.data(), xn1.data(), rstd1.data(), n, c,
-                            eps);
-    kernels::LinearForward(xn1.data(), q_w_.value.data(), nullptr, q.data(), n, c, c);
-    kernels::LinearForward(xn1.data(), k_w_.value.data(), nullptr, k.data(), n, c, kvd);
-    kernels::LinearForward(xn1.data(), v_w_.value.data(), nullptr, v.data(), n, c, kvd);
-    kernels::RopeForward(q.data(), rope_cos_.data(), rope_sin_.data(), b, t, nh, hd_);
-    kernels::RopeForward(k.data(), rope_cos_.data(), rope_sin_.data(), b, t, kv, hd_);
-    kernels::GqaCausalAttentionForward(q.data(), k.data(), v.data(), att.data(), y.data(), b, t, nh,
-                                       kv, hd_);
-    kernels::LinearForward(y.data(), o_w_.value.data(), nullptr, x1.data(), n, c, c);
-    peak = x1.bytes() + xn1.bytes() + rstd1.bytes() + q.bytes() + k.bytes() + v.bytes() +
-           att.bytes() + y.bytes();
-  }
-  kernels::Add(x1.data(), input.data(), x1.data(), n * c);
-  {
-    // out = x1 + down_proj(silu(gate_proj(rms_2(x1))) * up_proj(rms_2(x1))).
-    Tensor rstd2({n}), xn2({n, c}), gate({n, h}), up({n, h}), act({n, h});
-    kernels::RmsNormForward(x1.data(), rms2_g_.value.data(), xn2.data(), rstd2.data(), n, c, eps);
-    kernels::LinearForward(xn2.data(), gate_w_.value.data(), nullptr, gate.data(), n, c, h);
-    kernels::LinearForward(xn2.data(), up_w_.value.data(), nullptr, up.data(), n, c, h);
-    kernels::SwiGluForwardFast(gate.data(), up.data(), act.data(), n * h);
-    output.Reset({b, t, c});
-    kernels::LinearForward(act.data(), down_w_.value.data(), nullptr, output.data(), n, h, c);
-    kernels::Add(output.data(), x1.data(), output.data(), n * c);
-    peak = std::max(
-        peak, x1.bytes() + rstd2.bytes() + xn2.bytes() + gate.bytes() + up.bytes() + act.bytes());
-  }
-  *peak_bytes = peak;
-  return absl::OkStatus();
+  return Run(input, nullptr, &output, peak_bytes);
 }
 
-absl::Status LlamaBlock::Run(const Tensor& input, SavedContext& ctx, Tensor* output) {
+absl::Status LlamaBlock::Run(const Tensor& input, SavedContext* ctx, Tensor* output,
+                             size_t* peak_bytes) {
   const int64_t c = cfg_.d_model, h = cfg_.d_hidden, nh = cfg_.n_head, kv = cfg_.n_kv_head;
   const int64_t kvd = kv * hd_;
   const float eps = static_cast<float>(cfg_.rms_eps);
   RETURN_IF_ERROR(CheckActivation(name_, "input", input, cfg_.seq_len, c));
   const int64_t b = input.dim(0), t = input.dim(1), n = b * t;
   Tensor xn1({n, c}), rstd1({n}), q({n, c}), k({n, kvd}), v({n, kvd}), att({b, nh, t, t});
-  Tensor y({n, c}), x1({n, c}), rstd2({n}), xn2({n, c}), gate({n, h}), up({n, h}), act({n, h});
+  Tensor y({n, c}), x1({n, c});
   // x1 = x + o_proj(attn(RoPE(q_proj(rms_1(x))), RoPE(k_proj(.)), v_proj(.))).
   kernels::RmsNormForward(input.data(), rms1_g_.value.data(), xn1.data(), rstd1.data(), n, c, eps);
   kernels::LinearForward(xn1.data(), q_w_.value.data(), nullptr, q.data(), n, c, c);
@@ -290,7 +252,15 @@ absl::Status LlamaBlock::Run(const Tensor& input, SavedContext& ctx, Tensor* out
                                      kv, hd_);
   kernels::LinearForward(y.data(), o_w_.value.data(), nullptr, x1.data(), n, c, c);
   kernels::Add(x1.data(), input.data(), x1.data(), n * c);
+  const std::initializer_list<Tensor*> attention = {&xn1, &rstd1, &q, &k, &v, &att, &y};
+  size_t peak = x1.bytes();
+  for (const Tensor* a : attention) peak += a->bytes();
+  // Without a context to fill, the attention's intermediates go before the MLP's are made.
+  if (ctx == nullptr) {
+    for (Tensor* a : attention) a->Clear();
+  }
   // out = x1 + down_proj(silu(gate_proj(rms_2(x1))) * up_proj(rms_2(x1))).
+  Tensor rstd2({n}), xn2({n, c}), gate({n, h}), up({n, h}), act({n, h});
   kernels::RmsNormForward(x1.data(), rms2_g_.value.data(), xn2.data(), rstd2.data(), n, c, eps);
   kernels::LinearForward(xn2.data(), gate_w_.value.data(), nullptr, gate.data(), n, c, h);
   kernels::LinearForward(xn2.data(), up_w_.value.data(), nullptr, up.data(), n, c, h);
@@ -300,12 +270,18 @@ absl::Status LlamaBlock::Run(const Tensor& input, SavedContext& ctx, Tensor* out
     kernels::LinearForward(act.data(), down_w_.value.data(), nullptr, output->data(), n, h, c);
     kernels::Add(output->data(), x1.data(), output->data(), n * c);
   }
+  if (peak_bytes != nullptr) {
+    size_t mlp = x1.bytes();
+    for (const Tensor* a : {&rstd2, &xn2, &gate, &up, &act}) mlp += a->bytes();
+    *peak_bytes = std::max(peak, mlp);
+  }
+  if (ctx == nullptr) return absl::OkStatus();
 
   if (cfg_.selective_recompute) att.Clear();
-  ctx.tensors.reserve(kNumBlockSaved);
-  ctx.tensors.push_back(input);
+  ctx->tensors.reserve(kNumBlockSaved);
+  ctx->tensors.push_back(input);
   for (Tensor* saved : {&xn1, &rstd1, &q, &k, &v, &att, &y, &x1, &rstd2, &xn2, &gate, &up}) {
-    ctx.tensors.push_back(std::move(*saved));
+    ctx->tensors.push_back(std::move(*saved));
   }
   return absl::OkStatus();
 }

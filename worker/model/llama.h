@@ -137,8 +137,10 @@ class LlamaBlock final : public Layer {
   }
 
  private:
-  // Forward's arithmetic; output null skips the last GEMM and residual add.
-  absl::Status Run(const Tensor& input, SavedContext& ctx, Tensor* output);
+  // Forward's arithmetic, one code for all three: output null skips the last GEMM and residual
+  // add; ctx null keeps nothing and frees the attention half's intermediates before the MLP
+  // half runs; peak_bytes (when set) gets the larger half's intermediates.
+  absl::Status Run(const Tensor& input, SavedContext* ctx, Tensor* output, size_t* peak_bytes);
   absl::Status InputGradients(const Tensor& grad_output, const SavedContext& ctx,
                               Tensor& grad_input, std::vector<Tensor>& wpass);
   void WeightGradients(const std::vector<Tensor>& saved, const Tensor* wpass);
