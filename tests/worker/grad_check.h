@@ -77,6 +77,23 @@ inline void ExpectRecomputedContextIsForwards(Layer& layer, const Tensor& x,
   }
 }
 
+// The forward of a recomputed micro-batch: `layer`'s ForwardWithoutSaving of `x` must give
+// Forward's output bit for bit, holding no more than Forward's context. Returns the bytes it
+// reported (0 after a failure).
+inline size_t ExpectForwardWithoutSavingIsForwards(Layer& layer, const Tensor& x,
+                                                   const MicroBatchData& data = MicroBatchData{}) {
+  SavedContext ctx;
+  Tensor want, got;
+  size_t peak = 0;
+  EXPECT_TRUE(layer.Forward(x, data, ctx, want).ok()) << layer.name();
+  EXPECT_TRUE(layer.ForwardWithoutSaving(x, data, got, &peak).ok()) << layer.name();
+  EXPECT_EQ(got.shape(), want.shape()) << layer.name();
+  EXPECT_EQ(got.vec(), want.vec()) << layer.name();
+  EXPECT_GT(peak, 0u) << layer.name();
+  EXPECT_LE(peak, ctx.Bytes()) << layer.name();
+  return peak;
+}
+
 // Runs `dout` back through `plain` (B), `other` (B) and `split` (I then W), each from the
 // context its own forward filled, and expects what a recomputing variant must give: split's
 // context empty after W, and the input gradient and every parameter gradient of `other` and
