@@ -235,6 +235,11 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   std::error_code ec;
   std::filesystem::create_symlink("/etc/hostname", root / "escape.txt", ec);
   g_data_root = root.string();
+  // The data root goes with the process (every run, the test's included, made a new one).
+  std::atexit([] {
+    std::error_code ignored;
+    std::filesystem::remove_all(g_data_root, ignored);
+  });
   g_verbose = std::getenv("TANDEM_FUZZ_VERBOSE") != nullptr;
   if (const char* dir = std::getenv("TANDEM_FUZZ_WRITE_SEEDS"); dir != nullptr && *dir) {
     WriteSeeds(dir);
