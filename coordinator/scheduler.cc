@@ -1,5 +1,8 @@
 #include "coordinator/scheduler.h"
 
+#include <optional>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/elastic_layout.h"
@@ -72,9 +75,12 @@ void Scheduler::Tick() {
     // set it), so that a coordinator restarted meanwhile waits too.
     if (absl::Now() < absl::FromUnixMillis(job->not_before_unix_ms())) continue;
     const std::string kind = job->spec().device();
-    // An elastic job takes the layout the idle workers allow (common/elastic_layout.h).
+    // An elastic job takes the layout the idle workers allow (common/elastic_layout.h); a
+    // change is recorded only once its gang is allocated, so that a run that did not start
+    // leaves no resize behind.
+    std::optional<v1::ResizeEvent> resize;
     if (IsElastic(job->spec())) {
-      if (!ChooseElasticLayout(&*job)) continue;
+      if (!ChooseElasticLayout(&*job, &resize)) continue;
     }
     // The gang: stages x replicas workers (replica-major: gang rank = replica x stages + rank).
     const int p = GangSize(job->spec());
@@ -88,6 +94,15 @@ void Scheduler::Tick() {
                                                         : ""));
       continue;
     }
+    if (resize.has_value()) {
+      env_.store->RecordResize(id, job->spec().pipeline(), *std::move(resize));
+      absl::StatusOr<v1::Job> updated = env_.store->Get(id, /*with_history=*/false);
+      if (!updated.ok()) {
+        env_.registry->Release(id);
+        continue;
+      }
+      *job = *std::move(updated);
+    }
     std::vector<std::string> nodes;
     for (const WorkerRecord& w : *workers) nodes.push_back(w.node);
     spdlog::info("{}: allocated {} {} worker(s): {}", id, p, kind,
@@ -99,7 +114,7 @@ void Scheduler::Tick() {
   }
 }
 
-bool Scheduler::ChooseElasticLayout(v1::Job* job) {
+bool Scheduler::ChooseElasticLayout(v1::Job* job, std::optional<v1::ResizeEvent>* resize) {
   v1::JobSpec written = job->spec();
   if (job->has_written_pipeline()) *written.mutable_pipeline() = job->written_pipeline();
   const int idle = env_.registry->IdleCount(job->spec().device());
@@ -109,7 +124,7 @@ bool Scheduler::ChooseElasticLayout(v1::Job* job) {
     return false;
   }
   const v1::PipelineSpec& from = job->spec().pipeline();
-  const v1::PipelineSpec& to = layout->pipeline();
+  const v1::PipelineSpec to = layout->pipeline();
   if (from.stages() == to.stages() && from.replicas() == to.replicas() &&
       from.micro_batches() == to.micro_batches() &&
       from.micro_batch_size() == to.micro_batch_size()) {
@@ -132,10 +147,8 @@ bool Scheduler::ChooseElasticLayout(v1::Job* job) {
                job->id(), event.from_stages(), event.from_replicas(), event.from_micro_batches(),
                event.to_stages(), event.to_replicas(), event.to_micro_batches(), event.to_workers(),
                idle, event.cause());
-  env_.store->RecordResize(job->id(), to, event);
-  absl::StatusOr<v1::Job> updated = env_.store->Get(job->id(), /*with_history=*/false);
-  if (!updated.ok()) return false;
-  *job = *std::move(updated);
+  *job->mutable_spec()->mutable_pipeline() = to;
+  *resize = std::move(event);
   return true;
 }
 

@@ -10,6 +10,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -38,9 +39,11 @@ class Scheduler {
   void Loop();
   void Tick() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // An elastic job's layout for the idle workers there are (ElasticLayoutFor from the
-  // pipeline as written); a change is recorded (JobStore::RecordResize) and `job` updated.
-  // False, with the job's reason set, when it must wait.
-  bool ChooseElasticLayout(v1::Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // pipeline as written): `job`'s pipeline becomes it and, when it changes, `resize` says how
+  // (for Tick to record once the gang is allocated). False, with the job's reason set, when it
+  // must wait.
+  bool ChooseElasticLayout(v1::Job* job, std::optional<v1::ResizeEvent>* resize)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   RunnerEnv env_;
   const absl::Duration tick_;
