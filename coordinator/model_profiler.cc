@@ -5,6 +5,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -216,8 +217,19 @@ absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec,
   {
     std::vector<std::thread> calls;
     calls.reserve(n);
+    const auto call = [&](size_t i) {
+      responses[i] = chosen[i]->client->ProfileLayers(req, timeout);
+    };
     for (size_t i = 0; i < n; ++i) {
-      calls.emplace_back([&, i] { responses[i] = chosen[i]->client->ProfileLayers(req, timeout); });
+      try {
+        calls.emplace_back(call, i);
+      } catch (const std::system_error& e) {
+        // No thread to spare (the process is at its limit): this worker's call runs here, so
+        // it is timed alone rather than beside the others, and the coordinator lives on.
+        spdlog::warn("profiling on {}: no thread ({}); calling it from this one",
+                     Named(*chosen[i]->worker), e.what());
+        call(i);
+      }
     }
     for (std::thread& t : calls) t.join();
   }

@@ -1,6 +1,7 @@
 #include "coordinator/scheduler.h"
 
 #include <optional>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -109,7 +110,18 @@ void Scheduler::Tick() {
                  DescribePlacement(nodes, job->spec().pipeline().stages(),
                                    std::max(1, job->spec().pipeline().replicas())));
     auto runner = std::make_unique<JobRunner>(env_, *std::move(job), *std::move(workers));
-    runner->Start();
+    try {
+      runner->Start();
+    } catch (const std::system_error& e) {
+      // No thread for the run (the process is at its limit): the job stays queued and its
+      // workers go back, to be tried again on a later tick, rather than the coordinator dying.
+      runner.reset();
+      env_.registry->Release(id);
+      env_.store->SetReason(id, absl::StrCat("waiting: no thread to run the job on (", e.what(),
+                                             "); the coordinator retries"));
+      spdlog::error("{}: no thread to run the job on: {}", id, e.what());
+      continue;
+    }
     runners_[id] = std::move(runner);
   }
 }
