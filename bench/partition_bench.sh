@@ -3,21 +3,23 @@
 # time, on a model whose head dominates: GPT-2 width (d_model 768, 12 heads) at reduced depth
 # (n_layer 6), vocab 50304 untied, seq_len 128, micro-batch 4, on 2 workers (--threads 1).
 #
-#   ./scripts/build.sh && bench/partition_bench.sh [--steps N] [--keep]     # about 14 min
+#   ./scripts/build.sh && bench/partition_bench.sh [--steps N] [--keep]     # about 15 min
 #   bench/partition_bench.sh --smollm2 [--steps N] [--keep]                  # about 8 min
 #
 # Starts a real coordinator (with a data root, so the profile is cached after the first job)
-# and two workers on 127.0.0.1, then runs, 5 steps each (figures are medians of the steady
-# steps 1-3: step 0 warms up, and the last also waits for its own update): partition profile
+# and two workers on 127.0.0.1, then runs, 8 steps each (figures are medians of the steady
+# steps 1-6: step 0 warms up, and the last also waits for its own update): partition profile
 # and partition uniform with 1f1b at M=8; then with the profile zb_h1, zb_h2, zb_auto and
 # gpipe at M=8 and 1f1b at M=4 and M=16; pipeline.plan: auto at the same global batch as the
 # first (the planner profiles every split of it); and the planner's five best candidates for
-# that batch (`tandem plan -o json`), each as written. Prints per job the cut, the measured
+# that batch (`tandem plan -o json`), each as written; and last the first job again, whose two
+# runs say how far this machine drifts in one bench. Prints per job the cut, the measured
 # step, the step the plan predicted from the profile (Job.predicted_step_seconds) and their
 # ratio, split into the pipeline phase (predicted, replayed on the step's measured costs,
 # measured) and the update phase; the profiled cut's speed-up over the uniform one; zb_auto
 # against the best hand-crafted schedule; and whether the planner's pick ran within 2% of the
-# fastest of its top five.
+# fastest of its top five, with the share of jobs within 3% beside the drift between the first
+# job's two runs.
 #
 # --smollm2: instead, a SmolLM2-135M-shaped llama (preset smollm2-135m: 30 blocks, d_model 576,
 # 9 heads, 3 kv heads, SwiGLU 1536, vocab 49152 tied) at seq_len 256, micro-batch 1, M 4,
@@ -26,7 +28,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="$PWD/build/bin"
-steps=5 keep=0 smollm2=0
+steps=8 keep=0 smollm2=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps="$2"; shift ;;
@@ -174,6 +176,9 @@ while read -r rank sched m size chunks stages replicas; do
   job "top$rank-${stages}x$replicas-$sched-${m}x$size-v$chunks" profile "$sched" "$m" "" "$size" \
     "$chunks" "$stages" "$replicas"
 done <"$run/top.txt"
+# The first job once more, some ten minutes later: the same job, plan and profile, so the
+# difference between its two runs is this machine's drift, the floor under every prediction.
+job profile-1f1b-m8-again profile 1f1b 8
 
 "$bin/tandem" plan "$run/profile-1f1b-m8.yaml" >"$run/plan.txt" 2>&1 || true
 echo "== tandem plan (profile, 1f1b, M=8) =="
@@ -205,6 +210,14 @@ print(f"profiled cut vs uniform (1f1b, M=8): measured {sp:.2f}x faster (predicte
 worst = max(abs(r["step_s"] / r["predicted_s"] - 1) for r in rows if r["predicted_s"])
 print(f"largest |measured / predicted - 1| over the jobs: {worst:.3f}; target <= 0.03: "
       f"{'PASS' if worst <= 0.03 else 'FAIL'}")
+errors = sorted(abs(r["step_s"] / r["predicted_s"] - 1) for r in rows if r["predicted_s"])
+print(f"  jobs within 3%: {sum(e <= 0.03 for e in errors)} of {len(errors)}; median "
+      f"|measured / predicted - 1| {errors[len(errors) // 2]:.3f}")
+again = next((r for r in rows if r["name"] == "profile-1f1b-m8-again"), None)
+if again:
+    print(f"  drift: the first job run again at the end took {again['step_s']:.3f} s against "
+          f"{p['step_s']:.3f} s ({again['step_s'] / p['step_s'] - 1:+.3f}), on the same plan and "
+          f"profile")
 top = [r for r in rows if r["name"].startswith("top")]
 if top:
     fastest = min(top, key=lambda r: r["step_s"])
