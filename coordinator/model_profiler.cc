@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -33,7 +35,75 @@ std::string Named(const WorkerRecord& w) {
   return absl::StrCat("worker ", w.id, " at ", w.address);
 }
 
+// The answers of one round, and who gave them.
+struct RoundAnswers {
+  std::vector<std::vector<v1::LayerProfile>> layers;
+  std::vector<const ProfiledWorker*> answered;
+};
+
+// One round: ProfileLayers on every chosen worker at once. The answers of those that
+// answered; the first failure goes to *first_error (and the log).
+RoundAnswers ProfileRound(const std::vector<const ProfiledWorker*>& chosen,
+                          const v1::ProfileLayersRequest& req, absl::Duration timeout,
+                          absl::Status* first_error) {
+  const size_t n = chosen.size();
+  std::vector<absl::StatusOr<v1::ProfileLayersResponse>> responses(n,
+                                                                   absl::UnknownError("not asked"));
+  {
+    std::vector<std::thread> calls;
+    calls.reserve(n);
+    const auto call = [&](size_t i) {
+      responses[i] = chosen[i]->client->ProfileLayers(req, timeout);
+    };
+    for (size_t i = 0; i < n; ++i) {
+      try {
+        calls.emplace_back(call, i);
+      } catch (const std::system_error& e) {
+        // No thread to spare (the process is at its limit): this worker's call runs here, so
+        // it is timed alone rather than beside the others, and the coordinator lives on.
+        spdlog::warn("profiling on {}: no thread ({}); calling it from this one",
+                     Named(*chosen[i]->worker), e.what());
+        call(i);
+      }
+    }
+    for (std::thread& t : calls) t.join();
+  }
+  RoundAnswers answers;
+  for (size_t i = 0; i < n; ++i) {
+    const absl::Status s =
+        WithPrefix(responses[i].status(), absl::StrCat("profiling on ", Named(*chosen[i]->worker)));
+    if (!s.ok()) {
+      spdlog::warn("{}", s.ToString());
+      if (first_error->ok()) *first_error = s;
+      continue;
+    }
+    answers.layers.emplace_back(responses[i]->layers().begin(), responses[i]->layers().end());
+    answers.answered.push_back(chosen[i]);
+  }
+  return answers;
+}
+
 }  // namespace
+
+int DisagreeingLayer(const std::vector<v1::LayerProfile>& first,
+                     const std::vector<v1::LayerProfile>& round) {
+  const auto passes = [](const v1::LayerProfile& l) {
+    return std::pair{l.forward_seconds() + l.backward_seconds(),
+                     l.backward_input_seconds() + l.backward_weight_seconds()};
+  };
+  double total = 0.0;
+  for (const v1::LayerProfile& l : first) total += passes(l).first;
+  const auto off = [](double a, double b) {
+    return std::abs(a - b) > kProfileRoundAgreement * std::max(a, b);
+  };
+  for (size_t i = 0; i < first.size() && i < round.size(); ++i) {
+    const auto [fb, iw] = passes(first[i]);
+    if (fb < kProfileNegligibleShare * total) continue;
+    const auto [fb2, iw2] = passes(round[i]);
+    if (off(fb, fb2) || off(iw, iw2)) return first[i].layer();
+  }
+  return -1;
+}
 
 int64_t AllReduceProbeBytes(const v1::ModelProfile& profile) {
   int64_t parameters = 0;
@@ -207,49 +277,32 @@ absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec,
     }
     chosen.push_back(&workers[i]);
   }
-  const size_t n = chosen.size();
   v1::ProfileLayersRequest req;
   *req.mutable_spec() = spec;
   for (int g : LayersToProfile(spec.model())) req.add_layers(g);
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<absl::StatusOr<v1::ProfileLayersResponse>> responses(n,
-                                                                   absl::UnknownError("not asked"));
-  {
-    std::vector<std::thread> calls;
-    calls.reserve(n);
-    const auto call = [&](size_t i) {
-      responses[i] = chosen[i]->client->ProfileLayers(req, timeout);
-    };
-    for (size_t i = 0; i < n; ++i) {
-      try {
-        calls.emplace_back(call, i);
-      } catch (const std::system_error& e) {
-        // No thread to spare (the process is at its limit): this worker's call runs here, so
-        // it is timed alone rather than beside the others, and the coordinator lives on.
-        spdlog::warn("profiling on {}: no thread ({}); calling it from this one",
-                     Named(*chosen[i]->worker), e.what());
-        call(i);
-      }
-    }
-    for (std::thread& t : calls) t.join();
-  }
-  // The workers that answered; one that failed is named in the log (and in the error when
-  // none answered).
+  // Every answer of every round (the median is over all of them), and each round's own merge.
   std::vector<std::vector<v1::LayerProfile>> per_worker;
-  std::vector<std::string> ids;
+  std::vector<std::vector<v1::LayerProfile>> rounds;
   absl::Status first_error;
-  for (size_t i = 0; i < n; ++i) {
-    const absl::Status s =
-        WithPrefix(responses[i].status(), absl::StrCat("profiling on ", Named(*chosen[i]->worker)));
-    if (!s.ok()) {
-      spdlog::warn("{}", s.ToString());
-      if (first_error.ok()) first_error = s;
-      continue;
-    }
-    per_worker.emplace_back(responses[i]->layers().begin(), responses[i]->layers().end());
-    ids.push_back(chosen[i]->worker->id);
+  for (int round = 0; round < kMaxProfileRounds; ++round) {
+    RoundAnswers answers = ProfileRound(chosen, req, timeout, &first_error);
+    if (answers.layers.empty()) break;
+    ASSIGN_OR_RETURN(std::vector<v1::LayerProfile> merged, MergeWorkerProfiles(answers.layers));
+    per_worker.insert(per_worker.end(), answers.layers.begin(), answers.layers.end());
+    rounds.push_back(std::move(merged));
+    // A worker that failed is not asked again.
+    chosen = std::move(answers.answered);
+    if (static_cast<int>(rounds.size()) < kProfileRounds) continue;
+    const int off = DisagreeingLayer(rounds.front(), rounds.back());
+    if (off < 0) break;
+    spdlog::info("profile round {} disagrees with round 1 on layer {} (more than {:.0f}%){}",
+                 round + 1, off, 100 * kProfileRoundAgreement,
+                 round + 1 < kMaxProfileRounds ? ": timing another" : "; taking the median");
   }
   if (per_worker.empty()) return first_error;
+  std::vector<std::string> ids;
+  for (const ProfiledWorker* c : chosen) ids.push_back(c->worker->id);
   ASSIGN_OR_RETURN(std::vector<v1::LayerProfile> layers, MergeWorkerProfiles(per_worker));
   ASSIGN_OR_RETURN(v1::ModelProfile profile, ExpandProfile(spec.model(), layers));
   StageWorkerClient& client = *workers[0].client;
@@ -257,8 +310,8 @@ absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec,
   profile.set_device(DeviceKind(first.device));
   profile.set_threads(first.threads);
   profile.set_created_unix_ms(UnixMicros() / 1000);
-  spdlog::info("profiled {} layer kinds on {} at once in {:.2f} s ({})", layers.size(),
-               absl::StrJoin(ids, ", "),
+  spdlog::info("profiled {} layer kinds on {} at once, {} round(s), in {:.2f} s ({})",
+               layers.size(), absl::StrJoin(ids, ", "), rounds.size(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                profile.key());
   if (peer != nullptr && peer->worker != nullptr && peer->client != nullptr) {

@@ -74,6 +74,24 @@ struct ProfiledWorker {
 // At most this many workers profile a job's layers at once (its first ones).
 inline constexpr int kMaxProfiledWorkers = 8;
 
+// A profile is timed in rounds, one after the other, each on every profiled worker at once:
+// kProfileRounds that agree are enough, otherwise more, up to kMaxProfileRounds, and each time
+// is the median over every round's workers. A round agrees with the first when each layer's
+// forward + backward and input + weight backward are within kProfileRoundAgreement of the
+// first round's (layers under kProfileNegligibleShare of the model's time aside): a busy spell
+// of the host during one round (measured: one round 29% slow on a head layer, the job then run
+// at the other rounds' speed) would otherwise price every job planned from the profile.
+inline constexpr int kProfileRounds = 2;
+inline constexpr int kMaxProfileRounds = 3;
+inline constexpr double kProfileRoundAgreement = 0.03;
+inline constexpr double kProfileNegligibleShare = 0.01;
+
+// The first layer of `round` whose time is off `first`'s by more than kProfileRoundAgreement
+// (relative to the larger), ignoring layers under kProfileNegligibleShare of `first`'s total;
+// -1 when they agree. Both list the same layers (MergeWorkerProfiles' output).
+int DisagreeingLayer(const std::vector<v1::LayerProfile>& first,
+                     const std::vector<v1::LayerProfile>& round);
+
 // One profile from the same layers timed on several workers at once: each time is the median
 // over the workers (the mean of the middle two for an even count), the bytes and parameter
 // counts those of the first. INVALID_ARGUMENT when the workers did not return the same layers
@@ -85,9 +103,10 @@ absl::StatusOr<std::vector<v1::LayerProfile>> MergeWorkerProfiles(
 // `store` (optional). The first worker and, up to kMaxProfiledWorkers, each other of its
 // device kind and threads (the profile's key) that shares no GPU with one already taken time
 // the layers at the same moment (ProfileLayers on all at once), because in a job they compute
-// at once too and, where they share a host, its cores and memory bandwidth; the times of those
-// that answer are merged by MergeWorkerProfiles (one that fails is logged; the error, naming
-// the worker, only when none answers). With `peer` (idle too) it
+// at once too and, where they share a host, its cores and memory bandwidth; in rounds until two
+// agree (kProfileRounds above); the times of those that answer, in every round, are merged by
+// MergeWorkerProfiles (one that fails is logged; the error, naming the worker, only when none
+// answers). With `peer` (idle too) it
 // also measures the link from the first worker to it (MeasureLink, sizes from LinkProbeSizes,
 // the all-reduce on AllReduceProbeBytes) into ModelProfile.link; a link that cannot be
 // measured is logged and left empty, since the layer timings are still good. Errors name the

@@ -37,8 +37,8 @@ TEST(JobRunnerTest, ProfilePartitionBalancesMeasuredTimeAndCachesTheProfile) {
   f.WaitFinished(*runner);
   auto job = *f.store->Get(runner->job_id());
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
-  EXPECT_EQ(f.factory.made[0]->profiles.load(), 1);
-  EXPECT_EQ(f.factory.made[1]->profiles.load(), 1);
+  EXPECT_EQ(f.factory.made[0]->profiles.load(), kProfileRounds);
+  EXPECT_EQ(f.factory.made[1]->profiles.load(), kProfileRounds);
   ASSERT_EQ(job.stages_size(), 2);
   EXPECT_EQ(job.stages(0).layer_end(), 5);  // embedding + 4 blocks | head
   EXPECT_NEAR(job.stages(0).predicted_seconds(), 0.005, 1e-9);
@@ -100,9 +100,10 @@ TEST(JobRunnerTest, AutoPlanRunsThePlannersChoiceAtTheSameGlobalBatch) {
   f.WaitFinished(*runner);
   auto job = *f.store->Get(runner->job_id());
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
-  // One profile per split (M = 2, 4, 8: M >= P), each on both workers at once, all cached.
-  EXPECT_EQ(f.factory.made[0]->profiles.load(), 3);
-  EXPECT_EQ(f.factory.made[1]->profiles.load(), 3);
+  // One profile per split (M = 2, 4, 8: M >= P), each on both workers at once (its rounds),
+  // all cached.
+  EXPECT_EQ(f.factory.made[0]->profiles.load(), 3 * kProfileRounds);
+  EXPECT_EQ(f.factory.made[1]->profiles.load(), 3 * kProfileRounds);
   const v1::PipelineSpec& p = job.spec().pipeline();
   EXPECT_EQ(p.plan(), "auto");
   // The same global batch on the same two workers: a finer split than written, or two

@@ -229,17 +229,19 @@ TEST(ProfileModelTest, ProfilesOnBothHeldWorkersAtOnce) {
     w->layer_seconds = [s](int) { return s; };
     w->on_profile = [&] {
       absl::MutexLock lock(&mu);
-      ++started;
-      const auto both = [&] { return started == 2; };
+      // The k-th call (1-based) belongs to round (k + 1) / 2, which both workers start.
+      const int round = (++started + 1) / 2;
+      const auto both = [&] { return started >= 2 * round; };
       if (mu.AwaitWithTimeout(absl::Condition(&both), absl::Seconds(5))) ++saw_both;
     };
   };
   auto profile = ProfileModel(spec, registry, factory, profiles, absl::Seconds(5), true);
   ASSERT_TRUE(profile.ok()) << profile.status();
   ASSERT_EQ(factory.made.size(), 2u);
-  EXPECT_EQ(factory.made[0]->profiles.load(), 1);
-  EXPECT_EQ(factory.made[1]->profiles.load(), 1);
-  EXPECT_EQ(saw_both, 2);  // at once, not one after the other
+  // Two rounds (their times agree), each on both workers at once, not one after the other.
+  EXPECT_EQ(factory.made[0]->profiles.load(), kProfileRounds);
+  EXPECT_EQ(factory.made[1]->profiles.load(), kProfileRounds);
+  EXPECT_EQ(saw_both, 2 * kProfileRounds);
   ASSERT_GT(profile->layers_size(), 0);
   EXPECT_NEAR(profile->layers(0).forward_seconds(), 0.002, 1e-12);  // (0.001 + 0.003) / 2
 
@@ -273,9 +275,9 @@ TEST(MeasureProfileTest, ProfilesOnTheWorkersLikeTheFirstOnDistinctDevices) {
   v1::JobSpec spec = JobSpecOf(2, 2);
   auto profile = MeasureProfile(spec, {{&ra, &a}, {&rb, &b}, {&rc, &c}}, absl::Seconds(5), nullptr);
   ASSERT_TRUE(profile.ok()) << profile.status();
-  EXPECT_EQ(a.profiles.load(), 1);
+  EXPECT_EQ(a.profiles.load(), kProfileRounds);
   EXPECT_EQ(b.profiles.load(), 0);  // other threads: another profile key
-  EXPECT_EQ(c.profiles.load(), 1);
+  EXPECT_EQ(c.profiles.load(), kProfileRounds);
   for (WorkerRecord* r : {&ra, &rb, &rc, &rd}) {
     r->device = "cuda:0";
     r->threads = 1;
@@ -287,10 +289,65 @@ TEST(MeasureProfileTest, ProfilesOnTheWorkersLikeTheFirstOnDistinctDevices) {
   profile =
       MeasureProfile(spec, {{&ra, &a}, {&rb, &b}, {&rc, &c}, {&rd, &d}}, absl::Seconds(5), nullptr);
   ASSERT_TRUE(profile.ok()) << profile.status();
-  EXPECT_EQ(a.profiles.load(), 2);
+  EXPECT_EQ(a.profiles.load(), 2 * kProfileRounds);
   EXPECT_EQ(b.profiles.load(), 0);  // on w-1's GPU
-  EXPECT_EQ(c.profiles.load(), 2);
+  EXPECT_EQ(c.profiles.load(), 2 * kProfileRounds);
   EXPECT_EQ(d.profiles.load(), 0);
+}
+
+// Two rounds whose times agree (within 3%) are the profile; a round off by more on a layer
+// that counts brings a third, and the median over all of them leaves the off round out; a
+// negligible layer's noise is no reason for another round.
+TEST(DisagreeingLayerTest, ComparesEveryLayerThatCountsWithinTheAgreement) {
+  const std::vector<v1::LayerProfile> first = {Timed(0, 0.001, 400), Timed(1, 1.0, 400),
+                                               Timed(2, 2.0, 400)};
+  EXPECT_EQ(DisagreeingLayer(first, first), -1);
+  std::vector<v1::LayerProfile> round = first;
+  round[1].set_forward_seconds(1.05);  // F + B 3.05 against 3.0: within 3%
+  round[0].set_forward_seconds(0.01);  // 10x, but under 1% of the model's time
+  EXPECT_EQ(DisagreeingLayer(first, round), -1);
+  round[2].set_backward_weight_seconds(2.2);  // I + W 4.2 against 4.0: 4.8% off
+  EXPECT_EQ(DisagreeingLayer(first, round), 2);
+  round = first;
+  round[1].set_backward_seconds(1.5);  // F + B 2.5 against 3.0, faster: off too
+  EXPECT_EQ(DisagreeingLayer(first, round), 1);
+}
+
+TEST(MeasureProfileTest, TimesAnotherRoundWhenTwoDisagreeAndTakesTheMedian) {
+  FakeWorker a(0), b(1);
+  WorkerRecord ra = Record("w-1"), rb = Record("w-2");
+  // Both workers' first round 30% slow (the host busy meanwhile), then steady.
+  for (FakeWorker* w : {&a, &b}) {
+    w->layer_seconds = [w](int) { return w->profiles.load() == 1 ? 0.0039 : 0.003; };
+  }
+  const v1::JobSpec spec = JobSpecOf(2, 2);
+  auto profile = MeasureProfile(spec, {{&ra, &a}, {&rb, &b}}, absl::Seconds(5), nullptr);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(a.profiles.load(), kMaxProfileRounds);
+  EXPECT_EQ(b.profiles.load(), kMaxProfileRounds);
+  ASSERT_GT(profile->layers_size(), 0);
+  EXPECT_NEAR(profile->layers(0).forward_seconds(), 0.001, 1e-12);  // the steady rounds'
+
+  // Steady from the start: two rounds.
+  FakeWorker c(2), d(3);
+  for (FakeWorker* w : {&c, &d}) w->layer_seconds = [](int) { return 0.003; };
+  profile = MeasureProfile(spec, {{&ra, &c}, {&rb, &d}}, absl::Seconds(5), nullptr);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(c.profiles.load(), kProfileRounds);
+  EXPECT_EQ(d.profiles.load(), kProfileRounds);
+}
+
+// A worker whose profile fails is not asked again in the next round; the other's rounds count.
+TEST(MeasureProfileTest, AWorkerThatFailsIsNotAskedAgain) {
+  FakeWorker a(0), b(1);
+  WorkerRecord ra = Record("w-1"), rb = Record("w-2");
+  a.layer_seconds = [](int) { return 0.003; };
+  b.profile_error = absl::InternalError("out of memory");
+  auto profile = MeasureProfile(JobSpecOf(2, 2), {{&ra, &a}, {&rb, &b}}, absl::Seconds(5), nullptr);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(a.profiles.load(), kProfileRounds);
+  EXPECT_EQ(b.profiles.load(), 1);
+  EXPECT_NEAR(profile->layers(0).forward_seconds(), 0.001, 1e-12);
 }
 
 // ProfileModel (tandem plan) measures the link when two idle workers exist and leaves it
