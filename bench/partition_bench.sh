@@ -185,7 +185,7 @@ echo "== tandem plan (profile, 1f1b, M=8) =="
 cat "$run/plan.txt"
 echo
 /usr/bin/python3 - "$run/results.jsonl" <<'PY'
-import json, sys
+import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 print("== Partition: profile vs uniform; predicted vs measured step ==")
 print("pipeline: predicted (simulator on the profile) / replayed (simulator on the step's own")
@@ -207,12 +207,14 @@ sp = u["step_s"] / p["step_s"]
 pred = u["predicted_s"] / p["predicted_s"] if p["predicted_s"] else float("nan")
 print(f"profiled cut vs uniform (1f1b, M=8): measured {sp:.2f}x faster (predicted {pred:.2f}x); "
       f"target >= 1.2x: {'PASS' if sp >= 1.2 else 'FAIL'}")
-worst = max(abs(r["step_s"] / r["predicted_s"] - 1) for r in rows if r["predicted_s"])
+# Each configuration once: the first job's second run measures the drift, below.
+predicted = [r for r in rows if r["predicted_s"] and r["name"] != "profile-1f1b-m8-again"]
+worst = max(abs(r["step_s"] / r["predicted_s"] - 1) for r in predicted)
 print(f"largest |measured / predicted - 1| over the jobs: {worst:.3f}; target <= 0.03: "
       f"{'PASS' if worst <= 0.03 else 'FAIL'}")
-errors = sorted(abs(r["step_s"] / r["predicted_s"] - 1) for r in rows if r["predicted_s"])
+errors = [abs(r["step_s"] / r["predicted_s"] - 1) for r in predicted]
 print(f"  jobs within 3%: {sum(e <= 0.03 for e in errors)} of {len(errors)}; median "
-      f"|measured / predicted - 1| {errors[len(errors) // 2]:.3f}")
+      f"|measured / predicted - 1| {statistics.median(errors):.3f}")
 again = next((r for r in rows if r["name"] == "profile-1f1b-m8-again"), None)
 if again:
     print(f"  drift: the first job run again at the end took {again['step_s']:.3f} s against "

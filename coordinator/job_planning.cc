@@ -229,7 +229,8 @@ absl::StatusOr<v1::ModelProfile> JobPlanner::ProfileForJob(const v1::JobSpec& sp
                     env_.rendezvous, spec.pipeline().transport()};
   }
   return MeasureProfile(spec, profiled, env_.profile_timeout, env_.profiles,
-                        peer.has_value() ? &*peer : nullptr);
+                        peer.has_value() ? &*peer : nullptr,
+                        [this] { return !gang_.InterruptStatus().ok(); });
 }
 
 }  // namespace tandem::coordinator

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <system_error>
@@ -59,8 +60,8 @@ RoundAnswers ProfileRound(const std::vector<const ProfiledWorker*>& chosen,
       try {
         calls.emplace_back(call, i);
       } catch (const std::system_error& e) {
-        // No thread to spare (the process is at its limit): this worker's call runs here, so
-        // it is timed alone rather than beside the others, and the coordinator lives on.
+        // No thread to spare (the process is at its limit): this worker's call runs here,
+        // beside those already started and before the rest, and the coordinator lives on.
         spdlog::warn("profiling on {}: no thread ({}); calling it from this one",
                      Named(*chosen[i]->worker), e.what());
         call(i);
@@ -262,7 +263,8 @@ absl::StatusOr<std::vector<v1::LayerProfile>> MergeWorkerProfiles(
 absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec,
                                                 const std::vector<ProfiledWorker>& workers,
                                                 absl::Duration timeout, ProfileStore* store,
-                                                const LinkPeer* peer) {
+                                                const LinkPeer* peer,
+                                                const std::function<bool()>& stop) {
   if (workers.empty()) return absl::InvalidArgumentError("no worker to profile on");
   // The first worker, and those like it (the same device kind and threads, the profile's key)
   // that do not share a GPU with one already chosen (two on one GPU would time each other).
@@ -281,12 +283,23 @@ absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec,
   *req.mutable_spec() = spec;
   for (int g : LayersToProfile(spec.model())) req.add_layers(g);
   const auto t0 = std::chrono::steady_clock::now();
+  // Every round within `timeout` in all: another only when what is left exceeds the last
+  // round's time, and none once the caller stops.
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration last_round = absl::ZeroDuration();
   // Every answer of every round (the median is over all of them), and each round's own merge.
   std::vector<std::vector<v1::LayerProfile>> per_worker;
   std::vector<std::vector<v1::LayerProfile>> rounds;
   absl::Status first_error;
   for (int round = 0; round < kMaxProfileRounds; ++round) {
-    RoundAnswers answers = ProfileRound(chosen, req, timeout, &first_error);
+    const absl::Duration left = deadline - absl::Now();
+    if (round > 0 && (left <= last_round || (stop && stop()))) {
+      spdlog::info("profile: {} round(s) timed, no time or call for another", round);
+      break;
+    }
+    const absl::Time round_start = absl::Now();
+    RoundAnswers answers = ProfileRound(chosen, req, left, &first_error);
+    last_round = absl::Now() - round_start;
     if (answers.layers.empty()) break;
     ASSIGN_OR_RETURN(std::vector<v1::LayerProfile> merged, MergeWorkerProfiles(answers.layers));
     per_worker.insert(per_worker.end(), answers.layers.begin(), answers.layers.end());

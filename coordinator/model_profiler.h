@@ -7,6 +7,7 @@
 #define TANDEM_COORDINATOR_MODEL_PROFILER_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -78,7 +79,8 @@ inline constexpr int kMaxProfiledWorkers = 8;
 // kProfileRounds that agree are enough, otherwise more, up to kMaxProfileRounds, and each time
 // is the median over every round's workers. A round agrees with the first when each layer's
 // forward + backward and input + weight backward are within kProfileRoundAgreement of the
-// first round's (layers under kProfileNegligibleShare of the model's time aside): a busy spell
+// first round's (layers under kProfileNegligibleShare of the profiled layers' forward +
+// backward aside: the embedding, one block and the head, each counted once): a busy spell
 // of the host during one round (measured: one round 29% slow on a head layer, the job then run
 // at the other rounds' speed) would otherwise price every job planned from the profile.
 inline constexpr int kProfileRounds = 2;
@@ -104,7 +106,9 @@ absl::StatusOr<std::vector<v1::LayerProfile>> MergeWorkerProfiles(
 // device kind and threads (the profile's key) that shares no GPU with one already taken time
 // the layers at the same moment (ProfileLayers on all at once), because in a job they compute
 // at once too and, where they share a host, its cores and memory bandwidth; in rounds until two
-// agree (kProfileRounds above); the times of those that answer, in every round, are merged by
+// agree (kProfileRounds above), all within `timeout` (another round only when more is left
+// than the last took, and none once `stop`, optional, says so: the job was cancelled); the
+// times of those that answer, in every round, are merged by
 // MergeWorkerProfiles (one that fails is logged; the error, naming the worker, only when none
 // answers). With `peer` (idle too) it
 // also measures the link from the first worker to it (MeasureLink, sizes from LinkProbeSizes,
@@ -114,7 +118,8 @@ absl::StatusOr<std::vector<v1::LayerProfile>> MergeWorkerProfiles(
 absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec,
                                                 const std::vector<ProfiledWorker>& workers,
                                                 absl::Duration timeout, ProfileStore* store,
-                                                const LinkPeer* peer = nullptr);
+                                                const LinkPeer* peer = nullptr,
+                                                const std::function<bool()>& stop = nullptr);
 
 // For `tandem plan`: a cached profile for any registered worker of the spec's device kind, or
 // one measured on an idle such worker, which is held (BUSY, job "profile") meanwhile so that

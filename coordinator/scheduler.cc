@@ -77,8 +77,8 @@ void Scheduler::Tick() {
     if (absl::Now() < absl::FromUnixMillis(job->not_before_unix_ms())) continue;
     const std::string kind = job->spec().device();
     // An elastic job takes the layout the idle workers allow (common/elastic_layout.h); a
-    // change is recorded only once its gang is allocated, so that a run that did not start
-    // leaves no resize behind.
+    // change is recorded only once its gang is allocated, so that a gang that could not be
+    // had leaves no resize behind.
     std::optional<v1::ResizeEvent> resize;
     if (IsElastic(job->spec())) {
       if (!ChooseElasticLayout(&*job, &resize)) continue;
@@ -87,6 +87,9 @@ void Scheduler::Tick() {
     const int p = GangSize(job->spec());
     auto workers = env_.registry->Allocate(kind, p, id, job->spec().pipeline().stages());
     if (!workers.ok()) {
+      // An elastic layout chosen for the idle workers, one of them gone meanwhile: the next
+      // tick chooses again. The job's reason stays the cause its resize will carry.
+      if (resize.has_value()) continue;
       const v1::PipelineSpec& pipe = job->spec().pipeline();
       env_.store->SetReason(id, env_.registry->AvailabilityText(
                                     kind, p,

@@ -337,6 +337,27 @@ TEST(MeasureProfileTest, TimesAnotherRoundWhenTwoDisagreeAndTakesTheMedian) {
   EXPECT_EQ(d.profiles.load(), kProfileRounds);
 }
 
+// Every round within the timeout: a second only when more is left than the first took; and
+// none once the caller stops (its job cancelled).
+TEST(MeasureProfileTest, RoundsStayWithinTheTimeoutAndStopWhenAsked) {
+  WorkerRecord ra = Record("w-1"), rb = Record("w-2");
+  const v1::JobSpec spec = JobSpecOf(2, 2);
+  FakeWorker a(0), b(1);
+  for (FakeWorker* w : {&a, &b}) w->profile_delay = absl::Milliseconds(300);
+  auto profile = MeasureProfile(spec, {{&ra, &a}, {&rb, &b}}, absl::Milliseconds(500), nullptr);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(a.profiles.load(), 1);  // 200 ms left after a 300 ms round
+  EXPECT_EQ(b.profiles.load(), 1);
+
+  FakeWorker c(2), d(3);
+  int asked = 0;
+  profile = MeasureProfile(spec, {{&ra, &c}, {&rb, &d}}, absl::Seconds(5), nullptr, nullptr,
+                           [&asked] { return ++asked > 0; });
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(c.profiles.load(), 1);
+  EXPECT_EQ(asked, 1);
+}
+
 // A worker whose profile fails is not asked again in the next round; the other's rounds count.
 TEST(MeasureProfileTest, AWorkerThatFailsIsNotAskedAgain) {
   FakeWorker a(0), b(1);
