@@ -77,11 +77,17 @@ inline void ExpectRecomputedContextIsForwards(Layer& layer, const Tensor& x,
   }
 }
 
+// What ExpectForwardWithoutSavingIsForwards measured: the bytes ForwardWithoutSaving reported
+// (0 after a failure) and those of the context Forward filled for the same input.
+struct ForwardWithoutSavingBytes {
+  size_t peak = 0;
+  size_t context = 0;
+};
+
 // The forward of a recomputed micro-batch: `layer`'s ForwardWithoutSaving of `x` must give
-// Forward's output bit for bit, holding no more than Forward's context. Returns the bytes it
-// reported (0 after a failure).
-inline size_t ExpectForwardWithoutSavingIsForwards(Layer& layer, const Tensor& x,
-                                                   const MicroBatchData& data = MicroBatchData{}) {
+// Forward's output bit for bit, holding no more than Forward's context.
+inline ForwardWithoutSavingBytes ExpectForwardWithoutSavingIsForwards(
+    Layer& layer, const Tensor& x, const MicroBatchData& data = MicroBatchData{}) {
   SavedContext ctx;
   Tensor want, got;
   size_t peak = 0;
@@ -91,7 +97,7 @@ inline size_t ExpectForwardWithoutSavingIsForwards(Layer& layer, const Tensor& x
   EXPECT_EQ(got.vec(), want.vec()) << layer.name();
   EXPECT_GT(peak, 0u) << layer.name();
   EXPECT_LE(peak, ctx.Bytes()) << layer.name();
-  return peak;
+  return {peak, ctx.Bytes()};
 }
 
 // Runs `dout` back through `plain` (B), `other` (B) and `split` (I then W), each from the
