@@ -139,7 +139,7 @@ bool Scheduler::ChooseElasticLayout(v1::Job* job, std::optional<v1::ResizeEvent>
     return false;
   }
   const v1::PipelineSpec& from = job->spec().pipeline();
-  const v1::PipelineSpec to = layout->pipeline();
+  const v1::PipelineSpec& to = layout->pipeline();
   if (from.stages() == to.stages() && from.replicas() == to.replicas() &&
       from.micro_batches() == to.micro_batches() &&
       from.micro_batch_size() == to.micro_batch_size()) {
