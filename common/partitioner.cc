@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <optional>
+#include <queue>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -75,6 +79,20 @@ class Costs {
           absl::StrCat("partition: live_micro_batches has ", problem.live_micro_batches.size(),
                        " entries for ", p, " stages (empty means 1 for every stage)"));
     }
+    if (!problem.rank_of_stage.empty()) {
+      if (static_cast<int>(problem.rank_of_stage.size()) != p) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("partition: rank_of_stage has ", problem.rank_of_stage.size(),
+                         " entries for ", p, " stages (empty means one stage per worker)"));
+      }
+      for (int s = 0; s < p; ++s) {
+        if (problem.rank_of_stage[s] < 0 || problem.rank_of_stage[s] >= p) {
+          return absl::InvalidArgumentError(absl::StrCat("partition: rank_of_stage[", s, "] is ",
+                                                         problem.rank_of_stage[s],
+                                                         "; expected 0 to ", p - 1));
+        }
+      }
+    }
     const bool per_stage = !problem.stage_recomputes.empty();
     if (per_stage && static_cast<int>(problem.stage_recomputes.size()) != p) {
       return absl::InvalidArgumentError(
@@ -90,6 +108,11 @@ class Costs {
     }
     Costs c;
     c.problem_ = &problem;
+    c.rank_.resize(p);
+    for (int s = 0; s < p; ++s) {
+      c.rank_[s] = problem.rank_of_stage.empty() ? s : problem.rank_of_stage[s];
+    }
+    c.num_ranks_ = *std::max_element(c.rank_.begin(), c.rank_.end()) + 1;
     c.live_.assign(p, 1);
     int64_t max_live = 0;
     for (int s = 0; s < p && !problem.live_micro_batches.empty(); ++s) {
@@ -117,6 +140,10 @@ class Costs {
 
   int num_layers() const { return static_cast<int>(plain_.seconds.size()) - 1; }
   int num_stages() const { return problem_->num_stages; }
+  int num_ranks() const { return num_ranks_; }
+  int RankOf(int s) const { return rank_[s]; }
+  // Some worker holds several stages: the budget bounds their sum.
+  bool Grouped() const { return num_ranks_ < num_stages(); }
   int64_t budget() const {
     return problem_->memory_budget_bytes > 0 ? problem_->memory_budget_bytes : kNoBytes;
   }
@@ -183,12 +210,25 @@ class Costs {
   Partition Figures(const std::vector<LayerRange>& ranges) const {
     Partition out;
     out.ranges = ranges;
+    out.worker_bytes.assign(num_ranks_, 0);
     for (int s = 0; s < static_cast<int>(ranges.size()); ++s) {
       out.stage_seconds.push_back(StageSeconds(s, ranges[s].begin, ranges[s].end));
       out.stage_bytes.push_back(StageBytes(s, ranges[s].begin, ranges[s].end));
+      int64_t& worker = out.worker_bytes[rank_[s]];
+      if (__builtin_add_overflow(worker, out.stage_bytes.back(), &worker)) worker = kNoBytes;
       out.bottleneck_seconds = std::max(out.bottleneck_seconds, out.stage_seconds.back());
     }
     return out;
+  }
+
+  // "worker 0 needs 9 bytes: stage 0 (...) and stage 3 (...)", for a cut's figures.
+  std::string DescribeWorker(int r, const Partition& figures) const {
+    std::vector<std::string> stages;
+    for (int s = 0; s < num_stages(); ++s) {
+      if (rank_[s] == r) stages.push_back(DescribeStage(s, figures.ranges[s]));
+    }
+    return absl::StrCat("worker ", r, " needs ", figures.worker_bytes[r],
+                        " bytes: ", absl::StrJoin(stages, " and "));
   }
 
  private:
@@ -252,6 +292,8 @@ class Costs {
   const Sums& Of(int s) const { return Recomputes(s) ? recomputed_ : plain_; }
 
   const PartitionProblem* problem_ = nullptr;
+  std::vector<int> rank_;  // per stage: its worker
+  int num_ranks_ = 1;
   std::vector<int> live_;
   std::vector<int64_t> output_;  // per layer, the same in both variants
   Sums plain_, recomputed_;      // a stage's figures: recomputed_ where it Recomputes, else plain_
@@ -263,13 +305,13 @@ class Costs {
 // scan stops as soon as a bound is crossed or the stage alone can no longer beat the best
 // found: every DP stays exact.
 
-// The smallest slowest-stage seconds over the cuts whose every stage has at most max_bytes;
-// kNoSeconds when none.
-double MinBottleneckSeconds(const Costs& c, int64_t max_bytes) {
+// The smallest slowest-stage seconds over the cuts whose every stage s has at most
+// max_bytes[s]; kNoSeconds when none.
+double MinBottleneckSeconds(const Costs& c, const std::vector<int64_t>& max_bytes) {
   const int n = c.num_layers(), p = c.num_stages();
   std::vector<double> prev(n + 1, kNoSeconds), cur(n + 1, kNoSeconds);
   for (int j = 1; j <= n - (p - 1); ++j) {
-    if (c.StageBytes(0, 0, j) > max_bytes) break;
+    if (c.StageBytes(0, 0, j) > max_bytes[0]) break;
     prev[j] = c.StageSeconds(0, 0, j);
   }
   for (int s = 1; s < p; ++s) {
@@ -277,7 +319,7 @@ double MinBottleneckSeconds(const Costs& c, int64_t max_bytes) {
     for (int j = s + 1; j <= n - (p - 1 - s); ++j) {
       double best = kNoSeconds;
       for (int i = j - 1; i >= s; --i) {
-        if (c.StageBytes(s, i, j) > max_bytes) break;
+        if (c.StageBytes(s, i, j) > max_bytes[s]) break;
         const double t = c.StageSeconds(s, i, j);
         if (t >= best) break;
         if (prev[i] == kNoSeconds) continue;
@@ -290,14 +332,14 @@ double MinBottleneckSeconds(const Costs& c, int64_t max_bytes) {
   return prev[n];
 }
 
-// The smallest peak stage bytes over the cuts whose every stage has at most max_seconds and
-// at most max_bytes; kNoBytes when none.
-int64_t MinPeakBytes(const Costs& c, double max_seconds, int64_t max_bytes) {
+// The smallest peak stage bytes over the cuts whose every stage s has at most max_seconds and
+// at most max_bytes[s]; kNoBytes when none.
+int64_t MinPeakBytes(const Costs& c, double max_seconds, const std::vector<int64_t>& max_bytes) {
   const int n = c.num_layers(), p = c.num_stages();
   std::vector<int64_t> prev(n + 1, kNoBytes), cur(n + 1, kNoBytes);
   for (int j = 1; j <= n - (p - 1); ++j) {
     const int64_t m = c.StageBytes(0, 0, j);
-    if (m > max_bytes || c.StageSeconds(0, 0, j) > max_seconds) break;
+    if (m > max_bytes[0] || c.StageSeconds(0, 0, j) > max_seconds) break;
     prev[j] = m;
   }
   for (int s = 1; s < p; ++s) {
@@ -306,7 +348,7 @@ int64_t MinPeakBytes(const Costs& c, double max_seconds, int64_t max_bytes) {
       int64_t best = kNoBytes;
       for (int i = j - 1; i >= s; --i) {
         const int64_t m = c.StageBytes(s, i, j);
-        if (m > max_bytes || m >= best || c.StageSeconds(s, i, j) > max_seconds) break;
+        if (m > max_bytes[s] || m >= best || c.StageSeconds(s, i, j) > max_seconds) break;
         if (prev[i] == kNoBytes) continue;
         best = std::min(best, std::max(prev[i], m));
       }
@@ -318,11 +360,12 @@ int64_t MinPeakBytes(const Costs& c, double max_seconds, int64_t max_bytes) {
 }
 
 // The lexicographically smallest cut (earliest first cut, then second, ...) whose every stage
-// has at most max_seconds and at most max_bytes; empty when none.
-std::vector<LayerRange> EarliestCut(const Costs& c, double max_seconds, int64_t max_bytes) {
+// s has at most max_seconds and at most max_bytes[s]; empty when none.
+std::vector<LayerRange> EarliestCut(const Costs& c, double max_seconds,
+                                    const std::vector<int64_t>& max_bytes) {
   const int n = c.num_layers(), p = c.num_stages();
   auto fits = [&](int s, int i, int j) {
-    return c.StageSeconds(s, i, j) <= max_seconds && c.StageBytes(s, i, j) <= max_bytes;
+    return c.StageSeconds(s, i, j) <= max_seconds && c.StageBytes(s, i, j) <= max_bytes[s];
   };
   // done[s][i]: stages s..P-1 can hold layers [i, n) within the bounds.
   std::vector<std::vector<char>> done(p, std::vector<char>(n + 1, 0));
@@ -351,6 +394,81 @@ std::vector<LayerRange> EarliestCut(const Costs& c, double max_seconds, int64_t 
   return ranges;
 }
 
+// Among the cuts whose every stage s has at most max_bytes[s] and the least bottleneck
+// `seconds` (MinBottleneckSeconds), the one of the least peak stage, then the earliest.
+Partition Cheapest(const Costs& c, double seconds, const std::vector<int64_t>& max_bytes) {
+  const int64_t peak = MinPeakBytes(c, seconds, max_bytes);
+  std::vector<int64_t> bounds = max_bytes;
+  for (int64_t& b : bounds) b = std::min(b, peak);
+  return c.Figures(EarliestCut(c, seconds, bounds));
+}
+
+// The workers of a cut over the budget.
+std::vector<int> WorkersOver(const Costs& c, const Partition& cut) {
+  std::vector<int> over;
+  for (int r = 0; r < c.num_ranks(); ++r) {
+    if (cut.worker_bytes[r] > c.budget()) over.push_back(r);
+  }
+  return over;
+}
+
+// The largest worker's bytes of a cut.
+int64_t PeakWorkerBytes(const Partition& cut) {
+  return *std::max_element(cut.worker_bytes.begin(), cut.worker_bytes.end());
+}
+
+// No cut with one stage per worker fits: the smallest budget that would (exact), and where
+// the cut that needs the least runs over.
+absl::Status NoStageCutFits(const Costs& c, int64_t budget) {
+  const int n = c.num_layers(), p = c.num_stages();
+  const std::vector<int64_t> unlimited(p, kNoBytes);
+  const int64_t needed = MinPeakBytes(c, kNoSeconds, unlimited);
+  const std::vector<LayerRange> lightest =
+      EarliestCut(c, kNoSeconds, std::vector<int64_t>(p, needed));
+  std::vector<std::string> over;
+  for (int s = 0; s < p; ++s) {
+    if (c.StageBytes(s, lightest[s].begin, lightest[s].end) > budget) {
+      over.push_back(c.DescribeStage(s, lightest[s]));
+    }
+  }
+  absl::Status status = absl::ResourceExhaustedError(absl::StrCat(
+      "partition: no cut of ", n, " layers into ", p, " stages fits the memory budget of ", budget,
+      " bytes per worker; the smallest budget that fits is ", needed, " bytes, for stages ",
+      absl::StrJoin(lightest, " ",
+                    [](std::string* out, const LayerRange& r) { out->append(RangeString(r)); }),
+      ", where ", absl::StrJoin(over, " and ")));
+  status.SetPayload(kSmallestBudgetPayload, absl::Cord(absl::StrCat(needed)));
+  return status;
+}
+
+// With several stages per worker, no cut fits (`stopped`: none was found within
+// kMaxWorkerBudgetNodes): the least demanding of the cuts tried and the cut of the least peak
+// stage, its worker's budget as the payload.
+absl::Status NoWorkerCutFits(const Costs& c, std::vector<Partition> tried, bool stopped) {
+  const int n = c.num_layers(), p = c.num_stages();
+  const std::vector<int64_t> unlimited(p, kNoBytes);
+  const int64_t peak = MinPeakBytes(c, kNoSeconds, unlimited);
+  tried.push_back(c.Figures(EarliestCut(c, kNoSeconds, std::vector<int64_t>(p, peak))));
+  const Partition& least =
+      *std::min_element(tried.begin(), tried.end(), [](const Partition& x, const Partition& y) {
+        return PeakWorkerBytes(x) < PeakWorkerBytes(y);
+      });
+  const int64_t needed = PeakWorkerBytes(least);
+  std::vector<std::string> over;
+  for (int r : WorkersOver(c, least)) over.push_back(c.DescribeWorker(r, least));
+  absl::Status status = absl::ResourceExhaustedError(absl::StrCat(
+      "partition: no cut of ", n, " layers into ", p, " stages on ", c.num_ranks(), " workers ",
+      stopped ? absl::StrCat("was found in ", kMaxWorkerBudgetNodes, " tries ") : "", "fits ",
+      "the memory budget of ", c.budget(),
+      " bytes per worker (a worker's stages together); the least demanding tried needs ", needed,
+      " bytes, for stages ",
+      absl::StrJoin(least.ranges, " ",
+                    [](std::string* out, const LayerRange& r) { out->append(RangeString(r)); }),
+      ", where ", absl::StrJoin(over, "; ")));
+  status.SetPayload(kSmallestBudgetPayload, absl::Cord(absl::StrCat(needed)));
+  return status;
+}
+
 }  // namespace
 
 absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
@@ -361,29 +479,95 @@ absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
         absl::StrCat("partition: cannot split ", n, " layers into ", p,
                      " stages: every stage needs at least one layer"));
   }
-  const double seconds = MinBottleneckSeconds(c, c.budget());
+  // Every stage within the whole budget: exact with one stage per worker, and a relaxation
+  // with several (a worker's stages together may exceed it).
+  const std::vector<int64_t> root(p, c.budget());
+  const double seconds = MinBottleneckSeconds(c, root);
   if (seconds == kNoSeconds) {
-    // Name the smallest budget that would fit, and where the cut that needs the least runs over.
-    const int64_t needed = MinPeakBytes(c, kNoSeconds, kNoBytes);
-    const std::vector<LayerRange> lightest = EarliestCut(c, kNoSeconds, needed);
-    std::vector<std::string> over;
-    for (int s = 0; s < p; ++s) {
-      if (c.StageBytes(s, lightest[s].begin, lightest[s].end) > problem.memory_budget_bytes) {
-        over.push_back(c.DescribeStage(s, lightest[s]));
-      }
-    }
-    absl::Status status = absl::ResourceExhaustedError(absl::StrCat(
-        "partition: no cut of ", n, " layers into ", p, " stages fits the memory budget of ",
-        problem.memory_budget_bytes, " bytes per worker; the smallest budget that fits is ", needed,
-        " bytes, for stages ",
-        absl::StrJoin(lightest, " ",
-                      [](std::string* out, const LayerRange& r) { out->append(RangeString(r)); }),
-        ", where ", absl::StrJoin(over, " and ")));
-    status.SetPayload(kSmallestBudgetPayload, absl::Cord(absl::StrCat(needed)));
-    return status;
+    if (!c.Grouped()) return NoStageCutFits(c, problem.memory_budget_bytes);
+    return NoWorkerCutFits(c, {}, false);
   }
-  const int64_t bytes = MinPeakBytes(c, seconds, c.budget());
-  return c.Figures(EarliestCut(c, seconds, bytes));
+  const int64_t budget = c.budget();
+  std::vector<Partition> tried;
+  int solved = 1;  // dynamic programmes run
+  // A cut that fits, quickly: the stages of each worker over the budget capped at their
+  // shares of it (in proportion to their bytes in the cut), and solved again.
+  std::optional<Partition> best;
+  {
+    std::vector<int64_t> caps = root;
+    Partition cut = Cheapest(c, seconds, caps);
+    while (solved < kMaxWorkerBudgetNodes) {
+      const std::vector<int> over = WorkersOver(c, cut);
+      if (over.empty()) {
+        best = std::move(cut);
+        break;
+      }
+      for (int r : over) {
+        const double share = static_cast<double>(budget) / static_cast<double>(cut.worker_bytes[r]);
+        for (int s = 0; s < p; ++s) {
+          if (c.RankOf(s) != r) continue;
+          caps[s] = std::min<int64_t>(
+              {caps[s], std::max<int64_t>(0, cut.stage_bytes[s] - 1),
+               static_cast<int64_t>(std::floor(static_cast<double>(cut.stage_bytes[s]) * share))});
+        }
+      }
+      tried.push_back(std::move(cut));
+      ++solved;
+      const double t = MinBottleneckSeconds(c, caps);
+      if (t == kNoSeconds) break;
+      cut = Cheapest(c, t, caps);
+    }
+  }
+  // Then best first over per-stage caps, for the optimum: a node's least bottleneck under its
+  // caps bounds every cut within them. A cut that puts worker r over the budget has r's
+  // stages s_1 < ... < s_k at x_1, ..., x_k, summing over it, so a cut that fits has a first
+  // stage s_i below its x_i, and then the stages from s_i on within the budget less
+  // x_1 + ... + x_(i-1): one child per i, and together they keep every cut that fits. Nodes
+  // that cannot beat the cut in hand are dropped, so the first node whose cheapest cut fits,
+  // or the cut in hand once none is left, is optimal.
+  struct Node {
+    double seconds;
+    std::vector<int64_t> caps;
+    bool operator>(const Node& o) const { return seconds > o.seconds; }
+  };
+  const auto beats = [&](double t) { return !best.has_value() || t < best->bottleneck_seconds; };
+  std::priority_queue<Node, std::vector<Node>, std::greater<Node>> open;
+  std::set<std::vector<int64_t>> seen = {root};
+  if (beats(seconds)) open.push(Node{seconds, root});
+  while (!open.empty() && solved < kMaxWorkerBudgetNodes) {
+    Node node = open.top();
+    open.pop();
+    if (!beats(node.seconds)) break;
+    Partition cut = Cheapest(c, node.seconds, node.caps);
+    const std::vector<int> over = WorkersOver(c, cut);
+    if (over.empty()) return cut;
+    // The worker furthest over branches.
+    const int r = *std::max_element(over.begin(), over.end(), [&](int x, int y) {
+      return cut.worker_bytes[x] < cut.worker_bytes[y];
+    });
+    int64_t before = 0;  // x_1 + ... + x_(i-1)
+    std::vector<int> stages;
+    for (int s = 0; s < p; ++s) {
+      if (c.RankOf(s) == r) stages.push_back(s);
+    }
+    for (size_t i = 0; i < stages.size() && solved < kMaxWorkerBudgetNodes; ++i) {
+      std::vector<int64_t> caps = node.caps;
+      bool possible = true;
+      for (size_t k = i; k < stages.size(); ++k) {
+        caps[stages[k]] = std::min(caps[stages[k]], budget - before);
+      }
+      caps[stages[i]] = std::min(caps[stages[i]], cut.stage_bytes[stages[i]] - 1);
+      for (size_t k = i; k < stages.size(); ++k) possible = possible && caps[stages[k]] >= 0;
+      before += cut.stage_bytes[stages[i]];
+      if (!possible || !seen.insert(caps).second) continue;
+      ++solved;
+      const double t = MinBottleneckSeconds(c, caps);
+      if (t != kNoSeconds && beats(t)) open.push(Node{t, std::move(caps)});
+    }
+    tried.push_back(std::move(cut));
+  }
+  if (best.has_value()) return *std::move(best);
+  return NoWorkerCutFits(c, std::move(tried), solved >= kMaxWorkerBudgetNodes);
 }
 
 absl::StatusOr<Partition> EvaluatePartition(const PartitionProblem& problem,
@@ -418,18 +602,21 @@ absl::StatusOr<Partition> EvaluatePartition(const PartitionProblem& problem,
                                                    ranges.back().end, " but the model has ", n,
                                                    " layers"));
   }
+  Partition figures = c.Figures(ranges);
   std::vector<std::string> over;
-  for (int s = 0; s < p; ++s) {
-    if (c.StageBytes(s, ranges[s].begin, ranges[s].end) > c.budget()) {
-      over.push_back(c.DescribeStage(s, ranges[s]));
+  for (int r : WorkersOver(c, figures)) {
+    if (c.Grouped()) {
+      over.push_back(c.DescribeWorker(r, figures));
+    } else {
+      over.push_back(c.DescribeStage(r, ranges[r]));  // one stage per worker: stage r
     }
   }
   if (!over.empty()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("partition: ", absl::StrJoin(over, " and "), ", over the memory budget of ",
-                     problem.memory_budget_bytes, " bytes per worker"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "partition: ", absl::StrJoin(over, c.Grouped() ? "; " : " and "),
+        ", over the memory budget of ", problem.memory_budget_bytes, " bytes per worker"));
   }
-  return c.Figures(ranges);
+  return figures;
 }
 
 absl::StatusOr<std::vector<LayerRange>> RangesFromCuts(const std::vector<int>& cuts, int num_layers,

@@ -1,7 +1,8 @@
 // Cutting a model's layer sequence into pipeline stages: the exact minimisation of the
 // slowest stage's time over contiguous cuts at layer boundaries, under a per-worker memory
-// budget. Pure code, no I/O; the costs come from profiling (or from a model's parameter
-// counts, or are all equal).
+// budget (exact with one stage per worker; with several, a search that never exceeds it). Pure
+// code, no I/O; the costs come from profiling (or from a model's parameter counts, or are all
+// equal).
 #ifndef TANDEM_COMMON_PARTITIONER_H_
 #define TANDEM_COMMON_PARTITIONER_H_
 
@@ -51,9 +52,12 @@ struct PartitionProblem {
   // Per stage: how many micro-batches of activations the schedule keeps alive at its peak
   // (1F1B: P - s; GPipe: M). Empty = 1 for every stage.
   std::vector<int> live_micro_batches;
-  // Bytes a worker may use for its stage (static + live x activation + working set +
-  // messages); 0 = unlimited.
+  // Bytes a worker may use for its stages (each: static + live x activation + working set +
+  // workspace + messages); 0 = unlimited.
   int64_t memory_budget_bytes = 0;
+  // The worker holding each stage (interleaved and V schedules place several stages on one
+  // worker, whose bytes then add up under the budget). Empty: one stage per worker.
+  std::vector<int> rank_of_stage;
   // A recomputing stage recomputes all its layers at once (the cuda backend), so it holds the
   // sum of its layers' working sets, not its largest one's.
   bool whole_stage_recompute = false;
@@ -70,25 +74,40 @@ struct Partition {
   std::vector<double> stage_seconds;  // per stage: its layers' seconds + its transfers
   // per stage: static + live x activation (+ working set, workspace, messages)
   std::vector<int64_t> stage_bytes;
+  // per worker (PartitionProblem::rank_of_stage): its stages' stage_bytes together
+  std::vector<int64_t> worker_bytes;
   double bottleneck_seconds = 0.0;  // max of stage_seconds
 };
 
 // The contiguous cut that minimises the slowest stage's time (exact, by dynamic programming
 // over cut points; ties broken towards the smaller peak memory, then the earlier cuts), with
-// every stage holding at least one layer and within the memory budget. INVALID_ARGUMENT for
-// fewer layers than stages; RESOURCE_EXHAUSTED when no cut fits the budget, naming the
-// smallest budget that would.
+// every stage holding at least one layer and every worker within the memory budget.
+// INVALID_ARGUMENT for fewer layers than stages; RESOURCE_EXHAUSTED when no cut fits the
+// budget, naming the smallest budget that would.
 //
-// Precisely: among the cuts whose every stage is within the budget, those with the smallest
-// bottleneck_seconds; among them, those with the smallest max of stage_bytes; among them,
-// the lexicographically smallest vector of cut points (the earliest first cut, then second,
-// ...). Deterministic, and its figures are exactly EvaluatePartition's for its ranges. The
-// RESOURCE_EXHAUSTED message gives the smallest budget that fits (the min over all cuts of
-// the max stage bytes, exact) and, for the cut that attains it, each stage over the budget
-// with its layers and bytes. INVALID_ARGUMENT also for num_stages < 1, negative or non-finite
-// seconds, negative bytes or budget, a live_micro_batches that is neither empty nor
-// num_stages long or has a negative entry, and bytes that would overflow int64. O(P n^2)
-// time at worst (the scans stop early at the bounds), O(P n) memory.
+// Precisely, with one stage per worker: among the cuts whose every stage is within the
+// budget, those with the smallest bottleneck_seconds; among them, those with the smallest max
+// of stage_bytes; among them, the lexicographically smallest vector of cut points (the
+// earliest first cut, then second, ...). Deterministic, and its figures are exactly
+// EvaluatePartition's for its ranges. The RESOURCE_EXHAUSTED message gives the smallest budget
+// that fits (the min over all cuts of the max stage bytes, exact) and, for the cut that attains
+// it, each stage over the budget with its layers and bytes. INVALID_ARGUMENT also for
+// num_stages < 1, negative or non-finite seconds, negative bytes or budget, a
+// live_micro_batches that is neither empty nor num_stages long or has a negative entry, a
+// rank_of_stage that is neither empty nor num_stages long or has a negative entry, and bytes
+// that would overflow int64. O(P n^2) time at worst (the scans stop early at the bounds),
+// O(P n) memory.
+//
+// With several stages on a worker (rank_of_stage) the budget bounds their sum, which couples
+// stages that are not neighbours. The per-stage optimum is taken when every worker fits it;
+// else a cut that fits is sought by capping the stages of each worker over the budget at
+// their shares of it and solving again, and then a best-first branch and bound over
+// per-stage caps (each node solved by the same dynamic programme) looks for a faster one.
+// Exact in its bottleneck when the search ends within kMaxWorkerBudgetNodes programmes (ties
+// broken within the node that finds it); otherwise the best cut found. A cut it returns
+// always fits. Its RESOURCE_EXHAUSTED names the least worker budget among the cuts it tried
+// (a budget that fits: an upper bound of the least) and says when it stopped early.
+inline constexpr int kMaxWorkerBudgetNodes = 64;
 absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem);
 
 // MinMaxPartition's RESOURCE_EXHAUSTED carries the smallest budget that fits, in bytes, as this
@@ -97,10 +116,10 @@ inline constexpr char kSmallestBudgetPayload[] = "type.tandem.dev/smallest_budge
 int64_t SmallestBudgetBytes(const absl::Status& status);
 
 // The figures of a given cut under the problem's costs (for uniform, parameters and manual
-// partitions, and to compare them with the optimum). RESOURCE_EXHAUSTED when a stage exceeds
-// the budget, naming it (every such stage, with its layers and bytes). INVALID_ARGUMENT, naming
-// the stage, when the ranges are not num_stages contiguous non-empty ranges covering
-// [0, layers.size()) in order, and for a problem MinMaxPartition rejects.
+// partitions, and to compare them with the optimum). RESOURCE_EXHAUSTED when a worker exceeds
+// the budget, naming it (every such worker, with its stages' layers and bytes). INVALID_ARGUMENT,
+// naming the stage, when the ranges are not num_stages contiguous non-empty ranges covering [0,
+// layers.size()) in order, and for a problem MinMaxPartition rejects.
 absl::StatusOr<Partition> EvaluatePartition(const PartitionProblem& problem,
                                             const std::vector<LayerRange>& ranges);
 

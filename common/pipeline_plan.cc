@@ -88,6 +88,8 @@ PartitionProblem ProblemFor(const v1::JobSpec& spec, const Schedule& lowered,
     problem.live_micro_batches.push_back(std::max(1, (live + v - 1) / v));
   }
   problem.memory_budget_bytes = spec.pipeline().memory_budget_mb() << 20;
+  // A worker's stages share its budget.
+  problem.rank_of_stage = lowered.placement.rank_of_stage;
   // The cuda backend recomputes a stage at once (cuda_stage_compute.h).
   problem.whole_stage_recompute = spec.device() == "cuda";
   // Each cut carries one micro-batch's activation forward and its gradient back, over the
@@ -128,18 +130,11 @@ absl::Status PlaceRecomputeInIdleTime(const v1::JobSpec& spec, PipelinePlan* pla
   std::vector<double> limit = plain.peak_activation_bytes;
   const int64_t budget = spec.pipeline().memory_budget_mb() << 20;
   if (budget > 0) {
+    // What the plan counts beside the activations (parameters, gradients and optimizer state,
+    // messages) stays: a worker's activations may rise by what its stages leave of the budget.
+    const std::vector<int64_t> worker = WorkerBytes(*plan);
     for (int r = 0; r < placement.num_ranks; ++r) {
-      // What the plan counts beside the activations (parameters, gradients and optimizer
-      // state, messages) stays; the rise is shared by the rank's stages, so the fullest of them
-      // bounds it.
-      const std::vector<int> stages = placement.StagesOf(r);
-      int64_t fullest = 0;
-      for (int s : stages) {
-        if (s < static_cast<int>(plan->stage_bytes.size())) {
-          fullest = std::max(fullest, plan->stage_bytes[s]);
-        }
-      }
-      const double headroom = static_cast<double>(budget - fullest) * stages.size();
+      const double headroom = static_cast<double>(budget - worker[r]);
       limit[r] = std::max(limit[r], plain.peak_activation_bytes[r] + headroom);
     }
   }
@@ -207,6 +202,15 @@ absl::Status RebuildZBAuto(const v1::JobSpec& spec, const v1::ModelProfile& prof
 }
 
 }  // namespace
+
+std::vector<int64_t> WorkerBytes(const PipelinePlan& plan) {
+  if (plan.stage_bytes.empty()) return {};
+  std::vector<int64_t> worker(static_cast<size_t>(plan.num_ranks()), 0);
+  for (int s = 0; s < plan.num_stages() && s < static_cast<int>(plan.stage_bytes.size()); ++s) {
+    worker[plan.schedule.placement.rank_of_stage[s]] += plan.stage_bytes[s];
+  }
+  return worker;
+}
 
 std::vector<int> LayersToProfile(const v1::ModelSpec& model) {
   const int n = NumLayers(model);
@@ -432,9 +436,11 @@ absl::StatusOr<PipelinePlan> PlanAutoRecompute(const v1::JobSpec& spec,
     unbounded.mutable_pipeline()->set_memory_budget_mb(0);
     ASSIGN_OR_RETURN(PipelinePlan at_cut, PlanWith(unbounded, profile, {}));
     const int64_t budget = spec.pipeline().memory_budget_mb() << 20;
+    // The stages of every worker over the budget there.
+    const std::vector<int64_t> worker = WorkerBytes(at_cut);
     std::vector<bool> needs(static_cast<size_t>(p), false);
     for (int s = 0; s < p && s < static_cast<int>(at_cut.stage_bytes.size()); ++s) {
-      needs[s] = at_cut.stage_bytes[s] > budget;
+      needs[s] = worker[at_cut.schedule.placement.rank_of_stage[s]] > budget;
     }
     tried.insert(needs);
   }

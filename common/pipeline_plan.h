@@ -62,6 +62,10 @@ struct PipelinePlan {
   int num_stages() const { return schedule.placement.num_stages(); }
 };
 
+// Per worker, its stages' stage_bytes together: what memory_budget_mb bounds (a worker holds
+// several stages under interleaved and V schedules). Empty without a profile.
+std::vector<int64_t> WorkerBytes(const PipelinePlan& plan);
+
 // partition: profile keeps the uniform cut when its slowest stage is within this fraction of
 // the optimum's.
 inline constexpr double kUniformTolerance = 0.03;

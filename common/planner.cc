@@ -30,10 +30,10 @@ int64_t ReplicaBatch(const v1::JobSpec& spec) {
   return int64_t{spec.pipeline().micro_batch_size()} * spec.pipeline().micro_batches();
 }
 
-// The largest stage's bytes of a plan, 0 without a profile.
-int64_t PeakStageBytes(const PipelinePlan& plan) {
+// The fullest worker's bytes of a plan (its stages' together), 0 without a profile.
+int64_t PeakWorkerBytes(const PipelinePlan& plan) {
   int64_t peak = 0;
-  for (int64_t b : plan.stage_bytes) peak = std::max(peak, b);
+  for (int64_t b : WorkerBytes(plan)) peak = std::max(peak, b);
   return peak;
 }
 
@@ -197,7 +197,7 @@ std::vector<PlanCandidate> SearchPlans(const v1::JobSpec& written, const Profile
           for (const ActionCosts& s : plan->stage_costs) {
             c.slowest_stage_seconds = std::max(c.slowest_stage_seconds, s.forward + s.backward);
           }
-          c.peak_stage_bytes = PeakStageBytes(*plan);
+          c.peak_stage_bytes = PeakWorkerBytes(*plan);
           c.reduce_exposed_seconds = plan->predicted_reduce_exposed_seconds;
           if (c.step_seconds > 0) {
             c.tokens_per_second =

@@ -41,8 +41,9 @@ struct PlanCandidate {
   double step_seconds = 0.0;  // predicted, from the profile at this micro-batch shape
   double bubble = 0.0;
   double slowest_stage_seconds = 0.0;  // forward + backward per micro-batch
-  int64_t peak_stage_bytes = 0;        // the largest stage's memory at the schedule's peak
-  double tokens_per_second = 0.0;      // global batch x seq_len / step
+  // The fullest worker's memory at the schedule's peak (its stages' together: WorkerBytes).
+  int64_t peak_stage_bytes = 0;
+  double tokens_per_second = 0.0;  // global batch x seq_len / step
   // R > 1: the gradient reduction's tail past the slowest rank's last compute (predicted).
   double reduce_exposed_seconds = 0.0;
 };

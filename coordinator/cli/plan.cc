@@ -311,7 +311,7 @@ std::string FormatPlannerSearch(const v1::JobSpec& spec,
       "way (a profile per micro-batch size; the same gradient for every split):\n",
       workers, workers == 1 ? "" : "s", batch);
   Table table({"STAGES x REPLICAS", "SCHEDULE", "CHUNKS", "M x SIZE", "STEP", "TOKENS/S", "BUBBLE",
-               "REDUCE EXPOSED", "SLOWEST STAGE", "PEAK STAGE MEMORY"});
+               "REDUCE EXPOSED", "SLOWEST STAGE", "PEAK WORKER MEMORY"});
   int shown = 0, infeasible = 0;
   for (const PlanCandidate& c : candidates) {
     if (!c.status.ok()) {
@@ -429,8 +429,8 @@ std::string FormatScheduleComparison(const v1::JobSpec& spec, const v1::ModelPro
     for (int n : sim->peak_live_micro_batches) {
       live.push_back(absl::StrFormat("%g", static_cast<double>(n) / v));
     }
-    int64_t peak_bytes = 0;
-    for (int64_t b : plan->stage_bytes) peak_bytes = std::max(peak_bytes, b);
+    int64_t peak_bytes = 0;  // the fullest worker's, its stages' together
+    for (int64_t b : WorkerBytes(*plan)) peak_bytes = std::max(peak_bytes, b);
     if (fastest < 0 || step < fastest_step) {
       fastest = static_cast<int>(rows.size());
       fastest_step = step;

@@ -328,7 +328,7 @@ class PlanCandidate:
     reason: str                  # why it cannot run; "" when feasible
     step_seconds: float          # predicted
     bubble: float
-    peak_stage_bytes: int
+    peak_stage_bytes: int        # the fullest worker's memory, its stages' together
     tokens_per_second: float
     reduce_exposed_seconds: float
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <iostream>
 #include <numeric>
 #include <random>
 #include <string>
@@ -153,6 +154,60 @@ TEST(MinMaxPartition, InfeasibleBudgetNamesTheSmallestThatFits) {
   EXPECT_THAT(CutsOf(*got), ElementsAre(2));
   EXPECT_EQ(got->bottleneck_seconds, 18.0);
   EXPECT_THAT(got->stage_bytes, ElementsAre(20, 22));
+}
+
+// Several stages per worker (a V placement: worker 0 holds stages 0 and 3, worker 1 stages 1
+// and 2): the budget bounds each worker's stages together. Eight layers of 1 s, the first and
+// the last 10 bytes, the others 1. Unbounded, two layers per stage (bottleneck 2) with the
+// peak stage least, cuts {2, 4, 6}: worker 0 holds 11 + 11 = 22 bytes. Within 20 per worker,
+// worker 0's stages can hold only layers 0 and 7, so the other six split 3 + 3: cuts
+// {1, 4, 7}, bottleneck 3. Within 19 nothing fits, and the least demanding cut needs 20.
+PartitionProblem VShaped() {
+  PartitionProblem p = Problem({1, 1, 1, 1, 1, 1, 1, 1}, 4);
+  for (int l = 0; l < 8; ++l) p.layers[l].static_bytes = l == 0 || l == 7 ? 10 : 1;
+  p.rank_of_stage = {0, 1, 1, 0};
+  return p;
+}
+
+TEST(MinMaxPartition, TheBudgetBoundsAWorkersStagesTogether) {
+  PartitionProblem p = VShaped();
+  absl::StatusOr<Partition> free = MinMaxPartition(p);
+  ASSERT_TRUE(free.ok()) << free.status();
+  EXPECT_THAT(CutsOf(*free), ElementsAre(2, 4, 6));
+  EXPECT_THAT(free->stage_bytes, ElementsAre(11, 2, 2, 11));
+  EXPECT_THAT(free->worker_bytes, ElementsAre(22, 4));
+
+  // Every stage alone fits 20; worker 0's two do not.
+  p.memory_budget_bytes = 20;
+  absl::StatusOr<Partition> over = EvaluatePartition(p, free->ranges);
+  ASSERT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted) << over.status();
+  EXPECT_THAT(over.status().message(),
+              HasSubstr("worker 0 needs 22 bytes: stage 0 (layers [0, 2)) needs 11 bytes"));
+  EXPECT_THAT(over.status().message(), HasSubstr("and stage 3 (layers [6, 8)) needs 11 bytes"));
+  EXPECT_THAT(over.status().message(), ::testing::Not(HasSubstr("worker 1")));
+
+  absl::StatusOr<Partition> got = MinMaxPartition(p);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(CutsOf(*got), ElementsAre(1, 4, 7));
+  EXPECT_EQ(got->bottleneck_seconds, 3.0);
+  EXPECT_THAT(got->worker_bytes, ElementsAre(20, 6));
+  ExpectConsistent(p, *got);
+
+  p.memory_budget_bytes = 19;
+  got = MinMaxPartition(p);
+  ASSERT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
+  EXPECT_THAT(got.status().message(), HasSubstr("budget of 19 bytes per worker"));
+  EXPECT_THAT(got.status().message(), HasSubstr("the least demanding tried needs 20 bytes"));
+  EXPECT_THAT(got.status().message(), HasSubstr("worker 0 needs 20 bytes"));
+  EXPECT_EQ(SmallestBudgetBytes(got.status()), 20);
+
+  // One stage per worker as before: each stage within 20 on its own.
+  p.rank_of_stage.clear();
+  p.memory_budget_bytes = 20;
+  got = MinMaxPartition(p);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(CutsOf(*got), ElementsAre(2, 4, 6));
+  EXPECT_THAT(got->worker_bytes, ElementsAre(11, 2, 2, 11));
 }
 
 // A single layer over the budget: every cut holds it, and the message names its stage.
@@ -389,6 +444,7 @@ Brute BruteForce(const PartitionProblem& p) {
     if (static_cast<int>(cuts.size()) == stages - 1) {
       double slowest = 0;
       int64_t peak = 0;
+      std::vector<int64_t> worker(stages, 0);
       for (int s = 0; s < stages; ++s) {
         const int b = s == 0 ? 0 : cuts[s - 1], e = s == stages - 1 ? n : cuts[s];
         // The stage's own variant of the layers' costs.
@@ -413,8 +469,12 @@ Brute BruteForce(const PartitionProblem& p) {
         if (stages > 1) t += (s == 0 || s == stages - 1 ? 1 : 2) * p.transfer_seconds;
         const int live = p.live_micro_batches.empty() ? 1 : p.live_micro_batches[s];
         slowest = std::max(slowest, t);
-        peak = std::max(peak, st + live * act + (p.whole_stage_recompute ? sum : most) + workspace);
+        const int64_t bytes = st + live * act + (p.whole_stage_recompute ? sum : most) + workspace;
+        peak = std::max(peak, bytes);
+        worker[p.rank_of_stage.empty() ? s : p.rank_of_stage[s]] += bytes;
       }
+      // With several stages on a worker, the budget (and so the peak) is the worker's.
+      if (!p.rank_of_stage.empty()) peak = *std::max_element(worker.begin(), worker.end());
       out.min_peak = std::min(out.min_peak, peak);
       if (p.memory_budget_bytes > 0 && peak > p.memory_budget_bytes) return;
       // Enumerated in lexicographic order: keep the first of equals.
@@ -519,6 +579,61 @@ void CrossCheck(bool integer_seconds, uint32_t seed) {
 
 TEST(MinMaxPartition, MatchesBruteForceWithIntegerCosts) { CrossCheck(true, 20240601); }
 TEST(MinMaxPartition, MatchesBruteForceWithRealCosts) { CrossCheck(false, 7); }
+
+// Several stages per worker (v = 2 on 1 to 3 workers, interleaved or V, up to 10 layers),
+// integer costs: the branch and bound finds a cut within the budget exactly when brute force
+// does, with the brute force's bottleneck; every worker of it fits; a refusal names a budget
+// no smaller than the least any cut needs.
+TEST(MinMaxPartition, KeepsEveryWorkerWithinTheBudgetWithSeveralStagesEach) {
+  std::mt19937 rng(20261205);
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  int feasible = 0, found = 0, optimal = 0, refused = 0, bound = 0;
+  for (int trial = 0; trial < 1500; ++trial) {
+    const int workers = uniform(1, 3), stages = 2 * workers;
+    const int n = uniform(stages, 10);
+    PartitionProblem p;
+    p.num_stages = stages;
+    for (int l = 0; l < n; ++l) {
+      p.layers.push_back(
+          LayerCost{static_cast<double>(uniform(0, 9)), uniform(0, 20), uniform(0, 10)});
+    }
+    for (int s = 0; s < stages; ++s) {
+      // interleaved: s mod P; V: down the workers and back up.
+      const bool v_shape = trial % 2 == 1;
+      p.rank_of_stage.push_back(v_shape && s >= workers ? stages - 1 - s : s % workers);
+      p.live_micro_batches.push_back(uniform(1, 3));
+    }
+    const Brute unlimited = BruteForce(p);
+    p.memory_budget_bytes = std::max<int64_t>(1, unlimited.min_peak + uniform(-5, 30));
+    const Brute brute = BruteForce(p);
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << ": " << n << " layers, " << stages
+                                      << " stages, budget " << p.memory_budget_bytes);
+    absl::StatusOr<Partition> got = MinMaxPartition(p);
+    if (brute.feasible && brute.bottleneck > unlimited.bottleneck) ++bound;
+    if (!got.ok()) {
+      ASSERT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
+      ++refused;
+      // The budget it names is one a cut needs: at least the least there is.
+      EXPECT_GE(SmallestBudgetBytes(got.status()), unlimited.min_peak);
+      EXPECT_FALSE(brute.feasible) << "refused, but a cut fits";
+      if (brute.feasible) ++feasible;
+      continue;
+    }
+    ASSERT_TRUE(brute.feasible) << "a cut within the budget that brute force says does not exist";
+    ++feasible;
+    ++found;
+    for (int64_t b : got->worker_bytes) EXPECT_LE(b, p.memory_budget_bytes);
+    ExpectConsistent(p, *got);
+    EXPECT_EQ(got->bottleneck_seconds, brute.bottleneck);
+    if (got->bottleneck_seconds == brute.bottleneck) ++optimal;
+  }
+  std::cout << "feasible " << feasible << ", found " << found << ", optimal " << optimal
+            << ", refused " << refused << ", budget-bound " << bound << "\n";
+  EXPECT_GT(refused - (feasible - found), 50);  // truly infeasible budgets are exercised
+  EXPECT_GT(bound, 50);                         // and budgets that slow the optimum
+  EXPECT_EQ(found, feasible);
+  EXPECT_EQ(optimal, found);
+}
 
 // ---- evaluating a given cut
 

@@ -574,6 +574,33 @@ TEST(PlanPipelineTest, NoCutFitsATinyMemoryBudget) {
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
 }
 
+// memory_budget_mb is per worker: under an interleaved schedule a worker holds two stages,
+// and their bytes count together. 8 layers of 1 MiB of weights on 2 workers: every stage fits
+// 3 MiB on its own, but each worker holds at least 4 MiB.
+TEST(PlanPipelineTest, TheBudgetIsAWorkersWithSeveralStagesEach) {
+  v1::JobSpec spec = Spec("interleaved_1f1b", 2, 4);
+  spec.mutable_pipeline()->set_chunks(2);
+  const v1::ModelProfile profile = UnitProfile(spec);
+  spec.mutable_pipeline()->set_memory_budget_mb(3);
+  absl::StatusOr<PipelinePlan> plan = PlanPipeline(spec, &profile);
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
+  EXPECT_THAT(plan.status().message(), HasSubstr("a worker's stages together"));
+  EXPECT_THAT(plan.status().message(), HasSubstr("worker 0 needs"));
+  EXPECT_GE(SmallestBudgetBytes(plan.status()), int64_t{4} << 20);
+
+  spec.mutable_pipeline()->set_memory_budget_mb(5);
+  plan = PlanPipeline(spec, &profile);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const std::vector<int64_t> worker = WorkerBytes(*plan);
+  ASSERT_EQ(worker.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_LE(worker[r], int64_t{5} << 20) << "worker " << r;
+    int64_t sum = 0;
+    for (int s : plan->schedule.placement.StagesOf(r)) sum += plan->stage_bytes[s];
+    EXPECT_EQ(worker[r], sum);
+  }
+}
+
 TEST(StageProgramForTest, EachRankGetsItsStagesAndActions) {
   const v1::JobSpec spec = Spec("1f1b", 4, 8);
   absl::StatusOr<PipelinePlan> plan = PlanPipeline(spec);
