@@ -113,6 +113,8 @@ class Costs {
       c.rank_[s] = problem.rank_of_stage.empty() ? s : problem.rank_of_stage[s];
     }
     c.num_ranks_ = *std::max_element(c.rank_.begin(), c.rank_.end()) + 1;
+    std::vector<int> held(c.num_ranks_, 0);
+    for (int r : c.rank_) c.grouped_ = c.grouped_ || ++held[r] > 1;
     c.live_.assign(p, 1);
     int64_t max_live = 0;
     for (int s = 0; s < p && !problem.live_micro_batches.empty(); ++s) {
@@ -143,7 +145,7 @@ class Costs {
   int num_ranks() const { return num_ranks_; }
   int RankOf(int s) const { return rank_[s]; }
   // Some worker holds several stages: the budget bounds their sum.
-  bool Grouped() const { return num_ranks_ < num_stages(); }
+  bool Grouped() const { return grouped_; }
   int64_t budget() const {
     return problem_->memory_budget_bytes > 0 ? problem_->memory_budget_bytes : kNoBytes;
   }
@@ -294,6 +296,7 @@ class Costs {
   const PartitionProblem* problem_ = nullptr;
   std::vector<int> rank_;  // per stage: its worker
   int num_ranks_ = 1;
+  bool grouped_ = false;
   std::vector<int> live_;
   std::vector<int64_t> output_;  // per layer, the same in both variants
   Sums plain_, recomputed_;      // a stage's figures: recomputed_ where it Recomputes, else plain_
@@ -457,11 +460,13 @@ absl::Status NoWorkerCutFits(const Costs& c, std::vector<Partition> tried, bool 
   std::vector<std::string> over;
   for (int r : WorkersOver(c, least)) over.push_back(c.DescribeWorker(r, least));
   absl::Status status = absl::ResourceExhaustedError(absl::StrCat(
-      "partition: no cut of ", n, " layers into ", p, " stages on ", c.num_ranks(), " workers ",
-      stopped ? absl::StrCat("was found in ", kMaxWorkerBudgetNodes, " tries ") : "", "fits ",
-      "the memory budget of ", c.budget(),
-      " bytes per worker (a worker's stages together); the least demanding tried needs ", needed,
-      " bytes, for stages ",
+      "partition: no cut of ", n, " layers into ", p, " stages on ", c.num_ranks(),
+      " workers fits the memory budget of ", c.budget(),
+      " bytes per worker (a worker's stages together)",
+      stopped ? absl::StrCat(" among those tried (the search stops after ", kMaxWorkerBudgetNodes,
+                             " programmes)")
+              : "",
+      "; the least demanding tried needs ", needed, " bytes, for stages ",
       absl::StrJoin(least.ranges, " ",
                     [](std::string* out, const LayerRange& r) { out->append(RangeString(r)); }),
       ", where ", absl::StrJoin(over, "; ")));
@@ -496,12 +501,13 @@ absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
   {
     std::vector<int64_t> caps = root;
     Partition cut = Cheapest(c, seconds, caps);
-    while (solved < kMaxWorkerBudgetNodes) {
+    for (;;) {
       const std::vector<int> over = WorkersOver(c, cut);
       if (over.empty()) {
         best = std::move(cut);
         break;
       }
+      if (solved >= kMaxWorkerBudgetNodes) break;
       for (int r : over) {
         const double share = static_cast<double>(budget) / static_cast<double>(cut.worker_bytes[r]);
         for (int s = 0; s < p; ++s) {
@@ -534,7 +540,8 @@ absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
   std::priority_queue<Node, std::vector<Node>, std::greater<Node>> open;
   std::set<std::vector<int64_t>> seen = {root};
   if (beats(seconds)) open.push(Node{seconds, root});
-  while (!open.empty() && solved < kMaxWorkerBudgetNodes) {
+  bool stopped = false;  // a node's children were left unsolved: the search is not exhaustive
+  while (!open.empty() && !stopped) {
     Node node = open.top();
     open.pop();
     if (!beats(node.seconds)) break;
@@ -550,7 +557,7 @@ absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
     for (int s = 0; s < p; ++s) {
       if (c.RankOf(s) == r) stages.push_back(s);
     }
-    for (size_t i = 0; i < stages.size() && solved < kMaxWorkerBudgetNodes; ++i) {
+    for (size_t i = 0; i < stages.size(); ++i) {
       std::vector<int64_t> caps = node.caps;
       bool possible = true;
       for (size_t k = i; k < stages.size(); ++k) {
@@ -558,8 +565,12 @@ absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
       }
       caps[stages[i]] = std::min(caps[stages[i]], cut.stage_bytes[stages[i]] - 1);
       for (size_t k = i; k < stages.size(); ++k) possible = possible && caps[stages[k]] >= 0;
-      before += cut.stage_bytes[stages[i]];
+      if (__builtin_add_overflow(before, cut.stage_bytes[stages[i]], &before)) before = kNoBytes;
       if (!possible || !seen.insert(caps).second) continue;
+      if (solved >= kMaxWorkerBudgetNodes) {
+        stopped = true;
+        break;
+      }
       ++solved;
       const double t = MinBottleneckSeconds(c, caps);
       if (t != kNoSeconds && beats(t)) open.push(Node{t, std::move(caps)});
@@ -567,7 +578,7 @@ absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
     tried.push_back(std::move(cut));
   }
   if (best.has_value()) return *std::move(best);
-  return NoWorkerCutFits(c, std::move(tried), solved >= kMaxWorkerBudgetNodes);
+  return NoWorkerCutFits(c, std::move(tried), stopped);
 }
 
 absl::StatusOr<Partition> EvaluatePartition(const PartitionProblem& problem,
@@ -604,11 +615,11 @@ absl::StatusOr<Partition> EvaluatePartition(const PartitionProblem& problem,
   }
   Partition figures = c.Figures(ranges);
   std::vector<std::string> over;
-  for (int r : WorkersOver(c, figures)) {
-    if (c.Grouped()) {
-      over.push_back(c.DescribeWorker(r, figures));
-    } else {
-      over.push_back(c.DescribeStage(r, ranges[r]));  // one stage per worker: stage r
+  if (c.Grouped()) {
+    for (int r : WorkersOver(c, figures)) over.push_back(c.DescribeWorker(r, figures));
+  } else {
+    for (int s = 0; s < p; ++s) {  // one stage per worker: its worker's bytes are the stage's
+      if (figures.stage_bytes[s] > c.budget()) over.push_back(c.DescribeStage(s, ranges[s]));
     }
   }
   if (!over.empty()) {

@@ -79,11 +79,16 @@ struct Partition {
   double bottleneck_seconds = 0.0;  // max of stage_seconds
 };
 
+// With several stages per worker, MinMaxPartition's search runs at most this many dynamic
+// programmes (below).
+inline constexpr int kMaxWorkerBudgetNodes = 64;
+
 // The contiguous cut that minimises the slowest stage's time (exact, by dynamic programming
 // over cut points; ties broken towards the smaller peak memory, then the earlier cuts), with
 // every stage holding at least one layer and every worker within the memory budget.
 // INVALID_ARGUMENT for fewer layers than stages; RESOURCE_EXHAUSTED when no cut fits the
-// budget, naming the smallest budget that would.
+// budget, naming the smallest budget that would (with several stages per worker, a budget
+// that would: see below).
 //
 // Precisely, with one stage per worker: among the cuts whose every stage is within the
 // budget, those with the smallest bottleneck_seconds; among them, those with the smallest max
@@ -94,24 +99,26 @@ struct Partition {
 // it, each stage over the budget with its layers and bytes. INVALID_ARGUMENT also for
 // num_stages < 1, negative or non-finite seconds, negative bytes or budget, a
 // live_micro_batches that is neither empty nor num_stages long or has a negative entry, a
-// rank_of_stage that is neither empty nor num_stages long or has a negative entry, and bytes
-// that would overflow int64. O(P n^2) time at worst (the scans stop early at the bounds),
-// O(P n) memory.
+// rank_of_stage that is neither empty nor num_stages long or has an entry outside
+// [0, num_stages), and bytes that would overflow int64. O(P n^2) time per programme at worst
+// (the scans stop early at the bounds), O(P n) memory.
 //
-// With several stages on a worker (rank_of_stage) the budget bounds their sum, which couples
-// stages that are not neighbours. The per-stage optimum is taken when every worker fits it;
-// else a cut that fits is sought by capping the stages of each worker over the budget at
-// their shares of it and solving again, and then a best-first branch and bound over
-// per-stage caps (each node solved by the same dynamic programme) looks for a faster one.
-// Exact in its bottleneck when the search ends within kMaxWorkerBudgetNodes programmes (ties
-// broken within the node that finds it); otherwise the best cut found. A cut it returns
-// always fits. Its RESOURCE_EXHAUSTED names the least worker budget among the cuts it tried
-// (a budget that fits: an upper bound of the least) and says when it stopped early.
-inline constexpr int kMaxWorkerBudgetNodes = 64;
+// With several stages on a worker (rank_of_stage; the ranks need not all be used) the budget
+// bounds their sum, which couples stages that are not neighbours. The per-stage optimum is
+// taken when every worker fits it; else a cut that fits is sought by capping the stages of
+// each worker over the budget at their shares of it and solving again, and then a best-first
+// branch and bound over per-stage caps (each node solved by the same dynamic programme) looks
+// for a faster one. Exact in its bottleneck when the search ends within kMaxWorkerBudgetNodes
+// programmes (ties are broken by the peak stage within the node that finds it, not over all
+// cuts); otherwise the best cut found. A cut it returns always fits. Its RESOURCE_EXHAUSTED
+// names, and carries as the payload, the least worker budget among the cuts it tried: a
+// budget that fits, an upper bound of the least (compared with other candidates' exact
+// figures it may overstate this one's), and says when the search stopped early.
 absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem);
 
-// MinMaxPartition's RESOURCE_EXHAUSTED carries the smallest budget that fits, in bytes, as this
-// payload (decimal); SmallestBudgetBytes reads it (0 for any other status).
+// MinMaxPartition's RESOURCE_EXHAUSTED carries the smallest budget that fits (with several
+// stages per worker, one that fits), in bytes, as this payload (decimal); SmallestBudgetBytes reads
+// it (0 for any other status).
 inline constexpr char kSmallestBudgetPayload[] = "type.tandem.dev/smallest_budget_bytes";
 int64_t SmallestBudgetBytes(const absl::Status& status);
 

@@ -405,10 +405,10 @@ absl::StatusOr<PipelinePlan> PlanWith(const v1::JobSpec& spec, const v1::ModelPr
 // each with the cut chosen for it (the partitioner costs each stage its own variant). Tried:
 // full recomputation; every set for up to kAutoRecomputeExhaustive stages; beyond, the first
 // k stages for every k (under 1F1B the earlier stages keep more micro-batches) and the stages
-// that do not fit without recomputation at full recomputation's cut. Full recomputation need
-// not be the set that needs the least memory (a recomputing stage holds a working set beside
-// its checkpoints, and on cuda the stage's whole one), so a job is refused only when no set
-// fits, naming the smallest budget over every set tried.
+// of the workers that do not fit without recomputation at full recomputation's cut. Full
+// recomputation need not be the set that needs the least memory (a recomputing stage holds a
+// working set beside its checkpoints, and on cuda the stage's whole one), so a job is refused only
+// when no set fits, naming the smallest budget over every set tried.
 absl::StatusOr<PipelinePlan> PlanAutoRecompute(const v1::JobSpec& spec,
                                                const v1::ModelProfile* profile) {
   v1::JobSpec none = spec;

@@ -71,13 +71,14 @@ std::vector<int64_t> WorkerBytes(const PipelinePlan& plan);
 inline constexpr double kUniformTolerance = 0.03;
 
 // pipeline.recompute: auto tries every set of recomputing stages up to this many stages (each
-// with its own cut; 2^P - 2 plans); beyond, the first k stages for every k and the stages that
-// do not fit at full recomputation's cut.
+// with its own cut; 2^P - 2 plans); beyond, the first k stages for every k and the stages of
+// the workers that do not fit at full recomputation's cut.
 inline constexpr int kAutoRecomputeExhaustive = 4;
 
 // INVALID_ARGUMENT (the schedule's, the validator's or the partition's message) when the spec's
 // pipeline cannot run; RESOURCE_EXHAUSTED when no cut fits pipeline.memory_budget_mb (naming
-// the smallest budget that would, also as SmallestBudgetBytes). The spec must have its defaults
+// the smallest budget that would, also as SmallestBudgetBytes; where a worker holds several
+// stages, the least of the cuts tried: common/partitioner.h). The spec must have its defaults
 // filled in (WithDefaults). `profile` (one entry per global layer, as ProfileModel returns it)
 // drives partition: profile (without one it cuts by parameter counts) and gives every plan its
 // predicted per-stage costs. pipeline.recompute: auto plans without recomputation where that

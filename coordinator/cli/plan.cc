@@ -455,7 +455,8 @@ std::string FormatScheduleComparison(const v1::JobSpec& spec, const v1::ModelPro
                             profile->device(), profile->threads())
           : "Predicted with unit costs (a worker's forward 1, backward 2; transfers free). ",
       "PEAK LIVE PER RANK: the most micro-batches of each worker's activations held at once "
-      "(a chunk's count 1/chunks); PEAK MEM: the largest stage's predicted bytes; SENDS: "
+      "(a chunk's count 1/chunks); PEAK MEM: the fullest worker's predicted bytes (its stages "
+      "together); SENDS: "
       "activations and gradients sent between workers per step. Schedules that do not fit "
       "the job (its micro-batches, layers or memory_budget_mb) say why.\n",
       table.Render());

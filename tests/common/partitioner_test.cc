@@ -44,6 +44,7 @@ void ExpectConsistent(const PartitionProblem& problem, const Partition& got) {
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->stage_seconds, got.stage_seconds);
   EXPECT_EQ(again->stage_bytes, got.stage_bytes);
+  EXPECT_EQ(again->worker_bytes, got.worker_bytes);
   EXPECT_EQ(again->bottleneck_seconds, got.bottleneck_seconds);
   EXPECT_EQ(*std::max_element(got.stage_seconds.begin(), got.stage_seconds.end()),
             got.bottleneck_seconds);
@@ -200,6 +201,15 @@ TEST(MinMaxPartition, TheBudgetBoundsAWorkersStagesTogether) {
   EXPECT_THAT(got.status().message(), HasSubstr("the least demanding tried needs 20 bytes"));
   EXPECT_THAT(got.status().message(), HasSubstr("worker 0 needs 20 bytes"));
   EXPECT_EQ(SmallestBudgetBytes(got.status()), 20);
+
+  // One stage per worker in another order: the messages still name the stage over.
+  PartitionProblem swapped = HeavyFront();
+  swapped.rank_of_stage = {1, 0};
+  swapped.memory_budget_bytes = 30;
+  absl::StatusOr<Partition> heavy = EvaluatePartition(swapped, {{0, 4}, {4, 6}});
+  ASSERT_EQ(heavy.status().code(), absl::StatusCode::kResourceExhausted) << heavy.status();
+  EXPECT_THAT(heavy.status().message(), HasSubstr("stage 0 (layers [0, 4)) needs 40 bytes"));
+  EXPECT_THAT(heavy.status().message(), ::testing::Not(HasSubstr("needs 40 bytes:")));
 
   // One stage per worker as before: each stage within 20 on its own.
   p.rank_of_stage.clear();
@@ -613,8 +623,15 @@ TEST(MinMaxPartition, KeepsEveryWorkerWithinTheBudgetWithSeveralStagesEach) {
     if (!got.ok()) {
       ASSERT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
       ++refused;
-      // The budget it names is one a cut needs: at least the least there is.
-      EXPECT_GE(SmallestBudgetBytes(got.status()), unlimited.min_peak);
+      // The budget it names is one a cut fits: at least the least there is, and a search
+      // within it finds a cut.
+      const int64_t named = SmallestBudgetBytes(got.status());
+      EXPECT_GE(named, unlimited.min_peak);
+      PartitionProblem within = p;
+      within.memory_budget_bytes = named;
+      absl::StatusOr<Partition> again = MinMaxPartition(within);
+      ASSERT_TRUE(again.ok()) << again.status();
+      for (int64_t b : again->worker_bytes) EXPECT_LE(b, named);
       EXPECT_FALSE(brute.feasible) << "refused, but a cut fits";
       if (brute.feasible) ++feasible;
       continue;
