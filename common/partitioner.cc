@@ -190,8 +190,14 @@ class Costs {
     return StageWorkspaceBytes(absl::MakeConstSpan(w).subspan(i, j - i));
   }
   int64_t StageBytes(int s, int i, int j) const {
+    return GrowingBytes(s, i, j) + BufferBytes(s, i, j);
+  }
+  // StageBytes less the messages: nondecreasing in j and nonincreasing in i, where the messages
+  // (the output at the stage's cut) are not, so that a stage can fit with a layer more than
+  // without. The scans below stop on this part and skip a stage over its bound.
+  int64_t GrowingBytes(int s, int i, int j) const {
     return StaticBytes(s, i, j) + live_[s] * ActivationBytes(s, i, j) + WorkingSetBytes(s, i, j) +
-           WorkspaceBytes(s, i, j) + BufferBytes(s, i, j);
+           WorkspaceBytes(s, i, j);
   }
 
   // "stage 1 (layers [2, 6)) needs 22 bytes (12 static + 2 x 5 activation)".
@@ -304,9 +310,10 @@ class Costs {
 
 // In every DP below, row s, column j is about stages 0..s holding layers [0, j); stage s
 // holds [i, j) with s <= i (one layer for each earlier stage) and j <= n - (P - 1 - s) (one
-// for each later stage). Scanning i downwards makes stage s's seconds and bytes grow, so a
-// scan stops as soon as a bound is crossed or the stage alone can no longer beat the best
-// found: every DP stays exact.
+// for each later stage). Scanning i downwards makes stage s's seconds and GrowingBytes grow
+// (its messages may not), so a scan stops as soon as a bound is crossed by them or the stage
+// alone can no longer beat the best found, and skips a stage whose messages put it over:
+// every DP stays exact.
 
 // The smallest slowest-stage seconds over the cuts whose every stage s has at most
 // max_bytes[s]; kNoSeconds when none.
@@ -314,7 +321,8 @@ double MinBottleneckSeconds(const Costs& c, const std::vector<int64_t>& max_byte
   const int n = c.num_layers(), p = c.num_stages();
   std::vector<double> prev(n + 1, kNoSeconds), cur(n + 1, kNoSeconds);
   for (int j = 1; j <= n - (p - 1); ++j) {
-    if (c.StageBytes(0, 0, j) > max_bytes[0]) break;
+    if (c.GrowingBytes(0, 0, j) > max_bytes[0]) break;
+    if (c.StageBytes(0, 0, j) > max_bytes[0]) continue;
     prev[j] = c.StageSeconds(0, 0, j);
   }
   for (int s = 1; s < p; ++s) {
@@ -322,10 +330,10 @@ double MinBottleneckSeconds(const Costs& c, const std::vector<int64_t>& max_byte
     for (int j = s + 1; j <= n - (p - 1 - s); ++j) {
       double best = kNoSeconds;
       for (int i = j - 1; i >= s; --i) {
-        if (c.StageBytes(s, i, j) > max_bytes[s]) break;
+        if (c.GrowingBytes(s, i, j) > max_bytes[s]) break;
         const double t = c.StageSeconds(s, i, j);
         if (t >= best) break;
-        if (prev[i] == kNoSeconds) continue;
+        if (prev[i] == kNoSeconds || c.StageBytes(s, i, j) > max_bytes[s]) continue;
         best = std::min(best, std::max(prev[i], t));
       }
       cur[j] = best;
@@ -341,8 +349,9 @@ int64_t MinPeakBytes(const Costs& c, double max_seconds, const std::vector<int64
   const int n = c.num_layers(), p = c.num_stages();
   std::vector<int64_t> prev(n + 1, kNoBytes), cur(n + 1, kNoBytes);
   for (int j = 1; j <= n - (p - 1); ++j) {
+    if (c.GrowingBytes(0, 0, j) > max_bytes[0] || c.StageSeconds(0, 0, j) > max_seconds) break;
     const int64_t m = c.StageBytes(0, 0, j);
-    if (m > max_bytes[0] || c.StageSeconds(0, 0, j) > max_seconds) break;
+    if (m > max_bytes[0]) continue;
     prev[j] = m;
   }
   for (int s = 1; s < p; ++s) {
@@ -350,9 +359,10 @@ int64_t MinPeakBytes(const Costs& c, double max_seconds, const std::vector<int64
     for (int j = s + 1; j <= n - (p - 1 - s); ++j) {
       int64_t best = kNoBytes;
       for (int i = j - 1; i >= s; --i) {
+        const int64_t g = c.GrowingBytes(s, i, j);
+        if (g > max_bytes[s] || g >= best || c.StageSeconds(s, i, j) > max_seconds) break;
         const int64_t m = c.StageBytes(s, i, j);
-        if (m > max_bytes[s] || m >= best || c.StageSeconds(s, i, j) > max_seconds) break;
-        if (prev[i] == kNoBytes) continue;
+        if (prev[i] == kNoBytes || m > max_bytes[s] || m >= best) continue;
         best = std::min(best, std::max(prev[i], m));
       }
       cur[j] = best;
@@ -370,13 +380,18 @@ std::vector<LayerRange> EarliestCut(const Costs& c, double max_seconds,
   auto fits = [&](int s, int i, int j) {
     return c.StageSeconds(s, i, j) <= max_seconds && c.StageBytes(s, i, j) <= max_bytes[s];
   };
+  // No longer stage from [i, j) on fits either.
+  auto outgrown = [&](int s, int i, int j) {
+    return c.StageSeconds(s, i, j) > max_seconds || c.GrowingBytes(s, i, j) > max_bytes[s];
+  };
   // done[s][i]: stages s..P-1 can hold layers [i, n) within the bounds.
   std::vector<std::vector<char>> done(p, std::vector<char>(n + 1, 0));
   for (int i = p - 1; i < n; ++i) done[p - 1][i] = fits(p - 1, i, n);
   for (int s = p - 2; s >= 0; --s) {
     for (int i = s; i <= n - (p - s); ++i) {
       for (int j = i + 1; j <= n - (p - 1 - s); ++j) {
-        if (!fits(s, i, j)) break;
+        if (outgrown(s, i, j)) break;
+        if (!fits(s, i, j)) continue;
         if (done[s + 1][j]) {
           done[s][i] = 1;
           break;
@@ -389,7 +404,7 @@ std::vector<LayerRange> EarliestCut(const Costs& c, double max_seconds,
   int begin = 0;
   for (int s = 0; s < p - 1; ++s) {
     int end = begin + 1;
-    while (!done[s + 1][end]) ++end;  // exists, and every earlier end fits: done[s][begin]
+    while (!done[s + 1][end] || !fits(s, begin, end)) ++end;  // exists: done[s][begin]
     ranges.push_back({begin, end});
     begin = end;
   }

@@ -478,8 +478,14 @@ Brute BruteForce(const PartitionProblem& p) {
         const int64_t workspace = std::accumulate(workspaces.begin(), workspaces.end(), int64_t{0});
         if (stages > 1) t += (s == 0 || s == stages - 1 ? 1 : 2) * p.transfer_seconds;
         const int live = p.live_micro_batches.empty() ? 1 : p.live_micro_batches[s];
+        // Two messages at the stage's larger cut, with a neighbour.
+        const int64_t messages =
+            stages > 1 ? 2 * std::max(b > 0 ? p.layers[b - 1].output_bytes : int64_t{0},
+                                      p.layers[e - 1].output_bytes)
+                       : 0;
         slowest = std::max(slowest, t);
-        const int64_t bytes = st + live * act + (p.whole_stage_recompute ? sum : most) + workspace;
+        const int64_t bytes =
+            st + live * act + (p.whole_stage_recompute ? sum : most) + workspace + messages;
         peak = std::max(peak, bytes);
         worker[p.rank_of_stage.empty() ? s : p.rank_of_stage[s]] += bytes;
       }
@@ -523,6 +529,8 @@ void CrossCheck(bool integer_seconds, uint32_t seed) {
       p.layers.push_back(LayerCost{t, uniform(0, 20), uniform(0, 10)});
       // A device's workspace, shared by the stage's layers of one kind (few distinct values).
       if (uniform(0, 2) == 0) p.layers.back().workspace_bytes = uniform(0, 2) * 4;
+      // A message to the next layer: a stage's bytes then need not grow with its layers.
+      if (uniform(0, 2) == 0) p.layers.back().output_bytes = uniform(0, 12);
     }
     p.transfer_seconds = uniform(0, 2) == 0 ? 0.0 : uniform(0, 4) * 0.5;
     switch (uniform(0, 2)) {
@@ -590,10 +598,10 @@ void CrossCheck(bool integer_seconds, uint32_t seed) {
 TEST(MinMaxPartition, MatchesBruteForceWithIntegerCosts) { CrossCheck(true, 20240601); }
 TEST(MinMaxPartition, MatchesBruteForceWithRealCosts) { CrossCheck(false, 7); }
 
-// Several stages per worker (v = 2 on 1 to 3 workers, interleaved or V, up to 10 layers),
-// integer costs: the branch and bound finds a cut within the budget exactly when brute force
-// does, with the brute force's bottleneck; every worker of it fits; a refusal names a budget
-// no smaller than the least any cut needs.
+// Several stages per worker (v = 2 on 1 to 3 workers, interleaved or V, up to 10 layers, some
+// with messages), integer costs: the branch and bound finds a cut within the budget exactly when
+// brute force does, with the brute force's bottleneck; every worker of it fits; a refusal names a
+// budget no smaller than the least any cut needs.
 TEST(MinMaxPartition, KeepsEveryWorkerWithinTheBudgetWithSeveralStagesEach) {
   std::mt19937 rng(20261205);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
@@ -606,6 +614,7 @@ TEST(MinMaxPartition, KeepsEveryWorkerWithinTheBudgetWithSeveralStagesEach) {
     for (int l = 0; l < n; ++l) {
       p.layers.push_back(
           LayerCost{static_cast<double>(uniform(0, 9)), uniform(0, 20), uniform(0, 10)});
+      if (uniform(0, 2) == 0) p.layers.back().output_bytes = uniform(0, 12);
     }
     for (int s = 0; s < stages; ++s) {
       // interleaved: s mod P; V: down the workers and back up.
