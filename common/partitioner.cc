@@ -52,8 +52,9 @@ std::string RangeString(const LayerRange& r) {
 }
 
 // A problem's costs as prefix sums, so that a stage's figures are O(1). Every figure the
-// partitioner compares or reports comes from StageSeconds / StageBytes, so that the optimum's
-// bottleneck is bit-identical to EvaluatePartition's figure for the same cut.
+// partitioner compares or reports comes from StageSeconds / StageBytes (GrowingBytes only
+// stops scans), so that the optimum's bottleneck is bit-identical to EvaluatePartition's
+// figure for the same cut.
 class Costs {
  public:
   // INVALID_ARGUMENT for stage counts below 1, negative or non-finite costs, a
@@ -321,8 +322,9 @@ double MinBottleneckSeconds(const Costs& c, const std::vector<int64_t>& max_byte
   const int n = c.num_layers(), p = c.num_stages();
   std::vector<double> prev(n + 1, kNoSeconds), cur(n + 1, kNoSeconds);
   for (int j = 1; j <= n - (p - 1); ++j) {
-    if (c.GrowingBytes(0, 0, j) > max_bytes[0]) break;
-    if (c.StageBytes(0, 0, j) > max_bytes[0]) continue;
+    const int64_t g = c.GrowingBytes(0, 0, j);
+    if (g > max_bytes[0]) break;
+    if (g + c.BufferBytes(0, 0, j) > max_bytes[0]) continue;
     prev[j] = c.StageSeconds(0, 0, j);
   }
   for (int s = 1; s < p; ++s) {
@@ -330,10 +332,11 @@ double MinBottleneckSeconds(const Costs& c, const std::vector<int64_t>& max_byte
     for (int j = s + 1; j <= n - (p - 1 - s); ++j) {
       double best = kNoSeconds;
       for (int i = j - 1; i >= s; --i) {
-        if (c.GrowingBytes(s, i, j) > max_bytes[s]) break;
+        const int64_t g = c.GrowingBytes(s, i, j);
+        if (g > max_bytes[s]) break;
         const double t = c.StageSeconds(s, i, j);
         if (t >= best) break;
-        if (prev[i] == kNoSeconds || c.StageBytes(s, i, j) > max_bytes[s]) continue;
+        if (prev[i] == kNoSeconds || g + c.BufferBytes(s, i, j) > max_bytes[s]) continue;
         best = std::min(best, std::max(prev[i], t));
       }
       cur[j] = best;
@@ -349,8 +352,9 @@ int64_t MinPeakBytes(const Costs& c, double max_seconds, const std::vector<int64
   const int n = c.num_layers(), p = c.num_stages();
   std::vector<int64_t> prev(n + 1, kNoBytes), cur(n + 1, kNoBytes);
   for (int j = 1; j <= n - (p - 1); ++j) {
-    if (c.GrowingBytes(0, 0, j) > max_bytes[0] || c.StageSeconds(0, 0, j) > max_seconds) break;
-    const int64_t m = c.StageBytes(0, 0, j);
+    const int64_t g = c.GrowingBytes(0, 0, j);
+    if (g > max_bytes[0] || c.StageSeconds(0, 0, j) > max_seconds) break;
+    const int64_t m = g + c.BufferBytes(0, 0, j);
     if (m > max_bytes[0]) continue;
     prev[j] = m;
   }
@@ -361,7 +365,7 @@ int64_t MinPeakBytes(const Costs& c, double max_seconds, const std::vector<int64
       for (int i = j - 1; i >= s; --i) {
         const int64_t g = c.GrowingBytes(s, i, j);
         if (g > max_bytes[s] || g >= best || c.StageSeconds(s, i, j) > max_seconds) break;
-        const int64_t m = c.StageBytes(s, i, j);
+        const int64_t m = g + c.BufferBytes(s, i, j);
         if (prev[i] == kNoBytes || m > max_bytes[s] || m >= best) continue;
         best = std::min(best, std::max(prev[i], m));
       }

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -616,13 +617,24 @@ absl::Status StageExecutor::RunOverlappedPair(
     std::lock_guard<std::mutex> lock(account_mu_);
     pair_running_ = true;
   }
-  std::thread other([&] {
+  const auto run_second = [&] {
     second_status = RunAction(actions[i + 1], step, false);
     second_end = UnixMicros();
-  });
+  };
+  std::thread other;
+  try {
+    other = std::thread(run_second);
+  } catch (const std::system_error&) {
+    // No thread for the pair's second action (the process is at its limit): it runs after
+    // the first on this one, as the CPU backend may anyway.
+  }
   const absl::Status first_status = RunAction(actions[i], step, false);
   first->set_end_us(UnixMicros());
-  other.join();
+  if (other.joinable()) {
+    other.join();
+  } else {
+    run_second();
+  }
   second->set_end_us(second_end);
   std::vector<std::pair<int, int>> handovers;
   {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <memory>
 #include <new>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -137,12 +138,18 @@ absl::StatusOr<LinkProbeResult> LinkProbe::Run(const LinkConnector& connect,
   // The watchdog enforces the timeout on the connect and on every transfer: it stops the
   // probe, which makes the connector give up and aborts the transport.
   const absl::Time deadline = absl::Now() + absl::FromChrono(options_.timeout);
-  std::thread watchdog([this, deadline] {
-    absl::MutexLock lock(&mu_);
-    if (!mu_.AwaitWithDeadline(absl::Condition(&finished_), deadline)) {
-      StopLocked(Stop::kTimedOut);
-    }
-  });
+  std::thread watchdog;
+  try {
+    watchdog = std::thread([this, deadline] {
+      absl::MutexLock lock(&mu_);
+      if (!mu_.AwaitWithDeadline(absl::Condition(&finished_), deadline)) {
+        StopLocked(Stop::kTimedOut);
+      }
+    });
+  } catch (const std::system_error& e) {
+    // Without its watchdog a probe could wait forever: none runs.
+    return Explain(absl::ResourceExhaustedError(e.what()), "starting its timeout's thread");
+  }
   absl::StatusOr<LinkProbeResult> result = Probe(connect, allocate);
   {
     absl::MutexLock lock(&mu_);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <limits>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -182,13 +183,23 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
     // of its own for the gradient reduction: the device's (NCCL) where the worker has them,
     // else the ring over a transport from the same factory.
     std::unique_ptr<GradReducer> reducer;
+    // The reducer runs on a thread of its own: a worker out of threads refuses the program
+    // rather than dying of the exception.
+    const auto start_reducer = [](auto group) -> absl::StatusOr<std::unique_ptr<GradReducer>> {
+      try {
+        return std::make_unique<GradReducer>(std::move(group));
+      } catch (const std::system_error& e) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("starting the gradient reduction's thread: ", e.what()));
+      }
+    };
     if (program.num_replicas() > 1) {
       const v1::StageProgram group_program = DataParallelGroupProgram(program);
       if (config_.data_parallel_group) {
         absl::StatusOr<std::unique_ptr<GroupCollectives>> group =
             config_.data_parallel_group(group_program, *cancelled);
         RETURN_IF_ERROR(WithPrefix(group.status(), "connecting the data-parallel group"));
-        reducer = std::make_unique<GradReducer>(*std::move(group));
+        ASSIGN_OR_RETURN(reducer, start_reducer(*std::move(group)));
       } else {
         if (!transport_factory_) {
           return absl::FailedPreconditionError("this worker has no transport for data parallelism");
@@ -196,7 +207,7 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
         absl::StatusOr<std::unique_ptr<Transport>> group =
             transport_factory_(group_program, *cancelled);
         RETURN_IF_ERROR(WithPrefix(group.status(), "connecting the data-parallel group"));
-        reducer = std::make_unique<GradReducer>(*std::move(group));
+        ASSIGN_OR_RETURN(reducer, start_reducer(*std::move(group)));
       }
     }
     if (cancelled->load()) return absl::AbortedError("aborted while connecting");
