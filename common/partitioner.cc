@@ -51,6 +51,12 @@ std::string RangeString(const LayerRange& r) {
   return absl::StrCat("[", r.begin, ", ", r.end, ")");
 }
 
+// "[0, 2) [2, 5)".
+std::string RangesString(const std::vector<LayerRange>& ranges) {
+  return absl::StrJoin(ranges, " ",
+                       [](std::string* out, const LayerRange& r) { out->append(RangeString(r)); });
+}
+
 // A problem's costs as prefix sums, so that a stage's figures are O(1). Every figure the
 // partitioner compares or reports comes from StageSeconds / StageBytes (GrowingBytes only
 // stops scans), so that the optimum's bottleneck is bit-identical to EvaluatePartition's
@@ -145,6 +151,14 @@ class Costs {
   int num_stages() const { return problem_->num_stages; }
   int num_ranks() const { return num_ranks_; }
   int RankOf(int s) const { return rank_[s]; }
+  // The stages worker r holds, in order.
+  std::vector<int> StagesOf(int r) const {
+    std::vector<int> stages;
+    for (int s = 0; s < num_stages(); ++s) {
+      if (rank_[s] == r) stages.push_back(s);
+    }
+    return stages;
+  }
   // Some worker holds several stages: the budget bounds their sum.
   bool Grouped() const { return grouped_; }
   int64_t budget() const {
@@ -233,9 +247,7 @@ class Costs {
   // "worker 0 needs 9 bytes: stage 0 (...) and stage 3 (...)", for a cut's figures.
   std::string DescribeWorker(int r, const Partition& figures) const {
     std::vector<std::string> stages;
-    for (int s = 0; s < num_stages(); ++s) {
-      if (rank_[s] == r) stages.push_back(DescribeStage(s, figures.ranges[s]));
-    }
+    for (int s : StagesOf(r)) stages.push_back(DescribeStage(s, figures.ranges[s]));
     return absl::StrCat("worker ", r, " needs ", figures.worker_bytes[r],
                         " bytes: ", absl::StrJoin(stages, " and "));
   }
@@ -439,26 +451,29 @@ int64_t PeakWorkerBytes(const Partition& cut) {
   return *std::max_element(cut.worker_bytes.begin(), cut.worker_bytes.end());
 }
 
+// Without bounds, the earliest of the cuts whose largest stage is the least there is (which
+// its largest stage's bytes then are).
+Partition Lightest(const Costs& c) {
+  const int p = c.num_stages();
+  const int64_t peak = MinPeakBytes(c, kNoSeconds, std::vector<int64_t>(p, kNoBytes));
+  return c.Figures(EarliestCut(c, kNoSeconds, std::vector<int64_t>(p, peak)));
+}
+
 // No cut with one stage per worker fits: the smallest budget that would (exact), and where
 // the cut that needs the least runs over.
 absl::Status NoStageCutFits(const Costs& c, int64_t budget) {
   const int n = c.num_layers(), p = c.num_stages();
-  const std::vector<int64_t> unlimited(p, kNoBytes);
-  const int64_t needed = MinPeakBytes(c, kNoSeconds, unlimited);
-  const std::vector<LayerRange> lightest =
-      EarliestCut(c, kNoSeconds, std::vector<int64_t>(p, needed));
+  const Partition lightest = Lightest(c);
+  const int64_t needed =
+      *std::max_element(lightest.stage_bytes.begin(), lightest.stage_bytes.end());
   std::vector<std::string> over;
   for (int s = 0; s < p; ++s) {
-    if (c.StageBytes(s, lightest[s].begin, lightest[s].end) > budget) {
-      over.push_back(c.DescribeStage(s, lightest[s]));
-    }
+    if (lightest.stage_bytes[s] > budget) over.push_back(c.DescribeStage(s, lightest.ranges[s]));
   }
   absl::Status status = absl::ResourceExhaustedError(absl::StrCat(
       "partition: no cut of ", n, " layers into ", p, " stages fits the memory budget of ", budget,
       " bytes per worker; the smallest budget that fits is ", needed, " bytes, for stages ",
-      absl::StrJoin(lightest, " ",
-                    [](std::string* out, const LayerRange& r) { out->append(RangeString(r)); }),
-      ", where ", absl::StrJoin(over, " and ")));
+      RangesString(lightest.ranges), ", where ", absl::StrJoin(over, " and ")));
   status.SetPayload(kSmallestBudgetPayload, absl::Cord(absl::StrCat(needed)));
   return status;
 }
@@ -468,9 +483,7 @@ absl::Status NoStageCutFits(const Costs& c, int64_t budget) {
 // stage, its worker's budget as the payload.
 absl::Status NoWorkerCutFits(const Costs& c, std::vector<Partition> tried, bool stopped) {
   const int n = c.num_layers(), p = c.num_stages();
-  const std::vector<int64_t> unlimited(p, kNoBytes);
-  const int64_t peak = MinPeakBytes(c, kNoSeconds, unlimited);
-  tried.push_back(c.Figures(EarliestCut(c, kNoSeconds, std::vector<int64_t>(p, peak))));
+  tried.push_back(Lightest(c));
   const Partition& least =
       *std::min_element(tried.begin(), tried.end(), [](const Partition& x, const Partition& y) {
         return PeakWorkerBytes(x) < PeakWorkerBytes(y);
@@ -478,17 +491,15 @@ absl::Status NoWorkerCutFits(const Costs& c, std::vector<Partition> tried, bool 
   const int64_t needed = PeakWorkerBytes(least);
   std::vector<std::string> over;
   for (int r : WorkersOver(c, least)) over.push_back(c.DescribeWorker(r, least));
-  absl::Status status = absl::ResourceExhaustedError(absl::StrCat(
-      "partition: no cut of ", n, " layers into ", p, " stages on ", c.num_ranks(),
-      " workers fits the memory budget of ", c.budget(),
-      " bytes per worker (a worker's stages together)",
-      stopped ? absl::StrCat(" among those tried (the search stops after ", kMaxWorkerBudgetNodes,
-                             " programmes)")
-              : "",
-      "; the least demanding tried needs ", needed, " bytes, for stages ",
-      absl::StrJoin(least.ranges, " ",
-                    [](std::string* out, const LayerRange& r) { out->append(RangeString(r)); }),
-      ", where ", absl::StrJoin(over, "; ")));
+  absl::Status status = absl::ResourceExhaustedError(
+      absl::StrCat("partition: no cut of ", n, " layers into ", p, " stages on ", c.num_ranks(),
+                   " workers fits the memory budget of ", c.budget(),
+                   " bytes per worker (a worker's stages together)",
+                   stopped ? absl::StrCat(" among those tried (the search stops after ",
+                                          kMaxWorkerBudgetNodes, " programmes)")
+                           : "",
+                   "; the least demanding tried needs ", needed, " bytes, for stages ",
+                   RangesString(least.ranges), ", where ", absl::StrJoin(over, "; ")));
   status.SetPayload(kSmallestBudgetPayload, absl::Cord(absl::StrCat(needed)));
   return status;
 }
@@ -529,8 +540,7 @@ absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
       if (solved >= kMaxWorkerBudgetNodes) break;
       for (int r : over) {
         const double share = static_cast<double>(budget) / static_cast<double>(cut.worker_bytes[r]);
-        for (int s = 0; s < p; ++s) {
-          if (c.RankOf(s) != r) continue;
+        for (int s : c.StagesOf(r)) {
           caps[s] = std::min<int64_t>(
               {caps[s], std::max<int64_t>(0, cut.stage_bytes[s] - 1),
                static_cast<int64_t>(std::floor(static_cast<double>(cut.stage_bytes[s]) * share))});
@@ -572,10 +582,7 @@ absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
       return cut.worker_bytes[x] < cut.worker_bytes[y];
     });
     int64_t before = 0;  // x_1 + ... + x_(i-1)
-    std::vector<int> stages;
-    for (int s = 0; s < p; ++s) {
-      if (c.RankOf(s) == r) stages.push_back(s);
-    }
+    const std::vector<int> stages = c.StagesOf(r);
     for (size_t i = 0; i < stages.size(); ++i) {
       std::vector<int64_t> caps = node.caps;
       bool possible = true;
