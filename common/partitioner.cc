@@ -459,6 +459,177 @@ Partition Lightest(const Costs& c) {
   return c.Figures(EarliestCut(c, kNoSeconds, std::vector<int64_t>(p, peak)));
 }
 
+// a + b, kNoBytes when it overflows.
+int64_t AddBytes(int64_t a, int64_t b) {
+  int64_t sum = 0;
+  return __builtin_add_overflow(a, b, &sum) ? kNoBytes : sum;
+}
+
+// What a descent over cut points (DescendCuts) minimises: the larger figure first, then the
+// smaller, lexicographically.
+struct CutScore {
+  double first = kNoSeconds;
+  double second = 0.0;
+  bool operator<(const CutScore& o) const {
+    return first != o.first ? first < o.first : second < o.second;
+  }
+};
+
+// The figures of a cut that a descent scores: per stage its seconds and bytes, per worker its
+// bytes.
+struct CutFigures {
+  std::vector<double> seconds;
+  std::vector<int64_t> stage_bytes;
+  std::vector<int64_t> worker_bytes;
+};
+
+// The two goals of a descent. Fewest bytes: the fullest worker, then the sum of the workers'
+// squares (which spreads the rest). Fastest within the budget: the slowest stage, then the sum
+// of the stages' squares, among cuts whose every worker fits (none else is taken).
+enum class Goal { kFewestBytes, kFastestWithinBudget };
+
+std::optional<CutScore> ScoreCut(const Costs& c, Goal goal, const CutFigures& f) {
+  CutScore score{0.0, 0.0};
+  if (goal == Goal::kFewestBytes) {
+    for (int64_t b : f.worker_bytes) {
+      score.first = std::max(score.first, static_cast<double>(b));
+      score.second += static_cast<double>(b) * static_cast<double>(b);
+    }
+    return score;
+  }
+  for (int64_t b : f.worker_bytes) {
+    if (b > c.budget()) return std::nullopt;
+  }
+  for (double t : f.seconds) {
+    score.first = std::max(score.first, t);
+    score.second += t * t;
+  }
+  return score;
+}
+
+// A descent from `start` (a cut that the goal allows) over its cut points, by two moves, each
+// taken when it lowers the goal's score: one cut point to its best place between its
+// neighbours, and a run of consecutive cut points shifted by one layer together (which hands a
+// layer along several stages, where single moves would first have to make another stage or
+// worker the worst). Bounded: its moves cost at most kMaxDescentLayers layers (a score's pass
+// over the stages and workers counted as theirs), so that a big problem ends quickly with the
+// best cut by then. A local optimum: with
+// kFewestBytes MinMaxPartition looks for a cut that fits when its per-stage caps find none
+// (and for a smaller budget to name when none fits), with kFastestWithinBudget it speeds up
+// a cut that fits.
+constexpr int64_t kMaxDescentLayers = int64_t{1} << 22;
+
+std::vector<LayerRange> DescendCuts(const Costs& c, Goal goal,
+                                    const std::vector<LayerRange>& start) {
+  const int n = c.num_layers(), p = c.num_stages();
+  if (p == 1) return start;
+  std::vector<int> at(p + 1);  // stage s holds [at[s], at[s + 1])
+  for (int s = 0; s < p; ++s) at[s] = start[s].begin;
+  at[p] = n;
+  CutFigures now{std::vector<double>(p), std::vector<int64_t>(p),
+                 std::vector<int64_t>(c.num_ranks(), 0)};
+  for (int s = 0; s < p; ++s) {
+    now.seconds[s] = c.StageSeconds(s, at[s], at[s + 1]);
+    now.stage_bytes[s] = c.StageBytes(s, at[s], at[s + 1]);
+    int64_t& w = now.worker_bytes[c.RankOf(s)];
+    w = AddBytes(w, now.stage_bytes[s]);
+  }
+  const std::optional<CutScore> initial = ScoreCut(c, goal, now);
+  if (!initial.has_value()) return start;
+  CutScore current = *initial;
+  int64_t costed = 0;
+  // The figures with stages first..last at the cut points `moved` (at, some changed).
+  CutFigures trial = now;
+  const auto evaluate = [&](const std::vector<int>& moved, int first, int last) {
+    trial.worker_bytes = now.worker_bytes;
+    for (int s = first; s <= last; ++s) {
+      trial.seconds[s] = c.StageSeconds(s, moved[s], moved[s + 1]);
+      trial.stage_bytes[s] = c.StageBytes(s, moved[s], moved[s + 1]);
+      int64_t& w = trial.worker_bytes[c.RankOf(s)];
+      if (w != kNoBytes) w = AddBytes(w - now.stage_bytes[s], trial.stage_bytes[s]);
+      costed += moved[s + 1] - moved[s];
+    }
+    costed += p + c.num_ranks();  // the score's pass
+    return ScoreCut(c, goal, trial);
+  };
+  // Back to the current figures for stages first..last.
+  const auto undo = [&](int first, int last) {
+    for (int s = first; s <= last; ++s) {
+      trial.seconds[s] = now.seconds[s];
+      trial.stage_bytes[s] = now.stage_bytes[s];
+    }
+  };
+  const auto take = [&](const std::vector<int>& moved, const CutScore& score) {
+    at = moved;
+    now = trial;
+    current = score;
+  };
+  std::vector<int> moved;
+  for (bool improved = true; improved && costed < kMaxDescentLayers;) {
+    improved = false;
+    // One cut point (between stages k - 1 and k) to its best place.
+    for (int k = 1; k < p && costed < kMaxDescentLayers; ++k) {
+      moved = at;
+      int best_at = at[k];
+      CutScore best = current;
+      for (int x = at[k - 1] + 1; x < at[k + 1]; ++x) {
+        if (x == at[k]) continue;
+        moved[k] = x;
+        const std::optional<CutScore> score = evaluate(moved, k - 1, k);
+        undo(k - 1, k);
+        if (score.has_value() && *score < best) {
+          best = *score;
+          best_at = x;
+        }
+      }
+      if (best_at != at[k]) {
+        moved[k] = best_at;
+        evaluate(moved, k - 1, k);
+        take(moved, best);
+        improved = true;
+      }
+    }
+    // Cut points a..b one layer earlier or later together.
+    for (int a = 1; a < p && costed < kMaxDescentLayers; ++a) {
+      for (int b = a + 1; b < p && costed < kMaxDescentLayers; ++b) {
+        for (int d : {-1, 1}) {
+          if (at[a] + d <= at[a - 1] || at[b] + d >= at[b + 1]) continue;
+          moved = at;
+          for (int k = a; k <= b; ++k) moved[k] += d;
+          const std::optional<CutScore> score = evaluate(moved, a - 1, b);
+          if (score.has_value() && *score < current) {
+            take(moved, *score);
+            improved = true;
+          } else {
+            undo(a - 1, b);
+          }
+        }
+      }
+    }
+  }
+  std::vector<LayerRange> ranges;
+  for (int s = 0; s < p; ++s) ranges.push_back({at[s], at[s + 1]});
+  return ranges;
+}
+
+// Rounds of MinMaxPartition's speed-up of a cut that fits.
+constexpr int kMaxPolishRounds = 4;
+
+// Per-stage caps under which every cut fits the budget, from a cut that fits: each stage
+// its bytes in it plus a share of its worker's room under the budget, in proportion to them.
+std::vector<int64_t> CapsWithin(const Costs& c, const Partition& fits) {
+  std::vector<int64_t> caps(fits.stage_bytes);
+  for (int s = 0; s < c.num_stages(); ++s) {
+    const int64_t held = fits.worker_bytes[c.RankOf(s)];
+    if (held <= 0) continue;
+    const double room = static_cast<double>(c.budget() - held);  // >= 0: the cut fits
+    caps[s] += static_cast<int64_t>(std::min(
+        std::floor(room * static_cast<double>(fits.stage_bytes[s]) / static_cast<double>(held)),
+        room));
+  }
+  return caps;
+}
+
 // No cut with one stage per worker fits: the smallest budget that would (exact), and where
 // the cut that needs the least runs over.
 absl::Status NoStageCutFits(const Costs& c, int64_t budget) {
@@ -522,6 +693,9 @@ absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
     if (!c.Grouped()) return NoStageCutFits(c, problem.memory_budget_bytes);
     return NoWorkerCutFits(c, {}, false);
   }
+  // The per-stage optimum, when every worker fits it (always with one stage per worker).
+  Partition cut = Cheapest(c, seconds, root);
+  if (WorkersOver(c, cut).empty()) return cut;
   const int64_t budget = c.budget();
   std::vector<Partition> tried;
   int solved = 1;  // dynamic programmes run
@@ -530,7 +704,6 @@ absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
   std::optional<Partition> best;
   {
     std::vector<int64_t> caps = root;
-    Partition cut = Cheapest(c, seconds, caps);
     for (;;) {
       const std::vector<int> over = WorkersOver(c, cut);
       if (over.empty()) {
@@ -552,6 +725,26 @@ absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
       if (t == kNoSeconds) break;
       cut = Cheapest(c, t, caps);
     }
+  }
+  // Else a cut that fits, by moving cut points for the least fullest worker (from the fastest
+  // cut, then from the lightest).
+  for (int from = 0; from < 2 && !best.has_value(); ++from) {
+    Partition light = c.Figures(
+        DescendCuts(c, Goal::kFewestBytes, from == 0 ? tried.front().ranges : Lightest(c).ranges));
+    if (WorkersOver(c, light).empty()) best = light;
+    tried.push_back(std::move(light));
+  }
+  // Then faster: cut points moved for the slowest stage among cuts that fit, and the fastest
+  // cut under caps that keep every worker within the budget (the cut so found among them),
+  // while that gains.
+  for (int round = 0; best.has_value() && round < kMaxPolishRounds; ++round) {
+    Partition moved = c.Figures(DescendCuts(c, Goal::kFastestWithinBudget, best->ranges));
+    const std::vector<int64_t> caps = CapsWithin(c, moved);
+    ++solved;
+    Partition capped = Cheapest(c, MinBottleneckSeconds(c, caps), caps);
+    Partition& faster = capped.bottleneck_seconds <= moved.bottleneck_seconds ? capped : moved;
+    if (!(faster.bottleneck_seconds < best->bottleneck_seconds)) break;
+    best = std::move(faster);
   }
   // Then best first over per-stage caps, for the optimum: a node's least bottleneck under its
   // caps bounds every cut within them. A cut that puts worker r over the budget has r's

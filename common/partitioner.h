@@ -106,11 +106,14 @@ inline constexpr int kMaxWorkerBudgetNodes = 64;
 // With several stages on a worker (rank_of_stage; the ranks need not all be used) the budget
 // bounds their sum, which couples stages that are not neighbours. The per-stage optimum is
 // taken when every worker fits it; else a cut that fits is sought by capping the stages of
-// each worker over the budget at their shares of it and solving again, and then a best-first
+// each worker over the budget at their shares of it and solving again, or, when that finds
+// none, by moving cut points for the fewest bytes on the fullest worker (a bounded descent);
+// that cut is sped up (cut points moved for the slowest stage among cuts that fit, and the
+// programme under caps that keep every worker within the budget), and then a best-first
 // branch and bound over per-stage caps (each node solved by the same dynamic programme) looks
 // for a faster one. Exact in its bottleneck when the search ends within kMaxWorkerBudgetNodes
-// programmes (ties are broken by the peak stage within the node that finds it, not over all
-// cuts); otherwise the best cut found. A cut it returns always fits. Its RESOURCE_EXHAUSTED
+// programmes (ties are broken by the peak stage within the node or caps that find it, not
+// over all cuts); otherwise the best cut found. A cut it returns always fits. Its RESOURCE_EXHAUSTED
 // names, and carries as the payload, the least worker budget among the cuts it tried: a
 // budget that fits, an upper bound of the least (compared with other candidates' exact
 // figures it may overstate this one's), and says when the search stopped early.
