@@ -649,14 +649,26 @@ absl::Status NoStageCutFits(const Costs& c, int64_t budget) {
   return status;
 }
 
-// With several stages per worker, no cut fits (`stopped`: none was found within
-// kMaxWorkerBudgetNodes): the least demanding of the cuts tried and the cut of the least peak
-// stage, its worker's budget as the payload.
-absl::Status NoWorkerCutFits(const Costs& c, std::vector<Partition> tried, bool stopped) {
+// The cuts of the fewest bytes on the fullest worker that MinMaxPartition knows, whatever the
+// budget: the cut of the least peak stage (Lightest), and DescendCuts for the fewest bytes
+// from it and from the fastest cut without a budget. None depends on the budget, so that a
+// search within the budget a refusal names from them (NoWorkerCutFits) finds that cut again.
+std::vector<Partition> FewestBytesCuts(const Costs& c) {
+  const std::vector<int64_t> unlimited(c.num_stages(), kNoBytes);
+  const Partition fastest = Cheapest(c, MinBottleneckSeconds(c, unlimited), unlimited);
+  std::vector<Partition> cuts = {Lightest(c)};
+  cuts.push_back(c.Figures(DescendCuts(c, Goal::kFewestBytes, cuts.front().ranges)));
+  cuts.push_back(c.Figures(DescendCuts(c, Goal::kFewestBytes, fastest.ranges)));
+  return cuts;
+}
+
+// With several stages per worker, no cut fits (`stopped`: the branch and bound ended before
+// it could say so): the cut of `fewest` (FewestBytesCuts) of the least fullest worker, whose
+// bytes are named and are the payload.
+absl::Status NoWorkerCutFits(const Costs& c, const std::vector<Partition>& fewest, bool stopped) {
   const int n = c.num_layers(), p = c.num_stages();
-  tried.push_back(Lightest(c));
   const Partition& least =
-      *std::min_element(tried.begin(), tried.end(), [](const Partition& x, const Partition& y) {
+      *std::min_element(fewest.begin(), fewest.end(), [](const Partition& x, const Partition& y) {
         return PeakWorkerBytes(x) < PeakWorkerBytes(y);
       });
   const int64_t needed = PeakWorkerBytes(least);
@@ -669,7 +681,7 @@ absl::Status NoWorkerCutFits(const Costs& c, std::vector<Partition> tried, bool 
                    stopped ? absl::StrCat(" among those tried (the search stops after ",
                                           kMaxWorkerBudgetNodes, " programmes)")
                            : "",
-                   "; the least demanding tried needs ", needed, " bytes, for stages ",
+                   "; the least demanding found needs ", needed, " bytes, for stages ",
                    RangesString(least.ranges), ", where ", absl::StrJoin(over, "; ")));
   status.SetPayload(kSmallestBudgetPayload, absl::Cord(absl::StrCat(needed)));
   return status;
@@ -691,13 +703,12 @@ absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
   const double seconds = MinBottleneckSeconds(c, root);
   if (seconds == kNoSeconds) {
     if (!c.Grouped()) return NoStageCutFits(c, problem.memory_budget_bytes);
-    return NoWorkerCutFits(c, {}, false);
+    return NoWorkerCutFits(c, FewestBytesCuts(c), false);
   }
   // The per-stage optimum, when every worker fits it (always with one stage per worker).
   Partition cut = Cheapest(c, seconds, root);
   if (WorkersOver(c, cut).empty()) return cut;
   const int64_t budget = c.budget();
-  std::vector<Partition> tried;
   int solved = 1;  // dynamic programmes run
   // A cut that fits, quickly: the stages of each worker over the budget capped at their
   // shares of it (in proportion to their bytes in the cut), and solved again.
@@ -719,20 +730,19 @@ absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
                static_cast<int64_t>(std::floor(static_cast<double>(cut.stage_bytes[s]) * share))});
         }
       }
-      tried.push_back(std::move(cut));
       ++solved;
       const double t = MinBottleneckSeconds(c, caps);
       if (t == kNoSeconds) break;
       cut = Cheapest(c, t, caps);
     }
   }
-  // Else a cut that fits, by moving cut points for the least fullest worker (from the fastest
-  // cut, then from the lightest).
-  for (int from = 0; from < 2 && !best.has_value(); ++from) {
-    Partition light = c.Figures(
-        DescendCuts(c, Goal::kFewestBytes, from == 0 ? tried.front().ranges : Lightest(c).ranges));
-    if (WorkersOver(c, light).empty()) best = light;
-    tried.push_back(std::move(light));
+  // Else a cut that fits among those of the fewest bytes on the fullest worker.
+  std::vector<Partition> fewest;  // computed only when needed
+  if (!best.has_value()) {
+    fewest = FewestBytesCuts(c);
+    for (const Partition& light : fewest) {
+      if (!best.has_value() && WorkersOver(c, light).empty()) best = light;
+    }
   }
   // Then faster: cut points moved for the slowest stage among cuts that fit, and the fastest
   // cut under caps that keep every worker within the budget (the cut so found among them),
@@ -794,10 +804,9 @@ absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
       const double t = MinBottleneckSeconds(c, caps);
       if (t != kNoSeconds && beats(t)) open.push(Node{t, std::move(caps)});
     }
-    tried.push_back(std::move(cut));
   }
   if (best.has_value()) return *std::move(best);
-  return NoWorkerCutFits(c, std::move(tried), stopped);
+  return NoWorkerCutFits(c, fewest, stopped);
 }
 
 absl::StatusOr<Partition> EvaluatePartition(const PartitionProblem& problem,
