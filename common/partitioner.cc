@@ -750,7 +750,8 @@ absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
   for (int round = 0; best.has_value() && round < kMaxPolishRounds; ++round) {
     Partition moved = c.Figures(DescendCuts(c, Goal::kFastestWithinBudget, best->ranges));
     const std::vector<int64_t> caps = CapsWithin(c, moved);
-    ++solved;
+    // (These programmes are bounded by kMaxPolishRounds, not counted against the branch and
+    // bound's kMaxWorkerBudgetNodes, so that it explores what it did without them.)
     Partition capped = Cheapest(c, MinBottleneckSeconds(c, caps), caps);
     Partition& faster = capped.bottleneck_seconds <= moved.bottleneck_seconds ? capped : moved;
     if (!(faster.bottleneck_seconds < best->bottleneck_seconds)) break;
