@@ -649,6 +649,84 @@ absl::Status NoStageCutFits(const Costs& c, int64_t budget) {
   return status;
 }
 
+// Whether C(a, b) (0 <= b <= a) is at most `limit` (never when it is 0 or less).
+bool AtMostChoose(int a, int b, int64_t limit) {
+  if (limit <= 0) return false;
+  b = std::min(b, a - b);
+  int64_t count = 1;
+  for (int i = 1; i <= b; ++i) {
+    // C(a - b + i, i) from C(a - b + i - 1, i - 1): exact at every step.
+    if (__builtin_mul_overflow(count, a - b + i, &count)) return false;
+    count /= i;
+    if (count > limit) return false;
+  }
+  return true;
+}
+
+// Every cut tried, in increasing order of its cut points (C(n - 1, P - 1) of them): the best
+// that fits (the least bottleneck, then the least fullest worker, then the earliest) and the
+// cut of the least fullest worker (the earliest such).
+struct EveryCut {
+  std::optional<Partition> best;
+  Partition least;
+};
+
+EveryCut TryEveryCut(const Costs& c) {
+  const int n = c.num_layers(), p = c.num_stages();
+  std::vector<int> at(p + 1);  // stage s holds [at[s], at[s + 1])
+  for (int s = 0; s < p; ++s) at[s] = s;
+  at[p] = n;
+  const auto ranges = [&] {
+    std::vector<LayerRange> r(p);
+    for (int s = 0; s < p; ++s) r[s] = {at[s], at[s + 1]};
+    return r;
+  };
+  std::vector<int64_t> worker(c.num_ranks());
+  std::optional<std::pair<double, int64_t>> best;  // bottleneck, fullest worker
+  int64_t least = kNoBytes;
+  EveryCut out;
+  for (bool first = true;; first = false) {
+    std::fill(worker.begin(), worker.end(), 0);
+    double slowest = 0.0;
+    for (int s = 0; s < p; ++s) {
+      slowest = std::max(slowest, c.StageSeconds(s, at[s], at[s + 1]));
+      int64_t& w = worker[c.RankOf(s)];
+      w = AddBytes(w, c.StageBytes(s, at[s], at[s + 1]));
+    }
+    const int64_t fullest = *std::max_element(worker.begin(), worker.end());
+    if (first || fullest < least) {
+      least = fullest;
+      out.least = c.Figures(ranges());
+    }
+    if (fullest <= c.budget() && (!best.has_value() || std::make_pair(slowest, fullest) < *best)) {
+      best = std::make_pair(slowest, fullest);
+      out.best = c.Figures(ranges());
+    }
+    // The next cut points: the last that can move moves one layer on, those after it follow.
+    int s = p - 1;
+    while (s >= 1 && at[s] == n - (p - s)) --s;
+    if (s < 1) break;
+    ++at[s];
+    for (int t = s + 1; t < p; ++t) at[t] = at[t - 1] + 1;
+  }
+  return out;
+}
+
+// TryEveryCut found none that fits: the least budget that does (exact), and the cut that
+// needs it.
+absl::Status NoCutFitsAny(const Costs& c, const Partition& least) {
+  const int64_t needed = PeakWorkerBytes(least);
+  std::vector<std::string> over;
+  for (int r : WorkersOver(c, least)) over.push_back(c.DescribeWorker(r, least));
+  absl::Status status = absl::ResourceExhaustedError(absl::StrCat(
+      "partition: no cut of ", c.num_layers(), " layers into ", c.num_stages(), " stages on ",
+      c.num_ranks(), " workers fits the memory budget of ", c.budget(),
+      " bytes per worker (a worker's stages together); the smallest budget that fits is ", needed,
+      " bytes, for stages ", RangesString(least.ranges), ", where ", absl::StrJoin(over, "; ")));
+  status.SetPayload(kSmallestBudgetPayload, absl::Cord(absl::StrCat(needed)));
+  return status;
+}
+
 // The cuts of the fewest bytes on the fullest worker that MinMaxPartition knows, whatever the
 // budget: the cut of the least peak stage (Lightest), and DescendCuts for the fewest bytes
 // from it and from the fastest cut without a budget. None depends on the budget, so that a
@@ -696,6 +774,12 @@ absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
     return absl::InvalidArgumentError(
         absl::StrCat("partition: cannot split ", n, " layers into ", p,
                      " stages: every stage needs at least one layer"));
+  }
+  // Where the budget couples stages and the cuts are few, every one is tried.
+  if (c.Grouped() && AtMostChoose(n - 1, p - 1, problem.max_enumerated_cuts)) {
+    EveryCut every = TryEveryCut(c);
+    if (every.best.has_value()) return *std::move(every.best);
+    return NoCutFitsAny(c, every.least);
   }
   // Every stage within the whole budget: exact with one stage per worker, and a relaxation
   // with several (a worker's stages together may exceed it).

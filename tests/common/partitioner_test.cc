@@ -194,13 +194,28 @@ TEST(MinMaxPartition, TheBudgetBoundsAWorkersStagesTogether) {
   EXPECT_THAT(got->worker_bytes, ElementsAre(20, 6));
   ExpectConsistent(p, *got);
 
+  // The same by the search, without trying every cut.
+  p.max_enumerated_cuts = 0;
+  got = MinMaxPartition(p);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(CutsOf(*got), ElementsAre(1, 4, 7));
+  p.max_enumerated_cuts = kMaxEnumeratedCuts;
+
+  // Within 19 nothing fits: trying every cut (35 here) names the least budget, exact; the
+  // search names the least it knows, here the same.
   p.memory_budget_bytes = 19;
   got = MinMaxPartition(p);
   ASSERT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
   EXPECT_THAT(got.status().message(), HasSubstr("budget of 19 bytes per worker"));
-  EXPECT_THAT(got.status().message(), HasSubstr("the least demanding found needs 20 bytes"));
+  EXPECT_THAT(got.status().message(), HasSubstr("the smallest budget that fits is 20 bytes"));
   EXPECT_THAT(got.status().message(), HasSubstr("worker 0 needs 20 bytes"));
   EXPECT_EQ(SmallestBudgetBytes(got.status()), 20);
+  p.max_enumerated_cuts = 0;
+  got = MinMaxPartition(p);
+  ASSERT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
+  EXPECT_THAT(got.status().message(), HasSubstr("the least demanding found needs 20 bytes"));
+  EXPECT_EQ(SmallestBudgetBytes(got.status()), 20);
+  p.max_enumerated_cuts = kMaxEnumeratedCuts;
 
   // One stage per worker in another order: the messages still name the stage over.
   PartitionProblem swapped = HeavyFront();
@@ -603,62 +618,69 @@ TEST(MinMaxPartition, MatchesBruteForceWithRealCosts) { CrossCheck(false, 7); }
 // brute force does, with the brute force's bottleneck; every worker of it fits; a refusal names a
 // budget no smaller than the least any cut needs.
 TEST(MinMaxPartition, KeepsEveryWorkerWithinTheBudgetWithSeveralStagesEach) {
-  std::mt19937 rng(20261205);
-  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  int feasible = 0, found = 0, optimal = 0, refused = 0, bound = 0;
-  for (int trial = 0; trial < 1500; ++trial) {
-    const int workers = uniform(1, 3), stages = 2 * workers;
-    const int n = uniform(stages, 10);
-    PartitionProblem p;
-    p.num_stages = stages;
-    for (int l = 0; l < n; ++l) {
-      p.layers.push_back(
-          LayerCost{static_cast<double>(uniform(0, 9)), uniform(0, 20), uniform(0, 10)});
-      if (uniform(0, 2) == 0) p.layers.back().output_bytes = uniform(0, 12);
+  for (const int64_t enumerated : {int64_t{0}, kMaxEnumeratedCuts}) {
+    SCOPED_TRACE(enumerated == 0 ? "the search" : "every cut tried");
+    std::mt19937 rng(20261205);
+    auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+    int feasible = 0, found = 0, optimal = 0, refused = 0, bound = 0;
+    for (int trial = 0; trial < 1500; ++trial) {
+      const int workers = uniform(1, 3), stages = 2 * workers;
+      const int n = uniform(stages, 10);
+      PartitionProblem p;
+      p.num_stages = stages;
+      for (int l = 0; l < n; ++l) {
+        p.layers.push_back(
+            LayerCost{static_cast<double>(uniform(0, 9)), uniform(0, 20), uniform(0, 10)});
+        if (uniform(0, 2) == 0) p.layers.back().output_bytes = uniform(0, 12);
+      }
+      for (int s = 0; s < stages; ++s) {
+        // interleaved: s mod P; V: down the workers and back up.
+        const bool v_shape = trial % 2 == 1;
+        p.rank_of_stage.push_back(v_shape && s >= workers ? stages - 1 - s : s % workers);
+        p.live_micro_batches.push_back(uniform(1, 3));
+      }
+      p.max_enumerated_cuts = enumerated;
+      const Brute unlimited = BruteForce(p);
+      p.memory_budget_bytes = std::max<int64_t>(1, unlimited.min_peak + uniform(-5, 30));
+      const Brute brute = BruteForce(p);
+      SCOPED_TRACE(::testing::Message() << "trial " << trial << ": " << n << " layers, " << stages
+                                        << " stages, budget " << p.memory_budget_bytes);
+      absl::StatusOr<Partition> got = MinMaxPartition(p);
+      if (brute.feasible && brute.bottleneck > unlimited.bottleneck) ++bound;
+      if (!got.ok()) {
+        ASSERT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
+        ++refused;
+        // The budget it names is one a cut fits: at least the least there is, and a search
+        // within it finds a cut.
+        const int64_t named = SmallestBudgetBytes(got.status());
+        EXPECT_GE(named, unlimited.min_peak);
+        if (enumerated > 0) EXPECT_EQ(named, unlimited.min_peak);  // exact
+        PartitionProblem within = p;
+        within.memory_budget_bytes = named;
+        absl::StatusOr<Partition> again = MinMaxPartition(within);
+        ASSERT_TRUE(again.ok()) << again.status();
+        for (int64_t b : again->worker_bytes) EXPECT_LE(b, named);
+        EXPECT_FALSE(brute.feasible) << "refused, but a cut fits";
+        if (brute.feasible) ++feasible;
+        continue;
+      }
+      ASSERT_TRUE(brute.feasible) << "a cut within the budget that brute force says does not exist";
+      ++feasible;
+      ++found;
+      for (int64_t b : got->worker_bytes) EXPECT_LE(b, p.memory_budget_bytes);
+      ExpectConsistent(p, *got);
+      EXPECT_EQ(got->bottleneck_seconds, brute.bottleneck);
+      if (got->bottleneck_seconds == brute.bottleneck) ++optimal;
+      // Every cut tried: the brute force's very cut (ties: the fullest worker, then the earliest).
+      if (enumerated > 0) EXPECT_EQ(CutsOf(*got), brute.cuts);
     }
-    for (int s = 0; s < stages; ++s) {
-      // interleaved: s mod P; V: down the workers and back up.
-      const bool v_shape = trial % 2 == 1;
-      p.rank_of_stage.push_back(v_shape && s >= workers ? stages - 1 - s : s % workers);
-      p.live_micro_batches.push_back(uniform(1, 3));
-    }
-    const Brute unlimited = BruteForce(p);
-    p.memory_budget_bytes = std::max<int64_t>(1, unlimited.min_peak + uniform(-5, 30));
-    const Brute brute = BruteForce(p);
-    SCOPED_TRACE(::testing::Message() << "trial " << trial << ": " << n << " layers, " << stages
-                                      << " stages, budget " << p.memory_budget_bytes);
-    absl::StatusOr<Partition> got = MinMaxPartition(p);
-    if (brute.feasible && brute.bottleneck > unlimited.bottleneck) ++bound;
-    if (!got.ok()) {
-      ASSERT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
-      ++refused;
-      // The budget it names is one a cut fits: at least the least there is, and a search
-      // within it finds a cut.
-      const int64_t named = SmallestBudgetBytes(got.status());
-      EXPECT_GE(named, unlimited.min_peak);
-      PartitionProblem within = p;
-      within.memory_budget_bytes = named;
-      absl::StatusOr<Partition> again = MinMaxPartition(within);
-      ASSERT_TRUE(again.ok()) << again.status();
-      for (int64_t b : again->worker_bytes) EXPECT_LE(b, named);
-      EXPECT_FALSE(brute.feasible) << "refused, but a cut fits";
-      if (brute.feasible) ++feasible;
-      continue;
-    }
-    ASSERT_TRUE(brute.feasible) << "a cut within the budget that brute force says does not exist";
-    ++feasible;
-    ++found;
-    for (int64_t b : got->worker_bytes) EXPECT_LE(b, p.memory_budget_bytes);
-    ExpectConsistent(p, *got);
-    EXPECT_EQ(got->bottleneck_seconds, brute.bottleneck);
-    if (got->bottleneck_seconds == brute.bottleneck) ++optimal;
+    std::cout << "feasible " << feasible << ", found " << found << ", optimal " << optimal
+              << ", refused " << refused << ", budget-bound " << bound << "\n";
+    EXPECT_GT(refused - (feasible - found), 50);  // truly infeasible budgets are exercised
+    EXPECT_GT(bound, 50);                         // and budgets that slow the optimum
+    EXPECT_EQ(found, feasible);
+    EXPECT_EQ(optimal, found);
   }
-  std::cout << "feasible " << feasible << ", found " << found << ", optimal " << optimal
-            << ", refused " << refused << ", budget-bound " << bound << "\n";
-  EXPECT_GT(refused - (feasible - found), 50);  // truly infeasible budgets are exercised
-  EXPECT_GT(bound, 50);                         // and budgets that slow the optimum
-  EXPECT_EQ(found, feasible);
-  EXPECT_EQ(optimal, found);
 }
 
 // The least fullest-worker bytes that a multi-start descent (the test's own: random starts,
