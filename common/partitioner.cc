@@ -775,8 +775,9 @@ absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
         absl::StrCat("partition: cannot split ", n, " layers into ", p,
                      " stages: every stage needs at least one layer"));
   }
-  // Where the budget couples stages and the cuts are few, every one is tried.
-  if (c.Grouped() && AtMostChoose(n - 1, p - 1, problem.max_enumerated_cuts)) {
+  // Where a budget couples stages and the cuts are few, every one is tried.
+  if (c.Grouped() && problem.memory_budget_bytes > 0 &&
+      AtMostChoose(n - 1, p - 1, problem.max_enumerated_cuts)) {
     EveryCut every = TryEveryCut(c);
     if (every.best.has_value()) return *std::move(every.best);
     return NoCutFitsAny(c, every.least);
