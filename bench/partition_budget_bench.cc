@@ -21,35 +21,13 @@
 #include <vector>
 
 #include "common/partitioner.h"
+#include "tests/common/budget_problems.h"
 
 namespace {
 
-using tandem::LayerCost;
 using tandem::MinMaxPartition;
 using tandem::Partition;
 using tandem::PartitionProblem;
-
-tandem::PartitionProblem Draw(int trial, int layers, std::mt19937& rng) {
-  PartitionProblem p;
-  const int workers = 8, v = trial % 3 == 0 ? 4 : 2;
-  const bool v_shape = trial % 2 == 1 && v == 2;
-  p.num_stages = workers * v;
-  for (int l = 0; l < layers; ++l) {
-    LayerCost cost;
-    cost.seconds = 1.0 + static_cast<double>(rng() % 100) / 100.0;
-    cost.static_bytes = static_cast<int64_t>(10 + rng() % 20) << 20;
-    cost.activation_bytes = static_cast<int64_t>(1 + rng() % 5) << 20;
-    cost.output_bytes = int64_t{1} << 20;
-    p.layers.push_back(cost);
-  }
-  p.layers.front().static_bytes = int64_t{200} << 20;
-  p.layers.back().static_bytes = int64_t{250} << 20;
-  for (int s = 0; s < p.num_stages; ++s) {
-    p.rank_of_stage.push_back(v_shape && s >= workers ? p.num_stages - 1 - s : s % workers);
-    p.live_micro_batches.push_back(std::max(1, p.num_stages - s));
-  }
-  return p;
-}
 
 double Quantile(std::vector<double> v, double q) {
   if (v.empty()) return 0.0;
@@ -83,7 +61,7 @@ int main(int argc, char** argv) {
   std::vector<double> named_share;
   std::mt19937 rng(7);
   for (int trial = 0; trial < kProblems; ++trial) {
-    PartitionProblem p = Draw(trial, layers, rng);
+    PartitionProblem p = tandem::testing::DrawBudgetProblem(trial, layers, rng);
     std::vector<tandem::LayerRange> uniform;
     for (int s = 0; s < p.num_stages; ++s) {
       uniform.push_back({s * layers / p.num_stages, (s + 1) * layers / p.num_stages});

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/budget_problems.h"
 
 namespace tandem {
 namespace {
@@ -745,24 +746,7 @@ int64_t LeastWorkerBytesFound(const PartitionProblem& problem, std::mt19937& rng
 TEST(MinMaxPartition, FindsACutThatFitsATightBudgetOnBigProblems) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 40; ++trial) {
-    PartitionProblem p;
-    const int n = 130, workers = 8, v = trial % 3 == 0 ? 4 : 2;
-    const bool v_shape = trial % 2 == 1 && v == 2;
-    p.num_stages = workers * v;
-    for (int l = 0; l < n; ++l) {
-      LayerCost cost;
-      cost.seconds = 1.0 + static_cast<double>(rng() % 100) / 100.0;
-      cost.static_bytes = static_cast<int64_t>(10 + rng() % 20) << 20;
-      cost.activation_bytes = static_cast<int64_t>(1 + rng() % 5) << 20;
-      cost.output_bytes = int64_t{1} << 20;
-      p.layers.push_back(cost);
-    }
-    p.layers.front().static_bytes = int64_t{200} << 20;  // heavy ends, as embedding and head
-    p.layers.back().static_bytes = int64_t{250} << 20;
-    for (int s = 0; s < p.num_stages; ++s) {
-      p.rank_of_stage.push_back(v_shape && s >= workers ? p.num_stages - 1 - s : s % workers);
-      p.live_micro_batches.push_back(std::max(1, p.num_stages - s));
-    }
+    PartitionProblem p = testing::DrawBudgetProblem(trial, 130, rng);
     const int64_t least = LeastWorkerBytesFound(p, rng);
     SCOPED_TRACE(::testing::Message()
                  << "trial " << trial << ": " << p.num_stages << " stages, least found " << least);
