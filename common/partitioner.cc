@@ -513,10 +513,9 @@ std::optional<CutScore> ScoreCut(const Costs& c, Goal goal, const CutFigures& f)
 // layer along several stages, where single moves would first have to make another stage or
 // worker the worst). Bounded: its moves cost at most kMaxDescentLayers layers (a score's pass
 // over the stages and workers counted as theirs), so that a big problem ends quickly with the
-// best cut by then. A local optimum: with
-// kFewestBytes MinMaxPartition looks for a cut that fits when its per-stage caps find none
-// (and for a smaller budget to name when none fits), with kFastestWithinBudget it speeds up
-// a cut that fits.
+// best cut by then. A local optimum: with kFewestBytes MinMaxPartition looks for a cut that
+// fits when its per-stage caps find none (and for a smaller budget to name when none fits),
+// with kFastestWithinBudget it speeds up a cut that fits.
 constexpr int64_t kMaxDescentLayers = int64_t{1} << 22;
 
 std::vector<LayerRange> DescendCuts(const Costs& c, Goal goal,
@@ -838,7 +837,10 @@ absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
     // (These programmes are bounded by kMaxPolishRounds, not counted against the branch and
     // bound's kMaxWorkerBudgetNodes, so that it explores what it did without them.)
     Partition capped = Cheapest(c, MinBottleneckSeconds(c, caps), caps);
-    Partition& faster = capped.bottleneck_seconds <= moved.bottleneck_seconds ? capped : moved;
+    // (The caps' shares are rounded in floating point: the capped cut is checked as well.)
+    const bool capped_fits = WorkersOver(c, capped).empty();
+    Partition& faster =
+        capped_fits && capped.bottleneck_seconds <= moved.bottleneck_seconds ? capped : moved;
     if (!(faster.bottleneck_seconds < best->bottleneck_seconds)) break;
     best = std::move(faster);
   }
