@@ -711,21 +711,6 @@ EveryCut TryEveryCut(const Costs& c) {
   return out;
 }
 
-// TryEveryCut found none that fits: the least budget that does (exact), and the cut that
-// needs it.
-absl::Status NoCutFitsAny(const Costs& c, const Partition& least) {
-  const int64_t needed = PeakWorkerBytes(least);
-  std::vector<std::string> over;
-  for (int r : WorkersOver(c, least)) over.push_back(c.DescribeWorker(r, least));
-  absl::Status status = absl::ResourceExhaustedError(absl::StrCat(
-      "partition: no cut of ", c.num_layers(), " layers into ", c.num_stages(), " stages on ",
-      c.num_ranks(), " workers fits the memory budget of ", c.budget(),
-      " bytes per worker (a worker's stages together); the smallest budget that fits is ", needed,
-      " bytes, for stages ", RangesString(least.ranges), ", where ", absl::StrJoin(over, "; ")));
-  status.SetPayload(kSmallestBudgetPayload, absl::Cord(absl::StrCat(needed)));
-  return status;
-}
-
 // The cuts of the fewest bytes on the fullest worker that MinMaxPartition knows, whatever the
 // budget: the cut of the least peak stage (Lightest), and DescendCuts for the fewest bytes
 // from it and from the fastest cut without a budget. None depends on the budget, so that a
@@ -739,27 +724,36 @@ std::vector<Partition> FewestBytesCuts(const Costs& c) {
   return cuts;
 }
 
-// With several stages per worker, no cut fits (`stopped`: the branch and bound ended before
-// it could say so): the cut of `fewest` (FewestBytesCuts) of the least fullest worker, whose
-// bytes are named and are the payload.
-absl::Status NoWorkerCutFits(const Costs& c, const std::vector<Partition>& fewest, bool stopped) {
-  const int n = c.num_layers(), p = c.num_stages();
-  const Partition& least =
-      *std::min_element(fewest.begin(), fewest.end(), [](const Partition& x, const Partition& y) {
-        return PeakWorkerBytes(x) < PeakWorkerBytes(y);
-      });
+// How sure a refusal with several stages per worker is.
+enum class Refusal {
+  kExact,    // every cut was tried: the budget named is the least that fits
+  kFound,    // the search ended: the budget named fits, the least may be smaller
+  kStopped,  // the branch and bound stopped before it could say that no cut fits
+};
+
+// With several stages per worker, no cut fits: of `candidates` (every cut's least, or
+// FewestBytesCuts), the one of the least fullest worker, whose bytes are named and are the
+// payload.
+absl::Status NoWorkerCutFits(const Costs& c, const std::vector<Partition>& candidates,
+                             Refusal how) {
+  const Partition& least = *std::min_element(candidates.begin(), candidates.end(),
+                                             [](const Partition& x, const Partition& y) {
+                                               return PeakWorkerBytes(x) < PeakWorkerBytes(y);
+                                             });
   const int64_t needed = PeakWorkerBytes(least);
   std::vector<std::string> over;
   for (int r : WorkersOver(c, least)) over.push_back(c.DescribeWorker(r, least));
-  absl::Status status = absl::ResourceExhaustedError(
-      absl::StrCat("partition: no cut of ", n, " layers into ", p, " stages on ", c.num_ranks(),
-                   " workers fits the memory budget of ", c.budget(),
-                   " bytes per worker (a worker's stages together)",
-                   stopped ? absl::StrCat(" among those tried (the search stops after ",
-                                          kMaxWorkerBudgetNodes, " programmes)")
-                           : "",
-                   "; the least demanding found needs ", needed, " bytes, for stages ",
-                   RangesString(least.ranges), ", where ", absl::StrJoin(over, "; ")));
+  absl::Status status = absl::ResourceExhaustedError(absl::StrCat(
+      "partition: no cut of ", c.num_layers(), " layers into ", c.num_stages(), " stages on ",
+      c.num_ranks(), " workers fits the memory budget of ", c.budget(),
+      " bytes per worker (a worker's stages together)",
+      how == Refusal::kStopped ? absl::StrCat(" among those tried (the search stops after ",
+                                              kMaxWorkerBudgetNodes, " programmes)")
+                               : "",
+      how == Refusal::kExact ? "; the smallest budget that fits is "
+                             : "; the least demanding found needs ",
+      needed, " bytes, for stages ", RangesString(least.ranges), ", where ",
+      absl::StrJoin(over, "; ")));
   status.SetPayload(kSmallestBudgetPayload, absl::Cord(absl::StrCat(needed)));
   return status;
 }
@@ -779,7 +773,7 @@ absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
       AtMostChoose(n - 1, p - 1, problem.max_enumerated_cuts)) {
     EveryCut every = TryEveryCut(c);
     if (every.best.has_value()) return *std::move(every.best);
-    return NoCutFitsAny(c, every.least);
+    return NoWorkerCutFits(c, {every.least}, Refusal::kExact);
   }
   // Every stage within the whole budget: exact with one stage per worker, and a relaxation
   // with several (a worker's stages together may exceed it).
@@ -787,7 +781,7 @@ absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
   const double seconds = MinBottleneckSeconds(c, root);
   if (seconds == kNoSeconds) {
     if (!c.Grouped()) return NoStageCutFits(c, problem.memory_budget_bytes);
-    return NoWorkerCutFits(c, FewestBytesCuts(c), false);
+    return NoWorkerCutFits(c, FewestBytesCuts(c), Refusal::kFound);
   }
   // The per-stage optimum, when every worker fits it (always with one stage per worker).
   Partition cut = Cheapest(c, seconds, root);
@@ -894,7 +888,7 @@ absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem) {
     }
   }
   if (best.has_value()) return *std::move(best);
-  return NoWorkerCutFits(c, fewest, stopped);
+  return NoWorkerCutFits(c, fewest, stopped ? Refusal::kStopped : Refusal::kFound);
 }
 
 absl::StatusOr<Partition> EvaluatePartition(const PartitionProblem& problem,
