@@ -120,16 +120,16 @@ inline constexpr int kMaxWorkerBudgetNodes = 64;
 // programme under caps that keep every worker within the budget), and then a best-first
 // branch and bound over per-stage caps (each node solved by the same dynamic programme) looks
 // for a faster one. Where the cuts are few (max_enumerated_cuts) and a budget is set, every
-// cut is tried instead,
-// which is exact: among the cuts whose every worker fits, those with the smallest
-// bottleneck_seconds, then the smallest max of worker_bytes, then the earliest; a refusal
-// names the smallest budget that fits, exact. The search is exact in its bottleneck when it
-// ends within kMaxWorkerBudgetNodes programmes (ties are broken by the peak stage within the
-// node or caps that find it, not over all cuts); otherwise the best cut found. A cut it returns
-// always fits. The search's RESOURCE_EXHAUSTED names, and carries as the payload, the least worker
-// budget among cuts it knows whatever the budget (so that a search within it finds that cut): a
-// budget that fits, an upper bound of the least (compared with other candidates' exact figures it
-// may overstate this one's), and says when the search stopped early.
+// cut is tried instead, which is exact: among the cuts whose every worker fits, those with the
+// smallest bottleneck_seconds, then the smallest max of worker_bytes, then the earliest; a
+// refusal names the smallest budget that fits, exact. The search is exact in its bottleneck
+// when it ends within kMaxWorkerBudgetNodes programmes (ties are broken by the peak stage
+// within the node or caps that find it, not over all cuts); otherwise the best cut found. A
+// cut it returns always fits. The search's RESOURCE_EXHAUSTED names, and carries as the
+// payload, the least worker budget among cuts it knows whatever the budget (so that a search
+// within it finds that cut): a budget that fits, an upper bound of the least (compared with
+// other candidates' exact figures it may overstate this one's), and says when the search
+// stopped early.
 absl::StatusOr<Partition> MinMaxPartition(const PartitionProblem& problem);
 
 // MinMaxPartition's RESOURCE_EXHAUSTED carries the smallest budget that fits (with several
