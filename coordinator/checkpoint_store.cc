@@ -158,6 +158,16 @@ absl::Status CheckpointStore::Commit(const std::string& job_id, int64_t step, in
   return absl::OkStatus();
 }
 
+void CheckpointStore::Discard(const std::string& job_id, int64_t step) {
+  if (!enabled() || !SafeJobId(job_id)) return;
+  const fs::path dir = Dir(job_id, step);
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec) || fs::exists(dir / kManifest, ec)) return;
+  fs::remove_all(dir, ec);
+  if (ec)
+    spdlog::warn("cannot remove the incomplete checkpoint {}: {}", dir.string(), ec.message());
+}
+
 std::vector<int64_t> CheckpointStore::CompleteSteps(const std::string& job_id) const {
   std::vector<int64_t> steps;
   std::error_code ec;

@@ -57,6 +57,10 @@ class CheckpointStore {
   // Commits the checkpoint (every stage file must be in place): writes the manifest
   // atomically, then deletes the job's older checkpoints beyond `keep` and any torn ones.
   absl::Status Commit(const std::string& job_id, int64_t step, int num_stages, int keep);
+  // Removes what a checkpoint that could not be completed left of (job, step), its stage files,
+  // so that a full disk gets their space back at once (Commit drops such leftovers only when
+  // a later checkpoint completes). A complete checkpoint (one with its manifest) is kept.
+  void Discard(const std::string& job_id, int64_t step);
   // The latest complete checkpoint's step; NOT_FOUND if the job has none.
   absl::StatusOr<int64_t> Latest(const std::string& job_id) const;
   // The latest complete checkpoint whose files match their manifest's sizes and checksums

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -58,6 +59,27 @@ TEST(CheckpointStoreTest, ATornCheckpointIsNeverLoadedAndRetentionKeepsTheNewest
   CheckpointStore none("");
   EXPECT_EQ(none.Latest("job-1").status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(store.Open("../etc", 1).status().code(), absl::StatusCode::kInvalidArgument);
+  std::filesystem::remove_all(dir);
+}
+
+// Discard removes what an incomplete checkpoint wrote (its space back at once, where Commit
+// would drop it only at the next complete checkpoint) and never a complete one.
+TEST(CheckpointStoreTest, DiscardRemovesAnIncompleteCheckpointAndKeepsACompleteOne) {
+  char dir_template[] = "/tmp/tandem-ckpt-XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  CheckpointStore store(dir);
+  WriteStage(store, "job-1", 3, 0);
+  WriteStage(store, "job-1", 3, 1);
+  ASSERT_TRUE(store.Commit("job-1", 3, 2, /*keep=*/2).ok());
+  WriteStage(store, "job-1", 7, 0);  // stage 1 never stored
+  store.Discard("job-1", 7);
+  EXPECT_FALSE(std::filesystem::exists(store.Dir("job-1", 7)));
+  store.Discard("job-1", 3);
+  store.Discard("job-1", 9);                // nothing there
+  store.Discard("../etc", 1);               // not a job's
+  CheckpointStore("").Discard("job-1", 3);  // disabled
+  EXPECT_EQ(store.CompleteSteps("job-1"), (std::vector<int64_t>{3}));
+  EXPECT_TRUE(store.Open("job-1", 3).ok());
   std::filesystem::remove_all(dir);
 }
 
