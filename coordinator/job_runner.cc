@@ -201,6 +201,7 @@ void JobRunner::Run() {
   const bool grow_from_peers =
       env_.options.peer_recovery && IsElastic(run_.spec) && !ShardsOptimizerState(run_.spec);
   std::optional<std::string> grow;
+  bool permanent = false;  // the run failed in a way a restart would repeat
   int64_t grow_step = -1;  // the step after which a grow from the workers' state ends the run
   for (int64_t step = run_.first_step; status.ok() && step < run_.spec.steps(); ++step) {
     status = gang_.InterruptStatus();
@@ -213,8 +214,14 @@ void JobRunner::Run() {
     }
     if (status.ok() && CheckpointDue(run_.spec, step) && env_.checkpoints != nullptr &&
         env_.checkpoints->enabled()) {
-      status = SaveCheckpoint(step);
-      if (status.ok() && step + 1 < run_.spec.steps()) grow = GrowReason(step, false);
+      absl::Status not_stored;
+      status = Checkpoint(step, &not_stored);
+      const bool stored = status.ok() && not_stored.ok();
+      if (status.ok() && !not_stored.ok()) {
+        status = CheckpointNotStored(step, not_stored);
+        permanent = !status.ok();
+      }
+      if (stored && step + 1 < run_.spec.steps()) grow = GrowReason(step, false);
       if (grow.has_value()) break;
     } else if (status.ok() && grow_from_peers && step + 1 < run_.spec.steps()) {
       grow = GrowReason(step, true);
@@ -225,7 +232,7 @@ void JobRunner::Run() {
     }
   }
   const bool shutting_down = !status.ok() && InterruptIs(Interrupt::kShutdown);
-  const bool restarts = !status.ok() && !shutting_down &&
+  const bool restarts = !status.ok() && !shutting_down && !permanent &&
                         status.code() != absl::StatusCode::kCancelled &&
                         ClassifyRunFailure(phase, WorkerErrorCode(status)) == FailureKind::kFault &&
                         job_.restarts() < run_.spec.max_restarts();
@@ -564,22 +571,82 @@ absl::Status JobRunner::RunStepOnAll(const std::string& what, const v1::RunStepR
   return absl::OkStatus();
 }
 
-absl::Status JobRunner::SaveCheckpoint(int64_t step) {
+absl::Status JobRunner::Checkpoint(int64_t step, absl::Status* not_stored) {
+  const bool last = step + 1 == run_.spec.steps();
+  for (int attempt = 1;; ++attempt) {
+    RETURN_IF_ERROR(SaveCheckpoint(step, not_stored));
+    if (not_stored->ok() || !last || attempt == kFinalCheckpointTries) return absl::OkStatus();
+    spdlog::warn(
+        "{}: the final checkpoint (after step {}) was not stored: {}; trying again in {} "
+        "(try {} of {})",
+        job_.id(), StepNumber(step), std::string(not_stored->message()),
+        absl::FormatDuration(env_.options.checkpoint_retry_delay), attempt + 1,
+        kFinalCheckpointTries);
+    // Waits in slices, so that a cancel or shutdown meanwhile ends the wait.
+    const absl::Time until = absl::Now() + env_.options.checkpoint_retry_delay;
+    while (absl::Now() < until) {
+      RETURN_IF_ERROR(gang_.InterruptStatus());
+      absl::SleepFor(std::min(absl::Milliseconds(100), until - absl::Now()));
+    }
+  }
+}
+
+absl::Status JobRunner::CheckpointNotStored(int64_t step, const absl::Status& cause) {
+  const std::string& id = job_.id();
+  const absl::StatusOr<int64_t> latest = env_.checkpoints->Latest(id);
+  const std::string kept =
+      latest.ok() ? absl::StrCat("after step ", StepNumber(*latest)) : std::string("none");
+  if (step + 1 < run_.spec.steps()) {
+    const std::string what =
+        absl::StrCat("checkpoint after step ", StepNumber(step), " not stored (", cause.message(),
+                     "); the job trains on, its latest checkpoint ", kept);
+    spdlog::warn("{}: {}", id, what);
+    env_.store->RecordCheckpointFailure(id, what);
+    return absl::OkStatus();
+  }
+  const std::string what = absl::StrCat(
+      "the final checkpoint (after step ", StepNumber(step), ") was not stored after ",
+      kFinalCheckpointTries, " tries (", cause.message(),
+      "), so the trained state is lost with "
+      "the run; ",
+      latest.ok() ? absl::StrCat("its latest checkpoint is after step ", StepNumber(*latest),
+                                 ": free space in the coordinator's data root and submit the job "
+                                 "again with init.from_job: ",
+                                 id, " to train the steps after it again")
+                  : std::string("it has no checkpoint to resume from"));
+  env_.store->RecordCheckpointFailure(id, what);
+  return absl::ResourceExhaustedError(what);
+}
+
+absl::Status JobRunner::SaveCheckpoint(int64_t step, absl::Status* not_stored) {
   ScopedLogContext log_context({.step = step});
+  *not_stored = absl::OkStatus();
   // Replica 0's workers hold the whole model (every replica holds the same state): one file per
   // stage, written once. With sharded optimizer state every replica takes part, gathering the
   // moments to replica 0, which alone streams them (the others send an empty index).
   const int p = PipelineRanks();
   const int callees = ShardsOptimizerState(run_.spec) ? gang_.size() : p;
   const std::string what = absl::StrCat("checkpoint after step ", StepNumber(step));
-  std::vector<std::future<absl::Status>> saves;
+  // Each rank's stream: the worker's failure, or the coordinator's storage failing under it.
+  struct StageSave {
+    absl::Status worker;
+    absl::Status storage;
+  };
+  // The store's own errors are the coordinator's storage (a full or read-only disk); an index
+  // it refuses (INVALID_ARGUMENT) or more bytes than it declared (OUT_OF_RANGE) are the stream's.
+  auto storage_failed = [](const absl::Status& s) {
+    return !s.ok() && s.code() != absl::StatusCode::kInvalidArgument &&
+           s.code() != absl::StatusCode::kOutOfRange;
+  };
+  std::vector<std::future<StageSave>> saves;
   for (int r = 0; r < callees; ++r) {
-    saves.push_back(std::async(std::launch::async, [this, r, step, p]() -> absl::Status {
+    saves.push_back(std::async(std::launch::async, [&, r]() -> StageSave {
       v1::SaveCheckpointRequest req;
       req.set_job_id(job_.id());
       req.set_step(step);
       req.set_attempt(attempt_);
       std::unique_ptr<SafetensorsWriter> writer;
+      absl::Status storage;
       absl::Status s = gang_.client(r).SaveCheckpoint(
           req, env_.options.step_timeout, [&](const v1::TensorChunk& chunk) -> absl::Status {
             if (r >= p) {  // another replica's: it only helped gather
@@ -587,34 +654,58 @@ absl::Status JobRunner::SaveCheckpoint(int64_t step) {
                          ? absl::OkStatus()
                          : absl::DataLossError("a replica other than 0 streamed checkpoint data");
             }
+            // Once the coordinator's storage has failed the rest is drained, not cancelled, so
+            // that the worker's call ends as usual before the next one reaches it.
+            if (!storage.ok()) return absl::OkStatus();
+            absl::Status done;
             if (writer == nullptr) {
               std::vector<TensorInfo> index;
               for (const auto& m : chunk.index()) {
                 index.push_back({m.name(), m.dtype(), {m.shape().begin(), m.shape().end()}});
               }
-              ASSIGN_OR_RETURN(writer,
-                               env_.checkpoints->BeginStage(job_.id(), step, r, std::move(index)));
-              return absl::OkStatus();
+              absl::StatusOr<std::unique_ptr<SafetensorsWriter>> begun =
+                  env_.checkpoints->BeginStage(job_.id(), step, r, std::move(index));
+              if (begun.ok()) writer = *std::move(begun);
+              done = begun.status();
+            } else {
+              done = writer->Append(chunk.data().data(), chunk.data().size());
             }
-            return writer->Append(chunk.data().data(), chunk.data().size());
+            if (!storage_failed(done)) return done;
+            storage = done;
+            writer.reset();  // its temporary file goes now: a full disk gets the space back
+            return absl::OkStatus();
           });
-      if (r >= p) return WithPrefix(s, WorkerName(r));
-      if (s.ok() && writer == nullptr) s = absl::DataLossError("empty checkpoint stream");
-      if (s.ok()) s = writer->Commit();
-      return WithPrefix(s, WorkerName(r));
+      // (Diagnose names the worker of a failure.)
+      if (!s.ok()) return {s, absl::OkStatus()};
+      if (r >= p) return {absl::OkStatus(), absl::OkStatus()};
+      if (!storage.ok()) return {absl::OkStatus(), storage};
+      if (writer == nullptr)
+        return {absl::DataLossError("empty checkpoint stream"), absl::OkStatus()};
+      return {absl::OkStatus(), writer->Commit()};
     }));
   }
   std::vector<absl::Status> results(callees);
   bool failed = false;
   for (int r = 0; r < callees; ++r) {
-    results[r] = saves[r].get();
+    StageSave save = saves[r].get();
+    results[r] = std::move(save.worker);
     failed = failed || !results[r].ok();
+    if (!save.storage.ok() && not_stored->ok()) *not_stored = std::move(save.storage);
   }
   // As for a step: probe the workers, so that a dead one is named as the cause and marked LOST
   // (else the restart could pick it again before its heartbeats are missed).
-  if (failed) return gang_.Diagnose(what, results, env_.options.step_timeout);
-  RETURN_IF_ERROR(WithPrefix(
-      env_.checkpoints->Commit(job_.id(), step, p, run_.spec.checkpoint().keep()), what));
+  if (failed) {
+    *not_stored = absl::OkStatus();
+    env_.checkpoints->Discard(job_.id(), step);
+    return gang_.Diagnose(what, results, env_.options.step_timeout);
+  }
+  if (not_stored->ok()) {
+    *not_stored = env_.checkpoints->Commit(job_.id(), step, p, run_.spec.checkpoint().keep());
+  }
+  if (!not_stored->ok()) {
+    env_.checkpoints->Discard(job_.id(), step);
+    return absl::OkStatus();
+  }
   env_.store->SetCheckpoint(job_.id(), step);
   return absl::OkStatus();
 }

@@ -61,7 +61,13 @@ struct RunnerOptions {
   // fails resumes from the state its surviving workers kept after the last completed step,
   // when every stage has a survivor, instead of from its checkpoint. False: checkpoints only.
   bool peer_recovery = true;
+  // The job's final checkpoint, when the coordinator cannot store it (a full disk), is tried
+  // kFinalCheckpointTries times this far apart before the job fails: its trained state is lost
+  // with the run. (An earlier checkpoint is skipped with a warning; the job trains on.)
+  absl::Duration checkpoint_retry_delay = absl::Seconds(5);
 };
+
+inline constexpr int kFinalCheckpointTries = 3;
 
 // How long a job waits before its run after `restarts` restarts in a row (since a run last
 // trained a step) starts (zero for none).
@@ -153,8 +159,16 @@ class JobRunner {
   absl::Status RunOneStep(int64_t step);
   // The validation pass after `step`: RunStep(EVAL) on every worker; returns the loss.
   absl::StatusOr<double> RunEval(int64_t step);
-  // Streams every stage's state into the checkpoint store and commits it.
-  absl::Status SaveCheckpoint(int64_t step);
+  // Streams every stage's state into the checkpoint store and commits it. Returns the gang's
+  // failure (a worker lost, or its stream broken or malformed: a fault); `*not_stored` is the
+  // coordinator's own storage failing (a full disk: the gang is fine), OK when it stored all.
+  absl::Status SaveCheckpoint(int64_t step, absl::Status* not_stored);
+  // The checkpoint after `step`, with the final one tried again (RunnerOptions): the status
+  // that ends the run, and `*not_stored` as SaveCheckpoint's.
+  absl::Status Checkpoint(int64_t step, absl::Status* not_stored);
+  // What a checkpoint the coordinator could not store means for the job: recorded and warned
+  // about, the job training on, before its last step; a permanent failure after it.
+  absl::Status CheckpointNotStored(int64_t step, const absl::Status& cause);
 
   // "stage 2 (worker w-3 at host:port)", or "rank 1 (stages 1, 6; worker ...)".
   std::string WorkerName(int rank) const;

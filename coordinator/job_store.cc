@@ -602,6 +602,22 @@ void JobStore::SetCheckpoint(const std::string& job_id, int64_t step) {
                 });
 }
 
+void JobStore::RecordCheckpointFailure(const std::string& job_id, const std::string& cause) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = Find(job_id);
+  if (e == nullptr) return;
+  e->job.set_checkpoint_failures(e->job.checkpoint_failures() + 1);
+  e->job.set_last_checkpoint_failure(cause);
+  v1::JobEvent event;
+  event.set_kind(v1::JobEvent::WARNING);
+  event.set_state(e->job.state());
+  event.set_reason(cause);
+  Append(*e, std::move(event));
+  // Not durable: the disk that refused the checkpoint may refuse this too, and the count is
+  // advice, not state a restart needs.
+  (void)Persist(*e, /*durable=*/false, absl::StrCat(job_id, ": recording a checkpoint failure"));
+}
+
 void JobStore::SetFirstStep(const std::string& job_id, int64_t step) {
   absl::MutexLock lock(&mu_);
   Entry* e = Find(job_id);

@@ -122,6 +122,9 @@ class JobStore {
   // The job's latest complete checkpoint, recorded once its manifest is committed (durable
   // before the call returns).
   void SetCheckpoint(const std::string& job_id, int64_t step);
+  // A checkpoint the coordinator could not store (`cause` names its step and why): counted on
+  // the job and sent to its watchers as a WARNING event; its checkpoint stays the one before.
+  void RecordCheckpointFailure(const std::string& job_id, const std::string& cause);
   // A resumed job starts at `step`.
   void SetFirstStep(const std::string& job_id, int64_t step);
   // pipeline.plan: auto: the planner's choice replaces the spec's pipeline (which keeps

@@ -97,9 +97,25 @@ class FakeWorker final : public StageWorkerClient {
     applies.push_back(request);
     done(absl::OkStatus());
   }
-  absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest&, absl::Duration,
-                              const std::function<absl::Status(const v1::TensorChunk&)>&) override {
-    return absl::UnimplementedError("fake");
+  // The stage's state as a worker streams it: the index (one F32 tensor of 4 elements, named
+  // after the rank), then its 16 bytes in two chunks; `checkpoint_error` instead of the end.
+  absl::Status SaveCheckpoint(
+      const v1::SaveCheckpointRequest&, absl::Duration,
+      const std::function<absl::Status(const v1::TensorChunk&)>& on_chunk) override {
+    ++checkpoints;
+    v1::TensorChunk index;
+    v1::TensorMeta* meta = index.add_index();
+    meta->set_name("w" + std::to_string(program_.rank()));
+    meta->set_dtype("F32");
+    meta->add_shape(4);
+    std::vector<v1::TensorChunk> chunks = {index, {}, {}};
+    chunks[1].set_data(std::string(8, '\1'));
+    chunks[2].set_data(std::string(8, '\2'));
+    for (const v1::TensorChunk& chunk : chunks) {
+      if (absl::Status s = on_chunk(chunk); !s.ok()) return s;  // as the gRPC client cancels
+      ++checkpoint_chunks_taken;
+    }
+    return checkpoint_error;
   }
   absl::Status Abort(const v1::AbortRequest& request, absl::Duration) override {
     aborted.store(true);
@@ -164,10 +180,13 @@ class FakeWorker final : public StageWorkerClient {
 
   double link_latency = 20e-6;
   double link_seconds_per_byte = 1e-9;
-  double allreduce_extra_per_byte = 0.0;  // the ring's sums and copies, beyond the messages
-  absl::Status configure_error;           // what Configure answers
-  absl::Status probe_error;               // what ProbeLink answers
-  absl::Status liveness_error;            // what Probe answers
+  double allreduce_extra_per_byte = 0.0;        // the ring's sums and copies, beyond the messages
+  absl::Status configure_error;                 // what Configure answers
+  absl::Status probe_error;                     // what ProbeLink answers
+  absl::Status liveness_error;                  // what Probe answers
+  absl::Status checkpoint_error;                // what SaveCheckpoint ends with, its chunks sent
+  std::atomic<int> checkpoints{0};              // SaveCheckpoint calls
+  std::atomic<int> checkpoint_chunks_taken{0};  // chunks the coordinator's sink took
   std::vector<v1::ProbeLinkRequest> probe_requests;
   std::function<double(int)> layer_seconds;
   std::function<double(int, int)> layer_seconds_by_size;  // (layer, micro_batch_size)

@@ -3,8 +3,12 @@
 // classification of failures (restart or fail) it uses.
 #include "coordinator/job_runner.h"
 
+#include <stdlib.h>
+
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -13,8 +17,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "coordinator/checkpoint_store.h"
 #include "coordinator/step_summary.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -692,6 +698,145 @@ TEST(JobRunnerTest, ACancelIsNotRestarted) {
   runner->Cancel("cancelled by the user");
   f.WaitFinished(*runner);
   EXPECT_EQ(f.store->Get(runner->job_id())->state(), v1::CANCELLED);
+}
+
+// Checkpoints into a real store under a temporary data root, which a test can make refuse a
+// step's checkpoint: a regular file where its directory goes (create_directories fails, even
+// as root), or a directory where its manifest's temporary file goes (open fails: EISDIR).
+struct CheckpointRun {
+  CheckpointRun() {
+    char dir_template[] = "/tmp/tandem-ckpt-runner-XXXXXX";
+    root = mkdtemp(dir_template);
+    store = std::make_unique<CheckpointStore>(root + "/checkpoints");
+    f.env.checkpoints = store.get();
+    f.env.options.checkpoint_retry_delay = absl::ZeroDuration();
+  }
+  ~CheckpointRun() {
+    std::error_code ec;
+    std::filesystem::remove_all(root, ec);
+  }
+  // A 2-stage job of `steps` steps, checkpointed after every step, job-1 (the fixture's first).
+  std::unique_ptr<JobRunner> Start(int steps, int max_restarts = 0) {
+    auto spec = LoadJobSpecYaml(absl::StrCat("steps: ", steps, "\nmax_restarts: ", max_restarts,
+                                             "\ncheckpoint:\n  every: 1\n  keep: 2\n"
+                                             "pipeline:\n  stages: 2\n  micro_batches: 4\n"));
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    return f.Start(*spec);
+  }
+  // The checkpoint after step index `step` of job-1 cannot start its stage files.
+  void BlockDirectory(int64_t step) {
+    std::filesystem::create_directories(root + "/checkpoints/job-1");
+    std::ofstream(store->Dir("job-1", step)) << "in the way";
+  }
+  // ... or cannot write its manifest (its stage files are written first).
+  void BlockManifest(int64_t step) {
+    std::filesystem::create_directories(store->Dir("job-1", step) + "/manifest.json.tmp");
+  }
+  std::vector<v1::JobEvent> Warnings(const std::string& id) {
+    std::vector<v1::JobEvent> out;
+    auto log = f.store->WaitEvents(id, 0, absl::ZeroDuration());
+    EXPECT_TRUE(log.ok()) << log.status();
+    if (!log.ok()) return out;
+    for (const v1::JobEvent& e : log->events) {
+      if (e.kind() == v1::JobEvent::WARNING) out.push_back(e);
+    }
+    return out;
+  }
+  RunnerFixture f;
+  std::string root;
+  std::unique_ptr<CheckpointStore> store;
+};
+
+TEST(JobRunnerTest, CheckpointsEveryStageAfterTheStepsItIsDueAndKeepsTheNewest) {
+  CheckpointRun c;
+  auto runner = c.Start(3);
+  c.f.WaitFinished(*runner);
+  auto job = *c.f.store->Get(runner->job_id());
+  EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.checkpoint_step(), 2);
+  EXPECT_EQ(job.checkpoint_failures(), 0);
+  EXPECT_EQ(c.store->CompleteSteps("job-1"), (std::vector<int64_t>{1, 2}));  // keep: 2
+  auto reader = c.store->Open("job-1", 2);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_NE((*reader)->Find("w0"), nullptr);
+  EXPECT_NE((*reader)->Find("w1"), nullptr);
+}
+
+// The coordinator's own storage failing (a full disk, say) is not the gang's fault: before the
+// last step the checkpoint is skipped, counted and warned about, and the job trains on with no
+// restart and no step redone; its latest checkpoint stays the one before.
+TEST(JobRunnerTest, ACheckpointTheCoordinatorCannotStoreIsSkippedAndTheJobTrainsOn) {
+  CheckpointRun c;
+  c.BlockDirectory(1);  // after step 2: no stage file can start
+  c.BlockManifest(2);   // after step 3: the stage files are written, the manifest is not
+  auto runner = c.Start(5, /*max_restarts=*/2);
+  c.f.WaitFinished(*runner);
+  auto job = *c.f.store->Get(runner->job_id());
+  EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.restarts(), 0);
+  EXPECT_EQ(job.steps_done(), 5);
+  EXPECT_EQ(job.steps_redone(), 0);
+  EXPECT_EQ(job.checkpoint_step(), 4);
+  EXPECT_EQ(job.checkpoint_failures(), 2);
+  EXPECT_THAT(job.last_checkpoint_failure(), HasSubstr("checkpoint after step 3 not stored ("));
+  EXPECT_THAT(job.last_checkpoint_failure(), HasSubstr("manifest.json"));
+  EXPECT_THAT(job.last_checkpoint_failure(),
+              HasSubstr("the job trains on, its latest checkpoint after step 1"));
+  EXPECT_EQ(c.store->CompleteSteps("job-1"), (std::vector<int64_t>{3, 4}));
+  // What the refused checkpoint wrote is gone at once (its stage files, on a full disk).
+  EXPECT_FALSE(std::filesystem::exists(c.store->Dir("job-1", 2)));
+  const std::vector<v1::JobEvent> warnings = c.Warnings(job.id());
+  ASSERT_EQ(warnings.size(), 2u);
+  EXPECT_THAT(warnings[0].reason(), HasSubstr("checkpoint after step 2 not stored ("));
+  EXPECT_THAT(warnings[0].reason(), HasSubstr("its latest checkpoint after step 1"));
+  EXPECT_EQ(warnings[1].reason(), job.last_checkpoint_failure());
+  // The worker's stream is read to its end, not cancelled, so that its call has ended before the
+  // next step's reaches it.
+  for (FakeWorker* w : c.f.factory.made) {
+    EXPECT_EQ(w->checkpoints.load(), 5);
+    EXPECT_EQ(w->checkpoint_chunks_taken.load(), 3 * 5);
+  }
+}
+
+// The final checkpoint holds what the job trained: where the coordinator cannot store it, it is
+// tried again, and then the job fails at once (a restart would train the same steps again into
+// the same disk), saying what was lost and how to resume from the latest checkpoint.
+TEST(JobRunnerTest, AFinalCheckpointTheCoordinatorCannotStoreFailsTheJobWithoutRestarts) {
+  CheckpointRun c;
+  c.BlockDirectory(2);
+  auto runner = c.Start(3, /*max_restarts=*/2);
+  c.f.WaitFinished(*runner);
+  auto job = *c.f.store->Get(runner->job_id());
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.restarts(), 0);
+  EXPECT_THAT(job.reason(),
+              HasSubstr("the final checkpoint (after step 3) was not stored after 3 tries ("));
+  EXPECT_THAT(job.reason(), HasSubstr("the trained state is lost with the run"));
+  EXPECT_THAT(job.reason(), HasSubstr("its latest checkpoint is after step 2"));
+  EXPECT_THAT(job.reason(), HasSubstr("init.from_job: job-1"));
+  EXPECT_EQ(job.checkpoint_step(), 1);
+  EXPECT_EQ(job.checkpoint_failures(), 1);
+  for (FakeWorker* w : c.f.factory.made)
+    EXPECT_EQ(w->checkpoints.load(), 2 + kFinalCheckpointTries);
+}
+
+// A worker whose checkpoint stream breaks is the gang's fault, as a failed step is: the run ends
+// and the job restarts from its latest checkpoint; nothing is counted as a storage failure.
+TEST(JobRunnerTest, ACheckpointStreamThatBreaksIsAFaultAndRestartsTheJob) {
+  CheckpointRun c;
+  c.f.factory.configure = [](FakeWorker* w) {
+    if (w->rank_ == 1) w->checkpoint_error = absl::UnavailableError("stream reset");
+  };
+  auto runner = c.Start(3, /*max_restarts=*/1);
+  c.f.WaitFinished(*runner);
+  auto job = *c.f.store->Get(runner->job_id());
+  EXPECT_EQ(job.state(), v1::QUEUED) << job.reason();
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_THAT(job.first_failure(), HasSubstr("stream reset"));
+  EXPECT_THAT(job.reason(), HasSubstr("resumes from the start (no checkpoint yet)"));
+  EXPECT_EQ(job.checkpoint_failures(), 0);
+  EXPECT_TRUE(c.store->CompleteSteps("job-1").empty());
+  EXPECT_FALSE(std::filesystem::exists(c.store->Dir("job-1", 0)));
 }
 
 }  // namespace

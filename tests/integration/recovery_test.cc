@@ -8,12 +8,14 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/safetensors.h"
@@ -122,6 +124,36 @@ TEST_F(RecoveryTest, AKilledWorkerIsReplacedAndTheJobResumesFromItsCheckpoint) {
   for (const v1::StageAssignment& s : end->stages()) {
     EXPECT_NE(WorkerOfStage(*id, s.stage()), victim) << "the dead worker serves no stage";
   }
+}
+
+// The coordinator's own disk refusing a checkpoint (here a file where the checkpoint's directory
+// goes) is no fault of the workers: the checkpoint is skipped with a warning, each worker's
+// checkpoint stream is read to its end (so its call is over before the next step reaches it),
+// and the job trains on to the reference run's losses with no restart.
+TEST_F(RecoveryTest, ACheckpointTheCoordinatorCannotStoreIsSkippedAndTheJobTrainsOn) {
+  StartCluster(2);
+  constexpr int kShort = 40;
+  const v1::Job reference = Reference(kShort);
+  int64_t n = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(absl::StripPrefix(reference.id(), "job-"), &n)) << reference.id();
+  const std::string next = absl::StrCat("job-", n + 1);
+  const std::string dir = absl::StrCat(cluster_->data_root(), "/checkpoints/", next);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/step-19") << "in the way";  // the checkpoint after step 20
+
+  auto id = cluster_->Submit(Job(/*max_restarts=*/2, kShort));
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_EQ(*id, next);
+  auto end = cluster_->WaitForEnd(*id, 120s);
+  ASSERT_TRUE(end.ok()) << end.status();
+  testing::ExpectTheReferenceRun(*end, reference, kShort);
+  EXPECT_EQ(end->restarts(), 0);
+  EXPECT_EQ(end->checkpoint_step(), kShort - 1);
+  EXPECT_EQ(end->checkpoint_failures(), 1);
+  EXPECT_THAT(end->last_checkpoint_failure(),
+              HasSubstr("checkpoint after step 20 not stored (cannot create "));
+  EXPECT_THAT(end->last_checkpoint_failure(),
+              HasSubstr("the job trains on, its latest checkpoint after step 10"));
 }
 
 TEST_F(RecoveryTest, AHungWorkerIsDetectedInTimeAndWakingItCorruptsNothing) {
