@@ -175,6 +175,12 @@ void RenderJobs(ExpositionWriter& w, const MetricsSnapshot& s) {
            *v = static_cast<double>(j.job.restarts());
            return true;
          });
+  PerJob(w, s, "tandem_job_checkpoint_failures_total", Type::kCounter,
+         "Checkpoints the coordinator could not store (a full disk); the job trained on.",
+         [](const JobMetrics& j, double* v) {
+           *v = static_cast<double>(j.job.checkpoint_failures());
+           return true;
+         });
   PerJob(w, s, "tandem_job_resizes_total", Type::kCounter,
          "Changes of an elastic job's layout (shrinks after faults, grows at checkpoints).",
          [](const JobMetrics& j, double* v) {

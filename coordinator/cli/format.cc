@@ -326,6 +326,11 @@ std::string FormatJobDetails(const v1::Job& job) {
   if (job.checkpoint_step() >= 0 && job.created_unix_ms() > 0 && job.steps_done() > 0) {
     info.AddRow({"Checkpoint", absl::StrCat("after step ", job.checkpoint_step() + 1)});
   }
+  if (job.checkpoint_failures() > 0) {
+    info.AddRow({"Not stored",
+                 absl::StrCat(job.checkpoint_failures(),
+                              " checkpoint(s); the latest: ", job.last_checkpoint_failure())});
+  }
   info.AddRow({"Created", FormatTimestamp(job.created_unix_ms())});
   if (job.started_unix_ms() > 0) info.AddRow({"Started", FormatTimestamp(job.started_unix_ms())});
   if (job.finished_unix_ms() > 0) {
@@ -510,6 +515,10 @@ absl::Status WatchPrinter::OnEvent(const v1::JobEvent& event) {
     }
     case v1::JobEvent::STATE:
       PrintLine(FormatStateLine(event, job_name_));
+      break;
+    case v1::JobEvent::WARNING:
+      PrintLine(absl::StrCat("job ", event.job_id(), job_name_.empty() ? "" : " (", job_name_,
+                             job_name_.empty() ? "" : ")", ": warning: ", event.reason()));
       break;
     default:
       break;  // a newer server's event kind: nothing to show

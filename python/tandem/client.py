@@ -451,6 +451,8 @@ def _update_bar(bar, event: Event) -> None:
         bar.set_postfix(loss="%.4f" % event.step.loss)
     elif event.kind == "state":
         bar.set_description("%s %s" % (event.job_id, event.state))
+    elif event.kind == "warning":
+        bar.write("%s warning: %s" % (event.job_id, event.reason))
 
 
 def _write_atomically(path: str, data: bytes) -> None:

@@ -167,6 +167,8 @@ class JobStatus:
     tokens_per_step: int
     skipped_steps: int
     checkpoint_step: Optional[int]  # the latest complete checkpoint's step, or None
+    checkpoint_failures: int        # checkpoints the coordinator could not store (a full disk)
+    last_checkpoint_failure: str    # the latest of them: its step and cause
     first_step: int
     restarts: int
     first_failure: str
@@ -202,6 +204,8 @@ class JobStatus:
             finished=_time(j.finished_unix_ms), effective_batch=j.effective_batch,
             tokens_per_step=j.tokens_per_step, skipped_steps=j.skipped_steps,
             checkpoint_step=j.checkpoint_step if j.checkpoint_step >= 0 else None,
+            checkpoint_failures=j.checkpoint_failures,
+            last_checkpoint_failure=j.last_checkpoint_failure,
             first_step=j.first_step, restarts=j.restarts, first_failure=j.first_failure,
             steps_redone=j.steps_redone, peer_recoveries=j.peer_recoveries,
             resizes=tuple(message_to_dict(r) for r in j.resizes),
@@ -218,7 +222,8 @@ class Event:
     """One event of a job's WatchJob stream.
 
     kind: "snapshot" (the first: the job as it stands, in `job`), "step" (a step finished: in
-    `step`) or "state" (the job changed state: `state`, `reason`).
+    `step`), "state" (the job changed state: `state`, `reason`) or "warning" (something the job
+    went on despite, such as a checkpoint the coordinator could not store: `reason`).
     """
 
     kind: str
@@ -232,7 +237,7 @@ class Event:
     @classmethod
     def from_proto(cls, e: "coordinator_pb2.JobEvent") -> "Event":
         kinds = {coordinator_pb2.JobEvent.SNAPSHOT: "snapshot", coordinator_pb2.JobEvent.STEP: "step",
-                 coordinator_pb2.JobEvent.STATE: "state"}
+                 coordinator_pb2.JobEvent.STATE: "state", coordinator_pb2.JobEvent.WARNING: "warning"}
         return cls(
             kind=kinds.get(e.kind, "unknown"), job_id=e.job_id, state=_state_name(e.state),
             reason=e.reason, total_steps=e.total_steps,

@@ -80,6 +80,19 @@ def test_every_step_summary_field_is_mapped():
     assert fields - mapped == set(tandem.Step.UNMAPPED)
 
 
+def test_checkpoint_failures_and_warning_events_are_mapped():
+    job = coordinator_pb2.Job(id="job-1", checkpoint_step=3, checkpoint_failures=2,
+                              last_checkpoint_failure="checkpoint after step 6 not stored (full)")
+    status = tandem.JobStatus.from_proto(job)
+    assert status.checkpoint_step == 3 and status.checkpoint_failures == 2
+    assert status.last_checkpoint_failure == "checkpoint after step 6 not stored (full)"
+    event = coordinator_pb2.JobEvent(kind=coordinator_pb2.JobEvent.WARNING, job_id="job-1",
+                                     state=2, reason="checkpoint after step 6 not stored (full)")
+    e = tandem.Event.from_proto(event)
+    assert e.kind == "warning" and e.reason == "checkpoint after step 6 not stored (full)"
+    assert e.step is None and e.job is None
+
+
 def _step(i, loss, val=None):
     s = coordinator_pb2.StepSummary(step=i, loss=loss, step_seconds=0.01, tokens_per_second=100)
     if val is not None:

@@ -152,6 +152,7 @@ TEST_F(CoordinatorMetricsTest, EveryFamilyHasItsTypeHelpAndPrometheusName) {
       {"tandem_job_steps_planned", "gauge"},
       {"tandem_job_skipped_steps_total", "counter"},
       {"tandem_job_restarts_total", "counter"},
+      {"tandem_job_checkpoint_failures_total", "counter"},
       {"tandem_job_resizes_total", "counter"},
       {"tandem_job_peer_recoveries_total", "counter"},
       {"tandem_job_recovery_seconds_total", "counter"},
@@ -213,6 +214,9 @@ TEST_F(CoordinatorMetricsTest, RestartsResizesAndRedoneStepsAreCounted) {
   EXPECT_EQ(store_->Get(running_)->resizes(0).checkpoint_step(), 1);
   EXPECT_EQ(store_->Get(running_)->resizes(0).state_source(), "checkpoint after step 2");
   EXPECT_THAT(e.Value("tandem_job_peer_recoveries_total", job), Near(0.0));
+  EXPECT_THAT(e.Value("tandem_job_checkpoint_failures_total", job), Near(0.0));
+  store_->RecordCheckpointFailure(running_, "checkpoint after step 3 not stored (disk full)");
+  EXPECT_THAT(Scrape().Value("tandem_job_checkpoint_failures_total", job), Near(1.0));
 
   // A fault a replica covered: the survivors' state after step 2 (index 1, the last the
   // resumed run completed), nothing redone.

@@ -203,6 +203,16 @@ TEST(FormatJobDetails, RestartsShowTheirCountAndFirstCause) {
                         "w-2 at 10.0.0.2:7100) is unreachable"));
 }
 
+TEST(FormatJobDetails, CheckpointsNotStoredShowTheirCountAndTheLatestCause) {
+  v1::Job job = RunningJob();
+  EXPECT_THAT(FormatJobDetails(job), Not(HasSubstr("Not stored")));
+  job.set_checkpoint_failures(2);
+  job.set_last_checkpoint_failure("checkpoint after step 30 not stored (disk full)");
+  EXPECT_THAT(FormatJobDetails(job),
+              HasSubstr("Not stored  2 checkpoint(s); the latest: checkpoint after step 30 not "
+                        "stored (disk full)"));
+}
+
 TEST(FormatJobDetails, PredictedAgainstMeasuredStageTimes) {
   v1::Job job = RunningJob();
   job.mutable_stages(0)->set_predicted_seconds(0.100);
@@ -337,6 +347,23 @@ TEST(WatchPrinter, LinePerStepAndState) {
             "step 2/3  loss 2.0000  500.0 ms/step  256 tok/s  [#############-------]  66%  "
             "ETA 0:01\n"
             "job job-7 (tiny): FAILED: stage 1 on w-2: worker lost\n");
+}
+
+// A warning (a checkpoint the coordinator could not store) is a line of its own; the job's
+// state and reason stay as they were.
+TEST(WatchPrinter, AWarningIsALineOfItsOwnAndLeavesTheState) {
+  std::ostringstream out;
+  WatchPrinter printer(out, OutputFormat::kTable, /*live=*/false);
+  ASSERT_TRUE(printer.OnEvent(Snapshot()).ok());
+  v1::JobEvent warning = StateEvent(v1::RUNNING, "checkpoint after step 2 not stored (disk full)");
+  warning.set_kind(v1::JobEvent::WARNING);
+  ASSERT_TRUE(printer.OnEvent(warning).ok());
+  printer.Finish();
+  EXPECT_EQ(printer.state(), v1::RUNNING);
+  EXPECT_EQ(printer.reason(), "");
+  EXPECT_EQ(out.str(),
+            "job job-7 (tiny): RUNNING\n"
+            "job job-7 (tiny): warning: checkpoint after step 2 not stored (disk full)\n");
 }
 
 TEST(WatchPrinter, LiveRedrawsTheStepLineInPlace) {
