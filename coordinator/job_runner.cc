@@ -607,8 +607,7 @@ absl::Status JobRunner::CheckpointNotStored(int64_t step, const absl::Status& ca
   const std::string what = absl::StrCat(
       "the final checkpoint (after step ", StepNumber(step), ") was not stored after ",
       kFinalCheckpointTries, " tries (", cause.message(),
-      "), so the trained state is lost with "
-      "the run; ",
+      "), so the trained state is lost with the run; ",
       latest.ok() ? absl::StrCat("its latest checkpoint is after step ", StepNumber(*latest),
                                  ": free space in the coordinator's data root and submit the job "
                                  "again with init.from_job: ",
