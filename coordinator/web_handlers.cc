@@ -112,6 +112,9 @@ json JobSummaryJson(const v1::Job& job) {
   j["resizes"] = job.resizes_size();
   j["steps_redone"] = job.steps_redone();
   j["peer_recoveries"] = job.peer_recoveries();
+  // Checkpoints the coordinator could not store (the job trained on), and the latest's cause.
+  j["checkpoint_failures"] = job.checkpoint_failures();
+  j["last_checkpoint_failure"] = job.last_checkpoint_failure();
   return j;
 }
 

@@ -193,6 +193,10 @@ function renderJob(data) {
     stat(dl, 'recovery', j.restarts + ' restart(s), ' + j.resizes + ' resize(s), ' +
          j.steps_redone + ' step(s) redone, ' + j.peer_recoveries + ' from kept state');
   }
+  if (j.checkpoint_failures > 0) {
+    stat(dl, 'checkpoints not stored', j.checkpoint_failures + '; the latest: ' +
+         j.last_checkpoint_failure);
+  }
   stat(dl, 'schedule', j.schedule + ', ' + j.stages + ' stages' +
        (j.replicas > 1 ? ' x ' + j.replicas + ' replicas' : '') + ', ' +
        (j.replicas > 1 ? j.replicas + ' x ' : '') + j.micro_batches + ' x ' + j.micro_batch_size);

@@ -160,6 +160,14 @@ TEST_F(WebHandlersTest, AJobShowsItsRestartsAndPeerRecoveries) {
   EXPECT_EQ(j["job"]["steps_redone"], 0);
   EXPECT_EQ(j["job"]["peer_recoveries"], 1);
   EXPECT_EQ(j["job"]["steps_done"], 3);
+  EXPECT_EQ(j["job"]["checkpoint_failures"], 0);
+}
+
+TEST_F(WebHandlersTest, AJobShowsItsCheckpointsNotStored) {
+  store_->RecordCheckpointFailure(job_, "checkpoint after step 2 not stored (disk full)");
+  const json j = GetJson("/api/jobs/" + job_);
+  EXPECT_EQ(j["job"]["checkpoint_failures"], 1);
+  EXPECT_EQ(j["job"]["last_checkpoint_failure"], "checkpoint after step 2 not stored (disk full)");
 }
 
 TEST_F(WebHandlersTest, AJobHasItsSeriesStagesAndLatestStep) {
