@@ -151,9 +151,19 @@ std::string FormatStepLine(const v1::StepSummary& step, int64_t total_steps,
                          Percent(done, total_steps), FormatEta(eta), extra);
 }
 
+namespace {
+
+// "job <id>", and " (<name>)" when the name is known: how a watch line names its job.
+std::string JobLabel(const v1::JobEvent& event, const std::string& job_name) {
+  std::string label = absl::StrCat("job ", event.job_id());
+  if (!job_name.empty()) absl::StrAppend(&label, " (", job_name, ")");
+  return label;
+}
+
+}  // namespace
+
 std::string FormatStateLine(const v1::JobEvent& event, const std::string& job_name) {
-  std::string line = absl::StrCat("job ", event.job_id());
-  if (!job_name.empty()) absl::StrAppend(&line, " (", job_name, ")");
+  std::string line = JobLabel(event, job_name);
   absl::StrAppend(&line, ": ", StateName(event.state()));
   if (!event.reason().empty()) absl::StrAppend(&line, ": ", event.reason());
   return line;
@@ -517,8 +527,7 @@ absl::Status WatchPrinter::OnEvent(const v1::JobEvent& event) {
       PrintLine(FormatStateLine(event, job_name_));
       break;
     case v1::JobEvent::WARNING:
-      PrintLine(absl::StrCat("job ", event.job_id(), job_name_.empty() ? "" : " (", job_name_,
-                             job_name_.empty() ? "" : ")", ": warning: ", event.reason()));
+      PrintLine(absl::StrCat(JobLabel(event, job_name_), ": warning: ", event.reason()));
       break;
     default:
       break;  // a newer server's event kind: nothing to show
