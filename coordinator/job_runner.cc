@@ -594,9 +594,9 @@ absl::Status JobRunner::Checkpoint(int64_t step, absl::Status* not_stored) {
 absl::Status JobRunner::CheckpointNotStored(int64_t step, const absl::Status& cause) {
   const std::string& id = job_.id();
   const absl::StatusOr<int64_t> latest = env_.checkpoints->Latest(id);
-  const std::string kept =
-      latest.ok() ? absl::StrCat("after step ", StepNumber(*latest)) : std::string("none");
   if (step + 1 < run_.spec.steps()) {
+    const std::string kept =
+        latest.ok() ? absl::StrCat("after step ", StepNumber(*latest)) : std::string("none");
     const std::string what =
         absl::StrCat("checkpoint after step ", StepNumber(step), " not stored (", cause.message(),
                      "); the job trains on, its latest checkpoint ", kept);
