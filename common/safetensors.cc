@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -53,7 +54,8 @@ int64_t TensorInfo::ByteSize() const {
   if (elem == 0) return -1;
   int64_t n = static_cast<int64_t>(elem);
   for (int64_t d : shape) {
-    if (d < 0) return -1;
+    // A shape read from a file or the network may be any size: overflow is a bad shape too.
+    if (d < 0 || (d > 0 && n > std::numeric_limits<int64_t>::max() / d)) return -1;
     n *= d;
   }
   return n;

@@ -27,7 +27,8 @@ struct TensorInfo {
   std::string dtype;  // "F32", "F16", "BF16", "I64", "I32", "U8", ...
   std::vector<int64_t> shape;
 
-  // Bytes of the tensor's data; -1 for an unknown dtype.
+  // Bytes of the tensor's data; -1 for an unknown dtype, a negative dimension or a size past
+  // int64.
   int64_t ByteSize() const;
 };
 

@@ -1,17 +1,22 @@
 #include "coordinator/checkpoint_store.h"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/format_bytes.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
@@ -74,7 +79,77 @@ absl::Status WriteFileAtomically(const fs::path& path, const std::string& text) 
   return absl::OkStatus();
 }
 
+// A bound on a stage file's safetensors header: the JSON of each tensor's entry (name, dtype,
+// shape, offsets) and of the metadata, and the 8-byte length.
+int64_t HeaderBound(const std::vector<TensorInfo>& tensors) {
+  int64_t bytes = 1024;
+  for (const TensorInfo& t : tensors) {
+    bytes += 96 + static_cast<int64_t>(t.name.size() + t.dtype.size() + 21 * t.shape.size());
+  }
+  return bytes;
+}
+
 }  // namespace
+
+absl::StatusOr<int64_t> DiskFreeBytes(const std::string& path) {
+  // The checkpoints' directory may not exist yet: ask for the nearest ancestor that does.
+  fs::path at = path.empty() ? fs::path(".") : fs::path(path);
+  std::error_code ec;
+  while (!fs::exists(at, ec) && at.has_parent_path() && at.parent_path() != at) {
+    at = at.parent_path();
+  }
+  struct statvfs st {};
+  if (::statvfs(at.c_str(), &st) != 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot ask for the free space of ", at.string(), ": ", std::strerror(errno)));
+  }
+  return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
+}
+
+absl::Status SpaceLedger::Promise(const std::string& what, int64_t bytes, int64_t free,
+                                  int64_t min_free_bytes) {
+  absl::MutexLock lock(&mu_);
+  if (free - promised_ - min_free_bytes < bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, " needs ", FormatBytes(bytes), " and the disk has ", FormatBytes(free), " free",
+        promised_ > 0 ? absl::StrCat(", ", FormatBytes(promised_),
+                                     " of it promised to stage files being "
+                                     "written")
+                      : std::string(),
+        ", and keeps ", FormatBytes(min_free_bytes),
+        " free for the job store (tandem-coordinator --checkpoint-min-free-mb)"));
+  }
+  promised_ += bytes;
+  return absl::OkStatus();
+}
+
+void SpaceLedger::Release(int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  promised_ -= bytes;
+}
+
+int64_t SpaceLedger::promised() const {
+  absl::MutexLock lock(&mu_);
+  return promised_;
+}
+
+StageFileWriter::StageFileWriter(std::unique_ptr<SafetensorsWriter> file,
+                                 std::shared_ptr<SpaceLedger> ledger, int64_t promised)
+    : file_(std::move(file)), ledger_(std::move(ledger)), promised_(promised) {}
+
+StageFileWriter::~StageFileWriter() { ledger_->Release(promised_); }
+
+absl::Status StageFileWriter::Append(const void* data, size_t bytes) {
+  const int64_t before = file_->written();
+  const absl::Status s = file_->Append(data, bytes);
+  // What reached the file is off the disk's free space now: no longer promised.
+  const int64_t written = std::min(file_->written() - before, promised_);
+  ledger_->Release(written);
+  promised_ -= written;
+  return s;
+}
+
+absl::Status StageFileWriter::Commit() { return file_->Commit(); }
 
 absl::StatusOr<absl::Span<const uint8_t>> CheckpointReader::Data(const std::string& name) const {
   auto it = by_name_.find(name);
@@ -97,7 +172,8 @@ std::vector<const TensorInfo*> CheckpointReader::tensors() const {
   return out;
 }
 
-CheckpointStore::CheckpointStore(std::string root) : root_(std::move(root)) {}
+CheckpointStore::CheckpointStore(std::string root, CheckpointStoreOptions options)
+    : root_(std::move(root)), options_(std::move(options)) {}
 
 absl::Status CheckpointStore::CheckEnabled() const {
   if (enabled()) return absl::OkStatus();
@@ -109,19 +185,41 @@ std::string CheckpointStore::Dir(const std::string& job_id, int64_t step) const 
   return (fs::path(root_) / job_id / absl::StrCat("step-", step)).string();
 }
 
-absl::StatusOr<std::unique_ptr<SafetensorsWriter>> CheckpointStore::BeginStage(
+absl::StatusOr<std::unique_ptr<StageFileWriter>> CheckpointStore::BeginStage(
     const std::string& job_id, int64_t step, int stage, std::vector<TensorInfo> tensors) {
   RETURN_IF_ERROR(CheckEnabled());
   if (!SafeJobId(job_id)) return absl::InvalidArgumentError(absl::StrCat("bad job id ", job_id));
   const std::string dir = Dir(job_id, step);
+  const std::string path = (fs::path(dir) / StageFile(stage)).string();
+  int64_t bytes = HeaderBound(tensors);
+  for (const TensorInfo& t : tensors) {
+    const int64_t n = t.ByteSize();
+    if (n < 0 || n > std::numeric_limits<int64_t>::max() / 2 - bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor '", t.name, "' has an unknown dtype or a bad shape"));
+    }
+    bytes += n;
+  }
+  ASSIGN_OR_RETURN(const int64_t free, options_.free_bytes(root_));
+  RETURN_IF_ERROR(ledger_->Promise(path, bytes, free, options_.min_free_bytes));
+  // From here on the promise is the writer's, or given back with the error.
+  auto give_back = [&](absl::Status s) {
+    ledger_->Release(bytes);
+    return s;
+  };
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
-  return SafetensorsWriter::Create((fs::path(dir) / StageFile(stage)).string(), std::move(tensors),
-                                   {{"format", kFormat},
-                                    {"job", job_id},
-                                    {"step", absl::StrCat(step)},
-                                    {"stage", absl::StrCat(stage)}});
+  if (ec) {
+    return give_back(absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message())));
+  }
+  absl::StatusOr<std::unique_ptr<SafetensorsWriter>> file =
+      SafetensorsWriter::Create(path, std::move(tensors),
+                                {{"format", kFormat},
+                                 {"job", job_id},
+                                 {"step", absl::StrCat(step)},
+                                 {"stage", absl::StrCat(stage)}});
+  if (!file.ok()) return give_back(file.status());
+  return std::make_unique<StageFileWriter>(*std::move(file), ledger_, bytes);
 }
 
 absl::Status CheckpointStore::Commit(const std::string& job_id, int64_t step, int num_stages,

@@ -106,8 +106,7 @@ absl::Status ImportHfWeights(const HfWeights& weights, const v1::ModelSpec& mode
     sources.push_back(source);
     index.push_back({t.name, "F32", t.shape});
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWriter> writer,
-                   store.BeginStage(job_id, 0, 0, index));
+  ASSIGN_OR_RETURN(std::unique_ptr<StageFileWriter> writer, store.BeginStage(job_id, 0, 0, index));
   std::vector<float> buffer;
   for (size_t i = 0; i < index.size(); ++i) {
     const HfTensor& t = layout->tensors[i];

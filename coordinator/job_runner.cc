@@ -644,7 +644,7 @@ absl::Status JobRunner::SaveCheckpoint(int64_t step, absl::Status* not_stored) {
       req.set_job_id(job_.id());
       req.set_step(step);
       req.set_attempt(attempt_);
-      std::unique_ptr<SafetensorsWriter> writer;
+      std::unique_ptr<StageFileWriter> writer;
       absl::Status storage;
       absl::Status s = gang_.client(r).SaveCheckpoint(
           req, env_.options.step_timeout, [&](const v1::TensorChunk& chunk) -> absl::Status {
@@ -662,7 +662,7 @@ absl::Status JobRunner::SaveCheckpoint(int64_t step, absl::Status* not_stored) {
               for (const auto& m : chunk.index()) {
                 index.push_back({m.name(), m.dtype(), {m.shape().begin(), m.shape().end()}});
               }
-              absl::StatusOr<std::unique_ptr<SafetensorsWriter>> begun =
+              absl::StatusOr<std::unique_ptr<StageFileWriter>> begun =
                   env_.checkpoints->BeginStage(job_.id(), step, r, std::move(index));
               if (begun.ok()) writer = *std::move(begun);
               done = begun.status();

@@ -37,6 +37,9 @@
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "HOST:PORT to serve on (port 0: ephemeral)");
 ABSL_FLAG(std::string, data_root, "",
           "directory for the job store; empty keeps jobs in memory only");
+ABSL_FLAG(int64_t, checkpoint_min_free_mb, 64,
+          "MiB of the data root's disk a checkpoint leaves free for the job store: a checkpoint "
+          "that would leave less is refused before it is written (and the job trains on)");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once serving");
 ABSL_FLAG(std::string, health_listen, "",
           "also serve grpc.health.v1 in plaintext on this HOST:PORT (for Kubernetes probes): "
@@ -222,7 +225,12 @@ int main(int argc, char** argv) {
   }
 
   const std::string data_root = absl::GetFlag(FLAGS_data_root);
-  tc::CheckpointStore checkpoints(data_root.empty() ? "" : data_root + "/checkpoints");
+  const int64_t min_free_mb = absl::GetFlag(FLAGS_checkpoint_min_free_mb);
+  if (min_free_mb < 0 || min_free_mb > (int64_t{1} << 40)) {
+    return Fail(absl::StrCat("--checkpoint-min-free-mb must be in [0, 2^40], got ", min_free_mb));
+  }
+  tc::CheckpointStore checkpoints(data_root.empty() ? "" : data_root + "/checkpoints",
+                                  {.min_free_bytes = min_free_mb << 20});
   auto store = JobStore::Open(data_root, &checkpoints);
   if (!store.ok()) return Fail(store.status().ToString());
   tc::WorkerRegistry registry(std::chrono::milliseconds(absl::GetFlag(FLAGS_worker_timeout_ms)),

@@ -10,6 +10,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "common/elastic_layout.h"
+#include "common/format_bytes.h"
 #include "common/model_desc.h"
 #include "common/pipeline_plan.h"
 #include "common/schedule.h"
@@ -19,15 +20,6 @@
 
 namespace tandem::cli {
 namespace {
-
-// "1.5 GiB", "243.1 MiB", "12 KiB", "0 B".
-std::string FormatBytes(int64_t bytes) {
-  const double b = static_cast<double>(bytes);
-  if (b >= 1024.0 * 1024 * 1024) return absl::StrFormat("%.1f GiB", b / (1024.0 * 1024 * 1024));
-  if (b >= 1024.0 * 1024) return absl::StrFormat("%.1f MiB", b / (1024.0 * 1024));
-  if (b >= 1024.0) return absl::StrFormat("%.0f KiB", b / 1024.0);
-  return absl::StrFormat("%d B", bytes);
-}
 
 constexpr int kBarWidth = 20;
 

@@ -1,6 +1,7 @@
 // The checkpoint store: torn checkpoints, retention, checksums.
 #include "coordinator/checkpoint_store.h"
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -80,6 +81,89 @@ TEST(CheckpointStoreTest, DiscardRemovesAnIncompleteCheckpointAndKeepsACompleteO
   CheckpointStore("").Discard("job-1", 3);  // disabled
   EXPECT_EQ(store.CompleteSteps("job-1"), (std::vector<int64_t>{3}));
   EXPECT_TRUE(store.Open("job-1", 3).ok());
+  std::filesystem::remove_all(dir);
+}
+
+// The disk a checkpoint is written to, as the store sees it: `capacity` bytes less what the
+// files under the store's root take.
+struct FakeDisk {
+  int64_t capacity = 0;
+  std::atomic<int> asked{0};
+  absl::StatusOr<int64_t> Free(const std::string& root) {
+    ++asked;
+    int64_t used = 0;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
+      if (e.is_regular_file()) used += static_cast<int64_t>(e.file_size());
+    }
+    return capacity - used;
+  }
+};
+
+// A stage file is begun only when the disk has room for all of it beyond what is promised to
+// the other files being written and the job store's share; what it writes, or drops, is given
+// back. A refusal writes nothing and says what was needed, free and promised.
+TEST(CheckpointStoreTest, AStageFileThatDoesNotFitIsRefusedBeforeAnyOfItIsWritten) {
+  char dir_template[] = "/tmp/tandem-ckpt-XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  FakeDisk disk{.capacity = int64_t{5} << 20};
+  CheckpointStore store(dir,
+                        {.min_free_bytes = int64_t{2} << 20,
+                         .free_bytes = [&](const std::string& root) { return disk.Free(root); }});
+  const std::vector<TensorInfo> two_mib = {{"w", "F32", {512, 1024}}};  // 2 MiB of data
+  auto first = store.BeginStage("job-1", 5, 0, two_mib);
+  ASSERT_TRUE(first.ok()) << first.status();
+  // 5 MiB free, 2 MiB and its header promised to stage 0, 2 MiB kept: stage 1's 2 MiB and
+  // header do not fit, though the disk has them free now.
+  auto second = store.BeginStage("job-1", 5, 1, two_mib);
+  ASSERT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted) << second.status();
+  EXPECT_THAT(second.status().message(), HasSubstr("stage-1.safetensors needs 2.0 MiB"));
+  EXPECT_THAT(second.status().message(),
+              HasSubstr(" and the disk has 5.0 MiB free, 2.0 MiB of it promised"));
+  EXPECT_THAT(second.status().message(), HasSubstr("of it promised to stage files being written"));
+  EXPECT_THAT(second.status().message(), HasSubstr("keeps 2.0 MiB free for the job store"));
+  EXPECT_THAT(second.status().message(), HasSubstr("--checkpoint-min-free-mb"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/job-1/step-5/stage-1.safetensors.tmp"));
+  // Stage 0's written half is off the disk's free space and no longer promised (the promise
+  // left is the other half and the header's bound).
+  std::vector<float> half(256 * 1024, 1.0f);
+  ASSERT_TRUE((*first)->Append(half.data(), half.size() * sizeof(float)).ok());
+  EXPECT_LT(store.promised_bytes(), (int64_t{1} << 20) + 4096);
+  EXPECT_GT(store.promised_bytes(), int64_t{1} << 20);
+  ASSERT_TRUE((*first)->Append(half.data(), half.size() * sizeof(float)).ok());
+  ASSERT_TRUE((*first)->Commit().ok());
+  first->reset();
+  EXPECT_EQ(store.promised_bytes(), 0);
+  // With stage 0 on the disk (about 3 MiB free) stage 1 still does not fit beside the 2 MiB
+  // kept; where the job store is given no share it does.
+  EXPECT_EQ(store.BeginStage("job-1", 5, 1, two_mib).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  CheckpointStore roomier(
+      dir, {.min_free_bytes = 0, .free_bytes = [&](const std::string& r) { return disk.Free(r); }});
+  auto again = roomier.BeginStage("job-1", 5, 1, two_mib);
+  ASSERT_TRUE(again.ok()) << again.status();
+  // Dropped unwritten: its promise and its temporary file go with it.
+  again->reset();
+  EXPECT_EQ(roomier.promised_bytes(), 0);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/job-1/step-5/stage-1.safetensors.tmp"));
+  // A bad index is refused as such, whatever the disk.
+  EXPECT_EQ(roomier.BeginStage("job-1", 5, 1, {{"w", "F32", {1 << 30, 1 << 30, 1 << 30}}})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(roomier.promised_bytes(), 0);
+  std::filesystem::remove_all(dir);
+}
+
+// The real disk's free space, asked where the checkpoints' directory does not exist yet.
+TEST(CheckpointStoreTest, DiskFreeBytesAsksTheNearestDirectoryThatExists) {
+  char dir_template[] = "/tmp/tandem-ckpt-XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  absl::StatusOr<int64_t> here = DiskFreeBytes(dir);
+  ASSERT_TRUE(here.ok()) << here.status();
+  EXPECT_GT(*here, 0);
+  absl::StatusOr<int64_t> below = DiskFreeBytes(dir + "/checkpoints/job-1/step-3");
+  ASSERT_TRUE(below.ok()) << below.status();
+  EXPECT_GT(*below, 0);
   std::filesystem::remove_all(dir);
 }
 

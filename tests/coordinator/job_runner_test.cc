@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -704,10 +705,10 @@ TEST(JobRunnerTest, ACancelIsNotRestarted) {
 // step's checkpoint: a regular file where its directory goes (create_directories fails, even
 // as root), or a directory where its manifest's temporary file goes (open fails: EISDIR).
 struct CheckpointRun {
-  CheckpointRun() {
+  explicit CheckpointRun(CheckpointStoreOptions options = {}) {
     char dir_template[] = "/tmp/tandem-ckpt-runner-XXXXXX";
     root = mkdtemp(dir_template);
-    store = std::make_unique<CheckpointStore>(root + "/checkpoints");
+    store = std::make_unique<CheckpointStore>(root + "/checkpoints", std::move(options));
     f.env.checkpoints = store.get();
     f.env.options.checkpoint_retry_delay = absl::ZeroDuration();
   }
@@ -796,6 +797,31 @@ TEST(JobRunnerTest, ACheckpointTheCoordinatorCannotStoreIsSkippedAndTheJobTrains
     EXPECT_EQ(w->checkpoints.load(), 5);
     EXPECT_EQ(w->checkpoint_chunks_taken.load(), 3 * 5);
   }
+}
+
+// A checkpoint the disk has no room for is refused before any of it is written (and counted as
+// the coordinator's storage failing, not the gang's), with what it needed and what was free.
+TEST(JobRunnerTest, ACheckpointTheDiskHasNoRoomForIsRefusedBeforeItIsWritten) {
+  std::atomic<int> asked{0};
+  // Each checkpoint asks once per stage file: the second checkpoint finds the disk full.
+  CheckpointRun c({.free_bytes = [&](const std::string&) -> absl::StatusOr<int64_t> {
+    const int n = asked++;
+    return n == 2 || n == 3 ? int64_t{1} << 20 : int64_t{1} << 40;
+  }});
+  auto runner = c.Start(4, /*max_restarts=*/2);
+  c.f.WaitFinished(*runner);
+  auto job = *c.f.store->Get(runner->job_id());
+  EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.restarts(), 0);
+  EXPECT_EQ(job.checkpoint_failures(), 1);
+  EXPECT_THAT(job.last_checkpoint_failure(), HasSubstr("checkpoint after step 2 not stored ("));
+  EXPECT_THAT(job.last_checkpoint_failure(),
+              HasSubstr(" and the disk has 1.0 MiB free, and keeps 64.0 MiB"));
+  EXPECT_THAT(job.last_checkpoint_failure(), HasSubstr("--checkpoint-min-free-mb"));
+  EXPECT_EQ(asked.load(), 8);
+  EXPECT_EQ(c.store->CompleteSteps("job-1"), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(c.store->promised_bytes(), 0);
+  for (FakeWorker* w : c.f.factory.made) EXPECT_EQ(w->checkpoint_chunks_taken.load(), 3 * 4);
 }
 
 // The final checkpoint holds what the job trained: where the coordinator cannot store it, it is

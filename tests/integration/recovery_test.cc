@@ -40,11 +40,12 @@ std::string Job(int max_restarts, int steps = kSteps) {
 
 class RecoveryTest : public ::testing::Test {
  protected:
-  void StartCluster(int workers) {
+  void StartCluster(int workers, std::vector<std::string> coordinator_args = {}) {
     Cluster::Options options;
     options.workers = workers;
     // A hang with live heartbeats is caught by the step deadline; keep its floor short here.
     options.coordinator_args = {"--step-deadline-floor-ms=2000", "--restart-backoff-ms=100"};
+    for (std::string& a : coordinator_args) options.coordinator_args.push_back(std::move(a));
     cluster_ = std::make_unique<Cluster>(options);
     ASSERT_TRUE(cluster_->Start().ok());
   }
@@ -154,6 +155,30 @@ TEST_F(RecoveryTest, ACheckpointTheCoordinatorCannotStoreIsSkippedAndTheJobTrain
               HasSubstr("checkpoint after step 20 not stored (cannot create "));
   EXPECT_THAT(end->last_checkpoint_failure(),
               HasSubstr("the job trains on, its latest checkpoint after step 10"));
+}
+
+// A coordinator that must keep more of its disk free than it has (--checkpoint-min-free-mb)
+// refuses every checkpoint before a byte of it is written: the first is skipped and the job
+// trains on; the final one, tried again, fails the job without a restart, saying why.
+TEST_F(RecoveryTest, ACheckpointTheDiskHasNoRoomForIsRefusedBeforeAnyOfItIsWritten) {
+  StartCluster(2, {absl::StrCat("--checkpoint-min-free-mb=", int64_t{1} << 40)});
+  constexpr int kShort = 20;
+  auto id = cluster_->Submit(Job(/*max_restarts=*/2, kShort));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto end = cluster_->WaitForEnd(*id, 120s);
+  ASSERT_TRUE(end.ok()) << end.status();
+  EXPECT_EQ(end->state(), v1::FAILED);
+  EXPECT_EQ(end->restarts(), 0);
+  EXPECT_EQ(end->steps_done(), kShort);
+  EXPECT_EQ(end->checkpoint_failures(), 2);
+  EXPECT_THAT(end->reason(),
+              HasSubstr("the final checkpoint (after step 20) was not stored after 3 tries ("));
+  EXPECT_THAT(end->reason(), HasSubstr("stage-0.safetensors needs "));
+  EXPECT_THAT(end->reason(), HasSubstr("keeps 1073741824.0 GiB free for the job store"));
+  EXPECT_THAT(end->reason(), HasSubstr("it has no checkpoint to resume from"));
+  std::error_code ec;
+  EXPECT_FALSE(std::filesystem::exists(
+      absl::StrCat(cluster_->data_root(), "/checkpoints/", *id, "/step-9"), ec));
 }
 
 TEST_F(RecoveryTest, AHungWorkerIsDetectedInTimeAndWakingItCorruptsNothing) {
