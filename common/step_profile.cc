@@ -30,10 +30,14 @@ absl::StatusOr<StepProfile> ProfileStep(const Schedule& lowered,
            : k == v1::ACTION_W ? 3
                                : 4;
   };
+  // Per stage: the gradient reductions' time past the compute they were posted after.
+  std::vector<double> reduce_sum(s, 0.0);
+  std::vector<int> reduce_count(s, 0);
   for (int r = 0; r < p; ++r) {
     const v1::StepReport& rep = *reports[r];
     const std::vector<Action>& actions = lowered.program[r];
     out.exec_seconds[r] = static_cast<double>(rep.exec_us()) * 1e-6;
+    int64_t compute_end_us = 0;  // the latest end of the rank's compute so far
     for (const v1::ActionTiming& t : rep.timings()) {
       if (t.index() < 0 || t.index() >= static_cast<int>(actions.size())) {
         return absl::InvalidArgumentError(absl::StrCat("profile: rank ", r, " timing index ",
@@ -41,7 +45,18 @@ absl::StatusOr<StepProfile> ProfileStep(const Schedule& lowered,
                                                        actions.size(), " actions"));
       }
       const Action& a = actions[t.index()];
+      if (IsReductionAction(a.kind)) {
+        // The worker reports a reduction from its first bucket, handed over inside the last
+        // backward, to its last bucket summed; the program posts it after that backward, so the
+        // replay charges it what it ran past it (the part the step waited for, or the later
+        // compute it ran beside).
+        reduce_sum[a.stage] +=
+            static_cast<double>(std::max<int64_t>(0, t.end_us() - compute_end_us)) * 1e-6;
+        ++reduce_count[a.stage];
+        continue;
+      }
       if (!IsComputeAction(a.kind)) continue;
+      compute_end_us = std::max(compute_end_us, t.end_us());
       const double seconds =
           static_cast<double>(ComputeBusyMicros(t.start_us(), t.end_us(), t.device_us())) * 1e-6;
       out.busy_seconds[r] += seconds;
@@ -63,6 +78,7 @@ absl::StatusOr<StepProfile> ProfileStep(const Schedule& lowered,
     c.backward_weight = mean(3);
     c.recompute = count[st][4] > 0 ? mean(4) : -1.0;
     c.transfer = 0.0;
+    c.reduce = reduce_count[st] > 0 ? reduce_sum[st] / reduce_count[st] : 0.0;
   }
   ASSIGN_OR_RETURN(SimulationResult sim, SimulateSchedule(lowered, ActionCosts{}, out.stage_costs));
   out.predicted_step_seconds = sim.step_time;

@@ -32,9 +32,11 @@ struct StepProfile {
   // 1 - sum(busy) / (ranks x max(exec)): the idle share of the workers' time.
   double measured_bubble = 0.0;
   // Per stage: the mean measured duration of each kind of compute action (0 where the stage
-  // ran none of that kind).
+  // ran none of that kind), and of its gradient reduction past the compute before it (reduce:
+  // the reduction overlaps the last backward layer by layer, and the program posts it after).
   std::vector<ActionCosts> stage_costs;
-  // The simulator run on the program with stage_costs (transfers free).
+  // The simulator run on the program with stage_costs (transfers free; a data-parallel step's
+  // reductions as measured).
   double predicted_step_seconds = 0.0;
   double predicted_bubble = 0.0;
 };

@@ -1,5 +1,6 @@
 #include "common/step_profile.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "gtest/gtest.h"
@@ -93,6 +94,35 @@ TEST(ProfileStep, DeviceTimesReplaceTheHostIntervalsOfComputeActions) {
   profile = ProfileStep(lowered, Pointers(reports));
   ASSERT_TRUE(profile.ok()) << profile.status();
   EXPECT_NEAR(profile->busy_seconds[0], sim->busy[0], 1e-4);
+}
+
+// A data-parallel step: each stage's gradient reduction is reported from its first bucket, handed
+// over inside the last backward, to its end. The replay charges it the part past the compute
+// before it, so that a step whose reduction outlasts the backward replays to its measured length.
+TEST(ProfileStep, AReductionIsChargedWhatItRanPastTheBackward) {
+  const Schedule lowered = AddGradReductions(LowerWithTransfers(*GenerateSchedule("1f1b", 2, 4)));
+  std::vector<ActionCosts> costs(2, ActionCosts{0.010, 0.020, 0.0, 0.0, 0.0});
+  costs[0].reduce = 0.050;
+  costs[1].reduce = 0.004;
+  absl::StatusOr<SimulationResult> sim = SimulateSchedule(lowered, ActionCosts{}, costs);
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  std::vector<v1::StepReport> reports = ReportsOf(lowered, *sim);
+  // As a worker reports it: from the first bucket, posted halfway through the last backward.
+  for (int r = 0; r < 2; ++r) {
+    for (v1::ActionTiming& t : *reports[r].mutable_timings()) {
+      if (IsReductionAction(lowered.program[r][t.index()].kind)) {
+        t.set_start_us(t.start_us() - 10000);
+      }
+    }
+  }
+  absl::StatusOr<StepProfile> profile = ProfileStep(lowered, Pointers(reports));
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_NEAR(profile->stage_costs[0].reduce, 0.050, 1e-6);
+  EXPECT_NEAR(profile->stage_costs[1].reduce, 0.004, 1e-6);
+  EXPECT_NEAR(profile->predicted_step_seconds, sim->step_time, 1e-4);
+  // Without the reductions the replay would end at the last backward.
+  EXPECT_GT(sim->step_time, *std::max_element(sim->busy.begin(), sim->busy.end()) + 0.04);
+  for (int r = 0; r < 2; ++r) EXPECT_NEAR(profile->busy_seconds[r], sim->busy[r], 1e-4);
 }
 
 TEST(ProfileStep, RejectsReportsThatDoNotMatch) {
