@@ -218,6 +218,12 @@ print(f"largest |measured / predicted - 1| over the jobs: {worst:.3f}; target <=
 errors = [abs(r["step_s"] / r["predicted_s"] - 1) for r in predicted]
 print(f"  jobs within 3%: {sum(e <= 0.03 for e in errors)} of {len(errors)}; median "
       f"|measured / predicted - 1| {statistics.median(errors):.3f}")
+# The schedule model apart from the host's speed: the simulator replayed on each step's own
+# measured costs against the measured pipeline.
+replay = [abs(r["replayed_s"] / r["exec_s"] - 1) for r in predicted if r["exec_s"] > 0]
+if replay:
+    print(f"  the schedule on the steps' own costs: replay within 3% of the measured pipeline in "
+          f"{sum(e <= 0.03 for e in replay)} of {len(replay)}; largest off {max(replay):.3f}")
 again = next((r for r in rows if r["name"] == "profile-1f1b-m8-again"), None)
 if again:
     print(f"  drift: the first job run again at the end took {again['step_s']:.3f} s against "
