@@ -113,8 +113,7 @@ absl::Status SpaceLedger::Promise(const std::string& what, int64_t bytes, int64_
     return absl::ResourceExhaustedError(absl::StrCat(
         what, " needs ", FormatBytes(bytes), " and the disk has ", FormatBytes(free), " free",
         promised_ > 0 ? absl::StrCat(", ", FormatBytes(promised_),
-                                     " of it promised to stage files being "
-                                     "written")
+                                     " of it promised to stage files being written")
                       : std::string(),
         ", and keeps ", FormatBytes(min_free_bytes),
         " free for the job store (tandem-coordinator --checkpoint-min-free-mb)"));
