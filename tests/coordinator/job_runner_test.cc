@@ -716,13 +716,16 @@ struct CheckpointRun {
     std::error_code ec;
     std::filesystem::remove_all(root, ec);
   }
-  // A 2-stage job of `steps` steps, checkpointed after every step, job-1 (the fixture's first).
-  std::unique_ptr<JobRunner> Start(int steps, int max_restarts = 0) {
+  // Runs a 2-stage job of `steps` steps, checkpointed after every step, job-1 (the fixture's
+  // first), to the end of its run; its record then.
+  v1::Job Run(int steps, int max_restarts = 0) {
     auto spec = LoadJobSpecYaml(absl::StrCat("steps: ", steps, "\nmax_restarts: ", max_restarts,
                                              "\ncheckpoint:\n  every: 1\n  keep: 2\n"
                                              "pipeline:\n  stages: 2\n  micro_batches: 4\n"));
     EXPECT_TRUE(spec.ok()) << spec.status();
-    return f.Start(*spec);
+    std::unique_ptr<JobRunner> runner = f.Start(*spec);
+    f.WaitFinished(*runner);
+    return *f.store->Get(runner->job_id());
   }
   // The checkpoint after step index `step` of job-1 cannot start its stage files.
   void BlockDirectory(int64_t step) {
@@ -750,9 +753,7 @@ struct CheckpointRun {
 
 TEST(JobRunnerTest, CheckpointsEveryStageAfterTheStepsItIsDueAndKeepsTheNewest) {
   CheckpointRun c;
-  auto runner = c.Start(3);
-  c.f.WaitFinished(*runner);
-  auto job = *c.f.store->Get(runner->job_id());
+  const v1::Job job = c.Run(3);
   EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
   EXPECT_EQ(job.checkpoint_step(), 2);
   EXPECT_EQ(job.checkpoint_failures(), 0);
@@ -770,9 +771,7 @@ TEST(JobRunnerTest, ACheckpointTheCoordinatorCannotStoreIsSkippedAndTheJobTrains
   CheckpointRun c;
   c.BlockDirectory(1);  // after step 2: no stage file can start
   c.BlockManifest(2);   // after step 3: the stage files are written, the manifest is not
-  auto runner = c.Start(5, /*max_restarts=*/2);
-  c.f.WaitFinished(*runner);
-  auto job = *c.f.store->Get(runner->job_id());
+  const v1::Job job = c.Run(5, /*max_restarts=*/2);
   EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
   EXPECT_EQ(job.restarts(), 0);
   EXPECT_EQ(job.steps_done(), 5);
@@ -808,9 +807,7 @@ TEST(JobRunnerTest, ACheckpointTheDiskHasNoRoomForIsRefusedBeforeItIsWritten) {
     const int n = asked++;
     return n == 2 || n == 3 ? int64_t{1} << 20 : int64_t{1} << 40;
   }});
-  auto runner = c.Start(4, /*max_restarts=*/2);
-  c.f.WaitFinished(*runner);
-  auto job = *c.f.store->Get(runner->job_id());
+  const v1::Job job = c.Run(4, /*max_restarts=*/2);
   EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
   EXPECT_EQ(job.restarts(), 0);
   EXPECT_EQ(job.checkpoint_failures(), 1);
@@ -830,9 +827,7 @@ TEST(JobRunnerTest, ACheckpointTheDiskHasNoRoomForIsRefusedBeforeItIsWritten) {
 TEST(JobRunnerTest, AFinalCheckpointTheCoordinatorCannotStoreFailsTheJobWithoutRestarts) {
   CheckpointRun c;
   c.BlockDirectory(2);
-  auto runner = c.Start(3, /*max_restarts=*/2);
-  c.f.WaitFinished(*runner);
-  auto job = *c.f.store->Get(runner->job_id());
+  const v1::Job job = c.Run(3, /*max_restarts=*/2);
   EXPECT_EQ(job.state(), v1::FAILED);
   EXPECT_EQ(job.restarts(), 0);
   EXPECT_THAT(job.reason(),
@@ -853,9 +848,7 @@ TEST(JobRunnerTest, ACheckpointStreamThatBreaksIsAFaultAndRestartsTheJob) {
   c.f.factory.configure = [](FakeWorker* w) {
     if (w->rank_ == 1) w->checkpoint_error = absl::UnavailableError("stream reset");
   };
-  auto runner = c.Start(3, /*max_restarts=*/1);
-  c.f.WaitFinished(*runner);
-  auto job = *c.f.store->Get(runner->job_id());
+  const v1::Job job = c.Run(3, /*max_restarts=*/1);
   EXPECT_EQ(job.state(), v1::QUEUED) << job.reason();
   EXPECT_EQ(job.restarts(), 1);
   EXPECT_THAT(job.first_failure(), HasSubstr("stream reset"));
