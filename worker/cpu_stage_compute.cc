@@ -326,8 +326,8 @@ std::vector<TiedGradient> CpuStageCompute::TiedGradients() {
 absl::Status CpuStageCompute::SumLocalTiedGradients() {
   for (auto& [name, copies] : TiedByName()) {
     if (copies.size() != 2) continue;
-    std::vector<float>& a = copies[0]->grad.vec();
-    std::vector<float>& b = copies[1]->grad.vec();
+    TensorStorage<float>& a = copies[0]->grad.vec();
+    TensorStorage<float>& b = copies[1]->grad.vec();
     for (size_t i = 0; i < a.size(); ++i) a[i] = b[i] = a[i] + b[i];
   }
   return absl::OkStatus();
@@ -340,7 +340,7 @@ absl::Status CpuStageCompute::AddToTiedGradient(size_t index, StageBuffer& other
         absl::StrCat("tied gradient ", index, " of ", copies.size(), ": wrong index or size"));
   }
   // a + b is exactly b + a in IEEE arithmetic, so both workers' copies stay bit-identical.
-  std::vector<float>& g = copies[index]->grad.vec();
+  TensorStorage<float>& g = copies[index]->grad.vec();
   const float* o = static_cast<const float*>(other.data());
   for (size_t i = 0; i < g.size(); ++i) g[i] += o[i];
   return absl::OkStatus();

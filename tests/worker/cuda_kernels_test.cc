@@ -426,8 +426,14 @@ TEST_F(CudaKernelsTest, AdamWMatchesCpuOverSteps) {
   const size_t count = 4099;
   Parameter w("w", {static_cast<int64_t>(count)}, /*weight_decay=*/true);
   Parameter bias("b", {static_cast<int64_t>(count)}, /*weight_decay=*/false);
-  w.value.vec() = Random(count, 61);
-  bias.value.vec() = Random(count, 62);
+  {
+    const std::vector<float> r = Random(count, 61);
+    w.value.vec().assign(r.begin(), r.end());
+  }
+  {
+    const std::vector<float> r = Random(count, 62);
+    bias.value.vec().assign(r.begin(), r.end());
+  }
   AdamWOptions opt;
   opt.beta1 = 0.9f;
   opt.beta2 = 0.95f;
@@ -444,21 +450,22 @@ TEST_F(CudaKernelsTest, AdamWMatchesCpuOverSteps) {
   Parameter* params[] = {&w, &bias};
   DeviceBuffer<float> gw[2], gg[2], gm[2], gv[2];
   for (int p = 0; p < 2; ++p) {
-    gw[p] = Dev(params[p]->value.vec());
+    gw[p] = Dev(params[p]->value.values());
     gm[p] = Dev(std::vector<float>(count));
     gv[p] = Dev(std::vector<float>(count));
   }
   for (int step = 1; step <= 3; ++step) {
     for (int p = 0; p < 2; ++p) {
-      params[p]->grad.vec() = Random(count, 70 + 2 * step + p);
-      gg[p] = Dev(params[p]->grad.vec());
+      const std::vector<float> r = Random(count, 70 + 2 * step + p);
+      params[p]->grad.vec().assign(r.begin(), r.end());
+      gg[p] = Dev(params[p]->grad.values());
       ASSERT_TRUE(AdamWStep(stream_.get(), gw[p].data(), gg[p].data(), gm[p].data(), gv[p].data(),
                             count, hyper, params[p]->decay, step)
                       .ok());
     }
     adam.Step(hyper.lr);
     for (int p = 0; p < 2; ++p) {
-      ExpectClose(params[p]->value.vec(), Host(gw[p]), kFp32Tol,
+      ExpectClose(params[p]->value.values(), Host(gw[p]), kFp32Tol,
                   absl::StrCat(params[p]->name, " step ", step));
       EXPECT_EQ(Host(gg[p]), std::vector<float>(count, 0.0f)) << "grad zeroed";
     }

@@ -517,8 +517,11 @@ void CheckOneLayer(const GpuLlamaConfig& base, int layer, double tol) {
   data.targets = &targets;
   data.loss_normalizer = n;
   Tensor cpu_in;
-  if (!embedding) cpu_in = Tensor({c.batch, c.seq, width}, x);
-  const Tensor cpu_dout = head ? Tensor() : Tensor({c.batch, c.seq, width}, dout);
+  if (!embedding)
+    cpu_in = Tensor({c.batch, c.seq, width}, TensorStorage<float>(x.begin(), x.end()));
+  const Tensor cpu_dout =
+      head ? Tensor()
+           : Tensor({c.batch, c.seq, width}, TensorStorage<float>(dout.begin(), dout.end()));
   // CPU: forward, then B on one copy and I, W on the other.
   Tensor cpu_out, cpu_din, cpu_din_split;
   SavedContext ctx_fused, ctx_split;

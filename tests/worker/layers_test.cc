@@ -135,7 +135,7 @@ TEST_F(LayersTest, ForwardRejectsBadInput) {
 std::vector<std::vector<float>> Weights(const std::vector<std::unique_ptr<Layer>>& layers) {
   std::vector<std::vector<float>> w;
   for (const auto& l : layers) {
-    for (Parameter* p : l->Parameters()) w.push_back(p->value.vec());
+    for (Parameter* p : l->Parameters()) w.push_back(p->value.values());
   }
   return w;
 }

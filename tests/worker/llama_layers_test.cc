@@ -875,8 +875,8 @@ TEST(LlamaThreadsTest, BlockIsBitIdenticalAtAnyThreadCount) {
     } else {
       EXPECT_TRUE(block.Backward(dout, ctx, din).ok());
     }
-    Result r{out.vec(), din.vec(), {}};
-    for (Parameter* p : block.Parameters()) r.grads.push_back(p->grad.vec());
+    Result r{out.values(), din.values(), {}};
+    for (Parameter* p : block.Parameters()) r.grads.push_back(p->grad.values());
     return r;
   };
   const Result one = run(1, false);

@@ -51,7 +51,7 @@ TEST(AdamWTest, AShardUpdatesItsElementsBitForBit) {
   AdamW whole({&whole_w}, opt);
   AdamW shard({&shard_w}, opt, {ElementRange{3, 8}});
   EXPECT_EQ(shard.StateBytes(), 2 * 5 * sizeof(float));
-  const std::vector<float> before = shard_w.value.vec();
+  const std::vector<float> before = shard_w.value.values();
   for (int step = 0; step < 3; ++step) {
     for (size_t i = 0; i < 10; ++i) whole_w.grad[i] = shard_w.grad[i] = 0.05f * (i + step) - 0.2f;
     whole.Step(0.01f);

@@ -1,0 +1,176 @@
+// A whole GPT stage trained as a worker trains it (M micro-batches, each a forward then a
+// backward, then the AdamW update), timed layer by layer, against the layer profile the workers
+// measure (worker/profiler.h: the embedding, one block and the head, each pass alone after a
+// cache flush) in the same process: how far the profile's sum is from the stage it prices, and
+// which layers differ. One thread, the worker's allocator policy (--keep-heap), rounds of a
+// fresh profile then the stage's steps, so that a drift of the host shows as rounds that
+// disagree.
+//
+//   build/bin/bench_stage_profile [--rounds 2] [--steps 3] [--m 4] [--b 4] [--t 128]
+//                                 [--n-layer 6] [--c 768] [--v 50304]
+//
+// Prints per round: the stage's forward and backward (median over its micro-batches) against
+// the profiled layers' sum, the update, and each layer's forward and backward off its profile
+// in percent.
+#include <cblas.h>
+#include <malloc.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "bench/layer_timing.h"
+#include "tandem/v1/spec.pb.h"
+#include "worker/model/model_layers.h"
+#include "worker/model/optimizer.h"
+#include "worker/model/random.h"
+#include "worker/profiler.h"
+
+namespace {
+
+using tandem::bench::Median;
+using tandem::bench::NowMs;
+using tandem::worker::IntTensor;
+using tandem::worker::Layer;
+using tandem::worker::MicroBatchData;
+using tandem::worker::Parameter;
+using tandem::worker::Rng;
+using tandem::worker::SavedContext;
+using tandem::worker::Tensor;
+
+void Check(const absl::Status& s, const char* what) {
+  if (s.ok()) return;
+  std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
+  std::exit(1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t rounds = 2, steps = 3, m = 4, b = 4, t = 128, n_layer = 6, c = 768, v = 50304;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    int64_t value = 0;
+    if (!absl::SimpleAtoi(argv[i + 1], &value) || value < 1) {
+      std::fprintf(stderr, "%s needs a number >= 1\n", flag.c_str());
+      return 2;
+    }
+    int64_t* target = flag == "--rounds"    ? &rounds
+                      : flag == "--steps"   ? &steps
+                      : flag == "--m"       ? &m
+                      : flag == "--b"       ? &b
+                      : flag == "--t"       ? &t
+                      : flag == "--n-layer" ? &n_layer
+                      : flag == "--c"       ? &c
+                      : flag == "--v"       ? &v
+                                            : nullptr;
+    if (target == nullptr) {
+      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+    *target = value;
+  }
+  // As tandem-worker runs (--keep-heap, one arena, --threads 1).
+  tandem::bench::KeepHeap();
+  mallopt(M_ARENA_MAX, 1);
+  openblas_set_num_threads(1);
+
+  tandem::v1::JobSpec spec;
+  spec.set_seed(1234);
+  tandem::v1::ModelSpec* model = spec.mutable_model();
+  model->set_arch("gpt");
+  model->set_n_layer(static_cast<int32_t>(n_layer));
+  model->set_n_head(static_cast<int32_t>(c / 64));
+  model->set_d_model(static_cast<int32_t>(c));
+  model->set_seq_len(static_cast<int32_t>(t));
+  model->set_vocab_size(static_cast<int32_t>(v));
+  model->set_tie_embeddings(false);
+  spec.mutable_pipeline()->set_micro_batch_size(static_cast<int32_t>(b));
+  const int layers_total = static_cast<int>(n_layer) + 2;  // embedding, blocks, head
+
+  auto built = tandem::worker::BuildModelLayers(spec, 0, layers_total);
+  Check(built.status(), "build");
+  std::vector<std::unique_ptr<Layer>>& layers = *built;
+  std::vector<Parameter*> params;
+  for (const auto& l : layers) {
+    for (Parameter* p : l->Parameters()) params.push_back(p);
+  }
+  auto opt = tandem::worker::MakeOptimizer(spec.optimizer(), params);
+  Check(opt.status(), "optimizer");
+
+  Rng rng(7);
+  IntTensor tokens({b, t}), targets({b, t});
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int32_t>(rng.Below(static_cast<uint64_t>(v)));
+    targets[i] = static_cast<int32_t>(rng.Below(static_cast<uint64_t>(v)));
+  }
+  const MicroBatchData data{&tokens, &targets, b * t * m};
+
+  std::printf("GPT L=%lld C=%lld T=%lld V=%lld, micro-batch %lld, M=%lld, %lld steps per round\n",
+              static_cast<long long>(n_layer), static_cast<long long>(c), static_cast<long long>(t),
+              static_cast<long long>(v), static_cast<long long>(b), static_cast<long long>(m),
+              static_cast<long long>(steps));
+  for (int64_t round = 0; round < rounds; ++round) {
+    // The profile as the workers measure it: the embedding, one block, the head.
+    std::vector<double> pf(layers_total), pb(layers_total);
+    auto profile = tandem::worker::ProfileLayers(spec, {0, 1, layers_total - 1}, 3);
+    Check(profile.status(), "profile");
+    for (const auto& lp : *profile) {
+      pf[lp.layer()] = lp.forward_seconds() * 1e3;
+      pb[lp.layer()] = lp.backward_seconds() * 1e3;
+    }
+    for (int l = 2; l < layers_total - 1; ++l) {
+      pf[l] = pf[1];
+      pb[l] = pb[1];
+    }
+    std::vector<std::vector<double>> f(layers.size()), bw(layers.size());
+    std::vector<double> stage_f, stage_b, update;
+    for (int64_t s = 0; s <= steps; ++s) {  // step 0 warms up
+      for (int64_t mb = 0; mb < m; ++mb) {
+        std::vector<SavedContext> saved(layers.size());
+        Tensor x, y;
+        const double t0 = NowMs();
+        for (size_t l = 0; l < layers.size(); ++l) {
+          const double a = NowMs();
+          Check(layers[l]->Forward(x, data, saved[l], y), "forward");
+          std::swap(x, y);
+          if (s > 0) f[l].push_back(NowMs() - a);
+        }
+        const double t1 = NowMs();
+        Tensor g, gin;
+        for (size_t l = layers.size(); l-- > 0;) {
+          const double a = NowMs();
+          Check(layers[l]->Backward(g, saved[l], gin), "backward");
+          std::swap(g, gin);
+          if (s > 0) bw[l].push_back(NowMs() - a);
+        }
+        if (s > 0) {
+          stage_f.push_back(t1 - t0);
+          stage_b.push_back(NowMs() - t1);
+        }
+      }
+      const double t2 = NowMs();
+      (*opt)->Step(1e-6f);
+      if (s > 0) update.push_back(NowMs() - t2);
+    }
+    double sum_pf = 0, sum_pb = 0;
+    std::string per_f, per_b;
+    for (size_t l = 0; l < layers.size(); ++l) {
+      sum_pf += pf[l];
+      sum_pb += pb[l];
+      absl::StrAppend(&per_f, " ", static_cast<int>(100 * (Median(f[l]) / pf[l] - 1)));
+      absl::StrAppend(&per_b, " ", static_cast<int>(100 * (Median(bw[l]) / pb[l] - 1)));
+    }
+    const double sf = Median(stage_f), sb = Median(stage_b);
+    std::printf(
+        "round %lld: forward %.1f ms (profile %.1f, %+.1f%%), backward %.1f ms (profile %.1f, "
+        "%+.1f%%), update %.1f ms\n  each layer's forward off its profile, %%:%s\n  "
+        "backward:%s\n",
+        static_cast<long long>(round), sf, sum_pf, 100 * (sf / sum_pf - 1), sb, sum_pb,
+        100 * (sb / sum_pb - 1), Median(update), per_f.c_str(), per_b.c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
