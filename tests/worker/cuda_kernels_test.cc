@@ -426,14 +426,9 @@ TEST_F(CudaKernelsTest, AdamWMatchesCpuOverSteps) {
   const size_t count = 4099;
   Parameter w("w", {static_cast<int64_t>(count)}, /*weight_decay=*/true);
   Parameter bias("b", {static_cast<int64_t>(count)}, /*weight_decay=*/false);
-  {
-    const std::vector<float> r = Random(count, 61);
-    w.value.vec().assign(r.begin(), r.end());
-  }
-  {
-    const std::vector<float> r = Random(count, 62);
-    bias.value.vec().assign(r.begin(), r.end());
-  }
+  auto set = [](Tensor& t, const std::vector<float>& v) { t.vec().assign(v.begin(), v.end()); };
+  set(w.value, Random(count, 61));
+  set(bias.value, Random(count, 62));
   AdamWOptions opt;
   opt.beta1 = 0.9f;
   opt.beta2 = 0.95f;
@@ -456,8 +451,7 @@ TEST_F(CudaKernelsTest, AdamWMatchesCpuOverSteps) {
   }
   for (int step = 1; step <= 3; ++step) {
     for (int p = 0; p < 2; ++p) {
-      const std::vector<float> r = Random(count, 70 + 2 * step + p);
-      params[p]->grad.vec().assign(r.begin(), r.end());
+      set(params[p]->grad, Random(count, 70 + 2 * step + p));
       gg[p] = Dev(params[p]->grad.values());
       ASSERT_TRUE(AdamWStep(stream_.get(), gw[p].data(), gg[p].data(), gm[p].data(), gv[p].data(),
                             count, hyper, params[p]->decay, step)

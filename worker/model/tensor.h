@@ -19,9 +19,9 @@ namespace tandem::worker {
 
 // Tensor storage starts on a 64-byte boundary: a cache line, and one AVX-512 vector. malloc's
 // 16 bytes left each buffer's offset within a line to the heap's history, so the same layer's
-// vector loads split lines in one stage and not in another: a 7-layer GPT stage ran its forward
-// 3.5% and its AdamW update 6% faster with every large buffer aligned, and its blocks no longer
-// differed from one another (and from their profile) by up to 5% (docs/benchmarks.md).
+// vector loads split lines in one stage and not in another: a whole 6-block GPT stage ran its
+// forward 3.4% faster aligned (its backward and AdamW update unchanged), and a stage's identical
+// blocks no longer differed from one another by up to 5% (docs/benchmarks.md).
 inline constexpr size_t kTensorAlignment = 64;
 
 template <typename T>
@@ -75,9 +75,9 @@ class BasicTensor {
   T& operator[](size_t i) { return data_[i]; }
   const T& operator[](size_t i) const { return data_[i]; }
   TensorStorage<T>& vec() { return data_; }
+  const TensorStorage<T>& vec() const { return data_; }
   // A copy of the elements, for code that keeps them apart from the tensor.
   std::vector<T> values() const { return std::vector<T>(data_.begin(), data_.end()); }
-  const TensorStorage<T>& vec() const { return data_; }
 
   // Reallocates to `shape` and zero-fills.
   void Reset(std::vector<int64_t> shape) {
