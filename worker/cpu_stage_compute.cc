@@ -369,12 +369,9 @@ absl::Status CpuStageCompute::Apply(float learning_rate, float grad_scale, bool 
     for (Parameter* p : params) p->grad.Fill(0.0f);
     return absl::OkStatus();
   }
-  if (grad_scale != 1.0f) {
-    for (Parameter* p : params) {
-      for (float& g : p->grad.vec()) g *= grad_scale;
-    }
-  }
-  optimizer_->Step(learning_rate);
+  // Clipping's factor rides in the update's pass (a separate pass over every gradient cost as
+  // much as the gradient-norm pass, and the profile's update did not price it).
+  optimizer_->Step(learning_rate, grad_scale);
   return absl::OkStatus();
 }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <vector>
 
 namespace tandem::worker {
@@ -100,6 +101,43 @@ TEST(AdamWTest, EveryElementIsTheFormulaBitForBit) {
       ref[i] = ref[i] - lr * (mhat / (std::sqrt(vhat) + opt.eps) + opt.weight_decay * ref[i]);
       ASSERT_EQ(w.value[i], ref[i]) << "step " << step << " element " << i;
       ASSERT_EQ(w.grad[i], 0.0f);
+    }
+  }
+}
+
+// Clipping's factor is folded into the update's one pass over the gradients: the result is,
+// bit for bit, that of scaling every gradient first and then stepping with a factor of 1 (the
+// separate pass the worker used to make), for AdamW (lanes and tail) and SGD alike.
+TEST(OptimizerTest, AGradScaleInTheStepIsScalingTheGradientsFirstBitForBit) {
+  constexpr size_t kN = 1003;  // not a multiple of four: the tail too
+  const float scale = 0.137f;
+  v1::OptimizerSpec adamw;
+  adamw.set_name("adamw");
+  adamw.set_beta1(0.9f);
+  adamw.set_beta2(0.95f);
+  adamw.set_eps(1e-8f);
+  adamw.set_weight_decay(0.1f);
+  v1::OptimizerSpec sgd = adamw;
+  sgd.set_name("sgd");
+  for (const v1::OptimizerSpec& spec : {adamw, sgd}) {
+    Parameter folded("w", {kN}, /*weight_decay=*/true), first("w", {kN}, /*weight_decay=*/true);
+    for (size_t i = 0; i < kN; ++i) folded.value[i] = first.value[i] = std::sin(0.37f * i) * 0.5f;
+    absl::StatusOr<std::unique_ptr<Optimizer>> a = MakeOptimizer(spec, {&folded});
+    absl::StatusOr<std::unique_ptr<Optimizer>> b = MakeOptimizer(spec, {&first});
+    ASSERT_TRUE(a.ok() && b.ok());
+    for (int step = 1; step <= 3; ++step) {
+      for (size_t i = 0; i < kN; ++i) {
+        const float g = std::cos(0.11f * i * step) * 3.0f;
+        folded.grad[i] = g;
+        first.grad[i] = g * scale;
+      }
+      (*a)->Step(2e-3f, scale);
+      (*b)->Step(2e-3f, 1.0f);
+      for (size_t i = 0; i < kN; ++i) {
+        ASSERT_EQ(folded.value[i], first.value[i])
+            << spec.name() << " step " << step << " element " << i;
+        ASSERT_EQ(folded.grad[i], 0.0f);
+      }
     }
   }
 }

@@ -24,18 +24,19 @@ inline void AdamWElement(const AdamWConstants& k, float& w, float g, float& m, f
   w -= k.lr * (mhat / (std::sqrt(vhat) + k.eps) + k.wd * w);
 }
 
-// AdamWElement over [0, n), four lanes at a time, zeroing each gradient once it is used. Every
-// operation is an IEEE single-precision one (no fused multiply-add), so each lane computes what
-// the scalar element does, bit for bit.
-void AdamWRange(const AdamWConstants& k, float* w, float* g, float* m, float* v, size_t n) {
+// AdamWElement over [0, n) with the gradients times `scale`, four lanes at a time, zeroing each
+// gradient once it is used. Every operation is an IEEE single-precision one (no fused
+// multiply-add), so each lane computes what the scalar element does, bit for bit.
+void AdamWRange(const AdamWConstants& k, float scale, float* w, float* g, float* m, float* v,
+                size_t n) {
   namespace simd = kernels::simd;
   const simd::F4 b1 = simd::Splat(k.b1), b2 = simd::Splat(k.b2);
   const simd::F4 one_b1 = simd::Splat(1.0f - k.b1), one_b2 = simd::Splat(1.0f - k.b2);
   const simd::F4 c1 = simd::Splat(k.c1), c2 = simd::Splat(k.c2), lr = simd::Splat(k.lr);
-  const simd::F4 eps = simd::Splat(k.eps), wd = simd::Splat(k.wd);
+  const simd::F4 eps = simd::Splat(k.eps), wd = simd::Splat(k.wd), s = simd::Splat(scale);
   size_t j = 0;
   for (; j + simd::kLanes <= n; j += simd::kLanes) {
-    const simd::F4 gj = simd::Load(g + j);
+    const simd::F4 gj = simd::Load(g + j) * s;
     const simd::F4 mj = b1 * simd::Load(m + j) + one_b1 * gj;
     const simd::F4 vj = b2 * simd::Load(v + j) + one_b2 * gj * gj;
     const simd::F4 wj = simd::Load(w + j);
@@ -45,7 +46,7 @@ void AdamWRange(const AdamWConstants& k, float* w, float* g, float* m, float* v,
     simd::Store(g + j, simd::F4{});
   }
   for (; j < n; ++j) {
-    AdamWElement(k, w[j], g[j], m[j], v[j]);
+    AdamWElement(k, w[j], g[j] * scale, m[j], v[j]);
     g[j] = 0.0f;
   }
 }
@@ -78,7 +79,7 @@ AdamW::AdamW(std::vector<Parameter*> params, const AdamWOptions& options,
   }
 }
 
-void AdamW::Step(float lr) {
+void AdamW::Step(float lr, float grad_scale) {
   const float b1 = options_.beta1, b2 = options_.beta2;
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
@@ -90,7 +91,8 @@ void AdamW::Step(float lr) {
         b1, b2, c1, c2, lr, options_.eps, p.decay ? options_.weight_decay : 0.0f};
     const ElementRange r = ranges_[i];
     float* g = p.grad.data();
-    AdamWRange(k, p.value.data() + r.begin, g + r.begin, s.m.data(), s.v.data(), r.size());
+    AdamWRange(k, grad_scale, p.value.data() + r.begin, g + r.begin, s.m.data(), s.v.data(),
+               r.size());
     // The gradient is zeroed whole: a shard's update leaves the other replicas' elements.
     std::fill(g, g + r.begin, 0.0f);
     std::fill(g + r.end, g + p.grad.size(), 0.0f);
@@ -106,13 +108,13 @@ size_t AdamW::StateBytes() const {
 Sgd::Sgd(std::vector<Parameter*> params, float weight_decay)
     : params_(std::move(params)), weight_decay_(weight_decay) {}
 
-void Sgd::Step(float lr) {
+void Sgd::Step(float lr, float grad_scale) {
   for (Parameter* p : params_) {
     const float wd = p->decay ? weight_decay_ : 0.0f;
     float* w = p->value.data();
     float* g = p->grad.data();
     for (size_t j = 0; j < p->value.size(); ++j) {
-      w[j] -= lr * (g[j] + wd * w[j]);
+      w[j] -= lr * (g[j] * grad_scale + wd * w[j]);
       g[j] = 0.0f;
     }
   }

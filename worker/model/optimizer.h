@@ -1,7 +1,8 @@
 // Optimizers over a stage's parameters: AdamW (decoupled weight decay, bias correction) and
 // SGD. The learning rate comes with every step (the coordinator owns the schedule).
 //
-// Step() reads each Parameter::grad, updates Parameter::value, then zeroes the grad. State
+// Step() reads each Parameter::grad (times the step's gradient scale, clipping's factor, folded
+// into the same pass), updates Parameter::value, then zeroes the grad. State
 // (moments, step counts) is kept per parameter, keyed by position in the list given to the
 // constructor, which must stay the same for the optimizer's lifetime.
 // Thread-safety: not thread-safe; one owner (the executor).
@@ -37,8 +38,12 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // The state to save and restore, in a fixed order (empty for stateless optimizers).
   virtual std::vector<OptimizerSlot> Slots() { return {}; }
-  // Applies one update with learning rate `lr` and zeroes the gradients.
-  virtual void Step(float lr) = 0;
+  // Applies one update with learning rate `lr` to the gradients times `grad_scale` and zeroes
+  // them. The scale is applied inside the update's pass, element by element as `g * grad_scale`
+  // (so the result is, bit for bit, that of scaling the gradients first), which saves a read and
+  // a write of every gradient when clipping acts.
+  virtual void Step(float lr, float grad_scale) = 0;
+  void Step(float lr) { Step(lr, 1.0f); }
   // Bytes of optimizer state (moments).
   virtual size_t StateBytes() const = 0;
 };
@@ -51,7 +56,8 @@ struct AdamWOptions {
 };
 
 // p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p)   [wd only where Parameter::decay]
-// with m, v the biased moments and mhat = m / (1 - beta1^t), vhat = v / (1 - beta2^t).
+// with m, v the biased moments of g * grad_scale and mhat = m / (1 - beta1^t), vhat = v / (1 -
+// beta2^t).
 //
 // Sharded (ZeRO stage 1, optimizer.shard_state): with `shard` (one range per parameter) it keeps
 // the moments of those elements only and updates only them (the rest of the parameter is
@@ -62,7 +68,8 @@ class AdamW final : public Optimizer {
  public:
   AdamW(std::vector<Parameter*> params, const AdamWOptions& options,
         std::vector<ElementRange> shard = {});
-  void Step(float lr) override;
+  using Optimizer::Step;
+  void Step(float lr, float grad_scale) override;
   std::vector<OptimizerSlot> Slots() override;
   size_t StateBytes() const override;
 
@@ -78,11 +85,12 @@ class AdamW final : public Optimizer {
   AdamWOptions options_;
 };
 
-// p -= lr * (g + wd * p)   [wd only where Parameter::decay]
+// p -= lr * (g * grad_scale + wd * p)   [wd only where Parameter::decay]
 class Sgd final : public Optimizer {
  public:
   Sgd(std::vector<Parameter*> params, float weight_decay);
-  void Step(float lr) override;
+  using Optimizer::Step;
+  void Step(float lr, float grad_scale) override;
   size_t StateBytes() const override { return 0; }
 
  private:
