@@ -115,9 +115,13 @@ print(json.dumps({
     "cut": [[int(s.get("layer_begin", 0)), int(s["layer_end"])] for s in stages],
     "step_s": statistics.median(measured),
     "predicted_s": float(job.get("predicted_step_seconds", 0)),
-    # The step in its two phases: the pipeline (the slowest worker's RunStep) and the rest
-    # (update, coordinator); and the simulator replayed on each step's measured costs.
+    # The step in its phases: the pipeline (the slowest worker's RunStep), the update (the
+    # slowest worker's optimizer update and gradient-norm pass, as the workers timed them) and
+    # the coordinator's overhead (the calls beyond the slowest worker's time in them); and the
+    # simulator replayed on each step's measured costs.
     "predicted_update_s": float(job.get("predicted_update_seconds", 0)),
+    "update_s": statistics.median([float(s.get("max_worker_update_seconds", 0)) for s in steady]),
+    "overhead_s": statistics.median([float(s.get("coordinator_overhead_seconds", 0)) for s in steady]),
     "exec_s": statistics.median([float(s.get("max_worker_exec_seconds", 0)) for s in steady]),
     "replayed_s": statistics.median([float(s.get("exec_replayed_seconds", 0)) for s in steady]),
     "stage_predicted_ms": [1000 * float(s.get("predicted_seconds", 0)) for s in stages],
@@ -192,18 +196,20 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 print("== Partition: profile vs uniform; predicted vs measured step ==")
 print("pipeline: predicted (simulator on the profile) / replayed (simulator on the step's own")
-print("measured costs) / measured (slowest worker's RunStep); update: predicted / measured (step")
-print("minus pipeline: gradient norm, optimizer, coordinator round trips)")
+print("measured costs) / measured (slowest worker's RunStep, its norm pass included); update:")
+print("predicted / measured (the slowest worker's optimizer update + gradient-norm pass); ovh:")
+print("the calls and the coordinator beyond the slowest worker's time in them (not predicted)")
 print(f"{'job':<26} {'cut':<26} {'measured s':>10} {'predicted s':>11} {'meas/pred':>9}  "
-      f"{'pipeline pred/repl/meas':>24}  {'update pred/meas':>16}  stage ms (pred / meas)")
+      f"{'pipeline pred/repl/meas':>24}  {'update pred/meas':>16}  {'ovh ms':>6}  "
+      f"stage ms (pred / meas)")
 for r in rows:
     ratio = r["step_s"] / r["predicted_s"] if r["predicted_s"] else float("nan")
     stages = ", ".join(f"{p:.0f}/{m:.0f}" for p, m in zip(r["stage_predicted_ms"], r["stage_measured_ms"]))
     cut = " | ".join(f"[{a},{b})" for a, b in r["cut"])
     pipe = f"{r['predicted_s'] - r['predicted_update_s']:.2f}/{r['replayed_s']:.2f}/{r['exec_s']:.2f}"
-    upd = f"{r['predicted_update_s']:.2f}/{r['step_s'] - r['exec_s']:.2f}"
+    upd = f"{r['predicted_update_s']:.3f}/{r['update_s']:.3f}"
     print(f"{r['name']:<26} {cut:<26} {r['step_s']:>10.3f} {r['predicted_s']:>11.3f} {ratio:>9.3f}  "
-          f"{pipe:>24}  {upd:>16}  {stages}")
+          f"{pipe:>24}  {upd:>16}  {1000 * r['overhead_s']:>6.1f}  {stages}")
 u = next(r for r in rows if r["name"] == "uniform-1f1b-m8")
 p = next(r for r in rows if r["name"] == "profile-1f1b-m8")
 sp = u["step_s"] / p["step_s"]

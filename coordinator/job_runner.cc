@@ -504,6 +504,7 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
   throughput.step_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   throughput.max_exec_us = reported.max_exec_us;
+  throughput.max_call_us = reported.max_call_us;
   throughput.tokens_per_step = job_.tokens_per_step();
   throughput.model_flops_per_token = ModelFlopsPerToken(spec.model());
   for (const WorkerRecord& w : gang_.workers()) throughput.peak_flops.push_back(w.peak_flops);

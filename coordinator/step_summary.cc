@@ -35,6 +35,10 @@ StepReports SummarizeReports(int64_t step, const Schedule& schedule, int num_sta
     if (g < ranks || sharded_state) norm_sq += rep->grad_norm_sq();
     summary.set_reduced_bytes(summary.reduced_bytes() + rep->reduced_bytes());
     out.max_exec_us = std::max(out.max_exec_us, rep->exec_us());
+    out.max_call_us = std::max(out.max_call_us, rep->update_us() + rep->exec_us());
+    summary.set_max_worker_update_seconds(
+        std::max(summary.max_worker_update_seconds(),
+                 static_cast<double>(rep->update_us() + rep->grad_norm_us()) * 1e-6));
     summary.set_bytes_sent(summary.bytes_sent() + rep->bytes_sent());
     summary.set_peak_activation_bytes(
         std::max(summary.peak_activation_bytes(), rep->peak_activation_bytes()));
@@ -95,8 +99,8 @@ StepReports SummarizeReports(int64_t step, const Schedule& schedule, int num_sta
 void SetThroughput(const StepThroughput& t, v1::StepSummary* summary) {
   summary->set_step_seconds(t.step_seconds);
   summary->set_max_worker_exec_seconds(static_cast<double>(t.max_exec_us) * 1e-6);
-  summary->set_coordinator_overhead_seconds(
-      std::max(0.0, t.run_seconds - summary->max_worker_exec_seconds()));
+  summary->set_coordinator_overhead_seconds(std::max(
+      0.0, t.run_seconds - static_cast<double>(std::max(t.max_exec_us, t.max_call_us)) * 1e-6));
   summary->set_tokens_per_second(t.step_seconds > 0 ? t.tokens_per_step / t.step_seconds : 0);
   double peak = 0.0;
   bool peaks_known = true;

@@ -21,7 +21,8 @@ using ::tandem::ClipScale;  // common/grad_clip.h
 
 // What the RunStep reports of a training step say, before its update.
 struct StepReports {
-  // step, loss, bytes_sent, peak activation bytes (overall and per rank), stage_memory and
+  // step, loss, bytes_sent, peak activation bytes (overall and per rank), the slowest
+  // worker's update phase (its update_us + grad_norm_us), stage_memory and
   // stage_peak_bytes, and, where they could be computed, the bubble, busy and per-stage
   // seconds (ProfileStep) and the per-stage busy, comm and idle seconds (TimelineOf).
   v1::StepSummary summary;
@@ -30,6 +31,8 @@ struct StepReports {
   bool finite = true;       // every rank's gradients, the global norm and the loss are finite
   float grad_scale = 1.0f;  // ClipScale(grad_norm, clip) for a finite step; 1 otherwise
   int64_t max_exec_us = 0;  // the slowest worker's RunStep execution
+  // The slowest worker's time in the call: its update before the step plus its execution.
+  int64_t max_call_us = 0;
   std::vector<std::string> warnings;  // parts left out, and why (for the caller's log)
 };
 
@@ -51,15 +54,16 @@ struct StepThroughput {
   double run_seconds = 0.0;   // the RunStep phase's wall time
   double step_seconds = 0.0;  // the whole step's wall time (RunStep and ApplyStep)
   int64_t max_exec_us = 0;    // the slowest worker's RunStep execution
+  int64_t max_call_us = 0;    // the slowest worker's update + execution (StepReports)
   int64_t tokens_per_step = 0;
   double model_flops_per_token = 0.0;
   std::vector<double> peak_flops;  // each worker's measured peak; <= 0: unknown
 };
 
 // Sets step_seconds, max_worker_exec_seconds, coordinator_overhead_seconds (the RunStep
-// phase's wall time minus the slowest worker's execution: what the coordinator adds to the
-// pipeline's critical path, at least 0), tokens_per_second (0 for a step of no time) and mfu
-// (against the sum of the workers' peaks; left 0 when one peak is unknown).
+// phase's wall time minus the slowest worker's time in the call, its update and execution:
+// what the calls and the coordinator add to the step, at least 0), tokens_per_second (0 for a step
+// of no time) and mfu (against the sum of the workers' peaks; left 0 when one peak is unknown).
 void SetThroughput(const StepThroughput& t, v1::StepSummary* summary);
 
 }  // namespace tandem::coordinator

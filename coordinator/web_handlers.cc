@@ -133,6 +133,7 @@ json StepJson(const v1::StepSummary& s) {
   j["peak_activation_bytes"] = s.peak_activation_bytes();
   j["max_worker_exec_seconds"] = s.max_worker_exec_seconds();
   j["coordinator_overhead_seconds"] = s.coordinator_overhead_seconds();
+  j["max_worker_update_seconds"] = s.max_worker_update_seconds();
   return j;
 }
 

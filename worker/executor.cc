@@ -723,8 +723,12 @@ absl::Status StageExecutor::FinishTrainingStep(int64_t step, v1::StepReport* rep
   if (absl::Status s = FinishReductions(report); !s.ok()) return FailStep(s, "gradient reduction");
   if (absl::Status s = SumTiedGradients(); !s.ok()) return FailStep(s, "tied gradients");
   // A tied parameter counts once in the global norm: on the first stage's worker.
+  const auto norm_start = std::chrono::steady_clock::now();
   absl::StatusOr<StageCompute::GradStats> stats = compute_->GradientStats(holds_first_);
   if (!stats.ok()) return FailStep(stats.status(), "gradient norm");
+  report->set_grad_norm_us(std::chrono::duration_cast<std::chrono::microseconds>(
+                               std::chrono::steady_clock::now() - norm_start)
+                               .count());
   report->set_grad_norm_sq(stats->sum_sq);
   report->set_grads_finite(stats->finite);
   pending_step_ = step;

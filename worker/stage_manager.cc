@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <limits>
 #include <system_error>
 #include <utility>
@@ -339,6 +340,7 @@ absl::StatusOr<v1::StepReport> StageManager::RunStep(const std::string& job_id, 
   ASSIGN_OR_RETURN(StageExecutor * executor, BeginStep(job_id, attempt, step, &log_context));
   // The previous step's update first (the coordinator folds its ApplyStep into this call).
   absl::Status applied = absl::OkStatus();
+  const auto update_start = std::chrono::steady_clock::now();
   if (apply_first != nullptr) {
     if (apply_first->job_id() != job_id || apply_first->step() >= step) {
       applied = absl::InvalidArgumentError(
@@ -350,8 +352,12 @@ absl::StatusOr<v1::StepReport> StageManager::RunStep(const std::string& job_id, 
                                     apply_first->grad_scale(), apply_first->skip());
     }
   }
+  const int64_t update_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                                std::chrono::steady_clock::now() - update_start)
+                                .count();
   absl::StatusOr<v1::StepReport> report =
       applied.ok() ? executor->RunStep(step, mode) : absl::StatusOr<v1::StepReport>(applied);
+  if (report.ok() && apply_first != nullptr) report->set_update_us(update_us);
   if (!report.ok() && report.status().code() != absl::StatusCode::kAborted) {
     spdlog::error("{} step failed: {}", mode == v1::STEP_MODE_EVAL ? "validation" : "training",
                   report.status().ToString());

@@ -443,7 +443,10 @@ std::string FormatJobDetails(const v1::Job& job) {
   if (job.history_size() > 0) {
     // BUBBLE: the workers' measured idle share, and in brackets what the simulator predicts
     // from the same step's measured action costs.
-    Table steps({"STEP", "LOSS", "MS/STEP", "TOK/S", "MFU", "OVERHEAD MS", "BUBBLE (PREDICTED)"});
+    // UPDATE MS: the slowest worker's optimizer update and gradient-norm pass; OVERHEAD MS: what
+    // the calls and the coordinator added beyond the slowest worker's time.
+    Table steps({"STEP", "LOSS", "MS/STEP", "TOK/S", "MFU", "UPDATE MS", "OVERHEAD MS",
+                 "BUBBLE (PREDICTED)"});
     const int first = std::max(0, job.history_size() - kRecentSteps);
     for (int i = first; i < job.history_size(); ++i) {
       const v1::StepSummary& s = job.history(i);
@@ -451,6 +454,7 @@ std::string FormatJobDetails(const v1::Job& job) {
                     absl::StrFormat("%.1f", s.step_seconds() * 1000),
                     absl::StrFormat("%.0f", s.tokens_per_second()),
                     s.mfu() > 0 ? absl::StrFormat("%.1f%%", 100 * s.mfu()) : "-",
+                    absl::StrFormat("%.1f", s.max_worker_update_seconds() * 1000),
                     absl::StrFormat("%.1f", s.coordinator_overhead_seconds() * 1000),
                     s.busy_seconds_size() == 0
                         ? "-"

@@ -411,8 +411,9 @@ class Job:
 
 FRAME_COLUMNS = ("step", "loss", "val_loss", "step_seconds", "tokens_per_second", "grad_norm",
                  "learning_rate", "skipped", "bubble_measured", "bubble_predicted", "mfu",
-                 "coordinator_overhead_seconds", "max_worker_exec_seconds", "bytes_sent",
-                 "peak_activation_bytes", "reduced_bytes")
+                 "coordinator_overhead_seconds", "max_worker_exec_seconds",
+                 "max_worker_update_seconds", "bytes_sent", "peak_activation_bytes",
+                 "reduced_bytes")
 
 
 def to_frame(steps: Sequence[Step]):

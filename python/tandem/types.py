@@ -83,6 +83,7 @@ class Step:
     mfu: float                      # model-FLOPs utilisation (0 when a peak is unknown)
     coordinator_overhead_seconds: float
     max_worker_exec_seconds: float
+    max_worker_update_seconds: float  # the slowest worker's optimizer update + gradient-norm pass
     exec_replayed_seconds: float    # the simulator on this step's measured costs (pipeline phase)
     bytes_sent: int
     peak_activation_bytes: int
@@ -112,6 +113,7 @@ class Step:
             bubble_measured=s.bubble_measured, bubble_predicted=s.bubble_predicted, mfu=s.mfu,
             coordinator_overhead_seconds=s.coordinator_overhead_seconds,
             max_worker_exec_seconds=s.max_worker_exec_seconds,
+            max_worker_update_seconds=s.max_worker_update_seconds,
             exec_replayed_seconds=s.exec_replayed_seconds, bytes_sent=s.bytes_sent,
             peak_activation_bytes=s.peak_activation_bytes, reduced_bytes=s.reduced_bytes,
             busy_seconds=tuple(s.busy_seconds),

@@ -80,7 +80,7 @@ def test_history_matches_tandem_status_json(client, cluster):
         assert ours.step == int(theirs["step"])
         for field in ("loss", "step_seconds", "tokens_per_second", "grad_norm", "bubble_measured",
                       "bubble_predicted", "mfu", "coordinator_overhead_seconds",
-                      "max_worker_exec_seconds"):
+                      "max_worker_exec_seconds", "max_worker_update_seconds"):
             assert getattr(ours, field) == theirs[field], field
         assert ours.learning_rate == f32(theirs["learning_rate"])
         assert ours.skipped == theirs["skipped"]

@@ -113,6 +113,27 @@ TEST(SummarizeReportsTest, CombinesTheRanksReports) {
   EXPECT_GT(r.summary.bubble_predicted(), 0.0);
 }
 
+// The once-per-step phase around the actions: the slowest worker's update before the step
+// plus its gradient-norm pass, whichever worker it is; and the slowest worker's whole time in
+// the call, which the coordinator's overhead is measured against.
+TEST(SummarizeReportsTest, TheUpdatePhaseIsTheSlowestWorkersUpdateAndNormPass) {
+  const Schedule lowered = Lowered1F1B(2, 4);
+  std::vector<v1::StepReport> reports = Reports(lowered);  // exec 1000 and 1100 us
+  reports[0].set_update_us(700);
+  reports[0].set_grad_norm_us(60);
+  reports[1].set_update_us(300);
+  reports[1].set_grad_norm_us(500);
+  const StepReports r = Summarize(lowered, reports);
+  EXPECT_DOUBLE_EQ(r.summary.max_worker_update_seconds(), 800e-6);  // rank 1: 300 + 500
+  EXPECT_EQ(r.max_exec_us, 1100);
+  EXPECT_EQ(r.max_call_us, 1700);  // rank 0: 700 + 1000
+
+  // Without updates (step 0, or a worker too old to say), the norm passes alone.
+  const StepReports plain = Summarize(lowered, Reports(lowered));
+  EXPECT_EQ(plain.summary.max_worker_update_seconds(), 0.0);
+  EXPECT_EQ(plain.max_call_us, 1100);
+}
+
 // Two replicas of a 2-stage 1F1B pipeline (gang ranks 0, 1 and 2, 3): the loss is the sum of
 // the replicas' shares, the norm replica 0's (the reduced gradients are the same on every
 // replica), finiteness everyone's; the per-stage figures are replica 0's, with the reduction's
@@ -237,6 +258,13 @@ TEST(SetThroughputTest, OverheadTokensPerSecondAndMfu) {
   EXPECT_DOUBLE_EQ(s.coordinator_overhead_seconds(), 0.1);  // 0.5 s of RunStep, 0.4 s of it work
   EXPECT_DOUBLE_EQ(s.tokens_per_second(), 500.0);
   EXPECT_DOUBLE_EQ(s.mfu(), 6e6 * 1000 / 2.0 / 3e9);
+
+  // The update a worker ran before the step's actions is its work too, not overhead.
+  t.max_call_us = 450'000;
+  v1::StepSummary with_update;
+  SetThroughput(t, &with_update);
+  EXPECT_NEAR(with_update.coordinator_overhead_seconds(), 0.05, 1e-12);
+  EXPECT_DOUBLE_EQ(with_update.max_worker_exec_seconds(), 0.4);
 
   // A worker slower than the phase's wall time (clocks differ): no negative overhead.
   t.max_exec_us = 600'000;

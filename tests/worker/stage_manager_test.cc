@@ -390,11 +390,23 @@ TEST_F(StageManagerTest, RunStepAppliesTheFoldedUpdateFirst) {
   std::vector<double> a, b;
   for (int step = 0; step < 3; ++step) {
     const v1::ApplyStepRequest previous = ApplyOf(step - 1);
+    const auto t0 = std::chrono::steady_clock::now();
     auto r = folded.RunStep("job-1", step, v1::STEP_MODE_TRAIN, 0, step > 0 ? &previous : nullptr);
+    const int64_t call_us =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
     ASSERT_TRUE(r.ok()) << r.status();
     a.push_back(r->loss());
+    // The folded update is timed apart from the step's execution, and the norm pass within it.
+    EXPECT_LE(r->update_us() + r->exec_us(), call_us);
+    EXPECT_GE(r->update_us(), 0);
+    if (step == 0) {
+      EXPECT_EQ(r->update_us(), 0);
+    }
+    EXPECT_LE(r->grad_norm_us(), r->exec_us());
     auto q = separate.RunStep("job-1", step);
     ASSERT_TRUE(q.ok()) << q.status();
+    EXPECT_EQ(q->update_us(), 0) << "no update folded into the call";
     b.push_back(q->loss());
     ASSERT_TRUE(separate.ApplyStep(ApplyOf(step)).ok());
   }
