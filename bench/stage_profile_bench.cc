@@ -52,8 +52,15 @@ void Check(const absl::Status& s, const char* what) {
 
 int main(int argc, char** argv) {
   int64_t rounds = 2, steps = 3, m = 4, b = 4, t = 128, n_layer = 6, c = 768, v = 50304;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
+    if (i + 1 == argc) {  // a flag without its number (or --help): the usage, not a run
+      std::fprintf(stderr,
+                   "usage: %s [--rounds N] [--steps N] [--m N] [--b N] [--t N] [--n-layer N] "
+                   "[--c N] [--v N]\n",
+                   argv[0]);
+      return 2;
+    }
     int64_t value = 0;
     if (!absl::SimpleAtoi(argv[i + 1], &value) || value < 1) {
       std::fprintf(stderr, "%s needs a number >= 1\n", flag.c_str());
