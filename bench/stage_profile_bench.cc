@@ -23,6 +23,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/layer_timing.h"
+#include "common/grad_clip.h"
 #include "tandem/v1/spec.pb.h"
 #include "worker/model/kernels.h"
 #include "worker/model/model_layers.h"
@@ -170,7 +171,7 @@ int main(int argc, char** argv) {
         norm += tandem::worker::kernels::SumOfSquares(q->grad.data(),
                                                       static_cast<int64_t>(q->grad.size()));
       }
-      (*opt)->Step(1e-6f, norm > 1.0 ? static_cast<float>(1.0 / std::sqrt(norm)) : 1.0f);
+      (*opt)->Step(1e-6f, tandem::ClipScale(std::sqrt(norm), spec.optimizer().grad_clip()));
       if (s > 0) update.push_back(NowMs() - t2);
     }
     double sum_pf = 0, sum_pb = 0, sum_pa = 0;
