@@ -243,7 +243,8 @@ absl::StatusOr<v1::ModelProfile> ExpandProfile(const v1::ModelSpec& model,
   return out;
 }
 
-std::string ProfileKey(const v1::JobSpec& spec, const std::string& device, int threads) {
+std::string ProfileKey(const v1::JobSpec& spec, const std::string& device, int threads,
+                       const std::string& device_name) {
   const v1::ModelSpec& m = spec.model();
   return absl::StrCat(m.arch(), "-L", m.n_layer(), "-H", m.n_head(), "-C", m.d_model(), "-F",
                       m.d_hidden(), "-E", m.d_embed(), "-K", m.context(), "-T", m.seq_len(), "-V",
@@ -252,7 +253,8 @@ std::string ProfileKey(const v1::JobSpec& spec, const std::string& device, int t
                       spec.pipeline().micro_batch_size(), "-", spec.optimizer().name(), "-", device,
                       "-t", threads,
                       // Selective recomputation's blocks keep less and recompute in backward.
-                      spec.pipeline().recompute() == "selective" ? "-selective" : "");
+                      spec.pipeline().recompute() == "selective" ? "-selective" : "",
+                      device_name.empty() ? "" : absl::StrCat("-on-", device_name));
 }
 
 namespace {

@@ -93,8 +93,11 @@ std::vector<int> LayersToProfile(const v1::ModelSpec& model);
 // INVALID_ARGUMENT when `measured` lacks one of LayersToProfile's layers.
 absl::StatusOr<v1::ModelProfile> ExpandProfile(const v1::ModelSpec& model,
                                                const std::vector<v1::LayerProfile>& measured);
-// The cache key of a profile: model config, micro-batch shape, optimizer kind, device, threads.
-std::string ProfileKey(const v1::JobSpec& spec, const std::string& device, int threads);
+// The cache key of a profile: model config, micro-batch shape, optimizer kind, device kind,
+// threads, and the hardware's name (RegisterRequest.device_name; empty from an older worker),
+// so that one coordinator serving two kinds of GPU or CPU times each kind apart.
+std::string ProfileKey(const v1::JobSpec& spec, const std::string& device, int threads,
+                       const std::string& device_name);
 
 // Unit costs for a plan: a stage's forward 1, backward 2 (I 1 + W 1), divided by the stages
 // per worker, so that every schedule does the same work per worker and their predictions

@@ -39,7 +39,7 @@ absl::Status JobPlanner::Plan(RunPlan* plan) {
   }
   const v1::JobSpec& spec = plan->spec;
   std::optional<v1::ModelProfile> profile;
-  const std::string key = ProfileKey(spec, DeviceKind(workers[0].device), workers[0].threads);
+  const std::string key = ProfileKeyFor(spec, workers[0]);
   if (env_.profiles != nullptr) profile = env_.profiles->Find(key);
   if (!profile.has_value() && spec.pipeline().partition() == "profile") {
     ASSIGN_OR_RETURN(profile, ProfileForJob(spec));
@@ -202,8 +202,7 @@ absl::Status JobPlanner::ChooseAutoPlan(v1::JobSpec* spec) {
 absl::StatusOr<v1::ModelProfile> JobPlanner::ProfileAt(const v1::JobSpec& spec) {
   const std::vector<WorkerRecord>& workers = gang_.workers();
   if (env_.profiles != nullptr) {
-    std::optional<v1::ModelProfile> cached =
-        env_.profiles->Find(ProfileKey(spec, DeviceKind(workers[0].device), workers[0].threads));
+    std::optional<v1::ModelProfile> cached = env_.profiles->Find(ProfileKeyFor(spec, workers[0]));
     if (cached.has_value()) return *std::move(cached);
   }
   return ProfileForJob(spec);

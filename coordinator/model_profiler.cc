@@ -260,19 +260,24 @@ absl::StatusOr<std::vector<v1::LayerProfile>> MergeWorkerProfiles(
   return merged;
 }
 
+std::string ProfileKeyFor(const v1::JobSpec& spec, const WorkerRecord& worker) {
+  return ProfileKey(spec, DeviceKind(worker.device), worker.threads, worker.device_name);
+}
+
 absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec,
                                                 const std::vector<ProfiledWorker>& workers,
                                                 absl::Duration timeout, ProfileStore* store,
                                                 const LinkPeer* peer,
                                                 const std::function<bool()>& stop) {
   if (workers.empty()) return absl::InvalidArgumentError("no worker to profile on");
-  // The first worker, and those like it (the same device kind and threads, the profile's key)
-  // that do not share a GPU with one already chosen (two on one GPU would time each other).
+  // The first worker, and those like it (the same key: device kind, threads and hardware) that
+  // do not share a GPU with one already chosen (two on one GPU would time each other).
   const WorkerRecord& first = *workers[0].worker;
+  const std::string key = ProfileKeyFor(spec, first);
   std::vector<const ProfiledWorker*> chosen = {&workers[0]};
   for (size_t i = 1; i < workers.size() && chosen.size() < kMaxProfiledWorkers; ++i) {
     const WorkerRecord& w = *workers[i].worker;
-    if (DeviceKind(w.device) != DeviceKind(first.device) || w.threads != first.threads) continue;
+    if (ProfileKeyFor(spec, w) != key) continue;
     if (std::any_of(chosen.begin(), chosen.end(),
                     [&](const ProfiledWorker* c) { return ShareDevice(*c->worker, w); })) {
       continue;
@@ -319,9 +324,10 @@ absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec,
   ASSIGN_OR_RETURN(std::vector<v1::LayerProfile> layers, MergeWorkerProfiles(per_worker));
   ASSIGN_OR_RETURN(v1::ModelProfile profile, ExpandProfile(spec.model(), layers));
   StageWorkerClient& client = *workers[0].client;
-  profile.set_key(ProfileKey(spec, DeviceKind(first.device), first.threads));
+  profile.set_key(key);
   profile.set_device(DeviceKind(first.device));
   profile.set_threads(first.threads);
+  profile.set_device_name(first.device_name);
   profile.set_created_unix_ms(UnixMicros() / 1000);
   spdlog::info("profiled {} layer kinds on {} at once, {} round(s), in {:.2f} s ({})",
                layers.size(), absl::StrJoin(ids, ", "), rounds.size(),
@@ -356,7 +362,7 @@ absl::StatusOr<v1::ModelProfile> ProfileModel(const v1::JobSpec& spec, WorkerReg
     if (DeviceKind(w.device) != kind || w.state == v1::LOST) continue;
     any = true;
     if (refresh) continue;
-    if (auto cached = store.Find(ProfileKey(spec, kind, w.threads)); cached.has_value()) {
+    if (auto cached = store.Find(ProfileKeyFor(spec, w)); cached.has_value()) {
       return *cached;
     }
   }

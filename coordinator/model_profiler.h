@@ -101,10 +101,14 @@ int DisagreeingLayer(const std::vector<v1::LayerProfile>& first,
 absl::StatusOr<std::vector<v1::LayerProfile>> MergeWorkerProfiles(
     const std::vector<std::vector<v1::LayerProfile>>& per_worker);
 
+// The key under which the profile of `spec` measured on `worker` is kept: its device kind,
+// threads and hardware name (ProfileKey).
+std::string ProfileKeyFor(const v1::JobSpec& spec, const WorkerRecord& worker);
+
 // Measures the profile of `spec` on `workers` (which must be idle; at least one) and puts it in
 // `store` (optional). The first worker and, up to kMaxProfiledWorkers, each other of its
-// device kind and threads (the profile's key) that shares no GPU with one already taken time
-// the layers at the same moment (ProfileLayers on all at once), because in a job they compute
+// device kind, threads and hardware (the profile's key) that shares no GPU with one already taken
+// time the layers at the same moment (ProfileLayers on all at once), because in a job they compute
 // at once too and, where they share a host, its cores and memory bandwidth; in rounds until two
 // agree (kProfileRounds above), all within `timeout` (another round only when more is left
 // than the last took, and none once `stop`, optional, says so: the job was cancelled); the

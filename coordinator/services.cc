@@ -41,6 +41,7 @@ v1::WorkerInfo InfoOf(const WorkerRecord& w, Clock::time_point now) {
   info.set_peak_method(w.peak_method);
   info.set_peak_measured_unix_ms(w.peak_measured_unix_ms);
   info.set_device_uuid(w.device_uuid);
+  info.set_device_name(w.device_name);
   info.set_clock_offset_us(w.clock_offset_us);
   info.set_clock_uncertainty_us(w.clock_uncertainty_us);
   return info;

@@ -76,6 +76,11 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterRequest& 
         "register: device_uuid is ", request.device_uuid().size(),
         " bytes; expected a GPU uuid such as GPU-8c7f2b1e-0f3a-4c1d-9e2b-5a6b7c8d9e0f"));
   }
+  if (request.device_name().size() > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("register: device_name is ", request.device_name().size(),
+                     " bytes; at most 256 (the GPU's or the processor's name)"));
+  }
   if (!(request.peak_flops() >= 0) || request.peak_flops() > 1e18) {
     return absl::InvalidArgumentError(absl::StrCat(
         "register: peak_flops must be a FLOP/s figure in [0, 1e18], got ", request.peak_flops()));
@@ -108,6 +113,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterRequest& 
   w.peak_method = request.peak_method();
   w.peak_measured_unix_ms = request.peak_measured_unix_ms();
   w.device_uuid = request.device_uuid();
+  w.device_name = request.device_name();
   w.state = v1::IDLE;
   w.last_heartbeat = Clock::now();
   CountAliveLocked();

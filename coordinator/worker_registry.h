@@ -35,6 +35,9 @@ struct WorkerRecord {
   std::string peak_method;  // how (RegisterRequest.peak_method)
   int64_t peak_measured_unix_ms = 0;  // when, worker clock (0 = unknown)
   std::string device_uuid;  // a cuda worker's GPU, "GPU-..." (RegisterRequest.device_uuid)
+  // The GPU's or the processor's name (RegisterRequest.device_name): part of a layer
+  // profile's key (ProfileKeyFor).
+  std::string device_name;
   v1::WorkerState state = v1::IDLE;
   std::string job_id;  // set while allocated
   int stage = -1;

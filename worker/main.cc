@@ -39,6 +39,7 @@
 #include "common/version.h"
 #include "worker/backend/cuda/module_loading.h"
 #include "worker/checkpoint_client.h"
+#include "worker/device_name.h"
 #include "worker/executor.h"
 #include "worker/peak_flops.h"
 #include "worker/registration.h"
@@ -195,6 +196,7 @@ int Run() {
   int64_t device_memory = 0;
   PeakFlops device_peak;    // measured on cuda:N
   std::string device_uuid;  // cuda:N's "GPU-..." (how the coordinator tells a shared GPU)
+  std::string device_name;  // cuda:N's name; a cpu worker's is CpuDeviceName()
   if (device != "cpu") {
 #ifdef TANDEM_WORKER_CUDA
     absl::StatusOr<int> ordinal = ParseCudaDevice(device);
@@ -230,6 +232,7 @@ int Run() {
       return 2;
     }
     device_uuid = *std::move(uuid);
+    device_name = usable->name.substr(0, kMaxDeviceNameBytes);
     cuda_device = *ordinal;
     device_memory = usable->total_memory_bytes;
 #else
@@ -479,6 +482,11 @@ int Run() {
   reg.hostname = Hostname();
   reg.node = absl::GetFlag(FLAGS_node).empty() ? reg.hostname : absl::GetFlag(FLAGS_node);
   reg.device_uuid = device_uuid;
+  reg.device_name = cuda_device >= 0 ? device_name : CpuDeviceName();
+  spdlog::info("device {}: {}", device, reg.device_name);
+  if (cuda_device < 0) {
+    if (const std::string advice = BlasCoreAdvice(); !advice.empty()) spdlog::warn("{}", advice);
+  }
   if (cuda_device >= 0) {
     reg.peak = device_peak;
     spdlog::info("peak bf16 GEMM on {} ({}): {:.1f} TFLOP/s ({})", device, device_uuid,

@@ -64,6 +64,7 @@ grpc::Status RegistrationClient::Register() {
     req.set_peak_measured_unix_ms(absl::ToUnixMillis(options_.peak.measured_at));
   }
   req.set_device_uuid(options_.device_uuid);
+  req.set_device_name(options_.device_name);
   grpc::ClientContext ctx;
   SetDeadline(ctx, options_.rpc_timeout);
   v1::RegisterResponse resp;

@@ -34,6 +34,7 @@ struct RegistrationOptions {
   std::string node;         // for placement (--node); empty: the hostname
   PeakFlops peak;           // measured at start (worker/peak_flops.h); flops 0 = unknown
   std::string device_uuid;  // cuda: the GPU's uuid, "GPU-..." (cuda::DeviceUuid); cpu: empty
+  std::string device_name;  // the GPU's or the processor's name (worker/device_name.h)
   // Used until the coordinator's RegisterResponse names its own interval.
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds rpc_timeout{5000};

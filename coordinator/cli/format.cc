@@ -208,6 +208,7 @@ std::string FormatWorkerDetails(const v1::WorkerInfo& w) {
   info.AddRow({"Address", w.address()});
   info.AddRow({"Device", absl::StrCat(w.device(), ", ", w.threads(), " thread",
                                       w.threads() == 1 ? "" : "s")});
+  if (!w.device_name().empty()) info.AddRow({"Hardware", w.device_name()});
   if (!w.device_uuid().empty()) info.AddRow({"GPU", w.device_uuid()});
   info.AddRow({"Peak", FormatPeak(w)});
   info.AddRow({"State", WorkerStateName(w.state())});

@@ -264,6 +264,7 @@ class Worker:
     hostname: str
     node: str
     peak_flops: float
+    device_name: str                # the GPU's, or the processor's and OpenBLAS kernels' name
     raw: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -271,7 +272,8 @@ class Worker:
         return cls(worker_id=w.worker_id, address=w.address, device=w.device, threads=w.threads,
                    state=common_pb2.WorkerState.Name(w.state), job_id=w.job_id, stage=w.stage,
                    heartbeat_age_seconds=w.heartbeat_age_seconds, version=w.version,
-                   hostname=w.hostname, node=w.node, peak_flops=w.peak_flops, raw=w)
+                   hostname=w.hostname, node=w.node, peak_flops=w.peak_flops,
+                   device_name=w.device_name, raw=w)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,6 +301,7 @@ class ModelProfile:
     key: str
     device: str
     threads: int
+    device_name: str                # the profiled workers' hardware (part of the key)
     layers: Tuple[LayerCost, ...]
     link_latency_seconds: Optional[float]   # None when measured on a single worker
     link_seconds_per_byte: Optional[float]
@@ -308,7 +311,7 @@ class ModelProfile:
     def from_proto(cls, p) -> "ModelProfile":
         has_link = bool(p.link.worker_a or p.link.worker_b)
         return cls(
-            key=p.key, device=p.device, threads=p.threads,
+            key=p.key, device=p.device, threads=p.threads, device_name=p.device_name,
             layers=tuple(LayerCost(l.layer, l.forward_seconds, l.backward_seconds,
                                    l.backward_input_seconds, l.backward_weight_seconds,
                                    l.apply_seconds, l.parameter_count, l.static_bytes,

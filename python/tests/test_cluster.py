@@ -27,6 +27,8 @@ def test_workers_are_listed(client):
     assert len(workers) == 2
     assert {w.device for w in workers} == {"cpu"}
     assert all(w.state in ("IDLE", "BUSY") for w in workers)
+    # The hardware each registered: its processor and the GEMM kernels OpenBLAS chose.
+    assert all(" / OpenBLAS " in w.device_name for w in workers)
     assert client.worker(workers[0].worker_id).address == workers[0].address
 
 
@@ -199,6 +201,8 @@ def test_profile(client):
     profile = client.profile(tiny_spec("profile"))
     assert len(profile.layers) == 2 + 2  # embedding, 2 blocks, head
     assert all(l.forward_seconds > 0 for l in profile.layers)
+    # Kept per hardware: the key ends with the name of the workers it was timed on.
+    assert profile.device_name and profile.key.endswith("-on-" + profile.device_name)
     with pytest.raises(tandem.SpecError) as e:
         client.profile(tiny_spec("profile", pipeline={"micro_batches": 0}))
     assert "pipeline.micro_batches" in e.value.paths

@@ -601,6 +601,24 @@ TEST(PlanPipelineTest, TheBudgetIsAWorkersWithSeveralStagesEach) {
   }
 }
 
+// A profile is kept per hardware: workers that name another GPU or processor (or OpenBLAS
+// kernel) get another key; a worker that names none (an older one) keeps the key it had.
+TEST(ProfileKeyTest, NamesTheShapeTheDeviceKindThreadsAndHardware) {
+  const v1::JobSpec spec = Spec("1f1b", 2, 4);
+  const std::string bare = ProfileKey(spec, "cuda", 1, "");
+  const std::string h100 = ProfileKey(spec, "cuda", 1, "NVIDIA H100 80GB HBM3");
+  const std::string a100 = ProfileKey(spec, "cuda", 1, "NVIDIA A100-SXM4-40GB");
+  EXPECT_NE(h100, a100);
+  EXPECT_NE(h100, bare);
+  EXPECT_EQ(h100, bare + "-on-NVIDIA H100 80GB HBM3");
+  EXPECT_NE(ProfileKey(spec, "cpu", 1, "Xeon / OpenBLAS SkylakeX"),
+            ProfileKey(spec, "cpu", 1, "Xeon / OpenBLAS Haswell"));
+  EXPECT_NE(ProfileKey(spec, "cpu", 1, "x"), ProfileKey(spec, "cpu", 2, "x"));
+  v1::JobSpec wider = spec;
+  wider.mutable_pipeline()->set_micro_batch_size(spec.pipeline().micro_batch_size() + 1);
+  EXPECT_NE(ProfileKey(spec, "cpu", 1, "x"), ProfileKey(wider, "cpu", 1, "x"));
+}
+
 TEST(StageProgramForTest, EachRankGetsItsStagesAndActions) {
   const v1::JobSpec spec = Spec("1f1b", 4, 8);
   absl::StatusOr<PipelinePlan> plan = PlanPipeline(spec);

@@ -45,10 +45,10 @@ TEST(JobRunnerTest, ProfilePartitionBalancesMeasuredTimeAndCachesTheProfile) {
   EXPECT_NEAR(job.stages(1).predicted_seconds(), 0.010, 1e-9);
   EXPECT_GT(job.predicted_step_seconds(), 0.0);
   EXPECT_EQ(f.factory.made[0]->program_.chunks(0).layer_end(), 5);
-  ASSERT_TRUE(profiles.Find(ProfileKey(spec, "cpu", 1)).has_value());
+  ASSERT_TRUE(profiles.Find(ProfileKey(spec, "cpu", 1, "")).has_value());
   // The link between the job's two workers was timed at 4 KiB, the embedding's output (10 B
   // in the fake) and 4 x that, under the job's prefix, and fitted.
-  const v1::LinkProfile link = profiles.Find(ProfileKey(spec, "cpu", 1))->link();
+  const v1::LinkProfile link = profiles.Find(ProfileKey(spec, "cpu", 1, ""))->link();
   const std::vector<WorkerRecord> workers = f.registry.List();
   EXPECT_EQ(link.worker_a(), workers[0].id);
   EXPECT_EQ(link.worker_b(), workers[1].id);

@@ -89,16 +89,18 @@ TEST(WorkerRegistryTest, BadRegistrationIsRefused) {
 }
 
 // A cuda worker's GPU uuid is kept (pipeline.transport tells a shared GPU by it) and listed.
-TEST(WorkerRegistryTest, KeepsTheDeviceUuid) {
+TEST(WorkerRegistryTest, KeepsTheDeviceUuidAndName) {
   WorkerRegistry registry(1000ms);
   v1::RegisterRequest r = RegistrationOf("g:1", "cuda:0");
   r.set_hostname("gpu-box");
   r.set_device_uuid("GPU-8c7f2b1e-0f3a-4c1d-9e2b-5a6b7c8d9e0f");
+  r.set_device_name("NVIDIA H100 80GB HBM3");
   absl::StatusOr<std::string> id = registry.Register(r);
   ASSERT_TRUE(id.ok()) << id.status();
   absl::StatusOr<WorkerRecord> w = registry.Get(*id);
   ASSERT_TRUE(w.ok());
   EXPECT_EQ(w->device_uuid, "GPU-8c7f2b1e-0f3a-4c1d-9e2b-5a6b7c8d9e0f");
+  EXPECT_EQ(w->device_name, "NVIDIA H100 80GB HBM3");
   EXPECT_EQ(w->hostname, "gpu-box");
   auto gang = registry.Allocate("cuda", 1, "job-1");
   ASSERT_TRUE(gang.ok());
@@ -110,6 +112,12 @@ TEST(WorkerRegistryTest, KeepsTheDeviceUuid) {
   absl::StatusOr<std::string> bad = registry.Register(r);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("register: device_uuid"));
+  // A name longer than the worker ever sends is refused, naming the field.
+  r.set_device_uuid("GPU-1");
+  r.set_device_name(std::string(257, 'x'));
+  bad = registry.Register(r);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("register: device_name is 257"));
 }
 
 // How and when a worker measured its peak is kept with the peak (`tandem workers W` shows it);

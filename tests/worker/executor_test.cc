@@ -694,7 +694,7 @@ TEST_F(ExecutorTest, SelectiveRecomputationIsWhatTheProfilerMeasures) {
     EXPECT_EQ((*plain)[0].activation_bytes(), (*kept)[0].activation_bytes());  // the embedding
     EXPECT_EQ((*plain)[1].activation_bytes() - (*kept)[1].activation_bytes(),
               tokens * per_token * static_cast<int64_t>(sizeof(float)));
-    EXPECT_NE(ProfileKey(spec, "cpu", 1), ProfileKey(selective, "cpu", 1));
+    EXPECT_NE(ProfileKey(spec, "cpu", 1, ""), ProfileKey(selective, "cpu", 1, ""));
   }
 }
 

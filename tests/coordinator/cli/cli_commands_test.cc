@@ -882,6 +882,7 @@ TEST_F(CommandsTest, WorkersWithAnIdShowsThatWorker) {
   w->set_address("127.0.0.1:7101");
   w->set_device("cpu");
   w->set_threads(2);
+  w->set_device_name("Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz / OpenBLAS SkylakeX");
   w->set_peak_flops(48.5e9);
   w->set_peak_method("fp32 SGEMM 768^3 on 2 threads, best of 8 samples 20ms apart");
   w->set_peak_measured_unix_ms(1'796'000'000'000);  // 2026-11-30 00:53:20 UTC
@@ -896,6 +897,8 @@ TEST_F(CommandsTest, WorkersWithAnIdShowsThatWorker) {
   const std::string out = out_.str();
   EXPECT_THAT(out, HasSubstr("Worker     w-3"));
   EXPECT_THAT(out, HasSubstr("cpu, 2 threads"));
+  EXPECT_THAT(out, HasSubstr("Hardware   Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz / "
+                             "OpenBLAS SkylakeX"));
   EXPECT_THAT(out, HasSubstr("48.5 GFLOP/s, fp32 SGEMM 768^3 on 2 threads, best of 8 samples "
                              "20ms apart; measured at start, 2026-11-30 00:53:20 UTC"));
   EXPECT_THAT(out, HasSubstr("job-4, stage 1"));

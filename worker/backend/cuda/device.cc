@@ -46,8 +46,13 @@ absl::StatusOr<DeviceInfo> OpenDevice(int device) {
   if (const cudaError_t e = cudaMemGetInfo(&free_bytes, &total_bytes); e != cudaSuccess) {
     return absl::FailedPreconditionError(cudaGetErrorString(e));
   }
+  cudaDeviceProp prop;
+  if (const cudaError_t e = cudaGetDeviceProperties(&prop, device); e != cudaSuccess) {
+    return absl::FailedPreconditionError(cudaGetErrorString(e));
+  }
   DeviceInfo info;
   info.total_memory_bytes = static_cast<int64_t>(total_bytes);
+  info.name = prop.name;  // NUL-terminated within its 256 bytes
   return info;
 }
 

@@ -39,6 +39,7 @@ std::string FormatDeviceUuid(const unsigned char (&bytes)[16]);
 
 struct DeviceInfo {
   int64_t total_memory_bytes = 0;
+  std::string name;  // cudaDeviceProp.name, e.g. "NVIDIA H100 80GB HBM3"
 };
 
 // Checks that CUDA device `device` can be used and makes it current on the calling thread:

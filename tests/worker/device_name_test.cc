@@ -1,0 +1,59 @@
+#include "worker/device_name.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace tandem::worker {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+TEST(CpuModelNameTest, TakesTheFirstModelNameWithBlanksCollapsed) {
+  const char* x86 =
+      "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel\t\t: 143\n"
+      "model name\t: Intel(R) Xeon(R)  Platinum 8481C CPU @ 2.70GHz\n\n"
+      "processor\t: 1\nmodel name\t: something else\n";
+  EXPECT_EQ(CpuModelName(x86), "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz");
+}
+
+TEST(CpuModelNameTest, FallsBackToHardwareThenTheArmPartThenUnknown) {
+  EXPECT_EQ(CpuModelName("processor : 0\nHardware : BCM2835\n"), "BCM2835");
+  EXPECT_EQ(CpuModelName("processor\t: 0\nCPU implementer\t: 0x41\nCPU part\t: 0xd0c\n"),
+            "CPU implementer 0x41 part 0xd0c");
+  EXPECT_EQ(CpuModelName(""), "unknown processor");
+  EXPECT_EQ(CpuModelName("model name\t:\n"), "unknown processor");
+}
+
+TEST(CpuDeviceNameTest, NamesTheProcessorAndOpenBlasKernelsWithinTheLimit) {
+  const std::string name = CpuDeviceName();
+  EXPECT_THAT(name, HasSubstr(" / OpenBLAS "));
+  EXPECT_THAT(name, testing::Not(StartsWith(" / ")));
+  EXPECT_LE(name.size(), kMaxDeviceNameBytes);
+}
+
+// The kernels OpenBLAS picked against the processor's flags: the VM of this project's
+// benchmarks (an AVX-512 Xeon that OpenBLAS 0.3.21 takes for a Prescott) gets the advice to
+// select SkylakeX; an AVX2 processor on SSE kernels, Haswell; kernels that fit, none.
+TEST(BlasCoreAdviceTest, NamesTheCoreTypeWhenOpenBlasPickedOlderKernels) {
+  const std::string avx512 =
+      "model name\t: Intel(R) Xeon(R) Processor\n"
+      "flags\t\t: fpu sse sse2 avx avx2 fma avx512f avx512dq avx512cd avx512bw avx512vl\n";
+  const std::string advice = BlasCoreAdvice(avx512, "Prescott");
+  EXPECT_THAT(advice, HasSubstr("OpenBLAS runs its Prescott GEMM kernels on a processor with "
+                                "AVX-512 (Intel(R) Xeon(R) Processor)"));
+  EXPECT_THAT(advice, HasSubstr("OPENBLAS_CORETYPE=SkylakeX"));
+  EXPECT_THAT(BlasCoreAdvice(avx512, "Haswell"), HasSubstr("OPENBLAS_CORETYPE=SkylakeX"));
+  EXPECT_EQ(BlasCoreAdvice(avx512, "SkylakeX"), "");
+  EXPECT_EQ(BlasCoreAdvice(avx512, "Cooperlake"), "");
+  const std::string avx2 = "model name : AMD EPYC 7B12\nflags : sse sse2 avx avx2 fma\n";
+  EXPECT_THAT(BlasCoreAdvice(avx2, "Sandybridge"), HasSubstr("OPENBLAS_CORETYPE=Haswell"));
+  EXPECT_EQ(BlasCoreAdvice(avx2, "Zen"), "");
+  EXPECT_EQ(BlasCoreAdvice("model name : old\nflags : sse sse2 sse3\n", "Prescott"), "");
+  EXPECT_EQ(BlasCoreAdvice("CPU part : 0xd0c\n", "NEOVERSEN1"), "");  // no flags line
+  // Only the whole flag counts: avx512fp16 alone is not AVX-512 F/BW/DQ/VL.
+  EXPECT_EQ(BlasCoreAdvice("flags : avx512fp16 avx2\n", "Haswell"), "");
+}
+
+}  // namespace
+}  // namespace tandem::worker
