@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/algorithm/container.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/spec.h"
@@ -80,6 +82,12 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterRequest& 
     return absl::InvalidArgumentError(
         absl::StrCat("register: device_name is ", request.device_name().size(),
                      " bytes; at most 256 (the GPU's or the processor's name)"));
+  }
+  if (absl::c_any_of(request.device_name(),
+                     [](char c) { return absl::ascii_iscntrl(static_cast<unsigned char>(c)); })) {
+    return absl::InvalidArgumentError(
+        "register: device_name holds a control character; expected one line of text (the GPU's "
+        "or the processor's name)");
   }
   if (!(request.peak_flops() >= 0) || request.peak_flops() > 1e18) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -55,10 +55,18 @@ std::string CpuModelName(absl::string_view cpuinfo) {
   return "unknown processor";
 }
 
+std::string RegisteredDeviceName(absl::string_view name) {
+  std::string out(name);
+  for (char& c : out) {
+    if (absl::ascii_iscntrl(static_cast<unsigned char>(c))) c = ' ';
+  }
+  absl::RemoveExtraAsciiWhitespace(&out);
+  if (out.size() > kMaxDeviceNameBytes) out.resize(kMaxDeviceNameBytes);
+  return out;
+}
+
 std::string CpuDeviceName() {
-  std::string name = absl::StrCat(CpuModelName(CpuInfo()), " / OpenBLAS ", BlasCore());
-  if (name.size() > kMaxDeviceNameBytes) name.resize(kMaxDeviceNameBytes);
-  return name;
+  return RegisteredDeviceName(absl::StrCat(CpuModelName(CpuInfo()), " / OpenBLAS ", BlasCore()));
 }
 
 std::string BlasCoreAdvice(absl::string_view cpuinfo, absl::string_view core) {

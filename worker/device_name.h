@@ -16,13 +16,18 @@ namespace tandem::worker {
 // What RegisterRequest.device_name may hold (the coordinator refuses more).
 inline constexpr size_t kMaxDeviceNameBytes = 256;
 
+// `name` as registered: each control character (tabs, newlines) made a blank, runs of blanks made
+// one, trimmed, and cut to kMaxDeviceNameBytes (the coordinator refuses control characters and
+// longer names).
+std::string RegisteredDeviceName(absl::string_view name);
+
 // The processor's name in /proc/cpuinfo text: the first "model name" (x86, and arm64 kernels
 // that print one), else "Hardware", else "CPU implementer" and "CPU part" (other arm64), with
 // runs of blanks made one; "unknown processor" when none is there.
 std::string CpuModelName(absl::string_view cpuinfo);
 
 // "<CpuModelName> / OpenBLAS <core>" (core: openblas_get_corename(), e.g. "SkylakeX" or
-// "Haswell"), cut to kMaxDeviceNameBytes. Reads /proc/cpuinfo; where it cannot, the processor
+// "Haswell"), as RegisteredDeviceName makes it. Reads /proc/cpuinfo; where it cannot, the processor
 // is "unknown processor".
 std::string CpuDeviceName();
 

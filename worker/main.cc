@@ -232,7 +232,7 @@ int Run() {
       return 2;
     }
     device_uuid = *std::move(uuid);
-    device_name = usable->name.substr(0, kMaxDeviceNameBytes);
+    device_name = RegisteredDeviceName(usable->name);
     cuda_device = *ordinal;
     device_memory = usable->total_memory_bytes;
 #else

@@ -118,6 +118,11 @@ TEST(WorkerRegistryTest, KeepsTheDeviceUuidAndName) {
   bad = registry.Register(r);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("register: device_name is 257"));
+  // It is shown in tables and logs: one line of text, no control characters.
+  r.set_device_name("Xeon\n| forged row");
+  bad = registry.Register(r);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("control character"));
 }
 
 // How and when a worker measured its peak is kept with the peak (`tandem workers W` shows it);

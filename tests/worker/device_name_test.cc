@@ -25,6 +25,12 @@ TEST(CpuModelNameTest, FallsBackToHardwareThenTheArmPartThenUnknown) {
   EXPECT_EQ(CpuModelName("model name\t:\n"), "unknown processor");
 }
 
+TEST(RegisteredDeviceNameTest, MakesOneLineOfTextWithinTheLimit) {
+  EXPECT_EQ(RegisteredDeviceName("  NVIDIA\tH100\n80GB  HBM3 \x7f"), "NVIDIA H100 80GB HBM3");
+  EXPECT_EQ(RegisteredDeviceName(std::string(300, 'x')).size(), kMaxDeviceNameBytes);
+  EXPECT_EQ(RegisteredDeviceName(""), "");
+}
+
 TEST(CpuDeviceNameTest, NamesTheProcessorAndOpenBlasKernelsWithinTheLimit) {
   const std::string name = CpuDeviceName();
   EXPECT_THAT(name, HasSubstr(" / OpenBLAS "));
