@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -211,6 +212,49 @@ class FakeWorker final : public StageWorkerClient {
   std::vector<v1::ApplyStepRequest> applies;
 };
 
+// What the code under test holds for a FakeWorker: it forwards every call, and on destruction
+// cancels what is pending, as the gRPC client does. The FakeWorker itself stays with the factory,
+// so that a test reads its counters after the job, gang or profiler that held it has gone.
+class FakeWorkerHandle final : public StageWorkerClient {
+ public:
+  explicit FakeWorkerHandle(FakeWorker* w) : w_(w) {}
+  ~FakeWorkerHandle() override { w_->CancelPending(); }
+  void Configure(const v1::ConfigureRequest& request, v1::ConfigureResponse* response,
+                 absl::Duration timeout, Done done) override {
+    w_->Configure(request, response, timeout, std::move(done));
+  }
+  void RunStep(const v1::RunStepRequest& request, v1::RunStepResponse* response,
+               absl::Duration timeout, Done done) override {
+    w_->RunStep(request, response, timeout, std::move(done));
+  }
+  void ApplyStep(const v1::ApplyStepRequest& request, v1::ApplyStepResponse* response,
+                 absl::Duration timeout, Done done) override {
+    w_->ApplyStep(request, response, timeout, std::move(done));
+  }
+  absl::Status SaveCheckpoint(
+      const v1::SaveCheckpointRequest& request, absl::Duration timeout,
+      const std::function<absl::Status(const v1::TensorChunk&)>& on_chunk) override {
+    return w_->SaveCheckpoint(request, timeout, on_chunk);
+  }
+  absl::Status Abort(const v1::AbortRequest& request, absl::Duration timeout) override {
+    return w_->Abort(request, timeout);
+  }
+  absl::StatusOr<v1::ProfileLayersResponse> ProfileLayers(const v1::ProfileLayersRequest& request,
+                                                          absl::Duration timeout) override {
+    return w_->ProfileLayers(request, timeout);
+  }
+  void ProbeLink(const v1::ProbeLinkRequest& request, v1::ProbeLinkResponse* response,
+                 absl::Duration timeout, Done done) override {
+    w_->ProbeLink(request, response, timeout, std::move(done));
+  }
+  absl::Status Probe(absl::Duration timeout) override { return w_->Probe(timeout); }
+  void CancelPending() override { w_->CancelPending(); }
+
+ private:
+  FakeWorker* w_;
+};
+
+// Makes a FakeWorker per Connect and keeps it for the factory's life (`made`, in order).
 class FakeFactory final : public StageWorkerClientFactory {
  public:
   std::unique_ptr<StageWorkerClient> Connect(const std::string& address) override {
@@ -218,11 +262,15 @@ class FakeFactory final : public StageWorkerClientFactory {
     FakeWorker* raw = w.get();
     raw->peers = &made;
     if (configure) configure(raw);
+    owned_.push_back(std::move(w));
     made.push_back(raw);
-    return w;
+    return std::make_unique<FakeWorkerHandle>(raw);
   }
   std::function<void(FakeWorker*)> configure;
   std::vector<FakeWorker*> made;
+
+ private:
+  std::vector<std::unique_ptr<FakeWorker>> owned_;
 };
 
 }  // namespace tandem::coordinator
