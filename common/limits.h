@@ -1,6 +1,7 @@
 // The limits on what a job spec may ask for, in one place: the coordinator refuses a spec over
 // them at submit (common/spec.cc), and the workers refuse to build a model over them at
-// configure (worker/model/gpt.cc, mlp_lm.cc), so both sides agree on what a valid job is.
+// configure (worker/model/gpt.cc, mlp_lm.cc), so both sides agree on what a valid job is. And
+// the limit on what a worker registers, which the worker keeps to and the coordinator checks.
 //
 // A spec is untrusted input. The model limits keep every GEMM dimension and every weight matrix
 // within BLAS's int range and bound a worker's memory.
@@ -34,6 +35,10 @@ inline constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();
 // replicas).
 inline constexpr int64_t kMaxReplicas = 1024;
 inline constexpr int64_t kMaxGangWorkers = 4096;
+
+// RegisterRequest.device_name, the GPU's or the processor's name: the worker cuts its name to
+// this (worker/device_name.h), the coordinator refuses more (coordinator/worker_registry.cc).
+inline constexpr size_t kMaxDeviceNameBytes = 256;
 
 }  // namespace tandem
 

@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/limits.h"
 #include "common/spec.h"
 #include "coordinator/placement.h"
 
@@ -78,10 +79,10 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterRequest& 
         "register: device_uuid is ", request.device_uuid().size(),
         " bytes; expected a GPU uuid such as GPU-8c7f2b1e-0f3a-4c1d-9e2b-5a6b7c8d9e0f"));
   }
-  if (request.device_name().size() > 256) {
+  if (request.device_name().size() > kMaxDeviceNameBytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat("register: device_name is ", request.device_name().size(),
-                     " bytes; at most 256 (the GPU's or the processor's name)"));
+        absl::StrCat("register: device_name is ", request.device_name().size(), " bytes; at most ",
+                     kMaxDeviceNameBytes, " (the GPU's or the processor's name)"));
   }
   if (absl::c_any_of(request.device_name(),
                      [](char c) { return absl::ascii_iscntrl(static_cast<unsigned char>(c)); })) {

@@ -10,11 +10,9 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "common/limits.h"
 
 namespace tandem::worker {
-
-// What RegisterRequest.device_name may hold (the coordinator refuses more).
-inline constexpr size_t kMaxDeviceNameBytes = 256;
 
 // `name` as registered: each control character (tabs, newlines) made a blank, runs of blanks made
 // one, trimmed, and cut to kMaxDeviceNameBytes (the coordinator refuses control characters and
