@@ -14,6 +14,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/flags.h"
 #include "common/health.h"
 #include "common/log_context.h"
@@ -40,6 +41,10 @@ ABSL_FLAG(std::string, data_root, "",
 ABSL_FLAG(int64_t, checkpoint_min_free_mb, 64,
           "MiB of the data root's disk a checkpoint leaves free for the job store: a checkpoint "
           "that would leave less is refused before it is written (and the job trains on)");
+ABSL_FLAG(absl::Duration, profile_max_age, absl::Hours(24 * 7),
+          "how long a measured layer profile plans jobs (90s, 12h, inf): a job that needs an "
+          "older one measures it again on its workers, as the machines' speed drifts with their "
+          "load, drivers and libraries; 0 measures for every job that needs one");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once serving");
 ABSL_FLAG(std::string, health_listen, "",
           "also serve grpc.health.v1 in plaintext on this HOST:PORT (for Kubernetes probes): "
@@ -239,7 +244,12 @@ int main(int argc, char** argv) {
       std::chrono::milliseconds(absl::GetFlag(FLAGS_heartbeat_ms)),
       std::chrono::microseconds(std::max(0, absl::GetFlag(FLAGS_heartbeat_per_worker_us))));
   tc::RendezvousStore rendezvous;
-  tc::ProfileStore profiles(data_root.empty() ? "" : data_root + "/profiles");
+  const absl::Duration profile_max_age = absl::GetFlag(FLAGS_profile_max_age);
+  if (profile_max_age < absl::ZeroDuration()) {
+    return Fail(absl::StrCat("--profile-max-age must not be negative, got ",
+                             absl::FormatDuration(profile_max_age)));
+  }
+  tc::ProfileStore profiles(data_root.empty() ? "" : data_root + "/profiles", profile_max_age);
   // Workers are dialled with the coordinator's certificate (their StageWorker API requires it).
   auto clients = tc::MakeGrpcStageWorkerClientFactory({security.tls, ""});
   tc::RunnerEnv runner_env;

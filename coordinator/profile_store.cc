@@ -10,8 +10,18 @@
 #include "spdlog/spdlog.h"
 
 namespace tandem::coordinator {
+namespace {
 
-ProfileStore::ProfileStore(std::string dir) : dir_(std::move(dir)) {
+// "95s", "3m5s": to the second (absl::FormatDuration prints the microseconds of a clock's
+// difference).
+std::string FormatAge(absl::Duration age) {
+  return absl::FormatDuration(absl::Trunc(age, absl::Seconds(1)));
+}
+
+}  // namespace
+
+ProfileStore::ProfileStore(std::string dir, absl::Duration max_age)
+    : dir_(std::move(dir)), max_age_(max_age) {
   if (dir_.empty()) return;
   std::error_code ec;
   std::filesystem::create_directories(dir_, ec);
@@ -36,10 +46,24 @@ std::string ProfileStore::PathOf(const std::string& key) const {
   return absl::StrCat(dir_, "/", name, ".json");
 }
 
-std::optional<v1::ModelProfile> ProfileStore::Find(const std::string& key) const {
+std::optional<v1::ModelProfile> ProfileStore::Find(const std::string& key, absl::Time now) const {
   absl::MutexLock lock(&mu_);
   auto it = profiles_.find(key);
   if (it == profiles_.end()) return std::nullopt;
+  if (max_age_ != absl::InfiniteDuration()) {
+    const int64_t created_ms = it->second.created_unix_ms();
+    const absl::Duration age = now - absl::FromUnixMillis(created_ms);
+    if (created_ms <= 0 || age > max_age_) {
+      // Said once per profile, not at every look-up (a plan looks on every worker).
+      if (!told_expired_.insert(key).second) return std::nullopt;
+      spdlog::info(
+          "profile store: the profile {} was measured {}, longer ago than the max age "
+          "of {} (--profile-max-age): a job that needs it measures it again",
+          key, created_ms <= 0 ? std::string("at an unknown time") : FormatAge(age) + " ago",
+          absl::FormatDuration(max_age_));
+      return std::nullopt;
+    }
+  }
   return it->second;
 }
 
@@ -47,6 +71,7 @@ absl::Status ProfileStore::Put(const v1::ModelProfile& profile) {
   {
     absl::MutexLock lock(&mu_);
     profiles_[profile.key()] = profile;
+    told_expired_.erase(profile.key());
   }
   if (dir_.empty()) return absl::OkStatus();
   std::string json;

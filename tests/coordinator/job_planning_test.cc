@@ -2,9 +2,12 @@
 // partition, the profile cache, the auto plan, and a profile that fails.
 #include "coordinator/job_planning.h"
 
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/pipeline_plan.h"
 #include "coordinator/model_profiler.h"
 #include "coordinator/profile_store.h"
@@ -80,6 +83,53 @@ TEST(JobRunnerTest, ProfilePartitionBalancesMeasuredTimeAndCachesTheProfile) {
   ASSERT_EQ(u.state(), v1::SUCCEEDED) << u.reason();
   EXPECT_EQ(u.stages(0).layer_end(), 3);
   EXPECT_NEAR(u.stages(1).predicted_seconds(), 0.012, 1e-9);
+}
+
+// A cached profile past the coordinator's max age does not plan the next job: that job
+// measures the layers again on its workers, cuts by the new times, and caches them, and the
+// job after it (within the max age) is planned from the new profile without profiling.
+TEST(JobRunnerTest, AProfilePastTheMaxAgeIsMeasuredAgainByTheNextJob) {
+  RunnerFixture f;
+  ProfileStore profiles("", absl::Minutes(10));
+  f.env.profiles = &profiles;
+  f.factory.configure = [](FakeWorker* w) {
+    w->layer_seconds = [](int g) { return g == 5 ? 0.010 : 0.001; };
+  };
+  v1::JobSpec spec = JobSpecOf(2, 2);
+  spec.mutable_model()->set_n_layer(4);
+  spec.mutable_pipeline()->set_partition("profile");
+  // An hour old, measured when every layer cost the same (its cut would be the uniform one).
+  v1::ModelProfile old;
+  old.set_key(ProfileKey(spec, "cpu", 1, ""));
+  old.set_device("cpu");
+  old.set_threads(1);
+  old.set_created_unix_ms(absl::ToUnixMillis(absl::Now() - absl::Hours(1)));
+  for (int g = 0; g < 6; ++g) {
+    v1::LayerProfile* l = old.add_layers();
+    l->set_layer(g);
+    l->set_forward_seconds(0.001);
+    l->set_backward_seconds(0.002);
+  }
+  ASSERT_TRUE(profiles.Put(old).ok());
+
+  auto runner = f.Start(spec);
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  EXPECT_EQ(f.factory.made[0]->profiles.load(), kProfileRounds);
+  EXPECT_EQ(f.factory.made[1]->profiles.load(), kProfileRounds);
+  ASSERT_EQ(job.stages_size(), 2);
+  EXPECT_EQ(job.stages(0).layer_end(), 5);  // the new times: embedding + 4 blocks | head
+  const std::optional<v1::ModelProfile> fresh = profiles.Find(old.key());
+  ASSERT_TRUE(fresh.has_value());
+  EXPECT_GT(fresh->created_unix_ms(), old.created_unix_ms());
+
+  auto again = f.Start(spec);
+  f.WaitFinished(*again);
+  ASSERT_EQ(f.store->Get(again->job_id())->state(), v1::SUCCEEDED);
+  for (size_t i = 2; i < f.factory.made.size(); ++i) {
+    EXPECT_EQ(f.factory.made[i]->profiles.load(), 0) << i;
+  }
 }
 
 // pipeline.plan: auto: the runner profiles each split of the global batch on both workers,

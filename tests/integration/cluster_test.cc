@@ -18,6 +18,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/link_model.h"
 #include "common/rpc.h"
 #include "common/safetensors.h"
@@ -814,6 +816,33 @@ TEST_F(ClusterTest, ProfiledPartitionIsolatesAHeavyHeadAndPlanShowsIt) {
     if (positive) break;
   }
   EXPECT_TRUE(positive) << link.ShortDebugString();
+}
+
+// tandem-coordinator --profile-max-age: a profile older than it is measured again by the next
+// that needs one (0: every time), and a negative age is refused at start, naming the flag.
+TEST_F(ClusterTest, AProfilePastTheMaxAgeIsMeasuredAgain) {
+  Cluster::Options options;
+  options.coordinator_args = {"--profile-max-age=0s"};
+  cluster_ = std::make_unique<Cluster>(options);
+  ASSERT_TRUE(cluster_->Start().ok());
+  auto spec = LoadJobSpecYaml(TinyJobYaml(2, 2, 2));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto first = cluster_->client().ProfileModel(*spec, /*refresh=*/false);
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::SleepFor(absl::Milliseconds(5));
+  auto second = cluster_->client().ProfileModel(*spec, /*refresh=*/false);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->key(), first->key());
+  EXPECT_GT(second->created_unix_ms(), first->created_unix_ms());  // measured again
+  EXPECT_THAT(ReadFile(cluster_->dir() + "/coordinator.log"),
+              HasSubstr("longer ago than the max age of 0 (--profile-max-age)"));
+
+  CommandResult negative = RunCommand({std::string(TANDEM_BIN_DIR) + "/tandem-coordinator",
+                                       "--listen=127.0.0.1:0", "--profile-max-age=-5s"},
+                                      30s);
+  EXPECT_NE(negative.exit_code, 0);
+  EXPECT_THAT(negative.err + negative.out,
+              HasSubstr("--profile-max-age must not be negative, got -5s"));
 }
 
 // pipeline.plan: auto through the real daemons: the coordinator profiles every split of the
