@@ -3,11 +3,15 @@
 # time, on a model whose head dominates: GPT-2 width (d_model 768, 12 heads) at reduced depth
 # (n_layer 6), vocab 50304 untied, seq_len 128, micro-batch 4, on 2 workers (--threads 1).
 #
-#   ./scripts/build.sh && bench/partition_bench.sh [--steps N] [--keep]     # about 15 min
+#   ./scripts/build.sh && bench/partition_bench.sh [--steps N] [--keep] [--profile-max-age AGE]
+#                                                                           # about 20 min
 #   bench/partition_bench.sh --smollm2 [--steps N] [--keep]                  # about 8 min
 #
-# Starts a real coordinator (with a data root, so the profile is cached after the first job)
-# and two workers on 127.0.0.1, then runs, 8 steps each (figures are medians of the steady
+# Starts a real coordinator (with a data root, so the profile is cached after the first job;
+# with --profile-max-age AGE, e.g. 150s, a job is planned on costs measured at most AGE before
+# it, its own or a recent job's, not the first job's: this 2-core VM's speed drifted by 2-35%
+# within one run; it re-profiles about every other job and the run takes some 37 min instead of
+# 20) and two workers on 127.0.0.1, then runs, 8 steps each (figures are medians of the steady
 # steps 1-6: step 0 warms up, and the last also waits for its own update): partition profile
 # and partition uniform with 1f1b at M=8; then with the profile zb_h1, zb_h2, zb_auto and
 # gpipe at M=8 and 1f1b at M=4 and M=16; pipeline.plan: auto at the same global batch as the
@@ -28,12 +32,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="$PWD/build/bin"
-steps=8 keep=0 smollm2=0
+steps=8 keep=0 smollm2=0 max_age=
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps="$2"; shift ;;
     --smollm2) smollm2=1 ;;
     --keep) keep=1 ;;
+    --profile-max-age) max_age="$2"; shift ;;
     *) echo "partition_bench.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
   shift
@@ -50,7 +55,11 @@ cleanup() {
 }
 trap cleanup EXIT
 source scripts/local-cluster.sh
-local_cluster_start "$bin" "$run" "$run" --data-root "$run/store" || [ "$?" = 2 ]
+local_cluster_start "$bin" "$run" "$run" --data-root "$run/store" \
+  ${max_age:+--profile-max-age "$max_age"} || [ "$?" = 2 ]
+if [ -n "$max_age" ]; then
+  echo "profiles are measured again once older than $max_age (tandem-coordinator --profile-max-age)" >&2
+fi
 
 model_yaml() {
   if [ "$smollm2" = 1 ]; then

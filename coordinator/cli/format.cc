@@ -33,12 +33,6 @@ std::string WorkerStateName(v1::WorkerState state) {
   return v1::WorkerState_Name(state);
 }
 
-std::string FormatTimestamp(int64_t unix_ms) {
-  if (unix_ms <= 0) return "-";
-  return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(unix_ms),
-                          absl::LocalTimeZone());
-}
-
 std::string FormatLoss(double loss) { return absl::StrFormat("%.4f", loss); }
 
 std::string FormatAge(double seconds) {
@@ -48,6 +42,12 @@ std::string FormatAge(double seconds) {
 }
 
 }  // namespace
+
+std::string FormatTimestamp(int64_t unix_ms) {
+  if (unix_ms <= 0) return "-";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(unix_ms),
+                          absl::LocalTimeZone());
+}
 
 Table::Table(std::vector<std::string> header) { rows_.push_back(std::move(header)); }
 

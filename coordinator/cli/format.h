@@ -35,6 +35,8 @@ class Table {
 // field printed, defaults included. `pretty`: indented over several lines; else one line.
 absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message, bool pretty);
 
+// "2026-12-06 13:46:02" in the local time zone; "-" for 0 (not set).
+std::string FormatTimestamp(int64_t unix_ms);
 // "0:06", "12:34", "1:02:03"; "--:--" when unknown (negative or not finite).
 std::string FormatEta(double seconds);
 // 134515008 -> "134,515,008".

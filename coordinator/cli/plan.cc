@@ -126,6 +126,17 @@ std::string ProfiledFigures(const v1::JobSpec& spec, const PipelinePlan& plan,
                           p.memory_budget_mb() > 0 ? " (within memory_budget_mb)"
                                                    : " (no budget: within the plain peak)");
   }
+  // When and on what the profile was measured: the coordinator measures one again once it is
+  // older than its --profile-max-age.
+  if (profile.created_unix_ms() > 0 || !profile.device_name().empty()) {
+    absl::StrAppend(
+        &out, "  profile: measured",
+        profile.created_unix_ms() > 0
+            ? absl::StrCat(" ", FormatTimestamp(profile.created_unix_ms()))
+            : std::string(),
+        profile.device_name().empty() ? std::string() : absl::StrCat(" on ", profile.device_name()),
+        "\n");
+  }
   if (profile.has_link()) {
     const v1::LinkProfile& link = profile.link();
     const int64_t activation = profile.layers(0).output_bytes();

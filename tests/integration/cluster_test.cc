@@ -779,6 +779,7 @@ TEST_F(ClusterTest, ProfiledPartitionIsolatesAHeavyHeadAndPlanShowsIt) {
   CommandResult plan = cluster_->Cli({"plan", path});
   ASSERT_EQ(plan.exit_code, 0) << plan.err;
   EXPECT_THAT(plan.out, HasSubstr("Predicted from the measured profile (cpu, 1 thread)"));
+  EXPECT_THAT(plan.out, HasSubstr("  profile: measured 20"));  // its date, and the processor
   EXPECT_THAT(plan.out, HasSubstr("embedding..block_1"));
   EXPECT_THAT(plan.out, HasSubstr("the uniform cut:"));
   CommandResult status = cluster_->Cli({"status", *profiled});

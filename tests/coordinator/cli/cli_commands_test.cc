@@ -595,6 +595,25 @@ v1::ModelProfile HeavyHeadProfile() {
   return p;
 }
 
+// The plan says when and on what hardware its profile was measured (the coordinator measures
+// one again past its --profile-max-age); a profile that carries neither prints no such line.
+TEST_F(CommandsTest, PlanSaysWhenAndOnWhatItsProfileWasMeasured) {
+  const std::string path = WriteFile("prof.yaml",
+                                     "name: prof\nmodel:\n  n_layer: 2\npipeline:\n  stages: 2\n"
+                                     "  micro_batches: 4\n  partition: profile\n");
+  client_.profile = HeavyHeadProfile();
+  ASSERT_TRUE(Run(Opts(Command::kPlan, {path})).ok()) << out_.str();
+  EXPECT_THAT(out_.str(), Not(HasSubstr("  profile: measured")));
+  const int64_t at = 1'796'000'000'000;  // 2026-11-29
+  client_.profile->set_created_unix_ms(at);
+  client_.profile->set_device_name("Intel(R) Xeon(R) Processor / OpenBLAS SkylakeX");
+  out_.str("");
+  ASSERT_TRUE(Run(Opts(Command::kPlan, {path})).ok()) << out_.str();
+  EXPECT_THAT(out_.str(), HasSubstr(absl::StrCat("  profile: measured ", FormatTimestamp(at),
+                                                 " on Intel(R) Xeon(R) Processor / OpenBLAS "
+                                                 "SkylakeX\n")));
+}
+
 TEST_F(CommandsTest, PlanWithAProfileCutsByMeasuredTimeAndExplains) {
   const std::string path = WriteFile("prof.yaml",
                                      "name: prof\nmodel:\n  n_layer: 2\npipeline:\n  stages: 2\n"
