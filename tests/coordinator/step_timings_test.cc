@@ -278,7 +278,11 @@ TEST(JobStoreTest, StepsAfterGivesTheRetainedStepsAfterOne) {
   const std::string id = *(*store)->Add(*spec);
   auto steps_of = [&](int64_t after) {
     std::vector<int64_t> out;
-    for (const v1::StepSummary& s : *(*store)->StepsAfter(id, after)) out.push_back(s.step());
+    // Held here: a range-for over *StepsAfter(...) would read the StatusOr after its end.
+    const auto steps = (*store)->StepsAfter(id, after);
+    EXPECT_TRUE(steps.ok()) << steps.status();
+    if (!steps.ok()) return out;
+    for (const v1::StepSummary& s : *steps) out.push_back(s.step());
     return out;
   };
   EXPECT_TRUE(steps_of(-1).empty());
