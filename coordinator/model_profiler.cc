@@ -375,6 +375,20 @@ absl::StatusOr<v1::ModelProfile> ProfileModel(const v1::JobSpec& spec, WorkerReg
   // Two workers when two are idle, so that the link between them is measured too.
   absl::StatusOr<std::vector<WorkerRecord>> held = registry.Allocate(kind, 2, holder);
   if (!held.ok()) held = registry.Allocate(kind, 1, holder);
+  if (!held.ok() && !refresh) {
+    // Past its max age, but none can measure it again now: the old profile is better than
+    // unit costs, and the plan prints when it was measured.
+    for (const WorkerRecord& w : registry.List()) {
+      if (DeviceKind(w.device) != kind || w.state == v1::LOST) continue;
+      if (auto old = store.FindAnyAge(ProfileKeyFor(spec, w)); old.has_value()) {
+        spdlog::warn(
+            "profile {}: past --profile-max-age, and no idle {} worker to measure it again "
+            "({}); planning with it as it is",
+            old->key(), kind, std::string(held.status().message()));
+        return *old;
+      }
+    }
+  }
   if (!held.ok()) {
     return absl::UnavailableError(absl::StrCat("no idle ", kind,
                                                " worker to profile the model on (",

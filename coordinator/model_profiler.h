@@ -130,8 +130,10 @@ absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec,
 // the scheduler does not hand it to a job. When two such workers are idle both are held, both
 // time the layers at once and the link between them is measured as well; otherwise the link is left
 // empty (as it is in a cached profile measured on one worker). `rendezvous` (optional) drops the
-// link probe's keys afterwards. FAILED_PRECONDITION when no worker of that kind is registered;
-// UNAVAILABLE when none is idle.
+// link probe's keys afterwards. A cached profile past the store's max age is measured again;
+// when no worker is idle to do so (and `refresh` is false) it is returned as it is, with a
+// warning. FAILED_PRECONDITION when no worker of that kind is registered; UNAVAILABLE when
+// none is idle and no profile is cached.
 absl::StatusOr<v1::ModelProfile> ProfileModel(const v1::JobSpec& spec, WorkerRegistry& registry,
                                               StageWorkerClientFactory& clients,
                                               ProfileStore& store, absl::Duration timeout,

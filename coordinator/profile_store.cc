@@ -67,6 +67,13 @@ std::optional<v1::ModelProfile> ProfileStore::Find(const std::string& key, absl:
   return it->second;
 }
 
+std::optional<v1::ModelProfile> ProfileStore::FindAnyAge(const std::string& key) const {
+  absl::MutexLock lock(&mu_);
+  auto it = profiles_.find(key);
+  if (it == profiles_.end()) return std::nullopt;
+  return it->second;
+}
+
 absl::Status ProfileStore::Put(const v1::ModelProfile& profile) {
   {
     absl::MutexLock lock(&mu_);

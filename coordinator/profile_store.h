@@ -32,6 +32,9 @@ class ProfileStore {
   // The profile kept under `key`, unless it is older than the max age at `now` (or carries no
   // time and a max age is set): then none, and the next Put replaces it.
   std::optional<v1::ModelProfile> Find(const std::string& key, absl::Time now = absl::Now()) const;
+  // The profile kept under `key` however old: for a caller that cannot measure it again now
+  // (`tandem plan` while every worker is busy), which says how old it is.
+  std::optional<v1::ModelProfile> FindAnyAge(const std::string& key) const;
   // Keeps the profile under profile.key(); the file write's error is returned (the profile is
   // kept in memory regardless).
   absl::Status Put(const v1::ModelProfile& profile);

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/link_model.h"
 #include "coordinator/profile_store.h"
 #include "coordinator/rendezvous_store.h"
@@ -411,6 +413,36 @@ TEST(ProfileModelTest, MeasuresTheLinkWhenTwoWorkersAreIdle) {
   ASSERT_TRUE(failed.ok()) << failed.status();
   EXPECT_FALSE(failed->has_link());
   EXPECT_GT(failed->layers_size(), 0);
+}
+
+// A cached profile past the store's max age is measured again for `tandem plan`; while no
+// worker is idle to measure it, the old one is served rather than none (the plan prints its
+// time). Asked to refresh, the answer is then UNAVAILABLE.
+TEST(ProfileModelTest, AProfilePastTheMaxAgeIsMeasuredAgainOrServedWhenNoWorkerIsIdle) {
+  WorkerRegistry registry(10s);
+  FakeFactory factory;
+  ProfileStore profiles("", absl::Minutes(10));
+  v1::JobSpec spec = JobSpecOf(2, 2);
+  ASSERT_TRUE(registry.Register(RegistrationOf("127.0.0.1:1000")).ok());
+  auto first = ProfileModel(spec, registry, factory, profiles, absl::Seconds(5), false);
+  ASSERT_TRUE(first.ok()) << first.status();
+  v1::ModelProfile old = *first;
+  old.set_created_unix_ms(absl::ToUnixMillis(absl::Now() - absl::Hours(1)));
+  ASSERT_TRUE(profiles.Put(old).ok());
+
+  auto again = ProfileModel(spec, registry, factory, profiles, absl::Seconds(5), false);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_GT(again->created_unix_ms(), old.created_unix_ms());  // measured again
+  EXPECT_EQ(factory.made.size(), 2u);
+
+  ASSERT_TRUE(profiles.Put(old).ok());
+  ASSERT_TRUE(registry.Allocate("cpu", 1, "job-9").ok());  // the only worker is busy
+  auto busy = ProfileModel(spec, registry, factory, profiles, absl::Seconds(5), false);
+  ASSERT_TRUE(busy.ok()) << busy.status();
+  EXPECT_EQ(busy->created_unix_ms(), old.created_unix_ms());  // the old one, as it is
+  EXPECT_EQ(factory.made.size(), 2u);
+  auto refresh = ProfileModel(spec, registry, factory, profiles, absl::Seconds(5), true);
+  EXPECT_EQ(refresh.status().code(), absl::StatusCode::kUnavailable) << refresh.status();
 }
 
 }  // namespace
