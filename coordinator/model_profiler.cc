@@ -357,18 +357,22 @@ absl::StatusOr<v1::ModelProfile> ProfileModel(const v1::JobSpec& spec, WorkerReg
                                               ProfileStore& store, absl::Duration timeout,
                                               bool refresh, RendezvousStore* rendezvous) {
   const std::string kind = DeviceKind(spec.device());
-  bool any = false;
+  // The profile keys of the registered workers of that kind, each once (hardware differs
+  // between them, but most share one): looked up below, measured only when none is cached.
+  std::vector<std::string> keys;
   for (const WorkerRecord& w : registry.List()) {
     if (DeviceKind(w.device) != kind || w.state == v1::LOST) continue;
-    any = true;
-    if (refresh) continue;
-    if (auto cached = store.Find(ProfileKeyFor(spec, w)); cached.has_value()) {
-      return *cached;
-    }
+    std::string key = ProfileKeyFor(spec, w);
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(std::move(key));
   }
-  if (!any) {
+  if (keys.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("no ", kind, " worker is registered to profile the model on"));
+  }
+  if (!refresh) {
+    for (const std::string& key : keys) {
+      if (auto cached = store.Find(key); cached.has_value()) return *cached;
+    }
   }
   static std::atomic<int> counter{0};
   const std::string holder = absl::StrCat("profile-", ++counter);
@@ -378,9 +382,8 @@ absl::StatusOr<v1::ModelProfile> ProfileModel(const v1::JobSpec& spec, WorkerReg
   if (!held.ok() && !refresh) {
     // Past its max age, but none can measure it again now: the old profile is better than
     // unit costs, and the plan prints when it was measured.
-    for (const WorkerRecord& w : registry.List()) {
-      if (DeviceKind(w.device) != kind || w.state == v1::LOST) continue;
-      if (auto old = store.FindAnyAge(ProfileKeyFor(spec, w)); old.has_value()) {
+    for (const std::string& key : keys) {
+      if (auto old = store.FindAnyAge(key); old.has_value()) {
         spdlog::warn(
             "profile {}: past --profile-max-age, and no idle {} worker to measure it again "
             "({}); planning with it as it is",
