@@ -21,6 +21,18 @@ namespace {
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
+// A 2-stage job with partition: profile over 4 blocks of 1 ms and a head of 10 ms, as `f`'s
+// fake workers time them: the uniform cut [0, 3) | [3, 6) would run 3 | 12.
+v1::JobSpec HeadHeavyProfiledJob(RunnerFixture& f) {
+  f.factory.configure = [](FakeWorker* w) {
+    w->layer_seconds = [](int g) { return g == 5 ? 0.010 : 0.001; };
+  };
+  v1::JobSpec spec = JobSpecOf(2, 2);
+  spec.mutable_model()->set_n_layer(4);
+  spec.mutable_pipeline()->set_partition("profile");
+  return spec;
+}
+
 // partition: profile: the runner profiles on both workers at once (the embedding, one block
 // and the head: blocks cost the same), cuts at the exact min-max of the measured times, records
 // the predicted per-stage times, and caches the profile, so that the next job of the same shape
@@ -29,13 +41,7 @@ TEST(JobRunnerTest, ProfilePartitionBalancesMeasuredTimeAndCachesTheProfile) {
   RunnerFixture f;
   ProfileStore profiles("");
   f.env.profiles = &profiles;
-  // 4 blocks of 1 ms and a head of 10 ms: the uniform cut [0, 3) | [3, 6) would run 3 | 12.
-  f.factory.configure = [](FakeWorker* w) {
-    w->layer_seconds = [](int g) { return g == 5 ? 0.010 : 0.001; };
-  };
-  v1::JobSpec spec = JobSpecOf(2, 2);
-  spec.mutable_model()->set_n_layer(4);
-  spec.mutable_pipeline()->set_partition("profile");
+  const v1::JobSpec spec = HeadHeavyProfiledJob(f);
   auto runner = f.Start(spec);
   f.WaitFinished(*runner);
   auto job = *f.store->Get(runner->job_id());
@@ -92,12 +98,7 @@ TEST(JobRunnerTest, AProfilePastTheMaxAgeIsMeasuredAgainByTheNextJob) {
   RunnerFixture f;
   ProfileStore profiles("", absl::Minutes(10));
   f.env.profiles = &profiles;
-  f.factory.configure = [](FakeWorker* w) {
-    w->layer_seconds = [](int g) { return g == 5 ? 0.010 : 0.001; };
-  };
-  v1::JobSpec spec = JobSpecOf(2, 2);
-  spec.mutable_model()->set_n_layer(4);
-  spec.mutable_pipeline()->set_partition("profile");
+  const v1::JobSpec spec = HeadHeavyProfiledJob(f);
   // An hour old, measured when every layer cost the same (its cut would be the uniform one).
   v1::ModelProfile old;
   old.set_key(ProfileKey(spec, "cpu", 1, ""));

@@ -595,12 +595,15 @@ v1::ModelProfile HeavyHeadProfile() {
   return p;
 }
 
+// A 2-stage job of two blocks with partition: profile, for the plans priced on HeavyHeadProfile.
+constexpr char kProfiledPlanYaml[] =
+    "name: prof\nmodel:\n  n_layer: 2\npipeline:\n  stages: 2\n  micro_batches: 4\n"
+    "  partition: profile\n";
+
 // The plan says when and on what hardware its profile was measured (the coordinator measures
 // one again past its --profile-max-age); a profile that carries neither prints no such line.
 TEST_F(CommandsTest, PlanSaysWhenAndOnWhatItsProfileWasMeasured) {
-  const std::string path = WriteFile("prof.yaml",
-                                     "name: prof\nmodel:\n  n_layer: 2\npipeline:\n  stages: 2\n"
-                                     "  micro_batches: 4\n  partition: profile\n");
+  const std::string path = WriteFile("prof.yaml", kProfiledPlanYaml);
   client_.profile = HeavyHeadProfile();
   ASSERT_TRUE(Run(Opts(Command::kPlan, {path})).ok()) << out_.str();
   EXPECT_THAT(out_.str(), Not(HasSubstr("  profile: measured")));
@@ -615,9 +618,7 @@ TEST_F(CommandsTest, PlanSaysWhenAndOnWhatItsProfileWasMeasured) {
 }
 
 TEST_F(CommandsTest, PlanWithAProfileCutsByMeasuredTimeAndExplains) {
-  const std::string path = WriteFile("prof.yaml",
-                                     "name: prof\nmodel:\n  n_layer: 2\npipeline:\n  stages: 2\n"
-                                     "  micro_batches: 4\n  partition: profile\n");
+  const std::string path = WriteFile("prof.yaml", kProfiledPlanYaml);
   client_.profile = HeavyHeadProfile();
   ASSERT_TRUE(Run(Opts(Command::kPlan, {path})).ok()) << out_.str();
   const std::string out = out_.str();
