@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <initializer_list>
 #include <sstream>
@@ -37,12 +38,12 @@ std::string CpuInfo() {
   return text.str();
 }
 
-std::string BlasCore() {
+}  // namespace
+
+std::string OpenBlasCoreName() {
   const char* core = openblas_get_corename();
   return core != nullptr ? std::string(absl::StripAsciiWhitespace(core)) : "unknown";
 }
-
-}  // namespace
 
 std::string CpuModelName(absl::string_view cpuinfo) {
   if (std::string name = Field(cpuinfo, "model name"); !name.empty()) return name;
@@ -66,10 +67,11 @@ std::string RegisteredDeviceName(absl::string_view name) {
 }
 
 std::string CpuDeviceName() {
-  return RegisteredDeviceName(absl::StrCat(CpuModelName(CpuInfo()), " / OpenBLAS ", BlasCore()));
+  return RegisteredDeviceName(
+      absl::StrCat(CpuModelName(CpuInfo()), " / OpenBLAS ", OpenBlasCoreName()));
 }
 
-std::string BlasCoreAdvice(absl::string_view cpuinfo, absl::string_view core) {
+std::string BetterBlasCoreType(absl::string_view cpuinfo, absl::string_view core) {
   const std::string flag_text = Field(cpuinfo, "flags");
   if (flag_text.empty()) return "";
   const std::vector<absl::string_view> flags = absl::StrSplit(flag_text, ' ', absl::SkipEmpty());
@@ -82,25 +84,39 @@ std::string BlasCoreAdvice(absl::string_view cpuinfo, absl::string_view core) {
   const std::vector<absl::string_view> avx512 = {"skylakex", "cooperlake", "sapphirerapids"};
   const std::vector<absl::string_view> avx2 = {
       "haswell", "zen", "skylakex", "cooperlake", "sapphirerapids", "excavator"};
-  std::string want, what;
   if (has({"avx512f", "avx512bw", "avx512dq", "avx512vl"}) &&
       !absl::c_linear_search(avx512, kernels)) {
-    want = "SkylakeX";
-    what = "AVX-512";
-  } else if (has({"avx2", "fma"}) && !absl::c_linear_search(avx2, kernels)) {
-    want = "Haswell";
-    what = "AVX2";
-  } else {
-    return "";
+    return "SkylakeX";
   }
-  return absl::StrCat("OpenBLAS runs its ", core, " GEMM kernels on a processor with ", what, " (",
-                      CpuModelName(cpuinfo),
-                      "): it did not recognise the model. OPENBLAS_CORETYPE=", want,
-                      " in tandem-worker's environment selects its ", what,
-                      " kernels, several times faster; the layer profiles of the two are kept "
-                      "apart (the core is part of the worker's device name)");
+  if (has({"avx2", "fma"}) && !absl::c_linear_search(avx2, kernels)) return "Haswell";
+  return "";
 }
 
-std::string BlasCoreAdvice() { return BlasCoreAdvice(CpuInfo(), BlasCore()); }
+std::string BetterBlasCoreType() { return BetterBlasCoreType(CpuInfo(), OpenBlasCoreName()); }
+
+std::string BlasCoreAdvice(absl::string_view cpuinfo, absl::string_view core,
+                           const char* env_coretype) {
+  const std::string want = BetterBlasCoreType(cpuinfo, core);
+  if (want.empty()) return "";
+  const char* what = want == "SkylakeX" ? "AVX-512" : "AVX2";
+  std::string why = ": it did not recognise the model";
+  if (env_coretype != nullptr) {
+    why = absl::EqualsIgnoreCase(env_coretype, core)
+              ? absl::StrCat(", as OPENBLAS_CORETYPE=", env_coretype, " asks")
+              : absl::StrCat(", although OPENBLAS_CORETYPE=", env_coretype,
+                             " asks for others (it has none of that name for this processor, "
+                             "or was built without DYNAMIC_ARCH)");
+  }
+  return absl::StrCat("OpenBLAS runs its ", core, " GEMM kernels on a processor with ", what, " (",
+                      CpuModelName(cpuinfo), ")", why, ". Its ", what,
+                      " kernels run several times faster: OPENBLAS_CORETYPE=", want,
+                      env_coretype == nullptr ? " or --blas_core=auto" : "",
+                      " selects them; the layer profiles of the two are kept apart (the core is "
+                      "part of the worker's device name)");
+}
+
+std::string BlasCoreAdvice() {
+  return BlasCoreAdvice(CpuInfo(), OpenBlasCoreName(), std::getenv("OPENBLAS_CORETYPE"));
+}
 
 }  // namespace tandem::worker

@@ -29,14 +29,27 @@ std::string CpuModelName(absl::string_view cpuinfo);
 // is "unknown processor".
 std::string CpuDeviceName();
 
+// The kernels OpenBLAS chose for this process (openblas_get_corename(), e.g. "SkylakeX").
+std::string OpenBlasCoreName();
+
 // When OpenBLAS chose GEMM kernels older than the processor can run (its own detection does
 // not know the model, as on some VMs: Prescott's SSE3 kernels on an AVX-512 processor run
-// about 3x slower), what to set: a warning naming the OPENBLAS_CORETYPE that selects the
-// processor's kernels (SkylakeX for AVX-512 F/BW/DQ/VL, Haswell for AVX2 with FMA). Empty when
-// the kernels fit, or the /proc/cpuinfo text has no flags. `core` is openblas_get_corename().
-std::string BlasCoreAdvice(absl::string_view cpuinfo, absl::string_view core);
+// about 3x slower), the OPENBLAS_CORETYPE that selects the processor's kernels: "SkylakeX" for
+// AVX-512 F/BW/DQ/VL, "Haswell" for AVX2 with FMA. Empty when the kernels fit, or the
+// /proc/cpuinfo text has no flags. `core` is OpenBlasCoreName().
+std::string BetterBlasCoreType(absl::string_view cpuinfo, absl::string_view core);
 
-// BlasCoreAdvice for this process's processor and OpenBLAS.
+// BetterBlasCoreType for this process's processor and OpenBLAS.
+std::string BetterBlasCoreType();
+
+// A warning for when BetterBlasCoreType names a core type: which kernels run on what and why
+// (OpenBLAS did not know the model; or `env_coretype`, OPENBLAS_CORETYPE's value when set, asked
+// for them, or for others OpenBLAS does not have), and what selects the faster ones. Empty when
+// it names none.
+std::string BlasCoreAdvice(absl::string_view cpuinfo, absl::string_view core,
+                           const char* env_coretype = nullptr);
+
+// BlasCoreAdvice for this process's processor, OpenBLAS and environment.
 std::string BlasCoreAdvice();
 
 }  // namespace tandem::worker

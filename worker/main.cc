@@ -38,6 +38,7 @@
 #include "common/tls.h"
 #include "common/version.h"
 #include "worker/backend/cuda/module_loading.h"
+#include "worker/blas_core_restart.h"
 #include "worker/checkpoint_client.h"
 #include "worker/device_name.h"
 #include "worker/executor.h"
@@ -73,6 +74,11 @@ ABSL_FLAG(std::string, device, "cpu",
           "compute device: cpu, or cuda:N (GPU N: the stages run on it and the data plane is "
           "NCCL; needs a build with CUDA)");
 ABSL_FLAG(int, threads, 1, "OpenBLAS threads");
+ABSL_FLAG(std::string, blas_core, "auto",
+          "auto: when OpenBLAS chose GEMM kernels older than the processor runs (a model it does "
+          "not know) and OPENBLAS_CORETYPE is unset, start again with OPENBLAS_CORETYPE naming "
+          "the processor's kernels; keep: OpenBLAS's own choice; an OpenBLAS core type (e.g. "
+          "SkylakeX, Haswell): start with those kernels");
 ABSL_FLAG(std::string, node, "",
           "the node (machine) this worker runs on, for placement: workers of one node are taken "
           "to share the cheapest links (default: the host name)");
@@ -485,6 +491,9 @@ int Run() {
   reg.device_name = cuda_device >= 0 ? device_name : CpuDeviceName();
   spdlog::info("device {}: {}", device, reg.device_name);
   if (cuda_device < 0) {
+    if (const std::string note = TakeBlasCoreRestartNote(OpenBlasCoreName()); !note.empty()) {
+      spdlog::info("{}", note);
+    }
     if (const std::string advice = BlasCoreAdvice(); !advice.empty()) spdlog::warn("{}", advice);
   }
   if (cuda_device >= 0) {
@@ -541,6 +550,7 @@ int Run() {
 }  // namespace tandem::worker
 
 int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv, argv + argc);  // as given, to start again with
   // Before anything can make a CUDA call (and while there is one thread): every kernel module
   // loads at the runtime's start, never behind a pending NCCL receive (module_loading.h).
   tandem::worker::cuda::UseEagerModuleLoading();
@@ -553,6 +563,24 @@ int main(int argc, char** argv) {
   tandem::NormalizeFlagDashes(argc, argv);
   tandem::HelpListsFlagsOf("worker/main.cc");
   absl::ParseCommandLine(argc, argv);
+  {
+    // OpenBLAS read OPENBLAS_CORETYPE as it loaded: other kernels need a new start, taken now,
+    // before the worker opens a socket or a file or starts a thread (worker/blas_core_restart.h).
+    const bool cpu = absl::GetFlag(FLAGS_device) == "cpu";
+    absl::StatusOr<std::string> coretype = tandem::worker::BlasCoreToRestartWith(
+        absl::GetFlag(FLAGS_blas_core), std::getenv("OPENBLAS_CORETYPE"),
+        cpu ? tandem::worker::BetterBlasCoreType() : "");
+    if (!coretype.ok()) {
+      std::fprintf(stderr, "tandem-worker: %s\n", std::string(coretype.status().message()).c_str());
+      return 2;
+    }
+    if (!coretype->empty()) {
+      const absl::Status restarted =
+          tandem::worker::RestartWithBlasCore(args, *coretype, tandem::worker::OpenBlasCoreName());
+      std::fprintf(stderr, "tandem-worker: could not start again with OPENBLAS_CORETYPE=%s: %s\n",
+                   coretype->c_str(), std::string(restarted.message()).c_str());
+    }
+  }
   if (absl::GetFlag(FLAGS_keep_heap)) {
     // Serve every allocation from the heap and never trim it, so the step's big buffers are
     // reused instead of being mmapped and page-faulted afresh on every forward pass. One arena:

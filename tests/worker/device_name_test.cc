@@ -61,5 +61,40 @@ TEST(BlasCoreAdviceTest, NamesTheCoreTypeWhenOpenBlasPickedOlderKernels) {
   EXPECT_EQ(BlasCoreAdvice("flags : avx512fp16 avx2\n", "Haswell"), "");
 }
 
+// Why the kernels are older: OpenBLAS did not know the model (then --blas_core=auto helps), or
+// OPENBLAS_CORETYPE asked for them, or asked for others that OpenBLAS does not have.
+TEST(BlasCoreAdviceTest, SaysWhyFromTheEnvironment) {
+  const std::string avx512 =
+      "model name : Xeon\nflags : avx2 fma avx512f avx512dq avx512bw avx512vl\n";
+  EXPECT_THAT(BlasCoreAdvice(avx512, "Prescott"),
+              HasSubstr("(Xeon): it did not recognise the model. Its AVX-512 kernels run several "
+                        "times faster: OPENBLAS_CORETYPE=SkylakeX or --blas_core=auto selects"));
+  const std::string asked = BlasCoreAdvice(avx512, "Prescott", "prescott");
+  EXPECT_THAT(asked, HasSubstr("(Xeon), as OPENBLAS_CORETYPE=prescott asks. Its AVX-512"));
+  EXPECT_THAT(asked, testing::Not(HasSubstr("--blas_core")));
+  EXPECT_THAT(BlasCoreAdvice(avx512, "Prescott", "SkylakeX"),
+              HasSubstr("although OPENBLAS_CORETYPE=SkylakeX asks for others"));
+  EXPECT_EQ(BlasCoreAdvice(avx512, "SkylakeX", "SkylakeX"), "");
+}
+
+TEST(BetterBlasCoreTypeTest, NamesTheProcessorsKernelsOnlyWhenOpenBlasPickedOlderOnes) {
+  const std::string avx512 =
+      "model name\t: Intel(R) Xeon(R) Processor\n"
+      "flags\t\t: fpu sse sse2 avx avx2 fma avx512f avx512dq avx512cd avx512bw avx512vl\n";
+  EXPECT_EQ(BetterBlasCoreType(avx512, "Prescott"), "SkylakeX");
+  EXPECT_EQ(BetterBlasCoreType(avx512, "HASWELL"), "SkylakeX");  // OpenBLAS's case varies
+  EXPECT_EQ(BetterBlasCoreType(avx512, "SapphireRapids"), "");
+  const std::string avx2 = "flags : sse sse2 avx avx2 fma\n";
+  EXPECT_EQ(BetterBlasCoreType(avx2, "Prescott"), "Haswell");
+  EXPECT_EQ(BetterBlasCoreType(avx2, "Excavator"), "");
+  EXPECT_EQ(BetterBlasCoreType("flags : sse sse2 avx avx2\n", "Sandybridge"), "");  // no FMA
+  EXPECT_EQ(BetterBlasCoreType("", "Prescott"), "");
+}
+
+TEST(BetterBlasCoreTypeTest, ThisProcessesAnswerAgreesWithItsAdvice) {
+  EXPECT_EQ(BetterBlasCoreType().empty(), BlasCoreAdvice().empty());
+  EXPECT_FALSE(OpenBlasCoreName().empty());
+}
+
 }  // namespace
 }  // namespace tandem::worker
