@@ -45,7 +45,7 @@ absl::Status RestartWithBlasCore(const std::vector<std::string>& argv, const std
   // Not restarted: leave the environment as it was, so nothing claims the kernels changed.
   unsetenv("OPENBLAS_CORETYPE");
   unsetenv(kBlasCoreBeforeRestartEnv);
-  return absl::InternalError(absl::StrCat("execv(/proc/self/exe): ", std::strerror(err)));
+  return absl::InternalError(absl::StrCat("starting /proc/self/exe again: ", std::strerror(err)));
 }
 
 std::string TakeBlasCoreRestartNote(absl::string_view now) {

@@ -550,10 +550,10 @@ int Run() {
 }  // namespace tandem::worker
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> args(argv, argv + argc);  // as given, to start again with
   // Before anything can make a CUDA call (and while there is one thread): every kernel module
   // loads at the runtime's start, never behind a pending NCCL receive (module_loading.h).
   tandem::worker::cuda::UseEagerModuleLoading();
+  const std::vector<std::string> args(argv, argv + argc);  // as given, to start again with
   tandem::DisableDebugMutexChecksInRelease();
   absl::SetProgramUsageMessage(
       "tandem-worker --coordinator HOST:PORT [--tls-cert FILE --tls-key FILE --tls-ca FILE] "

@@ -516,11 +516,16 @@ TEST(TlsFlagsTest, DaemonsAndTheCliRefuseHalfConfigurations) {
   std::filesystem::remove_all(dir);
 }
 
-// Nothing in a spec is executed: the daemons run no shell and no program at all (no call to
-// system, popen, fork or exec in their sources), and a spec full of shell syntax is data.
+// Nothing in a spec is executed: the daemons run no shell and no other program (no call to
+// system, popen, fork or exec in their sources), and a spec full of shell syntax is data. The
+// one exec is the worker starting its own image again at start, before it reads anything from
+// the network, with OPENBLAS_CORETYPE set (worker/blas_core_restart.cc): execv of
+// /proc/self/exe, nothing else, in that file alone.
 TEST(SpecExecutionTest, NothingInASpecIsExecuted) {
   const std::regex forbidden(
       R"(\b(system|popen|fork|vfork|execv|execvp|execve|execl|execlp|posix_spawnp?)\s*\()");
+  const std::string restart_file = "/worker/blas_core_restart.cc";
+  const std::string own_image = "execv(\"/proc/self/exe\", ";
   int files = 0;
   for (const char* sub : {"coordinator", "worker", "common"}) {
     for (const auto& entry : std::filesystem::recursive_directory_iterator(
@@ -528,7 +533,12 @@ TEST(SpecExecutionTest, NothingInASpecIsExecuted) {
       const std::string path = entry.path().string();
       if (!absl::EndsWith(path, ".cc") && !absl::EndsWith(path, ".h")) continue;
       ++files;
-      const std::string text = ReadFile(path);
+      std::string text = ReadFile(path);
+      if (absl::EndsWith(path, restart_file)) {
+        const size_t at = text.find(own_image);
+        EXPECT_NE(at, std::string::npos) << path << " no longer starts its own image again";
+        if (at != std::string::npos) text.erase(at, own_image.size());  // that call only
+      }
       std::smatch m;
       EXPECT_FALSE(std::regex_search(text, m, forbidden)) << path << " calls " << m.str();
     }
