@@ -133,6 +133,8 @@ print(json.dumps({
     "overhead_s": statistics.median([float(s.get("coordinator_overhead_seconds", 0)) for s in steady]),
     "exec_s": statistics.median([float(s.get("max_worker_exec_seconds", 0)) for s in steady]),
     "replayed_s": statistics.median([float(s.get("exec_replayed_seconds", 0)) for s in steady]),
+    # The planner's speed check of the cached profile (0: none, the profile was fresh).
+    "speed_ratio": float(job.get("profile_speed_ratio", 0)),
     "stage_predicted_ms": [1000 * float(s.get("predicted_seconds", 0)) for s in stages],
     "stage_measured_ms": [1000 * float(x) for x in h[-1].get("stage_seconds", [])],
     "losses": [float(s["loss"]) for s in h],
@@ -207,8 +209,10 @@ print("== Partition: profile vs uniform; predicted vs measured step ==")
 print("pipeline: predicted (simulator on the profile) / replayed (simulator on the step's own")
 print("measured costs) / measured (slowest worker's RunStep, its norm pass included); update:")
 print("predicted / measured (the slowest worker's optimizer update + gradient-norm pass); ovh:")
-print("the calls and the coordinator beyond the slowest worker's time in them (not predicted)")
-print(f"{'job':<26} {'cut':<26} {'measured s':>10} {'predicted s':>11} {'meas/pred':>9}  "
+print("the calls and the coordinator beyond the slowest worker's time in them (not predicted);")
+print("speed: the planner's speed check of the cached profile, a block timed again at planning")
+print("against it (priced at that speed beyond 2%; '-': the profile was fresh, no check)")
+print(f"{'job':<26} {'cut':<26} {'measured s':>10} {'predicted s':>11} {'meas/pred':>9} {'speed':>6}  "
       f"{'pipeline pred/repl/meas':>24}  {'update pred/meas':>16}  {'ovh ms':>6}  "
       f"stage ms (pred / meas)")
 for r in rows:
@@ -217,7 +221,8 @@ for r in rows:
     cut = " | ".join(f"[{a},{b})" for a, b in r["cut"])
     pipe = f"{r['predicted_s'] - r['predicted_update_s']:.2f}/{r['replayed_s']:.2f}/{r['exec_s']:.2f}"
     upd = f"{r['predicted_update_s']:.3f}/{r['update_s']:.3f}"
-    print(f"{r['name']:<26} {cut:<26} {r['step_s']:>10.3f} {r['predicted_s']:>11.3f} {ratio:>9.3f}  "
+    speed = f"{r['speed_ratio']:.3f}" if r.get("speed_ratio") else "-"
+    print(f"{r['name']:<26} {cut:<26} {r['step_s']:>10.3f} {r['predicted_s']:>11.3f} {ratio:>9.3f} {speed:>6}  "
           f"{pipe:>24}  {upd:>16}  {1000 * r['overhead_s']:>6.1f}  {stages}")
 u = next(r for r in rows if r["name"] == "uniform-1f1b-m8")
 p = next(r for r in rows if r["name"] == "profile-1f1b-m8")

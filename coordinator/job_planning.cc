@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/planner.h"
 #include "common/schedule.h"
 #include "common/spec.h"
@@ -16,6 +18,7 @@
 #include "coordinator/model_profiler.h"
 #include "coordinator/placement.h"
 #include "coordinator/plan_search.h"
+#include "coordinator/profile_speed_check.h"
 #include "coordinator/transport_choice.h"
 #include "spdlog/spdlog.h"
 
@@ -41,6 +44,9 @@ absl::Status JobPlanner::Plan(RunPlan* plan) {
   std::optional<v1::ModelProfile> profile;
   const std::string key = ProfileKeyFor(spec, workers[0]);
   if (env_.profiles != nullptr) profile = env_.profiles->Find(key);
+  if (profile.has_value()) {
+    ASSIGN_OR_RETURN(profile, SpeedChecked(spec, *std::move(profile)));
+  }
   if (!profile.has_value() && spec.pipeline().partition() == "profile") {
     ASSIGN_OR_RETURN(profile, ProfileForJob(spec));
   }
@@ -203,19 +209,55 @@ absl::StatusOr<v1::ModelProfile> JobPlanner::ProfileAt(const v1::JobSpec& spec) 
   const std::vector<WorkerRecord>& workers = gang_.workers();
   if (env_.profiles != nullptr) {
     std::optional<v1::ModelProfile> cached = env_.profiles->Find(ProfileKeyFor(spec, workers[0]));
-    if (cached.has_value()) return *std::move(cached);
+    if (cached.has_value()) return SpeedChecked(spec, *std::move(cached));
   }
   return ProfileForJob(spec);
+}
+
+std::vector<ProfiledWorker> JobPlanner::ProfiledWorkers() {
+  const std::vector<WorkerRecord>& workers = gang_.workers();
+  std::vector<ProfiledWorker> profiled;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    profiled.push_back({&workers[i], &gang_.client(static_cast<int>(i))});
+  }
+  return profiled;
+}
+
+absl::StatusOr<v1::ModelProfile> JobPlanner::SpeedChecked(const v1::JobSpec& spec,
+                                                          v1::ModelProfile cached) {
+  const absl::Duration age = absl::Now() - absl::FromUnixMillis(cached.created_unix_ms());
+  if (env_.speed_check_after == absl::InfiniteDuration() || age < env_.speed_check_after) {
+    return cached;
+  }
+  if (!speed_check_.has_value()) {
+    env_.store->SetReason(
+        job_.id(), absl::StrCat("planning: timing layer ", SpeedCheckLayer(spec.model()),
+                                " again against its profile, measured ",
+                                absl::FormatDuration(absl::Trunc(age, absl::Seconds(1))), " ago"));
+    absl::StatusOr<SpeedCheck> check =
+        CheckProfileSpeed(spec, cached, ProfiledWorkers(), env_.profile_timeout);
+    if (!check.ok()) {
+      spdlog::warn("{}: speed check of profile {}: {}; priced on the profile as it is", job_.id(),
+                   cached.key(), check.status().ToString());
+      speed_check_ = SpeedCheck{};
+      return cached;
+    }
+    speed_check_ = *check;
+    spdlog::info("{}: speed check of profile {} (measured {} ago): {}", job_.id(), cached.key(),
+                 absl::FormatDuration(absl::Trunc(age, absl::Seconds(1))),
+                 DescribeSpeedCheck(*check));
+    env_.store->SetProfileSpeedRatio(job_.id(), check->ratio);
+  }
+  if (speed_check_->remeasure) return ProfileForJob(spec);
+  if (speed_check_->scale == 1.0) return cached;
+  return ScaleProfileCompute(std::move(cached), speed_check_->scale);
 }
 
 absl::StatusOr<v1::ModelProfile> JobPlanner::ProfileForJob(const v1::JobSpec& spec) {
   const std::vector<WorkerRecord>& workers = gang_.workers();
   // The job's workers time the layers at once, as they compute at once in the job
   // (MeasureProfile takes those like the first, up to kMaxProfiledWorkers).
-  std::vector<ProfiledWorker> profiled;
-  for (size_t i = 0; i < workers.size(); ++i) {
-    profiled.push_back({&workers[i], &gang_.client(static_cast<int>(i))});
-  }
+  const std::vector<ProfiledWorker> profiled = ProfiledWorkers();
   env_.store->SetReason(
       job_.id(), absl::StrCat("planning: profiling micro-batches of ",
                               spec.pipeline().micro_batch_size(), " on worker ", workers[0].id,

@@ -10,7 +10,9 @@
 #define TANDEM_COORDINATOR_JOB_PLANNING_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -19,6 +21,8 @@
 #include "coordinator/checkpoint_store.h"
 #include "coordinator/gang.h"
 #include "coordinator/job_store.h"
+#include "coordinator/model_profiler.h"
+#include "coordinator/profile_speed_check.h"
 #include "coordinator/profile_store.h"
 #include "coordinator/rendezvous_store.h"
 #include "tandem/v1/coordinator.pb.h"
@@ -45,6 +49,9 @@ struct PlanningEnv {
   std::string models_root;                 // where init.hf_file paths resolve; empty: none
   ProfileStore* profiles = nullptr;        // optional: layer profiles cached per shape
   absl::Duration profile_timeout = absl::Seconds(300);
+  // A cached profile at least this old is speed-checked before it prices the job
+  // (coordinator/profile_speed_check.h); infinite: never.
+  absl::Duration speed_check_after = kDefaultSpeedCheckAfter;
   // Re-deals the gang's ranks (Gang::Reorder, under the runner's lock) when pipeline.plan:
   // auto chose another stages x replicas than the gang was placed for; null: never.
   std::function<absl::Status(const std::vector<int>& order)> reorder_gang;
@@ -73,10 +80,19 @@ class JobPlanner {
   // to the second when the job has one.
   absl::StatusOr<v1::ModelProfile> ProfileAt(const v1::JobSpec& spec);
   absl::StatusOr<v1::ModelProfile> ProfileForJob(const v1::JobSpec& spec);
+  // A cached profile of `spec`'s shape as the job is priced on it: as it is when younger than
+  // env_.speed_check_after; else after the plan's speed check (one per plan, on the first
+  // cached profile it prices, recorded in the job; every cached profile of the plan then takes
+  // its verdict): scaled, measured again (ProfileForJob) or as it is. A check that fails is
+  // logged and the profile used as it is.
+  absl::StatusOr<v1::ModelProfile> SpeedChecked(const v1::JobSpec& spec, v1::ModelProfile cached);
+  // The job's workers, as MeasureProfile and CheckProfileSpeed take them.
+  std::vector<ProfiledWorker> ProfiledWorkers();
 
   const PlanningEnv env_;
   const v1::Job& job_;
   Gang& gang_;
+  std::optional<SpeedCheck> speed_check_;  // this plan's, once made
 };
 
 }  // namespace tandem::coordinator

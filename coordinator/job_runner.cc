@@ -371,6 +371,7 @@ absl::Status JobRunner::Plan() {
   planning.models_root = env_.models_root;
   planning.profiles = env_.profiles;
   planning.profile_timeout = env_.options.profile_timeout;
+  planning.speed_check_after = env_.options.profile_speed_check_after;
   // Under mu_: OnWorkerLost reads the gang's workers from another thread.
   planning.reorder_gang = [this](const std::vector<int>& order) {
     absl::MutexLock lock(&mu_);

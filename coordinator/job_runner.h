@@ -43,6 +43,9 @@ struct RunnerOptions {
   absl::Duration step_timeout = absl::Seconds(600);
   absl::Duration abort_timeout = absl::Seconds(5);
   absl::Duration profile_timeout = absl::Seconds(300);
+  // A cached layer profile at least this old is speed-checked before it prices a job
+  // (PlanningEnv::speed_check_after); infinite: never.
+  absl::Duration profile_speed_check_after = kDefaultSpeedCheckAfter;
   // Once a run has measured steps, a step's deadline is kStepDeadlineFactor x its slowest
   // step so far, at least this floor (and at most step_timeout): a worker that hangs while its
   // heartbeats still arrive is caught within it.

@@ -650,6 +650,14 @@ void JobStore::SetPredictedStep(const std::string& job_id, double step_seconds,
   (void)Persist(*e, /*durable=*/false, absl::StrCat(job_id, ": recording its predicted step"));
 }
 
+void JobStore::SetProfileSpeedRatio(const std::string& job_id, double ratio) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = Find(job_id);
+  if (e == nullptr) return;
+  e->job.set_profile_speed_ratio(ratio);
+  (void)Persist(*e, /*durable=*/false, absl::StrCat(job_id, ": recording its profile's speed"));
+}
+
 void JobStore::SetTraceProgram(const std::string& job_id, const v1::TraceProgram& program) {
   absl::MutexLock lock(&mu_);
   Entry* e = Find(job_id);

@@ -133,6 +133,8 @@ class JobStore {
                const std::string& note);
   // The step time the plan predicts from the layer profile, and its update phase's part.
   void SetPredictedStep(const std::string& job_id, double step_seconds, double update_seconds);
+  // What the speed check of the job's cached profile found (Job.profile_speed_ratio).
+  void SetProfileSpeedRatio(const std::string& job_id, double ratio);
 
   // The lowered program the job's step timings index into (set before its first step).
   void SetTraceProgram(const std::string& job_id, const v1::TraceProgram& program);

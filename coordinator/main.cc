@@ -26,6 +26,7 @@
 #include "coordinator/job_store.h"
 #include "coordinator/metrics.h"
 #include "coordinator/priority.h"
+#include "coordinator/profile_speed_check.h"
 #include "coordinator/profile_store.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/scheduler.h"
@@ -45,6 +46,11 @@ ABSL_FLAG(absl::Duration, profile_max_age, absl::Hours(24 * 7),
           "how long a measured layer profile plans jobs (90s, 12h, inf): a job that needs an "
           "older one measures it again on its workers, as the machines' speed drifts with their "
           "load, drivers and libraries; 0 measures for every job that needs one");
+ABSL_FLAG(absl::Duration, profile_speed_check, tandem::coordinator::kDefaultSpeedCheckAfter,
+          "a cached layer profile at least this old (90s, 10m, inf: never) is checked before it "
+          "prices a job: one block is timed again on the job's workers, and the job is priced "
+          "on the profile's compute times x the ratio of now to then when that is off by more "
+          "than 2% (the profile is measured again beyond 25%)");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once serving");
 ABSL_FLAG(std::string, health_listen, "",
           "also serve grpc.health.v1 in plaintext on this HOST:PORT (for Kubernetes probes): "
@@ -249,6 +255,10 @@ int main(int argc, char** argv) {
     return Fail(absl::StrCat("--profile-max-age must not be negative, got ",
                              absl::FormatDuration(profile_max_age)));
   }
+  if (absl::GetFlag(FLAGS_profile_speed_check) < absl::ZeroDuration()) {
+    return Fail(absl::StrCat("--profile-speed-check must not be negative, got ",
+                             absl::FormatDuration(absl::GetFlag(FLAGS_profile_speed_check))));
+  }
   tc::ProfileStore profiles(data_root.empty() ? "" : data_root + "/profiles", profile_max_age);
   // Workers are dialled with the coordinator's certificate (their StageWorker API requires it).
   auto clients = tc::MakeGrpcStageWorkerClientFactory({security.tls, ""});
@@ -266,6 +276,7 @@ int main(int argc, char** argv) {
   runner_env.options.restart_backoff = absl::Milliseconds(absl::GetFlag(FLAGS_restart_backoff_ms));
   runner_env.options.step_relay_min_workers = absl::GetFlag(FLAGS_step_relay_min_workers);
   runner_env.options.peer_recovery = absl::GetFlag(FLAGS_peer_recovery);
+  runner_env.options.profile_speed_check_after = absl::GetFlag(FLAGS_profile_speed_check);
   tc::Scheduler scheduler(runner_env);
 
   tc::ServiceEnv env;

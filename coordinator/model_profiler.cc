@@ -20,6 +20,7 @@
 #include "common/pipeline_plan.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
+#include "coordinator/profile_speed_check.h"
 #include "coordinator/transport_choice.h"
 #include "spdlog/spdlog.h"
 
@@ -82,6 +83,25 @@ RoundAnswers ProfileRound(const std::vector<const ProfiledWorker*>& chosen,
     answers.answered.push_back(chosen[i]);
   }
   return answers;
+}
+
+// The first worker, and those like it (the same key: device kind, threads and hardware) that
+// do not share a GPU with one already chosen (two on one GPU would time each other), up to
+// kMaxProfiledWorkers. `workers` is not empty.
+std::vector<const ProfiledWorker*> ChooseProfiledWorkers(
+    const v1::JobSpec& spec, const std::vector<ProfiledWorker>& workers) {
+  const std::string key = ProfileKeyFor(spec, *workers[0].worker);
+  std::vector<const ProfiledWorker*> chosen = {&workers[0]};
+  for (size_t i = 1; i < workers.size() && chosen.size() < kMaxProfiledWorkers; ++i) {
+    const WorkerRecord& w = *workers[i].worker;
+    if (ProfileKeyFor(spec, w) != key) continue;
+    if (std::any_of(chosen.begin(), chosen.end(),
+                    [&](const ProfiledWorker* c) { return ShareDevice(*c->worker, w); })) {
+      continue;
+    }
+    chosen.push_back(&workers[i]);
+  }
+  return chosen;
 }
 
 }  // namespace
@@ -270,20 +290,9 @@ absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec,
                                                 const LinkPeer* peer,
                                                 const std::function<bool()>& stop) {
   if (workers.empty()) return absl::InvalidArgumentError("no worker to profile on");
-  // The first worker, and those like it (the same key: device kind, threads and hardware) that
-  // do not share a GPU with one already chosen (two on one GPU would time each other).
   const WorkerRecord& first = *workers[0].worker;
   const std::string key = ProfileKeyFor(spec, first);
-  std::vector<const ProfiledWorker*> chosen = {&workers[0]};
-  for (size_t i = 1; i < workers.size() && chosen.size() < kMaxProfiledWorkers; ++i) {
-    const WorkerRecord& w = *workers[i].worker;
-    if (ProfileKeyFor(spec, w) != key) continue;
-    if (std::any_of(chosen.begin(), chosen.end(),
-                    [&](const ProfiledWorker* c) { return ShareDevice(*c->worker, w); })) {
-      continue;
-    }
-    chosen.push_back(&workers[i]);
-  }
+  std::vector<const ProfiledWorker*> chosen = ChooseProfiledWorkers(spec, workers);
   v1::ProfileLayersRequest req;
   *req.mutable_spec() = spec;
   for (int g : LayersToProfile(spec.model())) req.add_layers(g);
@@ -350,6 +359,53 @@ absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec,
     }
   }
   return profile;
+}
+
+absl::StatusOr<SpeedCheck> CheckProfileSpeed(const v1::JobSpec& spec,
+                                             const v1::ModelProfile& profile,
+                                             const std::vector<ProfiledWorker>& workers,
+                                             absl::Duration timeout) {
+  if (workers.empty()) return absl::InvalidArgumentError("no worker to check the profile on");
+  const std::vector<const ProfiledWorker*> chosen = ChooseProfiledWorkers(spec, workers);
+  const int layer = SpeedCheckLayer(spec.model());
+  v1::ProfileLayersRequest req;
+  *req.mutable_spec() = spec;
+  req.add_layers(layer);
+  req.set_repeats(kSpeedCheckRepeats);
+  // In rounds as a profile is timed (kProfileRounds that agree, else up to kMaxProfileRounds),
+  // and judged on every answer of every round, as the profile was merged: a busy spell of the
+  // host (the kernel writing out the last job's checkpoint) in one round does not price the
+  // job.
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Status first_error;
+  std::vector<v1::LayerProfile> now;
+  std::vector<double> round_seconds;
+  std::vector<const ProfiledWorker*> asked = chosen;
+  for (int round = 0; round < kMaxProfileRounds; ++round) {
+    const absl::Duration left = deadline - absl::Now();
+    if (round > 0 && left <= absl::ZeroDuration()) break;
+    RoundAnswers answers = ProfileRound(asked, req, left, &first_error);
+    if (answers.layers.empty()) break;
+    asked = std::move(answers.answered);
+    std::vector<v1::LayerProfile> timed;
+    for (const std::vector<v1::LayerProfile>& a : answers.layers) {
+      if (a.size() != 1) {
+        return absl::UnknownError(
+            absl::StrCat("speed check: a worker answered ", a.size(), " layers for 1"));
+      }
+      timed.push_back(a[0]);
+    }
+    ASSIGN_OR_RETURN(const SpeedCheck this_round, JudgeSpeed(profile, layer, timed));
+    round_seconds.push_back(this_round.now_seconds);
+    now.insert(now.end(), timed.begin(), timed.end());
+    if (static_cast<int>(round_seconds.size()) < kProfileRounds) continue;
+    const double a = round_seconds.front(), b = round_seconds.back();
+    if (std::abs(a - b) <= kProfileRoundAgreement * std::max(a, b)) break;
+  }
+  if (now.empty()) return first_error;
+  ASSIGN_OR_RETURN(SpeedCheck check, JudgeSpeed(profile, layer, now));
+  check.rounds = static_cast<int>(round_seconds.size());
+  return check;
 }
 
 absl::StatusOr<v1::ModelProfile> ProfileModel(const v1::JobSpec& spec, WorkerRegistry& registry,

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "coordinator/profile_speed_check.h"
 #include "coordinator/profile_store.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/worker_client.h"
@@ -124,6 +125,17 @@ absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec,
                                                 absl::Duration timeout, ProfileStore* store,
                                                 const LinkPeer* peer = nullptr,
                                                 const std::function<bool()>& stop = nullptr);
+
+// The speed check of `profile` (cached for `spec`'s key; coordinator/profile_speed_check.h):
+// SpeedCheckLayer timed kSpeedCheckRepeats times on `workers` (idle; those MeasureProfile
+// would take, at once), in rounds as MeasureProfile times (kProfileRounds that agree within
+// kProfileRoundAgreement, else up to kMaxProfileRounds, all within `timeout`), judged by
+// JudgeSpeed on every answer of every round. The error of the first worker that failed
+// (named) when none answered.
+absl::StatusOr<SpeedCheck> CheckProfileSpeed(const v1::JobSpec& spec,
+                                             const v1::ModelProfile& profile,
+                                             const std::vector<ProfiledWorker>& workers,
+                                             absl::Duration timeout);
 
 // For `tandem plan`: a cached profile for any registered worker of the spec's device kind, or
 // one measured on an idle such worker, which is held (BUSY, job "profile") meanwhile so that

@@ -308,6 +308,16 @@ std::string FormatJobDetails(const v1::Job& job) {
                                            p.schedule_csv().empty() ? p.schedule() : "csv",
                                            p.partition(), 100 * bubble)});
   if (!job.plan().empty()) info.AddRow({"Planned", job.plan()});
+  if (job.predicted_step_seconds() > 0) {
+    std::string predicted =
+        absl::StrFormat("%.3f s per step (update %.3f s)", job.predicted_step_seconds(),
+                        job.predicted_update_seconds());
+    // The planner's speed check of a cached profile (Job.profile_speed_ratio says what it did).
+    if (const double r = job.profile_speed_ratio(); r > 0) {
+      absl::StrAppend(&predicted, absl::StrFormat("; layer timed at x%.3f of its profile", r));
+    }
+    info.AddRow({"Predicted", predicted});
+  }
   info.AddRow(
       {"Model",
        m.arch() == "gpt"

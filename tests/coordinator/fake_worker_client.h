@@ -130,6 +130,10 @@ class FakeWorker final : public StageWorkerClient {
   absl::StatusOr<v1::ProfileLayersResponse> ProfileLayers(const v1::ProfileLayersRequest& request,
                                                           absl::Duration) override {
     ++profiles;
+    {
+      std::lock_guard<std::mutex> lock(profile_mu);
+      profile_requests.push_back(request);
+    }
     if (on_profile) on_profile();
     if (profile_delay > absl::ZeroDuration()) absl::SleepFor(profile_delay);
     if (!profile_error.ok()) return profile_error;
@@ -195,6 +199,8 @@ class FakeWorker final : public StageWorkerClient {
   std::function<void()> on_profile;  // called as ProfileLayers starts
   absl::Status profile_error;
   std::atomic<int> profiles{0};
+  std::mutex profile_mu;
+  std::vector<v1::ProfileLayersRequest> profile_requests;  // under profile_mu
 
   int rank_;
   v1::StageProgram program_;

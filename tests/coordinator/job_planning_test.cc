@@ -2,12 +2,14 @@
 // partition, the profile cache, the auto plan, and a profile that fails.
 #include "coordinator/job_planning.h"
 
+#include <mutex>
 #include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/model_desc.h"
 #include "common/pipeline_plan.h"
 #include "coordinator/model_profiler.h"
 #include "coordinator/profile_store.h"
@@ -133,6 +135,135 @@ TEST(JobRunnerTest, AProfilePastTheMaxAgeIsMeasuredAgainByTheNextJob) {
   }
 }
 
+// HeadHeavyProfiledJob's profile as its fake workers would have timed it `age` ago on a
+// machine `slower` times as slow as now.
+v1::ModelProfile OldProfile(const v1::JobSpec& spec, absl::Duration age, double slower) {
+  v1::ModelProfile p;
+  p.set_key(ProfileKey(spec, "cpu", 1, ""));
+  p.set_device("cpu");
+  p.set_threads(1);
+  p.set_created_unix_ms(absl::ToUnixMillis(absl::Now() - age));
+  for (int g = 0; g < 6; ++g) {
+    const double s = (g == 5 ? 0.010 : 0.001) * slower;
+    v1::LayerProfile* l = p.add_layers();
+    l->set_layer(g);
+    l->set_forward_seconds(s / 3);
+    l->set_backward_seconds(2 * s / 3);
+  }
+  return p;
+}
+
+// The ProfileLayers requests worker `w` of `f` got.
+std::vector<v1::ProfileLayersRequest> ProfileRequests(RunnerFixture& f, size_t w) {
+  std::lock_guard<std::mutex> lock(f.factory.made[w]->profile_mu);
+  return f.factory.made[w]->profile_requests;
+}
+
+// A cached profile past the speed-check age is checked before it prices the job: one block
+// (layer 1) timed three times on both workers at once, in rounds as a profile is. Measured when the
+// machine ran 10% slower, the job is priced at the speed now (its stages' predicted times those of
+// the workers now); the cut stands (a uniform factor moves no cut), the cache keeps the profile as
+// it was measured, and the job records the ratio.
+TEST(JobRunnerTest, AnOldProfileIsPricedAtTheSpeedItsSpeedCheckMeasures) {
+  RunnerFixture f;
+  ProfileStore profiles("");
+  f.env.profiles = &profiles;
+  const v1::JobSpec spec = HeadHeavyProfiledJob(f);
+  const v1::ModelProfile old = OldProfile(spec, absl::Minutes(5), 1.1);
+  ASSERT_TRUE(profiles.Put(old).ok());
+  auto runner = f.Start(spec);
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  for (size_t w = 0; w < 2; ++w) {
+    // Two rounds, which agree (the fake's times are exact).
+    const std::vector<v1::ProfileLayersRequest> requests = ProfileRequests(f, w);
+    ASSERT_EQ(requests.size(), static_cast<size_t>(kProfileRounds)) << w;
+    for (const v1::ProfileLayersRequest& r : requests) {
+      EXPECT_THAT(r.layers(), ::testing::ElementsAre(1));
+      EXPECT_EQ(r.repeats(), kSpeedCheckRepeats);
+    }
+  }
+  EXPECT_NEAR(job.profile_speed_ratio(), 1 / 1.1, 1e-9);
+  ASSERT_EQ(job.stages_size(), 2);
+  EXPECT_EQ(job.stages(0).layer_end(), 5);
+  EXPECT_NEAR(job.stages(0).predicted_seconds(), 0.005, 1e-9);
+  EXPECT_NEAR(job.stages(1).predicted_seconds(), 0.010, 1e-9);
+  const std::optional<v1::ModelProfile> kept = profiles.Find(old.key());
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_EQ(kept->created_unix_ms(), old.created_unix_ms());
+  EXPECT_DOUBLE_EQ(kept->layers(5).forward_seconds(), old.layers(5).forward_seconds());
+}
+
+// Within the check's noise (1% here) the profile prices the job as it is; the ratio is still
+// recorded. A profile younger than the check's age is not checked at all.
+TEST(JobRunnerTest, AProfileWithinTheSpeedChecksNoiseStandsAndAYoungOneIsNotChecked) {
+  RunnerFixture f;
+  ProfileStore profiles("");
+  f.env.profiles = &profiles;
+  const v1::JobSpec spec = HeadHeavyProfiledJob(f);
+  ASSERT_TRUE(profiles.Put(OldProfile(spec, absl::Minutes(5), 1.01)).ok());
+  auto runner = f.Start(spec);
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  EXPECT_EQ(f.factory.made[0]->profiles.load(), kProfileRounds);
+  EXPECT_NEAR(job.profile_speed_ratio(), 1 / 1.01, 1e-9);
+  EXPECT_NEAR(job.stages(1).predicted_seconds(), 0.0101, 1e-9);
+
+  ASSERT_TRUE(profiles.Put(OldProfile(spec, absl::Seconds(10), 1.1)).ok());
+  auto young = f.Start(spec);
+  f.WaitFinished(*young);
+  auto y = *f.store->Get(young->job_id());
+  ASSERT_EQ(y.state(), v1::SUCCEEDED) << y.reason();
+  EXPECT_EQ(f.factory.made[2]->profiles.load(), 0);
+  EXPECT_EQ(y.profile_speed_ratio(), 0);
+  EXPECT_NEAR(y.stages(1).predicted_seconds(), 0.011, 1e-9);
+}
+
+// Off by more than 25% (the machine changed, not drifted) the profile is measured again,
+// and cut and priced by the new times.
+TEST(JobRunnerTest, AProfileFarOffItsSpeedCheckIsMeasuredAgain) {
+  RunnerFixture f;
+  ProfileStore profiles("");
+  f.env.profiles = &profiles;
+  const v1::JobSpec spec = HeadHeavyProfiledJob(f);
+  v1::ModelProfile old = OldProfile(spec, absl::Hours(1), 2.0);
+  // Measured on other hardware: the head as cheap as a block, so the old cut is the uniform one.
+  old.mutable_layers(5)->set_forward_seconds(old.layers(1).forward_seconds());
+  old.mutable_layers(5)->set_backward_seconds(old.layers(1).backward_seconds());
+  ASSERT_TRUE(profiles.Put(old).ok());
+  auto runner = f.Start(spec);
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  EXPECT_EQ(f.factory.made[0]->profiles.load(), 2 * kProfileRounds);
+  EXPECT_NEAR(job.profile_speed_ratio(), 0.5, 1e-9);
+  EXPECT_EQ(job.stages(0).layer_end(), 5);  // the new times: embedding + 4 blocks | head
+  EXPECT_NEAR(job.stages(1).predicted_seconds(), 0.010, 1e-9);
+  const std::optional<v1::ModelProfile> fresh = profiles.Find(old.key());
+  ASSERT_TRUE(fresh.has_value());
+  EXPECT_GT(fresh->created_unix_ms(), old.created_unix_ms());
+}
+
+// A speed check that fails (the worker cannot time the layer) leaves the profile as it is:
+// the job is priced on it and runs.
+TEST(JobRunnerTest, AFailedSpeedCheckPricesTheJobOnTheProfileAsItIs) {
+  RunnerFixture f;
+  ProfileStore profiles("");
+  f.env.profiles = &profiles;
+  v1::JobSpec spec = HeadHeavyProfiledJob(f);
+  f.factory.configure = [](FakeWorker* w) { w->profile_error = absl::UnavailableError("busy"); };
+  ASSERT_TRUE(profiles.Put(OldProfile(spec, absl::Minutes(5), 1.1)).ok());
+  auto runner = f.Start(spec);
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  EXPECT_EQ(f.factory.made[0]->profiles.load(), 1);
+  EXPECT_EQ(job.profile_speed_ratio(), 0);
+  EXPECT_NEAR(job.stages(1).predicted_seconds(), 0.011, 1e-9);
+}
+
 // pipeline.plan: auto: the runner profiles each split of the global batch on both workers,
 // runs the candidate with the shortest predicted step and records the choice.
 TEST(JobRunnerTest, AutoPlanRunsThePlannersChoiceAtTheSameGlobalBatch) {
@@ -169,6 +300,44 @@ TEST(JobRunnerTest, AutoPlanRunsThePlannersChoiceAtTheSameGlobalBatch) {
   EXPECT_EQ(f.factory.made[0]->program_.micro_batches(), p.micro_batches());
   EXPECT_EQ(f.factory.made[0]->program_.spec().pipeline().micro_batch_size(), p.micro_batch_size());
   EXPECT_EQ(f.factory.made[0]->program_.spec().pipeline().schedule(), p.schedule());
+}
+
+// pipeline.plan: auto on cached profiles past the speed-check age: one check for the plan (on
+// the first profile it prices), whose verdict prices every split; none is measured again.
+TEST(JobRunnerTest, AutoPlanChecksItsCachedProfilesSpeedOnce) {
+  RunnerFixture f;
+  ProfileStore profiles("");
+  f.env.profiles = &profiles;
+  const auto seconds = [](int, int size) { return 0.0001 + 0.001 * size; };
+  f.factory.configure = [seconds](FakeWorker* w) { w->layer_seconds_by_size = seconds; };
+  v1::JobSpec spec = JobSpecOf(2, 2);
+  spec.mutable_pipeline()->set_micro_batch_size(4);
+  spec.mutable_pipeline()->set_micro_batches(2);  // 8 sequences: micro-batches of 4, 2 or 1
+  spec.mutable_pipeline()->set_plan("auto");
+  for (const int size : {1, 2, 4}) {
+    v1::JobSpec at = spec;
+    at.mutable_pipeline()->set_micro_batch_size(size);
+    v1::ModelProfile p;
+    p.set_key(ProfileKey(at, "cpu", 1, ""));
+    p.set_device("cpu");
+    p.set_threads(1);
+    p.set_created_unix_ms(absl::ToUnixMillis(absl::Now() - absl::Minutes(5)));
+    for (int g = 0; g < NumLayers(spec.model()); ++g) {
+      v1::LayerProfile* l = p.add_layers();
+      l->set_layer(g);
+      l->set_forward_seconds(1.1 * seconds(g, size) / 3);
+      l->set_backward_seconds(1.1 * 2 * seconds(g, size) / 3);
+    }
+    ASSERT_TRUE(profiles.Put(p).ok());
+  }
+  auto runner = f.Start(spec);
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  EXPECT_EQ(f.factory.made[0]->profiles.load(), kProfileRounds);
+  EXPECT_EQ(f.factory.made[1]->profiles.load(), kProfileRounds);
+  EXPECT_NEAR(job.profile_speed_ratio(), 1 / 1.1, 1e-9);
+  EXPECT_EQ(job.spec().pipeline().plan(), "auto");
 }
 
 // A worker that cannot profile fails the job with a reason naming it.
