@@ -23,7 +23,9 @@
 # measured) and the update phase; the profiled cut's speed-up over the uniform one; zb_auto
 # against the best hand-crafted schedule; and whether the planner's pick ran within 2% of the
 # fastest of its top five, with the share of jobs within 3% beside the drift between the first
-# job's two runs.
+# job's two runs. Each job after the first is priced on a profile over a minute old, so the
+# coordinator speed-checks it first (--profile-speed-check): the "speed" column is what that
+# found, a block's time now over the profile's.
 #
 # --smollm2: instead, a SmolLM2-135M-shaped llama (preset smollm2-135m: 30 blocks, d_model 576,
 # 9 heads, 3 kv heads, SwiGLU 1536, vocab 49152 tied) at seq_len 256, micro-batch 1, M 4,

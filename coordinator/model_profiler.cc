@@ -404,7 +404,7 @@ absl::StatusOr<SpeedCheck> CheckProfileSpeed(const v1::JobSpec& spec,
   }
   if (now.empty()) return first_error;
   ASSIGN_OR_RETURN(SpeedCheck check, JudgeSpeed(profile, layer, now));
-  check.rounds = static_cast<int>(round_seconds.size());
+  check.round_seconds = std::move(round_seconds);
   return check;
 }
 

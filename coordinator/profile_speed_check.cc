@@ -72,9 +72,15 @@ std::string DescribeSpeedCheck(const SpeedCheck& c) {
       : c.scale == 1.0
           ? absl::StrFormat("within %.0f%%: the profile stands", 100 * kSpeedCheckNoise)
           : absl::StrFormat("priced at x%.3f", c.scale);
-  return absl::StrFormat("layer %d ran %.1f ms against %.1f ms when profiled (x%.3f, %d %s): %s",
-                         c.layer, 1000 * c.now_seconds, 1000 * c.then_seconds, c.ratio, c.rounds,
-                         c.rounds == 1 ? "round" : "rounds", what);
+  std::string rounds;
+  for (size_t i = 0; i < c.round_seconds.size(); ++i) {
+    absl::StrAppend(&rounds, i == 0 ? "; rounds " : ", ",
+                    absl::StrFormat("%.1f", 1000 * c.round_seconds[i]));
+  }
+  if (!rounds.empty()) absl::StrAppend(&rounds, " ms");
+  return absl::StrFormat("layer %d ran %.1f ms against %.1f ms when profiled (x%.3f%s): %s",
+                         c.layer, 1000 * c.now_seconds, 1000 * c.then_seconds, c.ratio, rounds,
+                         what);
 }
 
 }  // namespace tandem::coordinator

@@ -44,7 +44,8 @@ struct SpeedCheck {
   double ratio = 1;         // now / then
   double scale = 1;         // what the job is priced with: 1 within the noise, else ratio
   bool remeasure = false;   // off by more than kSpeedCheckMaxDrift: measure the profile again
-  int rounds = 1;           // the rounds timed (CheckProfileSpeed)
+  // Each round's median over the workers, in order (CheckProfileSpeed; empty: not in rounds).
+  std::vector<double> round_seconds;
 };
 
 // Judges the workers' timings `now` of `layer` (each a LayerProfile of that layer, from any
@@ -57,8 +58,8 @@ absl::StatusOr<SpeedCheck> JudgeSpeed(const v1::ModelProfile& profile, int layer
 // recompute, optimizer apply) x `scale`; bytes, parameter counts and the link as they were.
 v1::ModelProfile ScaleProfileCompute(v1::ModelProfile profile, double scale);
 
-// One line for the log: e.g. "layer 1 ran 245.1 ms against 235.0 ms when profiled (x1.043,
-// 2 rounds): priced at x1.043".
+// One line for the log: e.g. "layer 1 ran 245.1 ms against 235.0 ms when profiled (x1.043;
+// rounds 246.0, 244.2 ms): priced at x1.043".
 std::string DescribeSpeedCheck(const SpeedCheck& check);
 
 }  // namespace tandem::coordinator

@@ -52,8 +52,10 @@ TEST(JudgeSpeedTest, TheMedianOverTheWorkersAgainstTheProfile) {
   EXPECT_NEAR(c->scale, 1.1, 1e-12);
   EXPECT_FALSE(c->remeasure);
   EXPECT_THAT(DescribeSpeedCheck(*c),
-              HasSubstr("layer 1 ran 330.0 ms against 300.0 ms when profiled (x1.100, 1 round): "
+              HasSubstr("layer 1 ran 330.0 ms against 300.0 ms when profiled (x1.100): "
                         "priced at x1.100"));
+  c->round_seconds = {0.3312, 0.3288};
+  EXPECT_THAT(DescribeSpeedCheck(*c), HasSubstr("(x1.100; rounds 331.2, 328.8 ms): priced"));
   // Two workers: the mean of the two.
   c = JudgeSpeed(Profile(), 1, {Layer(1, 0.09, 0.18), Layer(1, 0.1, 0.2)});
   ASSERT_TRUE(c.ok()) << c.status();
