@@ -301,7 +301,11 @@ TEST_F(DataParallelTest, ReductionStartsInsideTheLastBackwardAndIsReported) {
       // The first bucket (the head's) was handed over while the blocks' backward still ran.
       EXPECT_GT(reduce->start_us(), backward->start_us());
       EXPECT_LT(reduce->start_us(), backward->end_us());
-      EXPECT_GE(reduce->end_us(), backward->end_us());
+      // It ends once its last bucket (the embedding's, handed over as the backward's last
+      // layer finishes) is summed: that can be before the compute thread stamps the backward's
+      // end (seen: 22 us before, the peer's ring having caught up), so no order between the
+      // two ends is promised.
+      EXPECT_GE(reduce->end_us(), reduce->start_us());
     }
   }
 }
