@@ -48,7 +48,9 @@ TEST(ElasticLayoutTest, FewerWorkersTakeTheStageCountNearestTheWritten) {
   EXPECT_EQ(Layout(ElasticLayoutFor(written, 2)), "2x1 M4 B2");
   for (int n : {1, 2, 3, 4}) {
     auto s = ElasticLayoutFor(written, n);
-    if (s.ok()) EXPECT_EQ(EffectiveBatch(*s), 8) << n;  // the global batch is kept
+    if (s.ok()) {
+      EXPECT_EQ(EffectiveBatch(*s), 8) << n;  // the global batch is kept
+    }
   }
 }
 

@@ -655,7 +655,9 @@ TEST(MinMaxPartition, KeepsEveryWorkerWithinTheBudgetWithSeveralStagesEach) {
         // within it finds a cut.
         const int64_t named = SmallestBudgetBytes(got.status());
         EXPECT_GE(named, unlimited.min_peak);
-        if (enumerated > 0) EXPECT_EQ(named, unlimited.min_peak);  // exact
+        if (enumerated > 0) {
+          EXPECT_EQ(named, unlimited.min_peak);  // exact
+        }
         PartitionProblem within = p;
         within.memory_budget_bytes = named;
         absl::StatusOr<Partition> again = MinMaxPartition(within);
@@ -673,7 +675,9 @@ TEST(MinMaxPartition, KeepsEveryWorkerWithinTheBudgetWithSeveralStagesEach) {
       EXPECT_EQ(got->bottleneck_seconds, brute.bottleneck);
       if (got->bottleneck_seconds == brute.bottleneck) ++optimal;
       // Every cut tried: the brute force's very cut (ties: the fullest worker, then the earliest).
-      if (enumerated > 0) EXPECT_EQ(CutsOf(*got), brute.cuts);
+      if (enumerated > 0) {
+        EXPECT_EQ(CutsOf(*got), brute.cuts);
+      }
     }
     std::cout << "feasible " << feasible << ", found " << found << ", optimal " << optimal
               << ", refused " << refused << ", budget-bound " << bound << "\n";

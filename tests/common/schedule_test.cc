@@ -1121,7 +1121,9 @@ TEST(GenerateDualPipeV, ValidAndSimulatedForEveryRankCountAndMicroBatches) {
       // Every rank's list keeps its pairs through lowering: each flagged F still starts one.
       for (const auto& list : lowered.program) {
         for (size_t i = 0; i < list.size(); ++i) {
-          if (list[i].overlap_with_next) EXPECT_TRUE(StartsOverlappedPair(list, i));
+          if (list[i].overlap_with_next) {
+            EXPECT_TRUE(StartsOverlappedPair(list, i));
+          }
         }
       }
     }
@@ -1351,7 +1353,9 @@ TEST(GenerateVHalf, PeakIsPPlusTwoAndIdleDoesNotGrowWithM) {
       EXPECT_EQ(PeakOf(r), p + 2) << label;
       for (int live : r.peak_live_micro_batches) EXPECT_LE(live, p + 2) << label;
       EXPECT_LE(r.step_time, 6.0 * m + idle_most.at(p)) << label;
-      if (m >= 4 * p) EXPECT_DOUBLE_EQ(r.step_time, 6.0 * m + idle_from_4p.at(p)) << label;
+      if (m >= 4 * p) {
+        EXPECT_DOUBLE_EQ(r.step_time, 6.0 * m + idle_from_4p.at(p)) << label;
+      }
     }
   }
 }
@@ -1382,7 +1386,9 @@ TEST(GenerateVSchedules, MemoryAndBubbleAgainstOneFOneBAndZBV) {
       EXPECT_EQ(PeakOf(half), p + 2) << label;
       EXPECT_EQ(PeakOf(min), VMinPeak(p)) << label;
       EXPECT_LE(PeakOf(min), PeakOf(half)) << label;
-      if (p > 2) EXPECT_LT(PeakOf(half), PeakOf(zbv)) << label;
+      if (p > 2) {
+        EXPECT_LT(PeakOf(half), PeakOf(zbv)) << label;
+      }
       // Idle per rank (all ranks busy 6M).
       EXPECT_DOUBLE_EQ(ofob.step_time - ofob.busy[0], 6.0 * (p - 1)) << label;
       EXPECT_DOUBLE_EQ(zbv.step_time - zbv.busy[0], p - 1.0) << label;

@@ -234,7 +234,9 @@ TEST_F(DataParallelClusterTest, AChaosLoopThatReplicasCoverRedoesNoStep) {
     }
     // A fresh worker after the first and the last fault; after the second the spare takes
     // the dead one's place, and none is left for the third.
-    if (fault != 1) ASSERT_TRUE(cluster_->AddWorker().ok());
+    if (fault != 1) {
+      ASSERT_TRUE(cluster_->AddWorker().ok());
+    }
     auto resumed = cluster_->GetJob(*id);
     ASSERT_TRUE(resumed.ok());
     progress = std::max<int64_t>(at, resumed->steps_done());
