@@ -218,6 +218,12 @@ std::vector<int> LayersToProfile(const v1::ModelSpec& model) {
   return {0, 1, n - 1};
 }
 
+int ProfiledLayerOf(const v1::ModelSpec& model, int g) {
+  const int n = NumLayers(model);
+  // Every block costs what block_0 does.
+  return g == 0 || g == n - 1 ? g : 1;
+}
+
 absl::StatusOr<v1::ModelProfile> ExpandProfile(const v1::ModelSpec& model,
                                                const std::vector<v1::LayerProfile>& measured) {
   const int n = NumLayers(model);
@@ -229,8 +235,7 @@ absl::StatusOr<v1::ModelProfile> ExpandProfile(const v1::ModelSpec& model,
   };
   v1::ModelProfile out;
   for (int g = 0; g < n; ++g) {
-    // Every block costs what block_0 does.
-    const int source = g == 0 || g == n - 1 ? g : 1;
+    const int source = ProfiledLayerOf(model, g);
     const v1::LayerProfile* p = find(source);
     if (p == nullptr) {
       return absl::InvalidArgumentError(

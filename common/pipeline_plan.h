@@ -90,6 +90,8 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const v1::JobSpec& spec,
 // The distinct layers worth timing for a model (embedding, one block, head: blocks are
 // identical in cost), and the per-layer profile of the whole model from their timings.
 std::vector<int> LayersToProfile(const v1::ModelSpec& model);
+// The profiled layer (one of LayersToProfile's) whose timings stand for global layer `g`.
+int ProfiledLayerOf(const v1::ModelSpec& model, int g);
 // INVALID_ARGUMENT when `measured` lacks one of LayersToProfile's layers.
 absl::StatusOr<v1::ModelProfile> ExpandProfile(const v1::ModelSpec& model,
                                                const std::vector<v1::LayerProfile>& measured);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/planner.h"
@@ -231,8 +232,9 @@ absl::StatusOr<v1::ModelProfile> JobPlanner::SpeedChecked(const v1::JobSpec& spe
   }
   if (!speed_check_.has_value()) {
     env_.store->SetReason(
-        job_.id(), absl::StrCat("planning: timing layer ", SpeedCheckLayer(spec.model()),
-                                " again against its profile, measured ",
+        job_.id(), absl::StrCat("planning: timing layers ",
+                                absl::StrJoin(SpeedCheckLayers(spec.model()), ", "),
+                                " again against their profile, measured ",
                                 absl::FormatDuration(absl::Trunc(age, absl::Seconds(1))), " ago"));
     absl::StatusOr<SpeedCheck> check =
         CheckProfileSpeed(spec, cached, ProfiledWorkers(), env_.profile_timeout);
@@ -249,8 +251,8 @@ absl::StatusOr<v1::ModelProfile> JobPlanner::SpeedChecked(const v1::JobSpec& spe
     env_.store->SetProfileSpeedRatio(job_.id(), check->ratio);
   }
   if (speed_check_->remeasure) return ProfileForJob(spec);
-  if (speed_check_->scale == 1.0) return cached;
-  return ScaleProfileCompute(std::move(cached), speed_check_->scale);
+  if (!speed_check_->scaled) return cached;
+  return ScaleProfileCompute(std::move(cached), LayerScales(spec.model(), *speed_check_));
 }
 
 absl::StatusOr<v1::ModelProfile> JobPlanner::ProfileForJob(const v1::JobSpec& spec) {

@@ -104,6 +104,51 @@ std::vector<const ProfiledWorker*> ChooseProfiledWorkers(
   return chosen;
 }
 
+// What rounds of one request gave.
+struct TimedRounds {
+  std::vector<std::vector<v1::LayerProfile>> answers;  // every answer of every round
+  std::vector<std::vector<v1::LayerProfile>> rounds;   // each round's answers merged
+  std::vector<const ProfiledWorker*> answered;         // those that answered the last round
+  absl::Status first_error;                            // the first worker's failure (named), if any
+};
+
+// `req` on `chosen` at once, in rounds: until kProfileRounds agree (no DisagreeingLayer between
+// the first round's merge and the latest's), else up to kMaxProfileRounds, all within
+// `timeout`: another only when what is left exceeds the last round's time, and none once
+// `stop` (optional) says so. A worker that fails is not asked again. `what` names the timing in
+// the log. An error only when answers cannot be merged (MergeWorkerProfiles).
+absl::StatusOr<TimedRounds> TimeInRounds(std::vector<const ProfiledWorker*> chosen,
+                                         const v1::ProfileLayersRequest& req,
+                                         absl::Duration timeout, const std::function<bool()>& stop,
+                                         const char* what) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration last_round = absl::ZeroDuration();
+  TimedRounds t;
+  for (int round = 0; round < kMaxProfileRounds; ++round) {
+    const absl::Duration left = deadline - absl::Now();
+    if (round > 0 && (left <= last_round || (stop && stop()))) {
+      spdlog::info("{}: {} round(s) timed, no time or call for another", what, round);
+      break;
+    }
+    const absl::Time round_start = absl::Now();
+    RoundAnswers answers = ProfileRound(chosen, req, left, &t.first_error);
+    last_round = absl::Now() - round_start;
+    if (answers.layers.empty()) break;
+    ASSIGN_OR_RETURN(std::vector<v1::LayerProfile> merged, MergeWorkerProfiles(answers.layers));
+    t.answers.insert(t.answers.end(), answers.layers.begin(), answers.layers.end());
+    t.rounds.push_back(std::move(merged));
+    chosen = answers.answered;
+    t.answered = std::move(answers.answered);
+    if (static_cast<int>(t.rounds.size()) < kProfileRounds) continue;
+    const int off = DisagreeingLayer(t.rounds.front(), t.rounds.back());
+    if (off < 0) break;
+    spdlog::info("{} round {} disagrees with round 1 on layer {} (more than {:.0f}%){}", what,
+                 round + 1, off, 100 * kProfileRoundAgreement,
+                 round + 1 < kMaxProfileRounds ? ": timing another" : "; taking the median");
+  }
+  return t;
+}
+
 }  // namespace
 
 int DisagreeingLayer(const std::vector<v1::LayerProfile>& first,
@@ -297,40 +342,12 @@ absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec,
   *req.mutable_spec() = spec;
   for (int g : LayersToProfile(spec.model())) req.add_layers(g);
   const auto t0 = std::chrono::steady_clock::now();
-  // Every round within `timeout` in all: another only when what is left exceeds the last
-  // round's time, and none once the caller stops.
-  const absl::Time deadline = absl::Now() + timeout;
-  absl::Duration last_round = absl::ZeroDuration();
-  // Every answer of every round (the median is over all of them), and each round's own merge.
-  std::vector<std::vector<v1::LayerProfile>> per_worker;
-  std::vector<std::vector<v1::LayerProfile>> rounds;
-  absl::Status first_error;
-  for (int round = 0; round < kMaxProfileRounds; ++round) {
-    const absl::Duration left = deadline - absl::Now();
-    if (round > 0 && (left <= last_round || (stop && stop()))) {
-      spdlog::info("profile: {} round(s) timed, no time or call for another", round);
-      break;
-    }
-    const absl::Time round_start = absl::Now();
-    RoundAnswers answers = ProfileRound(chosen, req, left, &first_error);
-    last_round = absl::Now() - round_start;
-    if (answers.layers.empty()) break;
-    ASSIGN_OR_RETURN(std::vector<v1::LayerProfile> merged, MergeWorkerProfiles(answers.layers));
-    per_worker.insert(per_worker.end(), answers.layers.begin(), answers.layers.end());
-    rounds.push_back(std::move(merged));
-    // A worker that failed is not asked again.
-    chosen = std::move(answers.answered);
-    if (static_cast<int>(rounds.size()) < kProfileRounds) continue;
-    const int off = DisagreeingLayer(rounds.front(), rounds.back());
-    if (off < 0) break;
-    spdlog::info("profile round {} disagrees with round 1 on layer {} (more than {:.0f}%){}",
-                 round + 1, off, 100 * kProfileRoundAgreement,
-                 round + 1 < kMaxProfileRounds ? ": timing another" : "; taking the median");
-  }
-  if (per_worker.empty()) return first_error;
+  ASSIGN_OR_RETURN(TimedRounds timed, TimeInRounds(chosen, req, timeout, stop, "profile"));
+  if (timed.answers.empty()) return timed.first_error;
+  chosen = std::move(timed.answered);
   std::vector<std::string> ids;
   for (const ProfiledWorker* c : chosen) ids.push_back(c->worker->id);
-  ASSIGN_OR_RETURN(std::vector<v1::LayerProfile> layers, MergeWorkerProfiles(per_worker));
+  ASSIGN_OR_RETURN(std::vector<v1::LayerProfile> layers, MergeWorkerProfiles(timed.answers));
   ASSIGN_OR_RETURN(v1::ModelProfile profile, ExpandProfile(spec.model(), layers));
   StageWorkerClient& client = *workers[0].client;
   profile.set_key(key);
@@ -339,7 +356,7 @@ absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec,
   profile.set_device_name(first.device_name);
   profile.set_created_unix_ms(UnixMicros() / 1000);
   spdlog::info("profiled {} layer kinds on {} at once, {} round(s), in {:.2f} s ({})",
-               layers.size(), absl::StrJoin(ids, ", "), rounds.size(),
+               layers.size(), absl::StrJoin(ids, ", "), timed.rounds.size(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                profile.key());
   if (peer != nullptr && peer->worker != nullptr && peer->client != nullptr) {
@@ -366,45 +383,22 @@ absl::StatusOr<SpeedCheck> CheckProfileSpeed(const v1::JobSpec& spec,
                                              const std::vector<ProfiledWorker>& workers,
                                              absl::Duration timeout) {
   if (workers.empty()) return absl::InvalidArgumentError("no worker to check the profile on");
-  const std::vector<const ProfiledWorker*> chosen = ChooseProfiledWorkers(spec, workers);
-  const int layer = SpeedCheckLayer(spec.model());
   v1::ProfileLayersRequest req;
   *req.mutable_spec() = spec;
-  req.add_layers(layer);
+  for (int g : SpeedCheckLayers(spec.model())) req.add_layers(g);
   req.set_repeats(kSpeedCheckRepeats);
-  // In rounds as a profile is timed (kProfileRounds that agree, else up to kMaxProfileRounds),
-  // and judged on every answer of every round, as the profile was merged: a busy spell of the
-  // host (the kernel writing out the last job's checkpoint) in one round does not price the
-  // job.
-  const absl::Time deadline = absl::Now() + timeout;
-  absl::Status first_error;
-  std::vector<v1::LayerProfile> now;
-  std::vector<double> round_seconds;
-  std::vector<const ProfiledWorker*> asked = chosen;
-  for (int round = 0; round < kMaxProfileRounds; ++round) {
-    const absl::Duration left = deadline - absl::Now();
-    if (round > 0 && left <= absl::ZeroDuration()) break;
-    RoundAnswers answers = ProfileRound(asked, req, left, &first_error);
-    if (answers.layers.empty()) break;
-    asked = std::move(answers.answered);
-    std::vector<v1::LayerProfile> timed;
-    for (const std::vector<v1::LayerProfile>& a : answers.layers) {
-      if (a.size() != 1) {
-        return absl::UnknownError(
-            absl::StrCat("speed check: a worker answered ", a.size(), " layers for 1"));
-      }
-      timed.push_back(a[0]);
-    }
-    ASSIGN_OR_RETURN(const SpeedCheck this_round, JudgeSpeed(profile, layer, timed));
-    round_seconds.push_back(this_round.now_seconds);
-    now.insert(now.end(), timed.begin(), timed.end());
-    if (static_cast<int>(round_seconds.size()) < kProfileRounds) continue;
-    const double a = round_seconds.front(), b = round_seconds.back();
-    if (std::abs(a - b) <= kProfileRoundAgreement * std::max(a, b)) break;
+  req.set_forward_backward_only(true);
+  // In rounds as a profile is timed, and merged as it is: a busy spell of the host (the kernel
+  // writing out the last job's checkpoint) in one round does not price the job.
+  ASSIGN_OR_RETURN(TimedRounds timed, TimeInRounds(ChooseProfiledWorkers(spec, workers), req,
+                                                   timeout, nullptr, "speed check"));
+  if (timed.answers.empty()) return timed.first_error;
+  ASSIGN_OR_RETURN(const std::vector<v1::LayerProfile> now, MergeWorkerProfiles(timed.answers));
+  ASSIGN_OR_RETURN(SpeedCheck check, JudgeSpeed(spec.model(), profile, now));
+  for (const std::vector<v1::LayerProfile>& round : timed.rounds) {
+    ASSIGN_OR_RETURN(const SpeedCheck this_round, JudgeSpeed(spec.model(), profile, round));
+    check.round_ratios.push_back(this_round.ratio);
   }
-  if (now.empty()) return first_error;
-  ASSIGN_OR_RETURN(SpeedCheck check, JudgeSpeed(profile, layer, now));
-  check.round_seconds = std::move(round_seconds);
   return check;
 }
 

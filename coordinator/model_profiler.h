@@ -127,11 +127,12 @@ absl::StatusOr<v1::ModelProfile> MeasureProfile(const v1::JobSpec& spec,
                                                 const std::function<bool()>& stop = nullptr);
 
 // The speed check of `profile` (cached for `spec`'s key; coordinator/profile_speed_check.h):
-// SpeedCheckLayer timed kSpeedCheckRepeats times on `workers` (idle; those MeasureProfile
-// would take, at once), in rounds as MeasureProfile times (kProfileRounds that agree within
-// kProfileRoundAgreement, else up to kMaxProfileRounds, all within `timeout`), judged by
-// JudgeSpeed on every answer of every round. The error of the first worker that failed
-// (named) when none answered.
+// the forward and backward of each of SpeedCheckLayers timed kSpeedCheckRepeats times on
+// `workers` (idle; those MeasureProfile would take, at once), in rounds as MeasureProfile
+// times (kProfileRounds that agree, else up to kMaxProfileRounds, all within `timeout`),
+// merged as it merges (MergeWorkerProfiles over every answer of every round) and judged by
+// JudgeSpeed; each round's own verdict goes to round_ratios. The error of the first worker
+// that failed (named) when none answered.
 absl::StatusOr<SpeedCheck> CheckProfileSpeed(const v1::JobSpec& spec,
                                              const v1::ModelProfile& profile,
                                              const std::vector<ProfiledWorker>& workers,

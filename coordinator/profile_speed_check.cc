@@ -5,82 +5,131 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/model_desc.h"
 #include "common/pipeline_plan.h"
 
 namespace tandem::coordinator {
+namespace {
 
-int SpeedCheckLayer(const v1::ModelSpec& model) {
-  const std::vector<int> layers = LayersToProfile(model);
-  return layers.size() >= 3 ? layers[1] : layers.back();
+double Passes(const v1::LayerProfile& l) { return l.forward_seconds() + l.backward_seconds(); }
+
+bool Positive(double seconds) { return seconds > 0 && std::isfinite(seconds); }
+
+// Whether `k` weighs in `c`'s verdict and is priced at its own ratio: at least
+// kSpeedCheckMinorShare of the model's forward + backward.
+bool Major(const SpeedCheck& c, const SpeedCheckKind& k) {
+  return k.count * k.then_seconds >= kSpeedCheckMinorShare * c.then_seconds;
 }
 
-absl::StatusOr<SpeedCheck> JudgeSpeed(const v1::ModelProfile& profile, int layer,
+}  // namespace
+
+std::vector<int> SpeedCheckLayers(const v1::ModelSpec& model) { return LayersToProfile(model); }
+
+absl::StatusOr<SpeedCheck> JudgeSpeed(const v1::ModelSpec& model, const v1::ModelProfile& profile,
                                       const std::vector<v1::LayerProfile>& now) {
-  const auto passes = [](const v1::LayerProfile& l) {
-    return l.forward_seconds() + l.backward_seconds();
-  };
-  const v1::LayerProfile* then = nullptr;
-  for (const v1::LayerProfile& l : profile.layers()) {
-    if (l.layer() == layer) then = &l;
-  }
-  if (then == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("speed check: the profile has no layer ", layer));
-  }
-  if (!(passes(*then) > 0)) {
+  const int n = NumLayers(model);
+  if (profile.layers_size() != n) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "speed check: layer ", layer, "'s forward + backward in the profile is ", passes(*then)));
+        "speed check: the profile has ", profile.layers_size(), " layers, the model ", n));
   }
-  std::vector<double> times;
-  for (const v1::LayerProfile& l : now) {
-    if (l.layer() != layer || !(passes(l) > 0) || !std::isfinite(passes(l))) {
-      return absl::InvalidArgumentError(absl::StrCat("speed check: a worker timed layer ",
-                                                     l.layer(), " at ", passes(l), " s, not layer ",
-                                                     layer, " at > 0 s"));
-    }
-    times.push_back(passes(l));
-  }
-  if (times.empty()) return absl::InvalidArgumentError("speed check: no worker timed the layer");
-  std::sort(times.begin(), times.end());
-  const size_t n = times.size();
   SpeedCheck c;
-  c.layer = layer;
-  c.then_seconds = passes(*then);
-  c.now_seconds = n % 2 == 1 ? times[n / 2] : (times[n / 2 - 1] + times[n / 2]) / 2;
+  for (int layer : SpeedCheckLayers(model)) {
+    SpeedCheckKind k;
+    k.layer = layer;
+    for (int g = 0; g < n; ++g) k.count += ProfiledLayerOf(model, g) == layer ? 1 : 0;
+    k.then_seconds = Passes(profile.layers(layer));
+    if (!Positive(k.then_seconds)) {
+      return absl::InvalidArgumentError(absl::StrCat("speed check: layer ", layer,
+                                                     "'s forward + backward in the profile is ",
+                                                     k.then_seconds, " s"));
+    }
+    c.kinds.push_back(k);
+  }
+  for (const v1::LayerProfile& l : now) {
+    const auto kind = std::find_if(c.kinds.begin(), c.kinds.end(),
+                                   [&](const SpeedCheckKind& k) { return k.layer == l.layer(); });
+    if (kind == c.kinds.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("speed check: layer ", l.layer(), " was timed, but is not one it times"));
+    }
+    if (kind->now_seconds > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("speed check: layer ", l.layer(), " was timed twice"));
+    }
+    if (!Positive(Passes(l))) {
+      return absl::InvalidArgumentError(absl::StrCat("speed check: layer ", l.layer(),
+                                                     " was timed at ", Passes(l), " s, not > 0"));
+    }
+    kind->now_seconds = Passes(l);
+  }
+  for (SpeedCheckKind& k : c.kinds) {
+    if (k.now_seconds == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("speed check: no worker timed layer ", k.layer));
+    }
+    k.ratio = k.now_seconds / k.then_seconds;
+    c.then_seconds += k.count * k.then_seconds;
+    c.now_seconds += k.count * k.now_seconds;
+  }
   c.ratio = c.now_seconds / c.then_seconds;
-  c.remeasure = c.ratio > 1 + kSpeedCheckMaxDrift || c.ratio < 1 / (1 + kSpeedCheckMaxDrift);
-  c.scale = std::abs(c.ratio - 1) <= kSpeedCheckNoise ? 1.0 : c.ratio;
+  const auto far = [](double ratio) {
+    return ratio > 1 + kSpeedCheckMaxDrift || ratio < 1 / (1 + kSpeedCheckMaxDrift);
+  };
+  c.remeasure = far(c.ratio);
+  for (const SpeedCheckKind& k : c.kinds) {
+    if (!Major(c, k)) continue;
+    c.scaled = c.scaled || std::abs(k.ratio - 1) > kSpeedCheckNoise;
+    c.remeasure = c.remeasure || far(k.ratio);
+  }
   return c;
 }
 
-v1::ModelProfile ScaleProfileCompute(v1::ModelProfile profile, double scale) {
-  for (v1::LayerProfile& l : *profile.mutable_layers()) {
-    l.set_forward_seconds(l.forward_seconds() * scale);
-    l.set_backward_seconds(l.backward_seconds() * scale);
-    l.set_backward_input_seconds(l.backward_input_seconds() * scale);
-    l.set_backward_weight_seconds(l.backward_weight_seconds() * scale);
-    l.set_recompute_seconds(l.recompute_seconds() * scale);
-    l.set_apply_seconds(l.apply_seconds() * scale);
+std::vector<double> LayerScales(const v1::ModelSpec& model, const SpeedCheck& check) {
+  const int n = NumLayers(model);
+  std::vector<double> scales(static_cast<size_t>(std::max(n, 0)), 1.0);
+  if (!check.scaled) return scales;
+  for (int g = 0; g < n; ++g) {
+    scales[g] = check.ratio;
+    for (const SpeedCheckKind& k : check.kinds) {
+      if (k.layer == ProfiledLayerOf(model, g) && Major(check, k)) scales[g] = k.ratio;
+    }
+  }
+  return scales;
+}
+
+v1::ModelProfile ScaleProfileCompute(v1::ModelProfile profile, const std::vector<double>& scales) {
+  for (int i = 0; i < profile.layers_size() && i < static_cast<int>(scales.size()); ++i) {
+    v1::LayerProfile& l = *profile.mutable_layers(i);
+    const double s = scales[i];
+    l.set_forward_seconds(l.forward_seconds() * s);
+    l.set_backward_seconds(l.backward_seconds() * s);
+    l.set_backward_input_seconds(l.backward_input_seconds() * s);
+    l.set_backward_weight_seconds(l.backward_weight_seconds() * s);
+    l.set_recompute_seconds(l.recompute_seconds() * s);
+    l.set_apply_seconds(l.apply_seconds() * s);
   }
   return profile;
 }
 
 std::string DescribeSpeedCheck(const SpeedCheck& c) {
-  const std::string what =
-      c.remeasure
-          ? absl::StrFormat("beyond %.0f%%: measuring the profile again", 100 * kSpeedCheckMaxDrift)
-      : c.scale == 1.0
-          ? absl::StrFormat("within %.0f%%: the profile stands", 100 * kSpeedCheckNoise)
-          : absl::StrFormat("priced at x%.3f", c.scale);
-  std::string rounds;
-  for (size_t i = 0; i < c.round_seconds.size(); ++i) {
-    absl::StrAppend(&rounds, i == 0 ? "; rounds " : ", ",
-                    absl::StrFormat("%.1f", 1000 * c.round_seconds[i]));
+  std::string out;
+  for (const SpeedCheckKind& k : c.kinds) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ",
+                    absl::StrFormat("layer %d %.1f/%.1f ms (x%.3f)", k.layer, 1000 * k.now_seconds,
+                                    1000 * k.then_seconds, k.ratio));
   }
-  if (!rounds.empty()) absl::StrAppend(&rounds, " ms");
-  return absl::StrFormat("layer %d ran %.1f ms against %.1f ms when profiled (x%.3f%s): %s",
-                         c.layer, 1000 * c.now_seconds, 1000 * c.then_seconds, c.ratio, rounds,
-                         what);
+  absl::StrAppend(&out, absl::StrFormat("; the model x%.3f", c.ratio));
+  for (size_t i = 0; i < c.round_ratios.size(); ++i) {
+    absl::StrAppend(&out, i == 0 ? " (rounds " : ", ", absl::StrFormat("x%.3f", c.round_ratios[i]),
+                    i + 1 == c.round_ratios.size() ? ")" : "");
+  }
+  absl::StrAppend(&out, ": ",
+                  c.remeasure ? absl::StrFormat("beyond %.0f%%: measuring the profile again",
+                                                100 * kSpeedCheckMaxDrift)
+                  : c.scaled  ? "priced at each kind's ratio"
+                              : absl::StrFormat("every kind within %.0f%%: the profile stands",
+                                                100 * kSpeedCheckNoise));
+  return out;
 }
 
 }  // namespace tandem::coordinator

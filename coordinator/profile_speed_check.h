@@ -2,11 +2,14 @@
 // tenants of a VM's host, its clocks): on the 2-vCPU VM of docs/benchmarks.md the same job ran
 // 4-8% slower for a quarter of an hour and then as fast as its profile again, so a profile
 // measured minutes earlier priced every job of that spell several percent short. Before a job
-// is planned on a profile older than the coordinator's --profile-speed-check age, one of its
-// layers (a block) is timed again on the job's workers; the ratio of its forward + backward now
-// to the profile's says how fast the machine runs now against then. Within the noise the
-// profile stands; beyond it the job is priced on the profile's compute times x the ratio; far
-// beyond it (the machine changed, not drifted) the profile is measured again.
+// is planned on a profile older than the coordinator's --profile-speed-check age, every layer
+// kind the profile timed (embedding, a block, the head: LayersToProfile) has its forward and
+// backward timed again on the job's workers, at once, as the profile timed them; each kind's
+// time now over the profile's says how fast the machine runs that kind of work now against then.
+// They differ: a block's small GEMMs and memory-bound passes and the head's large GEMM do not
+// slow alike, so one ratio for all misprices the stage that holds the head. Within the noise
+// the profile stands; beyond it each layer is priced at its kind's ratio; far beyond it (the
+// machine changed, not drifted) the profile is measured again.
 //
 // Pure: the timing itself is CheckProfileSpeed (coordinator/model_profiler.h).
 #ifndef TANDEM_COORDINATOR_PROFILE_SPEED_CHECK_H_
@@ -24,42 +27,63 @@ namespace tandem::coordinator {
 
 // A profile at least this old is checked (tandem-coordinator --profile-speed-check).
 inline constexpr absl::Duration kDefaultSpeedCheckAfter = absl::Seconds(60);
-// |ratio - 1| within this: the profile stands (one layer timed three times is good to about
-// 1%; correcting by less would add that noise to every prediction).
+// Every major kind's |ratio - 1| within this: the profile stands (a kind timed a few times is
+// good to about 1%; correcting by less would add that noise to every prediction).
 inline constexpr double kSpeedCheckNoise = 0.02;
-// Beyond this either way (ratio above 1.25 or below 1 / 1.25) the profile is measured again.
+// The model's ratio or a major kind's beyond this either way (above 1.25 or below 1 / 1.25):
+// the machine changed rather than drifted, and the profile is measured again.
 inline constexpr double kSpeedCheckMaxDrift = 0.25;
-// Timed runs of the checked layer (after one warm-up; the median).
+// A kind under this share of the model's forward + backward (a GPT's embedding: a gather of a
+// few ms) is minor: priced at the model's ratio and left out of the verdicts, since its own
+// ratio is mostly timer noise and moves nothing.
+inline constexpr double kSpeedCheckMinorShare = 0.05;
+// Timed runs of each checked layer (after one warm-up; the median; fewer for a layer whose
+// passes outlast the worker's profile budget).
 inline constexpr int kSpeedCheckRepeats = 3;
 
-// The layer a speed check times: one block (the middle of LayersToProfile), else the last
-// layer profiled.
-int SpeedCheckLayer(const v1::ModelSpec& model);
+// One layer kind of a speed check.
+struct SpeedCheckKind {
+  int layer = -1;           // the profiled layer that stands for the kind (LayersToProfile)
+  int count = 0;            // the model's layers it stands for
+  double then_seconds = 0;  // its forward + backward in the profile
+  double now_seconds = 0;   // ... timed now (merged over the workers and rounds)
+  double ratio = 1;         // now / then
+};
 
 // What a speed check found and what the planner does with it.
 struct SpeedCheck {
-  int layer = -1;
-  double then_seconds = 0;  // the layer's forward + backward in the profile
-  double now_seconds = 0;   // ... timed now: the median over the workers
-  double ratio = 1;         // now / then
-  double scale = 1;         // what the job is priced with: 1 within the noise, else ratio
-  bool remeasure = false;   // off by more than kSpeedCheckMaxDrift: measure the profile again
-  // Each round's median over the workers, in order (CheckProfileSpeed; empty: not in rounds).
-  std::vector<double> round_seconds;
+  std::vector<SpeedCheckKind> kinds;  // in LayersToProfile's order
+  double then_seconds = 0;  // the model's forward + backward (each layer once) in the profile
+  double now_seconds = 0;   // ... at the kinds' times now
+  double ratio = 1;         // the model's now / then
+  bool scaled = false;      // a major kind beyond kSpeedCheckNoise: priced at the kinds' ratios
+  bool remeasure = false;   // beyond kSpeedCheckMaxDrift (above): measure the profile again
+  // The model's ratio in each round, in order (CheckProfileSpeed; empty: not in rounds).
+  std::vector<double> round_ratios;
 };
 
-// Judges the workers' timings `now` of `layer` (each a LayerProfile of that layer, from any
-// number of rounds; the median of them all) against `profile`'s. INVALID_ARGUMENT when the profile
-// has no such layer, or either side has no positive forward + backward; when no worker timed it.
-absl::StatusOr<SpeedCheck> JudgeSpeed(const v1::ModelProfile& profile, int layer,
+// The layers a speed check times: those the profile timed (LayersToProfile).
+std::vector<int> SpeedCheckLayers(const v1::ModelSpec& model);
+
+// Judges `now` (one LayerProfile per layer of SpeedCheckLayers, each the workers' timings
+// merged as a profile merges them) against `profile` (the model's expanded profile).
+// INVALID_ARGUMENT when a layer is missing, unknown or timed twice in `now`, or either side has
+// no positive, finite forward + backward for it.
+absl::StatusOr<SpeedCheck> JudgeSpeed(const v1::ModelSpec& model, const v1::ModelProfile& profile,
                                       const std::vector<v1::LayerProfile>& now);
 
-// `profile` with every layer's compute times (forward, backward, input and weight backward,
-// recompute, optimizer apply) x `scale`; bytes, parameter counts and the link as they were.
-v1::ModelProfile ScaleProfileCompute(v1::ModelProfile profile, double scale);
+// The factor each of the model's layers is priced with: 1 for every layer unless the check
+// scaled; then each layer its kind's ratio, a kind under kSpeedCheckMinorShare the model's.
+std::vector<double> LayerScales(const v1::ModelSpec& model, const SpeedCheck& check);
 
-// One line for the log: e.g. "layer 1 ran 245.1 ms against 235.0 ms when profiled (x1.043;
-// rounds 246.0, 244.2 ms): priced at x1.043".
+// `profile` with layer i's compute times (forward, backward, input and weight backward,
+// recompute, optimizer apply) x `scales[i]` (layers beyond `scales`: as they were); bytes,
+// parameter counts and the link as they were.
+v1::ModelProfile ScaleProfileCompute(v1::ModelProfile profile, const std::vector<double>& scales);
+
+// One line for the log: e.g. "layer 0 2.1/2.0 ms (x1.050), layer 1 245.1/235.0 ms (x1.043),
+// layer 7 1210.0/1100.0 ms (x1.100); the model x1.081 (rounds x1.079, x1.083): priced at each
+// kind's ratio".
 std::string DescribeSpeedCheck(const SpeedCheck& check);
 
 }  // namespace tandem::coordinator

@@ -187,7 +187,8 @@ struct Timings {
 
 absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& spec,
                                                             const std::vector<int>& layers,
-                                                            int repeats) {
+                                                            int repeats, ProfilePasses passes) {
+  const bool all = passes == ProfilePasses::kAll;
   ASSIGN_OR_RETURN(const ProfileRequest r, CheckProfileRequest(spec, layers, repeats));
   const int64_t b = r.b, t = r.t;
   const int64_t state_floats = 2 + OptimizerFloatsPerElement(spec.optimizer());
@@ -226,10 +227,14 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& s
       Tensor dout = layer.is_loss() ? Tensor() : Tensor(y.shape());
       for (size_t i = 0; i < dout.size(); ++i) dout[i] = 1e-3f * static_cast<float>(rng.Normal());
       // Full backward on a copy of the context, then the split pair on the original.
-      SavedContext copy = ctx;
+      SavedContext copy = all ? ctx : SavedContext();
       cold.Flush();
-      const double bb = Seconds([&] { s = layer.Backward(dout, copy, gin); });
+      const double bb = Seconds([&] { s = layer.Backward(dout, all ? copy : ctx, gin); });
       RETURN_IF_ERROR(s);
+      if (!all) {
+        if (rep > 0) times.AddPass(f, bb, 0.0, 0.0);  // the first is a warm-up
+        continue;
+      }
       cold.Flush();
       const double ii = Seconds([&] { s = layer.BackwardInput(dout, ctx, gin); });
       RETURN_IF_ERROR(s);
@@ -247,7 +252,7 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& s
     // optimizer update (which also zeroes them).
     std::vector<Parameter*> weights = layer.Parameters();
     ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt, MakeOptimizer(spec.optimizer(), weights));
-    for (int rep = 0; rep <= r.repeats; ++rep) {
+    for (int rep = 0; all && rep <= r.repeats; ++rep) {
       double norm = 0.0;
       const double a = Seconds([&] {
         // The worker's own passes (CpuStageCompute::GradientStats, then Apply).
@@ -267,7 +272,9 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& s
 absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayersOn(const v1::JobSpec& spec,
                                                               const std::vector<int>& layers,
                                                               int repeats,
-                                                              const ComputeFactory& make) {
+                                                              const ComputeFactory& make,
+                                                              ProfilePasses passes) {
+  const bool all = passes == ProfilePasses::kAll;
   ASSIGN_OR_RETURN(const ProfileRequest r, CheckProfileRequest(spec, layers, repeats));
   std::vector<v1::LayerProfile> out;
   for (int g : r.layers) {
@@ -336,6 +343,10 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayersOn(const v1::JobSpec&
       const double bb = ComputeSeconds(
           compute, [&] { s = compute.Backward(0, 0, v1::ACTION_B, std::move(dout), &gin); });
       RETURN_IF_ERROR(s);
+      if (!all) {
+        if (rep > 0) times.AddPass(f, bb, 0.0, 0.0);  // the first is a warm-up
+        continue;
+      }
       forward(1, nullptr, nullptr);
       RETURN_IF_ERROR(s);
       dout = grad();
@@ -350,7 +361,7 @@ absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayersOn(const v1::JobSpec&
     }
     compute.DropSaved();
     // The once-per-step phase: the gradient norm and the optimizer update.
-    for (int rep = 0; rep <= r.repeats; ++rep) {
+    for (int rep = 0; all && rep <= r.repeats; ++rep) {
       const double a = Seconds([&] {
         s = compute.GradientStats(/*count_tied=*/true).status();
         if (s.ok()) s = compute.Apply(1e-6f, 1.0f, /*skip=*/false);

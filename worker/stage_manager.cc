@@ -540,7 +540,7 @@ StageManager::Snapshot StageManager::GetSnapshot() const {
 }
 
 absl::StatusOr<std::vector<v1::LayerProfile>> StageManager::ProfileLayers(
-    const v1::JobSpec& spec, const std::vector<int>& layers, int repeats) {
+    const v1::JobSpec& spec, const std::vector<int>& layers, int repeats, ProfilePasses passes) {
   const v1::JobSpec full = WithDefaults(spec);
   if (absl::Status s = ValidateJobSpec(full); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("profile: ", s.message()));
@@ -562,13 +562,14 @@ absl::StatusOr<std::vector<v1::LayerProfile>> StageManager::ProfileLayers(
     profiling_ = true;
   }
   absl::StatusOr<std::vector<v1::LayerProfile>> out =
-      config_.compute ? ProfileLayersOn(full, layers, repeats, config_.compute)
-                      : worker::ProfileLayers(full, layers, repeats);
+      config_.compute ? ProfileLayersOn(full, layers, repeats, config_.compute, passes)
+                      : worker::ProfileLayers(full, layers, repeats, passes);
   absl::MutexLock lock(&mu_);
   profiling_ = false;
   if (out.ok()) {
-    spdlog::info("profiled {} layer(s) of a {} model at micro-batch {}", out->size(),
-                 full.model().arch(), full.pipeline().micro_batch_size());
+    spdlog::info("profiled {} layer(s) of a {} model at micro-batch {}{}", out->size(),
+                 full.model().arch(), full.pipeline().micro_batch_size(),
+                 passes == ProfilePasses::kAll ? "" : " (forward and backward only)");
   }
   return out;
 }

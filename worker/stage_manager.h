@@ -30,6 +30,7 @@
 #include "worker/executor.h"
 #include "worker/link_probe.h"
 #include "worker/peer_state.h"
+#include "worker/profiler.h"
 #include "worker/transport/group_collectives.h"
 #include "worker/transport/transport.h"
 
@@ -129,10 +130,11 @@ class StageManager {
   // Times and measures single layers at a job's shape (worker/profiler.h). FAILED_PRECONDITION
   // while a job is configured or configuring here, or another profile or a link probe runs:
   // a profile must have the device to itself. INVALID_ARGUMENT for a spec that does not
-  // validate; RESOURCE_EXHAUSTED for a layer bigger than the worker's memory.
-  absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(const v1::JobSpec& spec,
-                                                              const std::vector<int>& layers,
-                                                              int repeats);
+  // validate; RESOURCE_EXHAUSTED for a layer bigger than the worker's memory. `passes`: all,
+  // or only the forward and backward (a speed check).
+  absl::StatusOr<std::vector<v1::LayerProfile>> ProfileLayers(
+      const v1::JobSpec& spec, const std::vector<int>& layers, int repeats,
+      ProfilePasses passes = ProfilePasses::kAll);
 
   // Times the link to one other worker (worker/link_probe.h): connects rank request.rank() of
   // a 2-rank transport under request.rendezvous_prefix() through the transport factory, as a

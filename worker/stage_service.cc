@@ -194,7 +194,8 @@ grpc::Status StageWorkerService::ProfileLayers(grpc::ServerContext* ctx,
     return ToGrpcStatus(absl::InvalidArgumentError("profile: at most 4096 layers per request"));
   }
   absl::StatusOr<std::vector<v1::LayerProfile>> layers = manager_->ProfileLayers(
-      req->spec(), std::vector<int>(req->layers().begin(), req->layers().end()), req->repeats());
+      req->spec(), std::vector<int>(req->layers().begin(), req->layers().end()), req->repeats(),
+      req->forward_backward_only() ? ProfilePasses::kForwardBackward : ProfilePasses::kAll);
   if (!layers.ok()) return ToGrpcStatus(layers.status());
   for (auto& l : *layers) *resp->add_layers() = std::move(l);
   return grpc::Status::OK;

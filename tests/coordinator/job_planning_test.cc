@@ -159,11 +159,12 @@ std::vector<v1::ProfileLayersRequest> ProfileRequests(RunnerFixture& f, size_t w
   return f.factory.made[w]->profile_requests;
 }
 
-// A cached profile past the speed-check age is checked before it prices the job: one block
-// (layer 1) timed three times on both workers at once, in rounds as a profile is. Measured when the
-// machine ran 10% slower, the job is priced at the speed now (its stages' predicted times those of
-// the workers now); the cut stands (a uniform factor moves no cut), the cache keeps the profile as
-// it was measured, and the job records the ratio.
+// A cached profile past the speed-check age is checked before it prices the job: the profiled
+// layers (embedding, a block, the head) have their forward and backward timed three times on
+// both workers at once, in rounds as a profile is. Measured when the machine ran 10% slower, the
+// job is priced at the speed now (its stages' predicted times those of the workers now); the cut
+// stands (a uniform factor moves no cut), the cache keeps the profile as it was measured, and
+// the job records the ratio.
 TEST(JobRunnerTest, AnOldProfileIsPricedAtTheSpeedItsSpeedCheckMeasures) {
   RunnerFixture f;
   ProfileStore profiles("");
@@ -180,8 +181,9 @@ TEST(JobRunnerTest, AnOldProfileIsPricedAtTheSpeedItsSpeedCheckMeasures) {
     const std::vector<v1::ProfileLayersRequest> requests = ProfileRequests(f, w);
     ASSERT_EQ(requests.size(), static_cast<size_t>(kProfileRounds)) << w;
     for (const v1::ProfileLayersRequest& r : requests) {
-      EXPECT_THAT(r.layers(), ::testing::ElementsAre(1));
+      EXPECT_THAT(r.layers(), ::testing::ElementsAre(0, 1, 5));
       EXPECT_EQ(r.repeats(), kSpeedCheckRepeats);
+      EXPECT_TRUE(r.forward_backward_only());
     }
   }
   EXPECT_NEAR(job.profile_speed_ratio(), 1 / 1.1, 1e-9);
@@ -193,6 +195,31 @@ TEST(JobRunnerTest, AnOldProfileIsPricedAtTheSpeedItsSpeedCheckMeasures) {
   ASSERT_TRUE(kept.has_value());
   EXPECT_EQ(kept->created_unix_ms(), old.created_unix_ms());
   EXPECT_DOUBLE_EQ(kept->layers(5).forward_seconds(), old.layers(5).forward_seconds());
+}
+
+// The kinds drift apart: profiled when the head ran 10% slower than now and the blocks and
+// the embedding as fast as now. Each layer is priced at its own kind's ratio, so the head's
+// stage at the head's speed now and the blocks' as profiled; one ratio for the model (16 ms of
+// forward + backward then, 15 ms now: x0.9375) would misprice both stages.
+TEST(JobRunnerTest, EachLayerKindIsPricedAtItsOwnSpeedCheckRatio) {
+  RunnerFixture f;
+  ProfileStore profiles("");
+  f.env.profiles = &profiles;
+  const v1::JobSpec spec = HeadHeavyProfiledJob(f);
+  v1::ModelProfile old = OldProfile(spec, absl::Minutes(5), 1.0);
+  v1::LayerProfile* head = old.mutable_layers(5);
+  head->set_forward_seconds(head->forward_seconds() * 1.1);
+  head->set_backward_seconds(head->backward_seconds() * 1.1);
+  ASSERT_TRUE(profiles.Put(old).ok());
+  auto runner = f.Start(spec);
+  f.WaitFinished(*runner);
+  auto job = *f.store->Get(runner->job_id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  EXPECT_NEAR(job.profile_speed_ratio(), 0.015 / 0.016, 1e-9);
+  ASSERT_EQ(job.stages_size(), 2);
+  EXPECT_EQ(job.stages(0).layer_end(), 5);
+  EXPECT_NEAR(job.stages(0).predicted_seconds(), 0.005, 1e-9);
+  EXPECT_NEAR(job.stages(1).predicted_seconds(), 0.010, 1e-9);
 }
 
 // Within the check's noise (1% here) the profile prices the job as it is; the ratio is still
@@ -221,7 +248,7 @@ TEST(JobRunnerTest, AProfileWithinTheSpeedChecksNoiseStandsAndAYoungOneIsNotChec
   EXPECT_NEAR(y.stages(1).predicted_seconds(), 0.011, 1e-9);
 }
 
-// Off by more than 25% (the machine changed, not drifted) the profile is measured again,
+// A kind off by more than 25% (the machine changed, not drifted): the profile is measured again,
 // and cut and priced by the new times.
 TEST(JobRunnerTest, AProfileFarOffItsSpeedCheckIsMeasuredAgain) {
   RunnerFixture f;
@@ -238,7 +265,9 @@ TEST(JobRunnerTest, AProfileFarOffItsSpeedCheckIsMeasuredAgain) {
   auto job = *f.store->Get(runner->job_id());
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
   EXPECT_EQ(f.factory.made[0]->profiles.load(), 2 * kProfileRounds);
-  EXPECT_NEAR(job.profile_speed_ratio(), 0.5, 1e-9);
+  // The model's ratio (15 ms now against 12 ms then) is at the edge; the head's (x5) and the
+  // blocks' (x0.5) are far beyond it.
+  EXPECT_NEAR(job.profile_speed_ratio(), 0.015 / 0.012, 1e-9);
   EXPECT_EQ(job.stages(0).layer_end(), 5);  // the new times: embedding + 4 blocks | head
   EXPECT_NEAR(job.stages(1).predicted_seconds(), 0.010, 1e-9);
   const std::optional<v1::ModelProfile> fresh = profiles.Find(old.key());

@@ -1,6 +1,6 @@
-// The speed check of a cached profile, judged: the layer it times, the ratio of now to then
-// (the median over the workers), the verdict (stands, scaled, measured again), and the
-// profile scaled.
+// The speed check of a cached profile, judged: the layers it times, each kind's ratio of now to
+// then and the model's, the verdict (stands, scaled per kind, measured again), and the profile
+// scaled layer by layer.
 #include "coordinator/profile_speed_check.h"
 
 #include <vector>
@@ -11,6 +11,7 @@
 namespace tandem::coordinator {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 v1::LayerProfile Layer(int g, double forward, double backward) {
@@ -21,86 +22,146 @@ v1::LayerProfile Layer(int g, double forward, double backward) {
   return l;
 }
 
-// Embedding, a block of 0.1 + 0.2 s, head.
+// A GPT of 2 blocks: the embedding (layer 0), blocks 1 and 2, the head (layer 3).
+v1::ModelSpec Model() {
+  v1::ModelSpec m;
+  m.set_arch("gpt");
+  m.set_n_layer(2);
+  return m;
+}
+
+// Its expanded profile: embedding 0.01 s, each block 0.1 + 0.2 s, head 0.4 + 0.8 s (the model:
+// 1.81 s of forward + backward).
 v1::ModelProfile Profile() {
   v1::ModelProfile p;
-  *p.add_layers() = Layer(0, 0.001, 0.001);
+  *p.add_layers() = Layer(0, 0.005, 0.005);
   *p.add_layers() = Layer(1, 0.1, 0.2);
-  *p.add_layers() = Layer(2, 0.4, 0.8);
+  *p.add_layers() = Layer(2, 0.1, 0.2);
+  *p.add_layers() = Layer(3, 0.4, 0.8);
   return p;
 }
 
-TEST(SpeedCheckLayerTest, OneBlockElseTheLastLayer) {
-  v1::ModelSpec gpt;
-  gpt.set_arch("gpt");
+// The check's answer: each kind x its factor.
+std::vector<v1::LayerProfile> Now(double embedding, double block, double head) {
+  return {Layer(0, 0.005 * embedding, 0.005 * embedding), Layer(1, 0.1 * block, 0.2 * block),
+          Layer(3, 0.4 * head, 0.8 * head)};
+}
+
+TEST(SpeedCheckLayersTest, TheLayersTheProfileTimed) {
+  v1::ModelSpec gpt = Model();
   gpt.set_n_layer(6);
-  EXPECT_EQ(SpeedCheckLayer(gpt), 1);  // the embedding is 0, the head 7
+  EXPECT_THAT(SpeedCheckLayers(gpt), ElementsAre(0, 1, 7));  // embedding, a block, the head
   v1::ModelSpec no_blocks = gpt;
   no_blocks.set_n_layer(0);
-  EXPECT_EQ(SpeedCheckLayer(no_blocks), 1);  // no block: the head
+  EXPECT_THAT(SpeedCheckLayers(no_blocks), ElementsAre(0, 1));
 }
 
-TEST(JudgeSpeedTest, TheMedianOverTheWorkersAgainstTheProfile) {
-  // Three workers: 0.33, 0.30 and 0.36 s against 0.3 s; the median 0.33 s is 10% slow.
-  absl::StatusOr<SpeedCheck> c =
-      JudgeSpeed(Profile(), 1, {Layer(1, 0.11, 0.22), Layer(1, 0.1, 0.2), Layer(1, 0.12, 0.24)});
+TEST(JudgeSpeedTest, EachKindAgainstTheProfileAndTheModelOverAllItsLayers) {
+  // The blocks 5% fast, the head 10% slow, the embedding as profiled.
+  absl::StatusOr<SpeedCheck> c = JudgeSpeed(Model(), Profile(), Now(1.0, 0.95, 1.1));
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->layer, 1);
-  EXPECT_NEAR(c->then_seconds, 0.3, 1e-12);
-  EXPECT_NEAR(c->now_seconds, 0.33, 1e-12);
-  EXPECT_NEAR(c->ratio, 1.1, 1e-12);
-  EXPECT_NEAR(c->scale, 1.1, 1e-12);
+  ASSERT_EQ(c->kinds.size(), 3u);
+  EXPECT_EQ(c->kinds[1].layer, 1);
+  EXPECT_EQ(c->kinds[1].count, 2);
+  EXPECT_NEAR(c->kinds[1].then_seconds, 0.3, 1e-12);
+  EXPECT_NEAR(c->kinds[1].now_seconds, 0.285, 1e-12);
+  EXPECT_NEAR(c->kinds[1].ratio, 0.95, 1e-12);
+  EXPECT_EQ(c->kinds[2].layer, 3);
+  EXPECT_EQ(c->kinds[2].count, 1);
+  EXPECT_NEAR(c->kinds[2].ratio, 1.1, 1e-12);
+  EXPECT_NEAR(c->kinds[0].ratio, 1.0, 1e-12);
+  EXPECT_NEAR(c->then_seconds, 1.81, 1e-12);
+  EXPECT_NEAR(c->now_seconds, 0.01 + 2 * 0.285 + 1.32, 1e-12);
+  EXPECT_NEAR(c->ratio, 1.9 / 1.81, 1e-12);
+  EXPECT_TRUE(c->scaled);
   EXPECT_FALSE(c->remeasure);
   EXPECT_THAT(DescribeSpeedCheck(*c),
-              HasSubstr("layer 1 ran 330.0 ms against 300.0 ms when profiled (x1.100): "
-                        "priced at x1.100"));
-  c->round_seconds = {0.3312, 0.3288};
-  EXPECT_THAT(DescribeSpeedCheck(*c), HasSubstr("(x1.100; rounds 331.2, 328.8 ms): priced"));
-  // Two workers: the mean of the two.
-  c = JudgeSpeed(Profile(), 1, {Layer(1, 0.09, 0.18), Layer(1, 0.1, 0.2)});
-  ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_NEAR(c->now_seconds, 0.285, 1e-12);
-  EXPECT_NEAR(c->scale, 0.95, 1e-12);
+              HasSubstr("layer 1 285.0/300.0 ms (x0.950), layer 3 1320.0/1200.0 ms (x1.100); "
+                        "the model x1.050: priced at each kind's ratio"));
+  c->round_ratios = {1.0512, 1.0488};
+  EXPECT_THAT(DescribeSpeedCheck(*c), HasSubstr("the model x1.050 (rounds x1.051, x1.049): "));
 }
 
-TEST(JudgeSpeedTest, WithinTheNoiseTheProfileStandsAndFarOffItIsMeasuredAgain) {
-  absl::StatusOr<SpeedCheck> c = JudgeSpeed(Profile(), 1, {Layer(1, 0.102, 0.204)});
+TEST(JudgeSpeedTest, EveryKindWithinTheNoiseStandsAndAModelFarOffIsMeasuredAgain) {
+  // The head 1.9% slow and the blocks 1.9% fast, both within kSpeedCheckNoise, and the
+  // embedding (a minor kind) 10% slow: stands.
+  absl::StatusOr<SpeedCheck> c = JudgeSpeed(Model(), Profile(), Now(1.1, 0.981, 1.019));
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_NEAR(c->ratio, 1.02, 1e-12);  // at the edge of kSpeedCheckNoise: stands
-  EXPECT_EQ(c->scale, 1.0);
+  EXPECT_FALSE(c->scaled);
   EXPECT_FALSE(c->remeasure);
-  EXPECT_THAT(DescribeSpeedCheck(*c), HasSubstr("within 2%: the profile stands"));
-  c = JudgeSpeed(Profile(), 1, {Layer(1, 0.0975, 0.195)});
+  EXPECT_THAT(DescribeSpeedCheck(*c), HasSubstr("every kind within 2%: the profile stands"));
+  // One kind beyond it (the model's ratio is within it): scaled.
+  c = JudgeSpeed(Model(), Profile(), Now(1.0, 0.975, 1.02));
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_NEAR(c->scale, 0.975, 1e-12);  // 2.5% fast: priced so
+  EXPECT_LT(std::abs(c->ratio - 1), kSpeedCheckNoise);
+  EXPECT_TRUE(c->scaled);
   for (const double k : {1.3, 1 / 1.3}) {
-    c = JudgeSpeed(Profile(), 1, {Layer(1, 0.1 * k, 0.2 * k)});
+    c = JudgeSpeed(Model(), Profile(), Now(k, k, k));
     ASSERT_TRUE(c.ok()) << c.status();
     EXPECT_TRUE(c->remeasure) << k;
     EXPECT_THAT(DescribeSpeedCheck(*c), HasSubstr("beyond 25%: measuring the profile again"));
   }
-  c = JudgeSpeed(Profile(), 1, {Layer(1, 0.1 * 1.24, 0.2 * 1.24)});
+  c = JudgeSpeed(Model(), Profile(), Now(1.24, 1.24, 1.24));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_FALSE(c->remeasure);
+  // One major kind far off, though the model's ratio is not (the machine changed): measured
+  // again. The minor embedding far off is not enough.
+  c = JudgeSpeed(Model(), Profile(), Now(1.0, 1.3, 0.9));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_LT(std::abs(c->ratio - 1), kSpeedCheckMaxDrift);
+  EXPECT_TRUE(c->remeasure);
+  c = JudgeSpeed(Model(), Profile(), Now(2.0, 1.0, 1.0));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->remeasure);
+  EXPECT_FALSE(c->scaled);
 }
 
 TEST(JudgeSpeedTest, RefusesWhatCannotBeCompared) {
-  EXPECT_THAT(JudgeSpeed(Profile(), 5, {Layer(5, 0.1, 0.2)}).status().message(),
-              HasSubstr("the profile has no layer 5"));
-  EXPECT_THAT(JudgeSpeed(Profile(), 1, {}).status().message(),
-              HasSubstr("no worker timed the layer"));
-  EXPECT_THAT(JudgeSpeed(Profile(), 1, {Layer(2, 0.1, 0.2)}).status().message(),
-              HasSubstr("timed layer 2"));
-  EXPECT_THAT(JudgeSpeed(Profile(), 1, {Layer(1, 0, 0)}).status().message(),
-              HasSubstr("not layer 1 at > 0 s"));
+  std::vector<v1::LayerProfile> now = Now(1, 1, 1);
+  now.pop_back();
+  EXPECT_THAT(JudgeSpeed(Model(), Profile(), now).status().message(),
+              HasSubstr("no worker timed layer 3"));
+  now = Now(1, 1, 1);
+  now.push_back(Layer(2, 0.1, 0.2));
+  EXPECT_THAT(JudgeSpeed(Model(), Profile(), now).status().message(),
+              HasSubstr("layer 2 was timed, but is not one it times"));
+  now = Now(1, 1, 1);
+  now.push_back(Layer(1, 0.1, 0.2));
+  EXPECT_THAT(JudgeSpeed(Model(), Profile(), now).status().message(),
+              HasSubstr("layer 1 was timed twice"));
+  now = Now(1, 1, 1);
+  now[1] = Layer(1, 0, 0);
+  EXPECT_THAT(JudgeSpeed(Model(), Profile(), now).status().message(),
+              HasSubstr("layer 1 was timed at 0 s"));
   v1::ModelProfile empty_layer = Profile();
   empty_layer.mutable_layers(1)->set_forward_seconds(0);
   empty_layer.mutable_layers(1)->set_backward_seconds(0);
-  EXPECT_THAT(JudgeSpeed(empty_layer, 1, {Layer(1, 0.1, 0.2)}).status().message(),
-              HasSubstr("in the profile is 0"));
+  EXPECT_THAT(JudgeSpeed(Model(), empty_layer, Now(1, 1, 1)).status().message(),
+              HasSubstr("layer 1's forward + backward in the profile is 0"));
+  v1::ModelProfile short_profile = Profile();
+  short_profile.mutable_layers()->RemoveLast();
+  EXPECT_THAT(JudgeSpeed(Model(), short_profile, Now(1, 1, 1)).status().message(),
+              HasSubstr("the profile has 3 layers, the model 4"));
 }
 
-TEST(ScaleProfileComputeTest, ScalesEveryComputeTimeAndNothingElse) {
+TEST(LayerScalesTest, EachLayerItsKindsRatioAMinorKindTheModels) {
+  // The embedding (0.6% of the model) timed 50% slow: its own ratio is noise, so it gets the
+  // model's; the blocks theirs, the head its own.
+  absl::StatusOr<SpeedCheck> c = JudgeSpeed(Model(), Profile(), Now(1.5, 0.95, 1.1));
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::vector<double> scales = LayerScales(Model(), *c);
+  ASSERT_EQ(scales.size(), 4u);
+  EXPECT_NEAR(scales[0], c->ratio, 1e-12);
+  EXPECT_NEAR(scales[1], 0.95, 1e-12);
+  EXPECT_NEAR(scales[2], 0.95, 1e-12);
+  EXPECT_NEAR(scales[3], 1.1, 1e-12);
+  // Not scaled: 1 for every layer.
+  c = JudgeSpeed(Model(), Profile(), Now(1.0, 1.01, 0.99));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(LayerScales(Model(), *c), ElementsAre(1.0, 1.0, 1.0, 1.0));
+}
+
+TEST(ScaleProfileComputeTest, ScalesEachLayersComputeTimesAndNothingElse) {
   v1::ModelProfile p = Profile();
   p.set_key("k");
   p.set_created_unix_ms(42);
@@ -113,7 +174,7 @@ TEST(ScaleProfileComputeTest, ScalesEveryComputeTimeAndNothingElse) {
   l->set_static_bytes(1000);
   l->set_activation_bytes(200);
   l->set_parameter_count(250);
-  const v1::ModelProfile s = ScaleProfileCompute(p, 1.5);
+  const v1::ModelProfile s = ScaleProfileCompute(p, {1.0, 1.5, 2.0});
   const v1::LayerProfile& m = s.layers(1);
   EXPECT_DOUBLE_EQ(m.forward_seconds(), 0.15);
   EXPECT_DOUBLE_EQ(m.backward_seconds(), 0.3);
@@ -124,7 +185,9 @@ TEST(ScaleProfileComputeTest, ScalesEveryComputeTimeAndNothingElse) {
   EXPECT_EQ(m.static_bytes(), 1000);
   EXPECT_EQ(m.activation_bytes(), 200);
   EXPECT_EQ(m.parameter_count(), 250);
-  EXPECT_DOUBLE_EQ(s.layers(2).forward_seconds(), 0.6);
+  EXPECT_DOUBLE_EQ(s.layers(0).forward_seconds(), 0.005);
+  EXPECT_DOUBLE_EQ(s.layers(2).forward_seconds(), 0.2);
+  EXPECT_DOUBLE_EQ(s.layers(3).forward_seconds(), 0.4);  // beyond the scales: as it was
   EXPECT_EQ(s.key(), "k");
   EXPECT_EQ(s.created_unix_ms(), 42);
   EXPECT_DOUBLE_EQ(s.link().latency_seconds(), 1e-5);

@@ -323,6 +323,41 @@ TEST_F(StageManagerTest, ADevicesComputeProfilesTheLayersAsTheLayerProfilerDoes)
   EXPECT_EQ(device.ProfileLayers(spec, {7}, 1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A speed check's request (ProfilePasses::kForwardBackward) times only the forward and the
+// full backward, through the layer profiler and through a device's compute alike: the split
+// backward, the recomputation and the apply answer 0, the bytes are those of a full profile.
+TEST_F(StageManagerTest, AForwardAndBackwardOnlyProfileTimesThoseTwoPassesAndNothingElse) {
+  v1::JobSpec spec = testing::TinyGptJob(/*tie_embeddings=*/false);
+  spec.mutable_pipeline()->set_stages(1);
+  WorkerConfig config;
+  config.compute = [](const v1::StageProgram& p) -> absl::StatusOr<std::unique_ptr<StageCompute>> {
+    ASSIGN_OR_RETURN(auto c, CpuStageCompute::Create(p, 2));
+    return std::unique_ptr<StageCompute>(std::move(c));
+  };
+  StageManager device(config, Factory());
+  StageManager layers({}, Factory());
+  auto full = layers.ProfileLayers(spec, {0, 1, 3}, 1);
+  ASSERT_TRUE(full.ok()) << full.status();
+  for (StageManager* w : {&layers, &device}) {
+    auto fb = w->ProfileLayers(spec, {0, 1, 3}, 2, ProfilePasses::kForwardBackward);
+    ASSERT_TRUE(fb.ok()) << fb.status();
+    ASSERT_EQ(fb->size(), 3u);
+    for (size_t i = 0; i < fb->size(); ++i) {
+      const v1::LayerProfile& p = (*fb)[i];
+      EXPECT_EQ(p.layer(), (*full)[i].layer());
+      EXPECT_GT(p.forward_seconds(), 0.0) << p.layer();
+      EXPECT_GT(p.backward_seconds(), 0.0) << p.layer();
+      EXPECT_EQ(p.backward_input_seconds(), 0.0) << p.layer();
+      EXPECT_EQ(p.backward_weight_seconds(), 0.0) << p.layer();
+      EXPECT_EQ(p.recompute_seconds(), 0.0) << p.layer();
+      EXPECT_EQ(p.apply_seconds(), 0.0) << p.layer();
+      EXPECT_EQ(p.parameter_count(), (*full)[i].parameter_count()) << p.layer();
+      EXPECT_EQ(p.activation_bytes(), (*full)[i].activation_bytes()) << p.layer();
+      EXPECT_EQ(p.output_bytes(), (*full)[i].output_bytes()) << p.layer();
+    }
+  }
+}
+
 TEST_F(StageManagerTest, ConfigureRunAbortLifecycle) {
   const v1::JobSpec spec = TinyJob();
   const auto programs = MakePrograms(spec, 2, "1f1b");
