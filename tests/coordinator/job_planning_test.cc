@@ -159,6 +159,20 @@ std::vector<v1::ProfileLayersRequest> ProfileRequests(RunnerFixture& f, size_t w
   return f.factory.made[w]->profile_requests;
 }
 
+// A runner fixture with a profile cache (the speed-check tests).
+struct CachedProfileFixture {
+  CachedProfileFixture() { f.env.profiles = &profiles; }
+  // Runs `spec` to its end: the job as it ended.
+  v1::Job Run(const v1::JobSpec& spec) {
+    auto runner = f.Start(spec);
+    f.WaitFinished(*runner);
+    return *f.store->Get(runner->job_id());
+  }
+
+  RunnerFixture f;
+  ProfileStore profiles{""};
+};
+
 // A cached profile past the speed-check age is checked before it prices the job: the profiled
 // layers (embedding, a block, the head) have their forward and backward timed three times on
 // both workers at once, in rounds as a profile is. Measured when the machine ran 10% slower, the
@@ -166,15 +180,13 @@ std::vector<v1::ProfileLayersRequest> ProfileRequests(RunnerFixture& f, size_t w
 // stands (a uniform factor moves no cut), the cache keeps the profile as it was measured, and
 // the job records the ratio.
 TEST(JobRunnerTest, AnOldProfileIsPricedAtTheSpeedItsSpeedCheckMeasures) {
-  RunnerFixture f;
-  ProfileStore profiles("");
-  f.env.profiles = &profiles;
+  CachedProfileFixture c;
+  RunnerFixture& f = c.f;
+  ProfileStore& profiles = c.profiles;
   const v1::JobSpec spec = HeadHeavyProfiledJob(f);
   const v1::ModelProfile old = OldProfile(spec, absl::Minutes(5), 1.1);
   ASSERT_TRUE(profiles.Put(old).ok());
-  auto runner = f.Start(spec);
-  f.WaitFinished(*runner);
-  auto job = *f.store->Get(runner->job_id());
+  const v1::Job job = c.Run(spec);
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
   for (size_t w = 0; w < 2; ++w) {
     // Two rounds, which agree (the fake's times are exact).
@@ -202,18 +214,16 @@ TEST(JobRunnerTest, AnOldProfileIsPricedAtTheSpeedItsSpeedCheckMeasures) {
 // stage at the head's speed now and the blocks' as profiled; one ratio for the model (16 ms of
 // forward + backward then, 15 ms now: x0.9375) would misprice both stages.
 TEST(JobRunnerTest, EachLayerKindIsPricedAtItsOwnSpeedCheckRatio) {
-  RunnerFixture f;
-  ProfileStore profiles("");
-  f.env.profiles = &profiles;
+  CachedProfileFixture c;
+  RunnerFixture& f = c.f;
+  ProfileStore& profiles = c.profiles;
   const v1::JobSpec spec = HeadHeavyProfiledJob(f);
   v1::ModelProfile old = OldProfile(spec, absl::Minutes(5), 1.0);
   v1::LayerProfile* head = old.mutable_layers(5);
   head->set_forward_seconds(head->forward_seconds() * 1.1);
   head->set_backward_seconds(head->backward_seconds() * 1.1);
   ASSERT_TRUE(profiles.Put(old).ok());
-  auto runner = f.Start(spec);
-  f.WaitFinished(*runner);
-  auto job = *f.store->Get(runner->job_id());
+  const v1::Job job = c.Run(spec);
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
   EXPECT_NEAR(job.profile_speed_ratio(), 0.015 / 0.016, 1e-9);
   ASSERT_EQ(job.stages_size(), 2);
@@ -225,23 +235,19 @@ TEST(JobRunnerTest, EachLayerKindIsPricedAtItsOwnSpeedCheckRatio) {
 // Within the check's noise (1% here) the profile prices the job as it is; the ratio is still
 // recorded. A profile younger than the check's age is not checked at all.
 TEST(JobRunnerTest, AProfileWithinTheSpeedChecksNoiseStandsAndAYoungOneIsNotChecked) {
-  RunnerFixture f;
-  ProfileStore profiles("");
-  f.env.profiles = &profiles;
+  CachedProfileFixture c;
+  RunnerFixture& f = c.f;
+  ProfileStore& profiles = c.profiles;
   const v1::JobSpec spec = HeadHeavyProfiledJob(f);
   ASSERT_TRUE(profiles.Put(OldProfile(spec, absl::Minutes(5), 1.01)).ok());
-  auto runner = f.Start(spec);
-  f.WaitFinished(*runner);
-  auto job = *f.store->Get(runner->job_id());
+  const v1::Job job = c.Run(spec);
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
   EXPECT_EQ(f.factory.made[0]->profiles.load(), kProfileRounds);
   EXPECT_NEAR(job.profile_speed_ratio(), 1 / 1.01, 1e-9);
   EXPECT_NEAR(job.stages(1).predicted_seconds(), 0.0101, 1e-9);
 
   ASSERT_TRUE(profiles.Put(OldProfile(spec, absl::Seconds(10), 1.1)).ok());
-  auto young = f.Start(spec);
-  f.WaitFinished(*young);
-  auto y = *f.store->Get(young->job_id());
+  const v1::Job y = c.Run(spec);
   ASSERT_EQ(y.state(), v1::SUCCEEDED) << y.reason();
   EXPECT_EQ(f.factory.made[2]->profiles.load(), 0);
   EXPECT_EQ(y.profile_speed_ratio(), 0);
@@ -251,18 +257,16 @@ TEST(JobRunnerTest, AProfileWithinTheSpeedChecksNoiseStandsAndAYoungOneIsNotChec
 // A kind off by more than 25% (the machine changed, not drifted): the profile is measured again,
 // and cut and priced by the new times.
 TEST(JobRunnerTest, AProfileFarOffItsSpeedCheckIsMeasuredAgain) {
-  RunnerFixture f;
-  ProfileStore profiles("");
-  f.env.profiles = &profiles;
+  CachedProfileFixture c;
+  RunnerFixture& f = c.f;
+  ProfileStore& profiles = c.profiles;
   const v1::JobSpec spec = HeadHeavyProfiledJob(f);
   v1::ModelProfile old = OldProfile(spec, absl::Hours(1), 2.0);
   // Measured on other hardware: the head as cheap as a block, so the old cut is the uniform one.
   old.mutable_layers(5)->set_forward_seconds(old.layers(1).forward_seconds());
   old.mutable_layers(5)->set_backward_seconds(old.layers(1).backward_seconds());
   ASSERT_TRUE(profiles.Put(old).ok());
-  auto runner = f.Start(spec);
-  f.WaitFinished(*runner);
-  auto job = *f.store->Get(runner->job_id());
+  const v1::Job job = c.Run(spec);
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
   EXPECT_EQ(f.factory.made[0]->profiles.load(), 2 * kProfileRounds);
   // The model's ratio (15 ms now against 12 ms then) is at the edge; the head's (x5) and the
@@ -278,15 +282,13 @@ TEST(JobRunnerTest, AProfileFarOffItsSpeedCheckIsMeasuredAgain) {
 // A speed check that fails (the worker cannot time the layer) leaves the profile as it is:
 // the job is priced on it and runs.
 TEST(JobRunnerTest, AFailedSpeedCheckPricesTheJobOnTheProfileAsItIs) {
-  RunnerFixture f;
-  ProfileStore profiles("");
-  f.env.profiles = &profiles;
+  CachedProfileFixture c;
+  RunnerFixture& f = c.f;
+  ProfileStore& profiles = c.profiles;
   v1::JobSpec spec = HeadHeavyProfiledJob(f);
   f.factory.configure = [](FakeWorker* w) { w->profile_error = absl::UnavailableError("busy"); };
   ASSERT_TRUE(profiles.Put(OldProfile(spec, absl::Minutes(5), 1.1)).ok());
-  auto runner = f.Start(spec);
-  f.WaitFinished(*runner);
-  auto job = *f.store->Get(runner->job_id());
+  const v1::Job job = c.Run(spec);
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
   EXPECT_EQ(f.factory.made[0]->profiles.load(), 1);
   EXPECT_EQ(job.profile_speed_ratio(), 0);
