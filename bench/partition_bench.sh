@@ -25,7 +25,8 @@
 # fastest of its top five, with the share of jobs within 3% beside the drift between the first
 # job's two runs. Each job after the first is priced on a profile over a minute old, so the
 # coordinator speed-checks it first (--profile-speed-check): the "speed" column is what that
-# found, a block's time now over the profile's.
+# found, the model's forward + backward now over the profile's (each layer kind timed again);
+# "*" marks a job priced at it (every round of the check beyond 2% on one side).
 #
 # --smollm2: instead, a SmolLM2-135M-shaped llama (preset smollm2-135m: 30 blocks, d_model 576,
 # 9 heads, 3 kv heads, SwiGLU 1536, vocab 49152 tied) at seq_len 256, micro-batch 1, M 4,
@@ -106,9 +107,11 @@ job() {  # NAME PARTITION SCHEDULE M [PLAN [MICRO_BATCH_SIZE [CHUNKS [STAGES [RE
   # Its final checkpoint (1.4 GB on this model) is of no use here: fifteen of them filled a
   # 70 GB disk over a few runs with --keep.
   rm -rf "$run/store/checkpoints/$id"
-  /usr/bin/python3 - "$run/$1.json" "$1" >>"$run/results.jsonl" <<'PY'
+  /usr/bin/python3 - "$run/$1.json" "$1" "$run/coordinator.log" >>"$run/results.jsonl" <<'PY'
 import json, statistics, sys
 job = json.load(open(sys.argv[1]))
+# Whether the speed check priced the job (the coordinator's log line for it says so).
+checks = [l for l in open(sys.argv[3], errors="replace") if f"{job['id']}: speed check of" in l]
 h = job["history"]
 # Steady steps only: step 0 warms up, and the last one also waits for its own update (the
 # others' updates run at the start of the next step).
@@ -137,6 +140,7 @@ print(json.dumps({
     "replayed_s": statistics.median([float(s.get("exec_replayed_seconds", 0)) for s in steady]),
     # The planner's speed check of the cached profile (0: none, the profile was fresh).
     "speed_ratio": float(job.get("profile_speed_ratio", 0)),
+    "speed_priced": any(": priced at x" in l for l in checks),
     "stage_predicted_ms": [1000 * float(s.get("predicted_seconds", 0)) for s in stages],
     "stage_measured_ms": [1000 * float(x) for x in h[-1].get("stage_seconds", [])],
     "losses": [float(s["loss"]) for s in h],
@@ -212,8 +216,9 @@ print("pipeline: predicted (simulator on the profile) / replayed (simulator on t
 print("measured costs) / measured (slowest worker's RunStep, its norm pass included); update:")
 print("predicted / measured (the slowest worker's optimizer update + gradient-norm pass); ovh:")
 print("the calls and the coordinator beyond the slowest worker's time in them (not predicted);")
-print("speed: the planner's speed check of the cached profile, a block timed again at planning")
-print("against it (priced at that speed beyond 2%; '-': the profile was fresh, no check)")
+print("speed: the planner's speed check of the cached profile, every layer kind timed again at")
+print("planning against it ('*': priced at that speed, every round beyond 2% on one side; '-':")
+print("the profile was fresh, no check)")
 print(f"{'job':<26} {'cut':<26} {'measured s':>10} {'predicted s':>11} {'meas/pred':>9} {'speed':>6}  "
       f"{'pipeline pred/repl/meas':>24}  {'update pred/meas':>16}  {'ovh ms':>6}  "
       f"stage ms (pred / meas)")
@@ -223,7 +228,8 @@ for r in rows:
     cut = " | ".join(f"[{a},{b})" for a, b in r["cut"])
     pipe = f"{r['predicted_s'] - r['predicted_update_s']:.2f}/{r['replayed_s']:.2f}/{r['exec_s']:.2f}"
     upd = f"{r['predicted_update_s']:.3f}/{r['update_s']:.3f}"
-    speed = f"{r['speed_ratio']:.3f}" if r.get("speed_ratio") else "-"
+    speed = (f"{r['speed_ratio']:.3f}" + ("*" if r.get("speed_priced") else "")
+             if r.get("speed_ratio") else "-")
     print(f"{r['name']:<26} {cut:<26} {r['step_s']:>10.3f} {r['predicted_s']:>11.3f} {ratio:>9.3f} {speed:>6}  "
           f"{pipe:>24}  {upd:>16}  {1000 * r['overhead_s']:>6.1f}  {stages}")
 u = next(r for r in rows if r["name"] == "uniform-1f1b-m8")

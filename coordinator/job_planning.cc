@@ -252,7 +252,7 @@ absl::StatusOr<v1::ModelProfile> JobPlanner::SpeedChecked(const v1::JobSpec& spe
   }
   if (speed_check_->remeasure) return ProfileForJob(spec);
   if (!speed_check_->scaled) return cached;
-  return ScaleProfileCompute(std::move(cached), LayerScales(spec.model(), *speed_check_));
+  return ScaleProfileCompute(std::move(cached), speed_check_->ratio);
 }
 
 absl::StatusOr<v1::ModelProfile> JobPlanner::ProfileForJob(const v1::JobSpec& spec) {

@@ -394,12 +394,12 @@ absl::StatusOr<SpeedCheck> CheckProfileSpeed(const v1::JobSpec& spec,
                                                    timeout, nullptr, "speed check"));
   if (timed.answers.empty()) return timed.first_error;
   ASSIGN_OR_RETURN(const std::vector<v1::LayerProfile> now, MergeWorkerProfiles(timed.answers));
-  ASSIGN_OR_RETURN(SpeedCheck check, JudgeSpeed(spec.model(), profile, now));
+  std::vector<double> round_ratios;
   for (const std::vector<v1::LayerProfile>& round : timed.rounds) {
     ASSIGN_OR_RETURN(const SpeedCheck this_round, JudgeSpeed(spec.model(), profile, round));
-    check.round_ratios.push_back(this_round.ratio);
+    round_ratios.push_back(this_round.ratio);
   }
-  return check;
+  return JudgeSpeed(spec.model(), profile, now, round_ratios);
 }
 
 absl::StatusOr<v1::ModelProfile> ProfileModel(const v1::JobSpec& spec, WorkerRegistry& registry,

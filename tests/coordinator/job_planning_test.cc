@@ -210,10 +210,10 @@ TEST(JobRunnerTest, AnOldProfileIsPricedAtTheSpeedItsSpeedCheckMeasures) {
 }
 
 // The kinds drift apart: profiled when the head ran 10% slower than now and the blocks and
-// the embedding as fast as now. Each layer is priced at its own kind's ratio, so the head's
-// stage at the head's speed now and the blocks' as profiled; one ratio for the model (16 ms of
-// forward + backward then, 15 ms now: x0.9375) would misprice both stages.
-TEST(JobRunnerTest, EachLayerKindIsPricedAtItsOwnSpeedCheckRatio) {
+// the embedding as fast as now. The model's ratio weighs each kind by its share (16 ms of
+// forward + backward then, 15 ms now: x0.9375, where a block alone would say x1.0), and prices
+// every layer with it: the cut stays where the profile put it.
+TEST(JobRunnerTest, TheSpeedCheckWeighsEachLayerKindByItsShareOfTheModel) {
   CachedProfileFixture c;
   RunnerFixture& f = c.f;
   ProfileStore& profiles = c.profiles;
@@ -228,8 +228,8 @@ TEST(JobRunnerTest, EachLayerKindIsPricedAtItsOwnSpeedCheckRatio) {
   EXPECT_NEAR(job.profile_speed_ratio(), 0.015 / 0.016, 1e-9);
   ASSERT_EQ(job.stages_size(), 2);
   EXPECT_EQ(job.stages(0).layer_end(), 5);
-  EXPECT_NEAR(job.stages(0).predicted_seconds(), 0.005, 1e-9);
-  EXPECT_NEAR(job.stages(1).predicted_seconds(), 0.010, 1e-9);
+  EXPECT_NEAR(job.stages(0).predicted_seconds(), 0.005 * 0.9375, 1e-9);
+  EXPECT_NEAR(job.stages(1).predicted_seconds(), 0.011 * 0.9375, 1e-9);
 }
 
 // Within the check's noise (1% here) the profile prices the job as it is; the ratio is still
