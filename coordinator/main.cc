@@ -49,9 +49,9 @@ ABSL_FLAG(absl::Duration, profile_max_age, absl::Hours(24 * 7),
 ABSL_FLAG(absl::Duration, profile_speed_check, tandem::coordinator::kDefaultSpeedCheckAfter,
           "a cached layer profile at least this old (90s, 10m, inf: never) is checked before it "
           "prices a job: each layer kind's forward and backward is timed again on the job's "
-          "workers, and each layer is priced on the profile's compute times x its kind's ratio "
-          "of now to then when a kind is off by more than 2% (the profile is measured again "
-          "beyond 25%)");
+          "workers, and the job is priced on the profile's compute times x the model's ratio of "
+          "now to then when it and every round of the check are off by more than 2% on one "
+          "side (the profile is measured again beyond 25%)");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once serving");
 ABSL_FLAG(std::string, health_listen, "",
           "also serve grpc.health.v1 in plaintext on this HOST:PORT (for Kubernetes probes): "
