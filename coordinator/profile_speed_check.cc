@@ -125,8 +125,7 @@ std::string DescribeSpeedCheck(const SpeedCheck& c) {
   } else if (std::abs(c.ratio - 1) <= kSpeedCheckNoise) {
     verdict = absl::StrFormat("within %.0f%%: the profile stands", 100 * kSpeedCheckNoise);
   } else {
-    verdict = absl::StrFormat("a round within %.0f%%: the profile stands",
-                              100 * kSpeedCheckNoise);
+    verdict = absl::StrFormat("a round within %.0f%%: the profile stands", 100 * kSpeedCheckNoise);
   }
   absl::StrAppend(&out, ": ", verdict);
   return out;
