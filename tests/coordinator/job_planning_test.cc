@@ -159,11 +159,12 @@ std::vector<v1::ProfileLayersRequest> ProfileRequests(RunnerFixture& f, size_t w
   return f.factory.made[w]->profile_requests;
 }
 
-// A runner fixture with a profile cache (the speed-check tests).
+// A runner fixture with a profile cache and HeadHeavyProfiledJob's spec (the speed-check
+// tests).
 struct CachedProfileFixture {
-  CachedProfileFixture() { f.env.profiles = &profiles; }
+  CachedProfileFixture() : spec(HeadHeavyProfiledJob(f)) { f.env.profiles = &profiles; }
   // Runs `spec` to its end: the job as it ended.
-  v1::Job Run(const v1::JobSpec& spec) {
+  v1::Job Run() {
     auto runner = f.Start(spec);
     f.WaitFinished(*runner);
     return *f.store->Get(runner->job_id());
@@ -171,6 +172,7 @@ struct CachedProfileFixture {
 
   RunnerFixture f;
   ProfileStore profiles{""};
+  const v1::JobSpec spec;
 };
 
 // A cached profile past the speed-check age is checked before it prices the job: the profiled
@@ -182,11 +184,10 @@ struct CachedProfileFixture {
 TEST(JobRunnerTest, AnOldProfileIsPricedAtTheSpeedItsSpeedCheckMeasures) {
   CachedProfileFixture c;
   RunnerFixture& f = c.f;
-  ProfileStore& profiles = c.profiles;
-  const v1::JobSpec spec = HeadHeavyProfiledJob(f);
+  const v1::JobSpec& spec = c.spec;
   const v1::ModelProfile old = OldProfile(spec, absl::Minutes(5), 1.1);
-  ASSERT_TRUE(profiles.Put(old).ok());
-  const v1::Job job = c.Run(spec);
+  ASSERT_TRUE(c.profiles.Put(old).ok());
+  const v1::Job job = c.Run();
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
   for (size_t w = 0; w < 2; ++w) {
     // Two rounds, which agree (the fake's times are exact).
@@ -203,7 +204,7 @@ TEST(JobRunnerTest, AnOldProfileIsPricedAtTheSpeedItsSpeedCheckMeasures) {
   EXPECT_EQ(job.stages(0).layer_end(), 5);
   EXPECT_NEAR(job.stages(0).predicted_seconds(), 0.005, 1e-9);
   EXPECT_NEAR(job.stages(1).predicted_seconds(), 0.010, 1e-9);
-  const std::optional<v1::ModelProfile> kept = profiles.Find(old.key());
+  const std::optional<v1::ModelProfile> kept = c.profiles.Find(old.key());
   ASSERT_TRUE(kept.has_value());
   EXPECT_EQ(kept->created_unix_ms(), old.created_unix_ms());
   EXPECT_DOUBLE_EQ(kept->layers(5).forward_seconds(), old.layers(5).forward_seconds());
@@ -216,14 +217,13 @@ TEST(JobRunnerTest, AnOldProfileIsPricedAtTheSpeedItsSpeedCheckMeasures) {
 TEST(JobRunnerTest, TheSpeedCheckWeighsEachLayerKindByItsShareOfTheModel) {
   CachedProfileFixture c;
   RunnerFixture& f = c.f;
-  ProfileStore& profiles = c.profiles;
-  const v1::JobSpec spec = HeadHeavyProfiledJob(f);
+  const v1::JobSpec& spec = c.spec;
   v1::ModelProfile old = OldProfile(spec, absl::Minutes(5), 1.0);
   v1::LayerProfile* head = old.mutable_layers(5);
   head->set_forward_seconds(head->forward_seconds() * 1.1);
   head->set_backward_seconds(head->backward_seconds() * 1.1);
-  ASSERT_TRUE(profiles.Put(old).ok());
-  const v1::Job job = c.Run(spec);
+  ASSERT_TRUE(c.profiles.Put(old).ok());
+  const v1::Job job = c.Run();
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
   EXPECT_NEAR(job.profile_speed_ratio(), 0.015 / 0.016, 1e-9);
   ASSERT_EQ(job.stages_size(), 2);
@@ -237,17 +237,16 @@ TEST(JobRunnerTest, TheSpeedCheckWeighsEachLayerKindByItsShareOfTheModel) {
 TEST(JobRunnerTest, AProfileWithinTheSpeedChecksNoiseStandsAndAYoungOneIsNotChecked) {
   CachedProfileFixture c;
   RunnerFixture& f = c.f;
-  ProfileStore& profiles = c.profiles;
-  const v1::JobSpec spec = HeadHeavyProfiledJob(f);
-  ASSERT_TRUE(profiles.Put(OldProfile(spec, absl::Minutes(5), 1.01)).ok());
-  const v1::Job job = c.Run(spec);
+  const v1::JobSpec& spec = c.spec;
+  ASSERT_TRUE(c.profiles.Put(OldProfile(spec, absl::Minutes(5), 1.01)).ok());
+  const v1::Job job = c.Run();
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
   EXPECT_EQ(f.factory.made[0]->profiles.load(), kProfileRounds);
   EXPECT_NEAR(job.profile_speed_ratio(), 1 / 1.01, 1e-9);
   EXPECT_NEAR(job.stages(1).predicted_seconds(), 0.0101, 1e-9);
 
-  ASSERT_TRUE(profiles.Put(OldProfile(spec, absl::Seconds(10), 1.1)).ok());
-  const v1::Job y = c.Run(spec);
+  ASSERT_TRUE(c.profiles.Put(OldProfile(spec, absl::Seconds(10), 1.1)).ok());
+  const v1::Job y = c.Run();
   ASSERT_EQ(y.state(), v1::SUCCEEDED) << y.reason();
   EXPECT_EQ(f.factory.made[2]->profiles.load(), 0);
   EXPECT_EQ(y.profile_speed_ratio(), 0);
@@ -259,14 +258,13 @@ TEST(JobRunnerTest, AProfileWithinTheSpeedChecksNoiseStandsAndAYoungOneIsNotChec
 TEST(JobRunnerTest, AProfileFarOffItsSpeedCheckIsMeasuredAgain) {
   CachedProfileFixture c;
   RunnerFixture& f = c.f;
-  ProfileStore& profiles = c.profiles;
-  const v1::JobSpec spec = HeadHeavyProfiledJob(f);
+  const v1::JobSpec& spec = c.spec;
   v1::ModelProfile old = OldProfile(spec, absl::Hours(1), 2.0);
   // Measured on other hardware: the head as cheap as a block, so the old cut is the uniform one.
   old.mutable_layers(5)->set_forward_seconds(old.layers(1).forward_seconds());
   old.mutable_layers(5)->set_backward_seconds(old.layers(1).backward_seconds());
-  ASSERT_TRUE(profiles.Put(old).ok());
-  const v1::Job job = c.Run(spec);
+  ASSERT_TRUE(c.profiles.Put(old).ok());
+  const v1::Job job = c.Run();
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
   EXPECT_EQ(f.factory.made[0]->profiles.load(), 2 * kProfileRounds);
   // The model's ratio (15 ms now against 12 ms then) is at the edge; the head's (x5) and the
@@ -274,7 +272,7 @@ TEST(JobRunnerTest, AProfileFarOffItsSpeedCheckIsMeasuredAgain) {
   EXPECT_NEAR(job.profile_speed_ratio(), 0.015 / 0.012, 1e-9);
   EXPECT_EQ(job.stages(0).layer_end(), 5);  // the new times: embedding + 4 blocks | head
   EXPECT_NEAR(job.stages(1).predicted_seconds(), 0.010, 1e-9);
-  const std::optional<v1::ModelProfile> fresh = profiles.Find(old.key());
+  const std::optional<v1::ModelProfile> fresh = c.profiles.Find(old.key());
   ASSERT_TRUE(fresh.has_value());
   EXPECT_GT(fresh->created_unix_ms(), old.created_unix_ms());
 }
@@ -284,11 +282,10 @@ TEST(JobRunnerTest, AProfileFarOffItsSpeedCheckIsMeasuredAgain) {
 TEST(JobRunnerTest, AFailedSpeedCheckPricesTheJobOnTheProfileAsItIs) {
   CachedProfileFixture c;
   RunnerFixture& f = c.f;
-  ProfileStore& profiles = c.profiles;
-  v1::JobSpec spec = HeadHeavyProfiledJob(f);
+  const v1::JobSpec& spec = c.spec;
   f.factory.configure = [](FakeWorker* w) { w->profile_error = absl::UnavailableError("busy"); };
-  ASSERT_TRUE(profiles.Put(OldProfile(spec, absl::Minutes(5), 1.1)).ok());
-  const v1::Job job = c.Run(spec);
+  ASSERT_TRUE(c.profiles.Put(OldProfile(spec, absl::Minutes(5), 1.1)).ok());
+  const v1::Job job = c.Run();
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
   EXPECT_EQ(f.factory.made[0]->profiles.load(), 1);
   EXPECT_EQ(job.profile_speed_ratio(), 0);

@@ -285,6 +285,19 @@ TEST_F(StageManagerTest, AJobOfAnotherDeviceKindIsRefusedAndTheDevicesComputeIsU
             absl::StatusCode::kFailedPrecondition);
 }
 
+// A worker whose device compute (as a cuda:N worker's) is the CPU compute, counting into
+// `built` (optional) each compute it builds.
+WorkerConfig CpuDeviceComputeConfig(int* built = nullptr) {
+  WorkerConfig config;
+  config.compute =
+      [built](const v1::StageProgram& p) -> absl::StatusOr<std::unique_ptr<StageCompute>> {
+    if (built != nullptr) ++*built;
+    ASSIGN_OR_RETURN(auto c, CpuStageCompute::Create(p, 2));
+    return std::unique_ptr<StageCompute>(std::move(c));
+  };
+  return config;
+}
+
 // A worker with a device compute (cuda:N) profiles through it (ProfileLayersOn). Through the
 // CPU compute the figures are the Layer profiler's: the same parameters, bytes and a time for
 // every phase.
@@ -292,14 +305,7 @@ TEST_F(StageManagerTest, ADevicesComputeProfilesTheLayersAsTheLayerProfilerDoes)
   v1::JobSpec spec = testing::TinyGptJob(/*tie_embeddings=*/false);
   spec.mutable_pipeline()->set_stages(1);
   int built = 0;
-  WorkerConfig config;
-  config.compute =
-      [&built](const v1::StageProgram& p) -> absl::StatusOr<std::unique_ptr<StageCompute>> {
-    ++built;
-    ASSIGN_OR_RETURN(auto c, CpuStageCompute::Create(p, 2));
-    return std::unique_ptr<StageCompute>(std::move(c));
-  };
-  StageManager device(config, Factory());
+  StageManager device(CpuDeviceComputeConfig(&built), Factory());
   StageManager layers({}, Factory());
   auto got = device.ProfileLayers(spec, {0, 1, 3}, 2);
   ASSERT_TRUE(got.ok()) << got.status();
@@ -329,12 +335,7 @@ TEST_F(StageManagerTest, ADevicesComputeProfilesTheLayersAsTheLayerProfilerDoes)
 TEST_F(StageManagerTest, AForwardAndBackwardOnlyProfileTimesThoseTwoPassesAndNothingElse) {
   v1::JobSpec spec = testing::TinyGptJob(/*tie_embeddings=*/false);
   spec.mutable_pipeline()->set_stages(1);
-  WorkerConfig config;
-  config.compute = [](const v1::StageProgram& p) -> absl::StatusOr<std::unique_ptr<StageCompute>> {
-    ASSIGN_OR_RETURN(auto c, CpuStageCompute::Create(p, 2));
-    return std::unique_ptr<StageCompute>(std::move(c));
-  };
-  StageManager device(config, Factory());
+  StageManager device(CpuDeviceComputeConfig(), Factory());
   StageManager layers({}, Factory());
   auto full = layers.ProfileLayers(spec, {0, 1, 3}, 1);
   ASSERT_TRUE(full.ok()) << full.status();
