@@ -314,7 +314,7 @@ std::string FormatJobDetails(const v1::Job& job) {
                         job.predicted_update_seconds());
     // The planner's speed check of a cached profile (Job.profile_speed_ratio says what it did).
     if (const double r = job.profile_speed_ratio(); r > 0) {
-      absl::StrAppend(&predicted, absl::StrFormat("; layer timed at x%.3f of its profile", r));
+      absl::StrAppend(&predicted, absl::StrFormat("; layers timed at x%.3f of their profile", r));
     }
     info.AddRow({"Predicted", predicted});
   }
