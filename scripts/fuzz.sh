@@ -16,7 +16,7 @@
 # Exits 77 (ctest's skip) when clang or libFuzzer's runtime is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-all_targets=(spec_fuzz worker_request_fuzz)
+all_targets=(spec_fuzz schedule_csv_fuzz worker_request_fuzz)
 build=1 run=1
 targets=("${all_targets[@]}")
 case "${1:-}" in
