@@ -23,14 +23,16 @@ jobs="${TANDEM_BUILD_JOBS:-$(nproc)}"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANDEM_SANITIZE=ON \
   -DTANDEM_BUILD_BENCH=OFF >/dev/null
 ninja -C build-asan -j "$jobs"
-# Every sanitized process (test binaries and the daemons they start) writes its reports to
-# reports/<tool>.<pid> as well as aborting: a daemon that a fault test kills on purpose, or
-# whose crash a test tolerates, still leaves its report there, and any report fails this run.
+# Every sanitized process (test binaries and the daemons they start) writes its ASan reports to
+# reports/asan.<pid> as well as aborting: a daemon that a fault test kills on purpose, or whose
+# crash a test tolerates, still leaves its report there, and any report fails this run. UBSan's
+# reports (gcc's runtime ignores log_path beside ASan) go to the process's stderr, a test's
+# output or a daemon's log, and abort the process, which fails the test that needs it.
 reports="$PWD/build-asan/reports"
 rm -rf "$reports"
 mkdir -p "$reports"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:log_path=$reports/asan}"
-export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1:log_path=$reports/ubsan}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 select=(-L 'unit|integration')
 [ "${1:-}" = "-R" ] && select=(-R "$2")
 # Sanitized code runs 2-5 times slower: the per-test timeout is raised to match.
