@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Configures and builds Tandem into build/ (Ninja + ccache). Extra arguments go to cmake.
+#   TANDEM_BUILD_DIR  another build directory (scripts/sanitize.sh's build-asan/)
 #   --programs   build only the three programs (tandem-coordinator, tandem-worker, tandem),
 #                not the tests and benchmarks: what scripts/demo.sh needs.
 set -euo pipefail
@@ -15,5 +16,6 @@ export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
 # directory of the same sources hits it too.
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(dirname "$PWD")}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
 jobs="${TANDEM_BUILD_JOBS:-$(nproc)}"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
-ninja -C build -j "$jobs" "${targets[@]}"
+dir="${TANDEM_BUILD_DIR:-build}"
+cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+ninja -C "$dir" -j "$jobs" "${targets[@]}"

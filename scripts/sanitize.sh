@@ -17,12 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh --test
-export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
-export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(dirname "$PWD")}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
-jobs="${TANDEM_BUILD_JOBS:-$(nproc)}"
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANDEM_SANITIZE=ON \
-  -DTANDEM_BUILD_BENCH=OFF >/dev/null
-ninja -C build-asan -j "$jobs"
+TANDEM_BUILD_DIR=build-asan ./scripts/build.sh -DTANDEM_SANITIZE=ON -DTANDEM_BUILD_BENCH=OFF
 # Every sanitized process (test binaries and the daemons they start) writes its ASan reports to
 # reports/asan.<pid> as well as aborting: a daemon that a fault test kills on purpose, or whose
 # crash a test tolerates, still leaves its report there, and any report fails this run. UBSan's
