@@ -15,6 +15,7 @@
 #include "common/step_number.h"
 #include "common/version.h"
 #include "worker/cpu_stage_compute.h"
+#include "worker/heap_release.h"
 #include "worker/profiler.h"
 
 namespace tandem::worker {
@@ -460,8 +461,25 @@ absl::Status StageManager::Abort(const std::string& job_id, const std::string& r
       kept_ = std::move(kept);
     }
   }
+  const bool dropped = old != nullptr;
   old.reset();
+  if (dropped) ReleaseHeapIfIdle("dropping the stage");
   return absl::OkStatus();
+}
+
+void StageManager::ReleaseHeapIfIdle(const char* what) {
+  if (!config_.release_heap_when_idle) return;
+  {
+    absl::MutexLock lock(&mu_);
+    // A job or profile starting meanwhile would only fault the memory back in.
+    if (!BusyReasonLocked().empty() || shut_down_) return;
+  }
+  const HeapRelease r = ReleaseFreeHeap();
+  const int64_t returned = r.resident_before_bytes - r.resident_after_bytes;
+  if (returned >= (int64_t{1} << 20)) {
+    spdlog::info("idle after {}: returned {} MiB of free heap to the OS, resident {} -> {} MiB",
+                 what, returned >> 20, r.resident_before_bytes >> 20, r.resident_after_bytes >> 20);
+  }
 }
 
 void StageManager::AbortStep(const std::string& job_id, const std::string& reason) {
@@ -564,13 +582,16 @@ absl::StatusOr<std::vector<v1::LayerProfile>> StageManager::ProfileLayers(
   absl::StatusOr<std::vector<v1::LayerProfile>> out =
       config_.compute ? ProfileLayersOn(full, layers, repeats, config_.compute, passes)
                       : worker::ProfileLayers(full, layers, repeats, passes);
-  absl::MutexLock lock(&mu_);
-  profiling_ = false;
+  {
+    absl::MutexLock lock(&mu_);
+    profiling_ = false;
+  }
   if (out.ok()) {
     spdlog::info("profiled {} layer(s) of a {} model at micro-batch {}{}", out->size(),
                  full.model().arch(), full.pipeline().micro_batch_size(),
                  passes == ProfilePasses::kAll ? "" : " (forward and backward only)");
   }
+  ReleaseHeapIfIdle("a layer profile");
   return out;
 }
 

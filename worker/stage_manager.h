@@ -73,6 +73,10 @@ struct WorkerConfig {
   // Bytes a stage may take (parameters, gradients, optimizer state and one micro-batch's
   // activations, estimated before anything is allocated); 0 = the machine's physical memory.
   int64_t memory_bytes = 0;
+  // The process keeps its heap (--keep_heap: never trimmed while a job runs): give its free
+  // part back to the system whenever the worker goes idle (a job's stage dropped, a layer
+  // profile done), so that an idle worker does not hold its last job's peak.
+  bool release_heap_when_idle = false;
   // Peer recovery: reads state that other workers kept (StageWorker.ReadState over gRPC);
   // null: a restore from peers uses this worker's own kept state only.
   PeerStateReader read_peer_state;
@@ -205,6 +209,9 @@ class StageManager {
   // (-1: none) for the caller's scope.
   absl::StatusOr<StageExecutor*> BeginStep(const std::string& job_id, int32_t attempt, int64_t step,
                                            std::optional<ScopedLogContext>* log_context);
+  // With config_.release_heap_when_idle and nothing configured, configuring or profiling:
+  // gives the heap's free memory back to the system, logging what it returned after `what`.
+  void ReleaseHeapIfIdle(const char* what);
   // What keeps the device from a profile or a link probe ("job j-1", "a layer profile", "a
   // link probe"), or empty when the worker is idle.
   std::string BusyReasonLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
