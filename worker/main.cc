@@ -42,6 +42,7 @@
 #include "worker/checkpoint_client.h"
 #include "worker/device_name.h"
 #include "worker/executor.h"
+#include "worker/heap_release.h"
 #include "worker/peak_flops.h"
 #include "worker/registration.h"
 #include "worker/stage_manager.h"
@@ -334,7 +335,7 @@ int Run() {
   WorkerConfig config;
   config.device = device;
   config.memory_bytes = device_memory;  // 0 (the host's memory) on cpu
-  config.release_heap_when_idle = absl::GetFlag(FLAGS_keep_heap);
+  if (absl::GetFlag(FLAGS_keep_heap)) config.release_heap = ReleaseFreeHeap;
 #ifdef TANDEM_WORKER_CUDA
   if (cuda_device >= 0) {
     config.compute =

@@ -15,7 +15,6 @@
 #include "common/step_number.h"
 #include "common/version.h"
 #include "worker/cpu_stage_compute.h"
-#include "worker/heap_release.h"
 #include "worker/profiler.h"
 
 namespace tandem::worker {
@@ -468,13 +467,13 @@ absl::Status StageManager::Abort(const std::string& job_id, const std::string& r
 }
 
 void StageManager::ReleaseHeapIfIdle(const char* what) {
-  if (!config_.release_heap_when_idle) return;
+  if (!config_.release_heap) return;
   {
     absl::MutexLock lock(&mu_);
     // A job or profile starting meanwhile would only fault the memory back in.
     if (!BusyReasonLocked().empty() || shut_down_) return;
   }
-  const HeapRelease r = ReleaseFreeHeap();
+  const HeapRelease r = config_.release_heap();
   const int64_t returned = r.resident_before_bytes - r.resident_after_bytes;
   if (returned >= (int64_t{1} << 20)) {
     spdlog::info("idle after {}: returned {} MiB of free heap to the OS, resident {} -> {} MiB",

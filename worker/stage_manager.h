@@ -28,6 +28,7 @@
 #include "tandem/v1/worker.pb.h"
 #include "worker/data/corpus.h"
 #include "worker/executor.h"
+#include "worker/heap_release.h"
 #include "worker/link_probe.h"
 #include "worker/peer_state.h"
 #include "worker/profiler.h"
@@ -73,10 +74,11 @@ struct WorkerConfig {
   // Bytes a stage may take (parameters, gradients, optimizer state and one micro-batch's
   // activations, estimated before anything is allocated); 0 = the machine's physical memory.
   int64_t memory_bytes = 0;
-  // The process keeps its heap (--keep_heap: never trimmed while a job runs): give its free
-  // part back to the system whenever the worker goes idle (a job's stage dropped, a layer
-  // profile done), so that an idle worker does not hold its last job's peak.
-  bool release_heap_when_idle = false;
+  // Called whenever the worker goes idle (a job's stage dropped, a layer profile done) and
+  // nothing else has started: ReleaseFreeHeap where the process keeps its heap (--keep_heap:
+  // never trimmed while a job runs), so that an idle worker does not hold its last job's
+  // peak; null: nothing (malloc trims by itself).
+  std::function<HeapRelease()> release_heap;
   // Peer recovery: reads state that other workers kept (StageWorker.ReadState over gRPC);
   // null: a restore from peers uses this worker's own kept state only.
   PeerStateReader read_peer_state;
@@ -209,8 +211,8 @@ class StageManager {
   // (-1: none) for the caller's scope.
   absl::StatusOr<StageExecutor*> BeginStep(const std::string& job_id, int32_t attempt, int64_t step,
                                            std::optional<ScopedLogContext>* log_context);
-  // With config_.release_heap_when_idle and nothing configured, configuring or profiling:
-  // gives the heap's free memory back to the system, logging what it returned after `what`.
+  // With config_.release_heap and nothing configured, configuring or profiling: calls it,
+  // logging what it returned after `what`.
   void ReleaseHeapIfIdle(const char* what);
   // What keeps the device from a profile or a link probe ("job j-1", "a layer profile", "a
   // link probe"), or empty when the worker is idle.

@@ -226,6 +226,35 @@ TEST_F(StageManagerTest, ProfileLayersMeasuresAndRefusesWhileBusy) {
   EXPECT_EQ(w.ProfileLayers(spec, {0}, 1).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// An idle worker hands its free heap back (WorkerConfig::release_heap, ReleaseFreeHeap in the
+// daemon): after a job's stage is dropped and after a layer profile; never while a job holds
+// the worker, and not for a refused profile or an abort that dropped nothing.
+TEST_F(StageManagerTest, TheHeapIsReleasedWhenTheWorkerGoesIdle) {
+  std::atomic<int> calls{0}, while_busy{0};
+  StageManager* worker = nullptr;
+  WorkerConfig config;
+  config.release_heap = [&] {
+    ++calls;
+    if (worker->GetStatus().state() != v1::IDLE) ++while_busy;
+    return HeapRelease{};
+  };
+  StageManager w(config, Factory());
+  worker = &w;
+  ASSERT_TRUE(w.Configure(MakePrograms(TinyJob(), 1, "gpipe")[0]).ok());
+  ASSERT_TRUE(w.RunStep("job-1", 0).ok());
+  v1::JobSpec spec = testing::TinyGptJob(/*tie_embeddings=*/false);
+  spec.mutable_pipeline()->set_stages(1);
+  EXPECT_EQ(w.ProfileLayers(spec, {0}, 1).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(calls.load(), 0);
+  ASSERT_TRUE(w.Abort("job-1", "test").ok());
+  EXPECT_EQ(calls.load(), 1);
+  ASSERT_TRUE(w.Abort("job-1", "again").ok());  // nothing left to drop
+  EXPECT_EQ(calls.load(), 1);
+  ASSERT_TRUE(w.ProfileLayers(spec, {0}, 1).ok());
+  EXPECT_EQ(calls.load(), 2);
+  EXPECT_EQ(while_busy.load(), 0);
+}
+
 // A llama profiles as a gpt does, with its own layers' sizes: the block's nine tensors (no
 // biases, k and v at the kv width), the head's RMSNorm gain and LM head, and the per-layer
 // bytes the partitioner and the memory model read.
