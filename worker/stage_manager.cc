@@ -411,7 +411,8 @@ absl::Status StageManager::Abort(const std::string& job_id, const std::string& r
       kept_.reset();
     }
   }
-  if (old != nullptr || cancelled_configure) {
+  const bool dropped = old != nullptr;
+  if (dropped || cancelled_configure) {
     spdlog::info("aborted job {}{}{}", job_id, reason.empty() ? "" : ": ", reason);
   }
   // Peer recovery: keep the stage's state for the job's next run (outside the lock: a copy).
@@ -460,7 +461,6 @@ absl::Status StageManager::Abort(const std::string& job_id, const std::string& r
       kept_ = std::move(kept);
     }
   }
-  const bool dropped = old != nullptr;
   old.reset();
   if (dropped) ReleaseHeapIfIdle("dropping the stage");
   return absl::OkStatus();

@@ -252,6 +252,12 @@ TEST_F(StageManagerTest, TheHeapIsReleasedWhenTheWorkerGoesIdle) {
   EXPECT_EQ(calls.load(), 1);
   ASSERT_TRUE(w.ProfileLayers(spec, {0}, 1).ok());
   EXPECT_EQ(calls.load(), 2);
+  // An abort that keeps the stage's state for peer recovery drops the stage too.
+  ASSERT_TRUE(w.Configure(MakePrograms(TinyJob(), 1, "gpipe")[0]).ok());
+  ASSERT_TRUE(w.RunStep("job-1", 0).ok());
+  ASSERT_TRUE(w.ApplyStep(ApplyOf(0)).ok());
+  ASSERT_TRUE(w.Abort("job-1", "lost a peer", /*retain_step=*/0).ok());
+  EXPECT_EQ(calls.load(), 3);
   EXPECT_EQ(while_busy.load(), 0);
 }
 
