@@ -256,24 +256,22 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
     return ex;
   };
   absl::StatusOr<std::unique_ptr<StageExecutor>> executor = build();
-
-  absl::MutexLock lock(&mu_);
-  const bool current = generation_ == generation;
-  if (current) {
-    configuring_job_.clear();
-    configure_cancelled_.reset();
-  }
-  if (!current || shut_down_) {
-    return absl::AbortedError(
-        absl::StrCat("configure of job ", job, " was aborted or replaced by a newer program"));
-  }
   if (!executor.ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      RETURN_IF_ERROR(EndConfigureLocked(job, generation));
+    }
     spdlog::warn("configure of job {} rank {} failed: {}", job, program.rank(),
                  executor.status().ToString());
+    // The worker is idle now: what the partial build and a replaced stage touched goes back.
+    ReleaseHeapIfIdle("a failed configure");
     return absl::Status(executor.status().code(),
                         absl::StrCat("configure of job ", job, " rank ", program.rank(), ": ",
                                      executor.status().message()));
   }
+
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(EndConfigureLocked(job, generation));
   v1::ConfigureResponse resp;
   resp.set_parameter_count((*executor)->parameter_count());
   resp.set_parameter_bytes((*executor)->parameter_bytes());
@@ -288,6 +286,19 @@ absl::StatusOr<v1::ConfigureResponse> StageManager::Configure(const v1::StagePro
       Stage{job, *std::move(executor), StagesOf(program), program.attempt()});
   last_step_ = -1;
   return resp;
+}
+
+absl::Status StageManager::EndConfigureLocked(const std::string& job, uint64_t generation) {
+  const bool current = generation_ == generation;
+  if (current) {
+    configuring_job_.clear();
+    configure_cancelled_.reset();
+  }
+  if (!current || shut_down_) {
+    return absl::AbortedError(
+        absl::StrCat("configure of job ", job, " was aborted or replaced by a newer program"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StageExecutor*> StageManager::BeginStepLocked(const std::string& job_id,

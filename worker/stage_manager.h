@@ -211,6 +211,10 @@ class StageManager {
   // (-1: none) for the caller's scope.
   absl::StatusOr<StageExecutor*> BeginStep(const std::string& job_id, int32_t attempt, int64_t step,
                                            std::optional<ScopedLogContext>* log_context);
+  // Ends the Configure of `generation`: aborted where a newer program replaced it or the worker
+  // shut down meanwhile.
+  absl::Status EndConfigureLocked(const std::string& job, uint64_t generation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // With config_.release_heap and nothing configured, configuring or profiling: calls it,
   // logging what it returned after `what`.
   void ReleaseHeapIfIdle(const char* what);

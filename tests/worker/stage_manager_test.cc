@@ -228,11 +228,20 @@ TEST_F(StageManagerTest, ProfileLayersMeasuresAndRefusesWhileBusy) {
 
 // An idle worker hands its free heap back (WorkerConfig::release_heap, ReleaseFreeHeap in the
 // daemon): after a job's stage is dropped and after a layer profile; never while a job holds
-// the worker, and not for a refused profile or an abort that dropped nothing.
+// the worker, and not for a refused profile or an abort that dropped nothing; and after a
+// configure whose build failed.
 TEST_F(StageManagerTest, TheHeapIsReleasedWhenTheWorkerGoesIdle) {
   std::atomic<int> calls{0}, while_busy{0};
+  std::atomic<bool> fail_build{false};
   StageManager* worker = nullptr;
   WorkerConfig config;
+  config.compute =
+      [&](const v1::StageProgram& program) -> absl::StatusOr<std::unique_ptr<StageCompute>> {
+    if (fail_build) return absl::ResourceExhaustedError("no memory for the stage (test)");
+    // A profile's program has no actions, and runs two micro-batches (slots 0 and 1).
+    return CpuStageCompute::Create(program,
+                                   std::max<size_t>(2, StageExecutor::MicroBatchSlots(program)));
+  };
   config.release_heap = [&] {
     ++calls;
     if (worker->GetStatus().state() != v1::IDLE) ++while_busy;
@@ -258,6 +267,15 @@ TEST_F(StageManagerTest, TheHeapIsReleasedWhenTheWorkerGoesIdle) {
   ASSERT_TRUE(w.ApplyStep(ApplyOf(0)).ok());
   ASSERT_TRUE(w.Abort("job-1", "lost a peer", /*retain_step=*/0).ok());
   EXPECT_EQ(calls.load(), 3);
+  // A configure that fails leaves the worker idle, and says why.
+  fail_build = true;
+  absl::StatusOr<v1::ConfigureResponse> failed =
+      w.Configure(MakePrograms(TinyJob(), 1, "gpipe")[0]);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(failed.status().message()),
+              ::testing::HasSubstr("no memory for the stage"));
+  EXPECT_EQ(calls.load(), 4);
+  EXPECT_EQ(w.GetStatus().state(), v1::IDLE);
   EXPECT_EQ(while_busy.load(), 0);
 }
 
