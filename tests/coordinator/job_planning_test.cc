@@ -216,7 +216,6 @@ TEST(JobRunnerTest, AnOldProfileIsPricedAtTheSpeedItsSpeedCheckMeasures) {
 // every layer with it: the cut stays where the profile put it.
 TEST(JobRunnerTest, TheSpeedCheckWeighsEachLayerKindByItsShareOfTheModel) {
   CachedProfileFixture c;
-  RunnerFixture& f = c.f;
   const v1::JobSpec& spec = c.spec;
   v1::ModelProfile old = OldProfile(spec, absl::Minutes(5), 1.0);
   v1::LayerProfile* head = old.mutable_layers(5);

@@ -276,7 +276,9 @@ TEST(NcclTransportTest, APostedReceiveFillsWhileTheReceiverComputes) {
   EXPECT_TRUE(in_time) << "the send did not complete while the receiver was away";
   EXPECT_TRUE(b->WaitRecv(0, tag).ok());
   sender.join();
-  if (in_time) EXPECT_TRUE(done.get().ok());
+  if (in_time) {
+    EXPECT_TRUE(done.get().ok());
+  }
   EXPECT_EQ(ToHost(1, in), std::vector<float>(n, 5.0f));
 }
 
