@@ -4,7 +4,7 @@
 # (n_layer 6), vocab 50304 untied, seq_len 128, micro-batch 4, on 2 workers (--threads 1).
 #
 #   ./scripts/build.sh && bench/partition_bench.sh [--steps N] [--runs N] [--keep]
-#                                                  [--profile-max-age AGE]  # about 65 min
+#                                                  [--profile-max-age AGE]  # 60-100 min
 #   bench/partition_bench.sh --smollm2 [--steps N] [--keep]                  # about 8 min
 #
 # Starts a real coordinator (with a data root, so the profile is cached after the first job;
