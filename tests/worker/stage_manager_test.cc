@@ -8,6 +8,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -226,6 +227,24 @@ TEST_F(StageManagerTest, ProfileLayersMeasuresAndRefusesWhileBusy) {
   EXPECT_EQ(w.ProfileLayers(spec, {0}, 1).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A worker whose device compute (as a cuda:N worker's) is the CPU compute, counting into
+// `built` (optional) each compute it builds, and failing every build while `*fail` (optional)
+// holds. A profile's program has no actions and runs two micro-batches (slots 0 and 1).
+WorkerConfig CpuDeviceComputeConfig(int* built = nullptr, const std::atomic<bool>* fail = nullptr) {
+  WorkerConfig config;
+  config.compute =
+      [built, fail](const v1::StageProgram& p) -> absl::StatusOr<std::unique_ptr<StageCompute>> {
+    if (fail != nullptr && *fail) {
+      return absl::ResourceExhaustedError("no memory for the stage (test)");
+    }
+    if (built != nullptr) ++*built;
+    ASSIGN_OR_RETURN(
+        auto c, CpuStageCompute::Create(p, std::max<size_t>(2, StageExecutor::MicroBatchSlots(p))));
+    return std::unique_ptr<StageCompute>(std::move(c));
+  };
+  return config;
+}
+
 // An idle worker hands its free heap back (WorkerConfig::release_heap, ReleaseFreeHeap in the
 // daemon): after a job's stage is dropped and after a layer profile; never while a job holds
 // the worker, and not for a refused profile or an abort that dropped nothing; and after a
@@ -234,14 +253,7 @@ TEST_F(StageManagerTest, TheHeapIsReleasedWhenTheWorkerGoesIdle) {
   std::atomic<int> calls{0}, while_busy{0};
   std::atomic<bool> fail_build{false};
   StageManager* worker = nullptr;
-  WorkerConfig config;
-  config.compute =
-      [&](const v1::StageProgram& program) -> absl::StatusOr<std::unique_ptr<StageCompute>> {
-    if (fail_build) return absl::ResourceExhaustedError("no memory for the stage (test)");
-    // A profile's program has no actions, and runs two micro-batches (slots 0 and 1).
-    return CpuStageCompute::Create(program,
-                                   std::max<size_t>(2, StageExecutor::MicroBatchSlots(program)));
-  };
+  WorkerConfig config = CpuDeviceComputeConfig(/*built=*/nullptr, &fail_build);
   config.release_heap = [&] {
     ++calls;
     if (worker->GetStatus().state() != v1::IDLE) ++while_busy;
@@ -336,19 +348,6 @@ TEST_F(StageManagerTest, AJobOfAnotherDeviceKindIsRefusedAndTheDevicesComputeIsU
   v1::JobSpec cpu_spec = TinyJob();
   EXPECT_EQ(gpu.Configure(MakePrograms(cpu_spec, 1, "1f1b")[0]).status().code(),
             absl::StatusCode::kFailedPrecondition);
-}
-
-// A worker whose device compute (as a cuda:N worker's) is the CPU compute, counting into
-// `built` (optional) each compute it builds.
-WorkerConfig CpuDeviceComputeConfig(int* built = nullptr) {
-  WorkerConfig config;
-  config.compute =
-      [built](const v1::StageProgram& p) -> absl::StatusOr<std::unique_ptr<StageCompute>> {
-    if (built != nullptr) ++*built;
-    ASSIGN_OR_RETURN(auto c, CpuStageCompute::Create(p, 2));
-    return std::unique_ptr<StageCompute>(std::move(c));
-  };
-  return config;
 }
 
 // A worker with a device compute (cuda:N) profiles through it (ProfileLayersOn). Through the
