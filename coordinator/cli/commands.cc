@@ -14,6 +14,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/field_errors.h"
 #include "common/model_desc.h"
 #include "common/partitioner.h"
@@ -531,6 +533,12 @@ absl::Status Plan(const CliOptions& opts, CoordinatorClient& client, CommandIo i
           "plan -o json prints the coordinator's planner search; it does not combine with "
           "--no-profile, --compare, --print-actions or --csv");
     }
+    if (io.progress != nullptr) {
+      *io.progress << "plan: searching every split of the global batch on the coordinator; a "
+                      "micro-batch size it holds no recent profile for is measured first on "
+                      "idle workers (minutes each)\n"
+                   << std::flush;
+    }
     absl::StatusOr<v1::PlanJobResponse> search = client.PlanJob(spec);
     if (!search.ok()) return RpcError(Command::kPlan, opts, search.status());
     return PrintJson(*search, io.out);
@@ -565,7 +573,22 @@ absl::Status Plan(const CliOptions& opts, CoordinatorClient& client, CommandIo i
           if (s.pipeline().micro_batch_size() == spec.pipeline().micro_batch_size()) {
             return *profile;
           }
-          return client.ProfileModel(s, /*refresh=*/false);
+          // A size the coordinator has no recent profile for is measured now: say so, and how
+          // long it took, rather than sit silent for minutes.
+          if (io.progress != nullptr) {
+            *io.progress << "plan: the profile of micro-batch size "
+                         << s.pipeline().micro_batch_size() << " (cached, or measured now)... "
+                         << std::flush;
+          }
+          const absl::Time asked = absl::Now();
+          absl::StatusOr<v1::ModelProfile> p = client.ProfileModel(s, /*refresh=*/false);
+          if (io.progress != nullptr) {
+            *io.progress << (p.ok() ? "ready" : "failed") << " in "
+                         << absl::StrFormat("%.1f", absl::ToDoubleSeconds(absl::Now() - asked))
+                         << " s\n"
+                         << std::flush;
+          }
+          return p;
         });
     absl::StatusOr<PipelinePlan> written = PlanPipeline(spec, measured);
     io.out << "\n"

@@ -22,6 +22,10 @@ struct CommandIo {
   std::ostream& out;  // results (a job id, tables, JSON)
   std::istream& in;   // the job spec for `submit -`
   bool live = false;  // `out` is a terminal: redraw the watch line in place
+  // Where a command says what it is waiting for while that may take minutes (`plan`, whose
+  // search may have the coordinator measure a profile per micro-batch size): stderr in the
+  // CLI, so that `out` stays the result alone; nowhere when null.
+  std::ostream* progress = nullptr;
 };
 
 // Runs `opts.command`. On failure the status message is what to print after "tandem: ": one

@@ -78,8 +78,8 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<tandem::cli::CoordinatorClient> client = tandem::cli::NewGrpcCoordinatorClient(
       opts->coordinator, opts->timeout, tandem::cli::kWatchTimeout, security);
-  const absl::Status status =
-      tandem::cli::RunCommand(*opts, *client, {std::cout, std::cin, isatty(STDOUT_FILENO) == 1});
+  const absl::Status status = tandem::cli::RunCommand(
+      *opts, *client, {std::cout, std::cin, isatty(STDOUT_FILENO) == 1, &std::cerr});
   std::cout.flush();
   if (!status.ok()) {
     PrintError(status.message(), /*lines=*/true);

@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -135,7 +136,7 @@ v1::JobEvent Event(v1::JobEvent::Kind kind, v1::JobState state, const std::strin
 class CommandsTest : public ::testing::Test {
  protected:
   absl::Status Run(const CliOptions& opts) {
-    return RunCommand(opts, client_, {out_, in_, /*live=*/false});
+    return RunCommand(opts, client_, {out_, in_, /*live=*/false, &progress_});
   }
   // Files live in a directory of this test's own: ctest runs the cases of this binary as
   // parallel processes, and a shared /tmp/plan.yaml was read half-written by another.
@@ -158,6 +159,7 @@ class CommandsTest : public ::testing::Test {
 
   FakeClient client_;
   std::ostringstream out_;
+  std::ostringstream progress_;  // the CLI's stderr
   std::istringstream in_{"steps: 3\n"};
 };
 
@@ -625,6 +627,14 @@ TEST_F(CommandsTest, PlanWithAProfileCutsByMeasuredTimeAndExplains) {
   // The job's own shape, then the planner's other splits of 4 x 32 = 128 sequences
   // (M = 2, 8, 16, 32, 64).
   EXPECT_EQ(client_.profile_calls, 6);
+  // Each other micro-batch size's profile, which the coordinator may measure for minutes, is
+  // announced on stderr with the time it took; the result on stdout has none of it.
+  const std::string progress = progress_.str();
+  EXPECT_THAT(progress,
+              HasSubstr("plan: the profile of micro-batch size 2 (cached, or measured now)... "
+                        "ready in "));
+  EXPECT_EQ(std::count(progress.begin(), progress.end(), '\n'), 5) << progress;
+  EXPECT_THAT(out, Not(HasSubstr("cached, or measured now")));
   EXPECT_THAT(out, HasSubstr("F MS/MB  B MS/MB  MEMORY"));
   EXPECT_THAT(out, HasSubstr("embedding..block_1  7.0      14.0"));  // 21 ms | 30 ms
   EXPECT_THAT(out, HasSubstr("Predicted from the measured profile (cpu, 1 thread)"));
@@ -761,6 +771,8 @@ TEST_F(CommandsTest, PlanAsJsonIsTheCoordinatorsPlannerSearch) {
   CliOptions opts = Opts(Command::kPlan, {path});
   opts.output = OutputFormat::kJson;
   ASSERT_TRUE(Run(opts).ok()) << out_.str();
+  // stderr says what the wait is for; stdout is the JSON alone (parsed below).
+  EXPECT_THAT(progress_.str(), HasSubstr("measured first on idle workers"));
   // The spec sent is the file's with its defaults, and the answer is printed as it came.
   ASSERT_EQ(client_.planned.size(), 1u);
   EXPECT_EQ(client_.planned[0].pipeline().micro_batches(), 2);
