@@ -45,6 +45,21 @@ absl::Status JobPlanner::Plan(RunPlan* plan) {
   std::optional<v1::ModelProfile> profile;
   const std::string key = ProfileKeyFor(spec, workers[0]);
   if (env_.profiles != nullptr) profile = env_.profiles->Find(key);
+  if (!profile.has_value() && env_.profiles != nullptr &&
+      spec.pipeline().partition() != "profile" &&
+      env_.speed_check_after != absl::InfiniteDuration()) {
+    // A job that does not cut by the profile (uniform, manual) has no reason to measure a
+    // fresh one, but past the max age the profile is not found and the job would go without a
+    // prediction. It is priced on the expired one, speed-checked like any old profile (which
+    // scales it to the host's speed now, or measures it again when its layer kinds moved
+    // apart); without speed checks (or with a max age shorter than the check's) an expired
+    // profile prices nothing.
+    std::optional<v1::ModelProfile> expired = env_.profiles->FindAnyAge(key);
+    if (expired.has_value() &&
+        absl::Now() - absl::FromUnixMillis(expired->created_unix_ms()) >= env_.speed_check_after) {
+      profile = std::move(expired);
+    }
+  }
   if (profile.has_value()) {
     ASSIGN_OR_RETURN(profile, SpeedChecked(spec, *std::move(profile)));
   }

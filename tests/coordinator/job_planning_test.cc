@@ -291,6 +291,53 @@ TEST(JobRunnerTest, AFailedSpeedCheckPricesTheJobOnTheProfileAsItIs) {
   EXPECT_NEAR(job.stages(1).predicted_seconds(), 0.011, 1e-9);
 }
 
+// Past the max age a job that does not cut by the profile (uniform) measures no new one: it is
+// priced on the expired profile after its speed check, which scales it to the speed now; the
+// cache keeps the old profile. Without speed checks it goes without a prediction.
+TEST(JobRunnerTest, AUniformJobIsPricedOnAnExpiredProfileAfterItsSpeedCheck) {
+  RunnerFixture f;
+  ProfileStore profiles("", absl::Minutes(10));
+  f.env.profiles = &profiles;
+  v1::JobSpec spec = HeadHeavyProfiledJob(f);
+  spec.mutable_pipeline()->set_partition("uniform");
+  const v1::ModelProfile old = OldProfile(spec, absl::Hours(1), 1.1);
+  ASSERT_TRUE(profiles.Put(old).ok());
+  ASSERT_FALSE(profiles.Find(old.key()).has_value());
+
+  auto runner = f.Start(spec);
+  f.WaitFinished(*runner);
+  const v1::Job job = *f.store->Get(runner->job_id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  for (size_t w = 0; w < 2; ++w) {
+    const std::vector<v1::ProfileLayersRequest> requests = ProfileRequests(f, w);
+    ASSERT_EQ(requests.size(), static_cast<size_t>(kProfileRounds)) << w;
+    for (const v1::ProfileLayersRequest& r : requests) {
+      EXPECT_TRUE(r.forward_backward_only()) << "a speed check, not a profile";
+    }
+  }
+  EXPECT_NEAR(job.profile_speed_ratio(), 1 / 1.1, 1e-9);
+  ASSERT_EQ(job.stages_size(), 2);
+  EXPECT_EQ(job.stages(0).layer_end(), 3);  // the uniform cut
+  EXPECT_NEAR(job.stages(0).predicted_seconds(), 0.003, 1e-9);
+  EXPECT_NEAR(job.stages(1).predicted_seconds(), 0.012, 1e-9);
+  EXPECT_GT(job.predicted_step_seconds(), 0.0);
+  const std::optional<v1::ModelProfile> kept = profiles.FindAnyAge(old.key());
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_EQ(kept->created_unix_ms(), old.created_unix_ms());
+
+  // Speed checks off: nothing to price it with, and nothing measured.
+  f.env.options.profile_speed_check_after = absl::InfiniteDuration();
+  auto unchecked = f.Start(spec);
+  f.WaitFinished(*unchecked);
+  const v1::Job u = *f.store->Get(unchecked->job_id());
+  ASSERT_EQ(u.state(), v1::SUCCEEDED) << u.reason();
+  EXPECT_EQ(u.predicted_step_seconds(), 0.0);
+  EXPECT_EQ(u.stages(1).predicted_seconds(), 0.0);
+  for (size_t w = 2; w < f.factory.made.size(); ++w) {
+    EXPECT_EQ(f.factory.made[w]->profiles.load(), 0) << w;
+  }
+}
+
 // pipeline.plan: auto: the runner profiles each split of the global batch on both workers,
 // runs the candidate with the shortest predicted step and records the choice.
 TEST(JobRunnerTest, AutoPlanRunsThePlannersChoiceAtTheSameGlobalBatch) {
