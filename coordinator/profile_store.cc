@@ -58,7 +58,7 @@ std::optional<v1::ModelProfile> ProfileStore::Find(const std::string& key, absl:
       if (!told_expired_.insert(key).second) return std::nullopt;
       spdlog::info(
           "profile store: the profile {} was measured {}, longer ago than the max age "
-          "of {} (--profile-max-age): a job that needs it measures it again",
+          "of {} (--profile-max-age): a job or plan that cuts by it measures it again",
           key, created_ms <= 0 ? std::string("at an unknown time") : FormatAge(age) + " ago",
           absl::FormatDuration(max_age_));
       return std::nullopt;
