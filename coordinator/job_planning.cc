@@ -24,6 +24,15 @@
 #include "spdlog/spdlog.h"
 
 namespace tandem::coordinator {
+namespace {
+
+// How long ago `profile` was measured (ModelProfile.created_unix_ms; decades for one that
+// carries no time).
+absl::Duration ProfileAge(const v1::ModelProfile& profile) {
+  return absl::Now() - absl::FromUnixMillis(profile.created_unix_ms());
+}
+
+}  // namespace
 
 absl::Status JobPlanner::Plan(RunPlan* plan) {
   const std::vector<WorkerRecord>& workers = gang_.workers();
@@ -46,17 +55,14 @@ absl::Status JobPlanner::Plan(RunPlan* plan) {
   const std::string key = ProfileKeyFor(spec, workers[0]);
   if (env_.profiles != nullptr) profile = env_.profiles->Find(key);
   if (!profile.has_value() && env_.profiles != nullptr &&
-      spec.pipeline().partition() != "profile" &&
-      env_.speed_check_after != absl::InfiniteDuration()) {
+      spec.pipeline().partition() != "profile") {
     // A job that does not cut by the profile (uniform, manual) has no reason to measure a
     // fresh one, but past the max age the profile is not found and the job would go without a
-    // prediction. It is priced on the expired one, speed-checked like any old profile (which
-    // scales it to the host's speed now, or measures it again when its layer kinds moved
-    // apart); without speed checks (or with a max age shorter than the check's) an expired
-    // profile prices nothing.
+    // prediction. It is priced on the expired one when SpeedChecked will check it (old enough
+    // for the check; never with checks off, an infinite age), which scales it to the host's
+    // speed now or measures it again when its layer kinds moved apart; else it prices nothing.
     std::optional<v1::ModelProfile> expired = env_.profiles->FindAnyAge(key);
-    if (expired.has_value() &&
-        absl::Now() - absl::FromUnixMillis(expired->created_unix_ms()) >= env_.speed_check_after) {
+    if (expired.has_value() && ProfileAge(*expired) >= env_.speed_check_after) {
       profile = std::move(expired);
     }
   }
@@ -241,7 +247,7 @@ std::vector<ProfiledWorker> JobPlanner::ProfiledWorkers() {
 
 absl::StatusOr<v1::ModelProfile> JobPlanner::SpeedChecked(const v1::JobSpec& spec,
                                                           v1::ModelProfile cached) {
-  const absl::Duration age = absl::Now() - absl::FromUnixMillis(cached.created_unix_ms());
+  const absl::Duration age = ProfileAge(cached);
   if (env_.speed_check_after == absl::InfiniteDuration() || age < env_.speed_check_after) {
     return cached;
   }
