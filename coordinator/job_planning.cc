@@ -24,15 +24,6 @@
 #include "spdlog/spdlog.h"
 
 namespace tandem::coordinator {
-namespace {
-
-// How long ago `profile` was measured (ModelProfile.created_unix_ms; decades for one that
-// carries no time).
-absl::Duration ProfileAge(const v1::ModelProfile& profile) {
-  return absl::Now() - absl::FromUnixMillis(profile.created_unix_ms());
-}
-
-}  // namespace
 
 absl::Status JobPlanner::Plan(RunPlan* plan) {
   const std::vector<WorkerRecord>& workers = gang_.workers();

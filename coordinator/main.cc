@@ -51,7 +51,8 @@ ABSL_FLAG(absl::Duration, profile_speed_check, tandem::coordinator::kDefaultSpee
           "prices a job: each layer kind's forward and backward is timed again on the job's "
           "workers, and the job is priced on the profile's compute times x the model's ratio of "
           "now to then when it and every round of the check are off by more than 2% on one "
-          "side (the profile is measured again beyond 25%)");
+          "side (the profile is measured again beyond 25%); `tandem plan` is priced the "
+          "same way, one check a model per this age on idle workers");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once serving");
 ABSL_FLAG(std::string, health_listen, "",
           "also serve grpc.health.v1 in plaintext on this HOST:PORT (for Kubernetes probes): "
@@ -288,6 +289,9 @@ int main(int argc, char** argv) {
   env.checkpoints = &checkpoints;
   env.profiles = &profiles;
   env.clients = clients.get();
+  // `tandem plan` is priced as its job would be: the same speed checks of cached profiles.
+  tc::SpeedCheckMemo speed_checks(absl::GetFlag(FLAGS_profile_speed_check));
+  env.speed_checks = &speed_checks;
   auto coordinator_service = tc::MakeCoordinatorService(env);
   auto registry_service = tc::MakeWorkerRegistryService(env);
   auto rendezvous_service = tc::MakeRendezvousService(env);

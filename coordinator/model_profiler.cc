@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
@@ -402,26 +403,119 @@ absl::StatusOr<SpeedCheck> CheckProfileSpeed(const v1::JobSpec& spec,
   return JudgeSpeed(spec.model(), profile, now, round_ratios);
 }
 
+namespace {
+
+// The speed check of `cached` (a profile of `spec`) on idle workers of its key, held
+// (BUSY, job "speed-check-N") while they time it. UNAVAILABLE when none is idle.
+absl::StatusOr<SpeedCheck> CheckOnIdleWorkers(const v1::JobSpec& spec,
+                                              const v1::ModelProfile& cached,
+                                              WorkerRegistry& registry,
+                                              StageWorkerClientFactory& clients,
+                                              absl::Duration timeout) {
+  const std::string kind = DeviceKind(spec.device());
+  static std::atomic<int> counter{0};
+  const std::string holder = absl::StrCat("speed-check-", ++counter);
+  // Two when two are idle: they time the layers at once, as the profile's workers did.
+  absl::StatusOr<std::vector<WorkerRecord>> held = registry.Allocate(kind, 2, holder);
+  if (!held.ok()) held = registry.Allocate(kind, 1, holder);
+  if (!held.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("no idle ", kind, " worker to time it on: ", held.status().message()));
+  }
+  std::vector<std::unique_ptr<StageWorkerClient>> held_clients;
+  std::vector<ProfiledWorker> profiled;
+  for (const WorkerRecord& w : *held) {
+    if (ProfileKeyFor(spec, w) != cached.key()) continue;  // other hardware than the profile's
+    held_clients.push_back(clients.Connect(w.address));
+    profiled.push_back({&w, held_clients.back().get()});
+  }
+  absl::StatusOr<SpeedCheck> check =
+      profiled.empty() ? absl::UnavailableError(
+                             "no idle worker of the profile's hardware and threads to time it on")
+                       : CheckProfileSpeed(spec, cached, profiled, timeout);
+  registry.Release(holder);
+  return check;
+}
+
+// `cached` (old enough for a speed check, `worker` one of its key's) as a plan is priced on it,
+// by the verdict of its family's check within checks.after() (the first such call makes it):
+// as it is, or scaled, saying so in ModelProfile.speed_check; none when the verdict is to
+// measure it again (what the check found then goes to *remeasured, for the new profile). A
+// check that cannot be made (no idle worker, a worker's error) leaves the profile as it is,
+// saying why.
+std::optional<v1::ModelProfile> ServeChecked(const v1::JobSpec& spec, const WorkerRecord& worker,
+                                             v1::ModelProfile cached, WorkerRegistry& registry,
+                                             StageWorkerClientFactory& clients,
+                                             absl::Duration timeout, SpeedCheckMemo& checks,
+                                             std::string* remeasured) {
+  v1::JobSpec any_size = spec;
+  any_size.mutable_pipeline()->set_micro_batch_size(0);
+  const std::string family = ProfileKeyFor(any_size, worker);
+  const absl::Time asked = absl::Now();
+  std::optional<SpeedCheckMemo::Verdict> verdict = checks.Find(family, asked);
+  std::string when = "checked now";
+  if (verdict.has_value()) {
+    when = absl::StrFormat("checked %.0f s ago", absl::ToDoubleSeconds(asked - verdict->made));
+  } else {
+    absl::StatusOr<SpeedCheck> made = CheckOnIdleWorkers(spec, cached, registry, clients, timeout);
+    if (!made.ok()) {
+      spdlog::warn("speed check of profile {} (measured {} ago): {}; served as it is", cached.key(),
+                   absl::FormatDuration(absl::Trunc(ProfileAge(cached), absl::Seconds(1))),
+                   made.status().ToString());
+      cached.set_speed_check(
+          absl::StrCat("not checked (", made.status().message(), "): as measured"));
+      return cached;
+    }
+    spdlog::info("speed check of profile {} (measured {} ago): {}", cached.key(),
+                 absl::FormatDuration(absl::Trunc(ProfileAge(cached), absl::Seconds(1))),
+                 DescribeSpeedCheck(*made));
+    checks.Put(family, *made, absl::Now());
+    verdict = SpeedCheckMemo::Verdict{*std::move(made), absl::Now()};
+  }
+  const SpeedCheck& check = verdict->check;
+  const std::string said = absl::StrCat(when, ": ", DescribeSpeedCheck(check));
+  if (check.remeasure) {
+    *remeasured = said;
+    return std::nullopt;
+  }
+  if (check.scaled) cached = ScaleProfileCompute(std::move(cached), check.ratio);
+  cached.set_speed_check(said);
+  return cached;
+}
+
+}  // namespace
+
 absl::StatusOr<v1::ModelProfile> ProfileModel(const v1::JobSpec& spec, WorkerRegistry& registry,
                                               StageWorkerClientFactory& clients,
                                               ProfileStore& store, absl::Duration timeout,
-                                              bool refresh, RendezvousStore* rendezvous) {
+                                              bool refresh, RendezvousStore* rendezvous,
+                                              SpeedCheckMemo* checks) {
   const std::string kind = DeviceKind(spec.device());
   // The profile keys of the registered workers of that kind, each once (hardware differs
-  // between them, but most share one): looked up below, measured only when none is cached.
-  std::vector<std::string> keys;
+  // between them, but most share one), with a worker of each: looked up below, measured only
+  // when none is cached.
+  std::vector<std::pair<std::string, WorkerRecord>> keys;
   for (const WorkerRecord& w : registry.List()) {
     if (DeviceKind(w.device) != kind || w.state == v1::LOST) continue;
     std::string key = ProfileKeyFor(spec, w);
-    if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(std::move(key));
+    if (std::none_of(keys.begin(), keys.end(), [&](const auto& k) { return k.first == key; })) {
+      keys.emplace_back(std::move(key), w);
+    }
   }
   if (keys.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("no ", kind, " worker is registered to profile the model on"));
   }
+  std::string remeasured;  // the speed check that called for measuring again, if one did
   if (!refresh) {
-    for (const std::string& key : keys) {
-      if (auto cached = store.Find(key); cached.has_value()) return *cached;
+    for (const auto& [key, worker] : keys) {
+      std::optional<v1::ModelProfile> cached = store.Find(key);
+      if (!cached.has_value()) continue;
+      if (checks == nullptr || !checks->Checks(ProfileAge(*cached))) return *cached;
+      std::optional<v1::ModelProfile> served = ServeChecked(
+          spec, worker, *std::move(cached), registry, clients, timeout, *checks, &remeasured);
+      if (served.has_value()) return *std::move(served);
+      break;  // the machine changed since: measured again below
     }
   }
   static std::atomic<int> counter{0};
@@ -432,7 +526,7 @@ absl::StatusOr<v1::ModelProfile> ProfileModel(const v1::JobSpec& spec, WorkerReg
   if (!held.ok() && !refresh) {
     // Past its max age, but none can measure it again now: the old profile is better than
     // unit costs, and the plan prints when it was measured.
-    for (const std::string& key : keys) {
+    for (const auto& [key, worker] : keys) {
       if (auto old = store.FindAnyAge(key); old.has_value()) {
         spdlog::warn(
             "profile {}: past --profile-max-age, and no idle {} worker to measure it again "
@@ -461,6 +555,8 @@ absl::StatusOr<v1::ModelProfile> ProfileModel(const v1::JobSpec& spec, WorkerReg
   absl::StatusOr<v1::ModelProfile> profile =
       MeasureProfile(spec, profiled, timeout, &store, held->size() >= 2 ? &peer : nullptr);
   registry.Release(holder);
+  // Stored as measured; the caller also learns which check sent it to be measured again.
+  if (profile.ok() && !remeasured.empty()) profile->set_speed_check(remeasured);
   return profile;
 }
 

@@ -16,6 +16,7 @@
 #include "coordinator/profile_speed_check.h"
 #include "coordinator/profile_store.h"
 #include "coordinator/rendezvous_store.h"
+#include "coordinator/speed_check_memo.h"
 #include "coordinator/worker_client.h"
 #include "coordinator/worker_registry.h"
 #include "tandem/v1/common.pb.h"
@@ -145,12 +146,19 @@ absl::StatusOr<SpeedCheck> CheckProfileSpeed(const v1::JobSpec& spec,
 // empty (as it is in a cached profile measured on one worker). `rendezvous` (optional) drops the
 // link probe's keys afterwards. A cached profile past the store's max age is measured again;
 // when no worker is idle to do so (and `refresh` is false) it is returned as it is, with a
-// warning. FAILED_PRECONDITION when no worker of that kind is registered; UNAVAILABLE when
-// none is idle and no profile is cached.
+// warning. With `checks`, a cached profile old enough for a speed check (checks->Checks) is
+// served as a job's planning would price it: by its family's verdict (SpeedCheckMemo), made now
+// on idle workers of its key (held meanwhile, as above) unless one was made within
+// checks->after(); scaled to the speed now, as it is, or measured again when the machine
+// changed (ModelProfile.speed_check says what the check found, on the profile served, the new
+// one included, or why none could be made, when no worker is idle: then as it is).
+// FAILED_PRECONDITION when no worker of that kind is registered; UNAVAILABLE when none is idle and
+// no profile is cached.
 absl::StatusOr<v1::ModelProfile> ProfileModel(const v1::JobSpec& spec, WorkerRegistry& registry,
                                               StageWorkerClientFactory& clients,
                                               ProfileStore& store, absl::Duration timeout,
-                                              bool refresh, RendezvousStore* rendezvous = nullptr);
+                                              bool refresh, RendezvousStore* rendezvous = nullptr,
+                                              SpeedCheckMemo* checks = nullptr);
 
 }  // namespace tandem::coordinator
 

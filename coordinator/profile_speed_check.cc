@@ -23,6 +23,10 @@ bool Major(const SpeedCheck& c, const SpeedCheckKind& k) {
 
 }  // namespace
 
+absl::Duration ProfileAge(const v1::ModelProfile& profile, absl::Time now) {
+  return now - absl::FromUnixMillis(profile.created_unix_ms());
+}
+
 std::vector<int> SpeedCheckLayers(const v1::ModelSpec& model) { return LayersToProfile(model); }
 
 absl::StatusOr<SpeedCheck> JudgeSpeed(const v1::ModelSpec& model, const v1::ModelProfile& profile,

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "tandem/v1/common.pb.h"
 #include "tandem/v1/spec.pb.h"
@@ -64,6 +65,10 @@ struct SpeedCheck {
   bool scaled = false;     // ratio and every round beyond kSpeedCheckNoise: priced at x ratio
   bool remeasure = false;  // beyond kSpeedCheckMaxDrift (above): measure the profile again
 };
+
+// How long before `now` `profile` was measured (ModelProfile.created_unix_ms; decades for one
+// that carries no time): what a speed check is due by.
+absl::Duration ProfileAge(const v1::ModelProfile& profile, absl::Time now = absl::Now());
 
 // The layers a speed check times: those the profile timed (LayersToProfile).
 std::vector<int> SpeedCheckLayers(const v1::ModelSpec& model);

@@ -75,6 +75,12 @@ std::optional<v1::ModelProfile> ProfileStore::FindAnyAge(const std::string& key)
 }
 
 absl::Status ProfileStore::Put(const v1::ModelProfile& profile) {
+  if (!profile.speed_check().empty()) {
+    // Scaled to a speed check's moment: the store keeps the times as they were measured.
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile store: profile ", profile.key(), " was served after a speed check (",
+                     profile.speed_check(), "); only a profile as measured is kept"));
+  }
   {
     absl::MutexLock lock(&mu_);
     profiles_[profile.key()] = profile;

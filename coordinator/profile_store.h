@@ -36,7 +36,8 @@ class ProfileStore {
   // (`tandem plan` while every worker is busy), which says how old it is.
   std::optional<v1::ModelProfile> FindAnyAge(const std::string& key) const;
   // Keeps the profile under profile.key(); the file write's error is returned (the profile is
-  // kept in memory regardless).
+  // kept in memory regardless). INVALID_ARGUMENT, nothing kept, for a profile that carries a
+  // speed check (ModelProfile.speed_check: its times are scaled, not measured).
   absl::Status Put(const v1::ModelProfile& profile);
 
  private:

@@ -263,9 +263,9 @@ class CoordinatorServiceImpl final : public v1::Coordinator::Service {
     }
     const v1::JobSpec spec = WithDefaults(req->spec());
     if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return ToGrpcStatus(s);
-    absl::StatusOr<v1::ModelProfile> profile =
-        tandem::coordinator::ProfileModel(spec, *env_.registry, *env_.clients, *env_.profiles,
-                                          absl::Seconds(300), req->refresh(), env_.rendezvous);
+    absl::StatusOr<v1::ModelProfile> profile = tandem::coordinator::ProfileModel(
+        spec, *env_.registry, *env_.clients, *env_.profiles, absl::Seconds(300), req->refresh(),
+        env_.rendezvous, env_.speed_checks);
     if (!profile.ok()) return ToGrpcStatus(profile.status());
     *resp = *std::move(profile);
     return grpc::Status::OK;
@@ -284,7 +284,7 @@ class CoordinatorServiceImpl final : public v1::Coordinator::Service {
     *resp = SearchPlanJob(spec, [&](const v1::JobSpec& s) {
       return tandem::coordinator::ProfileModel(s, *env_.registry, *env_.clients, *env_.profiles,
                                                absl::Seconds(300), /*refresh=*/false,
-                                               env_.rendezvous);
+                                               env_.rendezvous, env_.speed_checks);
     });
     return grpc::Status::OK;
   }

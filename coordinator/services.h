@@ -13,6 +13,7 @@
 #include "coordinator/profile_store.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/scheduler.h"
+#include "coordinator/speed_check_memo.h"
 #include "coordinator/worker_client.h"
 #include "coordinator/worker_registry.h"
 
@@ -26,6 +27,9 @@ struct ServiceEnv {
   CheckpointStore* checkpoints = nullptr;
   ProfileStore* profiles = nullptr;             // ProfileModel: UNAVAILABLE without
   StageWorkerClientFactory* clients = nullptr;  // ... and these
+  // ProfileModel and PlanJob speed-check the cached profiles they serve, as a job's planning
+  // does (coordinator --profile-speed-check); null: served as cached.
+  SpeedCheckMemo* speed_checks = nullptr;
 };
 
 std::unique_ptr<grpc::Service> MakeCoordinatorService(const ServiceEnv& env);

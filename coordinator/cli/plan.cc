@@ -137,6 +137,11 @@ std::string ProfiledFigures(const v1::JobSpec& spec, const PipelinePlan& plan,
         profile.device_name().empty() ? std::string() : absl::StrCat(" on ", profile.device_name()),
         "\n");
   }
+  // An old profile is timed again before it prices the plan, as before a job
+  // (coordinator --profile-speed-check): what that found.
+  if (!profile.speed_check().empty()) {
+    absl::StrAppend(&out, "  speed check: ", profile.speed_check(), "\n");
+  }
   if (profile.has_link()) {
     const v1::LinkProfile& link = profile.link();
     const int64_t activation = profile.layers(0).output_bytes();

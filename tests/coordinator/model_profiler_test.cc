@@ -1,6 +1,7 @@
 // The model profiler: link probes between two workers and ProfileModel (tandem plan).
 #include "coordinator/model_profiler.h"
 
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -443,6 +444,116 @@ TEST(ProfileModelTest, AProfilePastTheMaxAgeIsMeasuredAgainOrServedWhenNoWorkerI
   EXPECT_EQ(factory.made.size(), 2u);
   auto refresh = ProfileModel(spec, registry, factory, profiles, absl::Seconds(5), true);
   EXPECT_EQ(refresh.status().code(), absl::StatusCode::kUnavailable) << refresh.status();
+}
+
+// `profile` as measured `age` ago on a machine `slower` times as slow as now.
+v1::ModelProfile Aged(v1::ModelProfile profile, absl::Duration age, double slower) {
+  profile.set_created_unix_ms(absl::ToUnixMillis(absl::Now() - age));
+  for (v1::LayerProfile& l : *profile.mutable_layers()) {
+    l.set_forward_seconds(l.forward_seconds() * slower);
+    l.set_backward_seconds(l.backward_seconds() * slower);
+  }
+  return profile;
+}
+
+// With speed checks (the coordinator's --profile-speed-check), a cached profile old enough is
+// timed again on idle workers before `tandem plan` is priced on it, as before a job: measured
+// when the machine ran 10% slower, it is served at the speed now and says so; the store keeps
+// it as measured. The verdict stands for the model at every micro-batch size for the check's
+// age, so a plan's search checks once, as a job's plan does. A young profile is not checked.
+TEST(ProfileModelTest, AnOldCachedProfileIsServedAtTheSpeedItsCheckMeasuresOnceAPlan) {
+  WorkerRegistry registry(10s);
+  FakeFactory factory;
+  ProfileStore profiles("");
+  v1::JobSpec by4 = JobSpecOf(2, 2);
+  by4.mutable_pipeline()->set_micro_batch_size(4);
+  v1::JobSpec by2 = by4;
+  by2.mutable_pipeline()->set_micro_batch_size(2);
+  ASSERT_TRUE(registry.Register(RegistrationOf("127.0.0.1:1000")).ok());
+  ASSERT_TRUE(registry.Register(RegistrationOf("127.0.0.1:1001")).ok());
+  SpeedCheckMemo checks(absl::Seconds(60));
+  auto fresh4 = ProfileModel(by4, registry, factory, profiles, absl::Seconds(5), false);
+  auto fresh2 = ProfileModel(by2, registry, factory, profiles, absl::Seconds(5), false);
+  ASSERT_TRUE(fresh4.ok() && fresh2.ok()) << fresh4.status() << fresh2.status();
+  const size_t made = factory.made.size();
+
+  auto young =
+      ProfileModel(by4, registry, factory, profiles, absl::Seconds(5), false, nullptr, &checks);
+  ASSERT_TRUE(young.ok()) << young.status();
+  EXPECT_EQ(young->speed_check(), "");
+  EXPECT_EQ(factory.made.size(), made);  // nothing timed
+
+  const v1::ModelProfile old4 = Aged(*fresh4, absl::Minutes(5), 1.1);
+  ASSERT_TRUE(profiles.Put(old4).ok());
+  ASSERT_TRUE(profiles.Put(Aged(*fresh2, absl::Minutes(5), 1.1)).ok());
+  auto checked =
+      ProfileModel(by4, registry, factory, profiles, absl::Seconds(5), false, nullptr, &checks);
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  ASSERT_EQ(factory.made.size(), made + 2);  // both workers timed it, at once
+  for (size_t w = made; w < made + 2; ++w) {
+    std::lock_guard<std::mutex> lock(factory.made[w]->profile_mu);
+    ASSERT_EQ(factory.made[w]->profile_requests.size(), static_cast<size_t>(kProfileRounds));
+    for (const v1::ProfileLayersRequest& r : factory.made[w]->profile_requests) {
+      EXPECT_TRUE(r.forward_backward_only()) << "a speed check, not a profile";
+      EXPECT_EQ(r.repeats(), kSpeedCheckRepeats);
+    }
+  }
+  for (const WorkerRecord& w : registry.List()) EXPECT_EQ(w.state, v1::IDLE) << w.id;
+  EXPECT_THAT(checked->speed_check(), HasSubstr("checked now: "));
+  EXPECT_THAT(checked->speed_check(), HasSubstr("priced at x0.909"));
+  ASSERT_EQ(checked->layers_size(), fresh4->layers_size());
+  for (int g = 0; g < checked->layers_size(); ++g) {
+    EXPECT_NEAR(checked->layers(g).forward_seconds(), fresh4->layers(g).forward_seconds(), 1e-12);
+  }
+  const std::optional<v1::ModelProfile> kept = profiles.Find(old4.key());
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_DOUBLE_EQ(kept->layers(1).forward_seconds(), old4.layers(1).forward_seconds());
+  EXPECT_EQ(kept->speed_check(), "");
+  // A served profile is never kept as measured.
+  EXPECT_EQ(profiles.Put(*checked).code(), absl::StatusCode::kInvalidArgument);
+
+  // The other micro-batch size, within the check's age: the same verdict, nothing timed.
+  auto other =
+      ProfileModel(by2, registry, factory, profiles, absl::Seconds(5), false, nullptr, &checks);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(factory.made.size(), made + 2);
+  EXPECT_THAT(other->speed_check(), HasSubstr(" s ago: "));
+  EXPECT_NEAR(other->layers(1).forward_seconds(), fresh2->layers(1).forward_seconds(), 1e-12);
+}
+
+// No idle worker to time it on: the old profile is served as it is, saying why it was not
+// checked; nothing is remembered, so the next call checks. The machine changed beyond the
+// check's 25% (every layer kind 2x off): the profile is measured again.
+TEST(ProfileModelTest, AnOldProfileIsServedAsItIsWhenNoWorkerIsIdleAndMeasuredAgainWhenFarOff) {
+  WorkerRegistry registry(10s);
+  FakeFactory factory;
+  ProfileStore profiles("");
+  const v1::JobSpec spec = JobSpecOf(2, 2);
+  ASSERT_TRUE(registry.Register(RegistrationOf("127.0.0.1:1000")).ok());
+  SpeedCheckMemo checks(absl::Seconds(60));
+  auto fresh = ProfileModel(spec, registry, factory, profiles, absl::Seconds(5), false);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  const v1::ModelProfile old = Aged(*fresh, absl::Minutes(5), 1.1);
+  ASSERT_TRUE(profiles.Put(old).ok());
+
+  ASSERT_TRUE(registry.Allocate("cpu", 1, "job-9").ok());  // the only worker is busy
+  auto busy =
+      ProfileModel(spec, registry, factory, profiles, absl::Seconds(5), false, nullptr, &checks);
+  ASSERT_TRUE(busy.ok()) << busy.status();
+  EXPECT_THAT(busy->speed_check(), HasSubstr("not checked (no idle cpu worker"));
+  EXPECT_DOUBLE_EQ(busy->layers(1).forward_seconds(), old.layers(1).forward_seconds());
+  EXPECT_EQ(factory.made.size(), 1u);
+  registry.Release("job-9");
+
+  ASSERT_TRUE(profiles.Put(Aged(*fresh, absl::Minutes(5), 2.0)).ok());
+  auto far =
+      ProfileModel(spec, registry, factory, profiles, absl::Seconds(5), false, nullptr, &checks);
+  ASSERT_TRUE(far.ok()) << far.status();
+  EXPECT_THAT(far->speed_check(), HasSubstr("beyond 25%: measuring the profile again"));
+  EXPECT_GT(far->created_unix_ms(), old.created_unix_ms());  // measured again
+  EXPECT_EQ(profiles.Find(far->key())->speed_check(), "");   // and kept as measured
+  EXPECT_NEAR(far->layers(1).forward_seconds(), fresh->layers(1).forward_seconds(), 1e-12);
+  EXPECT_EQ(factory.made.size(), 3u);  // the check's worker, then the profile's
 }
 
 }  // namespace

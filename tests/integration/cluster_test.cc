@@ -847,6 +847,31 @@ TEST_F(ClusterTest, AProfilePastTheMaxAgeIsMeasuredAgain) {
               HasSubstr("--profile-max-age must not be negative, got -5s"));
 }
 
+// tandem-coordinator --profile-speed-check prices `tandem plan` as it prices a job: a cached
+// profile that old is timed again on the idle workers (the embedding, a block and the head,
+// forward and backward) before the plan is priced on it, and the plan prints what the check
+// found under the profile's time.
+TEST_F(ClusterTest, TandemPlanSpeedChecksAnOldProfileAsAJobWould) {
+  Cluster::Options options;
+  options.coordinator_args = {"--profile-speed-check=1s"};
+  cluster_ = std::make_unique<Cluster>(options);
+  ASSERT_TRUE(cluster_->Start().ok());
+  const std::string yaml = TinyJobYaml(2, 2, 2);
+  auto spec = LoadJobSpecYaml(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto fresh = cluster_->client().ProfileModel(*spec, /*refresh=*/false);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ(fresh->speed_check(), "");  // just measured: nothing to check
+  absl::SleepFor(absl::Milliseconds(1100));
+  const std::string path = cluster_->dir() + "/tiny.yaml";
+  std::ofstream(path) << yaml;
+  CommandResult plan = cluster_->Cli({"plan", "--no-search", path});
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  EXPECT_THAT(plan.out, HasSubstr("  speed check: checked now: layer 0 ")) << plan.out;
+  EXPECT_THAT(ReadFile(cluster_->dir() + "/coordinator.log"),
+              HasSubstr(absl::StrCat("speed check of profile ", fresh->key())));
+}
+
 // pipeline.plan: auto through the real daemons: the coordinator profiles every split of the
 // global batch on a worker, runs the planner's choice and says so; the global batch is the
 // same, so the losses equal the spec as written.

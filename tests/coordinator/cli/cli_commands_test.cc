@@ -617,6 +617,14 @@ TEST_F(CommandsTest, PlanSaysWhenAndOnWhatItsProfileWasMeasured) {
   EXPECT_THAT(out_.str(), HasSubstr(absl::StrCat("  profile: measured ", FormatTimestamp(at),
                                                  " on Intel(R) Xeon(R) Processor / OpenBLAS "
                                                  "SkylakeX\n")));
+  EXPECT_THAT(out_.str(), Not(HasSubstr("speed check")));
+  // An old profile the coordinator timed again before it served it: what the check found.
+  client_.profile->set_speed_check("checked now: layer 0 2.2/2.0 ms (x1.100); priced at x1.100");
+  out_.str("");
+  ASSERT_TRUE(Run(Opts(Command::kPlan, {path})).ok()) << out_.str();
+  EXPECT_THAT(out_.str(),
+              HasSubstr("SkylakeX\n  speed check: checked now: layer 0 2.2/2.0 ms (x1.100); "
+                        "priced at x1.100\n"));
 }
 
 TEST_F(CommandsTest, PlanWithAProfileCutsByMeasuredTimeAndExplains) {
