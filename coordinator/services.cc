@@ -281,11 +281,15 @@ class CoordinatorServiceImpl final : public v1::Coordinator::Service {
     if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return ToGrpcStatus(s);
     // Each micro-batch size's profile as ProfileModel gets it: cached, or measured on an idle
     // worker. A size that cannot be measured makes its candidates infeasible, saying why.
+    std::string speed_check;
     *resp = SearchPlanJob(spec, [&](const v1::JobSpec& s) {
-      return tandem::coordinator::ProfileModel(s, *env_.registry, *env_.clients, *env_.profiles,
-                                               absl::Seconds(300), /*refresh=*/false,
-                                               env_.rendezvous, env_.speed_checks);
+      absl::StatusOr<v1::ModelProfile> p = tandem::coordinator::ProfileModel(
+          s, *env_.registry, *env_.clients, *env_.profiles, absl::Seconds(300),
+          /*refresh=*/false, env_.rendezvous, env_.speed_checks);
+      if (p.ok() && speed_check.empty()) speed_check = p->speed_check();
+      return p;
     });
+    resp->set_profile_speed_check(speed_check);
     return grpc::Status::OK;
   }
 

@@ -305,6 +305,9 @@ class ModelProfile:
     layers: Tuple[LayerCost, ...]
     link_latency_seconds: Optional[float]   # None when measured on a single worker
     link_seconds_per_byte: Optional[float]
+    # What the coordinator's speed check of this cached profile found when it served it (the
+    # times are already scaled when it says "priced at"); "" when served unchecked.
+    speed_check: str = ""
     raw: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -319,6 +322,7 @@ class ModelProfile:
                                    l.workspace_bytes) for l in p.layers),
             link_latency_seconds=p.link.latency_seconds if has_link else None,
             link_seconds_per_byte=p.link.seconds_per_byte if has_link else None,
+            speed_check=p.speed_check,
             raw=p,
         )
 
@@ -359,6 +363,8 @@ class Plan:
     chosen: Optional[PlanCandidate]
     choice: str
     as_written_step_seconds: Optional[float]  # the spec as written, predicted
+    # What the speed check of the cached profiles it was priced on found; "" when unchecked.
+    profile_speed_check: str = ""
     raw: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -366,7 +372,8 @@ class Plan:
         candidates = tuple(PlanCandidate.from_proto(c) for c in p.candidates)
         chosen = candidates[p.chosen] if 0 <= p.chosen < len(candidates) else None
         return cls(candidates, chosen, p.choice,
-                   p.as_written_step_seconds if p.as_written_step_seconds > 0 else None, p)
+                   p.as_written_step_seconds if p.as_written_step_seconds > 0 else None,
+                   p.profile_speed_check, p)
 
     def as_frame(self):
         """The candidates as a pandas DataFrame (pandas is optional: ImportError says so)."""

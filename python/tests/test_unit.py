@@ -10,7 +10,7 @@ import pytest
 import tandem
 from tandem import specs
 from tandem._html import job_html, loss_svg
-from tandem._proto import coordinator_pb2, spec_pb2
+from tandem._proto import common_pb2, coordinator_pb2, spec_pb2
 from tandem.errors import parse_field_errors
 
 
@@ -91,6 +91,17 @@ def test_checkpoint_failures_and_warning_events_are_mapped():
     e = tandem.Event.from_proto(event)
     assert e.kind == "warning" and e.reason == "checkpoint after step 6 not stored (full)"
     assert e.step is None and e.job is None
+
+
+def test_speed_checks_of_served_profiles_are_mapped():
+    said = "checked now: layer 0 2.2/2.0 ms (x1.100); the model x1.100: priced at x1.100"
+    profile = common_pb2.ModelProfile(key="k", device="cpu", threads=1, speed_check=said)
+    assert tandem.ModelProfile.from_proto(profile).speed_check == said
+    assert tandem.ModelProfile.from_proto(common_pb2.ModelProfile(key="k")).speed_check == ""
+    plan = coordinator_pb2.PlanJobResponse(chosen=-1, choice="none fits",
+                                           profile_speed_check=said)
+    assert tandem.Plan.from_proto(plan).profile_speed_check == said
+    assert tandem.Plan.from_proto(plan).chosen is None
 
 
 def _step(i, loss, val=None):

@@ -870,6 +870,13 @@ TEST_F(ClusterTest, TandemPlanSpeedChecksAnOldProfileAsAJobWould) {
   EXPECT_THAT(plan.out, HasSubstr("  speed check: checked now: layer 0 ")) << plan.out;
   EXPECT_THAT(ReadFile(cluster_->dir() + "/coordinator.log"),
               HasSubstr(absl::StrCat("speed check of profile ", fresh->key())));
+  // The planner's search (tandem plan -o json, the Python client's plan) says so too, once the
+  // profile is old enough again (on a busy host the tiny model's check may have called for
+  // measuring it again just now).
+  absl::SleepFor(absl::Milliseconds(1100));
+  auto search = cluster_->client().PlanJob(*spec);
+  ASSERT_TRUE(search.ok()) << search.status();
+  EXPECT_THAT(search->profile_speed_check(), HasSubstr("checked ")) << search->ShortDebugString();
 }
 
 // pipeline.plan: auto through the real daemons: the coordinator profiles every split of the
