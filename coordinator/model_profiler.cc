@@ -524,14 +524,19 @@ absl::StatusOr<v1::ModelProfile> ProfileModel(const v1::JobSpec& spec, WorkerReg
   absl::StatusOr<std::vector<WorkerRecord>> held = registry.Allocate(kind, 2, holder);
   if (!held.ok()) held = registry.Allocate(kind, 1, holder);
   if (!held.ok() && !refresh) {
-    // Past its max age, but none can measure it again now: the old profile is better than
-    // unit costs, and the plan prints when it was measured.
+    // Past its max age (or its speed check called for measuring it again), but none can
+    // measure it again now: the old profile is better than unit costs, and the plan prints
+    // when it was measured.
     for (const auto& [key, worker] : keys) {
       if (auto old = store.FindAnyAge(key); old.has_value()) {
         spdlog::warn(
-            "profile {}: past --profile-max-age, and no idle {} worker to measure it again "
-            "({}); planning with it as it is",
-            old->key(), kind, std::string(held.status().message()));
+            "profile {}: {}, and no idle {} worker to measure it again ({}); planning with it "
+            "as it is",
+            old->key(), remeasured.empty() ? "past --profile-max-age" : "far off its speed check",
+            kind, std::string(held.status().message()));
+        if (!remeasured.empty()) {
+          old->set_speed_check(absl::StrCat(remeasured, "; no idle worker: as measured"));
+        }
         return *old;
       }
     }
