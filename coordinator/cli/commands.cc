@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -17,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/field_errors.h"
+#include "common/format_bytes.h"
 #include "common/model_desc.h"
 #include "common/partitioner.h"
 #include "common/pipeline_plan.h"
@@ -413,6 +415,28 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
 // The safetensors file, then config.json in its directory (coordinator/hf_config.h) from the
 // job's model spec, so that from_pretrained(directory) loads an export named
 // model.safetensors.
+namespace {
+
+// RESOURCE_EXHAUSTED, naming both figures, when the file system of `path` has fewer than
+// `bytes` available to this user. A file system that cannot say is not refused (the writes
+// then fail as they would).
+absl::Status CheckFreeSpace(const std::string& path, int64_t bytes) {
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::absolute(path, ec).parent_path();
+  if (ec) return absl::OkStatus();
+  const std::filesystem::space_info space = std::filesystem::space(dir, ec);
+  if (ec || space.available == static_cast<std::uintmax_t>(-1)) return absl::OkStatus();
+  if (bytes <= 0 || static_cast<std::uintmax_t>(bytes) <= space.available) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat("export: the model is ", FormatBytes(bytes), " and ", dir.string(), " has ",
+                   FormatBytes(static_cast<int64_t>(space.available)),
+                   " free; free some space or export elsewhere (-o FILE.safetensors)"));
+}
+
+}  // namespace
+
 absl::Status Export(const CliOptions& opts, CoordinatorClient& client, CommandIo io) {
   const std::string& path = opts.output_path;
   const std::string tmp = path + ".tmp";
@@ -424,16 +448,29 @@ absl::Status Export(const CliOptions& opts, CoordinatorClient& client, CommandIo
   std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
   if (!out) return absl::FailedPreconditionError(absl::StrCat("export: cannot write ", tmp));
   int64_t written = 0, total = -1, step = -1;
+  absl::Status local;  // this side's failure (the disk), which ends the stream
   absl::Status s = client.ExportModel(opts.args[0], [&](const v1::ExportChunk& c) {
     if (total < 0) {
       total = c.total_bytes();
       step = c.step();
+      // The first chunk says how much follows: a disk that cannot hold it is refused now,
+      // before gigabytes cross the network only to fail at their end.
+      local = CheckFreeSpace(tmp, total);
+      if (!local.ok()) return local;
     }
     out.write(c.data().data(), static_cast<std::streamsize>(c.data().size()));
     written += static_cast<int64_t>(c.data().size());
-    return out ? absl::OkStatus() : absl::DataLossError(absl::StrCat("export: write to ", tmp));
+    if (!out) {
+      local = absl::DataLossError(absl::StrCat("export: writing ", tmp, " failed after ", written,
+                                               " of ", total, " bytes: ", std::strerror(errno)));
+    }
+    return local;
   });
   out.close();
+  if (!local.ok()) {
+    std::remove(tmp.c_str());
+    return local;
+  }
   if (s.ok() && written != total) {
     s = absl::DataLossError(
         absl::StrCat("export: received ", written, " of ", total, " bytes; try again"));

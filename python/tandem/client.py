@@ -354,6 +354,9 @@ class Job:
                 for chunk in stream:
                     if total < 0:
                         total, step = chunk.total_bytes, chunk.step
+                        # The first chunk says how much follows: a disk that cannot hold it is
+                        # refused now, as `tandem export` does, not at the stream's end.
+                        _check_free_space(tmp, total)
                     out.write(chunk.data)
                     written += len(chunk.data)
         except grpc.RpcError as e:
@@ -465,6 +468,21 @@ def _write_atomically(path: str, data: bytes) -> None:
     except BaseException:
         _remove(tmp)
         raise
+
+
+def _check_free_space(path: str, size: int) -> None:
+    """TandemError RESOURCE_EXHAUSTED, naming both sizes, when the file system of `path` has
+    fewer than `size` bytes available to this user."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return  # it cannot say: the writes fail as they would
+    free = st.f_bavail * st.f_frsize
+    if size > free:
+        raise TandemError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          "export: the model is %d bytes and %s has %d free; free some space or "
+                          "export elsewhere" % (size, directory, free))
 
 
 def _remove(path: str) -> None:

@@ -104,6 +104,15 @@ def test_speed_checks_of_served_profiles_are_mapped():
     assert tandem.Plan.from_proto(plan).chosen is None
 
 
+def test_export_refuses_a_disk_that_cannot_hold_the_model(tmp_path):
+    from tandem.client import _check_free_space
+    _check_free_space(str(tmp_path / "model.safetensors"), 1 << 10)  # fits: no error
+    with pytest.raises(tandem.TandemError) as e:
+        _check_free_space(str(tmp_path / "model.safetensors"), 1 << 60)
+    assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "export: the model is %d bytes and %s has " % (1 << 60, tmp_path) in e.value.message
+
+
 def _step(i, loss, val=None):
     s = coordinator_pb2.StepSummary(step=i, loss=loss, step_seconds=0.01, tokens_per_second=100)
     if val is not None:

@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/schedule.h"
+#include "common/spec.h"
 #include "common/status_macros.h"
 #include "coordinator/cli/commands.h"
 #include "coordinator/cli/format.h"
@@ -945,6 +947,45 @@ TEST_F(CommandsTest, WorkersWithAnIdShowsThatWorker) {
   EXPECT_THAT(out, HasSubstr("-120 us from the coordinator's (+/- 35 us)"));
   absl::Status missing = Run(Opts(Command::kWorkers, {"w-9"}));
   EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+}
+
+// The job's latest checkpoint as safetensors, streamed in chunks into FILE.tmp and renamed
+// once whole, with its config.json beside it.
+TEST_F(CommandsTest, ExportWritesTheStreamedModelAndItsConfig) {
+  absl::StatusOr<v1::JobSpec> spec = LoadJobSpecYaml("name: x\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  client_.job->mutable_spec()->CopyFrom(*spec);
+  client_.export_chunks.resize(2);
+  client_.export_chunks[0].set_total_bytes(6);
+  client_.export_chunks[0].set_step(4);
+  client_.export_chunks[0].set_data("abc");
+  client_.export_chunks[1].set_data("def");
+  CliOptions o = Opts(Command::kExport, {"job-1"});
+  o.output_path = Dir() + "/model.safetensors";
+  ASSERT_TRUE(Run(o).ok()) << out_.str();
+  std::ifstream in(o.output_path, std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "abcdef");
+  EXPECT_THAT(out_.str(), HasSubstr(absl::StrCat("wrote ", o.output_path,
+                                                 " (6 bytes, checkpoint after step 5)")));
+  EXPECT_TRUE(std::filesystem::exists(Dir() + "/config.json"));
+  EXPECT_FALSE(std::filesystem::exists(o.output_path + ".tmp"));
+}
+
+// A model larger than the destination's free space is refused at the stream's first chunk
+// (which says how many bytes follow), naming both sizes; nothing is left behind.
+TEST_F(CommandsTest, ExportRefusesADiskThatCannotHoldTheModel) {
+  client_.export_chunks.resize(2);
+  client_.export_chunks[0].set_total_bytes(int64_t{1} << 60);  // an exbibyte
+  client_.export_chunks[0].set_data("abc");
+  client_.export_chunks[1].set_data("def");
+  CliOptions o = Opts(Command::kExport, {"job-1"});
+  o.output_path = Dir() + "/model.safetensors";
+  const absl::Status s = Run(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("export: the model is 1073741824.0 GiB and "));
+  EXPECT_THAT(std::string(s.message()), HasSubstr(" free; free some space or export elsewhere"));
+  EXPECT_FALSE(std::filesystem::exists(o.output_path));
+  EXPECT_FALSE(std::filesystem::exists(o.output_path + ".tmp"));
 }
 
 }  // namespace
