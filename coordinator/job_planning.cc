@@ -53,7 +53,7 @@ absl::Status JobPlanner::Plan(RunPlan* plan) {
     // for the check; never with checks off, an infinite age), which scales it to the host's
     // speed now or measures it again when its layer kinds moved apart; else it prices nothing.
     std::optional<v1::ModelProfile> expired = env_.profiles->FindAnyAge(key);
-    if (expired.has_value() && ProfileAge(*expired) >= env_.speed_check_after) {
+    if (expired.has_value() && SpeedCheckDue(ProfileAge(*expired), env_.speed_check_after)) {
       profile = std::move(expired);
     }
   }
@@ -239,9 +239,7 @@ std::vector<ProfiledWorker> JobPlanner::ProfiledWorkers() {
 absl::StatusOr<v1::ModelProfile> JobPlanner::SpeedChecked(const v1::JobSpec& spec,
                                                           v1::ModelProfile cached) {
   const absl::Duration age = ProfileAge(cached);
-  if (env_.speed_check_after == absl::InfiniteDuration() || age < env_.speed_check_after) {
-    return cached;
-  }
+  if (!SpeedCheckDue(age, env_.speed_check_after)) return cached;
   if (!speed_check_.has_value()) {
     env_.store->SetReason(
         job_.id(), absl::StrCat("planning: timing layers ",

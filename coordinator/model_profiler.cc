@@ -469,8 +469,8 @@ std::optional<v1::ModelProfile> ServeChecked(const v1::JobSpec& spec, const Work
     spdlog::info("speed check of profile {} (measured {} ago): {}", cached.key(),
                  absl::FormatDuration(absl::Trunc(ProfileAge(cached), absl::Seconds(1))),
                  DescribeSpeedCheck(*made));
-    checks.Put(family, *made, absl::Now());
     verdict = SpeedCheckMemo::Verdict{*std::move(made), absl::Now()};
+    checks.Put(family, verdict->check, verdict->made);
   }
   const SpeedCheck& check = verdict->check;
   const std::string said = absl::StrCat(when, ": ", DescribeSpeedCheck(check));

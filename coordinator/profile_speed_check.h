@@ -70,6 +70,12 @@ struct SpeedCheck {
 // that carries no time): what a speed check is due by.
 absl::Duration ProfileAge(const v1::ModelProfile& profile, absl::Time now = absl::Now());
 
+// Whether a profile measured `age` ago is speed-checked before it prices a job or a plan, with
+// checks due at `after` (--profile-speed-check; infinite: never).
+inline bool SpeedCheckDue(absl::Duration age, absl::Duration after) {
+  return after != absl::InfiniteDuration() && age >= after;
+}
+
 // The layers a speed check times: those the profile timed (LayersToProfile).
 std::vector<int> SpeedCheckLayers(const v1::ModelSpec& model);
 

@@ -34,9 +34,7 @@ class SpeedCheckMemo {
 
   absl::Duration after() const { return after_; }
   // Whether a profile measured `age` ago is checked before it is served.
-  bool Checks(absl::Duration age) const {
-    return after_ != absl::InfiniteDuration() && age >= after_;
-  }
+  bool Checks(absl::Duration age) const { return SpeedCheckDue(age, after_); }
   // The verdict of `family` made within `after` before `now`, if any.
   std::optional<Verdict> Find(const std::string& family, absl::Time now) const;
   // Keeps `check` as `family`'s verdict, made at `now` (replacing an older one).

@@ -412,9 +412,6 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
   return absl::OkStatus();
 }
 
-// The safetensors file, then config.json in its directory (coordinator/hf_config.h) from the
-// job's model spec, so that from_pretrained(directory) loads an export named
-// model.safetensors.
 namespace {
 
 // RESOURCE_EXHAUSTED, naming both figures, when the file system of `path` has fewer than
@@ -437,6 +434,9 @@ absl::Status CheckFreeSpace(const std::string& path, int64_t bytes) {
 
 }  // namespace
 
+// The safetensors file, then config.json in its directory (coordinator/hf_config.h) from the
+// job's model spec, so that from_pretrained(directory) loads an export named
+// model.safetensors.
 absl::Status Export(const CliOptions& opts, CoordinatorClient& client, CommandIo io) {
   const std::string& path = opts.output_path;
   const std::string tmp = path + ".tmp";
