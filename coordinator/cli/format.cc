@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +17,7 @@
 #include "common/schedule.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
+#include "coordinator/cli/prediction_check.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace tandem::cli {
@@ -317,6 +319,9 @@ std::string FormatJobDetails(const v1::Job& job) {
       absl::StrAppend(&predicted, absl::StrFormat("; layers timed at x%.3f of their profile", r));
     }
     info.AddRow({"Predicted", predicted});
+    if (const std::optional<PredictionCheck> c = CheckPrediction(job); c.has_value()) {
+      info.AddRow({"Measured", FormatPredictionCheck(*c)});
+    }
   }
   info.AddRow(
       {"Model",

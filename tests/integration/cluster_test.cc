@@ -745,13 +745,13 @@ TEST_F(ClusterTest, RecomputationFitsABudgetRecomputingOnlyWhatNeedsIt) {
 // partition: profile through the real daemons: a head that outweighs the blocks (vocab 8192
 // at d_model 64: a block costs ~10% of the head, so the cut matters by more than the 3% within
 // which the uniform cut is kept) is measured on a worker, the cut puts it alone on the last
-// stage, the job trains to the uniform cut's losses, and `tandem plan` shows the same profile
-// (cached).
+// stage, the job trains to the uniform cut's losses, `tandem plan` shows the same profile
+// (cached), and `tandem status` the measured step against the predicted one.
 TEST_F(ClusterTest, ProfiledPartitionIsolatesAHeavyHeadAndPlanShowsIt) {
   StartCluster(2);
   auto spec = [](const std::string& partition) {
     return absl::StrCat(
-        "name: prof\nsteps: 3\nseed: 5\nmodel:\n  arch: gpt\n  n_layer: 2\n  n_head: 4\n"
+        "name: prof\nsteps: 4\nseed: 5\nmodel:\n  arch: gpt\n  n_layer: 2\n  n_head: 4\n"
         "  d_model: 64\n  seq_len: 16\n  vocab_size: 8192\n  tie_embeddings: false\n"
         "optimizer:\n  lr: 0.01\n  lr_schedule: constant\npipeline:\n  stages: 2\n"
         "  micro_batch_size: 4\n  micro_batches: 4\n  partition: ",
@@ -772,7 +772,7 @@ TEST_F(ClusterTest, ProfiledPartitionIsolatesAHeavyHeadAndPlanShowsIt) {
   ASSERT_TRUE(b.ok() && b->state() == v1::SUCCEEDED) << b->reason();
   EXPECT_EQ(b->stages(1).layer_begin(), 2);
   EXPECT_GT(b->stages(1).predicted_seconds(), 0.0);  // the cached profile predicts it too
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 4; ++i) {
     EXPECT_NEAR(a->history(i).loss(), b->history(i).loss(), 1e-5 * b->history(i).loss());
   }
   const std::string path = cluster_->dir() + "/prof.yaml";
@@ -786,6 +786,10 @@ TEST_F(ClusterTest, ProfiledPartitionIsolatesAHeavyHeadAndPlanShowsIt) {
   CommandResult status = cluster_->Cli({"status", *profiled});
   ASSERT_EQ(status.exit_code, 0) << status.err;
   EXPECT_THAT(status.out, HasSubstr("PREDICTED MS/MB  MEASURED MS/MB"));
+  // Under the prediction, the steady steps (not the first, nor the last with its own update)
+  // against it.
+  EXPECT_THAT(status.out, HasSubstr("\nMeasured "));
+  EXPECT_THAT(status.out, HasSubstr(" s per step, median of steps 2-3: x"));
 
   // The job's profile (as ProfileModel serves `tandem plan`) carries the link between its two
   // workers: 4 KiB, the embedding's activation and 4 x that, timed from both ends.

@@ -1,0 +1,171 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "coordinator/cli/format.h"
+#include "coordinator/cli/prediction_check.h"
+
+namespace tandem::cli {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// A 2-stage job predicted at 10 s a step (9.8 s of pipeline, each stage 1 s per micro-batch),
+// with `steps` steps of the given step, pipeline and replayed times, the stages at `stage` s.
+v1::Job JobWithSteps(int steps, double step_s, double exec_s, double replayed_s, double stage_s) {
+  v1::Job job;
+  job.set_state(v1::RUNNING);
+  job.set_total_steps(100);
+  job.set_predicted_step_seconds(10.0);
+  job.set_predicted_update_seconds(0.2);
+  for (int s = 0; s < 2; ++s) {
+    v1::StageAssignment* a = job.add_stages();
+    a->set_stage(s);
+    a->set_predicted_seconds(1.0);
+  }
+  for (int i = 0; i < steps; ++i) {
+    v1::StepSummary* h = job.add_history();
+    h->set_step(i);
+    h->set_step_seconds(step_s);
+    h->set_max_worker_exec_seconds(exec_s);
+    h->set_exec_replayed_seconds(replayed_s);
+    h->add_stage_seconds(stage_s);
+    h->add_stage_seconds(stage_s);
+  }
+  return job;
+}
+
+TEST(CheckPrediction, NeedsAPredictionAndTwoSteadySteps) {
+  EXPECT_FALSE(CheckPrediction(v1::Job()).has_value());
+  v1::Job none = JobWithSteps(6, 10, 9.8, 9.8, 1);
+  none.set_predicted_step_seconds(0);
+  EXPECT_FALSE(CheckPrediction(none).has_value());
+  // Steps 0 and 1: step 0 warms up, which leaves one.
+  EXPECT_FALSE(CheckPrediction(JobWithSteps(2, 10, 9.8, 9.8, 1)).has_value());
+  EXPECT_TRUE(CheckPrediction(JobWithSteps(3, 10, 9.8, 9.8, 1)).has_value());
+}
+
+TEST(CheckPrediction, CountsOnlyTheSteadySteps) {
+  v1::Job job = JobWithSteps(8, 10, 9.8, 9.8, 1);
+  job.mutable_history(0)->set_step_seconds(30);  // warm-up
+  job.mutable_history(3)->set_step_seconds(40);  // followed by a validation pass
+  job.mutable_history(3)->set_has_val_loss(true);
+  job.mutable_history(7)->set_step_seconds(50);  // the last step of a finished job
+  job.mutable_history(1)->set_step_seconds(11);
+  job.mutable_history(2)->set_step_seconds(12);
+  job.set_state(v1::SUCCEEDED);
+  job.set_total_steps(8);
+  std::optional<PredictionCheck> c = CheckPrediction(job);
+  ASSERT_TRUE(c.has_value());
+  // Steps 1, 2, 4, 5, 6 (shown as 2..7): 11, 12, 10, 10, 10.
+  EXPECT_EQ(c->steps, 5);
+  EXPECT_EQ(c->first_step, 2);
+  EXPECT_EQ(c->last_step, 7);
+  EXPECT_DOUBLE_EQ(c->measured, 10);
+  EXPECT_DOUBLE_EQ(c->predicted, 10);
+  EXPECT_DOUBLE_EQ(c->pipeline_measured, 9.8);
+  EXPECT_DOUBLE_EQ(c->pipeline_replayed, 9.8);
+  EXPECT_DOUBLE_EQ(c->stage_ratio_low, 1);
+  EXPECT_DOUBLE_EQ(c->stage_ratio_high, 1);
+
+  // While the job runs, its latest step counts; the first step of a resumed run does not.
+  job.set_state(v1::RUNNING);
+  job.set_first_step(4);
+  c = CheckPrediction(job);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->steps, 5);  // 1, 2, 5, 6, 7
+  EXPECT_EQ(c->last_step, 8);
+  EXPECT_DOUBLE_EQ(c->measured, 11);  // 10, 10, 11, 12, 50
+}
+
+TEST(CheckPrediction, StagesAreEachSetAgainstTheirOwnPrediction) {
+  v1::Job job = JobWithSteps(5, 12, 11.8, 11.6, 1.2);
+  job.mutable_stages(1)->set_predicted_seconds(1.0 / 1.1);  // stage 1 at 1.0 s: x1.1
+  for (v1::StepSummary& h : *job.mutable_history()) h.set_stage_seconds(1, 1.0);
+  std::optional<PredictionCheck> c = CheckPrediction(job);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_DOUBLE_EQ(c->stage_ratio_low, 1.1);
+  EXPECT_DOUBLE_EQ(c->stage_ratio_high, 1.2);
+  // A stage without a measurement in every step: no per-stage figure at all.
+  job.mutable_history(2)->clear_stage_seconds();
+  c = CheckPrediction(job);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->stage_ratio_low, 0);
+  EXPECT_EQ(c->stage_ratio_high, 0);
+  // Nor a replay unless every steady step has one.
+  job.mutable_history(3)->set_exec_replayed_seconds(0);
+  EXPECT_EQ(CheckPrediction(job)->pipeline_replayed, 0);
+}
+
+TEST(FormatPredictionCheck, WithinTheToleranceSaysSo) {
+  const std::string out =
+      FormatPredictionCheck(*CheckPrediction(JobWithSteps(8, 10.2, 10, 9.9, 1)));
+  EXPECT_EQ(out, "10.200 s per step, median of steps 2-8: x1.020 the prediction (within 3%)");
+}
+
+TEST(FormatPredictionCheck, ACostMissIsTheCostsNotTheSchedule) {
+  // The bench's first job on a host that slowed under it: the schedule on its own costs gives
+  // the pipeline it measured, and both stages ran about 1.2x of their predicted times.
+  v1::Job job = JobWithSteps(8, 11.9, 11.7, 11.5, 1.2);
+  job.mutable_history(4)->set_stage_seconds(1, 1.22);
+  job.mutable_history(5)->set_stage_seconds(1, 1.22);
+  job.mutable_history(6)->set_stage_seconds(1, 1.22);
+  job.mutable_history(7)->set_stage_seconds(1, 1.22);
+  EXPECT_EQ(FormatPredictionCheck(*CheckPrediction(job)),
+            "11.900 s per step, median of steps 2-8: x1.190 the prediction; the schedule "
+            "replayed on those steps' own costs 11.50 s against 11.70 s measured (within 3%), "
+            "the stages ran x1.200-1.220 of their predicted times: the costs moved, not the "
+            "schedule (a busier or slower host, or a stale profile)");
+}
+
+TEST(FormatPredictionCheck, AScheduleMissIsTheSchedule) {
+  // The stages ran as predicted, yet the pipeline took 1.15x of its replay.
+  v1::Job job = JobWithSteps(6, 11.5, 11.3, 9.8, 1.0);
+  std::string out = FormatPredictionCheck(*CheckPrediction(job));
+  EXPECT_THAT(out, HasSubstr("x1.150 the prediction; the schedule replayed on those steps' own "
+                             "costs 9.80 s against 11.30 s measured (x1.153), the stages ran "
+                             "x1.000 of their predicted times: the time went to the schedule "
+                             "beyond its compute (waits, transfers, per-action overheads)"));
+  EXPECT_THAT(out, Not(HasSubstr("costs moved")));
+  // With data parallelism the reduction is one of the suspects; with the stages off too, both.
+  job.mutable_spec()->mutable_pipeline()->set_replicas(2);
+  for (v1::StepSummary& h : *job.mutable_history()) h.set_stage_seconds(0, 1.1);
+  out = FormatPredictionCheck(*CheckPrediction(job));
+  EXPECT_THAT(out, HasSubstr("x1.000-1.100 of their predicted times: the time went to the "
+                             "schedule beyond its compute (waits, transfers, the gradient "
+                             "reduction, per-action overheads), and the costs moved"));
+}
+
+TEST(FormatPredictionCheck, NeitherTheScheduleNorTheStagesLeavesTheUpdateOrTheCalls) {
+  const std::string out = FormatPredictionCheck(*CheckPrediction(JobWithSteps(5, 11, 9.8, 9.8, 1)));
+  EXPECT_THAT(out, HasSubstr("x1.100 the prediction"));
+  EXPECT_THAT(out, HasSubstr(": neither the schedule nor the stages: the update or the calls"));
+}
+
+TEST(FormatPredictionCheck, WithoutAReplayOrStageTimesOnlyWhatIsKnown) {
+  v1::Job job = JobWithSteps(5, 12, 11.8, 0, 0);
+  EXPECT_EQ(FormatPredictionCheck(*CheckPrediction(job)),
+            "12.000 s per step, median of steps 2-5: x1.200 the prediction");
+  for (v1::StepSummary& h : *job.mutable_history()) {
+    h.set_stage_seconds(0, 1.2);
+    h.set_stage_seconds(1, 1.2);
+  }
+  EXPECT_EQ(FormatPredictionCheck(*CheckPrediction(job)),
+            "12.000 s per step, median of steps 2-5: x1.200 the prediction, the stages ran "
+            "x1.200 of their predicted times: the costs moved (a busier or slower host, or a "
+            "stale profile)");
+}
+
+TEST(FormatJobDetails, ShowsTheMeasuredStepUnderThePrediction) {
+  v1::Job job = JobWithSteps(8, 11.9, 11.7, 11.5, 1.2);
+  job.set_id("job-1");
+  EXPECT_THAT(FormatJobDetails(job),
+              HasSubstr("Predicted  10.000 s per step (update 0.200 s)\n"
+                        "Measured   11.900 s per step, median of steps 2-8: x1.190 the "
+                        "prediction;"));
+  job.clear_predicted_step_seconds();
+  EXPECT_THAT(FormatJobDetails(job), Not(HasSubstr("Measured ")));
+}
+
+}  // namespace
+}  // namespace tandem::cli
