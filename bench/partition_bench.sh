@@ -20,10 +20,11 @@
 # in which both workers run 40-90% slower, and stretches of minutes some 5% slower, that hit a
 # job at random (docs/benchmarks.md, "host bursts"); each configuration is judged on the faster
 # of its two runs, the other shown beside it, and the spread between the two is this machine's
-# drift, the floor under every prediction. Prints per job the cut, the measured step, the step
-# the plan predicted from the profile (Job.predicted_step_seconds) and their ratio, split into
-# the pipeline phase (predicted, replayed on the step's measured costs, measured) and the update
-# phase; the profiled cut's speed-up over the uniform one; zb_auto against the best
+# drift, the floor under every prediction; before the first job and after the last, 30 s of
+# bench_host_drift say how far the host's own GEMM speed moved meanwhile. Prints per job the
+# cut, the measured step, the step the plan predicted from the profile
+# (Job.predicted_step_seconds) and their ratio, split into the pipeline phase (predicted,
+# replayed on the step's measured costs, measured) and the update phase; the profiled cut's speed-up over the uniform one; zb_auto against the best
 # hand-crafted schedule; and whether the planner's pick ran within 2% of the fastest of its top
 # five, with the share of jobs within 3%. Each job after the first is priced on a profile over
 # a minute old, so the coordinator speed-checks it first (--profile-speed-check): the "speed"
@@ -215,6 +216,15 @@ PY
   exit 0
 fi
 mbs=4
+# The host's own drift before the first job and after the last (bench/host_drift.cc): the
+# same GEMM on both cores for 30 s, the medians of its 10 s blocks against each other. Where
+# they move by more than 3%, a prediction made minutes before its job cannot be judged to 3%.
+drift() {
+  if [ -x "$bin/bench_host_drift" ]; then
+    "$bin/bench_host_drift" --seconds 30 --block 10 --target 0.03 >"$run/drift-$1.txt" 2>&1 || true
+  fi
+}
+drift before
 
 # Each configuration as job's arguments (none holds a space; "-": no plan).
 configs=(
@@ -263,7 +273,14 @@ if [ "$runs" = 2 ]; then
   done
 fi
 
+drift after
 "$bin/tandem" plan "$run/profile-1f1b-m8.yaml" >"$run/plan.txt" 2>&1 || true
+for when in before after; do
+  [ -s "$run/drift-$when.txt" ] || continue
+  echo "== the host $when the jobs =="
+  cat "$run/drift-$when.txt"
+done
+echo
 echo "== tandem plan (profile, 1f1b, M=8) =="
 cat "$run/plan.txt"
 echo
