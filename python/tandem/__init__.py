@@ -15,7 +15,7 @@ from tandem.client import DEFAULT_COORDINATOR, Client, Job, to_frame
 from tandem.errors import FieldError, JobFailed, SpecError, TandemError
 from tandem.hf_config import hf_config, hf_config_json
 from tandem.types import (Event, Export, JobStatus, LayerCost, ModelProfile, Plan, PlanCandidate,
-                          Stage, Step, Worker)
+                          PredictionCheck, Stage, Step, Worker)
 
 __version__ = "0.1.0"
 
@@ -23,6 +23,6 @@ __all__ = [
     "Client", "Job", "DEFAULT_COORDINATOR", "to_frame",
     "TandemError", "SpecError", "JobFailed", "FieldError",
     "JobStatus", "Step", "Stage", "Event", "Worker", "ModelProfile", "LayerCost", "Export",
-    "Plan", "PlanCandidate",
+    "Plan", "PlanCandidate", "PredictionCheck",
     "hf_config", "hf_config_json",
 ]

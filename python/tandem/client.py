@@ -16,8 +16,8 @@ from tandem import specs
 from tandem._proto import PROTOCOL_VERSION, coordinator_pb2, coordinator_pb2_grpc
 from tandem.errors import JobFailed, TandemError, from_rpc_error
 from tandem.hf_config import hf_config_json, hf_config_path
-from tandem.types import (TERMINAL_STATES, Event, Export, JobStatus, ModelProfile, Plan, Step,
-                          Worker)
+from tandem.types import (TERMINAL_STATES, Event, Export, JobStatus, ModelProfile, Plan,
+                          PredictionCheck, Step, Worker)
 
 DEFAULT_COORDINATOR = "127.0.0.1:7070"  # coordinator/cli/args.h kDefaultCoordinator
 
@@ -262,6 +262,14 @@ class Job:
         job = self.client._get_job(self.id, history_limit=0, after_step=after_step)
         steps = [Step.from_proto(s) for s in job.history]
         return to_frame(steps) if as_frame else steps
+
+    def prediction_check(self, recent: int = 10) -> Optional[PredictionCheck]:
+        """The last `recent` steps (0: every retained one) against the predicted step, and
+        whose miss a miss is (PredictionCheck.miss), as `tandem status` says under "Measured";
+        None without a prediction or two steady steps."""
+        job = self.client._get_job(self.id, history_limit=max(0, recent))
+        return PredictionCheck.of(JobStatus.from_proto(job),
+                                  [Step.from_proto(s) for s in job.history])
 
     def watch(self, progress: bool = False, timeout: Optional[float] = None) -> Iterator[Event]:
         """Follows the job: yields every Event of its WatchJob stream (a snapshot first, then

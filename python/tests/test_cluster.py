@@ -227,6 +227,20 @@ def test_plan(client):
     assert "pipeline.micro_batches" in e.value.paths
 
 
+def test_prediction_check_of_a_profiled_job(client):
+    # Priced from the profile, then measured: the steady steps (not step 0, not the last,
+    # not those followed by the eval every 3 steps) against the prediction, as `tandem status`.
+    job = client.submit(tiny_spec("checked", pipeline={"partition": "profile"}))
+    assert job.wait(timeout=WATCH_TIMEOUT).state == "SUCCEEDED"
+    c = job.prediction_check()
+    assert c is not None and c.predicted_seconds == job.status().predicted_step_seconds
+    assert (c.steps, c.first_step, c.last_step) == (3, 1, 4)  # of 0..5: not 0, 2, 5
+    assert c.measured_seconds > 0 and c.pipeline_measured_seconds > 0
+    assert c.pipeline_replayed_seconds > 0 and c.stage_ratio_high >= c.stage_ratio_low > 0
+    assert c.miss in ("", "schedule", "costs", "schedule and costs", "update or calls")
+    assert job.prediction_check(recent=2) is None  # steps 4 and 5: 5 is the last
+
+
 def test_repr_html_and_watch_progress(client, monkeypatch):
     bars = []
 
