@@ -228,6 +228,29 @@ void RenderJobs(ExpositionWriter& w, const MetricsSnapshot& s) {
            *v = j.totals.last.step_seconds();
            return j.totals.has_last;
          });
+  // The prediction beside the step, and the step's pipeline phase beside the schedule replayed
+  // on its own costs: a step far over its prediction with the replay near the pipeline is the
+  // costs moving (the host, a stale profile); with the replay far under it, the schedule.
+  PerJob(w, s, "tandem_job_predicted_step_duration_seconds", Type::kGauge,
+         "The step the job's plan predicted from its profile (Job.predicted_step_seconds).",
+         [](const JobMetrics& j, double* v) {
+           *v = j.job.predicted_step_seconds();
+           return *v > 0;
+         });
+  PerJob(w, s, "tandem_job_last_step_pipeline_seconds", Type::kGauge,
+         "The latest step's pipeline phase on its slowest worker "
+         "(StepSummary.max_worker_exec_seconds).",
+         [](const JobMetrics& j, double* v) {
+           *v = j.totals.last.max_worker_exec_seconds();
+           return j.totals.has_last && *v > 0;
+         });
+  PerJob(w, s, "tandem_job_last_step_replayed_seconds", Type::kGauge,
+         "The schedule replayed on the latest step's own measured action costs "
+         "(StepSummary.exec_replayed_seconds).",
+         [](const JobMetrics& j, double* v) {
+           *v = j.totals.last.exec_replayed_seconds();
+           return j.totals.has_last && *v > 0;
+         });
 
   bool any = false;
   for (const JobMetrics& j : s.jobs) {

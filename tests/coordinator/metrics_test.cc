@@ -39,6 +39,8 @@ v1::StepSummary Step(int64_t step, double seconds, double loss) {
   s.add_stage_busy_seconds(0.25 * seconds);
   s.add_stage_seconds(0.001);
   s.add_stage_seconds(0.002);
+  s.set_max_worker_exec_seconds(0.9 * seconds);
+  s.set_exec_replayed_seconds(0.85 * seconds);
   s.add_stage_peak_bytes(3 << 20);
   s.add_stage_peak_bytes(5 << 20);
   for (int st = 0; st < 2; ++st) {
@@ -103,6 +105,7 @@ class CoordinatorMetricsTest : public ::testing::Test {
       a.set_predicted_seconds(s == 0 ? 0.0011 : 0.0);
     }
     store_->SetStages(running_, stages);
+    store_->SetPredictedStep(running_, 2.5, 0.1);
     ASSERT_TRUE(store_->Transition(running_, v1::RUNNING, "").ok());
     RecordSteps({0.02, 0.2, 3.0});
     metrics_ = std::make_unique<CoordinatorMetrics>(store_.get(), &registry_);
@@ -160,6 +163,9 @@ TEST_F(CoordinatorMetricsTest, EveryFamilyHasItsTypeHelpAndPrometheusName) {
       {"tandem_job_tokens_total", "counter"},
       {"tandem_job_tokens_per_second", "gauge"},
       {"tandem_job_last_step_duration_seconds", "gauge"},
+      {"tandem_job_predicted_step_duration_seconds", "gauge"},
+      {"tandem_job_last_step_pipeline_seconds", "gauge"},
+      {"tandem_job_last_step_replayed_seconds", "gauge"},
       {"tandem_job_step_duration_seconds", "histogram"},
       {"tandem_job_loss", "gauge"},
       {"tandem_job_validation_loss", "gauge"},
@@ -260,6 +266,10 @@ TEST_F(CoordinatorMetricsTest, JobCountersAndGaugesComeFromTheStore) {
   EXPECT_THAT(e.Value("tandem_job_loss", job), Near(4.8));
   EXPECT_THAT(e.Value("tandem_job_validation_loss", job), Near(4.5));
   EXPECT_THAT(e.Value("tandem_job_last_step_duration_seconds", job), Near(3.0));
+  // Against its prediction: 3.0 s for 2.5 predicted; the pipeline 2.7 s, its replay 2.55 s.
+  EXPECT_THAT(e.Value("tandem_job_predicted_step_duration_seconds", job), Near(2.5));
+  EXPECT_THAT(e.Value("tandem_job_last_step_pipeline_seconds", job), Near(2.7));
+  EXPECT_THAT(e.Value("tandem_job_last_step_replayed_seconds", job), Near(2.55));
   EXPECT_THAT(e.Value("tandem_job_tokens_per_second", job), Near(1000.0 / 3.0));
   EXPECT_THAT(e.Value("tandem_job_bubble_measured_ratio", job), Near(0.27));
   EXPECT_THAT(e.Value("tandem_job_bubble_predicted_ratio", job), Near(0.2));
@@ -278,6 +288,8 @@ TEST_F(CoordinatorMetricsTest, JobCountersAndGaugesComeFromTheStore) {
   EXPECT_TRUE(e.Find("tandem_job_loss", queued).empty());
   EXPECT_TRUE(e.Find("tandem_job_validation_loss", queued).empty());
   EXPECT_TRUE(e.Find("tandem_job_step_duration_seconds_count", queued).empty());
+  EXPECT_TRUE(e.Find("tandem_job_predicted_step_duration_seconds", queued).empty());
+  EXPECT_TRUE(e.Find("tandem_job_last_step_pipeline_seconds", queued).empty());
 
   EXPECT_THAT(e.Value("tandem_jobs", {{"state", "running"}}), Near(1.0));
   EXPECT_THAT(e.Value("tandem_jobs", {{"state", "queued"}}), Near(1.0));
