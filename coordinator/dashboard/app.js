@@ -186,6 +186,11 @@ function renderJob(data) {
   stat(dl, 'validation loss', j.has_val_loss ? fmt(j.last_val_loss) : '-');
   stat(dl, 'tokens/s', last ? fmtRate(last.tokens_per_second) : '-');
   stat(dl, 'step time', last ? fmtSeconds(last.step_seconds) : '-');
+  if (j.predicted_step_seconds > 0) {
+    // The plan's prediction from the profile; `tandem status` says whose miss a miss is.
+    stat(dl, 'step time predicted', fmtSeconds(j.predicted_step_seconds) +
+         (last ? ' (latest x' + (last.step_seconds / j.predicted_step_seconds).toFixed(2) + ')' : ''));
+  }
   stat(dl, 'bubble measured', last ? fmtPercent(last.bubble_measured) : '-');
   stat(dl, 'bubble predicted', last ? fmtPercent(last.bubble_predicted) : '-');
   stat(dl, 'bubble ideal', fmtPercent(j.bubble_fraction_ideal));

@@ -172,7 +172,9 @@ TEST_F(HttpPortTest, DashboardInChromiumShowsARunningJob) {
                     "the dashboard's browser test needs it";
   }
   StartCluster();
-  auto id = cluster_->Submit(TinyJobYaml(2, 4, 100000, "1f1b", "eval:\n  every: 10\n"));
+  // Profiled (the tail continues the pipeline block), so that the page has a predicted step.
+  auto id = cluster_->Submit(
+      TinyJobYaml(2, 4, 100000, "1f1b", "  partition: profile\neval:\n  every: 10\n"));
   ASSERT_TRUE(id.ok()) << id.status();
   ASSERT_TRUE(WaitFor(
       [&] {
@@ -233,6 +235,12 @@ TEST_F(HttpPortTest, DashboardInChromiumShowsARunningJob) {
   // Throughput and per-stage utilisation.
   EXPECT_THAT(dom, HasSubstr("<polyline class=\"series throughput\""));
   EXPECT_EQ(CountOf(dom, "<tr class=\"stage\""), 2);
+  // The step its plan predicted, with the latest step against it.
+  ASSERT_TRUE(std::regex_search(
+      dom, m,
+      std::regex("<dt>step time predicted</dt><dd>[0-9.]+ [a-z]+ \\(latest x([0-9.]+)\\)</dd>")))
+      << dom;
+  EXPECT_GT(std::stod(m[1].str()), 0.0);
   // The latest step's timeline, a row per stage.
   EXPECT_EQ(AttributeOf(dom, "timeline", "data-rows"), "2") << dom;
   EXPECT_EQ(CountOf(dom, "<g class=\"row\""), 2);
