@@ -11,7 +11,6 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -23,18 +22,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/median.h"
 
 namespace {
 
+using tandem::Median;
+
 constexpr int kM = 512, kK = 768, kN = 768;
 constexpr double kWindowSeconds = 0.2;
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // GEMMs per second in each window of kWindowSeconds until `seconds` have passed.
 std::vector<double> Rates(double seconds) {

@@ -10,18 +10,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/median.h"
 #include "worker/transport/ring_allreduce.h"
 
 namespace tandem::worker {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 

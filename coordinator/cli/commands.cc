@@ -35,10 +35,6 @@
 namespace tandem::cli {
 namespace {
 
-bool IsTerminal(v1::JobState state) {
-  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
-}
-
 // Text from the coordinator as one line: line breaks and other control characters (a
 // terminal's escape sequences) become spaces. Its messages are not trusted to be one line.
 std::string OneLine(absl::string_view text) {

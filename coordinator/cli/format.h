@@ -53,6 +53,11 @@ std::string LayerRangeName(const v1::ModelSpec& model, int begin, int end);
 // the number of steps done, step + 1.
 inline int64_t StepsDone(const v1::StepSummary& step) { return step.step() + 1; }
 
+// Whether a job in `state` has ended (SUCCEEDED, FAILED or CANCELLED).
+inline bool IsTerminal(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
 // The line printed per step by `tandem watch`, e.g.
 // "step 12/50  loss 3.4512  142.1 ms/step  1802 tok/s  [####----------------]  24%  ETA 0:06".
 // `seconds_per_step` (a recent average) sets the ETA; <= 0 means unknown.

@@ -6,24 +6,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/median.h"
 #include "coordinator/cli/format.h"
 
 namespace tandem::cli {
 namespace {
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 bool Within(double got, double want) {
   return want > 0 && std::abs(got / want - 1) <= kPredictionTolerance;
-}
-
-bool Finished(v1::JobState s) {
-  return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
 }
 
 }  // namespace
@@ -32,8 +22,8 @@ std::optional<PredictionCheck> CheckPrediction(const v1::Job& job) {
   if (job.predicted_step_seconds() <= 0) return std::nullopt;
   std::vector<const v1::StepSummary*> steady;
   for (const v1::StepSummary& s : job.history()) {
-    if (s.step() == 0 || s.step() == job.first_step()) continue;               // warms up
-    if (Finished(job.state()) && StepsDone(s) == job.total_steps()) continue;  // own update
+    if (s.step() == 0 || s.step() == job.first_step()) continue;                 // warms up
+    if (IsTerminal(job.state()) && StepsDone(s) == job.total_steps()) continue;  // own update
     if (s.has_val_loss() || s.step_seconds() <= 0) continue;
     steady.push_back(&s);
   }
