@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,7 @@
 #include "common/status_macros.h"
 #include "common/step_number.h"
 #include "coordinator/job_store_internal.h"
+#include "coordinator/prediction_check.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem::coordinator {
@@ -343,6 +345,23 @@ size_t FirstAfter(const std::deque<v1::StepSummary>& history, int64_t after_step
   return first;
 }
 
+// `job` (a copy of a stored job, with the steps of `history` it carries) with its
+// prediction_check: over those steps, or over the latest kPredictionCheckSteps of `retained`
+// where it carries none.
+void FillPredictionCheck(const std::deque<v1::StepSummary>& retained, v1::Job& job) {
+  if (job.predicted_step_seconds() <= 0) return;
+  std::vector<const v1::StepSummary*> steps;
+  if (job.history_size() > 0) {
+    for (const v1::StepSummary& s : job.history()) steps.push_back(&s);
+  } else {
+    const size_t n = std::min(retained.size(), static_cast<size_t>(kPredictionCheckSteps));
+    for (size_t i = retained.size() - n; i < retained.size(); ++i) steps.push_back(&retained[i]);
+  }
+  if (std::optional<v1::PredictionCheck> c = CheckPrediction(job, steps); c.has_value()) {
+    *job.mutable_prediction_check() = *std::move(c);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<v1::Job> JobStore::Get(const std::string& job_id, bool with_history) const {
@@ -350,7 +369,9 @@ absl::StatusOr<v1::Job> JobStore::Get(const std::string& job_id, bool with_histo
   absl::MutexLock lock(&mu_);
   const Entry* e = Find(job_id);
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
-  return e->job;
+  v1::Job job = e->job;
+  FillPredictionCheck(e->history, job);
+  return job;
 }
 
 absl::StatusOr<v1::Job> JobStore::Get(const std::string& job_id,
@@ -366,13 +387,17 @@ absl::StatusOr<v1::Job> JobStore::Get(const std::string& job_id,
   }
   job.mutable_history()->Reserve(static_cast<int>(history.size() - first));
   for (size_t i = first; i < history.size(); ++i) *job.add_history() = history[i];
+  FillPredictionCheck(history, job);
   return job;
 }
 
 std::vector<v1::Job> JobStore::List() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::Job> out;
-  for (const auto& [n, e] : jobs_) out.push_back(e.job);
+  for (const auto& [n, e] : jobs_) {
+    out.push_back(e.job);
+    FillPredictionCheck(e.history, out.back());
+  }
   return out;
 }
 

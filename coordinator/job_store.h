@@ -70,6 +70,8 @@ class JobStore {
   // Stores a validated spec (with defaults filled) as a new QUEUED job; returns its id.
   absl::StatusOr<std::string> Add(const v1::JobSpec& spec);
 
+  // Every Job read (Get, List) carries its prediction_check (coordinator/prediction_check.h),
+  // made then: over the history it carries, else over the latest retained steps.
   absl::StatusOr<v1::Job> Get(const std::string& job_id, bool with_history = true) const;
   // Which retained step summaries Get copies into Job.history: those after `after_step`
   // (-1: all), and of them at most the latest `limit` (0: no limit).

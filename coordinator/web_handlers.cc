@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/step_number.h"
 #include "coordinator/dashboard_assets.h"
+#include "coordinator/prediction_check.h"
 #include "coordinator/step_timings.h"
 #include "nlohmann/json.hpp"
 
@@ -234,6 +235,14 @@ HttpResponse WebHandlers::Job(const std::string& id, const HttpRequest& request)
   j["tokens_per_step"] = job->tokens_per_step();
   j["bubble_fraction_ideal"] = job->bubble_fraction_ideal();
   j["predicted_step_seconds"] = job->predicted_step_seconds();
+  // The coordinator's check of the prediction over the latest steps (Job.prediction_check).
+  if (job->has_prediction_check()) {
+    const v1::PredictionCheck& c = job->prediction_check();
+    j["prediction_check"] = {{"steps", c.steps()},
+                             {"ratio", Num(c.measured_seconds() / c.predicted_seconds())},
+                             {"miss", MissName(c.miss())},
+                             {"summary", c.summary()}};
+  }
   j["skipped_steps"] = job->skipped_steps();
   j["checkpoint_step"] = job->checkpoint_step();
   j["plan"] = job->plan();

@@ -12,12 +12,12 @@
 #include "absl/time/time.h"
 #include "common/elastic_layout.h"
 #include "common/format_bytes.h"
+#include "common/format_seconds.h"
 #include "common/model_desc.h"
 #include "common/pipeline_plan.h"
 #include "common/schedule.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
-#include "coordinator/cli/prediction_check.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace tandem::cli {
@@ -312,16 +312,15 @@ std::string FormatJobDetails(const v1::Job& job) {
   if (!job.plan().empty()) info.AddRow({"Planned", job.plan()});
   if (job.predicted_step_seconds() > 0) {
     std::string predicted =
-        absl::StrFormat("%.3f s per step (update %.3f s)", job.predicted_step_seconds(),
-                        job.predicted_update_seconds());
+        absl::StrFormat("%s s per step (update %s s)", FormatSeconds(job.predicted_step_seconds()),
+                        FormatSeconds(job.predicted_update_seconds()));
     // The planner's speed check of a cached profile (Job.profile_speed_ratio says what it did).
     if (const double r = job.profile_speed_ratio(); r > 0) {
       absl::StrAppend(&predicted, absl::StrFormat("; layers timed at x%.3f of their profile", r));
     }
     info.AddRow({"Predicted", predicted});
-    if (const std::optional<PredictionCheck> c = CheckPrediction(job); c.has_value()) {
-      info.AddRow({"Measured", FormatPredictionCheck(*c)});
-    }
+    // The coordinator's verdict over the steps this status carries (the recent ones).
+    if (job.has_prediction_check()) info.AddRow({"Measured", job.prediction_check().summary()});
   }
   info.AddRow(
       {"Model",

@@ -187,9 +187,14 @@ function renderJob(data) {
   stat(dl, 'tokens/s', last ? fmtRate(last.tokens_per_second) : '-');
   stat(dl, 'step time', last ? fmtSeconds(last.step_seconds) : '-');
   if (j.predicted_step_seconds > 0) {
-    // The plan's prediction from the profile; `tandem status` says whose miss a miss is.
+    // The plan's prediction from the profile, against the steady steps' median where the
+    // coordinator has checked it (with whose miss a miss is), else against the latest step.
+    const check = j.prediction_check;
     stat(dl, 'step time predicted', fmtSeconds(j.predicted_step_seconds) +
-         (last ? ' (latest x' + (last.step_seconds / j.predicted_step_seconds).toFixed(2) + ')' : ''));
+         (check ? ' (measured x' + check.ratio.toFixed(2) + ')'
+                : last ? ' (latest x' + (last.step_seconds / j.predicted_step_seconds).toFixed(2) + ')'
+                       : ''));
+    if (check) stat(dl, 'against the prediction', check.summary);
   }
   stat(dl, 'bubble measured', last ? fmtPercent(last.bubble_measured) : '-');
   stat(dl, 'bubble predicted', last ? fmtPercent(last.bubble_predicted) : '-');

@@ -268,8 +268,7 @@ class Job:
         whose miss a miss is (PredictionCheck.miss), as `tandem status` says under "Measured";
         None without a prediction or two steady steps."""
         job = self.client._get_job(self.id, history_limit=max(0, recent))
-        return PredictionCheck.of(JobStatus.from_proto(job),
-                                  [Step.from_proto(s) for s in job.history])
+        return PredictionCheck.of(job)
 
     def watch(self, progress: bool = False, timeout: Optional[float] = None) -> Iterator[Event]:
         """Follows the job: yields every Event of its WatchJob stream (a snapshot first, then

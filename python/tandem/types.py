@@ -7,7 +7,6 @@ mapped here. Steps are numbered by their 0-based index, as StepSummary.step, `ta
 
 import dataclasses
 import datetime
-import statistics
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from google.protobuf import json_format
@@ -220,15 +219,21 @@ class JobStatus:
         )
 
 
-# How far a measurement may sit from its prediction and still count as met (as `tandem
-# status`'s, coordinator/cli/prediction_check.h).
-PREDICTION_TOLERANCE = 0.03
+_MISS_NAMES = {
+    coordinator_pb2.PREDICTION_WITHIN: "",
+    coordinator_pb2.PREDICTION_MISS_SCHEDULE: "schedule",
+    coordinator_pb2.PREDICTION_MISS_COSTS: "costs",
+    coordinator_pb2.PREDICTION_MISS_SCHEDULE_AND_COSTS: "schedule and costs",
+    coordinator_pb2.PREDICTION_MISS_UPDATE_OR_CALLS: "update or calls",
+    coordinator_pb2.PREDICTION_MISS_UNKNOWN: "unknown",
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class PredictionCheck:
-    """A job's steady steps against the step its plan predicted, and whose miss a miss is; what
-    `tandem status` prints under "Measured" (coordinator/cli/prediction_check.h). Medians over
+    """A job's steady steps against the step its plan predicted, and whose miss a miss is: the
+    coordinator's check (Job.prediction_check, coordinator/prediction_check.h), the one `tandem
+    status` prints under "Measured" and the dashboard beside the predicted step. Medians over
     the steady steps: not the job's or a resumed run's first step (it warms up), not a finished
     job's last (it also waits for its own update), not one followed by a validation pass."""
 
@@ -241,6 +246,13 @@ class PredictionCheck:
     pipeline_replayed_seconds: float    # Step.exec_replayed_seconds (0: not on every step)
     stage_ratio_low: float              # each stage's F + B over its predicted time: lowest,
     stage_ratio_high: float             # highest (0: not every stage measured on every step)
+    tolerance: float                    # how far measured may sit from predicted (0.03)
+    # Whose miss: "" (within the tolerance), "schedule" (replayed on the steps' own costs, the
+    # schedule does not give the pipeline time measured), "costs" (the stages ran off their
+    # predicted times), "schedule and costs", "update or calls" (neither), or "unknown" (no
+    # replay and no per-stage times).
+    miss: str
+    summary: str                        # the line `tandem status` prints
 
     @property
     def ratio(self) -> float:
@@ -249,59 +261,25 @@ class PredictionCheck:
 
     @property
     def within(self) -> bool:
-        """Whether the step is within PREDICTION_TOLERANCE of its prediction."""
-        return abs(self.ratio - 1) <= PREDICTION_TOLERANCE
-
-    @property
-    def miss(self) -> str:
-        """Whose miss: "" (within the tolerance), "schedule" (replayed on the steps' own costs,
-        the schedule does not give the pipeline time measured), "costs" (the stages ran off
-        their predicted times), "schedule and costs", "update or calls" (neither), or
-        "unknown" (no replay and no per-stage times)."""
-        if self.within:
-            return ""
-        replayed = self.pipeline_replayed_seconds > 0 and self.pipeline_measured_seconds > 0
-        schedule_off = replayed and abs(
-            self.pipeline_measured_seconds / self.pipeline_replayed_seconds - 1) > PREDICTION_TOLERANCE
-        stages = self.stage_ratio_low > 0
-        costs_off = stages and (self.stage_ratio_low < 1 - PREDICTION_TOLERANCE
-                                or self.stage_ratio_high > 1 + PREDICTION_TOLERANCE)
-        if schedule_off:
-            return "schedule and costs" if costs_off else "schedule"
-        if costs_off:
-            return "costs"
-        return "update or calls" if replayed and stages else "unknown"
+        """Whether the step is within the tolerance of its prediction."""
+        return self.miss == ""
 
     @classmethod
-    def of(cls, job: "JobStatus", history: Sequence["Step"]) -> Optional["PredictionCheck"]:
-        """None without a prediction or with fewer than two steady steps."""
-        if job.predicted_step_seconds <= 0:
-            return None
-        steady = [s for s in history
-                  if s.step != 0 and s.step != job.first_step and s.val_loss is None
-                  and s.step_seconds > 0
-                  and not (job.done and s.step + 1 == job.total_steps)]
-        if len(steady) < 2:
-            return None
-        replayed = [s.exec_replayed_seconds for s in steady if s.exec_replayed_seconds > 0]
-        ratios = []
-        for i, stage in enumerate(job.stages):
-            got = [s.stage_seconds[i] for s in steady
-                   if i < len(s.stage_seconds) and s.stage_seconds[i] > 0]
-            if stage.predicted_seconds <= 0 or len(got) != len(steady):
-                ratios = []
-                break
-            ratios.append(statistics.median(got) / stage.predicted_seconds)
+    def from_proto(cls, c: "coordinator_pb2.PredictionCheck") -> "PredictionCheck":
         return cls(
-            steps=len(steady), first_step=steady[0].step, last_step=steady[-1].step,
-            predicted_seconds=job.predicted_step_seconds,
-            measured_seconds=statistics.median(s.step_seconds for s in steady),
-            pipeline_measured_seconds=statistics.median(s.max_worker_exec_seconds for s in steady),
-            pipeline_replayed_seconds=(statistics.median(replayed)
-                                       if len(replayed) == len(steady) else 0.0),
-            stage_ratio_low=min(ratios) if ratios else 0.0,
-            stage_ratio_high=max(ratios) if ratios else 0.0,
+            steps=c.steps, first_step=c.first_step, last_step=c.last_step,
+            predicted_seconds=c.predicted_seconds, measured_seconds=c.measured_seconds,
+            pipeline_measured_seconds=c.pipeline_measured_seconds,
+            pipeline_replayed_seconds=c.pipeline_replayed_seconds,
+            stage_ratio_low=c.stage_ratio_low, stage_ratio_high=c.stage_ratio_high,
+            tolerance=c.tolerance, miss=_MISS_NAMES.get(c.miss, "unknown"), summary=c.summary,
         )
+
+    @classmethod
+    def of(cls, job: "coordinator_pb2.Job") -> Optional["PredictionCheck"]:
+        """The coordinator's check carried by `job`; None where it made none (no prediction,
+        or fewer than two steady steps)."""
+        return cls.from_proto(job.prediction_check) if job.HasField("prediction_check") else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -113,42 +113,33 @@ def test_export_refuses_a_disk_that_cannot_hold_the_model(tmp_path):
     assert "export: the model is %d bytes and %s has " % (1 << 60, tmp_path) in e.value.message
 
 
-def _predicted_job(steps, step_s, exec_s, replayed_s, stage_s, state=2, total=100):
-    """A 2-stage job predicted at 10 s a step, each stage at 1 s per micro-batch."""
-    job = coordinator_pb2.Job(id="job-1", state=state, total_steps=total,
-                              predicted_step_seconds=10.0)
-    for i in range(2):
-        job.stages.add(stage=i, predicted_seconds=1.0)
-    for i in range(steps):
-        job.history.add(step=i, step_seconds=step_s, max_worker_exec_seconds=exec_s,
-                        exec_replayed_seconds=replayed_s, stage_seconds=[stage_s, stage_s])
-    return job
-
-
-def _check(job):
-    return tandem.PredictionCheck.of(tandem.JobStatus.from_proto(job),
-                                     [tandem.Step.from_proto(s) for s in job.history])
-
-
-def test_prediction_check_says_whose_miss_a_miss_is():
-    # As `tandem status` (tests/coordinator/cli/cli_prediction_check_test.cc).
-    assert _check(_predicted_job(2, 10, 9.8, 9.8, 1)) is None  # step 0 warms up: one left
-    within = _check(_predicted_job(8, 10.2, 10, 9.9, 1))
-    assert (within.steps, within.first_step, within.last_step) == (7, 1, 7)
-    assert within.within and within.miss == ""
-    costs = _check(_predicted_job(8, 11.9, 11.7, 11.5, 1.2))
-    assert costs.ratio == pytest.approx(1.19) and costs.miss == "costs"
-    assert costs.stage_ratio_low == pytest.approx(1.2)
-    assert _check(_predicted_job(6, 11.5, 11.3, 9.8, 1.0)).miss == "schedule"
-    assert _check(_predicted_job(6, 11.5, 11.3, 9.8, 1.1)).miss == "schedule and costs"
-    assert _check(_predicted_job(5, 11, 9.8, 9.8, 1)).miss == "update or calls"
-    assert _check(_predicted_job(5, 12, 11.8, 0, 0)).miss == "unknown"
-    # A finished job's last step waits for its own update; a validation step is not steady.
-    done = _predicted_job(8, 10, 9.8, 9.8, 1, state=3, total=8)
-    done.history[7].step_seconds = 50
-    done.history[3].has_val_loss, done.history[3].step_seconds = True, 40
-    c = _check(done)
-    assert (c.steps, c.first_step, c.last_step, c.measured_seconds) == (5, 1, 6, 10)
+def test_prediction_check_is_the_coordinators():
+    # The coordinator makes the check (coordinator/prediction_check.h, its rules tested in
+    # tests/coordinator/prediction_check_test.cc); the client maps it, every miss by name.
+    job = coordinator_pb2.Job(id="job-1", predicted_step_seconds=10.0)
+    assert tandem.PredictionCheck.of(job) is None  # no check made: no prediction, or too few
+    job.prediction_check.CopyFrom(coordinator_pb2.PredictionCheck(
+        steps=7, first_step=1, last_step=7, predicted_seconds=10.0, measured_seconds=11.9,
+        pipeline_measured_seconds=11.7, pipeline_replayed_seconds=11.5, stage_ratio_low=1.2,
+        stage_ratio_high=1.22, tolerance=0.03, miss=coordinator_pb2.PREDICTION_MISS_COSTS,
+        summary="11.900 s per step, median of steps 2-8: x1.190 the prediction; ..."))
+    c = tandem.PredictionCheck.of(job)
+    assert (c.steps, c.first_step, c.last_step) == (7, 1, 7)
+    assert c.ratio == pytest.approx(1.19) and not c.within and c.miss == "costs"
+    assert (c.stage_ratio_low, c.stage_ratio_high, c.tolerance) == (1.2, 1.22, 0.03)
+    assert c.summary.startswith("11.900 s per step, median of steps 2-8")
+    names = {coordinator_pb2.PREDICTION_WITHIN: "",
+             coordinator_pb2.PREDICTION_MISS_SCHEDULE: "schedule",
+             coordinator_pb2.PREDICTION_MISS_COSTS: "costs",
+             coordinator_pb2.PREDICTION_MISS_SCHEDULE_AND_COSTS: "schedule and costs",
+             coordinator_pb2.PREDICTION_MISS_UPDATE_OR_CALLS: "update or calls",
+             coordinator_pb2.PREDICTION_MISS_UNKNOWN: "unknown"}
+    assert set(names) == set(coordinator_pb2.PredictionMiss.values())  # every miss is named
+    for value, name in names.items():
+        job.prediction_check.miss = value
+        assert tandem.PredictionCheck.of(job).miss == name
+    job.prediction_check.miss = coordinator_pb2.PREDICTION_WITHIN
+    assert tandem.PredictionCheck.of(job).within
 
 
 def _step(i, loss, val=None):

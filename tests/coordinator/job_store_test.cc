@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "common/spec.h"
 #include "coordinator/checkpoint_store.h"
+#include "coordinator/prediction_check.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
@@ -690,6 +691,47 @@ TEST(JobStoreTest, WatchersSeeEveryEventInOrder) {
   EXPECT_EQ(store->Get(id)->steps_done(), 3);
   EXPECT_EQ(store->Get("job-77").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(store->Get("nonsense").status().code(), absl::StatusCode::kNotFound);
+}
+
+// Every read of a predicted job carries the coordinator's check of its prediction: over the
+// steps the read carries, or over the latest ones where it carries none; made on each read,
+// never stored.
+TEST(JobStoreTest, EveryReadCarriesThePredictionCheckOfItsSteps) {
+  auto store = *JobStore::Open("", /*checkpoints=*/nullptr);
+  const std::string id = *store->Add(JobSpecOf(2, 30));
+  ASSERT_TRUE(store->Transition(id, v1::RUNNING, "").ok());
+  EXPECT_FALSE(store->Get(id)->has_prediction_check());  // no prediction yet
+  store->SetPredictedStep(id, 1.0, 0.1);
+  for (int64_t s = 0; s < 20; ++s) {
+    v1::StepSummary step;
+    step.set_step(s);
+    step.set_loss(5.0);
+    step.set_step_seconds(s < 12 ? 2.0 : 1.01);  // the early steps ran at twice the prediction
+    store->RecordStep(id, step);
+  }
+  // The whole history: steps 1..19 (step 0 warms up), 11 of them at 2 s.
+  const v1::Job all = *store->Get(id);
+  ASSERT_TRUE(all.has_prediction_check());
+  EXPECT_EQ(all.prediction_check().steps(), 19);
+  EXPECT_EQ(all.prediction_check().first_step(), 1);
+  EXPECT_DOUBLE_EQ(all.prediction_check().measured_seconds(), 2.0);
+  EXPECT_EQ(all.prediction_check().miss(), v1::PREDICTION_MISS_UNKNOWN);
+  // A window of steps: over those alone.
+  JobStore::HistoryWindow window;
+  window.after_step = 1;
+  window.limit = 3;  // steps 17..19
+  const v1::Job recent = *store->Get(id, window);
+  EXPECT_EQ(recent.prediction_check().first_step(), 17);
+  EXPECT_EQ(recent.prediction_check().miss(), v1::PREDICTION_WITHIN);
+  // Without history (and in the list): over the latest kPredictionCheckSteps.
+  const v1::Job bare = *store->Get(id, /*with_history=*/false);
+  EXPECT_EQ(bare.history_size(), 0);
+  ASSERT_TRUE(bare.has_prediction_check());
+  EXPECT_EQ(bare.prediction_check().steps(), kPredictionCheckSteps);
+  EXPECT_EQ(bare.prediction_check().first_step(), 10);
+  EXPECT_EQ(store->List().at(0).prediction_check().last_step(), 19);
+  EXPECT_THAT(bare.prediction_check().summary(),
+              HasSubstr("1.010 s per step, median of steps 11-20: x1.010 the prediction"));
 }
 
 // A rerun step supersedes its record and every later one; a restart rolls back to the

@@ -198,6 +198,26 @@ TEST_F(WebHandlersTest, AJobHasItsSeriesStagesAndLatestStep) {
   EXPECT_EQ(j["job"]["replicas"], 1);
 }
 
+// A predicted job carries the coordinator's check of its prediction, as `tandem status` says it:
+// of the fixture's steps 0-2, step 0 warms up and step 1 had a validation pass, so one more
+// step makes the two steady steps a check needs.
+TEST_F(WebHandlersTest, APredictedJobCarriesTheCheckOfItsPrediction) {
+  EXPECT_FALSE(GetJson("/api/jobs/" + job_)["job"].contains("prediction_check"));
+  store_->SetPredictedStep(job_, 0.4, 0.01);
+  v1::StepSummary s;
+  s.set_step(3);
+  s.set_loss(2.0);
+  s.set_step_seconds(0.5);
+  store_->RecordStep(job_, s);
+  const json j = GetJson("/api/jobs/" + job_);
+  ASSERT_TRUE(j["job"].contains("prediction_check")) << j.dump();
+  const json& c = j["job"]["prediction_check"];
+  EXPECT_EQ(c["steps"], 2);
+  EXPECT_DOUBLE_EQ(c["ratio"].get<double>(), 1.25);
+  EXPECT_EQ(c["miss"], "unknown");  // neither a replay nor per-stage predictions to tell
+  EXPECT_EQ(c["summary"], "0.500 s per step, median of steps 3-4: x1.250 the prediction");
+}
+
 TEST_F(WebHandlersTest, AfterGivesOnlyNewerStepsButStillTheLatestStep) {
   json j = GetJson("/api/jobs/" + job_, {{"after", "2"}});
   EXPECT_EQ(j["series"]["step"], json::array({3}));

@@ -235,12 +235,17 @@ TEST_F(HttpPortTest, DashboardInChromiumShowsARunningJob) {
   // Throughput and per-stage utilisation.
   EXPECT_THAT(dom, HasSubstr("<polyline class=\"series throughput\""));
   EXPECT_EQ(CountOf(dom, "<tr class=\"stage\""), 2);
-  // The step its plan predicted, with the latest step against it.
+  // The step its plan predicted, with the steady steps against it and whose miss a miss is
+  // (the coordinator's check over the latest steps).
   ASSERT_TRUE(std::regex_search(
       dom, m,
-      std::regex("<dt>step time predicted</dt><dd>[0-9.]+ [a-z]+ \\(latest x([0-9.]+)\\)</dd>")))
+      std::regex("<dt>step time predicted</dt><dd>[0-9.]+ [a-z]+ \\(measured x([0-9.]+)\\)</dd>")))
       << dom;
   EXPECT_GT(std::stod(m[1].str()), 0.0);
+  EXPECT_TRUE(std::regex_search(
+      dom, std::regex("<dt>against the prediction</dt><dd>[0-9.]+ s per step, median of steps "
+                      "[0-9]+-[0-9]+: x[0-9.]+ the prediction[^<]*</dd>")))
+      << dom;
   // The latest step's timeline, a row per stage.
   EXPECT_EQ(AttributeOf(dom, "timeline", "data-rows"), "2") << dom;
   EXPECT_EQ(CountOf(dom, "<g class=\"row\""), 2);

@@ -251,6 +251,20 @@ TEST(FormatJobDetails, PredictedAgainstMeasuredStageTimes) {
   EXPECT_THAT(parts, HasSubstr("256.0 MiB   256.0 MiB  512.0 MiB  3.0 MiB    2.0 MiB"));
 }
 
+// The coordinator's check of the prediction (Job.prediction_check) is printed as it says it.
+TEST(FormatJobDetails, ShowsTheMeasuredStepUnderThePrediction) {
+  v1::Job job = RunningJob();
+  job.set_predicted_step_seconds(10.0);
+  job.set_predicted_update_seconds(0.2);
+  EXPECT_THAT(FormatJobDetails(job), Not(HasSubstr("Measured ")));  // no check made
+  job.mutable_prediction_check()->set_summary("11.900 s per step, median of steps 2-8: x1.190");
+  EXPECT_THAT(FormatJobDetails(job),
+              HasSubstr("Predicted  10.000 s per step (update 0.200 s)\n"
+                        "Measured   11.900 s per step, median of steps 2-8: x1.190\n"));
+  job.clear_predicted_step_seconds();
+  EXPECT_THAT(FormatJobDetails(job), Not(HasSubstr("Measured ")));
+}
+
 // The last step's per-stage compute / transfer / idle seconds, its MFU, and the planner's
 // choice.
 TEST(FormatJobDetails, PerStageTimesMfuAndThePlan) {

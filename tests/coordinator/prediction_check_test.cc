@@ -1,10 +1,9 @@
+#include "coordinator/prediction_check.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "coordinator/cli/format.h"
-#include "coordinator/cli/prediction_check.h"
-
-namespace tandem::cli {
+namespace tandem::coordinator {
 namespace {
 
 using ::testing::HasSubstr;
@@ -55,46 +54,49 @@ TEST(CheckPrediction, CountsOnlyTheSteadySteps) {
   job.mutable_history(2)->set_step_seconds(12);
   job.set_state(v1::SUCCEEDED);
   job.set_total_steps(8);
-  std::optional<PredictionCheck> c = CheckPrediction(job);
+  std::optional<v1::PredictionCheck> c = CheckPrediction(job);
   ASSERT_TRUE(c.has_value());
   // Steps 1, 2, 4, 5, 6 (shown as 2..7): 11, 12, 10, 10, 10.
-  EXPECT_EQ(c->steps, 5);
-  EXPECT_EQ(c->first_step, 2);
-  EXPECT_EQ(c->last_step, 7);
-  EXPECT_DOUBLE_EQ(c->measured, 10);
-  EXPECT_DOUBLE_EQ(c->predicted, 10);
-  EXPECT_DOUBLE_EQ(c->pipeline_measured, 9.8);
-  EXPECT_DOUBLE_EQ(c->pipeline_replayed, 9.8);
-  EXPECT_DOUBLE_EQ(c->stage_ratio_low, 1);
-  EXPECT_DOUBLE_EQ(c->stage_ratio_high, 1);
+  EXPECT_EQ(c->steps(), 5);
+  EXPECT_EQ(c->first_step(), 1);
+  EXPECT_EQ(c->last_step(), 6);
+  EXPECT_EQ(c->tolerance(), kPredictionTolerance);
+  EXPECT_EQ(c->miss(), v1::PREDICTION_WITHIN);
+  EXPECT_THAT(c->summary(), HasSubstr("median of steps 2-7: x1.000 the prediction (within 3%)"));
+  EXPECT_DOUBLE_EQ(c->measured_seconds(), 10);
+  EXPECT_DOUBLE_EQ(c->predicted_seconds(), 10);
+  EXPECT_DOUBLE_EQ(c->pipeline_measured_seconds(), 9.8);
+  EXPECT_DOUBLE_EQ(c->pipeline_replayed_seconds(), 9.8);
+  EXPECT_DOUBLE_EQ(c->stage_ratio_low(), 1);
+  EXPECT_DOUBLE_EQ(c->stage_ratio_high(), 1);
 
   // While the job runs, its latest step counts; the first step of a resumed run does not.
   job.set_state(v1::RUNNING);
   job.set_first_step(4);
   c = CheckPrediction(job);
   ASSERT_TRUE(c.has_value());
-  EXPECT_EQ(c->steps, 5);  // 1, 2, 5, 6, 7
-  EXPECT_EQ(c->last_step, 8);
-  EXPECT_DOUBLE_EQ(c->measured, 11);  // 10, 10, 11, 12, 50
+  EXPECT_EQ(c->steps(), 5);  // 1, 2, 5, 6, 7
+  EXPECT_EQ(c->last_step(), 7);
+  EXPECT_DOUBLE_EQ(c->measured_seconds(), 11);  // 10, 10, 11, 12, 50
 }
 
 TEST(CheckPrediction, StagesAreEachSetAgainstTheirOwnPrediction) {
   v1::Job job = JobWithSteps(5, 12, 11.8, 11.6, 1.2);
   job.mutable_stages(1)->set_predicted_seconds(1.0 / 1.1);  // stage 1 at 1.0 s: x1.1
   for (v1::StepSummary& h : *job.mutable_history()) h.set_stage_seconds(1, 1.0);
-  std::optional<PredictionCheck> c = CheckPrediction(job);
+  std::optional<v1::PredictionCheck> c = CheckPrediction(job);
   ASSERT_TRUE(c.has_value());
-  EXPECT_DOUBLE_EQ(c->stage_ratio_low, 1.1);
-  EXPECT_DOUBLE_EQ(c->stage_ratio_high, 1.2);
+  EXPECT_DOUBLE_EQ(c->stage_ratio_low(), 1.1);
+  EXPECT_DOUBLE_EQ(c->stage_ratio_high(), 1.2);
   // A stage without a measurement in every step: no per-stage figure at all.
   job.mutable_history(2)->clear_stage_seconds();
   c = CheckPrediction(job);
   ASSERT_TRUE(c.has_value());
-  EXPECT_EQ(c->stage_ratio_low, 0);
-  EXPECT_EQ(c->stage_ratio_high, 0);
+  EXPECT_EQ(c->stage_ratio_low(), 0);
+  EXPECT_EQ(c->stage_ratio_high(), 0);
   // Nor a replay unless every steady step has one.
   job.mutable_history(3)->set_exec_replayed_seconds(0);
-  EXPECT_EQ(CheckPrediction(job)->pipeline_replayed, 0);
+  EXPECT_EQ(CheckPrediction(job)->pipeline_replayed_seconds(), 0);
 }
 
 TEST(FormatPredictionCheck, WithinTheToleranceSaysSo) {
@@ -111,9 +113,10 @@ TEST(FormatPredictionCheck, ACostMissIsTheCostsNotTheSchedule) {
   job.mutable_history(5)->set_stage_seconds(1, 1.22);
   job.mutable_history(6)->set_stage_seconds(1, 1.22);
   job.mutable_history(7)->set_stage_seconds(1, 1.22);
+  EXPECT_EQ(CheckPrediction(job)->miss(), v1::PREDICTION_MISS_COSTS);
   EXPECT_EQ(FormatPredictionCheck(*CheckPrediction(job)),
             "11.900 s per step, median of steps 2-8: x1.190 the prediction; the schedule "
-            "replayed on those steps' own costs 11.50 s against 11.70 s measured (within 3%), "
+            "replayed on those steps' own costs 11.500 s against 11.700 s measured (within 3%), "
             "the stages ran x1.200-1.220 of their predicted times: the costs moved, not the "
             "schedule (a busier or slower host, or a stale profile)");
 }
@@ -121,15 +124,17 @@ TEST(FormatPredictionCheck, ACostMissIsTheCostsNotTheSchedule) {
 TEST(FormatPredictionCheck, AScheduleMissIsTheSchedule) {
   // The stages ran as predicted, yet the pipeline took 1.15x of its replay.
   v1::Job job = JobWithSteps(6, 11.5, 11.3, 9.8, 1.0);
+  EXPECT_EQ(CheckPrediction(job)->miss(), v1::PREDICTION_MISS_SCHEDULE);
   std::string out = FormatPredictionCheck(*CheckPrediction(job));
   EXPECT_THAT(out, HasSubstr("x1.150 the prediction; the schedule replayed on those steps' own "
-                             "costs 9.80 s against 11.30 s measured (x1.153), the stages ran "
+                             "costs 9.800 s against 11.300 s measured (x1.153), the stages ran "
                              "x1.000 of their predicted times: the time went to the schedule "
                              "beyond its compute (waits, transfers, per-action overheads)"));
   EXPECT_THAT(out, Not(HasSubstr("costs moved")));
   // With data parallelism the reduction is one of the suspects; with the stages off too, both.
   job.mutable_spec()->mutable_pipeline()->set_replicas(2);
   for (v1::StepSummary& h : *job.mutable_history()) h.set_stage_seconds(0, 1.1);
+  EXPECT_EQ(CheckPrediction(job)->miss(), v1::PREDICTION_MISS_SCHEDULE_AND_COSTS);
   out = FormatPredictionCheck(*CheckPrediction(job));
   EXPECT_THAT(out, HasSubstr("x1.000-1.100 of their predicted times: the time went to the "
                              "schedule beyond its compute (waits, transfers, the gradient "
@@ -137,13 +142,17 @@ TEST(FormatPredictionCheck, AScheduleMissIsTheSchedule) {
 }
 
 TEST(FormatPredictionCheck, NeitherTheScheduleNorTheStagesLeavesTheUpdateOrTheCalls) {
-  const std::string out = FormatPredictionCheck(*CheckPrediction(JobWithSteps(5, 11, 9.8, 9.8, 1)));
+  const std::optional<v1::PredictionCheck> c = CheckPrediction(JobWithSteps(5, 11, 9.8, 9.8, 1));
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->miss(), v1::PREDICTION_MISS_UPDATE_OR_CALLS);
+  const std::string out = c->summary();
   EXPECT_THAT(out, HasSubstr("x1.100 the prediction"));
   EXPECT_THAT(out, HasSubstr(": neither the schedule nor the stages: the update or the calls"));
 }
 
 TEST(FormatPredictionCheck, WithoutAReplayOrStageTimesOnlyWhatIsKnown) {
   v1::Job job = JobWithSteps(5, 12, 11.8, 0, 0);
+  EXPECT_EQ(CheckPrediction(job)->miss(), v1::PREDICTION_MISS_UNKNOWN);
   EXPECT_EQ(FormatPredictionCheck(*CheckPrediction(job)),
             "12.000 s per step, median of steps 2-5: x1.200 the prediction");
   for (v1::StepSummary& h : *job.mutable_history()) {
@@ -156,16 +165,19 @@ TEST(FormatPredictionCheck, WithoutAReplayOrStageTimesOnlyWhatIsKnown) {
             "stale profile)");
 }
 
-TEST(FormatJobDetails, ShowsTheMeasuredStepUnderThePrediction) {
-  v1::Job job = JobWithSteps(8, 11.9, 11.7, 11.5, 1.2);
-  job.set_id("job-1");
-  EXPECT_THAT(FormatJobDetails(job),
-              HasSubstr("Predicted  10.000 s per step (update 0.200 s)\n"
-                        "Measured   11.900 s per step, median of steps 2-8: x1.190 the "
-                        "prediction;"));
-  job.clear_predicted_step_seconds();
-  EXPECT_THAT(FormatJobDetails(job), Not(HasSubstr("Measured ")));
+TEST(FormatPredictionCheck, MillisecondStepsKeepTheirDigits) {
+  // A small model: 17 ms steps, 12 ms of replay against 17 ms of pipeline.
+  v1::Job job = JobWithSteps(6, 0.0172, 0.0171, 0.01213, 0.001);
+  job.set_predicted_step_seconds(0.0166);
+  for (v1::StageAssignment& a : *job.mutable_stages()) a.set_predicted_seconds(0.0016);
+  const std::optional<v1::PredictionCheck> c = CheckPrediction(job);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->miss(), v1::PREDICTION_MISS_SCHEDULE_AND_COSTS);
+  EXPECT_THAT(c->summary(), HasSubstr("0.0172 s per step, median of steps 2-6: x1.036 the "
+                                      "prediction; the schedule replayed on those steps' own "
+                                      "costs 0.0121 s against 0.0171 s measured (x1.410), the "
+                                      "stages ran x0.625 of their predicted times"));
 }
 
 }  // namespace
-}  // namespace tandem::cli
+}  // namespace tandem::coordinator
