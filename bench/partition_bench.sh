@@ -186,6 +186,11 @@ print(json.dumps({
     # The planner's speed check of the cached profile (0: none, the profile was fresh).
     "speed_ratio": float(job.get("profile_speed_ratio", 0)),
     "speed_priced": any(": priced at x" in l for l in checks),
+    # The coordinator's check of the prediction over the same steady steps (Job.prediction_check):
+    # whose miss a miss is. "-": no check (no prediction).
+    "miss": (lambda c: c.get("miss", "PREDICTION_WITHIN").replace("PREDICTION_MISS_", "")
+             .replace("PREDICTION_", "").lower().replace("_", " ") if c else "-")(
+                 job.get("prediction_check")),
     "stage_predicted_ms": [1000 * float(s.get("predicted_seconds", 0)) for s in stages],
     "stage_measured_ms": [1000 * float(x) for x in h[-1].get("stage_seconds", [])],
     "losses": [float(s["loss"]) for s in h],
@@ -305,11 +310,14 @@ print("the calls and the coordinator beyond the slowest worker's time in them (n
 print("speed: the planner's speed check of the cached profile, every layer kind timed again at")
 print("planning against it ('*': priced at that speed, every round beyond 2% on one side; '-':")
 print("the profile was fresh, no check); quiet: the steady steps a host burst hit (an action")
-print("at 1.25x its job median or more) and measured / predicted over the others ('-': under 3)")
+print("at 1.25x its job median or more) and measured / predicted over the others ('-': under 3);")
+print("miss: the coordinator's check of the prediction, whose miss a miss beyond 3% is (costs:")
+print("the stages ran off their profile; schedule: the schedule on its own costs did not give")
+print("the measured pipeline; update or calls: neither)")
 print(f"{'job':<26} {'cut':<26} {'run':>3} {'measured s':>10} {'predicted s':>11} {'meas/pred':>9} "
       f"{'other run':>15} {'speed':>6}  "
-      f"{'quiet':>11}  {'pipeline pred/repl/meas':>24}  {'update pred/meas':>16}  {'ovh ms':>6}  "
-      f"stage ms (pred / meas)")
+      f"{'quiet':>11}  {'miss':>18}  {'pipeline pred/repl/meas':>24}  {'update pred/meas':>16}  "
+      f"{'ovh ms':>6}  stage ms (pred / meas)")
 for r in rows:
     ratio = r["step_s"] / r["predicted_s"] if r["predicted_s"] else float("nan")
     stages = ", ".join(f"{p:.0f}/{m:.0f}" for p, m in zip(r["stage_predicted_ms"], r["stage_measured_ms"]))
@@ -328,7 +336,8 @@ for r in rows:
         o = f"{x['step_s']:.3f} ({x['step_s'] / x['predicted_s'] if x['predicted_s'] else float('nan'):.3f})"
     print(f"{r['name']:<26} {cut:<26} {r.get('run', 1):>3} {r['step_s']:>10.3f} {r['predicted_s']:>11.3f} "
           f"{ratio:>9.3f} {o:>15} {speed:>6}  "
-          f"{quiet:>11}  {pipe:>24}  {upd:>16}  {1000 * r['overhead_s']:>6.1f}  {stages}")
+          f"{quiet:>11}  {r.get('miss', '-'):>18}  {pipe:>24}  {upd:>16}  "
+          f"{1000 * r['overhead_s']:>6.1f}  {stages}")
 u = next(r for r in rows if r["name"] == "uniform-1f1b-m8")
 p = next(r for r in rows if r["name"] == "profile-1f1b-m8")
 sp = u["step_s"] / p["step_s"]
