@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/version.h"
+#include "coordinator/prediction_check.h"
 
 namespace tandem::coordinator {
 namespace {
@@ -251,6 +252,30 @@ void RenderJobs(ExpositionWriter& w, const MetricsSnapshot& s) {
            *v = j.totals.last.exec_replayed_seconds();
            return j.totals.has_last && *v > 0;
          });
+  // The coordinator's check over the latest steady steps (Job.prediction_check): a median, so
+  // that one slow step does not page anyone, and whose miss a miss is.
+  PerJob(w, s, "tandem_job_step_over_prediction_ratio", Type::kGauge,
+         "The median of the job's latest steady steps over its predicted step "
+         "(Job.prediction_check; 1 is on the prediction).",
+         [](const JobMetrics& j, double* v) {
+           const v1::PredictionCheck& c = j.job.prediction_check();
+           *v = c.predicted_seconds() > 0 ? c.measured_seconds() / c.predicted_seconds() : 0;
+           return j.job.has_prediction_check() && *v > 0;
+         });
+  bool checked = false;
+  for (const JobMetrics& j : s.jobs) {
+    if (!j.job.has_prediction_check()) continue;
+    if (!checked) {
+      w.Family("tandem_job_prediction_miss", Type::kGauge,
+               "Whose miss the job's miss of its predicted step is, beyond the check's "
+               "tolerance (always 1): within, costs, schedule, schedule_and_costs, "
+               "update_or_calls, unknown.");
+      checked = true;
+    }
+    std::string miss = MissName(j.job.prediction_check().miss());
+    std::replace(miss.begin(), miss.end(), ' ', '_');
+    w.Sample({{"job", j.job.id()}, {"miss", miss.empty() ? "within" : miss}}, 1);
+  }
 
   bool any = false;
   for (const JobMetrics& j : s.jobs) {

@@ -255,6 +255,24 @@ TEST_F(CoordinatorMetricsTest, RestartsResizesAndRedoneStepsAreCounted) {
   EXPECT_EQ(store_->Get(running_)->recovering_since_unix_ms(), 0);
 }
 
+// The coordinator's check of the prediction over the steady steps (Job.prediction_check):
+// the median over the predicted step, and whose miss it is, once two steady steps exist.
+TEST_F(CoordinatorMetricsTest, TheStepOverItsPredictionIsTheCheckOfTheSteadySteps) {
+  const std::map<std::string, std::string> job = {{"job", running_}};
+  // Steps 0-2: step 0 warms up and step 2 had a validation pass, one steady step: no check.
+  Exposition e = Scrape();
+  EXPECT_TRUE(e.Find("tandem_job_step_over_prediction_ratio", job).empty());
+  EXPECT_TRUE(e.Find("tandem_job_prediction_miss", job).empty());
+  RecordSteps({3.0, 2.6});
+  // Steady steps 1, 3, 4 (0.2, 3.0, 2.6 s): median 2.6 s over 2.5 predicted. Their pipeline
+  // (0.9x each step) against its replay (0.85x): x1.059, the schedule's miss.
+  e = Scrape();
+  EXPECT_THAT(e.Value("tandem_job_step_over_prediction_ratio", job), Near(2.6 / 2.5));
+  EXPECT_THAT(e.Value("tandem_job_prediction_miss", {{"job", running_}, {"miss", "schedule"}}),
+              Near(1.0));
+  EXPECT_TRUE(e.Find("tandem_job_step_over_prediction_ratio", {{"job", queued_}}).empty());
+}
+
 TEST_F(CoordinatorMetricsTest, JobCountersAndGaugesComeFromTheStore) {
   const Exposition e = Scrape();
   const std::map<std::string, std::string> job = {{"job", running_}};
