@@ -163,12 +163,45 @@ std::string FormatStateLine(const v1::JobEvent& event, const std::string& job_na
   return line;
 }
 
+namespace {
+
+// The coordinator's check of a job's prediction in a few characters: "x1.024", or "x1.146
+// costs" beyond its tolerance (whose miss; `tandem status JOB` says more); "-" without one.
+std::string FormatCheckBrief(const v1::Job& job) {
+  if (!job.has_prediction_check()) return "-";
+  const v1::PredictionCheck& c = job.prediction_check();
+  std::string out = absl::StrFormat("x%.3f", c.measured_seconds() / c.predicted_seconds());
+  switch (c.miss()) {
+    case v1::PREDICTION_WITHIN:
+      break;
+    case v1::PREDICTION_MISS_SCHEDULE:
+      absl::StrAppend(&out, " schedule");
+      break;
+    case v1::PREDICTION_MISS_COSTS:
+      absl::StrAppend(&out, " costs");
+      break;
+    case v1::PREDICTION_MISS_SCHEDULE_AND_COSTS:
+      absl::StrAppend(&out, " schedule+costs");
+      break;
+    case v1::PREDICTION_MISS_UPDATE_OR_CALLS:
+      absl::StrAppend(&out, " update/calls");
+      break;
+    default:
+      absl::StrAppend(&out, " ?");
+      break;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string FormatJobsTable(const v1::ListJobsResponse& jobs) {
-  Table table({"ID", "NAME", "STATE", "STEP", "LOSS", "REASON"});
+  Table table({"ID", "NAME", "STATE", "STEP", "LOSS", "VS PREDICTED", "REASON"});
   for (const v1::Job& job : jobs.jobs()) {
     table.AddRow({job.id(), job.name(), StateName(job.state()),
                   absl::StrCat(job.steps_done(), "/", job.total_steps()),
-                  job.steps_done() > 0 ? FormatLoss(job.last_loss()) : "-", job.reason()});
+                  job.steps_done() > 0 ? FormatLoss(job.last_loss()) : "-", FormatCheckBrief(job),
+                  job.reason()});
   }
   return table.Render();
 }

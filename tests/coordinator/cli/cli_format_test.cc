@@ -91,10 +91,23 @@ TEST(FormatJobsTable, Literal) {
   b->set_state(v1::QUEUED);
   b->set_total_steps(50);
   b->set_reason("waiting for 4 idle cpu workers (2 idle)");
-  EXPECT_EQ(FormatJobsTable(jobs),
-            "ID     NAME        STATE    STEP   LOSS    REASON\n"
-            "job-1  quickstart  RUNNING  12/60  3.4512\n"
-            "job-2  big         QUEUED   0/50   -       waiting for 4 idle cpu workers (2 idle)\n");
+  EXPECT_EQ(
+      FormatJobsTable(jobs),
+      "ID     NAME        STATE    STEP   LOSS    VS PREDICTED  REASON\n"
+      "job-1  quickstart  RUNNING  12/60  3.4512  -\n"
+      "job-2  big         QUEUED   0/50   -       -             waiting for 4 idle cpu workers "
+      "(2 idle)\n");
+  // With the coordinator's check of its prediction: the median step over it, and whose miss.
+  v1::PredictionCheck* c = a->mutable_prediction_check();
+  c->set_predicted_seconds(10);
+  c->set_measured_seconds(10.2);
+  EXPECT_THAT(FormatJobsTable(jobs),
+              HasSubstr("job-1  quickstart  RUNNING  12/60  3.4512  x1.020\n"));
+  c->set_measured_seconds(11.9);
+  c->set_miss(v1::PREDICTION_MISS_COSTS);
+  EXPECT_THAT(FormatJobsTable(jobs), HasSubstr("3.4512  x1.190 costs\n"));
+  c->set_miss(v1::PREDICTION_MISS_SCHEDULE_AND_COSTS);
+  EXPECT_THAT(FormatJobsTable(jobs), HasSubstr("3.4512  x1.190 schedule+costs\n"));
 }
 
 v1::ListWorkersResponse TwoWorkers() {
