@@ -12,7 +12,8 @@ StepSummary.step_seconds (coordinator wall time of the step, RunStep + ApplyStep
 span as the torch peer's step, forward/backward + optimizer), max_worker_exec_seconds (the
 slowest worker's RunStep execution), busy_seconds (per rank, time in compute actions),
 bubble_measured (1 - sum(busy) / (P x max exec)), bubble_predicted (the simulator on the
-program with that step's measured per-stage action costs, transfers free),
+program with that step's measured per-stage action costs, transfers at the plan's price: free
+without a profiled link),
 rank_peak_activation_bytes (per rank; peak_activation_bytes is their max), loss. The first
 step is a warm-up and is left out of every median. The torch peer's bubble is defined the
 same way (1 - busy / wall per rank, its busy time being its timed forwards and backwards).

@@ -8,12 +8,17 @@
 
 namespace tandem {
 absl::StatusOr<StepProfile> ProfileStep(const Schedule& lowered,
-                                        const std::vector<const v1::StepReport*>& reports) {
+                                        const std::vector<const v1::StepReport*>& reports,
+                                        const std::vector<double>& stage_transfer_seconds) {
   const int p = lowered.placement.num_ranks;
   const int s = lowered.placement.num_stages();
   if (static_cast<int>(reports.size()) != p || static_cast<int>(lowered.program.size()) != p) {
     return absl::InvalidArgumentError(
         absl::StrCat("profile: ", reports.size(), " reports for ", p, " ranks"));
+  }
+  if (!stage_transfer_seconds.empty() && static_cast<int>(stage_transfer_seconds.size()) != s) {
+    return absl::InvalidArgumentError(absl::StrCat("profile: ", stage_transfer_seconds.size(),
+                                                   " transfer costs for ", s, " stages"));
   }
   StepProfile out;
   out.busy_seconds.assign(p, 0.0);
@@ -77,7 +82,7 @@ absl::StatusOr<StepProfile> ProfileStep(const Schedule& lowered,
     c.backward_input = mean(2);
     c.backward_weight = mean(3);
     c.recompute = count[st][4] > 0 ? mean(4) : -1.0;
-    c.transfer = 0.0;
+    c.transfer = stage_transfer_seconds.empty() ? 0.0 : std::max(0.0, stage_transfer_seconds[st]);
     c.reduce = reduce_count[st] > 0 ? reduce_sum[st] / reduce_count[st] : 0.0;
   }
   ASSIGN_OR_RETURN(SimulationResult sim, SimulateSchedule(lowered, ActionCosts{}, out.stage_costs));

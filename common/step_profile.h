@@ -35,16 +35,22 @@ struct StepProfile {
   // ran none of that kind), and of its gradient reduction past the compute before it (reduce:
   // the reduction overlaps the last backward layer by layer, and the program posts it after).
   std::vector<ActionCosts> stage_costs;
-  // The simulator run on the program with stage_costs (transfers free; a data-parallel step's
-  // reductions as measured).
+  // The simulator run on the program with stage_costs: the measured compute, each message at
+  // the cost the plan priced it (stage_transfer_seconds; free without), a data-parallel step's
+  // reductions as measured. Set against the step's measured pipeline, it leaves out the
+  // compute's own error: what remains is the schedule's waits, the transfers' error and the
+  // per-action overheads.
   double predicted_step_seconds = 0.0;
   double predicted_bubble = 0.0;
 };
 
 // `reports[r]` is rank r's report of one training step of `lowered` (its timings index into
-// rank r's action list). INVALID_ARGUMENT when the reports do not match the program.
+// rank r's action list); `stage_transfer_seconds[s]`, where given, what the plan priced a
+// message from stage s at (ActionCosts.transfer, from the profile's link). INVALID_ARGUMENT
+// when the reports do not match the program, or the transfer costs not its stages.
 absl::StatusOr<StepProfile> ProfileStep(const Schedule& lowered,
-                                        const std::vector<const v1::StepReport*>& reports);
+                                        const std::vector<const v1::StepReport*>& reports,
+                                        const std::vector<double>& stage_transfer_seconds = {});
 
 }  // namespace tandem
 

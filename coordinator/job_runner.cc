@@ -463,9 +463,13 @@ absl::Status JobRunner::RunOneStep(int64_t step) {
       StepTimingsOf(step, step_reports, env_.registry->ClockOffsets(worker_ids));
   std::vector<const v1::StepReport*> reports;
   for (const auto& report : step_reports) reports.push_back(&report);
-  StepReports reported =
-      SummarizeReports(step, plan.schedule, plan.num_stages(), reports, timings,
-                       spec.optimizer().grad_clip(), Replicas(), ShardsOptimizerState(spec));
+  // The step's replay prices its messages as the plan did (its profile's link), so that the
+  // replay against the measured pipeline leaves out only the compute's error.
+  std::vector<double> transfers;
+  for (const ActionCosts& c : plan.stage_costs) transfers.push_back(c.transfer);
+  StepReports reported = SummarizeReports(step, plan.schedule, plan.num_stages(), reports, timings,
+                                          spec.optimizer().grad_clip(), Replicas(),
+                                          ShardsOptimizerState(spec), transfers);
   v1::StepSummary& summary = reported.summary;
   if (!reported.has_loss) {
     return absl::InternalError(

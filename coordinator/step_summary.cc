@@ -13,7 +13,8 @@ namespace tandem::coordinator {
 StepReports SummarizeReports(int64_t step, const Schedule& schedule, int num_stages,
                              const std::vector<const v1::StepReport*>& reports,
                              const v1::StepTimings& timings, float clip, int replicas,
-                             bool sharded_state) {
+                             bool sharded_state,
+                             const std::vector<double>& stage_transfer_seconds) {
   StepReports out;
   v1::StepSummary& summary = out.summary;
   summary.set_step(step);
@@ -58,7 +59,8 @@ StepReports SummarizeReports(int64_t step, const Schedule& schedule, int num_sta
     summary.add_stage_peak_bytes(m.static_bytes() + m.peak_activation_bytes());
     *summary.add_stage_memory() = m;
   }
-  if (absl::StatusOr<StepProfile> profile = ProfileStep(schedule, first); profile.ok()) {
+  if (absl::StatusOr<StepProfile> profile = ProfileStep(schedule, first, stage_transfer_seconds);
+      profile.ok()) {
     summary.set_bubble_measured(profile->measured_bubble);
     summary.set_bubble_predicted(profile->predicted_bubble);
     summary.set_exec_replayed_seconds(profile->predicted_step_seconds);

@@ -43,11 +43,14 @@ struct StepReports {
 // r P + p): the loss is the sum of the R last stages' shares, the gradient norm replica 0's
 // (after the reduction every replica holds the same gradients) or, with `sharded_state`
 // (optimizer.shard_state: each replica reports the norm of its segments), every rank's;
-// finiteness every rank's; the per-stage figures are replica 0's.
+// finiteness every rank's; the per-stage figures are replica 0's. `stage_transfer_seconds`:
+// per stage, what the plan priced a message at (empty without a profiled link), for the
+// step's replay (exec_replayed_seconds, ProfileStep).
 StepReports SummarizeReports(int64_t step, const Schedule& schedule, int num_stages,
                              const std::vector<const v1::StepReport*>& reports,
                              const v1::StepTimings& timings, float clip, int replicas = 1,
-                             bool sharded_state = false);
+                             bool sharded_state = false,
+                             const std::vector<double>& stage_transfer_seconds = {});
 
 // The step's time and throughput inputs.
 struct StepThroughput {

@@ -125,6 +125,38 @@ TEST(ProfileStep, AReductionIsChargedWhatItRanPastTheBackward) {
   for (int r = 0; r < 2; ++r) EXPECT_NEAR(profile->busy_seconds[r], sim->busy[r], 1e-4);
 }
 
+// Messages priced as the plan priced them: a step whose transfers took what the plan's link
+// model said replays to its own length, while a replay with free transfers falls short of it by
+// the transfers on the critical path, which a prediction check would wrongly lay at the
+// schedule's door.
+TEST(ProfileStep, MessagesArePricedAsThePlanPricedThem) {
+  for (const char* name : {"1f1b", "zb_h1", "interleaved_1f1b"}) {
+    SCOPED_TRACE(name);
+    const Schedule lowered = LowerWithTransfers(*GenerateSchedule(name, 2, 4));
+    const int stages = lowered.placement.num_stages();
+    std::vector<ActionCosts> costs(stages, ActionCosts{0.010, 0.020, 0.011, 0.009, 0.004});
+    absl::StatusOr<SimulationResult> sim = SimulateSchedule(lowered, ActionCosts{}, costs);
+    ASSERT_TRUE(sim.ok()) << sim.status();
+    const std::vector<v1::StepReport> reports = ReportsOf(lowered, *sim);
+    absl::StatusOr<StepProfile> priced =
+        ProfileStep(lowered, Pointers(reports), std::vector<double>(stages, 0.004));
+    ASSERT_TRUE(priced.ok()) << priced.status();
+    EXPECT_NEAR(priced->predicted_step_seconds, sim->step_time, 1e-4);
+    EXPECT_NEAR(priced->stage_costs[0].transfer, 0.004, 1e-12);
+    absl::StatusOr<StepProfile> free = ProfileStep(lowered, Pointers(reports));
+    ASSERT_TRUE(free.ok()) << free.status();
+    EXPECT_LT(free->predicted_step_seconds, sim->step_time - 0.004);
+  }
+  // One cost per stage, or none.
+  const Schedule two = LowerWithTransfers(*GenerateSchedule("1f1b", 2, 2));
+  absl::StatusOr<SimulationResult> sim =
+      SimulateSchedule(two, ActionCosts{}, std::vector<ActionCosts>(2, ActionCosts{}));
+  ASSERT_TRUE(sim.ok());
+  const std::vector<v1::StepReport> reports = ReportsOf(two, *sim);
+  EXPECT_EQ(ProfileStep(two, Pointers(reports), {0.001}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ProfileStep, RejectsReportsThatDoNotMatch) {
   const Schedule lowered = LowerWithTransfers(*GenerateSchedule("1f1b", 2, 2));
   std::vector<v1::StepReport> reports(2);

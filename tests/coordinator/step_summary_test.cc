@@ -113,6 +113,26 @@ TEST(SummarizeReportsTest, CombinesTheRanksReports) {
   EXPECT_GT(r.summary.bubble_predicted(), 0.0);
 }
 
+// The step's replay prices its messages at what the plan priced them (its profile's link):
+// 1F1B over 2 stages waits for at least two messages on its critical path.
+TEST(SummarizeReportsTest, TheReplayPricesMessagesAsThePlanDid) {
+  const Schedule lowered = Lowered1F1B(2, 4);
+  const std::vector<v1::StepReport> reports = Reports(lowered);
+  std::vector<const v1::StepReport*> pointers;
+  for (const auto& r : reports) pointers.push_back(&r);
+  const v1::StepTimings timings = StepTimingsOf(7, reports, {0, 0});
+  const StepReports free = SummarizeReports(7, lowered, 2, pointers, timings, 1.0f);
+  const StepReports priced =
+      SummarizeReports(7, lowered, 2, pointers, timings, 1.0f, 1, false, {0.001, 0.001});
+  EXPECT_GE(priced.summary.exec_replayed_seconds(),
+            free.summary.exec_replayed_seconds() + 2 * 0.001 - 1e-9);
+  // A plan of another shape is left out of the replay, with a warning, not a wrong figure.
+  const StepReports mismatched =
+      SummarizeReports(7, lowered, 2, pointers, timings, 1.0f, 1, false, {0.001});
+  EXPECT_EQ(mismatched.summary.exec_replayed_seconds(), 0.0);
+  EXPECT_FALSE(mismatched.warnings.empty());
+}
+
 // The once-per-step phase around the actions: the slowest worker's update before the step
 // plus its gradient-norm pass, whichever worker it is; and the slowest worker's whole time in
 // the call, which the coordinator's overhead is measured against.
