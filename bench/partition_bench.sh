@@ -313,7 +313,8 @@ print("the profile was fresh, no check); quiet: the steady steps a host burst hi
 print("at 1.25x its job median or more) and measured / predicted over the others ('-': under 3);")
 print("miss: the coordinator's check of the prediction, whose miss a miss beyond 3% is (costs:")
 print("the stages ran off their profile; schedule: the schedule on its own costs did not give")
-print("the measured pipeline; update or calls: neither)")
+print("the measured pipeline; transfers: it did with the messages at their measured flights;")
+print("update or calls: neither)")
 print(f"{'job':<26} {'cut':<26} {'run':>3} {'measured s':>10} {'predicted s':>11} {'meas/pred':>9} "
       f"{'other run':>15} {'speed':>6}  "
       f"{'quiet':>11}  {'miss':>18}  {'pipeline pred/repl/meas':>24}  {'update pred/meas':>16}  "

@@ -163,6 +163,7 @@ absl::Status JobPlanner::Plan(RunPlan* plan) {
     if (!pipeline.stage_costs.empty()) {
       a.set_predicted_seconds(pipeline.stage_costs[s].forward + pipeline.stage_costs[s].backward);
       a.set_predicted_bytes(pipeline.stage_bytes[s]);
+      a.set_predicted_transfer_seconds(pipeline.stage_costs[s].transfer);
     }
     stages.push_back(std::move(a));
   }

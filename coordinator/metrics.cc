@@ -269,7 +269,7 @@ void RenderJobs(ExpositionWriter& w, const MetricsSnapshot& s) {
       w.Family("tandem_job_prediction_miss", Type::kGauge,
                "Whose miss the job's miss of its predicted step is, beyond the check's "
                "tolerance (always 1): within, costs, schedule, schedule_and_costs, "
-               "update_or_calls, unknown.");
+               "transfers, transfers_and_costs, update_or_calls, unknown.");
       checked = true;
     }
     std::string miss = MissName(j.job.prediction_check().miss());

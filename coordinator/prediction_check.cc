@@ -25,6 +25,12 @@ bool ScheduleOk(const v1::PredictionCheck& c) {
   return Replayed(c) && Within(c.pipeline_measured_seconds(), c.pipeline_replayed_seconds());
 }
 
+// Replayed with the messages at their measured flights, the schedule gives the pipeline time.
+bool FlightsExplain(const v1::PredictionCheck& c) {
+  return c.pipeline_flights_seconds() > 0 &&
+         Within(c.pipeline_measured_seconds(), c.pipeline_flights_seconds());
+}
+
 bool CostsOff(const v1::PredictionCheck& c) {
   return c.stage_ratio_low() > 0 && (c.stage_ratio_low() < 1 - kPredictionTolerance ||
                                      c.stage_ratio_high() > 1 + kPredictionTolerance);
@@ -51,17 +57,40 @@ std::optional<v1::PredictionCheck> CheckPrediction(
   c.set_predicted_seconds(job.predicted_step_seconds());
   c.set_tolerance(kPredictionTolerance);
   c.set_replicated(job.spec().pipeline().replicas() > 1);
-  std::vector<double> step, exec, replayed;
+  std::vector<double> step, exec, replayed, flown;
   for (const v1::StepSummary* s : steady) {
     step.push_back(s->step_seconds());
     exec.push_back(s->max_worker_exec_seconds());
     if (s->exec_replayed_seconds() > 0) replayed.push_back(s->exec_replayed_seconds());
+    if (s->exec_replayed_flights_seconds() > 0) flown.push_back(s->exec_replayed_flights_seconds());
   }
   c.set_measured_seconds(Median(step));
   c.set_pipeline_measured_seconds(Median(exec));
   // Replayed only where every steady step has it: a median over some steps set against one
   // over all would compare different steps.
   if (replayed.size() == steady.size()) c.set_pipeline_replayed_seconds(Median(replayed));
+  if (flown.size() == steady.size()) c.set_pipeline_flights_seconds(Median(flown));
+
+  // Per stage that sends: its messages' measured flight (the median over the steady steps that
+  // measured one) over the price the plan put on them.
+  bool any_flight = false;
+  double flight_low = 0, flight_high = 0;
+  for (int i = 0; i < job.stages_size(); ++i) {
+    const double price = job.stages(i).predicted_transfer_seconds();
+    std::vector<double> got;
+    for (const v1::StepSummary* s : steady) {
+      if (i < s->stage_flight_seconds_size() && s->stage_flight_seconds(i) > 0) {
+        got.push_back(s->stage_flight_seconds(i));
+      }
+    }
+    if (price <= 0 || got.empty()) continue;
+    const double r = Median(got) / price;
+    flight_low = any_flight ? std::min(flight_low, r) : r;
+    flight_high = any_flight ? std::max(flight_high, r) : r;
+    any_flight = true;
+  }
+  c.set_flight_ratio_low(flight_low);
+  c.set_flight_ratio_high(flight_high);
 
   // Per stage: its measured forward + backward per micro-batch (the median over the steady
   // steps) over what the profile predicted for it.
@@ -98,6 +127,9 @@ std::optional<v1::PredictionCheck> CheckPrediction(const v1::Job& job) {
 v1::PredictionMiss MissOf(const v1::PredictionCheck& c) {
   if (Within(c.measured_seconds(), c.predicted_seconds())) return v1::PREDICTION_WITHIN;
   const bool schedule_off = Replayed(c) && !ScheduleOk(c);
+  if (schedule_off && FlightsExplain(c)) {
+    return CostsOff(c) ? v1::PREDICTION_MISS_TRANSFERS_AND_COSTS : v1::PREDICTION_MISS_TRANSFERS;
+  }
   if (schedule_off) {
     return CostsOff(c) ? v1::PREDICTION_MISS_SCHEDULE_AND_COSTS : v1::PREDICTION_MISS_SCHEDULE;
   }
@@ -118,6 +150,10 @@ std::string MissName(v1::PredictionMiss miss) {
       return "schedule and costs";
     case v1::PREDICTION_MISS_UPDATE_OR_CALLS:
       return "update or calls";
+    case v1::PREDICTION_MISS_TRANSFERS:
+      return "transfers";
+    case v1::PREDICTION_MISS_TRANSFERS_AND_COSTS:
+      return "transfers and costs";
     default:
       return "unknown";
   }
@@ -152,6 +188,21 @@ std::string FormatPredictionCheck(const v1::PredictionCheck& c) {
                                   ? absl::StrFormat("within %d%%", tolerance)
                                   : absl::StrFormat("x%.3f", c.pipeline_measured_seconds() /
                                                                  c.pipeline_replayed_seconds())));
+    // Where that misses: how much of it the messages' flights, off their price, explain.
+    if (!ScheduleOk(c) && c.pipeline_flights_seconds() > 0) {
+      const std::string ratio = c.flight_ratio_low() <= 0 ? ""
+                                : c.flight_ratio_high() - c.flight_ratio_low() < 0.05
+                                    ? absl::StrFormat(" (x%.1f their price)", c.flight_ratio_low())
+                                    : absl::StrFormat(" (x%.1f-%.1f their price)",
+                                                      c.flight_ratio_low(), c.flight_ratio_high());
+      absl::StrAppend(
+          &out, absl::StrFormat(", and with the messages as they flew%s %s s (%s)", ratio,
+                                FormatSeconds(c.pipeline_flights_seconds()),
+                                FlightsExplain(c)
+                                    ? absl::StrFormat("within %d%%", tolerance)
+                                    : absl::StrFormat("x%.3f", c.pipeline_measured_seconds() /
+                                                                   c.pipeline_flights_seconds())));
+    }
   }
   if (stages) {
     absl::StrAppend(&out,
@@ -164,11 +215,11 @@ std::string FormatPredictionCheck(const v1::PredictionCheck& c) {
   switch (miss) {
     case v1::PREDICTION_MISS_SCHEDULE:
     case v1::PREDICTION_MISS_SCHEDULE_AND_COSTS:
-      absl::StrAppend(&out, c.replicated()
-                                ? ": the time went to the schedule beyond its compute (waits, "
-                                  "transfers, the gradient reduction, per-action overheads)"
-                                : ": the time went to the schedule beyond its compute (waits, "
-                                  "transfers, per-action overheads)");
+      // With the messages' measured flights in the replay, what is left is not theirs.
+      absl::StrAppend(
+          &out, ": the time went to the schedule beyond its compute",
+          c.pipeline_flights_seconds() > 0 ? " and its messages (waits, " : " (waits, transfers, ",
+          c.replicated() ? "the gradient reduction, " : "", "per-action overheads)");
       if (miss == v1::PREDICTION_MISS_SCHEDULE_AND_COSTS) {
         absl::StrAppend(&out, ", and the costs moved");
       }
@@ -178,6 +229,15 @@ std::string FormatPredictionCheck(const v1::PredictionCheck& c) {
                                        "host, or a stale profile)"
                                      : ": the costs moved (a busier or slower host, or a stale "
                                        "profile)");
+      break;
+    case v1::PREDICTION_MISS_TRANSFERS:
+    case v1::PREDICTION_MISS_TRANSFERS_AND_COSTS:
+      absl::StrAppend(&out,
+                      ": the time went to the messages, off the price the profile's idle link "
+                      "probe put on them (a link shared with the compute, or a slower one)");
+      if (miss == v1::PREDICTION_MISS_TRANSFERS_AND_COSTS) {
+        absl::StrAppend(&out, ", and the costs moved");
+      }
       break;
     case v1::PREDICTION_MISS_UPDATE_OR_CALLS:
       absl::StrAppend(&out, ": neither the schedule nor the stages: the update or the calls");

@@ -33,7 +33,8 @@ std::optional<v1::PredictionCheck> CheckPrediction(const v1::Job& job);
 v1::PredictionMiss MissOf(const v1::PredictionCheck& check);
 
 // The miss as the dashboard's JSON and the Python client name it: "" (within the tolerance),
-// "schedule", "costs", "schedule and costs", "update or calls", "unknown".
+// "schedule", "costs", "schedule and costs", "transfers", "transfers and costs", "update or
+// calls", "unknown".
 std::string MissName(v1::PredictionMiss miss);
 
 // The summary line, e.g. "19.398 s per step, median of steps 2-7: x1.146 the prediction; the

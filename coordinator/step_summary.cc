@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/status/statusor.h"
+#include "common/message_flight.h"
 #include "common/step_profile.h"
 #include "common/trace.h"
 #include "coordinator/step_timings.h"
@@ -59,6 +60,23 @@ StepReports SummarizeReports(int64_t step, const Schedule& schedule, int num_sta
     summary.add_stage_peak_bytes(m.static_bytes() + m.peak_activation_bytes());
     *summary.add_stage_memory() = m;
   }
+  // The per-stage busy time comes from the same record as the trace, so that they agree.
+  absl::StatusOr<StepTimeline> timeline =
+      TimelineOf(ReplicatedSchedule(schedule, std::max(1, replicas)), timings);
+  if (timeline.ok()) {
+    for (int s = 0; s < num_stages && s < static_cast<int>(timeline->stages.size()); ++s) {
+      const StageTimes& st = timeline->stages[s];
+      summary.add_stage_busy_seconds(static_cast<double>(st.busy_us) * 1e-6);
+      summary.add_stage_comm_seconds(static_cast<double>(st.comm_us) * 1e-6);
+      summary.add_stage_idle_seconds(static_cast<double>(st.idle_us) * 1e-6);
+      if (replicas > 1) {
+        summary.add_stage_reduce_seconds(static_cast<double>(st.reduce_us) * 1e-6);
+        summary.add_stage_reduce_exposed_seconds(static_cast<double>(st.reduce_exposed_us) * 1e-6);
+      }
+    }
+  } else {
+    out.warnings.push_back("cannot build the step's timeline: " + timeline.status().ToString());
+  }
   if (absl::StatusOr<StepProfile> profile = ProfileStep(schedule, first, stage_transfer_seconds);
       profile.ok()) {
     summary.set_bubble_measured(profile->measured_bubble);
@@ -69,25 +87,24 @@ StepReports SummarizeReports(int64_t step, const Schedule& schedule, int num_sta
       summary.add_stage_seconds(
           c.forward + (c.backward > 0 ? c.backward : c.backward_input + c.backward_weight));
     }
-  } else {
-    out.warnings.push_back("cannot profile the step: " + profile.status().ToString());
-  }
-  // The per-stage busy time comes from the same record as the trace, so that they agree.
-  if (absl::StatusOr<StepTimeline> t =
-          TimelineOf(ReplicatedSchedule(schedule, std::max(1, replicas)), timings);
-      t.ok()) {
-    for (int s = 0; s < num_stages && s < static_cast<int>(t->stages.size()); ++s) {
-      const StageTimes& st = t->stages[s];
-      summary.add_stage_busy_seconds(static_cast<double>(st.busy_us) * 1e-6);
-      summary.add_stage_comm_seconds(static_cast<double>(st.comm_us) * 1e-6);
-      summary.add_stage_idle_seconds(static_cast<double>(st.idle_us) * 1e-6);
-      if (replicas > 1) {
-        summary.add_stage_reduce_seconds(static_cast<double>(st.reduce_us) * 1e-6);
-        summary.add_stage_reduce_exposed_seconds(static_cast<double>(st.reduce_exposed_us) * 1e-6);
+    if (timeline.ok()) {
+      // The replay again with each stage's messages as they flew (at the plan's price where
+      // none was measured): what is left against the measured pipeline is the schedule's own.
+      const MessageFlights flights = MeasureMessageFlights(*timeline, num_stages);
+      std::vector<double> flown(static_cast<size_t>(num_stages), 0.0);
+      for (int s = 0; s < num_stages; ++s) {
+        const size_t i = static_cast<size_t>(s);
+        summary.add_stage_flight_seconds(flights.stage_seconds[i]);
+        flown[i] = flights.stage_counted[i] > 0        ? flights.stage_seconds[i]
+                   : i < stage_transfer_seconds.size() ? stage_transfer_seconds[i]
+                                                       : 0.0;
+      }
+      if (absl::StatusOr<StepProfile> replay = ProfileStep(schedule, first, flown); replay.ok()) {
+        summary.set_exec_replayed_flights_seconds(replay->predicted_step_seconds);
       }
     }
   } else {
-    out.warnings.push_back("cannot build the step's timeline: " + t.status().ToString());
+    out.warnings.push_back("cannot profile the step: " + profile.status().ToString());
   }
   // The global gradient norm decides clipping and skipping, the same on every stage.
   out.grad_norm = std::sqrt(norm_sq);

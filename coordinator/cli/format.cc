@@ -186,6 +186,12 @@ std::string FormatCheckBrief(const v1::Job& job) {
     case v1::PREDICTION_MISS_UPDATE_OR_CALLS:
       absl::StrAppend(&out, " update/calls");
       break;
+    case v1::PREDICTION_MISS_TRANSFERS:
+      absl::StrAppend(&out, " transfers");
+      break;
+    case v1::PREDICTION_MISS_TRANSFERS_AND_COSTS:
+      absl::StrAppend(&out, " transfers+costs");
+      break;
     default:
       absl::StrAppend(&out, " ?");
       break;

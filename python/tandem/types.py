@@ -85,6 +85,7 @@ class Step:
     max_worker_exec_seconds: float
     max_worker_update_seconds: float  # the slowest worker's optimizer update + gradient-norm pass
     exec_replayed_seconds: float    # the simulator on this step's measured costs (pipeline phase)
+    exec_replayed_flights_seconds: float  # the same with the messages at their measured flights
     bytes_sent: int
     peak_activation_bytes: int
     reduced_bytes: int
@@ -97,6 +98,7 @@ class Step:
     stage_peak_bytes: Tuple[int, ...]
     stage_reduce_seconds: Tuple[float, ...]
     stage_reduce_exposed_seconds: Tuple[float, ...]
+    stage_flight_seconds: Tuple[float, ...]         # per sending stage: its messages' flight
     raw: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     # StepSummary fields not mapped to an attribute of their own (in `raw`): has_val_loss is
@@ -114,7 +116,8 @@ class Step:
             coordinator_overhead_seconds=s.coordinator_overhead_seconds,
             max_worker_exec_seconds=s.max_worker_exec_seconds,
             max_worker_update_seconds=s.max_worker_update_seconds,
-            exec_replayed_seconds=s.exec_replayed_seconds, bytes_sent=s.bytes_sent,
+            exec_replayed_seconds=s.exec_replayed_seconds,
+            exec_replayed_flights_seconds=s.exec_replayed_flights_seconds, bytes_sent=s.bytes_sent,
             peak_activation_bytes=s.peak_activation_bytes, reduced_bytes=s.reduced_bytes,
             busy_seconds=tuple(s.busy_seconds),
             rank_peak_activation_bytes=tuple(s.rank_peak_activation_bytes),
@@ -124,6 +127,7 @@ class Step:
             stage_peak_bytes=tuple(s.stage_peak_bytes),
             stage_reduce_seconds=tuple(s.stage_reduce_seconds),
             stage_reduce_exposed_seconds=tuple(s.stage_reduce_exposed_seconds),
+            stage_flight_seconds=tuple(s.stage_flight_seconds),
             raw=s,
         )
 
@@ -141,13 +145,15 @@ class Stage:
     rank: int
     predicted_seconds: float
     predicted_bytes: int
+    predicted_transfer_seconds: float  # the plan's price of one message the stage sends
 
     @classmethod
     def from_proto(cls, s) -> "Stage":
         return cls(stage=s.stage, worker_id=s.worker_id, address=s.address,
                    layer_begin=s.layer_begin, layer_end=s.layer_end, actions=s.actions,
                    rank=s.rank, predicted_seconds=s.predicted_seconds,
-                   predicted_bytes=s.predicted_bytes)
+                   predicted_bytes=s.predicted_bytes,
+                   predicted_transfer_seconds=s.predicted_transfer_seconds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,6 +232,8 @@ _MISS_NAMES = {
     coordinator_pb2.PREDICTION_MISS_SCHEDULE_AND_COSTS: "schedule and costs",
     coordinator_pb2.PREDICTION_MISS_UPDATE_OR_CALLS: "update or calls",
     coordinator_pb2.PREDICTION_MISS_UNKNOWN: "unknown",
+    coordinator_pb2.PREDICTION_MISS_TRANSFERS: "transfers",
+    coordinator_pb2.PREDICTION_MISS_TRANSFERS_AND_COSTS: "transfers and costs",
 }
 
 
@@ -247,10 +255,17 @@ class PredictionCheck:
     stage_ratio_low: float              # each stage's F + B over its predicted time: lowest,
     stage_ratio_high: float             # highest (0: not every stage measured on every step)
     tolerance: float                    # how far measured may sit from predicted (0.03)
+    # The replay with the messages at their measured flights (Step.exec_replayed_flights_seconds;
+    # 0: not on every step), and each stage's flights over their price: lowest, highest (0: no
+    # stage measured one).
+    pipeline_flights_seconds: float
+    flight_ratio_low: float
+    flight_ratio_high: float
     # Whose miss: "" (within the tolerance), "schedule" (replayed on the steps' own costs, the
     # schedule does not give the pipeline time measured), "costs" (the stages ran off their
-    # predicted times), "schedule and costs", "update or calls" (neither), or "unknown" (no
-    # replay and no per-stage times).
+    # predicted times), "schedule and costs", "transfers" (the replay gives it with the messages
+    # at their measured flights: they flew off their price), "transfers and costs", "update or
+    # calls" (neither), or "unknown" (no replay and no per-stage times).
     miss: str
     summary: str                        # the line `tandem status` prints
 
@@ -272,7 +287,9 @@ class PredictionCheck:
             pipeline_measured_seconds=c.pipeline_measured_seconds,
             pipeline_replayed_seconds=c.pipeline_replayed_seconds,
             stage_ratio_low=c.stage_ratio_low, stage_ratio_high=c.stage_ratio_high,
-            tolerance=c.tolerance, miss=_MISS_NAMES.get(c.miss, "unknown"), summary=c.summary,
+            tolerance=c.tolerance, pipeline_flights_seconds=c.pipeline_flights_seconds,
+            flight_ratio_low=c.flight_ratio_low, flight_ratio_high=c.flight_ratio_high,
+            miss=_MISS_NAMES.get(c.miss, "unknown"), summary=c.summary,
         )
 
     @classmethod

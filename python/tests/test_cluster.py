@@ -237,7 +237,8 @@ def test_prediction_check_of_a_profiled_job(client):
     assert (c.steps, c.first_step, c.last_step) == (3, 1, 4)  # of 0..5: not 0, 2, 5
     assert c.measured_seconds > 0 and c.pipeline_measured_seconds > 0
     assert c.pipeline_replayed_seconds > 0 and c.stage_ratio_high >= c.stage_ratio_low > 0
-    assert c.miss in ("", "schedule", "costs", "schedule and costs", "update or calls")
+    assert c.miss in ("", "schedule", "costs", "schedule and costs", "transfers",
+                      "transfers and costs", "update or calls")
     assert " s per step, median of steps 2-5: x" in c.summary  # as `tandem status` prints it
     assert job.prediction_check(recent=2) is None  # steps 4 and 5: 5 is the last
 

@@ -133,7 +133,9 @@ def test_prediction_check_is_the_coordinators():
              coordinator_pb2.PREDICTION_MISS_COSTS: "costs",
              coordinator_pb2.PREDICTION_MISS_SCHEDULE_AND_COSTS: "schedule and costs",
              coordinator_pb2.PREDICTION_MISS_UPDATE_OR_CALLS: "update or calls",
-             coordinator_pb2.PREDICTION_MISS_UNKNOWN: "unknown"}
+             coordinator_pb2.PREDICTION_MISS_UNKNOWN: "unknown",
+             coordinator_pb2.PREDICTION_MISS_TRANSFERS: "transfers",
+             coordinator_pb2.PREDICTION_MISS_TRANSFERS_AND_COSTS: "transfers and costs"}
     assert set(names) == set(coordinator_pb2.PredictionMiss.values())  # every miss is named
     for value, name in names.items():
         job.prediction_check.miss = value

@@ -141,6 +141,86 @@ TEST(FormatPredictionCheck, AScheduleMissIsTheSchedule) {
                              "reduction, per-action overheads), and the costs moved"));
 }
 
+// Every stage's messages priced at `price` s and measured at `flight` s, the replay with
+// those flights at `flown_s`.
+void SetFlights(v1::Job* job, double price, double flight, double flown_s) {
+  for (v1::StageAssignment& a : *job->mutable_stages()) a.set_predicted_transfer_seconds(price);
+  for (v1::StepSummary& h : *job->mutable_history()) {
+    h.set_exec_replayed_flights_seconds(flown_s);
+    h.clear_stage_flight_seconds();
+    for (int s = 0; s < job->stages_size(); ++s) h.add_stage_flight_seconds(flight);
+  }
+}
+
+TEST(FormatPredictionCheck, AMissTheMessagesFlightsExplainIsTheTransfers) {
+  // A small model's step: 1.4x its replay on priced messages, which flew at 3x their price;
+  // replayed with their flights, the schedule gives the pipeline.
+  v1::Job job = JobWithSteps(6, 0.0172, 0.0171, 0.01213, 0.001);
+  job.set_predicted_step_seconds(0.0124);
+  for (v1::StageAssignment& a : *job.mutable_stages()) a.set_predicted_seconds(0.001);
+  SetFlights(&job, 0.0001, 0.0003, 0.0168);
+  std::optional<v1::PredictionCheck> c = CheckPrediction(job);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->miss(), v1::PREDICTION_MISS_TRANSFERS);
+  EXPECT_DOUBLE_EQ(c->pipeline_flights_seconds(), 0.0168);
+  EXPECT_DOUBLE_EQ(c->flight_ratio_low(), 3);
+  EXPECT_DOUBLE_EQ(c->flight_ratio_high(), 3);
+  EXPECT_THAT(c->summary(),
+              HasSubstr("costs 0.0121 s against 0.0171 s measured (x1.410), and with the "
+                        "messages as they flew (x3.0 their price) 0.0168 s (within 3%), the "
+                        "stages ran x1.000 of their predicted times: the time went to the "
+                        "messages, off the price the profile's idle link probe put on them"));
+  EXPECT_EQ(MissName(c->miss()), "transfers");
+
+  // The stages off as well: both.
+  for (v1::StepSummary& h : *job.mutable_history()) h.set_stage_seconds(1, 0.0012);
+  c = CheckPrediction(job);
+  EXPECT_EQ(c->miss(), v1::PREDICTION_MISS_TRANSFERS_AND_COSTS);
+  EXPECT_THAT(c->summary(), HasSubstr("put on them (a link shared with the compute, or a "
+                                      "slower one), and the costs moved"));
+  EXPECT_EQ(MissName(c->miss()), "transfers and costs");
+}
+
+TEST(FormatPredictionCheck, FlightsThatDoNotExplainTheMissLeaveTheSchedule) {
+  // The messages flew at 1.5-2.5x their price, but even with their flights the replay falls
+  // short: what is left is the schedule's own (waits, per-action overheads).
+  v1::Job job = JobWithSteps(6, 11.5, 11.3, 9.8, 1.0);
+  SetFlights(&job, 0.01, 0.015, 10.0);
+  job.mutable_history(2)->set_stage_flight_seconds(1, 0.025);
+  job.mutable_history(3)->set_stage_flight_seconds(1, 0.025);
+  job.mutable_history(4)->set_stage_flight_seconds(1, 0.025);
+  std::optional<v1::PredictionCheck> c = CheckPrediction(job);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->miss(), v1::PREDICTION_MISS_SCHEDULE);
+  EXPECT_DOUBLE_EQ(c->flight_ratio_low(), 1.5);
+  EXPECT_DOUBLE_EQ(c->flight_ratio_high(), 2.5);
+  EXPECT_THAT(c->summary(),
+              HasSubstr("(x1.153), and with the messages as they flew (x1.5-2.5 their price) "
+                        "10.000 s (x1.130), the stages ran x1.000 of their predicted times: the "
+                        "time went to the schedule beyond its compute and its messages (waits, "
+                        "per-action overheads)"));
+  // A stage whose messages were never waited for has no flight: the ratio is over the others.
+  for (v1::StepSummary& h : *job.mutable_history()) h.set_stage_flight_seconds(1, 0);
+  c = CheckPrediction(job);
+  EXPECT_DOUBLE_EQ(c->flight_ratio_low(), 1.5);
+  EXPECT_DOUBLE_EQ(c->flight_ratio_high(), 1.5);
+  // Without a price (no measured link) there is no ratio, and the line says none.
+  for (v1::StageAssignment& a : *job.mutable_stages()) a.set_predicted_transfer_seconds(0);
+  c = CheckPrediction(job);
+  EXPECT_EQ(c->flight_ratio_low(), 0);
+  EXPECT_THAT(c->summary(), HasSubstr("(x1.153), and with the messages as they flew 10.000 s "
+                                      "(x1.130)"));
+}
+
+TEST(FormatPredictionCheck, FlightsAreNotMentionedWhenTheReplayHolds) {
+  v1::Job job = JobWithSteps(6, 12, 11.8, 11.7, 1.2);
+  SetFlights(&job, 0.01, 0.03, 11.75);
+  const std::optional<v1::PredictionCheck> c = CheckPrediction(job);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->miss(), v1::PREDICTION_MISS_COSTS);
+  EXPECT_THAT(c->summary(), Not(HasSubstr("as they flew")));
+}
+
 TEST(FormatPredictionCheck, NeitherTheScheduleNorTheStagesLeavesTheUpdateOrTheCalls) {
   const std::optional<v1::PredictionCheck> c = CheckPrediction(JobWithSteps(5, 11, 9.8, 9.8, 1));
   ASSERT_TRUE(c.has_value());
