@@ -5,6 +5,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/message_flight.h"
+#include "common/schedule_check.h"
 #include "common/step_profile.h"
 #include "common/trace.h"
 #include "coordinator/step_timings.h"
@@ -90,17 +91,25 @@ StepReports SummarizeReports(int64_t step, const Schedule& schedule, int num_sta
     if (timeline.ok()) {
       // The replay again with each stage's messages as they flew (at the plan's price where
       // none was measured): what is left against the measured pipeline is the schedule's own.
+      // The step's own compute costs are the profile's: only the transfers change, so the
+      // simulator runs again on them rather than the reports being read twice.
       const MessageFlights flights = MeasureMessageFlights(*timeline, num_stages);
-      std::vector<double> flown(static_cast<size_t>(num_stages), 0.0);
+      std::vector<ActionCosts> flown = profile->stage_costs;
+      bool timed = false;
       for (int s = 0; s < num_stages; ++s) {
         const size_t i = static_cast<size_t>(s);
         summary.add_stage_flight_seconds(flights.stage_seconds[i]);
-        flown[i] = flights.stage_counted[i] > 0        ? flights.stage_seconds[i]
-                   : i < stage_transfer_seconds.size() ? stage_transfer_seconds[i]
-                                                       : 0.0;
+        if (flights.stage_counted[i] > 0 && i < flown.size()) {
+          flown[i].transfer = flights.stage_seconds[i];
+          timed = true;
+        }
       }
-      if (absl::StatusOr<StepProfile> replay = ProfileStep(schedule, first, flown); replay.ok()) {
-        summary.set_exec_replayed_flights_seconds(replay->predicted_step_seconds);
+      if (!timed) {
+        summary.set_exec_replayed_flights_seconds(profile->predicted_step_seconds);
+      } else if (absl::StatusOr<SimulationResult> replay =
+                     SimulateSchedule(schedule, ActionCosts{}, flown);
+                 replay.ok()) {
+        summary.set_exec_replayed_flights_seconds(replay->step_time);
       }
     }
   } else {
